@@ -1,0 +1,42 @@
+# Accessory notification relay. `make run` and `make test` are the two commands a newcomer needs.
+SHELL := /bin/bash
+SWIFT ?= swift
+CONFIG ?= debug
+SWIFT_FLAGS ?=
+PREFIX ?= /usr/local
+DESTDIR ?=
+
+# Everything the build, the tests and the benchmarks need from Debian 12 apt.
+APT_PACKAGES := libssl-dev libcurl4-openssl-dev libnghttp2-dev libsqlite3-dev libuv1-dev \
+	libsystemd-dev pkg-config openssl curl sqlite3 nghttp2-client nghttp2-server \
+	python3 python3-venv
+
+BENCH_APT_PACKAGES := wrk nginx-light hyperfine valgrind
+
+.PHONY: all deps bench-deps build release test bench run fuzz soak reliability clean install
+
+all: build
+
+# Idempotent: installs only what is missing. Needs root (or sudo) on a fresh Debian 12.
+deps:
+	@scripts/apt-install.sh $(APT_PACKAGES)
+
+bench-deps:
+	@scripts/apt-install.sh $(BENCH_APT_PACKAGES)
+
+build:
+	$(SWIFT) build -c $(CONFIG) $(SWIFT_FLAGS)
+
+release:
+	$(SWIFT) build -c release $(SWIFT_FLAGS)
+
+# The default suite: unit tests plus integration tests driving the real binaries on loopback.
+test: deps
+	$(SWIFT) build $(SWIFT_FLAGS) --build-tests
+	$(SWIFT) test $(SWIFT_FLAGS) --skip-build --parallel
+
+bench: deps bench-deps release
+	scripts/bench.sh
+
+clean:
+	$(SWIFT) package clean

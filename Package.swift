@@ -1,0 +1,53 @@
+// swift-tools-version:6.0
+//
+// The relay's package. One target per concern, one `C<Lib>` system-library target per C
+// library (module map + shim.h of static inline wrappers). The data path reads straight through
+// the tree: HTTPServer (in) -> RelayCore (validate, store, dispatch) -> PushClient (out to APNs).
+import PackageDescription
+
+let package = Package(
+    name: "accessory-relay",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "relay-server", targets: ["relay-server"]),
+        .executable(name: "relayctl", targets: ["relayctl"]),
+        .executable(name: "mock-apns", targets: ["mock-apns"]),
+        .library(name: "Ratchet", targets: ["Ratchet"]),
+        .library(name: "PushClient", targets: ["PushClient"]),
+    ],
+    targets: [
+        // MARK: C libraries from Debian apt (see ../shared/INTEROP.md and each shim.h)
+        .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
+        .systemLibrary(name: "CNghttp2", pkgConfig: "libnghttp2", providers: [.apt(["libnghttp2-dev"])]),
+        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        .systemLibrary(name: "CUV", pkgConfig: "libuv", providers: [.apt(["libuv1-dev"])]),
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+
+        // MARK: Libraries
+        // Apple's Symmetric Key Ratchet, HKDF, AES-GCM, wire codecs.
+        .target(name: "Ratchet", dependencies: ["COpenSSL"]),
+        // Event-loop HTTP/1.1 + HTTP/2 server core (libuv, OpenSSL, nghttp2).
+        .target(name: "HTTPServer", dependencies: ["CUV", "COpenSSL", "CNghttp2"]),
+        // APNs HTTP/2 client (libcurl multi + nghttp2), ES256 JWT, result classification.
+        .target(name: "PushClient", dependencies: ["CCurl", "COpenSSL"]),
+        // The APNs look-alike used by tests, benchmarks and users' own tests.
+        .target(name: "MockAPNs", dependencies: ["HTTPServer", "Ratchet", "PushClient", "COpenSSL"]),
+        // The relay itself: config, validation, credentials, SQLite outbox, dispatcher, ingest API.
+        .target(name: "RelayCore", dependencies: ["HTTPServer", "PushClient", "Ratchet", "CSQLite", "CSystemd", "COpenSSL"]),
+
+        // MARK: Executables (thin: parse arguments, start a service)
+        .executableTarget(name: "relay-server", dependencies: ["RelayCore"], path: "Sources/RelayServer"),
+        .executableTarget(name: "relayctl", dependencies: ["RelayCore", "Ratchet"]),
+        .executableTarget(name: "mock-apns", dependencies: ["MockAPNs"]),
+
+        // MARK: Tests (mirror the source targets; integration tests drive the real binaries)
+        .testTarget(name: "RatchetTests", dependencies: ["Ratchet"]),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
+        .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs"]),
+        .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs"]),
+        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore"]),
+        .testTarget(name: "IntegrationTests", dependencies: ["Ratchet"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,1 @@
+// HTTPServer: see the module's issue; this file is replaced as the module lands.

@@ -1,0 +1,1 @@
+// MockAPNs: see the module's issue; this file is replaced as the module lands.

@@ -1,0 +1,1 @@
+// PushClient: see the module's issue; this file is replaced as the module lands.
