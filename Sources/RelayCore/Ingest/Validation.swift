@@ -1,0 +1,196 @@
+// Ingest validation: a pure function from (content type, body bytes) to a canonical
+// NewResponse or a client error naming the field. No I/O; unit tested as a table.
+import Foundation
+
+/// What an HTTP client sees for a refused request. Never carries secrets, tokens or ciphertext.
+public struct ClientError: Error, Equatable, Sendable {
+    public var status: Int
+    public var code: String
+    public var field: String?
+    public var message: String
+
+    public init(status: Int, code: String, field: String?, message: String) {
+        self.status = status
+        self.code = code
+        self.field = field
+        self.message = message
+    }
+
+    /// `{"error":"<code>","field":"<name>","message":"..."}`
+    public var jsonBody: String {
+        var s = "{\"error\":\(jsonString(code))"
+        if let field { s += ",\"field\":\(jsonString(field))" }
+        s += ",\"message\":\(jsonString(message))}"
+        return s
+    }
+}
+
+/// JSON string literal with the escapes RFC 8259 requires.
+public func jsonString(_ s: String) -> String {
+    var out = "\""
+    for u in s.unicodeScalars {
+        switch u {
+        case "\"": out += "\\\""
+        case "\\": out += "\\\\"
+        case "\n": out += "\\n"
+        case "\r": out += "\\r"
+        case "\t": out += "\\t"
+        default:
+            if u.value < 0x20 { out += String(format: "\\u%04x", u.value) } else { out.unicodeScalars.append(u) }
+        }
+    }
+    return out + "\""
+}
+
+public struct IngestLimits: Sendable {
+    /// Request bodies above this are 413.
+    public var maxBodyBytes: Int = 16384
+    /// Longest accepted push token, in hex digits (APNs tokens are 64 today; Apple says not fixed).
+    public var maxPushTokenHexDigits: Int = 200
+    /// APNs payload limit.
+    public var maxAPNsPayloadBytes: Int = 4096
+    public init(maxBodyBytes: Int = 16384, maxPushTokenHexDigits: Int = 200, maxAPNsPayloadBytes: Int = 4096) {
+        self.maxBodyBytes = maxBodyBytes
+        self.maxPushTokenHexDigits = maxPushTokenHexDigits
+        self.maxAPNsPayloadBytes = maxAPNsPayloadBytes
+    }
+}
+
+public enum IngestValidation {
+    public static let fields: Set<String> = ["pushToken", "sessionIdentifier", "keyID", "messageIndex", "encryptedData", "app"]
+    /// AES-GCM combined box: 12-byte nonce + 16-byte tag + at least 0 bytes of ciphertext.
+    public static let minimumSealedBytes = 28
+
+    /// Size of the APNs body PushClient builds for this response (AccessoryPayload.jsonBody):
+    /// {"aps":{"encryptedData":"<b64>","sessionIdentifier":"<UUID>","keyID":"<b64>","messageIndex":"<n>"}}
+    public static func apnsPayloadLength(encryptedBytes: Int, keyIDBytes: Int = 4, messageIndex: UInt32) -> Int {
+        let skeleton = #"{"aps":{"encryptedData":"","sessionIdentifier":"","keyID":"","messageIndex":""}}"#.utf8.count
+        return skeleton + Base64.encodedLength(encryptedBytes) + 36 + Base64.encodedLength(keyIDBytes) + String(messageIndex).utf8.count
+    }
+
+    public static func checkContentType(_ value: String?) -> ClientError? {
+        guard let value else {
+            return ClientError(status: 415, code: "unsupported_media_type", field: "content-type", message: "Content-Type must be application/json")
+        }
+        let parts = value.split(separator: ";", omittingEmptySubsequences: false).map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
+        guard parts.first == "application/json" else {
+            return ClientError(status: 415, code: "unsupported_media_type", field: "content-type", message: "Content-Type must be application/json")
+        }
+        for p in parts.dropFirst() where p != "charset=utf-8" && p != "charset=\"utf-8\"" {
+            return ClientError(status: 415, code: "unsupported_media_type", field: "content-type", message: "only charset=utf-8 is accepted")
+        }
+        return nil
+    }
+
+    public static func validate(contentType: String?, body: [UInt8], limits: IngestLimits = .init()) -> Result<NewResponse, ClientError> {
+        if let e = checkContentType(contentType) { return .failure(e) }
+        guard body.count <= limits.maxBodyBytes else {
+            return .failure(ClientError(status: 413, code: "body_too_large", field: "body", message: "body exceeds \(limits.maxBodyBytes) bytes"))
+        }
+        let members: [(String, JSONMember)]
+        do {
+            members = try JSONReader.readObject(body)
+        } catch {
+            return .failure(bad("invalid_json", "body", error.message))
+        }
+        var values: [String: JSONMember] = [:]
+        for (k, v) in members {
+            guard fields.contains(k) else { return .failure(bad("unknown_field", k, "unknown field")) }
+            guard values[k] == nil else { return .failure(bad("duplicate_field", k, "field appears more than once")) }
+            values[k] = v
+        }
+        func required(_ name: String) -> Result<String, ClientError> {
+            guard let v = values[name] else { return .failure(bad("missing_field", name, "\(name) is required")) }
+            guard case .string(let s) = v else { return .failure(bad("invalid_\(snake(name))", name, "\(name) must be a string")) }
+            return .success(s)
+        }
+
+        // pushToken: even-length hex, length not fixed by Apple.
+        let token: String
+        switch required("pushToken") {
+        case .failure(let e): return .failure(e)
+        case .success(let s):
+            let u = s.utf8
+            guard !u.isEmpty, u.count % 2 == 0, u.count <= limits.maxPushTokenHexDigits, u.allSatisfy(isHexDigit) else {
+                return .failure(bad("invalid_push_token", "pushToken", "pushToken must be a non-empty even-length hex string of at most \(limits.maxPushTokenHexDigits) digits"))
+            }
+            token = s.lowercased()
+        }
+
+        let session: String
+        switch required("sessionIdentifier") {
+        case .failure(let e): return .failure(e)
+        case .success(let s):
+            guard s.utf8.count == 36, let uuid = UUID(uuidString: s) else {
+                return .failure(bad("invalid_session_identifier", "sessionIdentifier", "sessionIdentifier must be a UUID"))
+            }
+            session = uuid.uuidString
+        }
+
+        let keyID: [UInt8]
+        switch required("keyID") {
+        case .failure(let e): return .failure(e)
+        case .success(let s):
+            guard let k = Base64.decode(s), k.count == 4 else {
+                return .failure(bad("invalid_key_id", "keyID", "keyID must be base64 of exactly 4 bytes"))
+            }
+            keyID = k
+        }
+
+        let index: UInt32
+        guard let rawIndex = values["messageIndex"] else { return .failure(bad("missing_field", "messageIndex", "messageIndex is required")) }
+        let digits: String
+        switch rawIndex {
+        case .number(let n): digits = n
+        case .string(let s): digits = s
+        default: return .failure(bad("invalid_message_index", "messageIndex", "messageIndex must be an integer or a decimal string"))
+        }
+        guard !digits.isEmpty, digits.utf8.count <= 10, digits.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }),
+              let v = UInt64(digits), v <= UInt64(UInt32.max) else {
+            return .failure(bad("invalid_message_index", "messageIndex", "messageIndex must be an integer in 0...4294967295"))
+        }
+        index = UInt32(v)
+
+        let sealed: [UInt8]
+        switch required("encryptedData") {
+        case .failure(let e): return .failure(e)
+        case .success(let s):
+            guard let d = Base64.decode(s) else {
+                return .failure(bad("invalid_encrypted_data", "encryptedData", "encryptedData must be standard base64"))
+            }
+            guard d.count >= minimumSealedBytes else {
+                return .failure(bad("invalid_encrypted_data", "encryptedData", "encryptedData must decode to at least \(minimumSealedBytes) bytes (nonce + tag)"))
+            }
+            let size = apnsPayloadLength(encryptedBytes: d.count, keyIDBytes: keyID.count, messageIndex: index)
+            guard size <= limits.maxAPNsPayloadBytes else {
+                return .failure(bad("payload_too_large", "encryptedData", "the APNs payload would be \(size) bytes; the limit is \(limits.maxAPNsPayloadBytes)"))
+            }
+            sealed = d
+        }
+
+        var app: String?
+        if let a = values["app"] {
+            guard case .string(let s) = a, !s.isEmpty, s.utf8.count <= 255 else {
+                return .failure(bad("invalid_app", "app", "app must be a non-empty bundle ID string"))
+            }
+            app = s
+        }
+        return .success(NewResponse(app: app, pushToken: token, sessionIdentifier: session, keyID: keyID, messageIndex: index, encryptedData: sealed))
+    }
+
+    private static func bad(_ code: String, _ field: String, _ message: String) -> ClientError {
+        ClientError(status: 400, code: code, field: field, message: message)
+    }
+
+    private static func isHexDigit(_ b: UInt8) -> Bool {
+        (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x46) || (b >= 0x61 && b <= 0x66)
+    }
+
+    private static func snake(_ camel: String) -> String {
+        var out = ""
+        for c in camel {
+            if c.isUppercase { out += "_" + c.lowercased() } else { out.append(c) }
+        }
+        return out.replacingOccurrences(of: "i_d", with: "id")
+    }
+}

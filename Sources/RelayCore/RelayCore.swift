@@ -1,1 +1,0 @@
-// RelayCore: see the module's issue; this file is replaced as the module lands.

@@ -1,0 +1,129 @@
+// Group commit: ONE thread owns the SQLite write connection. Callers enqueue jobs; the thread
+// takes everything queued (up to `maxBatch`), runs it inside one BEGIN IMMEDIATE ... COMMIT, and
+// only after COMMIT returned completes each job. A failed statement or COMMIT fails every job of
+// the batch (the ingest layer turns that into 503, never 202).
+import Foundation
+
+final class GroupCommitWriter: @unchecked Sendable {
+    // @unchecked Sendable: `db` and `afterRollback` are touched only by the writer thread after
+    // `start()`; `queue`/`closed` only under `condition`.
+    private struct Job {
+        let run: (SQLiteDatabase) throws -> Void
+        let finish: (StoreError?) -> Void
+    }
+
+    private let db: SQLiteDatabase
+    private let condition = NSCondition()
+    private var queue: [Job] = []
+    private var closed = false
+    private var thread: Thread?
+    private let finishedSemaphore = DispatchSemaphore(value: 0)
+    private let maxBatch: Int
+    /// Called on the writer thread after a batch rolled back, so in-memory state derived from
+    /// the database can be recomputed.
+    var afterRollback: ((SQLiteDatabase) -> Void)?
+    /// Called on the writer thread after every successful COMMIT (e.g. to wake the dispatcher).
+    var afterCommit: (@Sendable () -> Void)?
+
+    private(set) var batchesCommitted = 0
+    private(set) var jobsCommitted = 0
+
+    init(db: SQLiteDatabase, maxBatch: Int = 1024) {
+        self.db = db
+        self.maxBatch = maxBatch
+    }
+
+    func start(name: String = "relay-sqlite-writer") {
+        let t = Thread { [self] in self.loop() }
+        t.name = name
+        t.qualityOfService = .userInitiated
+        thread = t
+        t.start()
+    }
+
+    /// Runs `work` inside the next batch; `completion` runs on the writer thread after COMMIT
+    /// (success) or ROLLBACK (failure).
+    func enqueue<T>(_ work: @escaping (SQLiteDatabase) throws -> T, completion: @escaping (Result<T, StoreError>) -> Void) {
+        let box = ResultBox<T>()  // written and read on the writer thread only
+        let job = Job(
+            run: { db in box.value = try work(db) },
+            finish: { error in
+                if let error { completion(.failure(error)) } else if let v = box.value { completion(.success(v)) }
+                else { completion(.failure(.invalid("job produced no value"))) }
+            })
+        condition.lock()
+        if closed {
+            condition.unlock()
+            completion(.failure(.closed))
+            return
+        }
+        queue.append(job)
+        condition.signal()
+        condition.unlock()
+    }
+
+    /// Blocking variant for threads the caller owns.
+    func perform<T>(_ work: @escaping (SQLiteDatabase) throws -> T) throws -> T {
+        let slot = ResultBox<Result<T, StoreError>>()  // written before signal(), read after wait()
+        let done = DispatchSemaphore(value: 0)
+        enqueue(work) { result in
+            slot.value = result
+            done.signal()
+        }
+        done.wait()
+        return try slot.value!.get()
+    }
+
+    /// Stops accepting jobs, commits what is queued, then stops the thread.
+    func close() {
+        condition.lock()
+        let wasClosed = closed
+        closed = true
+        condition.broadcast()
+        condition.unlock()
+        if !wasClosed, thread != nil { finishedSemaphore.wait() }
+    }
+
+    private func loop() {
+        while true {
+            condition.lock()
+            while queue.isEmpty && !closed { condition.wait() }
+            if queue.isEmpty && closed {
+                condition.unlock()
+                break
+            }
+            let take = min(queue.count, maxBatch)
+            let batch = Array(queue.prefix(take))
+            queue.removeFirst(take)
+            condition.unlock()
+            runBatch(batch)
+        }
+        finishedSemaphore.signal()
+    }
+
+    private func runBatch(_ batch: [Job]) {
+        var failure: StoreError?
+        do {
+            try db.execute("BEGIN IMMEDIATE")
+            for job in batch { try job.run(db) }
+            try db.execute("COMMIT")
+        } catch {
+            failure = (error as? StoreError) ?? .invalid("\(error)")
+            if !db.isAutocommit { try? db.execute("ROLLBACK") }
+            afterRollback?(db)
+        }
+        if failure == nil {
+            batchesCommitted += 1
+            jobsCommitted += batch.count
+        }
+        for job in batch { job.finish(failure) }
+        if failure == nil { afterCommit?() }
+    }
+}
+
+/// A mutable slot handed between closures. @unchecked Sendable: every use above orders the write
+/// before the read (same thread, or a semaphore signal/wait pair).
+final class ResultBox<T>: @unchecked Sendable {
+    var value: T?
+    init() {}
+}

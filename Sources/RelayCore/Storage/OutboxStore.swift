@@ -1,0 +1,224 @@
+// The store boundary. relay-server, relayctl and tests talk to an `OutboxStore`; SQLite
+// implements it now (SQLiteOutboxStore), PostgreSQL later (issue 8) as an added backend.
+// All times are integer milliseconds since 1970 (UTC), so both backends store plain integers.
+import Foundation
+
+/// Lifecycle of one accepted response. queued -> inflight -> delivered | failed, with
+/// inflight -> retry (scheduled at next_attempt_at) -> inflight ... on retryable answers.
+public enum ResponseState: String, Sendable, CaseIterable, Codable {
+    case queued, inflight, retry, delivered, failed
+
+    public var isTerminal: Bool { self == .delivered || self == .failed }
+}
+
+/// A validated response about to be stored. Fields are already canonical: lowercase hex
+/// token, uppercase UUID string, raw key ID and ciphertext bytes.
+public struct NewResponse: Sendable, Equatable {
+    public var app: String?
+    public var pushToken: String
+    public var sessionIdentifier: String
+    public var keyID: [UInt8]
+    public var messageIndex: UInt32
+    public var encryptedData: [UInt8]
+
+    public init(app: String?, pushToken: String, sessionIdentifier: String, keyID: [UInt8], messageIndex: UInt32, encryptedData: [UInt8]) {
+        self.app = app
+        self.pushToken = pushToken
+        self.sessionIdentifier = sessionIdentifier
+        self.keyID = keyID
+        self.messageIndex = messageIndex
+        self.encryptedData = encryptedData
+    }
+}
+
+/// One ingest: the response plus what the store must check in the same transaction as the
+/// insert (credential, app scope, unregistered token, outbox bound).
+public struct IngestRequest: Sendable {
+    public var response: NewResponse
+    /// SHA-256 of the presented bearer secret.
+    public var credentialHash: [UInt8]
+    /// Apps configured in this relay; an app outside it is `unknownApp`.
+    public var configuredApps: Set<String>
+    /// Time to live from acceptance; after it the row fails with reason "expired".
+    public var ttlMillis: Int64
+    /// The outbox bound: non-terminal rows above which ingest answers 503.
+    public var maxPending: Int
+
+    public init(response: NewResponse, credentialHash: [UInt8], configuredApps: Set<String>, ttlMillis: Int64, maxPending: Int) {
+        self.response = response
+        self.credentialHash = credentialHash
+        self.configuredApps = configuredApps
+        self.ttlMillis = ttlMillis
+        self.maxPending = maxPending
+    }
+}
+
+public enum IngestOutcome: Sendable, Equatable {
+    case accepted(id: String)
+    case duplicate(id: String, state: ResponseState)
+    case unauthorized
+    case forbidden(app: String)
+    /// The credential may use several apps and the body named none.
+    case appRequired
+    case unknownApp(String)
+    case unregistered
+    case overCapacity
+}
+
+public struct OutboxRow: Sendable, Equatable {
+    public var id: String
+    public var app: String
+    public var pushToken: String
+    public var sessionIdentifier: String
+    public var keyID: [UInt8]
+    public var messageIndex: UInt32
+    public var encryptedData: [UInt8]
+    public var credentialID: String
+    public var state: ResponseState
+    public var attempts: Int
+    public var nextAttemptAt: Int64
+    public var createdAt: Int64
+    public var expiresAt: Int64
+    public var lastStatus: Int?
+    public var lastReason: String?
+    public var updatedAt: Int64
+}
+
+/// One APNs answer (or transport failure) for one response.
+public struct AttemptRecord: Sendable, Equatable {
+    public var responseID: String
+    public var attemptedAt: Int64
+    /// HTTP status from APNs; nil for a transport failure.
+    public var status: Int?
+    public var reason: String?
+    /// APNs' timestamp (410 only), milliseconds.
+    public var apnsTimestamp: Int64?
+    public var latencyMicros: Int64?
+
+    public init(responseID: String, attemptedAt: Int64, status: Int?, reason: String?, apnsTimestamp: Int64? = nil, latencyMicros: Int64? = nil) {
+        self.responseID = responseID
+        self.attemptedAt = attemptedAt
+        self.status = status
+        self.reason = reason
+        self.apnsTimestamp = apnsTimestamp
+        self.latencyMicros = latencyMicros
+    }
+}
+
+/// What the dispatcher decided for one inflight row.
+public enum DeliveryOutcome: Sendable, Equatable {
+    case delivered
+    case failed(reason: String)
+    /// 410: failed, and the token recorded as unregistered at APNs' timestamp.
+    case unregistered(reason: String, apnsTimestamp: Int64)
+    /// Try again at `at`. With `paceTokenUntil` every queued row of that token waits too.
+    case retry(at: Int64, paceTokenUntil: Int64?)
+    /// Not attempted (shutdown): back to queued, attempts unchanged.
+    case requeue
+}
+
+public struct DeliveryUpdate: Sendable, Equatable {
+    public var id: String
+    public var pushToken: String
+    public var outcome: DeliveryOutcome
+    public var attempt: AttemptRecord?
+
+    public init(id: String, pushToken: String, outcome: DeliveryOutcome, attempt: AttemptRecord?) {
+        self.id = id
+        self.pushToken = pushToken
+        self.outcome = outcome
+        self.attempt = attempt
+    }
+}
+
+public struct CredentialRecord: Sendable, Equatable {
+    public var id: String
+    public var name: String
+    public var apps: [String]
+    public var createdAt: Int64
+    public var lastUsedAt: Int64?
+    public var revokedAt: Int64?
+
+    public var isRevoked: Bool { revokedAt != nil }
+}
+
+/// Returned once by `createCredential`: the only time the secret exists outside the client.
+public struct CreatedCredential: Sendable {
+    public var record: CredentialRecord
+    public var secret: String
+}
+
+public struct UnregisteredToken: Sendable, Equatable {
+    public var token: String
+    public var apnsTimestamp: Int64
+    public var recordedAt: Int64
+}
+
+public struct OutboxCounts: Sendable, Equatable {
+    public var byState: [ResponseState: Int]
+    /// created_at of the oldest queued or retry row.
+    public var oldestPendingCreatedAt: Int64?
+
+    public var pending: Int { (byState[.queued] ?? 0) + (byState[.inflight] ?? 0) + (byState[.retry] ?? 0) }
+}
+
+public struct OutboxFilter: Sendable {
+    public var state: ResponseState?
+    public var app: String?
+    public var tokenPrefix: String?
+    public var createdSince: Int64?
+    public var limit: Int
+
+    public init(state: ResponseState? = nil, app: String? = nil, tokenPrefix: String? = nil, createdSince: Int64? = nil, limit: Int = 100) {
+        self.state = state
+        self.app = app
+        self.tokenPrefix = tokenPrefix
+        self.createdSince = createdSince
+        self.limit = limit
+    }
+}
+
+/// The storage boundary. Implementations are thread-safe. Blocking methods must be called from
+/// a thread the caller owns (never an event loop or Swift's cooperative pool); `submit` never
+/// blocks and completes on the store's own thread after the transaction committed.
+public protocol OutboxStore: AnyObject, Sendable {
+    // MARK: ingest (hot path)
+    func submit(_ request: IngestRequest, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void)
+
+    // MARK: dispatcher
+    /// Rows left inflight by a crash go back to queued (same id). Returns how many.
+    func recoverInflight() throws -> Int
+    /// Moves up to `limit` due rows (queued/retry, next_attempt_at <= now) to inflight and returns
+    /// them. Rows past their TTL are failed with reason "expired" instead.
+    func claimDue(limit: Int) throws -> [OutboxRow]
+    /// Earliest next_attempt_at among queued/retry rows.
+    func nextDueAt() throws -> Int64?
+    func apply(_ updates: [DeliveryUpdate]) throws
+
+    // MARK: queries (relayctl, GET /v1/responses/<id>, metrics)
+    func response(id: String) throws -> OutboxRow?
+    func attempts(responseID: String) throws -> [AttemptRecord]
+    func list(_ filter: OutboxFilter) throws -> [OutboxRow]
+    func counts() throws -> OutboxCounts
+    /// Counts of terminal rows updated since `since`, keyed by state and last reason.
+    func recentOutcomes(since: Int64) throws -> [(state: ResponseState, reason: String?, count: Int)]
+
+    // MARK: operator actions (relayctl); never touch inflight rows
+    func requeue(ids: [String]) throws -> Int
+    func requeueFailed(reason: String?) throws -> Int
+    func purge(state: ResponseState, olderThan: Int64, dryRun: Bool) throws -> Int
+    func unregisteredTokens() throws -> [UnregisteredToken]
+    func forgetToken(_ token: String) throws -> Bool
+
+    // MARK: credentials
+    func createCredential(name: String, apps: [String]) throws -> CreatedCredential
+    func credentials() throws -> [CredentialRecord]
+    func revokeCredential(id: String) throws -> Bool
+    /// The live (not revoked) credential for a presented secret, or nil.
+    func authenticate(secret: String) throws -> CredentialRecord?
+
+    // MARK: health
+    /// True when a write transaction can be taken (readyz).
+    func checkWritable() -> Bool
+    func close()
+}

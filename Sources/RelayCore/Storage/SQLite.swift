@@ -1,0 +1,215 @@
+// The only file in RelayCore that sees SQLite's C API. One owner class per handle
+// (`SQLiteDatabase` owns the `sqlite3*`, `SQLiteStatement` owns each `sqlite3_stmt*`), every
+// return code checked and turned into `StoreError.sqlite` carrying sqlite3_errmsg.
+import Foundation
+internal import CSQLite
+
+/// A value bound to or read from SQLite. Integers are 64-bit; times are milliseconds since 1970.
+public enum SQLValue: Sendable, Equatable {
+    case null
+    case integer(Int64)
+    case real(Double)
+    case text(String)
+    case blob([UInt8])
+
+    public var int: Int64? { if case .integer(let v) = self { return v }; return nil }
+    public var string: String? { if case .text(let v) = self { return v }; return nil }
+    public var bytes: [UInt8]? {
+        switch self {
+        case .blob(let b): return b
+        case .text(let s): return Array(s.utf8)
+        default: return nil
+        }
+    }
+}
+
+/// Errors from storage. What reaches an HTTP client is never this: the ingest layer maps any
+/// storage error to 503 without details.
+public enum StoreError: Error, Equatable, CustomStringConvertible {
+    case sqlite(code: Int32, message: String, context: String)
+    case notFound(String)
+    case invalid(String)
+    case closed
+
+    public var description: String {
+        switch self {
+        case .sqlite(let code, let message, let context): return "sqlite error \(code) (\(message)) in \(context)"
+        case .notFound(let what): return "not found: \(what)"
+        case .invalid(let what): return "invalid: \(what)"
+        case .closed: return "store is closed"
+        }
+    }
+}
+
+/// One SQLite connection. Not thread-safe: exactly one thread uses it at a time (the group
+/// commit writer owns the write connection; readers are each owned by one thread or a lock).
+public final class SQLiteDatabase {
+    private let handle: OpaquePointer
+    private var statements: [String: SQLiteStatement] = [:]
+    public let path: String
+
+    public init(path: String, readOnly: Bool = false, busyTimeoutMillis: Int32 = 5000) throws {
+        var db: OpaquePointer?
+        let flags = readOnly
+            ? (SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX)
+            : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX)
+        let rc = sqlite3_open_v2(path, &db, flags, nil)
+        guard rc == SQLITE_OK, let db else {
+            let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
+            if let db { sqlite3_close_v2(db) }
+            throw StoreError.sqlite(code: rc, message: message, context: "open \(path)")
+        }
+        self.handle = db
+        self.path = path
+        let trc = sqlite3_busy_timeout(db, busyTimeoutMillis)
+        guard trc == SQLITE_OK else {
+            let error = StoreError.sqlite(code: trc, message: String(cString: sqlite3_errmsg(db)), context: "busy_timeout")
+            sqlite3_close_v2(db)
+            throw error
+        }
+        // Extended codes tell SQLITE_IOERR_FSYNC apart from other I/O errors in logs.
+        sqlite3_extended_result_codes(db, 1)
+    }
+
+    deinit {
+        statements.removeAll()  // finalize every cached statement before closing
+        sqlite3_close_v2(handle)
+    }
+
+    fileprivate func error(_ code: Int32, _ context: String) -> StoreError {
+        .sqlite(code: code, message: String(cString: sqlite3_errmsg(handle)), context: context)
+    }
+
+    /// Runs one or more statements without bindings (schema, pragmas, BEGIN/COMMIT).
+    public func execute(_ sql: String) throws {
+        var errmsg: UnsafeMutablePointer<CChar>?
+        let rc = sqlite3_exec(handle, sql, nil, nil, &errmsg)
+        if rc != SQLITE_OK {
+            let message = errmsg.map { String(cString: $0) } ?? String(cString: sqlite3_errmsg(handle))
+            sqlite3_free(errmsg)
+            throw StoreError.sqlite(code: rc, message: message, context: String(sql.prefix(60)))
+        }
+    }
+
+    /// A cached prepared statement for `sql`.
+    public func statement(_ sql: String) throws -> SQLiteStatement {
+        if let cached = statements[sql] { return cached }
+        var stmt: OpaquePointer?
+        let rc = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &stmt, nil)
+        guard rc == SQLITE_OK, let stmt else { throw error(rc, "prepare: \(sql.prefix(80))") }
+        let s = SQLiteStatement(stmt: stmt, db: self, sql: sql)
+        statements[sql] = s
+        return s
+    }
+
+    /// Executes a statement and returns every row.
+    @discardableResult
+    public func query(_ sql: String, _ binds: [SQLValue] = []) throws -> [[SQLValue]] {
+        let s = try statement(sql)
+        return try s.rows(binds)
+    }
+
+    /// Executes a write statement and returns the number of rows it changed.
+    @discardableResult
+    public func run(_ sql: String, _ binds: [SQLValue] = []) throws -> Int {
+        let s = try statement(sql)
+        _ = try s.rows(binds)
+        return Int(sqlite3_changes(handle))
+    }
+
+    public func scalar(_ sql: String, _ binds: [SQLValue] = []) throws -> SQLValue {
+        try query(sql, binds).first?.first ?? .null
+    }
+
+    /// Runs `body` in a transaction (BEGIN IMMEDIATE takes the write lock up front, so a
+    /// concurrent writer such as relayctl waits on busy_timeout instead of failing mid-way).
+    public func transaction<T>(_ body: () throws -> T) throws -> T {
+        try execute("BEGIN IMMEDIATE")
+        do {
+            let value = try body()
+            try execute("COMMIT")
+            return value
+        } catch {
+            try? execute("ROLLBACK")
+            throw error
+        }
+    }
+
+    public var isAutocommit: Bool { sqlite3_get_autocommit(handle) != 0 }
+
+    public static var libraryVersion: String { String(cString: sqlite3_libversion()) }
+}
+
+/// One prepared statement, finalized when its owner (the connection's cache) drops it.
+public final class SQLiteStatement {
+    private let stmt: OpaquePointer
+    private unowned let db: SQLiteDatabase
+    let sql: String
+
+    fileprivate init(stmt: OpaquePointer, db: SQLiteDatabase, sql: String) {
+        self.stmt = stmt
+        self.db = db
+        self.sql = sql
+    }
+
+    deinit { sqlite3_finalize(stmt) }
+
+    private func bind(_ binds: [SQLValue]) throws {
+        let expected = Int(sqlite3_bind_parameter_count(stmt))
+        guard expected == binds.count else {
+            throw StoreError.invalid("statement expects \(expected) parameters, got \(binds.count): \(sql.prefix(60))")
+        }
+        for (i, value) in binds.enumerated() {
+            let index = Int32(i + 1)
+            let rc: Int32
+            switch value {
+            case .null: rc = sqlite3_bind_null(stmt, index)
+            case .integer(let v): rc = sqlite3_bind_int64(stmt, index, v)
+            case .real(let v): rc = sqlite3_bind_double(stmt, index, v)
+            case .text(let v):
+                rc = v.withCString { sqlite3_bind_text(stmt, index, $0, -1, csqlite_transient()) }
+            case .blob(let v):
+                rc = v.withUnsafeBytes { buf in
+                    // A zero-length blob needs a non-nil pointer or SQLite binds NULL.
+                    sqlite3_bind_blob(stmt, index, buf.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32(buf.count), csqlite_transient())
+                }
+            }
+            guard rc == SQLITE_OK else { throw db.error(rc, "bind \(index): \(sql.prefix(60))") }
+        }
+    }
+
+    func rows(_ binds: [SQLValue]) throws -> [[SQLValue]] {
+        defer {
+            sqlite3_reset(stmt)
+            sqlite3_clear_bindings(stmt)
+        }
+        try bind(binds)
+        var out: [[SQLValue]] = []
+        while true {
+            let rc = sqlite3_step(stmt)
+            if rc == SQLITE_DONE { break }
+            guard rc == SQLITE_ROW else { throw db.error(rc, "step: \(sql.prefix(60))") }
+            let n = sqlite3_column_count(stmt)
+            var row: [SQLValue] = []
+            row.reserveCapacity(Int(n))
+            for c in 0..<n {
+                switch sqlite3_column_type(stmt, c) {
+                case SQLITE_INTEGER: row.append(.integer(sqlite3_column_int64(stmt, c)))
+                case SQLITE_FLOAT: row.append(.real(sqlite3_column_double(stmt, c)))
+                case SQLITE_TEXT:
+                    if let p = sqlite3_column_text(stmt, c) {
+                        row.append(.text(String(cString: p)))
+                    } else { row.append(.text("")) }
+                case SQLITE_BLOB:
+                    let count = Int(sqlite3_column_bytes(stmt, c))
+                    if count > 0, let p = sqlite3_column_blob(stmt, c) {
+                        row.append(.blob(Array(UnsafeRawBufferPointer(start: p, count: count))))
+                    } else { row.append(.blob([])) }
+                default: row.append(.null)
+                }
+            }
+            out.append(row)
+        }
+        return out
+    }
+}

@@ -1,0 +1,552 @@
+// OutboxStore on SQLite (WAL). Writes go through the GroupCommitWriter (one thread, one
+// connection); reads use a second connection behind a lock. Schema: docs/architecture.md.
+import Foundation
+
+public struct SQLiteStoreOptions: Sendable {
+    public enum Synchronous: String, Sendable { case full = "FULL", normal = "NORMAL" }
+    /// FULL (default) survives power loss; NORMAL in WAL mode survives process crashes only.
+    public var synchronous: Synchronous = .full
+    public var busyTimeoutMillis: Int32 = 5000
+    public var maxBatch: Int = 1024
+    /// Open only a read connection (relayctl status/list while the server runs).
+    public var readOnly: Bool = false
+    public init(synchronous: Synchronous = .full, busyTimeoutMillis: Int32 = 5000, maxBatch: Int = 1024, readOnly: Bool = false) {
+        self.synchronous = synchronous
+        self.busyTimeoutMillis = busyTimeoutMillis
+        self.maxBatch = maxBatch
+        self.readOnly = readOnly
+    }
+}
+
+public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
+    // @unchecked Sendable: `writer` serialises every write on its own thread; `reader` is only
+    // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread).
+    public static let schemaVersion = 1
+
+    let writer: GroupCommitWriter?
+    private let reader: SQLiteDatabase
+    private let readerLock = NSLock()
+    private let clock: any RelayClock
+    private let writerState = WriterState()
+    public let path: String
+
+    /// Wakes whoever waits for new rows (the dispatcher) after each commit.
+    public var onCommit: (@Sendable () -> Void)? {
+        get { writer?.afterCommit }
+        set { writer?.afterCommit = newValue }
+    }
+
+    final class WriterState {
+        var pending = 0
+        var credentialTouched: [String: Int64] = [:]
+    }
+
+    public init(path: String, options: SQLiteStoreOptions = .init(), clock: any RelayClock = SystemRelayClock()) throws {
+        self.path = path
+        self.clock = clock
+        if options.readOnly {
+            writer = nil
+            reader = try SQLiteDatabase(path: path, readOnly: true, busyTimeoutMillis: options.busyTimeoutMillis)
+            let version = try reader.scalar("PRAGMA user_version").int ?? 0
+            guard version == Self.schemaVersion else {
+                throw StoreError.invalid("database \(path) has schema version \(version), expected \(Self.schemaVersion) (start relay-server once to migrate)")
+            }
+            return
+        }
+        let db = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis)
+        try db.execute("PRAGMA journal_mode=WAL")
+        try db.execute("PRAGMA synchronous=\(options.synchronous.rawValue)")
+        try Self.migrate(db)
+        let pending = try db.scalar("SELECT count(*) FROM responses WHERE state IN ('queued','inflight','retry')").int ?? 0
+        writerState.pending = Int(pending)
+        let w = GroupCommitWriter(db: db, maxBatch: options.maxBatch)
+        let state = writerState
+        w.afterRollback = { db in
+            if let n = try? db.scalar("SELECT count(*) FROM responses WHERE state IN ('queued','inflight','retry')").int {
+                state.pending = Int(n)
+            }
+        }
+        writer = w
+        reader = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis)
+        w.start()
+    }
+
+    deinit { writer?.close() }
+
+    public func close() { writer?.close() }
+
+    // MARK: schema
+
+    static let migrations: [String] = [
+        // v1
+        """
+        CREATE TABLE responses (
+            id TEXT PRIMARY KEY,
+            app TEXT NOT NULL,
+            push_token TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            key_id BLOB NOT NULL,
+            message_index INTEGER NOT NULL,
+            encrypted_data BLOB NOT NULL,
+            credential_id TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('queued','inflight','retry','delivered','failed')),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            last_status INTEGER,
+            last_reason TEXT,
+            updated_at INTEGER NOT NULL,
+            UNIQUE (push_token, session_id, key_id, message_index)
+        );
+        CREATE INDEX responses_claim ON responses (state, next_attempt_at);
+        CREATE INDEX responses_updated ON responses (state, updated_at);
+        CREATE TABLE attempts (
+            id INTEGER PRIMARY KEY,
+            response_id TEXT NOT NULL,
+            attempted_at INTEGER NOT NULL,
+            status INTEGER,
+            reason TEXT,
+            apns_timestamp INTEGER,
+            latency_us INTEGER
+        );
+        CREATE INDEX attempts_response ON attempts (response_id, id);
+        CREATE TABLE credentials (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            hash BLOB NOT NULL UNIQUE,
+            apps TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            last_used_at INTEGER,
+            revoked_at INTEGER
+        );
+        CREATE TABLE unregistered_tokens (
+            token TEXT PRIMARY KEY,
+            apns_timestamp INTEGER NOT NULL,
+            recorded_at INTEGER NOT NULL
+        );
+        CREATE TABLE token_pacing (
+            token TEXT PRIMARY KEY,
+            paced_until INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL
+        );
+        """,
+    ]
+
+    /// Applies every migration above the file's user_version, each in its own transaction.
+    /// Refuses a database written by a newer relay.
+    static func migrate(_ db: SQLiteDatabase) throws {
+        try db.transaction {
+            let current = Int(try db.scalar("PRAGMA user_version").int ?? 0)
+            guard current <= migrations.count else {
+                throw StoreError.invalid("database schema version \(current) is newer than this relay (\(migrations.count))")
+            }
+            for v in current..<migrations.count {
+                try db.execute(migrations[v])
+                try db.execute("PRAGMA user_version = \(v + 1)")
+            }
+        }
+    }
+
+    // MARK: ingest
+
+    public func submit(_ request: IngestRequest, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
+        guard let writer else { return completion(.failure(.invalid("store opened read-only"))) }
+        let now = clock.nowMillis()
+        let state = writerState
+        writer.enqueue({ db in try Self.ingest(request, now: now, db: db, state: state) }, completion: completion)
+    }
+
+    private static func ingest(_ request: IngestRequest, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> IngestOutcome {
+        // Credential: looked up in the same transaction, so a revocation committed by relayctl
+        // takes effect for the very next request.
+        let rows = try db.query("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?", [.blob(request.credentialHash)])
+        guard let cred = rows.first, let stored = cred[1].bytes,
+              RelayCrypto.constantTimeEqual(stored, request.credentialHash),
+              cred[3] == .null, let credID = cred[0].string
+        else { return .unauthorized }
+        let apps = splitApps(cred[2].string ?? "")
+        let app: String
+        if let named = request.response.app {
+            guard request.configuredApps.contains(named) else { return .unknownApp(named) }
+            guard apps.contains(named) else { return .forbidden(app: named) }
+            app = named
+        } else {
+            guard apps.count == 1 else { return .appRequired }
+            app = apps[0]
+            guard request.configuredApps.contains(app) else { return .unknownApp(app) }
+        }
+        if (state.credentialTouched[credID] ?? 0) < now - 60_000 {
+            try db.run("UPDATE credentials SET last_used_at = ? WHERE id = ?", [.integer(now), .text(credID)])
+            state.credentialTouched[credID] = now
+        }
+        let r = request.response
+        let existing = try db.query(
+            "SELECT id, state FROM responses WHERE push_token = ? AND session_id = ? AND key_id = ? AND message_index = ?",
+            [.text(r.pushToken), .text(r.sessionIdentifier), .blob(r.keyID), .integer(Int64(r.messageIndex))])
+        if let row = existing.first, let id = row[0].string, let s = row[1].string.flatMap(ResponseState.init(rawValue:)) {
+            return .duplicate(id: id, state: s)
+        }
+        if let unreg = try db.query("SELECT apns_timestamp FROM unregistered_tokens WHERE token = ?", [.text(r.pushToken)]).first,
+           let reportedAt = unreg[0].int {
+            let lastSeen = try db.scalar("SELECT max(created_at) FROM responses WHERE push_token = ?", [.text(r.pushToken)]).int
+            if lastSeen == nil || reportedAt > lastSeen! { return .unregistered }
+        }
+        guard state.pending < request.maxPending else { return .overCapacity }
+        var due = now
+        if let paced = try db.query("SELECT paced_until FROM token_pacing WHERE token = ?", [.text(r.pushToken)]).first?[0].int, paced > now {
+            due = paced
+        }
+        let id = RelayCrypto.uuidV4()
+        try db.run(
+            """
+            INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
+                state, attempts, next_attempt_at, created_at, expires_at, updated_at)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', 0, ?, ?, ?, ?)
+            """,
+            [.text(id), .text(app), .text(r.pushToken), .text(r.sessionIdentifier), .blob(r.keyID), .integer(Int64(r.messageIndex)),
+             .blob(r.encryptedData), .text(credID), .integer(due), .integer(now), .integer(now + request.ttlMillis), .integer(now)])
+        state.pending += 1
+        return .accepted(id: id)
+    }
+
+    static func splitApps(_ s: String) -> [String] {
+        s.split(separator: ",").map { String($0) }.filter { !$0.isEmpty }
+    }
+
+    // MARK: dispatcher
+
+    private func write<T>(_ work: @escaping (SQLiteDatabase) throws -> T) throws -> T {
+        guard let writer else { throw StoreError.invalid("store opened read-only") }
+        return try writer.perform(work)
+    }
+
+    public func recoverInflight() throws -> Int {
+        let now = clock.nowMillis()
+        return try write { db in
+            try db.run("UPDATE responses SET state = 'queued', updated_at = ? WHERE state = 'inflight'", [.integer(now)])
+        }
+    }
+
+    static let rowColumns = """
+        id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id, state, attempts,
+        next_attempt_at, created_at, expires_at, last_status, last_reason, updated_at
+        """
+
+    static func decodeRow(_ c: [SQLValue]) throws -> OutboxRow {
+        guard c.count == 16, let id = c[0].string, let state = c[8].string.flatMap(ResponseState.init(rawValue:)) else {
+            throw StoreError.invalid("malformed responses row")
+        }
+        return OutboxRow(
+            id: id, app: c[1].string ?? "", pushToken: c[2].string ?? "", sessionIdentifier: c[3].string ?? "",
+            keyID: c[4].bytes ?? [], messageIndex: UInt32(truncatingIfNeeded: c[5].int ?? 0), encryptedData: c[6].bytes ?? [],
+            credentialID: c[7].string ?? "", state: state, attempts: Int(c[9].int ?? 0), nextAttemptAt: c[10].int ?? 0,
+            createdAt: c[11].int ?? 0, expiresAt: c[12].int ?? 0, lastStatus: c[13].int.map { Int($0) }, lastReason: c[14].string,
+            updatedAt: c[15].int ?? 0)
+    }
+
+    public func claimDue(limit: Int) throws -> [OutboxRow] {
+        let now = clock.nowMillis()
+        let state = writerState
+        return try write { db in
+            // One query per state so each walks (state, next_attempt_at) in order without a sort.
+            var rows: [OutboxRow] = []
+            for s in ["queued", "retry"] where rows.count < limit {
+                let found = try db.query(
+                    "SELECT \(Self.rowColumns) FROM responses WHERE state = ? AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
+                    [.text(s), .integer(now), .integer(Int64(limit - rows.count))])
+                rows += try found.map(Self.decodeRow)
+            }
+            var claimed: [OutboxRow] = []
+            for var row in rows {
+                if row.expiresAt <= now {
+                    try db.run(
+                        "UPDATE responses SET state = 'failed', last_reason = 'expired', updated_at = ? WHERE id = ?",
+                        [.integer(now), .text(row.id)])
+                    state.pending -= 1
+                    continue
+                }
+                try db.run("UPDATE responses SET state = 'inflight', updated_at = ? WHERE id = ?", [.integer(now), .text(row.id)])
+                row.state = .inflight
+                row.updatedAt = now
+                claimed.append(row)
+            }
+            return claimed
+        }
+    }
+
+    public func nextDueAt() throws -> Int64? {
+        try read { db in
+            let a = try db.scalar("SELECT min(next_attempt_at) FROM responses WHERE state = 'queued'").int
+            let b = try db.scalar("SELECT min(next_attempt_at) FROM responses WHERE state = 'retry'").int
+            switch (a, b) {
+            case let (x?, y?): return min(x, y)
+            default: return a ?? b
+            }
+        }
+    }
+
+    public func apply(_ updates: [DeliveryUpdate]) throws {
+        guard !updates.isEmpty else { return }
+        let now = clock.nowMillis()
+        let state = writerState
+        try write { db in
+            for u in updates {
+                if let a = u.attempt {
+                    try db.run(
+                        "INSERT INTO attempts (response_id, attempted_at, status, reason, apns_timestamp, latency_us) VALUES (?, ?, ?, ?, ?, ?)",
+                        [.text(a.responseID), .integer(a.attemptedAt), a.status.map { .integer(Int64($0)) } ?? .null,
+                         a.reason.map { .text($0) } ?? .null, a.apnsTimestamp.map { .integer($0) } ?? .null,
+                         a.latencyMicros.map { .integer($0) } ?? .null])
+                }
+                let status: SQLValue = u.attempt?.status.map { .integer(Int64($0)) } ?? .null
+                let reason: SQLValue = u.attempt?.reason.map { .text($0) } ?? .null
+                let counted = u.attempt == nil ? 0 : 1
+                var changed = 0
+                switch u.outcome {
+                case .delivered:
+                    changed = try db.run(
+                        "UPDATE responses SET state = 'delivered', attempts = attempts + ?, last_status = ?, last_reason = NULL, updated_at = ? WHERE id = ? AND state = 'inflight'",
+                        [.integer(Int64(counted)), status, .integer(now), .text(u.id)])
+                    state.pending -= changed
+                case .failed(let why):
+                    changed = try db.run(
+                        "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id = ? AND state = 'inflight'",
+                        [.integer(Int64(counted)), status, .text(why), .integer(now), .text(u.id)])
+                    state.pending -= changed
+                case .unregistered(let why, let ts):
+                    changed = try db.run(
+                        "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id = ? AND state = 'inflight'",
+                        [.integer(Int64(counted)), status, .text(why), .integer(now), .text(u.id)])
+                    state.pending -= changed
+                    try db.run(
+                        """
+                        INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES (?, ?, ?)
+                        ON CONFLICT (token) DO UPDATE SET apns_timestamp = max(apns_timestamp, excluded.apns_timestamp), recorded_at = excluded.recorded_at
+                        """, [.text(u.pushToken), .integer(ts), .integer(now)])
+                case .retry(let at, let paceUntil):
+                    try db.run(
+                        "UPDATE responses SET state = 'retry', attempts = attempts + ?, next_attempt_at = ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id = ? AND state = 'inflight'",
+                        [.integer(Int64(counted)), .integer(at), status, reason, .integer(now), .text(u.id)])
+                    if let until = paceUntil {
+                        try db.run(
+                            """
+                            INSERT INTO token_pacing (token, paced_until, updated_at) VALUES (?, ?, ?)
+                            ON CONFLICT (token) DO UPDATE SET paced_until = max(paced_until, excluded.paced_until), updated_at = excluded.updated_at
+                            """, [.text(u.pushToken), .integer(until), .integer(now)])
+                        try db.run(
+                            "UPDATE responses SET next_attempt_at = ? WHERE push_token = ? AND state IN ('queued','retry') AND next_attempt_at < ?",
+                            [.integer(until), .text(u.pushToken), .integer(until)])
+                    }
+                case .requeue:
+                    try db.run(
+                        "UPDATE responses SET state = 'queued', updated_at = ? WHERE id = ? AND state = 'inflight'",
+                        [.integer(now), .text(u.id)])
+                }
+            }
+        }
+    }
+
+    // MARK: queries
+
+    private func read<T>(_ body: (SQLiteDatabase) throws -> T) throws -> T {
+        readerLock.lock()
+        defer { readerLock.unlock() }
+        return try body(reader)
+    }
+
+    public func response(id: String) throws -> OutboxRow? {
+        try read { db in
+            try db.query("SELECT \(Self.rowColumns) FROM responses WHERE id = ?", [.text(id.lowercased())]).first.map(Self.decodeRow)
+        }
+    }
+
+    public func attempts(responseID: String) throws -> [AttemptRecord] {
+        try read { db in
+            try db.query(
+                "SELECT response_id, attempted_at, status, reason, apns_timestamp, latency_us FROM attempts WHERE response_id = ? ORDER BY id",
+                [.text(responseID.lowercased())]
+            ).map { c in
+                AttemptRecord(responseID: c[0].string ?? "", attemptedAt: c[1].int ?? 0, status: c[2].int.map { Int($0) },
+                              reason: c[3].string, apnsTimestamp: c[4].int, latencyMicros: c[5].int)
+            }
+        }
+    }
+
+    public func list(_ filter: OutboxFilter) throws -> [OutboxRow] {
+        var clauses: [String] = []
+        var binds: [SQLValue] = []
+        if let s = filter.state { clauses.append("state = ?"); binds.append(.text(s.rawValue)) }
+        if let a = filter.app { clauses.append("app = ?"); binds.append(.text(a)) }
+        if let p = filter.tokenPrefix {
+            // Range on the unique index's leading column instead of LIKE (which ignores it).
+            clauses.append("push_token >= ? AND push_token < ?")
+            binds.append(.text(p.lowercased()))
+            binds.append(.text(p.lowercased() + "\u{7f}"))
+        }
+        if let since = filter.createdSince { clauses.append("created_at >= ?"); binds.append(.integer(since)) }
+        let whereSQL = clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND ")
+        binds.append(.integer(Int64(max(0, filter.limit))))
+        let sql = "SELECT \(Self.rowColumns) FROM responses \(whereSQL) ORDER BY created_at DESC LIMIT ?"
+        return try read { db in try db.query(sql, binds).map(Self.decodeRow) }
+    }
+
+    public func counts() throws -> OutboxCounts {
+        try read { db in
+            var by: [ResponseState: Int] = [:]
+            for s in ResponseState.allCases {
+                by[s] = Int(try db.scalar("SELECT count(*) FROM responses WHERE state = ?", [.text(s.rawValue)]).int ?? 0)
+            }
+            let q = try db.scalar("SELECT min(created_at) FROM responses WHERE state = 'queued'").int
+            let r = try db.scalar("SELECT min(created_at) FROM responses WHERE state = 'retry'").int
+            let oldest = [q, r].compactMap { $0 }.min()
+            return OutboxCounts(byState: by, oldestPendingCreatedAt: oldest)
+        }
+    }
+
+    public func recentOutcomes(since: Int64) throws -> [(state: ResponseState, reason: String?, count: Int)] {
+        try read { db in
+            try db.query(
+                "SELECT state, last_reason, count(*) FROM responses WHERE state IN ('delivered','failed') AND updated_at >= ? GROUP BY state, last_reason ORDER BY state, last_reason",
+                [.integer(since)]
+            ).compactMap { c in
+                guard let s = c[0].string.flatMap(ResponseState.init(rawValue:)) else { return nil }
+                return (s, c[1].string, Int(c[2].int ?? 0))
+            }
+        }
+    }
+
+    // MARK: operator actions
+
+    public func requeue(ids: [String]) throws -> Int {
+        let now = clock.nowMillis()
+        let state = writerState
+        return try write { db in
+            var n = 0
+            for id in ids {
+                let wasTerminal = try db.scalar("SELECT state IN ('delivered','failed') FROM responses WHERE id = ?", [.text(id.lowercased())]).int == 1
+                let changed = try db.run(
+                    "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE id = ? AND state <> 'inflight'",
+                    [.integer(now), .integer(now + 3_600_000), .integer(now), .text(id.lowercased())])
+                if changed > 0 && wasTerminal { state.pending += 1 }
+                n += changed
+            }
+            return n
+        }
+    }
+
+    public func requeueFailed(reason: String?) throws -> Int {
+        let now = clock.nowMillis()
+        let state = writerState
+        return try write { db in
+            let n: Int
+            if let reason {
+                n = try db.run(
+                    "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE state = 'failed' AND last_reason = ?",
+                    [.integer(now), .integer(now + 3_600_000), .integer(now), .text(reason)])
+            } else {
+                n = try db.run(
+                    "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE state = 'failed'",
+                    [.integer(now), .integer(now + 3_600_000), .integer(now)])
+            }
+            state.pending += n
+            return n
+        }
+    }
+
+    public func purge(state s: ResponseState, olderThan: Int64, dryRun: Bool) throws -> Int {
+        guard s.isTerminal else { throw StoreError.invalid("only delivered or failed rows can be purged") }
+        if dryRun {
+            return try read { db in
+                Int(try db.scalar("SELECT count(*) FROM responses WHERE state = ? AND updated_at < ?", [.text(s.rawValue), .integer(olderThan)]).int ?? 0)
+            }
+        }
+        return try write { db in
+            try db.run(
+                "DELETE FROM attempts WHERE response_id IN (SELECT id FROM responses WHERE state = ? AND updated_at < ?)",
+                [.text(s.rawValue), .integer(olderThan)])
+            return try db.run("DELETE FROM responses WHERE state = ? AND updated_at < ?", [.text(s.rawValue), .integer(olderThan)])
+        }
+    }
+
+    public func unregisteredTokens() throws -> [UnregisteredToken] {
+        try read { db in
+            try db.query("SELECT token, apns_timestamp, recorded_at FROM unregistered_tokens ORDER BY recorded_at DESC").map {
+                UnregisteredToken(token: $0[0].string ?? "", apnsTimestamp: $0[1].int ?? 0, recordedAt: $0[2].int ?? 0)
+            }
+        }
+    }
+
+    public func forgetToken(_ token: String) throws -> Bool {
+        try write { db in try db.run("DELETE FROM unregistered_tokens WHERE token = ?", [.text(token.lowercased())]) > 0 }
+    }
+
+    // MARK: credentials
+
+    public func createCredential(name: String, apps: [String]) throws -> CreatedCredential {
+        guard !name.isEmpty else { throw StoreError.invalid("credential name must not be empty") }
+        guard !apps.isEmpty, apps.allSatisfy({ !$0.isEmpty && !$0.contains(",") }) else {
+            throw StoreError.invalid("credential needs at least one app (bundle ID without commas)")
+        }
+        let secret = Credentials.generateSecret()
+        let hash = Credentials.hash(secret: secret)
+        let id = Credentials.generateID()
+        let now = clock.nowMillis()
+        _ = try write { db in
+            try db.run(
+                "INSERT INTO credentials (id, name, hash, apps, created_at) VALUES (?, ?, ?, ?, ?)",
+                [.text(id), .text(name), .blob(hash), .text(apps.joined(separator: ",")), .integer(now)])
+        }
+        return CreatedCredential(record: CredentialRecord(id: id, name: name, apps: apps, createdAt: now, lastUsedAt: nil, revokedAt: nil), secret: secret)
+    }
+
+    static func decodeCredential(_ c: [SQLValue]) -> CredentialRecord {
+        CredentialRecord(id: c[0].string ?? "", name: c[1].string ?? "", apps: splitApps(c[2].string ?? ""),
+                         createdAt: c[3].int ?? 0, lastUsedAt: c[4].int, revokedAt: c[5].int)
+    }
+
+    public func credentials() throws -> [CredentialRecord] {
+        try read { db in
+            try db.query("SELECT id, name, apps, created_at, last_used_at, revoked_at FROM credentials ORDER BY created_at, id").map(Self.decodeCredential)
+        }
+    }
+
+    public func revokeCredential(id: String) throws -> Bool {
+        let now = clock.nowMillis()
+        return try write { db in
+            try db.run("UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", [.integer(now), .text(id)]) > 0
+        }
+    }
+
+    public func authenticate(secret: String) throws -> CredentialRecord? {
+        let hash = Credentials.hash(secret: secret)
+        return try read { db in
+            guard let c = try db.query("SELECT id, name, apps, created_at, last_used_at, revoked_at, hash FROM credentials WHERE hash = ?", [.blob(hash)]).first,
+                  let stored = c[6].bytes, RelayCrypto.constantTimeEqual(stored, hash)
+            else { return nil }
+            let record = Self.decodeCredential(c)
+            return record.isRevoked ? nil : record
+        }
+    }
+
+    // MARK: health
+
+    public func checkWritable() -> Bool {
+        guard writer != nil else { return false }
+        return (try? write { db in try db.scalar("SELECT 1").int == 1 }) ?? false
+    }
+
+    /// Writer statistics for /metrics: committed batches and jobs.
+    public var writerStats: (batches: Int, jobs: Int) {
+        (writer?.batchesCommitted ?? 0, writer?.jobsCommitted ?? 0)
+    }
+}
+
+/// Bearer credentials: `rk_` + base64url of 32 random bytes; stored as SHA-256 only.
+public enum Credentials {
+    public static let prefix = "rk_"
+
+    public static func generateSecret() -> String { prefix + RelayCrypto.randomBytes(32).base64URLString }
+    public static func generateID() -> String { "cred_" + RelayCrypto.randomBytes(6).lowercaseHex }
+    public static func hash(secret: String) -> [UInt8] { RelayCrypto.sha256(Array(secret.utf8)) }
+}

@@ -1,0 +1,68 @@
+// The only file in RelayCore that calls OpenSSL: SHA-256 for credential hashes and the CSPRNG
+// for credential secrets and response ids.
+import Foundation
+internal import COpenSSL
+
+public enum RelayCrypto {
+    public static func sha256(_ bytes: some Collection<UInt8>) -> [UInt8] {
+        let input = Array(bytes)
+        var out = [UInt8](repeating: 0, count: 32)
+        var size: UInt32 = 0
+        let rc = input.withUnsafeBytes { inp in
+            out.withUnsafeMutableBytes { o in
+                EVP_Digest(inp.baseAddress, inp.count, o.baseAddress?.assumingMemoryBound(to: UInt8.self), &size, EVP_sha256(), nil)
+            }
+        }
+        // EVP_Digest with a built-in digest only fails on allocation failure: treat as fatal
+        // rather than hand out an all-zero hash.
+        precondition(rc == 1 && size == 32, "EVP_Digest(SHA-256) failed")
+        return out
+    }
+
+    /// Cryptographically random bytes (RAND_bytes); traps if the CSPRNG is unavailable,
+    /// because continuing would mint guessable credentials.
+    public static func randomBytes(_ count: Int) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: count)
+        let rc = out.withUnsafeMutableBytes { RAND_bytes($0.baseAddress?.assumingMemoryBound(to: UInt8.self), Int32(count)) }
+        precondition(rc == 1, "RAND_bytes failed")
+        return out
+    }
+
+    /// Compares without an early exit so the time does not depend on where bytes differ.
+    public static func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
+        guard a.count == b.count else { return false }
+        var diff: UInt8 = 0
+        for i in 0..<a.count { diff |= a[i] ^ b[i] }
+        return diff == 0
+    }
+
+    /// A random version-4 UUID, lowercase (APNs echoes apns-id lowercase).
+    public static func uuidV4() -> String {
+        var b = randomBytes(16)
+        b[6] = (b[6] & 0x0f) | 0x40
+        b[8] = (b[8] & 0x3f) | 0x80
+        let u = UUID(uuid: (b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]))
+        return u.uuidString.lowercased()
+    }
+}
+
+extension Array where Element == UInt8 {
+    /// base64url without padding (credential secrets travel in headers and shells).
+    var base64URLString: String {
+        Data(self).base64EncodedString()
+            .replacingOccurrences(of: "+", with: "-")
+            .replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
+
+    var lowercaseHex: String {
+        let digits: [UInt8] = Array("0123456789abcdef".utf8)
+        var out = [UInt8]()
+        out.reserveCapacity(count * 2)
+        for b in self {
+            out.append(digits[Int(b >> 4)])
+            out.append(digits[Int(b & 0x0f)])
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+}

@@ -1,0 +1,300 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import RelayCore
+
+@Suite struct StoreTests {
+    let dir = TempDir()
+    let clock = TestClock()
+
+    func open(_ options: SQLiteStoreOptions = .init()) throws -> SQLiteOutboxStore {
+        try SQLiteOutboxStore(path: dir.db, options: options, clock: clock)
+    }
+
+    @Test func migrationsSetUserVersionAndAreIdempotent() throws {
+        do {
+            let s = try open()
+            s.close()
+        }
+        let s = try open()
+        defer { s.close() }
+        let db = try SQLiteDatabase(path: dir.db, readOnly: true)
+        #expect(try db.scalar("PRAGMA user_version").int == Int64(SQLiteOutboxStore.schemaVersion))
+        #expect(try db.scalar("PRAGMA journal_mode").string == "wal")
+        let tables = try db.query("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name").compactMap { $0[0].string }
+        #expect(tables == ["attempts", "credentials", "responses", "token_pacing", "unregistered_tokens"])
+    }
+
+    @Test func newerSchemaIsRefused() throws {
+        do { try open().close() }
+        let db = try SQLiteDatabase(path: dir.db)
+        try db.execute("PRAGMA user_version = 99")
+        #expect(throws: StoreError.self) { try open() }
+    }
+
+    @Test func acceptedThenDuplicateReturnsSameIdAndState() throws {
+        let s = try open()
+        defer { s.close() }
+        let cred = try s.createCredential(name: "fleet", apps: ["com.example.app"])
+        #expect(cred.secret.hasPrefix("rk_"))
+        guard case .accepted(let id) = try s.ingestNow(sample(), secret: cred.secret) else { Issue.record("not accepted"); return }
+        #expect(UUID(uuidString: id) != nil && id == id.lowercased())
+        #expect(try s.ingestNow(sample(), secret: cred.secret) == .duplicate(id: id, state: .queued))
+        let row = try #require(try s.response(id: id))
+        #expect(row.app == "com.example.app")
+        #expect(row.state == .queued)
+        #expect(row.credentialID == cred.record.id)
+        #expect(row.expiresAt == clock.nowMillis() + 86_400_000)
+        #expect(try s.counts().byState[.queued] == 1)
+    }
+
+    @Test func authScopeAndAppResolution() throws {
+        let s = try open()
+        defer { s.close() }
+        let one = try s.createCredential(name: "one", apps: ["com.example.app"])
+        let two = try s.createCredential(name: "two", apps: ["com.example.app", "com.example.other"])
+        let apps: Set<String> = ["com.example.app", "com.example.other", "com.example.third"]
+        #expect(try s.ingestNow(sample(), secret: "rk_nope", apps: apps) == .unauthorized)
+        #expect(try s.ingestNow(sample(index: 1), secret: two.secret, apps: apps) == .appRequired)
+        #expect(try s.ingestNow(sample(index: 1, app: "com.example.third"), secret: two.secret, apps: apps) == .forbidden(app: "com.example.third"))
+        #expect(try s.ingestNow(sample(index: 1, app: "com.unknown"), secret: two.secret, apps: apps) == .unknownApp("com.unknown"))
+        guard case .accepted(let id) = try s.ingestNow(sample(index: 2, app: "com.example.other"), secret: two.secret, apps: apps) else {
+            Issue.record("not accepted"); return
+        }
+        #expect(try s.response(id: id)?.app == "com.example.other")
+        guard case .accepted = try s.ingestNow(sample(index: 3), secret: one.secret, apps: apps) else { Issue.record("not accepted"); return }
+        // Revocation takes effect for the very next request.
+        #expect(try s.revokeCredential(id: one.record.id))
+        #expect(try s.ingestNow(sample(index: 4), secret: one.secret, apps: apps) == .unauthorized)
+        #expect(try s.authenticate(secret: one.secret) == nil)
+        #expect(try s.authenticate(secret: two.secret)?.id == two.record.id)
+        let listed = try s.credentials()
+        #expect(listed.count == 2)
+        #expect(listed.first { $0.id == one.record.id }?.revokedAt != nil)
+        #expect(listed.first { $0.id == two.record.id }?.lastUsedAt == clock.nowMillis())
+        // Only the hash is stored.
+        let db = try SQLiteDatabase(path: dir.db, readOnly: true)
+        let stored = try db.query("SELECT hash FROM credentials").compactMap { $0[0].bytes }
+        #expect(stored.contains(Credentials.hash(secret: one.secret)))
+        #expect(!stored.contains(Array(one.secret.utf8)))
+    }
+
+    @Test func outboxBound() throws {
+        let s = try open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        for i in 0..<3 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: c.secret, maxPending: 3) }
+        #expect(try s.ingestNow(sample(index: 9), secret: c.secret, maxPending: 3) == .overCapacity)
+        // A delivered row frees a slot.
+        let claimed = try s.claimDue(limit: 1)
+        try s.apply([DeliveryUpdate(id: claimed[0].id, pushToken: claimed[0].pushToken, outcome: .delivered, attempt: nil)])
+        guard case .accepted = try s.ingestNow(sample(index: 9), secret: c.secret, maxPending: 3) else { Issue.record("bound not freed"); return }
+    }
+
+    @Test func claimStatesAndAttempts() throws {
+        let s = try open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        var ids: [String] = []
+        for i in 0..<4 {
+            if case .accepted(let id) = try s.ingestNow(sample(index: UInt32(i)), secret: c.secret) { ids.append(id) }
+        }
+        #expect(ids.count == 4)
+        let claimed = try s.claimDue(limit: 10)
+        #expect(Set(claimed.map(\.id)) == Set(ids))
+        #expect(claimed.allSatisfy { $0.state == .inflight })
+        #expect(try s.claimDue(limit: 10).isEmpty)
+        let t = clock.nowMillis()
+        try s.apply([
+            DeliveryUpdate(id: ids[0], pushToken: claimed[0].pushToken, outcome: .delivered,
+                           attempt: AttemptRecord(responseID: ids[0], attemptedAt: t, status: 200, reason: nil, latencyMicros: 900)),
+            DeliveryUpdate(id: ids[1], pushToken: claimed[0].pushToken, outcome: .failed(reason: "BadDeviceToken"),
+                           attempt: AttemptRecord(responseID: ids[1], attemptedAt: t, status: 400, reason: "BadDeviceToken")),
+            DeliveryUpdate(id: ids[2], pushToken: claimed[0].pushToken, outcome: .retry(at: t + 5000, paceTokenUntil: nil),
+                           attempt: AttemptRecord(responseID: ids[2], attemptedAt: t, status: 503, reason: "ServiceUnavailable")),
+            DeliveryUpdate(id: ids[3], pushToken: claimed[0].pushToken, outcome: .requeue, attempt: nil),
+        ])
+        #expect(try s.response(id: ids[0])?.state == .delivered)
+        #expect(try s.response(id: ids[0])?.attempts == 1)
+        #expect(try s.response(id: ids[1])?.state == .failed)
+        #expect(try s.response(id: ids[1])?.lastReason == "BadDeviceToken")
+        let r2 = try #require(try s.response(id: ids[2]))
+        #expect(r2.state == .retry && r2.nextAttemptAt == t + 5000 && r2.lastStatus == 503)
+        #expect(try s.response(id: ids[3])?.state == .queued)
+        #expect(try s.response(id: ids[3])?.attempts == 0)
+        #expect(try s.attempts(responseID: ids[1]).map(\.status) == [400])
+        // Only the requeued row is due now; the retry row becomes due after its time.
+        #expect(try s.claimDue(limit: 10).map(\.id) == [ids[3]])
+        #expect(try s.nextDueAt() == t + 5000)
+        clock.advance(5000)
+        #expect(try s.claimDue(limit: 10).map(\.id) == [ids[2]])
+        let counts = try s.counts()
+        #expect(counts.byState[.delivered] == 1 && counts.byState[.failed] == 1 && counts.byState[.inflight] == 2)
+    }
+
+    @Test func expiredRowsFailAtClaim() throws {
+        let s = try open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        guard case .accepted(let id) = try s.ingestNow(sample(), secret: c.secret, ttl: 1000) else { Issue.record("no"); return }
+        clock.advance(1000)
+        #expect(try s.claimDue(limit: 10).isEmpty)
+        let row = try #require(try s.response(id: id))
+        #expect(row.state == .failed && row.lastReason == "expired")
+    }
+
+    @Test func pacingDelaysEveryRowOfTheTokenAndNewIngests() throws {
+        let s = try open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let other = String(repeating: "cd", count: 32)
+        _ = try s.ingestNow(sample(index: 1), secret: c.secret)
+        let claimed = try s.claimDue(limit: 1)
+        _ = try s.ingestNow(sample(index: 2), secret: c.secret)
+        _ = try s.ingestNow(sample(token: other, index: 1), secret: c.secret)
+        let until = clock.nowMillis() + 60_000
+        try s.apply([DeliveryUpdate(id: claimed[0].id, pushToken: claimed[0].pushToken, outcome: .retry(at: until, paceTokenUntil: until),
+                                    attempt: AttemptRecord(responseID: claimed[0].id, attemptedAt: clock.nowMillis(), status: 429, reason: "TooManyRequests"))])
+        _ = try s.ingestNow(sample(index: 3), secret: c.secret)
+        let due = try s.claimDue(limit: 10)
+        #expect(due.map(\.pushToken) == [other])
+        clock.advance(60_000)
+        #expect(try s.claimDue(limit: 10).count == 3)
+    }
+
+    @Test func unregisteredTokenRefusesNewIngestUntilForgotten() throws {
+        let s = try open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        _ = try s.ingestNow(sample(index: 1), secret: c.secret)
+        let row = try s.claimDue(limit: 1)[0]
+        clock.advance(10)
+        try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: clock.nowMillis()),
+                                    attempt: AttemptRecord(responseID: row.id, attemptedAt: clock.nowMillis(), status: 410, reason: "Unregistered", apnsTimestamp: clock.nowMillis()))])
+        #expect(try s.unregisteredTokens().map(\.token) == [row.pushToken])
+        #expect(try s.ingestNow(sample(index: 2), secret: c.secret) == .unregistered)
+        // The duplicate of the failed row still answers with its id and state.
+        #expect(try s.ingestNow(sample(index: 1), secret: c.secret) == .duplicate(id: row.id, state: .failed))
+        #expect(try s.forgetToken(row.pushToken))
+        guard case .accepted = try s.ingestNow(sample(index: 2), secret: c.secret) else { Issue.record("not accepted after forget"); return }
+    }
+
+    @Test func unregisteredBeforeLastSeenDoesNotRefuse() throws {
+        let s = try open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        _ = try s.ingestNow(sample(index: 1), secret: c.secret)
+        let row = try s.claimDue(limit: 1)[0]
+        // APNs says the token died before we last saw it: the token is seen as alive again.
+        try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: row.createdAt - 1), attempt: nil)])
+        guard case .accepted = try s.ingestNow(sample(index: 2), secret: c.secret) else { Issue.record("refused"); return }
+    }
+
+    @Test func recoveryRequeuesInflightWithSameId() throws {
+        var id = ""
+        do {
+            let s = try open()
+            let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+            _ = try s.ingestNow(sample(), secret: c.secret)
+            id = try s.claimDue(limit: 1)[0].id
+            s.close()
+        }
+        let s = try open()
+        defer { s.close() }
+        #expect(try s.response(id: id)?.state == .inflight)
+        #expect(try s.recoverInflight() == 1)
+        #expect(try s.claimDue(limit: 5).map(\.id) == [id])
+    }
+
+    @Test func operatorRequeueAndPurgeNeverTouchInflight() throws {
+        let s = try open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        for i in 0..<3 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: c.secret) }
+        let rows = try s.claimDue(limit: 3)
+        try s.apply([DeliveryUpdate(id: rows[0].id, pushToken: rows[0].pushToken, outcome: .failed(reason: "BadTopic"), attempt: nil),
+                     DeliveryUpdate(id: rows[1].id, pushToken: rows[1].pushToken, outcome: .delivered, attempt: nil)])
+        #expect(try s.requeue(ids: [rows[2].id]) == 0)  // inflight: untouched
+        #expect(try s.requeueFailed(reason: "Other") == 0)
+        #expect(try s.requeueFailed(reason: "BadTopic") == 1)
+        #expect(try s.response(id: rows[0].id)?.state == .queued)
+        clock.advance(10_000)
+        #expect(try s.purge(state: .delivered, olderThan: clock.nowMillis(), dryRun: true) == 1)
+        #expect(try s.purge(state: .delivered, olderThan: clock.nowMillis(), dryRun: false) == 1)
+        #expect(try s.response(id: rows[1].id) == nil)
+        #expect(throws: StoreError.self) { try s.purge(state: .inflight, olderThan: clock.nowMillis(), dryRun: false) }
+        #expect(try s.list(OutboxFilter(state: .inflight)).map(\.id) == [rows[2].id])
+        #expect(try s.list(OutboxFilter(tokenPrefix: "ABAB")).count == 2)
+    }
+
+    @Test func readOnlyStoreReadsButRefusesWrites() throws {
+        let w = try open()
+        defer { w.close() }
+        let c = try w.createCredential(name: "c", apps: ["com.example.app"])
+        _ = try w.ingestNow(sample(), secret: c.secret)
+        let r = try open(SQLiteStoreOptions(readOnly: true))
+        #expect(try r.counts().byState[.queued] == 1)
+        #expect(throws: StoreError.self) { try r.claimDue(limit: 1) }
+        #expect(!r.checkWritable())
+        #expect(w.checkWritable())
+    }
+}
+
+@Suite struct GroupCommitTests {
+    let dir = TempDir()
+
+    @Test func queuedIngestsCommitInOneTransaction() throws {
+        let s = try SQLiteOutboxStore(path: dir.db)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let writer = try #require(s.writer)
+        let gate = DispatchSemaphore(value: 0)
+        let before = writer.batchesCommitted
+        // Hold the writer inside a job so the next submissions queue up behind it.
+        let entered = DispatchSemaphore(value: 0)
+        writer.enqueue({ _ in entered.signal(); gate.wait() }, completion: { _ in })
+        entered.wait()
+        let done = DispatchGroup()
+        let results = Mutex<[IngestOutcome]>([])
+        for i in 0..<100 {
+            done.enter()
+            s.submit(IngestRequest(response: sample(index: UInt32(i)), credentialHash: Credentials.hash(secret: c.secret),
+                                   configuredApps: ["com.example.app"], ttlMillis: 1000, maxPending: 1000)) { r in
+                if case .success(let o) = r { results.withLock { $0.append(o) } }
+                done.leave()
+            }
+        }
+        gate.signal()
+        done.wait()
+        #expect(results.withLock { $0.count } == 100)
+        #expect(results.withLock { $0.allSatisfy { if case .accepted = $0 { true } else { false } } })
+        // One batch for the gate job, one for all 100 ingests.
+        #expect(writer.batchesCommitted - before == 2)
+    }
+
+    @Test func aFailingJobFailsTheWholeBatchAndNothingIsStored() throws {
+        let s = try SQLiteOutboxStore(path: dir.db)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let writer = try #require(s.writer)
+        let gate = DispatchSemaphore(value: 0)
+        let entered = DispatchSemaphore(value: 0)
+        writer.enqueue({ _ in entered.signal(); gate.wait() }, completion: { _ in })
+        entered.wait()
+        let result = ResultBox<Result<IngestOutcome, StoreError>>()
+        let done = DispatchSemaphore(value: 0)
+        s.submit(IngestRequest(response: sample(), credentialHash: Credentials.hash(secret: c.secret),
+                               configuredApps: ["com.example.app"], ttlMillis: 1000, maxPending: 1000)) {
+            result.value = $0
+            done.signal()
+        }
+        writer.enqueue({ db in try db.execute("INSERT INTO no_such_table VALUES (1)") }, completion: { _ in })
+        gate.signal()
+        done.wait()
+        guard case .failure(let e) = result.value! else { Issue.record("ingest succeeded in a failed batch"); return }
+        #expect("\(e)".contains("no_such_table"))
+        #expect(try s.counts().pending == 0)
+        // The next batch works again and the bound counter was recomputed.
+        guard case .accepted = try s.ingestNow(sample(), secret: c.secret) else { Issue.record("no recovery"); return }
+    }
+}

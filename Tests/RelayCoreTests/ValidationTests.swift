@@ -1,0 +1,152 @@
+import Foundation
+import Testing
+@testable import RelayCore
+
+private let goodToken = String(repeating: "ab", count: 32)
+private let goodSession = "6F9619FF-8B86-D011-B42D-00C04FC964FF"
+private let goodKeyID = "AQIDBA=="  // 01 02 03 04
+private let sealed28 = Data(repeating: 7, count: 40).base64EncodedString()
+
+private func body(_ overrides: [String: String?] = [:], extra: String = "") -> [UInt8] {
+    var fields: [(String, String)] = [
+        ("pushToken", "\"\(goodToken)\""),
+        ("sessionIdentifier", "\"\(goodSession)\""),
+        ("keyID", "\"\(goodKeyID)\""),
+        ("messageIndex", "7"),
+        ("encryptedData", "\"\(sealed28)\""),
+    ]
+    for (k, v) in overrides {
+        if let i = fields.firstIndex(where: { $0.0 == k }) {
+            if let v { fields[i].1 = v } else { fields.remove(at: i) }
+        } else if let v { fields.append((k, v)) }
+    }
+    let inner = fields.map { "\"\($0.0)\":\($0.1)" }.joined(separator: ",")
+    return Array("{\(inner)\(extra)}".utf8)
+}
+
+@Test func validBodyIsCanonicalised() throws {
+    let r = try IngestValidation.validate(contentType: "application/json; charset=utf-8",
+                                          body: body(["pushToken": "\"ABCDEF\"", "sessionIdentifier": "\"\(goodSession.lowercased())\""])).get()
+    #expect(r.pushToken == "abcdef")
+    #expect(r.sessionIdentifier == goodSession)
+    #expect(r.keyID == [1, 2, 3, 4])
+    #expect(r.messageIndex == 7)
+    #expect(r.encryptedData == [UInt8](repeating: 7, count: 40))
+    #expect(r.app == nil)
+}
+
+@Test func messageIndexAsStringAndBounds() throws {
+    #expect(try IngestValidation.validate(contentType: "application/json", body: body(["messageIndex": "\"4294967295\""])).get().messageIndex == UInt32.max)
+    #expect(try IngestValidation.validate(contentType: "application/json", body: body(["messageIndex": "0"])).get().messageIndex == 0)
+}
+
+@Test func appIsPassedThrough() throws {
+    let r = try IngestValidation.validate(contentType: "application/json", body: body(["app": "\"com.example.app\""])).get()
+    #expect(r.app == "com.example.app")
+}
+
+struct Case: Sendable, CustomStringConvertible {
+    var name: String
+    var contentType: String?
+    var body: [UInt8]
+    var status: Int
+    var code: String
+    var field: String
+    var description: String { name }
+}
+
+private let longData = Data(repeating: 1, count: 3100).base64EncodedString()
+
+private let cases: [Case] = [
+    Case(name: "no content type", contentType: nil, body: body(), status: 415, code: "unsupported_media_type", field: "content-type"),
+    Case(name: "text/plain", contentType: "text/plain", body: body(), status: 415, code: "unsupported_media_type", field: "content-type"),
+    Case(name: "latin1 charset", contentType: "application/json; charset=latin1", body: body(), status: 415, code: "unsupported_media_type", field: "content-type"),
+    Case(name: "too large", contentType: "application/json", body: [UInt8](repeating: 0x20, count: 16385), status: 413, code: "body_too_large", field: "body"),
+    Case(name: "empty", contentType: "application/json", body: [], status: 400, code: "invalid_json", field: "body"),
+    Case(name: "array", contentType: "application/json", body: Array("[1]".utf8), status: 400, code: "invalid_json", field: "body"),
+    Case(name: "truncated", contentType: "application/json", body: Array(body().dropLast()), status: 400, code: "invalid_json", field: "body"),
+    Case(name: "trailing garbage", contentType: "application/json", body: body() + Array("x".utf8), status: 400, code: "invalid_json", field: "body"),
+    Case(name: "trailing comma", contentType: "application/json", body: body(extra: ","), status: 400, code: "invalid_json", field: "body"),
+    Case(name: "invalid utf8", contentType: "application/json", body: body(["app": "\"a\u{FFFD}\""]).map { $0 == 0xEF ? 0xC0 : $0 }, status: 400, code: "invalid_json", field: "body"),
+    Case(name: "overlong utf8", contentType: "application/json", body: Array("{\"app\":\"".utf8) + [0xC0, 0xAF] + Array("\"}".utf8), status: 400, code: "invalid_json", field: "body"),
+    Case(name: "lone surrogate escape", contentType: "application/json", body: Array(#"{"app":"\ud800"}"#.utf8), status: 400, code: "invalid_json", field: "body"),
+    Case(name: "control char", contentType: "application/json", body: Array("{\"app\":\"a\u{01}\"}".utf8), status: 400, code: "invalid_json", field: "body"),
+    Case(name: "deep nesting", contentType: "application/json", body: Array(("{\"x\":" + String(repeating: "[", count: 5000) + String(repeating: "]", count: 5000) + "}").utf8), status: 400, code: "invalid_json", field: "body"),
+    Case(name: "leading zero", contentType: "application/json", body: body(["messageIndex": "07"]), status: 400, code: "invalid_json", field: "body"),
+    Case(name: "unknown field", contentType: "application/json", body: body(["colour": "\"red\""]), status: 400, code: "unknown_field", field: "colour"),
+    Case(name: "duplicate field", contentType: "application/json", body: body(extra: ",\"keyID\":\"AQIDBA==\""), status: 400, code: "duplicate_field", field: "keyID"),
+    Case(name: "missing pushToken", contentType: "application/json", body: body(["pushToken": nil]), status: 400, code: "missing_field", field: "pushToken"),
+    Case(name: "missing session", contentType: "application/json", body: body(["sessionIdentifier": nil]), status: 400, code: "missing_field", field: "sessionIdentifier"),
+    Case(name: "missing keyID", contentType: "application/json", body: body(["keyID": nil]), status: 400, code: "missing_field", field: "keyID"),
+    Case(name: "missing index", contentType: "application/json", body: body(["messageIndex": nil]), status: 400, code: "missing_field", field: "messageIndex"),
+    Case(name: "missing data", contentType: "application/json", body: body(["encryptedData": nil]), status: 400, code: "missing_field", field: "encryptedData"),
+    Case(name: "odd token", contentType: "application/json", body: body(["pushToken": "\"abc\""]), status: 400, code: "invalid_push_token", field: "pushToken"),
+    Case(name: "non-hex token", contentType: "application/json", body: body(["pushToken": "\"zz\""]), status: 400, code: "invalid_push_token", field: "pushToken"),
+    Case(name: "empty token", contentType: "application/json", body: body(["pushToken": "\"\""]), status: 400, code: "invalid_push_token", field: "pushToken"),
+    Case(name: "numeric token", contentType: "application/json", body: body(["pushToken": "12"]), status: 400, code: "invalid_push_token", field: "pushToken"),
+    Case(name: "bad uuid", contentType: "application/json", body: body(["sessionIdentifier": "\"not-a-uuid\""]), status: 400, code: "invalid_session_identifier", field: "sessionIdentifier"),
+    Case(name: "keyID 3 bytes", contentType: "application/json", body: body(["keyID": "\"AQID\""]), status: 400, code: "invalid_key_id", field: "keyID"),
+    Case(name: "keyID not base64", contentType: "application/json", body: body(["keyID": "\"!!!!!!==\""]), status: 400, code: "invalid_key_id", field: "keyID"),
+    Case(name: "keyID unpadded", contentType: "application/json", body: body(["keyID": "\"AQIDBA\""]), status: 400, code: "invalid_key_id", field: "keyID"),
+    Case(name: "index negative", contentType: "application/json", body: body(["messageIndex": "-1"]), status: 400, code: "invalid_message_index", field: "messageIndex"),
+    Case(name: "index too big", contentType: "application/json", body: body(["messageIndex": "4294967296"]), status: 400, code: "invalid_message_index", field: "messageIndex"),
+    Case(name: "index fraction", contentType: "application/json", body: body(["messageIndex": "1.5"]), status: 400, code: "invalid_message_index", field: "messageIndex"),
+    Case(name: "index exponent", contentType: "application/json", body: body(["messageIndex": "1e3"]), status: 400, code: "invalid_message_index", field: "messageIndex"),
+    Case(name: "index string junk", contentType: "application/json", body: body(["messageIndex": "\"12a\""]), status: 400, code: "invalid_message_index", field: "messageIndex"),
+    Case(name: "index bool", contentType: "application/json", body: body(["messageIndex": "true"]), status: 400, code: "invalid_message_index", field: "messageIndex"),
+    Case(name: "data short", contentType: "application/json", body: body(["encryptedData": "\"\(Data(count: 27).base64EncodedString())\""]), status: 400, code: "invalid_encrypted_data", field: "encryptedData"),
+    Case(name: "data not base64", contentType: "application/json", body: body(["encryptedData": "\"@@@@\""]), status: 400, code: "invalid_encrypted_data", field: "encryptedData"),
+    Case(name: "data object", contentType: "application/json", body: body(["encryptedData": "{}"]), status: 400, code: "invalid_encrypted_data", field: "encryptedData"),
+    Case(name: "payload too large", contentType: "application/json", body: body(["encryptedData": "\"\(longData)\""]), status: 400, code: "payload_too_large", field: "encryptedData"),
+    Case(name: "app empty", contentType: "application/json", body: body(["app": "\"\""]), status: 400, code: "invalid_app", field: "app"),
+    Case(name: "app number", contentType: "application/json", body: body(["app": "1"]), status: 400, code: "invalid_app", field: "app"),
+]
+
+@Test(arguments: cases)
+func invalidBodiesAreRefusedNamingTheField(_ c: Case) {
+    switch IngestValidation.validate(contentType: c.contentType, body: c.body) {
+    case .success: Issue.record("\(c.name) was accepted")
+    case .failure(let e):
+        #expect(e.status == c.status, "\(c.name)")
+        #expect(e.code == c.code, "\(c.name): \(e.message)")
+        #expect(e.field == c.field, "\(c.name)")
+        #expect(!e.message.isEmpty)
+        // The error body is JSON naming the code and field.
+        let obj = try? JSONSerialization.jsonObject(with: Data(e.jsonBody.utf8)) as? [String: String]
+        #expect(obj?["error"] == c.code)
+        #expect(obj?["field"] == c.field)
+    }
+}
+
+@Test func payloadLimitMatchesPushClientBodyAtTheBoundary() throws {
+    // Largest ciphertext whose APNs body is exactly 4096 bytes is accepted, one more byte is not.
+    var n = 28
+    while IngestValidation.apnsPayloadLength(encryptedBytes: n + 1, messageIndex: 7) <= 4096 { n += 1 }
+    let ok = Data(repeating: 9, count: n).base64EncodedString()
+    let tooBig = Data(repeating: 9, count: n + 3).base64EncodedString()
+    #expect((try? IngestValidation.validate(contentType: "application/json", body: body(["encryptedData": "\"\(ok)\""])).get()) != nil)
+    if case .failure(let e) = IngestValidation.validate(contentType: "application/json", body: body(["encryptedData": "\"\(tooBig)\""])) {
+        #expect(e.code == "payload_too_large")
+    } else { Issue.record("oversized payload accepted") }
+    // The formula equals the literal body length.
+    let literal = #"{"aps":{"encryptedData":"\#(ok)","sessionIdentifier":"\#(goodSession)","keyID":"AQIDBA==","messageIndex":"7"}}"#
+    #expect(literal.utf8.count == IngestValidation.apnsPayloadLength(encryptedBytes: n, messageIndex: 7))
+}
+
+@Test func jsonReaderHandlesEscapesAndUnicode() throws {
+    let m = try JSONReader.readObject(Array(#"{"a":"x\"\\\/\n\u00e9\ud83d\ude00","b":null,"c":[{"d":1}],"e":-0.5e+3}"#.utf8))
+    #expect(m.count == 4)
+    #expect(m[0].1 == .string("x\"\\/\n\u{e9}\u{1F600}"))
+    #expect(m[1].1 == .null)
+    #expect(m[2].1 == .nested)
+    #expect(m[3].1 == .number("-0.5e+3"))
+}
+
+@Test func base64IsStrict() {
+    #expect(Base64.decode("AQIDBA==") == [1, 2, 3, 4])
+    #expect(Base64.decode("AQIDBAU=") == [1, 2, 3, 4, 5])
+    #expect(Base64.decode("AQIDBAUG") == [1, 2, 3, 4, 5, 6])
+    #expect(Base64.decode("AQ=DBA==") == nil)
+    #expect(Base64.decode("AQIDBA=") == nil)
+    #expect(Base64.decode("AQID BA=") == nil)
+}
