@@ -1,1 +1,3 @@
-// MockAPNs: see the module's issue; this file is replaced as the module lands.
+// MockAPNs: an APNs look-alike for tests, benchmarks and users' own tests (issue 4).
+// Data path: HTTP/2 request -> RequestValidation -> faults -> verification (ratchet) ->
+// DeliveryRecorder -> APNs-shaped answer. Control port: ControlAPI.

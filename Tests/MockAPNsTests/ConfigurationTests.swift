@@ -1,0 +1,121 @@
+import Foundation
+import Testing
+@testable import MockAPNs
+
+@Suite struct ConfigurationTests {
+    private func tempDir() throws -> URL {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("mockapns-config-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        return dir
+    }
+
+    @Test func parsesTheTypicalCommandLine() throws {
+        let dir = try tempDir()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let p8 = dir.appendingPathComponent("AuthKey.p8").path
+        try Fixture.key.privateKeyPEM().write(toFile: p8, atomically: true, encoding: .utf8)
+        let secret = String(repeating: "0f", count: 32)
+        let outcome = try MockAPNsCommandLine.parse([
+            "--listen", "127.0.0.1:0", "--generate-tls", "--ca-out", "ca.pem", "--control", "127.0.0.1:0",
+            "--token-key", "ABC123DEFG:TEAM123456:\(p8)", "--bundle-id", "com.example.app",
+            "--root-secret", "AQIDBA==:\(secret)", "--deliveries-log", "d.jsonl", "--fault", "goaway-after=10",
+            "--max-concurrent-streams", "50", "--production",
+        ])
+        guard case .run(let c) = outcome else { Issue.record("expected run"); return }
+        #expect(c.host == "127.0.0.1" && c.port == 0 && c.controlPort == 0)
+        guard case .generate(let ca) = c.tls else { Issue.record("expected generated TLS"); return }
+        #expect(ca == "ca.pem")
+        #expect(c.tokenKeys.map(\.keyID) == ["ABC123DEFG"] && c.tokenKeys.map(\.teamID) == ["TEAM123456"])
+        #expect(c.allowedBundleIDs == ["com.example.app"])
+        #expect(c.rootSecrets.map(\.keyID) == [[1, 2, 3, 4]] && c.rootSecrets.first?.secret == Array(repeating: 0x0f, count: 32))
+        #expect(c.deliveriesLogPath == "d.jsonl")
+        #expect(c.faults.rules == [FaultRule(goAwayAfter: 10)])
+        #expect(c.maxConcurrentStreams == 50 && c.sandbox == false)
+    }
+
+    @Test func usageErrorsNameTheProblem() {
+        let bad: [([String], String)] = [
+            (["--listen", "nope"], "--listen"),
+            (["--listen", "127.0.0.1:70000"], "--listen"),
+            (["--control", "0.0.0.0:2198"], "loopback"),
+            (["--token-key", "ABC:only"], "--token-key"),
+            (["--token-key", "ABC:TEAM:/does/not/exist.p8"], "cannot read"),
+            (["--root-secret", "AQIDBA==:abcd"], "64 hex"),
+            (["--root-secret", "AQID:" + String(repeating: "00", count: 32)], "4 bytes"),
+            (["--h2c", "--tls-cert", "a", "--tls-key", "b"], "choose one"),
+            (["--tls-cert", "a"], "go together"),
+            (["--fault", "status=99"], "status"),
+            (["--wat"], "unknown option"),
+            (["--listen"], "needs a value"),
+        ]
+        for (args, fragment) in bad {
+            do {
+                _ = try MockAPNsCommandLine.parse(args)
+                Issue.record("\(args) accepted")
+            } catch let error as MockConfigurationError {
+                #expect(error.message.contains(fragment), "\(args): \(error.message)")
+            } catch {
+                Issue.record("\(args): unexpected \(error)")
+            }
+        }
+        #expect(throws: Never.self) { _ = try MockAPNsCommandLine.parse(["--help"]) }
+    }
+
+    @Test func configFileThenFlags() throws {
+        let dir = try tempDir()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let path = dir.appendingPathComponent("mock.json").path
+        try #"{"listen":"127.0.0.1:1111","h2c":true,"bundleIDs":["a.b"],"faults":[{"status":500,"fraction":0.5}],"control":"off"}"#
+            .write(toFile: path, atomically: true, encoding: .utf8)
+        guard case .run(let c) = try MockAPNsCommandLine.parse(["--config", path, "--listen", "127.0.0.1:2222", "--bundle-id", "c.d"]) else {
+            Issue.record("expected run"); return
+        }
+        #expect(c.port == 2222 && c.controlPort == nil)
+        guard case .cleartextH2 = c.tls else { Issue.record("expected h2c"); return }
+        #expect(c.allowedBundleIDs == ["a.b", "c.d"])
+        #expect(c.faults.rules == [FaultRule(fraction: 0.5, status: 500)])
+
+        try #"{"listn":"127.0.0.1:1"}"#.write(toFile: path, atomically: true, encoding: .utf8)
+        #expect(throws: MockConfigurationError("config \(path): unknown key \"listn\"")) { _ = try MockAPNsCommandLine.parse(["--config", path]) }
+    }
+
+    @Test func helpMentionsEveryFlag() {
+        for flag in ["--listen", "--control", "--generate-tls", "--ca-out", "--tls-cert", "--tls-key", "--h2c", "--max-concurrent-streams",
+                     "--token-key", "--bundle-id", "--token-update-interval", "--production", "--deliveries-log", "--root-secret",
+                     "--fault", "--config", "--verbose", "--help"] {
+            #expect(MockAPNsCommandLine.usage.contains(flag), "\(flag)")
+        }
+    }
+}
+
+@Suite struct TLSGenerationTests {
+    @Test func generatedChainVerifiesWithOpenSSLAndCoversLoopback() throws {
+        let material = try GeneratedTLSMaterial.generate()
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("mockapns-tls-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let ca = dir.appendingPathComponent("ca.pem").path, cert = dir.appendingPathComponent("cert.pem").path
+        try material.caCertificatePEM.write(toFile: ca, atomically: true, encoding: .utf8)
+        try material.serverCertificatePEM.write(toFile: cert, atomically: true, encoding: .utf8)
+        for check in [["-verify_ip", "127.0.0.1"], ["-verify_hostname", "localhost"], ["-verify_ip", "::1"]] {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+            process.arguments = ["verify", "-CAfile", ca, "-purpose", "sslserver"] + check + [cert]
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            process.waitUntilExit()
+            #expect(process.terminationStatus == 0, "openssl verify \(check)")
+        }
+        // A wrong IP must not verify (the check above can fail).
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        process.arguments = ["verify", "-CAfile", ca, "-verify_ip", "10.1.2.3", cert]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        #expect(process.terminationStatus != 0)
+        #expect(try ECKey(pem: material.serverPrivateKeyPEM).publicKeyPEM().contains("BEGIN PUBLIC KEY"))
+    }
+}

@@ -1,0 +1,59 @@
+import Foundation
+import Testing
+@testable import MockAPNs
+
+@Suite struct FaultPlanTests {
+    @Test func tokenRuleHitsOnlyThatToken() throws {
+        let plan = FaultPlan(rules: [try FaultRule(commandLine: "status=410,reason=Unregistered,token=ABCD,timestamp=1234")])
+        let hit = plan.decide(deviceToken: "abcd", nowMs: 99, random: { 0.5 })
+        #expect(hit.rejection == Rejection(status: 410, reason: "Unregistered", detail: "injected fault", timestampMs: 1234))
+        #expect(plan.decide(deviceToken: "abce", nowMs: 99, random: { 0.5 }) == .none)
+    }
+
+    @Test func fractionUsesTheInjectedRandom() throws {
+        let plan = FaultPlan(rules: [try FaultRule(commandLine: "status=503,fraction=0.25")])
+        #expect(plan.decide(deviceToken: "00", nowMs: 0, random: { 0.2499 }).rejection?.reason == "ServiceUnavailable")
+        #expect(plan.decide(deviceToken: "00", nowMs: 0, random: { 0.25 }).rejection == nil)
+        // Over a fixed sequence, exactly the rolls below the fraction are hit.
+        var rolls = (0..<100).map { Double($0) / 100 }.makeIterator()
+        let hits = (0..<100).filter { _ in plan.decide(deviceToken: "00", nowMs: 0, random: { rolls.next()! }).rejection != nil }.count
+        #expect(hits == 25)
+    }
+
+    @Test func firstStatusOrStallWinsAndLatenciesAdd() throws {
+        let plan = FaultPlan(rules: [
+            try FaultRule(commandLine: "latency=20"),
+            try FaultRule(commandLine: "stall,token=aa"),
+            try FaultRule(commandLine: "status=429"),
+            try FaultRule(commandLine: "latency=5,token=aa"),
+        ])
+        let aa = plan.decide(deviceToken: "aa", nowMs: 0, random: { 0 })
+        #expect(aa.stall && aa.rejection == nil && aa.latencyMs == 25)
+        let bb = plan.decide(deviceToken: "bb", nowMs: 0, random: { 0 })
+        #expect(!bb.stall && bb.rejection?.status == 429 && bb.rejection?.reason == "TooManyRequests" && bb.latencyMs == 20)
+        // 410 without an explicit timestamp carries "now".
+        let gone = FaultPlan(rules: [try FaultRule(commandLine: "status=410")]).decide(deviceToken: "aa", nowMs: 777, random: { 0 })
+        #expect(gone.rejection?.timestampMs == 777 && gone.rejection?.reason == "Unregistered")
+    }
+
+    @Test func connectionFaultsCountStreams() throws {
+        let plan = FaultPlan(rules: [try FaultRule(commandLine: "goaway-after=3"), try FaultRule(commandLine: "close-after=5")])
+        #expect(plan.connectionFault(afterStream: 2) == .none)
+        #expect(plan.connectionFault(afterStream: 3) == .goAway)
+        #expect(plan.connectionFault(afterStream: 5) == .close)
+        #expect(FaultPlan().connectionFault(afterStream: 1_000_000) == .none)
+    }
+
+    @Test func badRulesAreRefused() {
+        for text in ["status=200", "fraction=2,status=500", "reason=Unregistered", "goaway-after=0", "token=xyz,status=410", "bogus=1", "fraction=0.5", "latency=abc"] {
+            #expect(throws: MockConfigurationError.self, "\(text)") { try FaultRule(commandLine: text) }
+        }
+    }
+
+    @Test func jsonAndCommandLineAgree() throws {
+        let json = #"{"status":410,"reason":"ExpiredToken","deviceToken":"ab","fraction":0.5}"#
+        let decoded = try JSONDecoder().decode(FaultRule.self, from: Data(json.utf8))
+        #expect(decoded == (try FaultRule(commandLine: "status=410,reason=ExpiredToken,token=ab,fraction=0.5")))
+        #expect(FaultPlan(rules: [try FaultRule(commandLine: "expire-tokens-before=100"), try FaultRule(commandLine: "expire-tokens-before=200")]).expireTokensIssuedBefore == 200)
+    }
+}
