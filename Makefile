@@ -9,7 +9,7 @@ DESTDIR ?=
 # Everything the build, the tests and the benchmarks need from Debian 12 apt.
 APT_PACKAGES := libssl-dev libcurl4-openssl-dev libnghttp2-dev libsqlite3-dev libuv1-dev \
 	libsystemd-dev pkg-config openssl curl sqlite3 nghttp2-client nghttp2-server \
-	python3 python3-venv
+	python3 python3-venv systemd
 
 BENCH_APT_PACKAGES := wrk nginx-light hyperfine valgrind
 
@@ -40,3 +40,16 @@ bench: deps bench-deps release
 
 clean:
 	$(SWIFT) package clean
+
+# Installs binaries, the systemd unit, the sysusers entry, the example config under
+# $(DESTDIR)/etc/accessory-relay/, docs and the state dir (deploy/install.sh; docs/operations.md).
+# BUILT=<dir> installs already built binaries instead of building release ones first.
+BUILT ?=
+install:
+ifeq ($(BUILT),)
+	$(SWIFT) build -c release $(SWIFT_FLAGS) --product relay-server
+	$(SWIFT) build -c release $(SWIFT_FLAGS) --product relayctl
+	PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" BUILT="$$($(SWIFT) build -c release $(SWIFT_FLAGS) --show-bin-path)" deploy/install.sh
+else
+	PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" BUILT="$(BUILT)" deploy/install.sh
+endif
