@@ -75,3 +75,50 @@ struct RelayctlDeploySystemdTests {
         #expect(result.output.contains("exposure above"))
     }
 }
+
+private let promtoolPath = ["/usr/bin/promtool", "/usr/local/bin/promtool"].first { FileManager.default.isExecutableFile(atPath: $0) }
+
+@Suite("deploy: monitoring examples")
+struct RelayctlDeployMonitoringTests {
+    @Test(.enabled(if: promtoolPath != nil, "promtool not installed"))
+    func alertRulesAreValidAndFireAsDescribed() throws {
+        let check = try run(promtoolPath!, ["check", "rules", "deploy/prometheus/alerts.yml"])
+        #expect(check.status == 0, "\(check.output)")
+        // alerts_test.yml feeds synthetic series and states which alerts must (not) fire.
+        let unitTests = try run(promtoolPath!, ["test", "rules", "deploy/prometheus/alerts_test.yml"])
+        #expect(unitTests.status == 0, "\(unitTests.output)")
+        #expect(unitTests.output.contains("SUCCESS"))
+    }
+
+    @Test func everyAlertHasARunbookSection() throws {
+        let rules = try String(contentsOf: repoRoot.appendingPathComponent("deploy/prometheus/alerts.yml"), encoding: .utf8)
+        let runbook = try String(contentsOf: repoRoot.appendingPathComponent("docs/operations.md"), encoding: .utf8)
+        let alerts = rules.split(separator: "\n").compactMap { line -> String? in
+            let t = line.trimmingCharacters(in: .whitespaces)
+            return t.hasPrefix("- alert: ") ? String(t.dropFirst("- alert: ".count)) : nil
+        }
+        #expect(alerts.count >= 10)
+        for alert in alerts {
+            #expect(runbook.contains("\n### \(alert)\n"), "docs/operations.md has no runbook section for \(alert)")
+            #expect(rules.contains("docs/operations.md#\(alert.lowercased())"), "\(alert) does not link its runbook")
+        }
+    }
+
+    @Test func dashboardIsValidJSONWithQueriesOnEveryPanel() throws {
+        let data = try Data(contentsOf: repoRoot.appendingPathComponent("deploy/grafana/relay-dashboard.json"))
+        let dashboard = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        let panels = try #require(dashboard["panels"] as? [[String: Any]])
+        #expect(panels.count >= 10)
+        var ids = Set<Int>()
+        for panel in panels {
+            let id = try #require(panel["id"] as? Int)
+            #expect(ids.insert(id).inserted, "duplicate panel id \(id)")
+            let targets = try #require(panel["targets"] as? [[String: Any]])
+            #expect(!targets.isEmpty)
+            for target in targets {
+                let expr = try #require(target["expr"] as? String)
+                #expect(expr.contains("relay_") || expr.contains("probe_success"), "\(expr)")
+            }
+        }
+    }
+}
