@@ -42,7 +42,7 @@ let package = Package(
         .executableTarget(name: "mock-apns", dependencies: ["MockAPNs"]),
 
         // MARK: Tests (mirror the source targets; integration tests drive the real binaries)
-        .testTarget(name: "RatchetTests", dependencies: ["Ratchet"]),
+        .testTarget(name: "RatchetTests", dependencies: ["Ratchet"], exclude: ["Vectors"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
         .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs"]),
         .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs"]),

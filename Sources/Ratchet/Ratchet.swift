@@ -1,1 +1,0 @@
-// Ratchet: see the module's issue; this file is replaced as the module lands.
