@@ -1,7 +1,7 @@
+// relayctl: the operator's CLI. This file only hands the arguments to the command tree
+// (CommandTree.swift) and exits with its status: 0 ok, 1 runtime failure, 64 usage error.
 #if canImport(Glibc)
 import Glibc
 #endif
-// Not built yet: refuse loudly rather than pretend to work.
-let message = "not implemented yet\n"
-_ = message.withCString { write(2, $0, strlen($0)) }
-exit(1)
+
+exit(RelayCtl.run(Array(CommandLine.arguments.dropFirst())))
