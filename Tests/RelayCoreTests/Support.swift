@@ -43,3 +43,9 @@ extension SQLiteOutboxStore {
         return try slot.value!.get()
     }
 }
+
+final class Counter: Sendable {
+    private let n = Mutex(0)
+    func add() { n.withLock { $0 += 1 } }
+    var value: Int { n.withLock { $0 } }
+}

@@ -1,0 +1,328 @@
+// relay-server's configuration: a JSON file (config/relay.example.json documents every key,
+// docs/configuration.md has the table). Unknown keys and invalid values are startup errors that
+// name the key path. Keys starting with "_" (e.g. "_comment") are ignored everywhere.
+import Foundation
+
+public struct ConfigError: Error, Equatable, CustomStringConvertible {
+    public var key: String
+    public var message: String
+    public var description: String { key.isEmpty ? message : "\(key): \(message)" }
+}
+
+public struct RelayConfig: Sendable, Equatable {
+    public struct TLS: Sendable, Equatable {
+        public var certificatePath: String
+        public var privateKeyPath: String
+    }
+    public struct Listener: Sendable, Equatable {
+        public var host: String
+        public var port: Int
+        public var tls: TLS?
+    }
+    public struct Store: Sendable, Equatable {
+        public var kind = "sqlite"
+        public var path = "relay.db"
+        public var synchronous = SQLiteStoreOptions.Synchronous.full
+        public var busyTimeoutMillis = 5000
+        public var maxPending = 1_000_000
+    }
+    public struct Ingest: Sendable, Equatable {
+        public var maxBodyBytes = 16384
+        public var ttlSeconds = 86_400
+        public var perCredential = RateLimit(perSecond: 1000, burst: 2000)
+        public var perPushToken = RateLimit(perSecond: 10, burst: 20)
+        public var maxConnections = 10_000
+        public var loopThreads = 1
+    }
+    public struct Dispatch: Sendable, Equatable {
+        public var maxInflight = 256
+        public var claimBatch = 256
+        public var backoffBaseMillis = 1000
+        public var backoffCapMillis = 300_000
+        public var tooManyRequestsDelayMillis = 60_000
+        public var connectionsPerApp = 2
+        public var requestTimeoutMillis = 10_000
+        public var shutdownGraceMillis = 5_000
+    }
+    public enum Environment: Sendable, Equatable { case production, sandbox, custom(url: String) }
+    public enum Credentials: Sendable, Equatable {
+        case token(p8Path: String, keyID: String, teamID: String)
+        case certificate(certificatePath: String, privateKeyPath: String, passphraseFile: String?)
+    }
+    public struct App: Sendable, Equatable {
+        public var bundleID: String
+        public var environment: Environment
+        public var caFile: String?
+        public var credentials: Credentials
+    }
+    public struct Log: Sendable, Equatable {
+        public var format = RelayLogger.Format.json
+        public var level = RelayLogger.Level.info
+    }
+
+    public var listen = Listener(host: "127.0.0.1", port: 8080, tls: nil)
+    public var admin = Listener(host: "127.0.0.1", port: 9090, tls: nil)
+    public var adminEnabled = true
+    public var store = Store()
+    public var ingest = Ingest()
+    public var dispatch = Dispatch()
+    public var apps: [App] = []
+    public var log = Log()
+    public var watchdog = true
+
+    public init() {}
+
+    // MARK: loading
+
+    public static func load(path: String, environment: [String: String] = ProcessInfo.processInfo.environment) throws -> RelayConfig {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw ConfigError(key: "", message: "cannot read config file \(path)")
+        }
+        var c = try parse(Array(data), baseDirectory: (path as NSString).deletingLastPathComponent)
+        try c.applyEnvironment(environment)
+        return c
+    }
+
+    /// Relative file paths in the config are resolved against `baseDirectory` (the config
+    /// file's directory), so a config works no matter where the server starts.
+    public static func parse(_ bytes: [UInt8], baseDirectory: String = "") throws -> RelayConfig {
+        let root: Any
+        do { root = try JSONSerialization.jsonObject(with: Data(bytes)) } catch {
+            throw ConfigError(key: "", message: "config is not valid JSON: \(error.localizedDescription)")
+        }
+        var r = Reader(root, path: "", base: baseDirectory)
+        var c = RelayConfig()
+        try r.object(allowed: ["listen", "admin", "store", "ingest", "dispatch", "apps", "log", "watchdog"])
+        if var l = try r.child("listen") {
+            try l.object(allowed: ["host", "port", "tls"])
+            c.listen.host = try l.string("host") ?? c.listen.host
+            c.listen.port = try l.int("port", 0...65535) ?? c.listen.port
+            if var t = try l.child("tls") {
+                try t.object(allowed: ["certificate", "privateKey"])
+                guard let cert = try t.path("certificate"), let key = try t.path("privateKey") else {
+                    throw ConfigError(key: "listen.tls", message: "needs certificate and privateKey")
+                }
+                c.listen.tls = TLS(certificatePath: cert, privateKeyPath: key)
+            }
+        }
+        if var a = try r.child("admin") {
+            try a.object(allowed: ["host", "port", "enabled"])
+            c.admin.host = try a.string("host") ?? c.admin.host
+            c.admin.port = try a.int("port", 0...65535) ?? c.admin.port
+            c.adminEnabled = try a.bool("enabled") ?? true
+        }
+        if var s = try r.child("store") {
+            try s.object(allowed: ["kind", "path", "synchronous", "busyTimeoutMs", "maxPending"])
+            c.store.kind = try s.string("kind") ?? "sqlite"
+            guard c.store.kind == "sqlite" else { throw ConfigError(key: "store.kind", message: "only \"sqlite\" is supported by this build") }
+            c.store.path = try s.path("path") ?? r.resolve(c.store.path)
+            if let sync = try s.string("synchronous") {
+                guard let v = SQLiteStoreOptions.Synchronous(rawValue: sync.uppercased()) else {
+                    throw ConfigError(key: "store.synchronous", message: "must be \"FULL\" or \"NORMAL\"")
+                }
+                c.store.synchronous = v
+            }
+            c.store.busyTimeoutMillis = try s.int("busyTimeoutMs", 0...600_000) ?? c.store.busyTimeoutMillis
+            c.store.maxPending = try s.int("maxPending", 1...1_000_000_000) ?? c.store.maxPending
+        } else {
+            c.store.path = r.resolve(c.store.path)
+        }
+        if var i = try r.child("ingest") {
+            try i.object(allowed: ["maxBodyBytes", "ttlSeconds", "rateLimits", "maxConnections", "loopThreads"])
+            c.ingest.maxBodyBytes = try i.int("maxBodyBytes", 1024...1_048_576) ?? c.ingest.maxBodyBytes
+            c.ingest.ttlSeconds = try i.int("ttlSeconds", 1...(30 * 86_400)) ?? c.ingest.ttlSeconds
+            c.ingest.maxConnections = try i.int("maxConnections", 1...1_000_000) ?? c.ingest.maxConnections
+            c.ingest.loopThreads = try i.int("loopThreads", 1...64) ?? c.ingest.loopThreads
+            if var rl = try i.child("rateLimits") {
+                try rl.object(allowed: ["perCredential", "perPushToken"])
+                for (key, keyPath) in [("perCredential", \Ingest.perCredential), ("perPushToken", \Ingest.perPushToken)] {
+                    if var x = try rl.child(key) {
+                        try x.object(allowed: ["perSecond", "burst"])
+                        let perSecond = try x.double("perSecond", 0...1_000_000) ?? c.ingest[keyPath: keyPath].perSecond
+                        let burst = try x.double("burst", 1...10_000_000) ?? c.ingest[keyPath: keyPath].burst
+                        c.ingest[keyPath: keyPath] = RateLimit(perSecond: perSecond, burst: burst)
+                    }
+                }
+            }
+        }
+        if var d = try r.child("dispatch") {
+            try d.object(allowed: ["maxInflight", "claimBatch", "backoffBaseMs", "backoffCapMs", "tooManyRequestsDelayMs",
+                                   "connectionsPerApp", "requestTimeoutMs", "shutdownGraceMs"])
+            c.dispatch.maxInflight = try d.int("maxInflight", 1...100_000) ?? c.dispatch.maxInflight
+            c.dispatch.claimBatch = try d.int("claimBatch", 1...10_000) ?? c.dispatch.claimBatch
+            c.dispatch.backoffBaseMillis = try d.int("backoffBaseMs", 1...3_600_000) ?? c.dispatch.backoffBaseMillis
+            c.dispatch.backoffCapMillis = try d.int("backoffCapMs", 1...86_400_000) ?? c.dispatch.backoffCapMillis
+            c.dispatch.tooManyRequestsDelayMillis = try d.int("tooManyRequestsDelayMs", 0...86_400_000) ?? c.dispatch.tooManyRequestsDelayMillis
+            c.dispatch.connectionsPerApp = try d.int("connectionsPerApp", 1...64) ?? c.dispatch.connectionsPerApp
+            c.dispatch.requestTimeoutMillis = try d.int("requestTimeoutMs", 100...600_000) ?? c.dispatch.requestTimeoutMillis
+            c.dispatch.shutdownGraceMillis = try d.int("shutdownGraceMs", 0...600_000) ?? c.dispatch.shutdownGraceMillis
+            guard c.dispatch.backoffCapMillis >= c.dispatch.backoffBaseMillis else {
+                throw ConfigError(key: "dispatch.backoffCapMs", message: "must be at least dispatch.backoffBaseMs")
+            }
+        }
+        guard let apps = try r.array("apps"), !apps.isEmpty else {
+            throw ConfigError(key: "apps", message: "at least one app is required")
+        }
+        var seen = Set<String>()
+        for var a in apps {
+            try a.object(allowed: ["bundleID", "environment", "url", "caFile", "token", "certificate"])
+            guard let bundle = try a.string("bundleID"), !bundle.isEmpty, !bundle.contains(",") else {
+                throw ConfigError(key: a.key("bundleID"), message: "required: the companion app's bundle ID")
+            }
+            guard seen.insert(bundle).inserted else { throw ConfigError(key: a.key("bundleID"), message: "\(bundle) is configured twice") }
+            let env: Environment
+            switch try a.string("environment") ?? "production" {
+            case "production": env = .production
+            case "sandbox": env = .sandbox
+            case "custom":
+                guard let url = try a.string("url"), url.hasPrefix("https://") || url.hasPrefix("http://") else {
+                    throw ConfigError(key: a.key("url"), message: "environment \"custom\" needs an http(s) url")
+                }
+                env = .custom(url: url)
+            default: throw ConfigError(key: a.key("environment"), message: "must be \"production\", \"sandbox\" or \"custom\"")
+            }
+            if case .custom = env {} else if try a.string("url") != nil {
+                throw ConfigError(key: a.key("url"), message: "only allowed with environment \"custom\"")
+            }
+            let ca = try a.path("caFile")
+            let creds: Credentials
+            switch (try a.child("token"), try a.child("certificate")) {
+            case (var t?, nil):
+                try t.object(allowed: ["p8Path", "keyID", "teamID"])
+                guard let p8 = try t.path("p8Path") else { throw ConfigError(key: t.key("p8Path"), message: "required") }
+                guard let kid = try t.string("keyID"), kid.count == 10 else { throw ConfigError(key: t.key("keyID"), message: "required: the 10-character APNs key ID") }
+                guard let team = try t.string("teamID"), team.count == 10 else { throw ConfigError(key: t.key("teamID"), message: "required: the 10-character team ID") }
+                creds = .token(p8Path: p8, keyID: kid, teamID: team)
+            case (nil, var cert?):
+                try cert.object(allowed: ["certificatePath", "privateKeyPath", "passphraseFile"])
+                guard let cp = try cert.path("certificatePath") else { throw ConfigError(key: cert.key("certificatePath"), message: "required") }
+                guard let kp = try cert.path("privateKeyPath") else { throw ConfigError(key: cert.key("privateKeyPath"), message: "required") }
+                creds = .certificate(certificatePath: cp, privateKeyPath: kp, passphraseFile: try cert.path("passphraseFile"))
+            case (nil, nil): throw ConfigError(key: a.key("token"), message: "an app needs \"token\" or \"certificate\" credentials")
+            default: throw ConfigError(key: a.key("certificate"), message: "give either \"token\" or \"certificate\", not both")
+            }
+            c.apps.append(App(bundleID: bundle, environment: env, caFile: ca, credentials: creds))
+        }
+        if var l = try r.child("log") {
+            try l.object(allowed: ["format", "level"])
+            if let f = try l.string("format") {
+                guard let v = RelayLogger.Format(rawValue: f) else { throw ConfigError(key: "log.format", message: "must be \"json\" or \"text\"") }
+                c.log.format = v
+            }
+            if let lv = try l.string("level") {
+                guard let v = RelayLogger.Level(name: lv) else { throw ConfigError(key: "log.level", message: "must be debug, info, warning or error") }
+                c.log.level = v
+            }
+        }
+        c.watchdog = try r.bool("watchdog") ?? true
+        return c
+    }
+
+    /// Environment overrides for secret paths (so a secrets manager can mount files anywhere):
+    /// RELAY_DB_PATH, RELAY_TLS_CERTIFICATE, RELAY_TLS_PRIVATE_KEY, and per app (index i from 0)
+    /// RELAY_APP_<i>_P8_PATH, RELAY_APP_<i>_CERTIFICATE_PATH, RELAY_APP_<i>_PRIVATE_KEY_PATH.
+    public mutating func applyEnvironment(_ env: [String: String]) throws {
+        if let p = env["RELAY_DB_PATH"], !p.isEmpty { store.path = p }
+        if let cert = env["RELAY_TLS_CERTIFICATE"], let key = env["RELAY_TLS_PRIVATE_KEY"] {
+            listen.tls = TLS(certificatePath: cert, privateKeyPath: key)
+        } else if env["RELAY_TLS_CERTIFICATE"] != nil || env["RELAY_TLS_PRIVATE_KEY"] != nil {
+            throw ConfigError(key: "RELAY_TLS_CERTIFICATE", message: "set both RELAY_TLS_CERTIFICATE and RELAY_TLS_PRIVATE_KEY")
+        }
+        for i in apps.indices {
+            switch apps[i].credentials {
+            case .token(let p8, let kid, let team):
+                if let v = env["RELAY_APP_\(i)_P8_PATH"], !v.isEmpty { apps[i].credentials = .token(p8Path: v, keyID: kid, teamID: team) } else { _ = p8 }
+            case .certificate(let cp, let kp, let pass):
+                let c = env["RELAY_APP_\(i)_CERTIFICATE_PATH"].flatMap { $0.isEmpty ? nil : $0 } ?? cp
+                let k = env["RELAY_APP_\(i)_PRIVATE_KEY_PATH"].flatMap { $0.isEmpty ? nil : $0 } ?? kp
+                apps[i].credentials = .certificate(certificatePath: c, privateKeyPath: k, passphraseFile: pass)
+            }
+        }
+    }
+}
+
+/// Walks the parsed JSON, remembering the key path for error messages.
+private struct Reader {
+    let value: Any
+    let path: String
+    let base: String
+    var dict: [String: Any] = [:]
+
+    init(_ value: Any, path: String, base: String) {
+        self.value = value
+        self.path = path
+        self.base = base
+    }
+
+    func key(_ k: String) -> String { path.isEmpty ? k : "\(path).\(k)" }
+
+    func resolve(_ p: String) -> String {
+        if p.hasPrefix("/") || base.isEmpty { return p }
+        return (base as NSString).appendingPathComponent(p)
+    }
+
+    mutating func object(allowed: Set<String>) throws {
+        guard let d = value as? [String: Any] else { throw ConfigError(key: path.isEmpty ? "(root)" : path, message: "must be an object") }
+        for k in d.keys where !k.hasPrefix("_") && !allowed.contains(k) {
+            throw ConfigError(key: key(k), message: "unknown key (allowed: \(allowed.sorted().joined(separator: ", ")))")
+        }
+        dict = d
+    }
+
+    func raw(_ k: String) -> Any? {
+        guard let v = dict[k], !(v is NSNull) else { return nil }
+        return v
+    }
+
+    func child(_ k: String) throws -> Reader? {
+        guard let v = raw(k) else { return nil }
+        return Reader(v, path: key(k), base: base)
+    }
+
+    func array(_ k: String) throws -> [Reader]? {
+        guard let v = raw(k) else { return nil }
+        guard let a = v as? [Any] else { throw ConfigError(key: key(k), message: "must be an array") }
+        return a.enumerated().map { Reader($0.element, path: "\(key(k))[\($0.offset)]", base: base) }
+    }
+
+    func string(_ k: String) throws -> String? {
+        guard let v = raw(k) else { return nil }
+        guard let s = v as? String else { throw ConfigError(key: key(k), message: "must be a string") }
+        return s
+    }
+
+    func path(_ k: String) throws -> String? {
+        guard let s = try string(k) else { return nil }
+        guard !s.isEmpty else { throw ConfigError(key: key(k), message: "must not be empty") }
+        return resolve(s)
+    }
+
+    private func isBool(_ v: Any) -> Bool {
+        guard let n = v as? NSNumber else { return false }
+        // JSON true/false arrive as boolean NSNumbers (objCType "c"); 0/1 as integer ones.
+        return String(cString: n.objCType) == "c"
+    }
+
+    func bool(_ k: String) throws -> Bool? {
+        guard let v = raw(k) else { return nil }
+        guard isBool(v), let b = v as? Bool else { throw ConfigError(key: key(k), message: "must be true or false") }
+        return b
+    }
+
+    func int(_ k: String, _ range: ClosedRange<Int>) throws -> Int? {
+        guard let v = raw(k) else { return nil }
+        guard !isBool(v), let n = v as? NSNumber, let i = Int(exactly: n.doubleValue) else {
+            throw ConfigError(key: key(k), message: "must be an integer in \(range.lowerBound)...\(range.upperBound)")
+        }
+        guard range.contains(i) else { throw ConfigError(key: key(k), message: "must be an integer in \(range.lowerBound)...\(range.upperBound)") }
+        return i
+    }
+
+    func double(_ k: String, _ range: ClosedRange<Double>) throws -> Double? {
+        guard let v = raw(k) else { return nil }
+        guard !isBool(v), let n = v as? NSNumber else { throw ConfigError(key: key(k), message: "must be a number") }
+        let d = n.doubleValue
+        guard range.contains(d) else { throw ConfigError(key: key(k), message: "must be in \(range.lowerBound)...\(range.upperBound)") }
+        return d
+    }
+}

@@ -1,0 +1,279 @@
+// The ingest API as plain values: request in, response out through a completion. The HTTP
+// server glue (HTTPGlue.swift) only converts types, so this file is the whole API and is unit
+// tested without sockets. Order of checks for POST /v1/responses:
+//   401 (no/malformed bearer) -> 429 credential -> 415/413/400 body -> 429 push token ->
+//   in one store transaction: 401 unknown/revoked, 400 unknown/ambiguous app, 403 scope,
+//   200 duplicate, 410 unregistered token, 503 outbox bound, 202 after COMMIT.
+import Foundation
+
+public struct APIRequest: Sendable {
+    public var method: String
+    public var path: String
+    /// Lowercased header names.
+    public var headers: [String: String]
+    public var body: [UInt8]
+    public var requestID: String
+
+    public init(method: String, path: String, headers: [String: String], body: [UInt8], requestID: String) {
+        self.method = method
+        self.path = path
+        self.headers = headers
+        self.body = body
+        self.requestID = requestID
+    }
+}
+
+public struct APIResponse: Sendable, Equatable {
+    public var status: Int
+    public var headers: [(String, String)]
+    public var body: String
+
+    public init(status: Int, headers: [(String, String)] = [], body: String) {
+        self.status = status
+        self.headers = headers
+        self.body = body
+    }
+
+    public static func == (a: APIResponse, b: APIResponse) -> Bool {
+        a.status == b.status && a.body == b.body && a.headers.map { "\($0.0):\($0.1)" } == b.headers.map { "\($0.0):\($0.1)" }
+    }
+
+    static func error(_ e: ClientError, headers: [(String, String)] = []) -> APIResponse {
+        APIResponse(status: e.status, headers: headers, body: e.jsonBody)
+    }
+
+    public func header(_ name: String) -> String? { headers.first { $0.0.lowercased() == name.lowercased() }?.1 }
+}
+
+public struct IngestSettings: Sendable {
+    public var limits = IngestLimits()
+    public var ttlMillis: Int64 = 86_400_000
+    public var maxPending: Int = 1_000_000
+    public var perCredential = RateLimit(perSecond: 1000, burst: 2000)
+    public var perPushToken = RateLimit(perSecond: 10, burst: 20)
+    /// Retry-After (seconds) sent with 503.
+    public var unavailableRetryAfterSeconds = 5
+    public var apps: Set<String> = []
+    public init() {}
+}
+
+public final class IngestService: Sendable {
+    private let store: any OutboxStore
+    private let settings: IngestSettings
+    private let credentialLimiter: RateLimiter
+    private let tokenLimiter: RateLimiter
+    private let metrics: RelayMetrics
+    private let logger: RelayLogger
+    private let workers: WorkerPool
+    private let onAccepted: @Sendable () -> Void
+
+    public init(store: any OutboxStore, settings: IngestSettings, metrics: RelayMetrics, logger: RelayLogger,
+                workers: WorkerPool, onAccepted: @escaping @Sendable () -> Void) {
+        self.store = store
+        self.settings = settings
+        self.credentialLimiter = RateLimiter(limit: settings.perCredential)
+        self.tokenLimiter = RateLimiter(limit: settings.perPushToken)
+        self.metrics = metrics
+        self.logger = logger
+        self.workers = workers
+        self.onAccepted = onAccepted
+    }
+
+    /// Never blocks: storage work completes `respond` from the writer or a worker thread.
+    public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIResponse) -> Void) {
+        let start = monotonicMicros()
+        let finish: @Sendable (APIResponse, String?) -> Void = { [metrics, logger] response, note in
+            var r = response
+            r.headers.append(("x-request-id", request.requestID))
+            if !r.headers.contains(where: { $0.0 == "content-type" }) { r.headers.append(("content-type", "application/json")) }
+            metrics.ingest(status: r.status)
+            let level: RelayLogger.Level = r.status >= 500 ? .warning : .debug
+            logger.log(level, "request", ["request_id": request.requestID, "method": request.method, "path": request.path,
+                                          "status": r.status, "duration_us": monotonicMicros() - start, "note": note ?? ""])
+            respond(r)
+        }
+        if request.path == "/v1/responses" {
+            guard request.method == "POST" else {
+                return finish(APIResponse(status: 405, headers: [("allow", "POST")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use POST").jsonBody), nil)
+            }
+            post(request, finish)
+        } else if request.path.hasPrefix("/v1/responses/") {
+            guard request.method == "GET" || request.method == "HEAD" else {
+                return finish(APIResponse(status: 405, headers: [("allow", "GET")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody), nil)
+            }
+            get(request, id: String(request.path.dropFirst("/v1/responses/".count)), finish)
+        } else {
+            finish(.error(ClientError(status: 404, code: "not_found", field: nil, message: "no such endpoint")), nil)
+        }
+    }
+
+    static let unauthorized = ClientError(status: 401, code: "unauthorized", field: "authorization", message: "a valid bearer credential is required")
+
+    /// The bearer secret if the header is well-formed.
+    static func bearer(_ headers: [String: String]) -> String? {
+        guard let h = headers["authorization"] else { return nil }
+        let parts = h.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
+        guard parts.count == 2, parts[0].lowercased() == "bearer" else { return nil }
+        let secret = parts[1].trimmingCharacters(in: .whitespaces)
+        guard secret.hasPrefix(Credentials.prefix), secret.utf8.count <= 128,
+              secret.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D || $0 == 0x5F })
+        else { return nil }
+        return secret
+    }
+
+    private func post(_ request: APIRequest, _ finish: @escaping @Sendable (APIResponse, String?) -> Void) {
+        let authHeaders = [("www-authenticate", "Bearer")]
+        guard let secret = Self.bearer(request.headers) else {
+            return finish(.error(Self.unauthorized, headers: authHeaders), "no bearer")
+        }
+        let hash = Credentials.hash(secret: secret)
+        let credentialKey = hash.prefix(16).map { String($0, radix: 16) }.joined()
+        let c = credentialLimiter.take(credentialKey)
+        guard c.allowed else {
+            metrics.rateLimited(scope: "credential")
+            return finish(.error(ClientError(status: 429, code: "rate_limited", field: "authorization", message: "too many requests for this credential"),
+                                 headers: [("retry-after", String(c.retryAfterSeconds))]), "credential rate")
+        }
+        let response: NewResponse
+        switch IngestValidation.validate(contentType: request.headers["content-type"], body: request.body, limits: settings.limits) {
+        case .failure(let e): return finish(.error(e), e.code)
+        case .success(let r): response = r
+        }
+        let t = tokenLimiter.take(response.pushToken)
+        guard t.allowed else {
+            metrics.rateLimited(scope: "push_token")
+            return finish(.error(ClientError(status: 429, code: "rate_limited", field: "pushToken", message: "too many requests for this push token"),
+                                 headers: [("retry-after", String(t.retryAfterSeconds))]), "token rate")
+        }
+        let ingest = IngestRequest(response: response, credentialHash: hash, configuredApps: settings.apps,
+                                   ttlMillis: settings.ttlMillis, maxPending: settings.maxPending)
+        let retryAfter = [("retry-after", String(settings.unavailableRetryAfterSeconds))]
+        store.submit(ingest) { [onAccepted, logger] result in
+            switch result {
+            case .failure(let error):
+                logger.error("storage error on ingest", ["request_id": request.requestID, "error": "\(error)"])
+                finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "the response was not stored; retry later"), headers: retryAfter), "storage")
+            case .success(let outcome):
+                switch outcome {
+                case .accepted(let id):
+                    onAccepted()
+                    finish(APIResponse(status: 202, body: "{\"id\":\"\(id)\",\"state\":\"queued\"}"), id)
+                case .duplicate(let id, let state):
+                    finish(APIResponse(status: 200, body: "{\"id\":\"\(id)\",\"state\":\"\(state.rawValue)\"}"), "duplicate \(id)")
+                case .unauthorized:
+                    finish(.error(Self.unauthorized, headers: authHeaders), "unknown or revoked")
+                case .forbidden(let app):
+                    finish(.error(ClientError(status: 403, code: "forbidden", field: "app", message: "this credential may not send for \(app)")), nil)
+                case .appRequired:
+                    finish(.error(ClientError(status: 400, code: "app_required", field: "app", message: "this credential may use several apps: name one in \"app\"")), nil)
+                case .unknownApp(let app):
+                    finish(.error(ClientError(status: 400, code: "unknown_app", field: "app", message: "\(app) is not configured in this relay")), nil)
+                case .unregistered:
+                    finish(.error(ClientError(status: 410, code: "push_token_unregistered", field: "pushToken", message: "APNs reported this push token unregistered")), nil)
+                case .overCapacity:
+                    finish(.error(ClientError(status: 503, code: "outbox_full", field: nil, message: "the outbox is over its configured bound; retry later"), headers: retryAfter), nil)
+                }
+            }
+        }
+    }
+
+    private func get(_ request: APIRequest, id: String, _ finish: @escaping @Sendable (APIResponse, String?) -> Void) {
+        guard let secret = Self.bearer(request.headers) else {
+            return finish(.error(Self.unauthorized, headers: [("www-authenticate", "Bearer")]), "no bearer")
+        }
+        let notFound = ClientError(status: 404, code: "not_found", field: "id", message: "no response with this id for this credential")
+        guard UUID(uuidString: id) != nil else { return finish(.error(notFound), nil) }
+        workers.submit { [store, logger] in
+            do {
+                guard let cred = try store.authenticate(secret: secret) else {
+                    return finish(.error(Self.unauthorized, headers: [("www-authenticate", "Bearer")]), "unknown or revoked")
+                }
+                // Another credential's row is reported as absent, not forbidden: ids do not leak.
+                guard let row = try store.response(id: id), row.credentialID == cred.id else { return finish(.error(notFound), nil) }
+                let attempts = try store.attempts(responseID: row.id)
+                finish(APIResponse(status: 200, body: Self.render(row, attempts)), nil)
+            } catch {
+                logger.error("storage error on read", ["request_id": request.requestID, "error": "\(error)"])
+                finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "retry later"), headers: [("retry-after", "1")]), "storage")
+            }
+        }
+    }
+
+    static func iso(_ ms: Int64) -> String {
+        ISO8601DateFormatter.string(from: Date(timeIntervalSince1970: Double(ms) / 1000), timeZone: .gmt,
+                                    formatOptions: [.withInternetDateTime, .withFractionalSeconds])
+    }
+
+    static func render(_ row: OutboxRow, _ attempts: [AttemptRecord]) -> String {
+        var s = "{\"id\":\"\(row.id)\",\"state\":\"\(row.state.rawValue)\",\"app\":\(jsonString(row.app))"
+        s += ",\"attempts\":\(row.attempts)"
+        s += ",\"lastStatus\":\(row.lastStatus.map(String.init) ?? "null")"
+        s += ",\"lastReason\":\(row.lastReason.map(jsonString) ?? "null")"
+        s += ",\"createdAt\":\"\(iso(row.createdAt))\",\"updatedAt\":\"\(iso(row.updatedAt))\",\"expiresAt\":\"\(iso(row.expiresAt))\""
+        if row.state == .queued || row.state == .retry { s += ",\"nextAttemptAt\":\"\(iso(row.nextAttemptAt))\"" }
+        s += ",\"history\":["
+        s += attempts.map { a in
+            "{\"at\":\"\(iso(a.attemptedAt))\",\"status\":\(a.status.map(String.init) ?? "null"),\"reason\":\(a.reason.map(jsonString) ?? "null")}"
+        }.joined(separator: ",")
+        return s + "]}"
+    }
+}
+
+/// /healthz, /readyz, /metrics for the admin listener.
+public final class AdminService: Sendable {
+    private let store: any OutboxStore
+    private let metrics: RelayMetrics
+    private let workers: WorkerPool
+    private let clock: any RelayClock
+    private let readiness: @Sendable () -> [String: Bool]
+    private let extraMetrics: @Sendable () -> String
+
+    /// `readiness` returns named checks besides the database (e.g. "apns_credentials",
+    /// "dispatcher"); `extraMetrics` returns Prometheus lines (HTTP server counters).
+    public init(store: any OutboxStore, metrics: RelayMetrics, workers: WorkerPool, clock: any RelayClock = SystemRelayClock(),
+                readiness: @escaping @Sendable () -> [String: Bool], extraMetrics: @escaping @Sendable () -> String) {
+        self.store = store
+        self.metrics = metrics
+        self.workers = workers
+        self.clock = clock
+        self.readiness = readiness
+        self.extraMetrics = extraMetrics
+    }
+
+    public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIResponse) -> Void) {
+        guard request.method == "GET" || request.method == "HEAD" else {
+            return respond(APIResponse(status: 405, headers: [("allow", "GET"), ("content-type", "application/json")],
+                                       body: "{\"error\":\"method_not_allowed\"}"))
+        }
+        switch request.path {
+        case "/healthz":
+            respond(APIResponse(status: 200, headers: [("content-type", "application/json")], body: "{\"status\":\"ok\"}"))
+        case "/readyz":
+            workers.submit { [store, readiness] in
+                var checks = readiness()
+                checks["database_writable"] = store.checkWritable()
+                let ok = checks.values.allSatisfy { $0 }
+                let body = "{\"ready\":\(ok),\"checks\":{" + checks.sorted { $0.key < $1.key }.map { "\"\($0.key)\":\($0.value)" }.joined(separator: ",") + "}}"
+                respond(APIResponse(status: ok ? 200 : 503, headers: [("content-type", "application/json")], body: body))
+            }
+        case "/metrics":
+            workers.submit { [store, metrics, clock, extraMetrics] in
+                var extra = ""
+                if let c = try? store.counts() {
+                    extra += "# HELP relay_outbox_responses Responses in the outbox by state.\n# TYPE relay_outbox_responses gauge\n"
+                    for s in ResponseState.allCases { extra += "relay_outbox_responses{state=\"\(s.rawValue)\"} \(c.byState[s] ?? 0)\n" }
+                    extra += "# HELP relay_outbox_oldest_pending_age_seconds Age of the oldest queued or retry response.\n# TYPE relay_outbox_oldest_pending_age_seconds gauge\n"
+                    let age = c.oldestPendingCreatedAt.map { Double(max(0, clock.nowMillis() - $0)) / 1000 } ?? 0
+                    extra += "relay_outbox_oldest_pending_age_seconds \(age)\n"
+                    extra += "# HELP relay_store_up 1 when the outbox could be read.\n# TYPE relay_store_up gauge\nrelay_store_up 1\n"
+                } else {
+                    extra += "# HELP relay_store_up 1 when the outbox could be read.\n# TYPE relay_store_up gauge\nrelay_store_up 0\n"
+                }
+                extra += extraMetrics()
+                respond(APIResponse(status: 200, headers: [("content-type", "text/plain; version=0.0.4")], body: metrics.render(extra: extra)))
+            }
+        default:
+            respond(APIResponse(status: 404, headers: [("content-type", "application/json")], body: "{\"error\":\"not_found\"}"))
+        }
+    }
+}

@@ -1,0 +1,84 @@
+// Process-wide counters rendered in the Prometheus text exposition format (version 0.0.4).
+import Foundation
+import Synchronization
+
+public final class RelayMetrics: Sendable {
+    /// Upper bounds (seconds) of the push latency histogram (ingest commit -> APNs answer uses
+    /// the same buckets).
+    public static let latencyBuckets: [Double] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
+
+    struct Histogram {
+        var counts = [Int](repeating: 0, count: RelayMetrics.latencyBuckets.count)
+        var sum: Double = 0
+        var total = 0
+        mutating func observe(_ seconds: Double) {
+            for (i, b) in RelayMetrics.latencyBuckets.enumerated() where seconds <= b { counts[i] += 1 }
+            sum += seconds
+            total += 1
+        }
+    }
+
+    struct State {
+        var ingestByStatus: [Int: Int] = [:]
+        var pushesByStatusReason: [String: Int] = [:]
+        var retries = 0
+        var pushLatency = Histogram()
+        var ingestToAnswer = Histogram()
+        var rateLimited: [String: Int] = [:]
+    }
+
+    private let state = Mutex(State())
+
+    public init() {}
+
+    public func ingest(status: Int) { state.withLock { $0.ingestByStatus[status, default: 0] += 1 } }
+    public func rateLimited(scope: String) { state.withLock { $0.rateLimited[scope, default: 0] += 1 } }
+    public func retry() { state.withLock { $0.retries += 1 } }
+
+    public func push(status: Int?, reason: String?, latencySeconds: Double, sinceIngestSeconds: Double?) {
+        let key = "\(status.map(String.init) ?? "transport")|\(status == nil ? "transport" : (reason ?? ""))"
+        state.withLock {
+            $0.pushesByStatusReason[key, default: 0] += 1
+            $0.pushLatency.observe(latencySeconds)
+            if let s = sinceIngestSeconds { $0.ingestToAnswer.observe(s) }
+        }
+    }
+
+    /// Counters as Prometheus text; `gauges` adds lines computed at scrape time (outbox depth,
+    /// HTTP server counters) already formatted.
+    public func render(extra: String) -> String {
+        let s = state.withLock { $0 }
+        var out = ""
+        out += "# HELP relay_ingest_requests_total Ingest requests by HTTP status.\n# TYPE relay_ingest_requests_total counter\n"
+        for (status, n) in s.ingestByStatus.sorted(by: { $0.key < $1.key }) {
+            out += "relay_ingest_requests_total{status=\"\(status)\"} \(n)\n"
+        }
+        out += "# HELP relay_rate_limited_total Requests refused with 429, by limit.\n# TYPE relay_rate_limited_total counter\n"
+        for (scope, n) in s.rateLimited.sorted(by: { $0.key < $1.key }) {
+            out += "relay_rate_limited_total{scope=\"\(scope)\"} \(n)\n"
+        }
+        out += "# HELP relay_pushes_total APNs answers by status and reason (status=\"transport\" when none arrived).\n# TYPE relay_pushes_total counter\n"
+        for (key, n) in s.pushesByStatusReason.sorted(by: { $0.key < $1.key }) {
+            let parts = key.split(separator: "|", maxSplits: 1, omittingEmptySubsequences: false)
+            out += "relay_pushes_total{status=\"\(parts[0])\",reason=\"\(promEscape(String(parts.count > 1 ? parts[1] : "")))\"} \(n)\n"
+        }
+        out += "# HELP relay_push_retries_total Responses scheduled for another attempt.\n# TYPE relay_push_retries_total counter\n"
+        out += "relay_push_retries_total \(s.retries)\n"
+        out += histogram("relay_push_duration_seconds", "Time from sending to APNs to its answer.", s.pushLatency)
+        out += histogram("relay_ingest_to_answer_seconds", "Time from ingest commit to the APNs answer (first attempt).", s.ingestToAnswer)
+        return out + extra
+    }
+
+    private func histogram(_ name: String, _ help: String, _ h: Histogram) -> String {
+        var out = "# HELP \(name) \(help)\n# TYPE \(name) histogram\n"
+        for (i, b) in Self.latencyBuckets.enumerated() {
+            out += "\(name)_bucket{le=\"\(b)\"} \(h.counts[i])\n"
+        }
+        out += "\(name)_bucket{le=\"+Inf\"} \(h.total)\n\(name)_sum \(h.sum)\n\(name)_count \(h.total)\n"
+        return out
+    }
+}
+
+func promEscape(_ s: String) -> String {
+    s.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"").replacingOccurrences(of: "\n", with: "\\n")
+}

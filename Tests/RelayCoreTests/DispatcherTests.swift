@@ -1,0 +1,136 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import RelayCore
+
+/// A PushTransport that answers from a script and records what was sent.
+final class FakeTransport: PushTransport {
+    let sent = Mutex<[OutboxRow]>([])
+    let answer: @Sendable (OutboxRow, Int) -> PushAnswer?  // nil = never answer (stalled)
+    let shutdowns = Mutex(0)
+    let held = Mutex<[@Sendable (PushAnswer) -> Void]>([])
+
+    init(answer: @escaping @Sendable (OutboxRow, Int) -> PushAnswer?) { self.answer = answer }
+
+    func send(_ row: OutboxRow, completion: @escaping @Sendable (PushAnswer) -> Void) {
+        let n = sent.withLock { $0.append(row); return $0.count }
+        if let a = answer(row, n) { completion(a) } else { held.withLock { $0.append(completion) } }
+    }
+
+    func shutdown() {
+        shutdowns.withLock { $0 += 1 }
+        let pending = held.withLock { h in defer { h.removeAll() }; return h }
+        for c in pending { c(PushAnswer(status: nil, reason: "shutdown", classification: .backOff)) }
+    }
+}
+
+private func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
+    // Bounded polling for state reached by another thread (not a timing assertion).
+    for _ in 0..<2000 {
+        if try cond() { return }
+        usleep(2000)
+    }
+    Issue.record("condition never became true: \(what)")
+}
+
+@Suite struct DispatcherTests {
+    let dir = TempDir()
+    let clock = TestClock()
+
+    func setup() throws -> (SQLiteOutboxStore, String) {
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        return (s, c.secret)
+    }
+
+    @Test func deliversAndRecordsEveryAnswer() throws {
+        let (s, secret) = try setup()
+        defer { s.close() }
+        var ids: [String] = []
+        for i in 0..<20 {
+            if case .accepted(let id) = try s.ingestNow(sample(index: UInt32(i)), secret: secret) { ids.append(id) }
+        }
+        let t = FakeTransport { row, _ in
+            row.messageIndex == 3 ? PushAnswer(status: 400, reason: "BadTopic", classification: .terminal("BadTopic"))
+                : PushAnswer(status: 200, reason: nil, classification: .done)
+        }
+        let d = Dispatcher(store: s, transports: ["com.example.app": t], options: DispatcherOptions(maxInflight: 4, claimBatch: 3), clock: clock)
+        try d.start()
+        try waitUntil("all terminal") { try s.counts().pending == 0 }
+        d.stop()
+        #expect(t.sent.withLock { $0.count } == 20)
+        #expect(Set(t.sent.withLock { $0.map(\.id) }) == Set(ids))
+        let c = try s.counts()
+        #expect(c.byState[.delivered] == 19 && c.byState[.failed] == 1)
+        let failed = try s.list(OutboxFilter(state: .failed))[0]
+        #expect(failed.messageIndex == 3 && failed.lastReason == "BadTopic" && failed.lastStatus == 400)
+        #expect(try s.attempts(responseID: failed.id).map(\.reason) == ["BadTopic"])
+        #expect(t.shutdowns.withLock { $0 } == 1)
+    }
+
+    @Test func serverErrorsBackOffThenDeliverWithTheSameId() throws {
+        let (s, secret) = try setup()
+        defer { s.close() }
+        guard case .accepted(let id) = try s.ingestNow(sample(), secret: secret) else { Issue.record("no"); return }
+        let t = FakeTransport { _, n in
+            n < 3 ? PushAnswer(status: 503, reason: "ServiceUnavailable", classification: .backOff)
+                : PushAnswer(status: 200, reason: nil, classification: .done)
+        }
+        let d = Dispatcher(store: s, transports: ["com.example.app": t],
+                           options: DispatcherOptions(idlePollMillis: 5, policy: DeliveryPolicy(backoffBaseMillis: 1000, backoffCapMillis: 4000)),
+                           clock: clock, random: FixedRandom(value: 0.5))
+        try d.start()
+        try waitUntil("first retry scheduled") { try s.response(id: id)?.state == .retry }
+        let r1 = try #require(try s.response(id: id))
+        #expect(r1.nextAttemptAt == clock.nowMillis() + 500)  // attempt 0: ceiling 1000, jitter 0.5
+        clock.advance(500)
+        d.wake()
+        try waitUntil("second retry scheduled") { try s.response(id: id)?.attempts == 2 }
+        #expect(try s.response(id: id)?.nextAttemptAt == clock.nowMillis() + 1000)  // ceiling 2000
+        clock.advance(1000)
+        d.wake()
+        try waitUntil("delivered") { try s.response(id: id)?.state == .delivered }
+        d.stop()
+        #expect(t.sent.withLock { $0.map(\.id) } == [id, id, id])
+        #expect(try s.attempts(responseID: id).map(\.status) == [503, 503, 200])
+    }
+
+    @Test func unregisteredTokenIsRecorded() throws {
+        let (s, secret) = try setup()
+        defer { s.close() }
+        _ = try s.ingestNow(sample(), secret: secret)
+        let t = FakeTransport { _, _ in PushAnswer(status: 410, reason: "Unregistered", apnsTimestamp: 1_900_000_000_000, classification: .terminal("Unregistered")) }
+        let d = Dispatcher(store: s, transports: ["com.example.app": t], clock: clock)
+        try d.start()
+        try waitUntil("token recorded") { try !s.unregisteredTokens().isEmpty }
+        d.stop()
+        #expect(try s.unregisteredTokens()[0].apnsTimestamp == 1_900_000_000_000)
+        #expect(try s.ingestNow(sample(index: 2), secret: secret) == .unregistered)
+    }
+
+    @Test func stopReturnsUnansweredPushesToQueued() throws {
+        let (s, secret) = try setup()
+        defer { s.close() }
+        for i in 0..<5 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: secret) }
+        let t = FakeTransport { _, _ in nil }  // APNs never answers
+        let d = Dispatcher(store: s, transports: ["com.example.app": t], clock: clock)
+        try d.start()
+        waitUntil("all sent") { t.sent.withLock { $0.count } == 5 }
+        #expect(try s.counts().byState[.inflight] == 5)
+        d.stop(grace: .milliseconds(50))
+        let c = try s.counts()
+        #expect(c.byState[.queued] == 5 && c.byState[.inflight] == 0)
+        #expect(try s.list(OutboxFilter()).allSatisfy { $0.attempts == 0 })
+    }
+
+    @Test func rowsForAnUnconfiguredAppFail() throws {
+        let (s, secret) = try setup()
+        defer { s.close() }
+        _ = try s.ingestNow(sample(), secret: secret)
+        let d = Dispatcher(store: s, transports: [:], clock: clock)
+        try d.start()
+        try waitUntil("failed") { try s.counts().byState[.failed] == 1 }
+        d.stop()
+        #expect(try s.list(OutboxFilter())[0].lastReason == "app_not_configured")
+    }
+}

@@ -1,0 +1,202 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import RelayCore
+
+@Suite struct IngestServiceTests {
+    let dir = TempDir()
+    let clock = TestClock()
+
+    final class Harness {
+        let store: SQLiteOutboxStore
+        let service: IngestService
+        let workers = WorkerPool(name: "test", threads: 1)
+        let woken = Counter()
+        let secret: String
+        let otherSecret: String
+        init(dir: TempDir, clock: TestClock, settings: (inout IngestSettings) -> Void = { _ in }) throws {
+            store = try SQLiteOutboxStore(path: dir.db, clock: clock)
+            secret = try store.createCredential(name: "a", apps: ["com.example.app"]).secret
+            otherSecret = try store.createCredential(name: "b", apps: ["com.example.app", "com.example.other"]).secret
+            var s = IngestSettings()
+            s.apps = ["com.example.app", "com.example.other"]
+            settings(&s)
+            let w = woken
+            service = IngestService(store: store, settings: s, metrics: RelayMetrics(), logger: RelayLogger(capture: true), workers: workers,
+                                    onAccepted: { w.add() })
+        }
+        deinit {
+            workers.shutdown()
+            store.close()
+        }
+        func call(_ method: String = "POST", _ path: String = "/v1/responses", secret: String? = nil, contentType: String? = "application/json", body: String = "") -> APIResponse {
+            var headers: [String: String] = [:]
+            if let secret { headers["authorization"] = "Bearer \(secret)" }
+            if let contentType { headers["content-type"] = contentType }
+            let slot = ResultBox<APIResponse>()
+            let done = DispatchSemaphore(value: 0)
+            service.handle(APIRequest(method: method, path: path, headers: headers, body: Array(body.utf8), requestID: "r1")) {
+                slot.value = $0
+                done.signal()
+            }
+            done.wait()
+            return slot.value!
+        }
+    }
+
+    static func body(index: Int = 1, token: String = String(repeating: "ab", count: 32), app: String? = nil) -> String {
+        let appField = app.map { ",\"app\":\"\($0)\"" } ?? ""
+        return #"{"pushToken":"\#(token)","sessionIdentifier":"6F9619FF-8B86-D011-B42D-00C04FC964FF","keyID":"AQIDBA==","messageIndex":\#(index),"encryptedData":"\#(Data(count: 40).base64EncodedString())"\#(appField)}"#
+    }
+
+    func json(_ r: APIResponse) -> [String: Any] {
+        (try? JSONSerialization.jsonObject(with: Data(r.body.utf8)) as? [String: Any]) ?? [:]
+    }
+
+    @Test func acceptThenDuplicateThenGet() throws {
+        let h = try Harness(dir: dir, clock: clock)
+        let r = h.call(secret: h.secret, body: Self.body())
+        #expect(r.status == 202)
+        #expect(r.header("x-request-id") == "r1")
+        let id = try #require(json(r)["id"] as? String)
+        #expect(json(r)["state"] as? String == "queued")
+        #expect(h.woken.value == 1)
+        let again = h.call(secret: h.secret, body: Self.body())
+        #expect(again.status == 200)
+        #expect(json(again)["id"] as? String == id)
+        let g = h.call("GET", "/v1/responses/\(id)", secret: h.secret, contentType: nil)
+        #expect(g.status == 200)
+        #expect(json(g)["state"] as? String == "queued")
+        #expect(json(g)["attempts"] as? Int == 0)
+        // Another credential does not see it.
+        #expect(h.call("GET", "/v1/responses/\(id)", secret: h.otherSecret, contentType: nil).status == 404)
+        #expect(h.call("GET", "/v1/responses/\(id)", secret: "rk_unknown", contentType: nil).status == 401)
+        #expect(h.call("GET", "/v1/responses/not-a-uuid", secret: h.secret, contentType: nil).status == 404)
+    }
+
+    @Test func authErrors() throws {
+        let h = try Harness(dir: dir, clock: clock)
+        let missing = h.call(body: Self.body())
+        #expect(missing.status == 401 && json(missing)["error"] as? String == "unauthorized")
+        #expect(missing.header("www-authenticate") == "Bearer")
+        #expect(h.call(secret: "not-a-credential", body: Self.body()).status == 401)
+        #expect(h.call(secret: "rk_doesnotexist", body: Self.body()).status == 401)
+        let forbidden = h.call(secret: h.secret, body: Self.body(app: "com.example.other"))
+        #expect(forbidden.status == 403 && json(forbidden)["field"] as? String == "app")
+        let unknown = h.call(secret: h.secret, body: Self.body(app: "com.nope"))
+        #expect(unknown.status == 400 && json(unknown)["error"] as? String == "unknown_app")
+        let ambiguous = h.call(secret: h.otherSecret, body: Self.body())
+        #expect(ambiguous.status == 400 && json(ambiguous)["error"] as? String == "app_required")
+        #expect(h.call(secret: h.otherSecret, body: Self.body(app: "com.example.other")).status == 202)
+    }
+
+    @Test func validationErrorsPassThrough() throws {
+        let h = try Harness(dir: dir, clock: clock)
+        let r = h.call(secret: h.secret, body: "{}")
+        #expect(r.status == 400 && json(r)["error"] as? String == "missing_field" && json(r)["field"] as? String == "pushToken")
+        #expect(h.call(secret: h.secret, contentType: "text/plain", body: Self.body()).status == 415)
+        #expect(h.call("PUT", secret: h.secret, body: Self.body()).status == 405)
+        #expect(h.call("GET", "/nope", secret: h.secret).status == 404)
+    }
+
+    @Test func rateLimitsAnswer429WithRetryAfter() throws {
+        let h = try Harness(dir: dir, clock: clock) { s in
+            s.perPushToken = RateLimit(perSecond: 0.5, burst: 2)
+        }
+        #expect(h.call(secret: h.secret, body: Self.body(index: 1)).status == 202)
+        #expect(h.call(secret: h.secret, body: Self.body(index: 2)).status == 202)
+        let limited = h.call(secret: h.secret, body: Self.body(index: 3))
+        #expect(limited.status == 429)
+        #expect(limited.header("retry-after") == "2")
+        // Another token is not limited.
+        #expect(h.call(secret: h.secret, body: Self.body(index: 3, token: "cdcd")).status == 202)
+    }
+
+    @Test func credentialRateLimit() throws {
+        let h = try Harness(dir: dir, clock: clock) { s in s.perCredential = RateLimit(perSecond: 1, burst: 1) }
+        #expect(h.call(secret: h.secret, body: Self.body(index: 1)).status == 202)
+        let r = h.call(secret: h.secret, body: Self.body(index: 2))
+        #expect(r.status == 429 && json(r)["field"] as? String == "authorization")
+    }
+
+    @Test func outboxBoundAnswers503() throws {
+        let h = try Harness(dir: dir, clock: clock) { s in s.maxPending = 1 }
+        #expect(h.call(secret: h.secret, body: Self.body(index: 1)).status == 202)
+        let r = h.call(secret: h.secret, body: Self.body(index: 2))
+        #expect(r.status == 503 && r.header("retry-after") != nil && json(r)["error"] as? String == "outbox_full")
+    }
+
+    @Test func storageFailureIs503NeverAccepted() throws {
+        let h = try Harness(dir: dir, clock: clock)
+        h.store.close()  // the writer refuses every job from now on
+        let r = h.call(secret: h.secret, body: Self.body())
+        #expect(r.status == 503 && json(r)["error"] as? String == "storage_unavailable")
+    }
+
+    @Test func unregisteredTokenAnswers410() throws {
+        let h = try Harness(dir: dir, clock: clock)
+        #expect(h.call(secret: h.secret, body: Self.body(index: 1)).status == 202)
+        let row = try h.store.claimDue(limit: 1)[0]
+        clock.advance(1)
+        try h.store.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: clock.nowMillis()), attempt: nil)])
+        let r = h.call(secret: h.secret, body: Self.body(index: 2))
+        #expect(r.status == 410 && json(r)["error"] as? String == "push_token_unregistered")
+    }
+}
+
+@Suite struct ConfigTests {
+    static let minimal = #"{"apps":[{"bundleID":"com.example.app","environment":"sandbox","token":{"p8Path":"k.p8","keyID":"ABCDEFGHIJ","teamID":"TEAM123456"}}]}"#
+
+    @Test func defaultsAndRelativePaths() throws {
+        let c = try RelayConfig.parse(Array(Self.minimal.utf8), baseDirectory: "/etc/relay")
+        #expect(c.listen.port == 8080 && c.admin.port == 9090 && c.listen.host == "127.0.0.1")
+        #expect(c.store.path == "/etc/relay/relay.db")
+        #expect(c.store.synchronous == .full)
+        #expect(c.apps[0].credentials == .token(p8Path: "/etc/relay/k.p8", keyID: "ABCDEFGHIJ", teamID: "TEAM123456"))
+        #expect(c.apps[0].environment == .sandbox)
+    }
+
+    @Test func exampleConfigParses() throws {
+        let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../config/relay.example.json").standardized.path
+        let c = try RelayConfig.load(path: path, environment: [:])
+        #expect(!c.apps.isEmpty)
+    }
+
+    static let badCases: [(String, String)] = [
+        (#"{"apps":[],"bogus":1}"#, "bogus"),
+        (#"{"apps":[]}"#, "apps"),
+        (#"{"listen":{"port":70000},"apps":[]}"#, "listen.port"),
+        (#"{"listen":{"port":"80"},"apps":[]}"#, "listen.port"),
+        (#"{"store":{"synchronous":"OFF"},"apps":[]}"#, "store.synchronous"),
+        (#"{"store":{"kind":"mysql"},"apps":[]}"#, "store.kind"),
+        (#"{"dispatch":{"maxInflight":0},"apps":[]}"#, "dispatch.maxInflight"),
+        (#"{"ingest":{"rateLimits":{"perPushToken":{"perSecond":-1}}},"apps":[]}"#, "ingest.rateLimits.perPushToken.perSecond"),
+        (#"{"admin":{"enabled":1},"apps":[]}"#, "admin.enabled"),
+        (#"{"apps":[{"bundleID":"a","token":{"p8Path":"k","keyID":"short","teamID":"TEAM123456"}}]}"#, "apps[0].token.keyID"),
+        (#"{"apps":[{"bundleID":"a","environment":"staging","token":{"p8Path":"k","keyID":"ABCDEFGHIJ","teamID":"TEAM123456"}}]}"#, "apps[0].environment"),
+        (#"{"apps":[{"bundleID":"a","environment":"custom","token":{"p8Path":"k","keyID":"ABCDEFGHIJ","teamID":"TEAM123456"}}]}"#, "apps[0].url"),
+        (#"{"apps":[{"bundleID":"a"}]}"#, "apps[0].token"),
+        (#"{"apps":[{"bundleID":"a","token":{"p8Path":"k","keyID":"ABCDEFGHIJ","teamID":"TEAM123456","x":1}}]}"#, "apps[0].token.x"),
+    ]
+
+    @Test func invalidConfigsNameTheKey() {
+        for (json, key) in Self.badCases {
+            do {
+                _ = try RelayConfig.parse(Array(json.utf8))
+                Issue.record("accepted: \(json)")
+            } catch let e as ConfigError {
+                // Keys are checked in file order, so each case's own key fails before "apps".
+                #expect(e.key == key, "\(json) -> \(e)")
+            } catch { Issue.record("wrong error \(error)") }
+        }
+    }
+
+    @Test func commentKeysAreIgnoredAndEnvOverridesSecretPaths() throws {
+        let json = #"{"_comment":"x","listen":{"_comment":"y","port":1},"apps":[{"_comment":"z","bundleID":"a","token":{"p8Path":"k","keyID":"ABCDEFGHIJ","teamID":"TEAM123456"}}]}"#
+        var c = try RelayConfig.parse(Array(json.utf8))
+        try c.applyEnvironment(["RELAY_APP_0_P8_PATH": "/run/secrets/k.p8", "RELAY_DB_PATH": "/var/lib/relay/x.db"])
+        #expect(c.apps[0].credentials == .token(p8Path: "/run/secrets/k.p8", keyID: "ABCDEFGHIJ", teamID: "TEAM123456"))
+        #expect(c.store.path == "/var/lib/relay/x.db")
+        #expect(throws: ConfigError.self) { try c.applyEnvironment(["RELAY_TLS_CERTIFICATE": "/x"]) }
+    }
+}
