@@ -40,6 +40,8 @@ let package = Package(
         .executableTarget(name: "relay-server", dependencies: ["RelayCore"], path: "Sources/RelayServer"),
         .executableTarget(name: "relayctl", dependencies: ["RelayCore", "Ratchet"]),
         .executableTarget(name: "mock-apns", dependencies: ["MockAPNs"]),
+        // Release-built micro-benchmark of the Ratchet module for scripts/bench-ratchet.sh.
+        .executableTarget(name: "ratchet-bench", dependencies: ["Ratchet"]),
 
         // MARK: Tests (mirror the source targets; integration tests drive the real binaries)
         .testTarget(name: "RatchetTests", dependencies: ["Ratchet"], exclude: ["Vectors"]),

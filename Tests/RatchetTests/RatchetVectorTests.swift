@@ -99,4 +99,21 @@ struct RatchetVectorTests {
             #expect(text == m.exportedBytes.hexString + n.exportedBytes.hexString, "index \(index)")
         }
     }
+
+    @Test("docs/ratchet.md shows the same frozen vectors")
+    func docsMatchVectors() throws {
+        let file = try VectorFile.load("ratchet-vectors.json", as: RatchetVectorFile.self)
+        let docsURL = VectorFile.directory.deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("docs/ratchet.md")
+        let docs = try String(contentsOf: docsURL, encoding: .utf8)
+        var expected: [String] = [file.chains[0].rootKey, file.chains[0].steps[0].info]
+        for step in file.chains[0].steps.prefix(5) { expected += [step.messageKey, step.nextChainKey] }
+        for step in file.singleSteps where [0, 1, 256, 0x0102_0304, UInt32.max].contains(step.index) {
+            expected += [step.messageKey, step.nextChainKey]
+        }
+        expected += [file.keyIDs[0].keyID, file.response.rootKey, file.response.messageKey, file.response.sealed]
+        for value in expected {
+            #expect(docs.contains(value), "docs/ratchet.md lacks \(value)")
+        }
+    }
 }
