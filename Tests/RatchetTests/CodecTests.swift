@@ -76,3 +76,55 @@ struct CodecTests {
         }
     }
 }
+
+@Suite("Decoders on arbitrary bytes")
+struct ArbitraryInputTests {
+    @Test("response body: random and mutated inputs either round-trip exactly or throw a RatchetError")
+    func bodyNeverHalfParses() throws {
+        var rng = SeededGenerator(state: 5869)
+        let seed = try NotificationResponseBody(notificationIdentifier: "id-1", sourceIdentifier: "com.example.app",
+                                                actionIdentifier: "reply", userText: "ok").encoded()
+        var accepted = 0
+        for round in 0..<5_000 {
+            var bytes: [UInt8]
+            if round % 2 == 0 {
+                bytes = (0..<Int.random(in: 0...40, using: &rng)).map { _ in UInt8.random(in: 0...255, using: &rng) }
+            } else {
+                bytes = seed
+                for _ in 0..<Int.random(in: 1...3, using: &rng) {
+                    switch Int.random(in: 0..<3, using: &rng) {
+                    case 0: bytes[Int.random(in: 0..<bytes.count, using: &rng)] = UInt8.random(in: 0...255, using: &rng)
+                    case 1: if !bytes.isEmpty { bytes.remove(at: Int.random(in: 0..<bytes.count, using: &rng)) }
+                    default: bytes.insert(UInt8.random(in: 0...255, using: &rng), at: Int.random(in: 0...bytes.count, using: &rng))
+                    }
+                    if bytes.isEmpty { break }
+                }
+            }
+            do {
+                let body = try NotificationResponseBody(decoding: bytes)
+                #expect(try body.encoded() == bytes, "accepted input must be canonical")
+                accepted += 1
+            } catch is RatchetError {
+                // typed rejection: fine
+            }
+        }
+        #expect(accepted > 0, "some mutations keep the body valid")
+    }
+
+    @Test("receiving ratchet state: mutated states are either restored consistently or rejected")
+    func mutatedStates() throws {
+        var receiver = ReceivingRatchet(rootSecret: SecretKey(random: 32))
+        for i: UInt32 in [6, 2, 9] { _ = try receiver.messageKey(for: i) }
+        let good = receiver.serialized()
+        var rng = SeededGenerator(state: 99)
+        for _ in 0..<3_000 {
+            var bytes = good
+            let position = Int.random(in: 0..<bytes.count, using: &rng)
+            bytes[position] ^= UInt8.random(in: 1...255, using: &rng)
+            do {
+                let restored = try ReceivingRatchet(serialized: bytes)
+                #expect(restored.serialized() == bytes, "a restored state serialises back to its input")
+            } catch is RatchetError {}
+        }
+    }
+}

@@ -78,4 +78,30 @@ struct SendingRatchetTests {
             #expect(try receiver.open(sealed, index: index, aad: [7]) == [UInt8(n)])
         }
     }
+
+    @Test("concurrent callers get distinct consecutive indices, each persisted in order")
+    func concurrentCallers() async throws {
+        let root = SecretKey(random: 32)
+        let sender = SendingRatchet(rootSecret: root)
+        let indices = try await withThrowingTaskGroup(of: [UInt32].self) { group in
+            for _ in 0..<8 {
+                group.addTask {
+                    var mine: [UInt32] = []
+                    for _ in 0..<50 {
+                        // persist runs under the ratchet's lock, so the states it sees are strictly increasing.
+                        mine.append(try sender.nextMessageKey { _ in }.index)
+                    }
+                    return mine
+                }
+            }
+            var all: [UInt32] = []
+            for try await part in group { all += part }
+            return all
+        }
+        #expect(indices.sorted() == Array(0..<400))
+        #expect(sender.state.nextIndex == 400)
+        let sequential = SendingRatchet(rootSecret: root)
+        for _ in 0..<400 { _ = try sequential.nextMessageKey { _ in } }
+        #expect(sequential.state == sender.state)
+    }
 }
