@@ -27,11 +27,13 @@ indirect enum JSON {
     case number(Int64)
     case object([(String, JSON)])
     case array([JSON])
+    case null
 
     var rendered: String {
         switch self {
         case .string(let s): return JSON.quote(s)
         case .number(let n): return String(n)
+        case .null: return "null"
         case .array(let items): return "[" + items.map(\.rendered).joined(separator: ",") + "]"
         case .object(let pairs): return "{" + pairs.map { JSON.quote($0.0) + ":" + $0.1.rendered }.joined(separator: ",") + "}"
         }

@@ -6,7 +6,7 @@ import Ratchet
 extension RelayCtl {
     static var ratchet: Command {
         .group("ratchet", "Compute and check Apple Symmetric Key Ratchet values (docs/ratchet.md).", [
-            ratchetStep, ratchetChain, ratchetKeyID, ratchetSeal, ratchetOpen,
+            ratchetStep, ratchetChain, ratchetKeyID, ratchetSeal, ratchetOpen, ratchetBody,
         ])
     }
 
@@ -115,6 +115,61 @@ extension RelayCtl {
                 console.out(JSON.object([("plaintext", .string(plaintext.hexString))]).rendered)
             } else {
                 console.out("plaintext: \(plaintext.hexString)")
+            }
+        }
+    }
+
+    static var ratchetBody: Command {
+        .group("body", "Encode or check a response body (the plaintext inside the sealed box).",
+               discussion: "Format (ours; Apple leaves it open): 2-byte big-endian length + UTF-8 for notification identifier, source identifier, action identifier and optional user text.",
+               [ratchetBodyEncode, ratchetBodyDecode])
+    }
+
+    static var ratchetBodyEncode: Command {
+        .leaf("encode", "Encode a response body; prints it as hex.",
+              options: [.value("notification-id", "text", "The notification identifier (non-empty)."),
+                        .value("source-id", "text", "The source app's bundle identifier (non-empty)."),
+                        .value("action-id", "text", "The action identifier (non-empty)."),
+                        .value("user-text", "text", "Text the person typed (text-input actions only).", required: false)]) { args, console in
+            let body = NotificationResponseBody(notificationIdentifier: try args.string("notification-id"),
+                                                sourceIdentifier: try args.string("source-id"),
+                                                actionIdentifier: try args.string("action-id"),
+                                                userText: args.optionalString("user-text"))
+            let bytes: [UInt8]
+            do {
+                bytes = try body.encoded()
+            } catch let error as RatchetError {
+                throw UsageError("cannot encode: \(error)")
+            }
+            if args.flag("json") {
+                console.out(JSON.object([("body", .string(bytes.hexString))]).rendered)
+            } else {
+                console.out("body: \(bytes.hexString)")
+            }
+        }
+    }
+
+    static var ratchetBodyDecode: Command {
+        .leaf("decode", "Decode and strictly check a response body given as hex; exit 1 if it is malformed.",
+              options: [.value("body", "hex", "The body bytes (e.g. the plaintext printed by 'ratchet open').")]) { args, console in
+            let bytes = try args.hex("body")
+            let body: NotificationResponseBody
+            do {
+                body = try NotificationResponseBody(decoding: bytes)
+            } catch {
+                throw RuntimeFailure("malformed body: \(error)")
+            }
+            if args.flag("json") {
+                console.out(JSON.object([("notificationIdentifier", .string(body.notificationIdentifier)),
+                                         ("sourceIdentifier", .string(body.sourceIdentifier)),
+                                         ("actionIdentifier", .string(body.actionIdentifier)),
+                                         ("userText", body.userText.map(JSON.string) ?? .null)]).rendered)
+            } else {
+                var lines = ["notificationIdentifier: \(body.notificationIdentifier)",
+                             "sourceIdentifier:       \(body.sourceIdentifier)",
+                             "actionIdentifier:       \(body.actionIdentifier)"]
+                if let text = body.userText { lines.append("userText:               \(text)") }
+                console.out(lines.joined(separator: "\n"))
             }
         }
     }

@@ -60,7 +60,8 @@ struct RelayctlRatchetTests {
 
     @Test("--help works at every level and exits 0; a bare group is a usage error")
     func help() throws {
-        for path in [[], ["ratchet"], ["ratchet", "step"], ["ratchet", "chain"], ["ratchet", "keyid"], ["ratchet", "seal"], ["ratchet", "open"]] {
+        for path in [[], ["ratchet"], ["ratchet", "step"], ["ratchet", "chain"], ["ratchet", "keyid"], ["ratchet", "seal"], ["ratchet", "open"],
+                     ["ratchet", "body"], ["ratchet", "body", "encode"], ["ratchet", "body", "decode"]] {
             let r = try relayctl(path + ["--help"])
             #expect(r.status == 0, "\(path)")
             #expect(r.stdout.contains("USAGE: relayctl"), "\(path)")
@@ -178,6 +179,10 @@ struct RelayctlRatchetTests {
         ["ratchet", "seal", "--key", String(repeating: "11", count: 32), "--plaintext", "0g"],
         ["ratchet", "open", "--key", String(repeating: "11", count: 32), "--sealed", "not base64!"],
         ["ratchet", "open", "--key", String(repeating: "11", count: 32), "--sealed", "AAAA"],
+        ["ratchet", "body", "encode", "--notification-id", "", "--source-id", "s", "--action-id", "a"],
+        ["ratchet", "body", "encode", "--notification-id", "n", "--source-id", "s"],
+        ["ratchet", "body", "decode", "--body", "0g"],
+        ["ratchet", "body"],
         ["ratchet", "nope"],
         ["nope"],
     ])
@@ -186,5 +191,30 @@ struct RelayctlRatchetTests {
         #expect(r.status == 64, "\(arguments): \(r.stderr)")
         #expect(r.stderr.hasPrefix("error: ") || r.stderr.contains("USAGE"), "\(arguments)")
         #expect(r.stdout.isEmpty, "\(arguments)")
+    }
+
+    @Test("body encode reproduces the frozen body; decode checks it strictly (exit 1 when malformed)")
+    func body() throws {
+        let response = try #require(try frozenVectors()["response"] as? [String: Any])
+        let expected = try #require(response["body"] as? String)
+        let encoded = try relayctl("ratchet", "body", "encode",
+                                   "--notification-id", try #require(response["notificationIdentifier"] as? String),
+                                   "--source-id", try #require(response["sourceIdentifier"] as? String),
+                                   "--action-id", try #require(response["actionIdentifier"] as? String),
+                                   "--user-text", try #require(response["userText"] as? String), "--json")
+        #expect(encoded.status == 0, "\(encoded.stderr)")
+        #expect(try jsonObject(encoded.stdout)["body"] as? String == expected)
+        let decoded = try relayctl("ratchet", "body", "decode", "--body", expected, "--json")
+        #expect(decoded.status == 0)
+        let json = try jsonObject(decoded.stdout)
+        #expect(json["actionIdentifier"] as? String == response["actionIdentifier"] as? String)
+        #expect(json["userText"] as? String == response["userText"] as? String)
+        let noText = try jsonObject(try relayctl("ratchet", "body", "decode", "--body", "0001610001620001 63".replacingOccurrences(of: " ", with: ""), "--json").stdout)
+        #expect(noText["userText"] is NSNull)
+        for bad in [expected + "00", String(expected.dropLast(2)), "0001610001620000", "000161000162000163" + "0001ff"] {
+            let r = try relayctl("ratchet", "body", "decode", "--body", bad)
+            #expect(r.status == 1, "\(bad)")
+            #expect(r.stderr.contains("malformed body"), "\(bad)")
+        }
     }
 }
