@@ -52,4 +52,35 @@ static inline int cossl_hkdf_derive(EVP_KDF_CTX *ctx,
     params[n] = OSSL_PARAM_construct_end();
     return EVP_KDF_derive(ctx, out, out_len, params);
 }
+
+// ---- HTTPServer (issue 3) shims: begin ----
+// SSL_CTX_set_min_proto_version is a macro around SSL_CTX_ctrl.
+static inline int cossl_ctx_set_min_tls12(SSL_CTX *ctx) {
+    return (int)SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+}
+// The ALPN select callback receives `const unsigned char **out` while SSL_select_next_proto
+// takes `unsigned char **`: the cast cannot be written in Swift. `arg` is the server's
+// preference list in wire format (length-prefixed), prefixed by its 2-byte length, owned by the
+// Swift TLS context for the SSL_CTX's lifetime.
+static inline int cossl_alpn_select_cb(SSL *ssl, const unsigned char **out, unsigned char *outlen,
+                                const unsigned char *in, unsigned int inlen, void *arg) {
+    (void)ssl;
+    const unsigned char *prefs = (const unsigned char *)arg;
+    unsigned int plen = ((unsigned int)prefs[0] << 8) | prefs[1];
+    if (SSL_select_next_proto((unsigned char **)out, outlen, prefs + 2, plen, in, inlen)
+        != OPENSSL_NPN_NEGOTIATED) {
+        return SSL_TLSEXT_ERR_NOACK;
+    }
+    return SSL_TLSEXT_ERR_OK;
+}
+// Installs the C callback above (a function pointer Swift would otherwise have to build).
+static inline void cossl_ctx_set_alpn_prefs(SSL_CTX *ctx, const unsigned char *prefs) {
+    SSL_CTX_set_alpn_select_cb(ctx, cossl_alpn_select_cb, (void *)prefs);
+}
+// SSL_OP_* are built by the SSL_OP_BIT macro (a cast), which does not import: no
+// renegotiation (a DoS vector), server cipher preference.
+static inline void cossl_ctx_harden_server(SSL_CTX *ctx) {
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+}
+// ---- HTTPServer (issue 3) shims: end ----
 #endif

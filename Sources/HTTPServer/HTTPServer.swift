@@ -1,1 +1,190 @@
-// HTTPServer: see the module's issue; this file is replaced as the module lands.
+// The public server object, the responder handed to handlers, and the state every loop shares.
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Configuration, handler, TLS context and counters shared by all loops of one server.
+final class ServerCore: Sendable {
+    let configuration: HTTPServerConfiguration
+    let handler: HTTPHandler
+    let tls: TLSContext?
+    let parserLimits: HTTP1Limits
+    private let connectionIDs = Atomic<UInt64>(0)
+    private let openConnections = Atomic<Int>(0)
+    private let counters = Mutex(HTTPServerMetrics())
+
+    init(configuration: HTTPServerConfiguration, handler: @escaping HTTPHandler) throws {
+        self.configuration = configuration
+        self.handler = handler
+        self.tls = try configuration.tls.map { try TLSContext(configuration: $0) }
+        let l = configuration.limits
+        parserLimits = HTTP1Limits(maxHeaderBytes: l.maxHeaderBytes, maxHeaderCount: l.maxHeaderCount,
+                                   maxBodyBytes: l.maxBodyBytes)
+    }
+
+    func nextConnectionID() -> UInt64 { connectionIDs.add(1, ordering: .relaxed).newValue }
+
+    /// Counts a new connection unless `maxConnections` are already open.
+    func reserveConnection() -> Bool {
+        let limit = configuration.limits.maxConnections
+        var current = openConnections.load(ordering: .relaxed)
+        while current < limit {
+            let (exchanged, original) = openConnections.compareExchange(
+                expected: current, desired: current + 1, ordering: .relaxed)
+            if exchanged {
+                counters.withLock { $0.connectionsOpen += 1; $0.connectionsTotal += 1 }
+                return true
+            }
+            current = original
+        }
+        return false
+    }
+
+    func releaseConnection() {
+        openConnections.subtract(1, ordering: .relaxed)
+        counters.withLock { $0.connectionsOpen -= 1 }
+    }
+
+    func recordRefused() { counters.withLock { $0.connectionsRefused += 1 } }
+    func recordTimeout() { counters.withLock { $0.timeouts += 1 } }
+    func recordHandshakeFailure() { counters.withLock { $0.tlsHandshakeFailures += 1 } }
+    func recordParseError(_ kind: String) { counters.withLock { $0.parseErrorsByKind[kind, default: 0] += 1 } }
+    func recordStatus(_ status: Int) {
+        let c = status / 100
+        guard c >= 1 && c <= 5 else { return }
+        counters.withLock { $0.requestsByStatusClass[c] += 1 }
+    }
+
+    var metrics: HTTPServerMetrics { counters.withLock { $0 } }
+}
+
+/// Answers one request. Callable from any thread; the first `respond` or `abortConnection`
+/// wins and later calls are ignored.
+public final class HTTPResponder: Sendable {
+    let connection: Connection
+    /// HTTP/1: the request's position on its connection; HTTP/2: the stream identifier.
+    let sequence: UInt64
+    let streamID: Int32
+    let isHEAD: Bool
+    private let answered = Atomic<Bool>(false)
+
+    init(connection: Connection, sequence: UInt64, streamID: Int32, isHEAD: Bool) {
+        self.connection = connection
+        self.sequence = sequence
+        self.streamID = streamID
+        self.isHEAD = isHEAD
+    }
+
+    public func respond(_ response: HTTPResponse, then action: ConnectionAction = .keep) {
+        guard !answered.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        let loop = connection.loop
+        if loop.isCurrentThread {
+            connection.complete(self, response, action)
+        } else {
+            loop.enqueue(.respond(connection, self, response, action))
+        }
+    }
+
+    /// Closes the socket now: no response, no GOAWAY.
+    public func abortConnection() {
+        guard !answered.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        let loop = connection.loop
+        if loop.isCurrentThread { connection.close() } else { loop.enqueue(.abort(connection)) }
+    }
+
+    /// HTTP/2: sends a new SETTINGS frame with this SETTINGS_MAX_CONCURRENT_STREAMS on this
+    /// connection. No-op on HTTP/1. Does not count as the response.
+    public func setMaxConcurrentStreams(_ n: UInt32) {
+        let loop = connection.loop
+        if loop.isCurrentThread {
+            connection.setMaxConcurrentStreams(n)
+        } else {
+            loop.enqueue(.setMaxConcurrentStreams(connection, n))
+        }
+    }
+
+    /// Whether `respond` or `abortConnection` was already called.
+    public var hasResponded: Bool { answered.load(ordering: .acquiring) }
+}
+
+private struct ServerState {
+    var loops: [EventLoop] = []
+    var port = 0
+    var started = false
+    var stopped = false
+}
+
+/// An event-loop HTTP/1.1 + HTTP/2 server (libuv, OpenSSL, nghttp2). See docs/http.md.
+public final class HTTPServer: Sendable {
+    let core: ServerCore
+    private let state = Mutex(ServerState())
+
+    public init(configuration: HTTPServerConfiguration, handler: @escaping HTTPHandler) throws {
+        guard configuration.loopThreads >= 1 else {
+            throw HTTPServerError.invalidAddress("loopThreads must be at least 1")
+        }
+        core = try ServerCore(configuration: configuration, handler: handler)
+    }
+
+    /// Binds and starts the loop thread(s); returns once listening.
+    public func start() throws {
+        try state.withLock { s in
+            guard !s.started else { throw HTTPServerError.alreadyStarted }
+            let c = core.configuration
+            var loops: [EventLoop] = []
+            var port = c.port
+            do {
+                for i in 0..<c.loopThreads {
+                    let loop = try EventLoop(core: core)
+                    loops.append(loop)
+                    let bound = try loop.listen(host: c.host, port: port, reusePort: c.loopThreads > 1)
+                    if i == 0 { port = bound }
+                }
+                for loop in loops { try loop.startThread() }
+            } catch {
+                for loop in loops {
+                    if loop.hasThread {
+                        loop.enqueue(.forceClose)
+                        loop.join()
+                    } else {
+                        loop.stopWithoutThread()
+                    }
+                }
+                throw error
+            }
+            s.loops = loops
+            s.port = port
+            s.started = true
+        }
+    }
+
+    public var localPort: Int { state.withLock { $0.port } }
+
+    /// Blocking. Stops accepting, sends GOAWAY (HTTP/2) / `Connection: close` (HTTP/1) and
+    /// closes idle connections, waits for in-flight requests up to `gracePeriod`, then closes
+    /// everything and joins the loop threads. Safe to call more than once.
+    public func shutdown(gracePeriod: Duration = .seconds(10)) {
+        let loops: [EventLoop] = state.withLock { s in
+            guard s.started, !s.stopped else { return [] }
+            s.stopped = true
+            return s.loops
+        }
+        guard !loops.isEmpty else { return }
+        for l in loops { l.enqueue(.beginShutdown) }
+        let deadline = ContinuousClock.now + gracePeriod
+        while ContinuousClock.now < deadline {
+            if loops.allSatisfy({ $0.connectionCount.load(ordering: .relaxed) == 0 }) { break }
+            usleep(2000)
+        }
+        for l in loops { l.enqueue(.forceClose) }
+        for l in loops { l.join() }
+        state.withLock { $0.loops = [] }
+    }
+
+    public var metrics: HTTPServerMetrics { core.metrics }
+
+    deinit {
+        shutdown(gracePeriod: .zero)
+    }
+}

@@ -1,0 +1,368 @@
+// One accepted connection: TLS layering, protocol choice (HTTP/1.1, or HTTP/2 by ALPN or by the
+// h2c client preface), output buffering, timeouts and shutdown. HTTP/1 request handling is in
+// Connection+H1.swift, HTTP/2 in H2Session.swift.
+
+/// The HTTP/2 client connection preface (RFC 9113 §3.4).
+let http2Preface: [UInt8] = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
+
+// @unchecked Sendable: every mutable field is touched only on the connection's loop thread.
+// Other threads only hold the reference (inside an HTTPResponder) and pass it back to that loop
+// through `EventLoop.enqueue`.
+final class Connection: @unchecked Sendable {
+    enum Mode { case sniffing, http1, http2 }
+
+    unowned let loop: EventLoop
+    let socket: TCPSocket
+    let core: ServerCore
+    let id: UInt64
+    let remoteAddress: String
+    var tls: TLSSession?
+    var tlsInfo: TLSInfo?
+    var mode: Mode = .sniffing
+    private var sniffed: [UInt8] = []
+
+    /// Plaintext waiting to be written (encrypted first under TLS). Responses produced while a
+    /// read is processed are coalesced and written once at the end of the read.
+    var out: [UInt8] = []
+    private var wire: [UInt8] = []
+    var inRead = false
+    private(set) var closed = false
+    /// Close once `out` and the socket's queued writes are drained.
+    var closeAfterFlush = false
+    var shuttingDown = false
+
+    // HTTP/1 state (Connection+H1.swift)
+    var parser: HTTP1Parser
+    var slots: [H1Slot] = []
+    var slotsHead = 0
+    var baseSequence: UInt64 = 0
+    var nextSequence: UInt64 = 0
+    var requestsSeen = 0
+    var stopParsing = false
+    var pausedForPipeline = false
+    var pendingContinue = false
+    var processingH1 = false
+    var peerHalfClosed = false
+
+    // HTTP/2 state
+    var h2: H2Session?
+
+    // Timeouts, in loop milliseconds (uv_now).
+    private let startedAt: UInt64
+    var headStartedAt: UInt64 = 0
+    var bodyStartedAt: UInt64 = 0
+    var lastActivity: UInt64
+    private var writeStartedAt: UInt64 = 0
+    private var armedDeadline: UInt64 = 0   // 0 = not armed
+
+    init(loop: EventLoop, socket: TCPSocket, id: UInt64, remoteAddress: String) {
+        self.loop = loop
+        self.socket = socket
+        self.core = loop.core
+        self.id = id
+        self.remoteAddress = remoteAddress
+        parser = HTTP1Parser(limits: loop.core.parserLimits)
+        startedAt = loop.now
+        lastActivity = startedAt
+    }
+
+    func start() {
+        if let ctx = core.tls {
+            do {
+                tls = try TLSSession(context: ctx)
+            } catch {
+                close()
+                return
+            }
+        } else if !core.configuration.cleartextHTTP2 {
+            mode = .http1
+        }
+        if loop.shuttingDown { shuttingDown = true }
+        updateTimer()
+    }
+
+    // MARK: Input
+
+    func onRead(_ bytes: UnsafeRawBufferPointer) {
+        guard !closed else { return }
+        lastActivity = loop.now
+        inRead = true
+        if let tls {
+            guard tls.feed(bytes) else { inRead = false; close(); return }
+            if !tls.handshakeDone {
+                switch tls.handshake() {
+                case .needMore:
+                    inRead = false
+                    flush()
+                    updateTimer()
+                    return
+                case .failed:
+                    core.recordHandshakeFailure()
+                    inRead = false
+                    closeAfterFlush = true
+                    flush()
+                    return
+                case .done:
+                    let info = tls.info
+                    tlsInfo = info
+                    if info.alpn == "h2" {
+                        startHTTP2()
+                    } else if info.alpn != nil || !core.configuration.cleartextHTTP2 {
+                        mode = .http1
+                    }
+                }
+            }
+            readTLS: while !closed {
+                switch tls.read(into: loop.plainBuffer, capacity: EventLoop.plainBufferSize) {
+                case .data(let n):
+                    onPlaintext(UnsafeRawBufferPointer(start: loop.plainBuffer, count: n))
+                case .needMore:
+                    break readTLS
+                case .closed:
+                    inRead = false
+                    onEOF()
+                    return
+                case .failed:
+                    inRead = false
+                    close()
+                    return
+                }
+            }
+        } else {
+            onPlaintext(bytes)
+        }
+        inRead = false
+        flush()
+        updateTimer()
+    }
+
+    private func onPlaintext(_ bytes: UnsafeRawBufferPointer) {
+        switch mode {
+        case .http1:
+            h1Receive(bytes)
+        case .http2:
+            h2?.receive(bytes)
+        case .sniffing:
+            // Decide as soon as the bytes diverge from the preface; buffer only while they match.
+            let offset = sniffed.count
+            var matches = true
+            for (i, b) in bytes.enumerated() where offset + i < http2Preface.count {
+                if http2Preface[offset + i] != b { matches = false; break }
+            }
+            if !matches {
+                mode = .http1
+                if sniffed.isEmpty {
+                    h1Receive(bytes)
+                } else {
+                    sniffed.append(contentsOf: bytes)
+                    let all = sniffed
+                    sniffed = []
+                    all.withUnsafeBytes { h1Receive($0) }
+                }
+            } else if offset + bytes.count >= http2Preface.count {
+                sniffed.append(contentsOf: bytes)
+                let all = sniffed
+                sniffed = []
+                startHTTP2()
+                all.withUnsafeBytes { h2?.receive($0) }
+            } else {
+                sniffed.append(contentsOf: bytes)
+            }
+        }
+    }
+
+    private func startHTTP2() {
+        mode = .http2
+        do {
+            h2 = try H2Session(connection: self, settings: core.configuration.http2)
+        } catch {
+            close()
+            return
+        }
+        if shuttingDown { h2?.submitGoAway() }
+    }
+
+    func onEOF() {
+        guard !closed else { return }
+        if mode == .http1 && slotsHead < slots.count {
+            // Half-closed: answer what was already received, then close.
+            peerHalfClosed = true
+            stopParsing = true
+            socket.stopReading()
+            updateTimer()
+            return
+        }
+        close()
+    }
+
+    // MARK: Output
+
+    /// Writes `out` (and, for HTTP/2, whatever nghttp2 has queued). Deferred while a read is
+    /// being processed so pipelined responses leave in one write.
+    func flush() {
+        guard !closed, !inRead else { return }
+        if let h2 {
+            h2.pump()
+            if !h2.wantsIO && socket.writesInFlight == 0 { closeAfterFlush = true }
+        }
+        if let tls {
+            if !out.isEmpty {
+                let ok = out.withUnsafeBytes { tls.write($0) }
+                out.removeAll(keepingCapacity: true)
+                if !ok { close(); return }
+            }
+            tls.drainOutput(into: &wire)
+            if !wire.isEmpty {
+                let ok = wire.withUnsafeBytes { socket.write($0) }
+                wire.removeAll(keepingCapacity: true)
+                if !ok { close(); return }
+            }
+        } else if !out.isEmpty {
+            let ok = out.withUnsafeBytes { socket.write($0) }
+            out.removeAll(keepingCapacity: true)
+            if !ok { close(); return }
+        }
+        if socket.writesInFlight > 0 {
+            if writeStartedAt == 0 { writeStartedAt = loop.now }
+        } else {
+            writeStartedAt = 0
+            if closeAfterFlush { close(); return }
+        }
+        updateTimer()
+    }
+
+    func onWriteDone() {
+        guard !closed else { return }
+        if socket.writesInFlight == 0 {
+            writeStartedAt = 0
+            lastActivity = loop.now
+        } else {
+            writeStartedAt = loop.now
+        }
+        if closeAfterFlush && socket.writesInFlight == 0 && out.isEmpty {
+            close()
+            return
+        }
+        flush()
+    }
+
+    // MARK: Responses from handlers
+
+    func complete(_ responder: HTTPResponder, _ response: HTTPResponse, _ action: ConnectionAction) {
+        guard !closed else { return }
+        switch mode {
+        case .http2:
+            h2?.respond(streamID: responder.streamID, response: response, isHEAD: responder.isHEAD, action: action)
+            if action == .close { closeAfterFlush = true }
+            flush()
+        default:
+            h1Complete(responder, response, action)
+        }
+    }
+
+    func setMaxConcurrentStreams(_ n: UInt32) {
+        guard !closed, let h2 else { return }
+        h2.submitMaxConcurrentStreams(n)
+        flush()
+    }
+
+    // MARK: Shutdown and close
+
+    func beginShutdown() {
+        guard !closed else { return }
+        shuttingDown = true
+        switch mode {
+        case .http2:
+            h2?.submitGoAway()
+            flush()
+        case .http1:
+            stopParsing = true
+            if slotsHead == slots.count {
+                closeAfterFlush = true
+                flush()
+            }
+        case .sniffing:
+            close()
+        }
+    }
+
+    func close() {
+        guard !closed else { return }
+        closed = true
+        socket.close()
+    }
+
+    /// The socket's handles are closed: drop protocol state and leave the loop.
+    func onSocketClosed() {
+        h2 = nil
+        tls = nil
+        slots.removeAll()
+        loop.remove(self)
+    }
+
+    // MARK: Timeouts
+
+    private func deadline() -> UInt64? {
+        let limits = core.configuration.limits
+        if socket.writesInFlight > 0 { return writeStartedAt + limits.writeTimeout.milliseconds }
+        if let tls, !tls.handshakeDone { return startedAt + limits.headerTimeout.milliseconds }
+        switch mode {
+        case .sniffing:
+            return (sniffed.isEmpty ? lastActivity + limits.idleTimeout.milliseconds
+                                    : startedAt + limits.headerTimeout.milliseconds)
+        case .http1:
+            if slotsHead < slots.count { return nil }   // a handler is working
+            if peerHalfClosed { return lastActivity }
+            switch parser.state {
+            case .idle: return lastActivity + limits.idleTimeout.milliseconds
+            case .head: return headStartedAt + limits.headerTimeout.milliseconds
+            case .body: return bodyStartedAt + limits.bodyTimeout.milliseconds
+            }
+        case .http2:
+            if let h2, h2.openStreams > 0 { return nil }
+            return lastActivity + limits.idleTimeout.milliseconds
+        }
+    }
+
+    /// Arms the timer only when the deadline moved earlier; a later deadline is picked up when
+    /// the armed one fires (keep-alive traffic then costs no timer operations).
+    func updateTimer() {
+        guard !closed, let d = deadline() else { return }
+        if armedDeadline == 0 || d < armedDeadline {
+            armedDeadline = d
+            let now = loop.now
+            socket.armTimer(milliseconds: d > now ? d - now : 0)
+        }
+    }
+
+    func onTimer() {
+        guard !closed else { return }
+        armedDeadline = 0
+        guard let d = deadline() else { return }
+        let now = loop.now
+        if now < d {
+            armedDeadline = d
+            socket.armTimer(milliseconds: d - now)
+            return
+        }
+        core.recordTimeout()
+        if mode == .http1 && socket.writesInFlight == 0 && slotsHead == slots.count && parser.state != .idle {
+            // Tell a slow client why, then close.
+            let kind = parser.state == .head ? "header_timeout" : "body_timeout"
+            h1WriteError(status: 408, kind: kind)
+            stopParsing = true
+            closeAfterFlush = true
+            flush()
+            if !closed && socket.writesInFlight == 0 { close() }
+            return
+        }
+        if mode == .http2, let h2, socket.writesInFlight == 0 {
+            h2.submitGoAway()
+            closeAfterFlush = true
+            flush()
+            if !closed { close() }
+            return
+        }
+        close()
+    }
+}

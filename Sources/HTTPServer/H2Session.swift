@@ -1,0 +1,291 @@
+// The nghttp2 wrapper: one server session per HTTP/2 connection, driven with mem_recv/mem_send
+// so nghttp2 never touches the socket. Requests are assembled per stream and handed to the
+// connection's handler; responses go out through a data provider reading the stream's body.
+// nghttp2 types stay in this file.
+internal import CNghttp2
+
+/// A request stream being received, then answered.
+final class H2Stream {
+    let id: Int32
+    var method = ""
+    var path = ""
+    var authority: String?
+    var headers: [(name: String, value: String)] = []
+    var headerBytes = 0
+    var body: [UInt8] = []
+    /// Refused (too large): further data is dropped and the handler is never called.
+    var rejected = false
+    var dispatched = false
+    var responded = false
+    var responseBody: [UInt8] = []
+    var responseOffset = 0
+
+    init(id: Int32) { self.id = id }
+}
+
+private func h2Message(_ rc: Int) -> String { String(cString: nghttp2_strerror(Int32(truncatingIfNeeded: rc))) }
+
+private func sessionFrom(_ userData: UnsafeMutableRawPointer?) -> H2Session {
+    Unmanaged<H2Session>.fromOpaque(userData!).takeUnretainedValue()
+}
+
+/// nghttp2 callbacks, built once (capture-free closures; the session arrives as user_data).
+/// nonisolated(unsafe): initialised once (Swift globals are initialised thread-safely) and only
+/// read afterwards; nghttp2_session_server_new copies the callbacks.
+nonisolated(unsafe) private let sharedCallbacks: OpaquePointer = {
+    var cbs: OpaquePointer?
+    precondition(nghttp2_session_callbacks_new(&cbs) == 0, "nghttp2_session_callbacks_new: out of memory")
+    nghttp2_session_callbacks_set_on_begin_headers_callback(cbs) { _, frame, userData in
+        guard let frame else { return 0 }
+        if frame.pointee.hd.type == UInt8(NGHTTP2_HEADERS.rawValue)
+            && frame.pointee.headers.cat == NGHTTP2_HCAT_REQUEST {
+            let s = sessionFrom(userData)
+            s.streams[frame.pointee.hd.stream_id] = H2Stream(id: frame.pointee.hd.stream_id)
+        }
+        return 0
+    }
+    nghttp2_session_callbacks_set_on_header_callback(cbs) { _, frame, name, namelen, value, valuelen, _, userData in
+        guard let frame, let name, let value else { return 0 }
+        let s = sessionFrom(userData)
+        guard let st = s.streams[frame.pointee.hd.stream_id] else { return 0 }
+        return s.onHeader(st, UnsafeBufferPointer(start: name, count: namelen),
+                          UnsafeBufferPointer(start: value, count: valuelen))
+    }
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs) { _, _, streamID, data, len, userData in
+        guard let data else { return 0 }
+        let s = sessionFrom(userData)
+        guard let st = s.streams[streamID], !st.rejected else { return 0 }
+        s.onData(st, UnsafeBufferPointer(start: data, count: len))
+        return 0
+    }
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cbs) { _, frame, userData in
+        guard let frame else { return 0 }
+        let type = frame.pointee.hd.type
+        let endStream = (frame.pointee.hd.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue)) != 0
+        if endStream && (type == UInt8(NGHTTP2_HEADERS.rawValue) || type == UInt8(NGHTTP2_DATA.rawValue)) {
+            let s = sessionFrom(userData)
+            if let st = s.streams[frame.pointee.hd.stream_id] { s.dispatch(st) }
+        }
+        return 0
+    }
+    nghttp2_session_callbacks_set_on_stream_close_callback(cbs) { _, streamID, _, userData in
+        sessionFrom(userData).streams.removeValue(forKey: streamID)
+        return 0
+    }
+    return cbs!
+}()
+
+/// One connection's HTTP/2 session. Loop-thread only; owned by its `Connection`.
+final class H2Session {
+    unowned let connection: Connection
+    private var session: OpaquePointer?
+    var streams: [Int32: H2Stream] = [:]
+    private var goAwaySent = false
+    private let maxHeaderListSize: Int
+
+    init(connection: Connection, settings: HTTP2Settings) throws {
+        self.connection = connection
+        self.maxHeaderListSize = Int(settings.maxHeaderListSize)
+        var s: OpaquePointer?
+        let rc = nghttp2_session_server_new(&s, sharedCallbacks, Unmanaged.passUnretained(self).toOpaque())
+        guard rc == 0, let s else { throw HTTPServerError.http2("nghttp2_session_server_new: \(h2Message(Int(rc)))") }
+        session = s
+        var iv = [
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue),
+                                   value: settings.maxConcurrentStreams),
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
+                                   value: settings.initialWindowSize),
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_FRAME_SIZE.rawValue),
+                                   value: settings.maxFrameSize),
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE.rawValue),
+                                   value: settings.maxHeaderListSize),
+        ]
+        var src = nghttp2_submit_settings(s, UInt8(NGHTTP2_FLAG_NONE.rawValue), &iv, iv.count)
+        guard src == 0 else { throw HTTPServerError.http2("SETTINGS: \(h2Message(Int(src)))") }
+        // The connection-level window is not a SETTING: raise it to match the stream window so
+        // large uploads are not throttled to 64 KiB per round trip.
+        if settings.initialWindowSize > 65535 {
+            src = nghttp2_session_set_local_window_size(s, UInt8(NGHTTP2_FLAG_NONE.rawValue), 0,
+                                                        Int32(clamping: settings.initialWindowSize))
+            guard src == 0 else { throw HTTPServerError.http2("connection window: \(h2Message(Int(src)))") }
+        }
+    }
+
+    deinit {
+        if let session { nghttp2_session_del(session) }
+    }
+
+    var openStreams: Int { streams.count }
+
+    /// False once the session is finished (GOAWAY exchanged and no stream left, or a fatal error).
+    var wantsIO: Bool {
+        guard let session else { return false }
+        return nghttp2_session_want_read(session) != 0 || nghttp2_session_want_write(session) != 0
+    }
+
+    func receive(_ bytes: UnsafeRawBufferPointer) {
+        guard let session, let base = bytes.baseAddress else { return }
+        let rc = nghttp2_session_mem_recv(session, base.assumingMemoryBound(to: UInt8.self), bytes.count)
+        if rc < 0 {
+            // Protocol error: nghttp2 queued a GOAWAY; send it, then close.
+            connection.closeAfterFlush = true
+        }
+    }
+
+    /// Moves every frame nghttp2 has ready into the connection's output buffer.
+    func pump() {
+        guard let session else { return }
+        while true {
+            var data: UnsafePointer<UInt8>?
+            let n = nghttp2_session_mem_send(session, &data)
+            if n < 0 {
+                connection.closeAfterFlush = true
+                return
+            }
+            if n == 0 { return }
+            connection.out.append(contentsOf: UnsafeBufferPointer(start: data!, count: n))
+        }
+    }
+
+    // MARK: Receiving
+
+    fileprivate func onHeader(_ st: H2Stream, _ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) -> Int32 {
+        st.headerBytes += name.count + value.count + 32
+        let limits = connection.core.configuration.limits
+        if st.headerBytes > maxHeaderListSize || st.headerBytes > limits.maxHeaderBytes + 32 * limits.maxHeaderCount
+            || st.headers.count >= limits.maxHeaderCount {
+            connection.core.recordParseError("h2_header_too_large")
+            st.rejected = true
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue   // RST_STREAM for this stream only
+        }
+        let n = String(decoding: name, as: UTF8.self)
+        let v = String(decoding: value, as: UTF8.self)
+        if name.first == UInt8(ascii: ":") {
+            switch n {
+            case ":method": st.method = v
+            case ":path": st.path = v
+            case ":authority": st.authority = v
+            default: break   // :scheme (nghttp2 validates it), :protocol
+            }
+        } else {
+            st.headers.append((name: n, value: v))
+        }
+        return 0
+    }
+
+    fileprivate func onData(_ st: H2Stream, _ data: UnsafeBufferPointer<UInt8>) {
+        if st.body.count + data.count > connection.core.configuration.limits.maxBodyBytes {
+            st.rejected = true
+            st.body = []
+            connection.core.recordParseError("h2_body_too_large")
+            respond(streamID: st.id, response: .json(413, #"{"error":"body_too_large"}"#), isHEAD: false, action: .keep)
+            return
+        }
+        st.body.append(contentsOf: data)
+    }
+
+    fileprivate func dispatch(_ st: H2Stream) {
+        guard !st.rejected, !st.dispatched else { return }
+        st.dispatched = true
+        var headers = HTTPHeaders(lowercased: st.headers)
+        if let a = st.authority, headers["host"] == nil { headers.add("host", a) }
+        let req = HTTPRequest(method: st.method, target: st.path, version: .http2, headers: headers,
+                              body: st.body, remoteAddress: connection.remoteAddress, tls: connection.tlsInfo,
+                              connectionID: connection.id, streamID: st.id)
+        st.body = []
+        let responder = HTTPResponder(connection: connection, sequence: 0, streamID: st.id,
+                                      isHEAD: st.method == "HEAD")
+        connection.core.handler(req, responder)
+    }
+
+    // MARK: Sending
+
+    func respond(streamID: Int32, response: HTTPResponse, isHEAD: Bool, action: ConnectionAction) {
+        guard let session, let st = streams[streamID], !st.responded else { return }
+        st.responded = true
+        let r = responseIsSafe(response) ? response : invalidResponse
+        connection.core.recordStatus(r.status)
+
+        var pairs: [(String, String)] = [(":status", String(r.status))]
+        var hasDate = false
+        for h in r.headers {
+            switch h.name {
+            case "connection", "transfer-encoding", "keep-alive", "upgrade", "proxy-connection", "content-length":
+                continue   // connection-specific: forbidden in HTTP/2; length is ours
+            case "date": hasDate = true
+            default: break
+            }
+            pairs.append((h.name, h.value))
+        }
+        let bodyless = r.status < 200 || r.status == 204 || r.status == 304
+        if !bodyless { pairs.append(("content-length", String(r.body.count))) }
+        if !hasDate { pairs.append(("date", httpDate())) }
+
+        let sendBody = !bodyless && !isHEAD && !r.body.isEmpty
+        st.responseBody = sendBody ? r.body : []
+        st.responseOffset = 0
+
+        // nghttp2 copies names and values during submit: one scratch block for all of them.
+        let total = pairs.reduce(0) { $0 + $1.0.utf8.count + $1.1.utf8.count }
+        let scratch = UnsafeMutablePointer<UInt8>.allocate(capacity: max(total, 1))
+        defer { scratch.deallocate() }
+        var nva: [nghttp2_nv] = []
+        nva.reserveCapacity(pairs.count)
+        var offset = 0
+        for (n, v) in pairs {
+            let np = scratch + offset
+            for b in n.utf8 { scratch[offset] = b; offset += 1 }
+            let vp = scratch + offset
+            for b in v.utf8 { scratch[offset] = b; offset += 1 }
+            nva.append(nghttp2_nv(name: np, value: vp, namelen: n.utf8.count, valuelen: v.utf8.count,
+                                  flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)))
+        }
+        var rc: Int32
+        if sendBody {
+            var provider = nghttp2_data_provider(
+                source: nghttp2_data_source(ptr: nil),
+                read_callback: { _, streamID, buf, length, flags, _, userData in
+                    let s = sessionFrom(userData)
+                    guard let st = s.streams[streamID], let buf, let flags else {
+                        return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
+                    }
+                    let n = min(length, st.responseBody.count - st.responseOffset)
+                    st.responseBody.withUnsafeBytes { b in
+                        buf.update(from: b.baseAddress!.assumingMemoryBound(to: UInt8.self) + st.responseOffset, count: n)
+                    }
+                    st.responseOffset += n
+                    if st.responseOffset == st.responseBody.count {
+                        flags.pointee |= UInt32(NGHTTP2_DATA_FLAG_EOF.rawValue)
+                        st.responseBody = []
+                        st.responseOffset = 0
+                    }
+                    return n
+                })
+            rc = nghttp2_submit_response(session, streamID, nva, nva.count, &provider)
+        } else {
+            rc = nghttp2_submit_response(session, streamID, nva, nva.count, nil)
+        }
+        if rc != 0 {
+            _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID,
+                                          NGHTTP2_INTERNAL_ERROR.rawValue)
+        }
+        if action == .goAway {
+            submitGoAway(lastStreamID: streamID)
+        }
+    }
+
+    /// GOAWAY(NO_ERROR). Without an explicit last stream: the last stream nghttp2 handed us, so
+    /// every request already received is still answered.
+    func submitGoAway(lastStreamID: Int32? = nil) {
+        guard let session, !goAwaySent else { return }
+        goAwaySent = true
+        let last = lastStreamID ?? nghttp2_session_get_last_proc_stream_id(session)
+        _ = nghttp2_submit_goaway(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), last, NGHTTP2_NO_ERROR.rawValue, nil, 0)
+    }
+
+    func submitMaxConcurrentStreams(_ n: UInt32) {
+        guard let session else { return }
+        var iv = nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value: n)
+        _ = nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &iv, 1)
+    }
+}

@@ -1,0 +1,289 @@
+// The public value types of the server API: headers, requests, responses, TLS details and the
+// configuration structs. Everything here is plain Swift; the C libraries stay in their wrappers.
+
+/// Ordered header list. Names are stored lowercased (HTTP/2 requires it, HTTP/1.1 ignores case),
+/// values as received. Lookups are case-insensitive.
+public struct HTTPHeaders: Sendable, Sequence {
+    public typealias Element = (name: String, value: String)
+    @usableFromInline var storage: [(name: String, value: String)]
+
+    public init(_ pairs: [(String, String)] = []) {
+        storage = pairs.map { (name: $0.0.lowercased(), value: $0.1) }
+    }
+
+    /// Names already lowercased (the parser and nghttp2 guarantee it): skips the copy.
+    init(lowercased pairs: [(name: String, value: String)]) {
+        storage = pairs
+    }
+
+    public subscript(name: String) -> String? {
+        let key = name.lowercased()
+        for h in storage where h.name == key { return h.value }
+        return nil
+    }
+
+    public func values(_ name: String) -> [String] {
+        let key = name.lowercased()
+        return storage.filter { $0.name == key }.map(\.value)
+    }
+
+    public mutating func add(_ name: String, _ value: String) {
+        storage.append((name: name.lowercased(), value: value))
+    }
+
+    /// Replaces the first header of that name (dropping later duplicates) or appends it.
+    public mutating func replaceOrAdd(_ name: String, _ value: String) {
+        let key = name.lowercased()
+        if let i = storage.firstIndex(where: { $0.name == key }) {
+            storage[i].value = value
+            var j = storage.count - 1
+            while j > i {
+                if storage[j].name == key { storage.remove(at: j) }
+                j -= 1
+            }
+        } else {
+            storage.append((name: key, value: value))
+        }
+    }
+
+    public mutating func remove(_ name: String) {
+        let key = name.lowercased()
+        storage.removeAll { $0.name == key }
+    }
+
+    public var count: Int { storage.count }
+    public var isEmpty: Bool { storage.isEmpty }
+
+    public func makeIterator() -> IndexingIterator<[(name: String, value: String)]> {
+        storage.makeIterator()
+    }
+}
+
+/// What the TLS layer negotiated for the connection a request arrived on.
+public struct TLSInfo: Sendable, Equatable {
+    public var alpn: String?
+    public var version: String
+    public var cipher: String
+    public var peerCertificateSubject: String?
+
+    public init(alpn: String?, version: String, cipher: String, peerCertificateSubject: String?) {
+        self.alpn = alpn
+        self.version = version
+        self.cipher = cipher
+        self.peerCertificateSubject = peerCertificateSubject
+    }
+}
+
+public struct HTTPRequest: Sendable {
+    public var method: String
+    /// As sent: `path?query` (HTTP/2: the `:path` pseudo header).
+    public var target: String
+    /// `target` without the query.
+    public var path: String
+    public var version: HTTPVersion
+    /// HTTP/2: no pseudo headers; `:authority` is also present as `host`.
+    public var headers: HTTPHeaders
+    public var body: [UInt8]
+    /// "127.0.0.1:54321" or "[::1]:54321".
+    public var remoteAddress: String
+    public var tls: TLSInfo?
+    /// Unique per server; lets a handler keep per-connection state.
+    public var connectionID: UInt64
+    /// HTTP/2 stream identifier, 0 for HTTP/1.
+    public var streamID: Int32
+
+    public init(method: String, target: String, version: HTTPVersion, headers: HTTPHeaders,
+                body: [UInt8], remoteAddress: String, tls: TLSInfo?, connectionID: UInt64,
+                streamID: Int32) {
+        self.method = method
+        self.target = target
+        if let q = target.utf8.firstIndex(of: UInt8(ascii: "?")) {
+            self.path = String(target[..<q])
+        } else {
+            self.path = target
+        }
+        self.version = version
+        self.headers = headers
+        self.body = body
+        self.remoteAddress = remoteAddress
+        self.tls = tls
+        self.connectionID = connectionID
+        self.streamID = streamID
+    }
+}
+
+public struct HTTPResponse: Sendable {
+    public var status: Int
+    public var headers: HTTPHeaders
+    public var body: [UInt8]
+
+    public init(status: Int, headers: HTTPHeaders = .init(), body: [UInt8] = []) {
+        self.status = status
+        self.headers = headers
+        self.body = body
+    }
+
+    /// A response with `content-type: application/json` and the given body text.
+    public static func json(_ status: Int, _ body: String, headers: HTTPHeaders = .init()) -> HTTPResponse {
+        var h = headers
+        h.replaceOrAdd("content-type", "application/json")
+        return HTTPResponse(status: status, headers: h, body: Array(body.utf8))
+    }
+}
+
+/// What to do with the connection once a response has been written.
+public enum ConnectionAction: Sendable {
+    case keep
+    /// HTTP/2: GOAWAY(NO_ERROR, last stream = this stream) after the response.
+    /// HTTP/1: `Connection: close` on this response, then close.
+    case goAway
+    /// Abrupt: close the TCP connection right after writing this response.
+    case close
+}
+
+/// Called on a loop thread: must not block. Blocking work goes to the caller's own thread and
+/// answers later through the responder. A handler that never responds stalls its request; the
+/// server's shutdown still completes (after its grace period).
+public typealias HTTPHandler = @Sendable (HTTPRequest, HTTPResponder) -> Void
+
+public struct TLSConfiguration: Sendable {
+    public var certificatePath: String
+    public var privateKeyPath: String
+    /// PEM bundle of CAs that client certificates are verified against (enables mTLS).
+    public var clientCAPath: String?
+    public var requireClientCertificate: Bool
+    /// Offered in server preference order.
+    public var alpn: [String]
+
+    public init(certificatePath: String, privateKeyPath: String, clientCAPath: String? = nil,
+                requireClientCertificate: Bool = false, alpn: [String] = ["h2", "http/1.1"]) {
+        self.certificatePath = certificatePath
+        self.privateKeyPath = privateKeyPath
+        self.clientCAPath = clientCAPath
+        self.requireClientCertificate = requireClientCertificate
+        self.alpn = alpn
+    }
+}
+
+public struct HTTP2Settings: Sendable {
+    public var maxConcurrentStreams: UInt32
+    public var initialWindowSize: UInt32
+    public var maxFrameSize: UInt32
+    public var maxHeaderListSize: UInt32
+
+    public init(maxConcurrentStreams: UInt32 = 100, initialWindowSize: UInt32 = 1 << 20,
+                maxFrameSize: UInt32 = 16384, maxHeaderListSize: UInt32 = 16384) {
+        self.maxConcurrentStreams = maxConcurrentStreams
+        self.initialWindowSize = initialWindowSize
+        self.maxFrameSize = maxFrameSize
+        self.maxHeaderListSize = maxHeaderListSize
+    }
+}
+
+public struct HTTPLimits: Sendable {
+    public var maxHeaderBytes: Int
+    public var maxHeaderCount: Int
+    public var maxBodyBytes: Int
+    public var maxConnections: Int
+    public var maxRequestsPerConnection: Int
+    /// A keep-alive connection with nothing in flight is closed after this long.
+    public var idleTimeout: Duration
+    /// A request head must be complete this long after its first byte (slowloris).
+    public var headerTimeout: Duration
+    /// A request body must be complete this long after its head.
+    public var bodyTimeout: Duration
+    /// Buffered output must drain this long after it was queued.
+    public var writeTimeout: Duration
+
+    public init(maxHeaderBytes: Int = 16384, maxHeaderCount: Int = 100, maxBodyBytes: Int = 1 << 20,
+                maxConnections: Int = 10_000, maxRequestsPerConnection: Int = 100_000,
+                idleTimeout: Duration = .seconds(60), headerTimeout: Duration = .seconds(10),
+                bodyTimeout: Duration = .seconds(30), writeTimeout: Duration = .seconds(30)) {
+        self.maxHeaderBytes = maxHeaderBytes
+        self.maxHeaderCount = maxHeaderCount
+        self.maxBodyBytes = maxBodyBytes
+        self.maxConnections = maxConnections
+        self.maxRequestsPerConnection = maxRequestsPerConnection
+        self.idleTimeout = idleTimeout
+        self.headerTimeout = headerTimeout
+        self.bodyTimeout = bodyTimeout
+        self.writeTimeout = writeTimeout
+    }
+}
+
+public struct HTTPServerConfiguration: Sendable {
+    public var host: String
+    /// 0 = ephemeral; read the bound port from `HTTPServer.localPort`.
+    public var port: Int
+    public var tls: TLSConfiguration?
+    /// On cleartext connections, sniff the HTTP/2 client preface (h2c with prior knowledge).
+    public var cleartextHTTP2: Bool
+    public var http2: HTTP2Settings
+    public var limits: HTTPLimits
+    /// Event-loop threads, each with its own SO_REUSEPORT listener.
+    public var loopThreads: Int
+    /// Value of the `server` response header; nil sends none.
+    public var serverName: String?
+
+    public init(host: String = "127.0.0.1", port: Int = 0, tls: TLSConfiguration? = nil,
+                cleartextHTTP2: Bool = true, http2: HTTP2Settings = HTTP2Settings(),
+                limits: HTTPLimits = HTTPLimits(), loopThreads: Int = 1, serverName: String? = nil) {
+        self.host = host
+        self.port = port
+        self.tls = tls
+        self.cleartextHTTP2 = cleartextHTTP2
+        self.http2 = http2
+        self.limits = limits
+        self.loopThreads = loopThreads
+        self.serverName = serverName
+    }
+}
+
+/// A snapshot of the server's counters.
+public struct HTTPServerMetrics: Sendable, Equatable {
+    public var connectionsOpen: Int = 0
+    public var connectionsTotal: Int = 0
+    /// Index 1...5 = 1xx...5xx responses sent (index 0 unused).
+    public var requestsByStatusClass: [Int] = [0, 0, 0, 0, 0, 0]
+    /// HTTP/1.1 parse failures by the parser's error kind.
+    public var parseErrorsByKind: [String: Int] = [:]
+    public var tlsHandshakeFailures: Int = 0
+    /// Connections refused because `maxConnections` were open.
+    public var connectionsRefused: Int = 0
+    /// Connections closed by a header, body, idle or write timeout.
+    public var timeouts: Int = 0
+
+    public init() {}
+
+    public var requestsTotal: Int { requestsByStatusClass.reduce(0, +) }
+}
+
+public enum HTTPServerError: Error, CustomStringConvertible, Sendable {
+    case invalidAddress(String)
+    case libuv(operation: String, message: String)
+    case tls(String)
+    case http2(String)
+    case alreadyStarted
+    case notStarted
+
+    public var description: String {
+        switch self {
+        case .invalidAddress(let a): return "invalid listen address: \(a)"
+        case .libuv(let op, let m): return "libuv \(op): \(m)"
+        case .tls(let m): return "TLS: \(m)"
+        case .http2(let m): return "HTTP/2: \(m)"
+        case .alreadyStarted: return "server already started"
+        case .notStarted: return "server not started"
+        }
+    }
+}
+
+extension Duration {
+    /// Whole milliseconds, at least 1 for positive durations (timers round up).
+    var milliseconds: UInt64 {
+        let (s, atto) = components
+        if s < 0 { return 0 }
+        let ms = UInt64(s) * 1000 + UInt64(atto / 1_000_000_000_000_000)
+        return ms == 0 && atto > 0 ? 1 : ms
+    }
+}

@@ -1,0 +1,184 @@
+// The OpenSSL wrapper: one `TLSContext` (SSL_CTX) per server, one `TLSSession` (SSL with two
+// memory BIOs) per connection. The loop feeds ciphertext in and takes ciphertext out; OpenSSL
+// never touches the socket. OpenSSL types stay in this file.
+internal import COpenSSL
+
+private func opensslErrors() -> String {
+    var parts: [String] = []
+    while true {
+        let e = ERR_get_error()
+        if e == 0 { break }
+        var buf = [CChar](repeating: 0, count: 256)
+        ERR_error_string_n(e, &buf, buf.count)
+        parts.append(cArrayString(buf))
+    }
+    return parts.isEmpty ? "unknown OpenSSL error" : parts.joined(separator: "; ")
+}
+
+// @unchecked Sendable: the SSL_CTX is fully configured in init and only read afterwards
+// (SSL_new from loop threads), which OpenSSL documents as thread-safe; `alpnPrefs` is
+// immutable after init.
+final class TLSContext: @unchecked Sendable {
+    fileprivate let ctx: OpaquePointer
+    /// 2-byte big-endian length followed by the ALPN wire list; read by the C select callback.
+    private let alpnPrefs: UnsafeMutablePointer<UInt8>
+
+    init(configuration c: TLSConfiguration) throws {
+        ERR_clear_error()
+        guard let ctx = SSL_CTX_new(TLS_server_method()) else {
+            throw HTTPServerError.tls("SSL_CTX_new: \(opensslErrors())")
+        }
+        self.ctx = ctx
+        var wire: [UInt8] = []
+        for p in c.alpn where !p.isEmpty && p.utf8.count < 256 {
+            wire.append(UInt8(p.utf8.count))
+            wire.append(contentsOf: p.utf8)
+        }
+        alpnPrefs = .allocate(capacity: wire.count + 2)
+        alpnPrefs[0] = UInt8(wire.count >> 8)
+        alpnPrefs[1] = UInt8(wire.count & 0xff)
+        for (i, b) in wire.enumerated() { alpnPrefs[i + 2] = b }
+
+        guard cossl_ctx_set_min_tls12(ctx) == 1 else {
+            throw HTTPServerError.tls("cannot require TLS 1.2: \(opensslErrors())")
+        }
+        cossl_ctx_harden_server(ctx)
+        guard SSL_CTX_use_certificate_chain_file(ctx, c.certificatePath) == 1 else {
+            throw HTTPServerError.tls("certificate \(c.certificatePath): \(opensslErrors())")
+        }
+        guard SSL_CTX_use_PrivateKey_file(ctx, c.privateKeyPath, SSL_FILETYPE_PEM) == 1 else {
+            throw HTTPServerError.tls("private key \(c.privateKeyPath): \(opensslErrors())")
+        }
+        guard SSL_CTX_check_private_key(ctx) == 1 else {
+            throw HTTPServerError.tls("private key does not match certificate: \(opensslErrors())")
+        }
+        if let ca = c.clientCAPath {
+            guard SSL_CTX_load_verify_locations(ctx, ca, nil) == 1 else {
+                throw HTTPServerError.tls("client CA \(ca): \(opensslErrors())")
+            }
+            var mode = SSL_VERIFY_PEER
+            if c.requireClientCertificate { mode |= SSL_VERIFY_FAIL_IF_NO_PEER_CERT }
+            SSL_CTX_set_verify(ctx, mode, nil)
+        } else if c.requireClientCertificate {
+            throw HTTPServerError.tls("requireClientCertificate needs clientCAPath")
+        }
+        if !wire.isEmpty { cossl_ctx_set_alpn_prefs(ctx, alpnPrefs) }
+    }
+
+    deinit {
+        SSL_CTX_free(ctx)
+        alpnPrefs.deallocate()
+    }
+}
+
+enum TLSHandshakeResult { case done, needMore, failed(String) }
+enum TLSReadResult { case data(Int), needMore, closed, failed(String) }
+
+/// One connection's TLS state. Loop-thread only.
+final class TLSSession {
+    private let ssl: OpaquePointer
+    private let rbio: OpaquePointer
+    private let wbio: OpaquePointer
+    private(set) var handshakeDone = false
+
+    init(context: TLSContext) throws {
+        guard let ssl = SSL_new(context.ctx) else { throw HTTPServerError.tls("SSL_new: \(opensslErrors())") }
+        guard let r = BIO_new(BIO_s_mem()), let w = BIO_new(BIO_s_mem()) else {
+            SSL_free(ssl)
+            throw HTTPServerError.tls("BIO_new: \(opensslErrors())")
+        }
+        self.ssl = ssl
+        rbio = r
+        wbio = w
+        SSL_set_bio(ssl, r, w)   // the SSL owns both BIOs from here
+        SSL_set_accept_state(ssl)
+    }
+
+    deinit { SSL_free(ssl) }
+
+    /// Hands received ciphertext to OpenSSL (copied into the read BIO).
+    func feed(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        guard let base = bytes.baseAddress, bytes.count > 0 else { return true }
+        return BIO_write(rbio, base, Int32(bytes.count)) == Int32(bytes.count)
+    }
+
+    func handshake() -> TLSHandshakeResult {
+        ERR_clear_error()
+        let rc = SSL_do_handshake(ssl)
+        if rc == 1 {
+            handshakeDone = true
+            return .done
+        }
+        let err = SSL_get_error(ssl, rc)
+        if err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE { return .needMore }
+        return .failed(opensslErrors())
+    }
+
+    func read(into buffer: UnsafeMutableRawPointer, capacity: Int) -> TLSReadResult {
+        ERR_clear_error()
+        let n = SSL_read(ssl, buffer, Int32(capacity))
+        if n > 0 { return .data(Int(n)) }
+        let err = SSL_get_error(ssl, n)
+        switch err {
+        case SSL_ERROR_WANT_READ, SSL_ERROR_WANT_WRITE: return .needMore
+        case SSL_ERROR_ZERO_RETURN: return .closed
+        default: return .failed(opensslErrors())
+        }
+    }
+
+    /// Encrypts all of `plain` (memory BIOs never block, so SSL_write takes everything).
+    func write(_ plain: UnsafeRawBufferPointer) -> Bool {
+        guard let base = plain.baseAddress, plain.count > 0 else { return true }
+        ERR_clear_error()
+        var offset = 0
+        while offset < plain.count {
+            let n = SSL_write(ssl, base + offset, Int32(min(plain.count - offset, 1 << 30)))
+            if n <= 0 { return false }
+            offset += Int(n)
+        }
+        return true
+    }
+
+    /// Moves pending ciphertext (handshake records, alerts, encrypted data) to `wire`.
+    func drainOutput(into wire: inout [UInt8]) {
+        while true {
+            let pending = Int(BIO_ctrl_pending(wbio))
+            if pending <= 0 { return }
+            let start = wire.count
+            wire.append(contentsOf: repeatElement(0, count: pending))
+            let n = wire.withUnsafeMutableBytes { BIO_read(wbio, $0.baseAddress! + start, Int32(pending)) }
+            if n <= 0 {
+                wire.removeLast(pending)
+                return
+            }
+            if Int(n) < pending { wire.removeLast(pending - Int(n)) }
+        }
+    }
+
+    /// Queues a close_notify alert (sent by the next drain).
+    func shutdown() {
+        ERR_clear_error()
+        _ = SSL_shutdown(ssl)
+    }
+
+    var info: TLSInfo {
+        var alpn: String?
+        var data: UnsafePointer<UInt8>?
+        var len: UInt32 = 0
+        SSL_get0_alpn_selected(ssl, &data, &len)
+        if let data, len > 0 {
+            alpn = String(decoding: UnsafeBufferPointer(start: data, count: Int(len)), as: UTF8.self)
+        }
+        let version = String(cString: SSL_get_version(ssl))
+        let cipher = SSL_get_current_cipher(ssl).map { String(cString: SSL_CIPHER_get_name($0)) } ?? ""
+        var subject: String?
+        if let cert = SSL_get1_peer_certificate(ssl) {
+            if let name = X509_get_subject_name(cert), let line = X509_NAME_oneline(name, nil, 0) {
+                subject = String(cString: line)
+                cossl_free(line)
+            }
+            X509_free(cert)
+        }
+        return TLSInfo(alpn: alpn, version: version, cipher: cipher, peerCertificateSubject: subject)
+    }
+}

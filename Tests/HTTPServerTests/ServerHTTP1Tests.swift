@@ -1,0 +1,327 @@
+// HTTP/1.1 over raw loopback sockets: keep-alive, pipelining order, chunked bodies,
+// 100-continue, malformed requests, limits, timeouts, responder actions and metrics.
+import Foundation
+import HTTPServer
+import Synchronization
+import Testing
+
+@Suite(.serialized) struct ServerHTTP1Tests {
+    @Test func keepAliveServesSeveralRequestsOnOneConnection() throws {
+        try withServer { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("GET /a?x=1 HTTP/1.1\r\nHost: t\r\n\r\n")
+            let r1 = try #require(c.readResponse())
+            try c.send("POST /b HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello")
+            let r2 = try #require(c.readResponse())
+            #expect(r1.status == 200)
+            #expect(r1.text == "GET /a?x=1 0")
+            #expect(r2.text == "POST /b 5")
+            #expect(r1.header("x-connection-id") == r2.header("x-connection-id"))
+            #expect(r1.header("content-length") == "12")
+            #expect(r1.header("date")?.hasSuffix(" GMT") == true)
+            #expect(r1.header("connection") == nil)
+        }
+    }
+
+    @Test func pipelinedResponsesKeepRequestOrderWhenHandlersAnswerOutOfOrder() throws {
+        // /slow/N answers after N*30 ms from another thread: the first request answers last.
+        let handler: HTTPHandler = { req, res in
+            let n = Int(req.path.split(separator: "/").last ?? "0") ?? 0
+            DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(n * 30)) {
+                res.respond(HTTPResponse(status: 200, body: Array(req.path.utf8)))
+            }
+        }
+        try withServer(handler: handler) { server in
+            let c = try RawClient(port: server.localPort)
+            let paths = ["/slow/5", "/slow/1", "/slow/3", "/slow/0", "/slow/2"]
+            try c.send(paths.map { "GET \($0) HTTP/1.1\r\nHost: t\r\n\r\n" }.joined())
+            var got: [String] = []
+            for _ in paths { got.append(try #require(c.readResponse()).text) }
+            #expect(got == paths)
+        }
+    }
+
+    @Test func chunkedUploadIsReassembled() throws {
+        try withServer { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+            try c.send("6\r\n world\r\n0\r\n\r\n")
+            let r = try #require(c.readResponse())
+            #expect(r.status == 200)
+            #expect(r.text == "hello world")
+        }
+    }
+
+    @Test func expectContinueGetsInterimResponseBeforeBody() throws {
+        try withServer { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+            let interim = try #require(c.readResponse(headOnly: true))
+            #expect(interim.status == 100)
+            try c.send("data")
+            let r = try #require(c.readResponse())
+            #expect(r.status == 200)
+            #expect(r.text == "data")
+        }
+    }
+
+    @Test func connectionCloseIsHonoured() throws {
+        try withServer { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            let r = try #require(c.readResponse())
+            #expect(r.header("connection") == "close")
+            #expect(c.waitForClose())
+        }
+    }
+
+    @Test func http10WithoutKeepAliveCloses() throws {
+        try withServer { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("GET / HTTP/1.0\r\n\r\n")
+            let r = try #require(c.readResponse())
+            #expect(r.status == 200)
+            #expect(c.waitForClose())
+        }
+    }
+
+    @Test func headResponseCarriesLengthButNoBody() throws {
+        try withServer { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("HEAD /x HTTP/1.1\r\nHost: t\r\n\r\nGET /y HTTP/1.1\r\nHost: t\r\n\r\n")
+            let head = try #require(c.readResponse(headOnly: true))
+            #expect(head.header("content-length") == "9")
+            let next = try #require(c.readResponse())
+            #expect(next.text == "GET /y 0")
+        }
+    }
+
+    /// The strict parser's refusals, replayed over a socket: each gets its status and a close.
+    static let malformed: [(name: String, request: String, status: Int)] = [
+        ("obs-fold", "GET / HTTP/1.1\r\nHost: t\r\nX-A: 1\r\n  folded\r\n\r\n", 400),
+        ("obs-fold content-length", "POST / HTTP/1.1\r\nHost: t\r\n Content-Length: 3\r\n\r\nabc", 400),
+        ("bare LF", "GET / HTTP/1.1\nHost: t\r\n\r\n", 400),
+        ("bare CR", "GET / HTTP/1.1\r\nHost: t\rX: y\r\n\r\n", 400),
+        ("NUL in value", "GET / HTTP/1.1\r\nHost: t\r\nX-A: a\u{0}b\r\n\r\n", 400),
+        ("CL and TE", "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
+        ("two different CL", "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", 400),
+        ("space before colon", "GET / HTTP/1.1\r\nHost : t\r\n\r\n", 400),
+        ("missing host", "GET / HTTP/1.1\r\nX: y\r\n\r\n", 400),
+        ("negative CL", "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: -1\r\n\r\n", 400),
+        ("non-decimal CL", "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 0x10\r\n\r\n", 400),
+        ("unknown version", "GET / HTTP/1.2\r\nHost: t\r\n\r\n", 505),
+    ]
+
+    @Test func malformedRequestsGetStatusAndClose() throws {
+        try withServer { server in
+            for m in Self.malformed {
+                let c = try RawClient(port: server.localPort)
+                try c.send(m.request)
+                let r = c.readResponse()
+                #expect(r?.status == m.status, "\(m.name)")
+                #expect(r?.header("connection") == "close", "\(m.name)")
+                #expect(r?.text.hasPrefix(#"{"error":""#) == true, "\(m.name)")
+                #expect(c.waitForClose(), "\(m.name): connection stayed open")
+            }
+            #expect(server.metrics.parseErrorsByKind.values.reduce(0, +) == Self.malformed.count)
+        }
+    }
+
+    @Test func transferEncodingOtherThanChunkedIsRefused() throws {
+        try withServer { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n")
+            let r = try #require(c.readResponse())
+            #expect(r.status >= 400 && r.status < 600)
+            #expect(c.waitForClose())
+        }
+    }
+
+    @Test func bodyOverLimitGets413AndClose() throws {
+        var config = HTTPServerConfiguration()
+        config.limits.maxBodyBytes = 100
+        try withServer(config) { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 101\r\n\r\n")
+            #expect(c.readResponse()?.status == 413)
+            #expect(c.waitForClose())
+            let chunked = try RawClient(port: server.localPort)
+            try chunked.send("POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n64\r\n\(String(repeating: "a", count: 100))\r\n1\r\nb\r\n0\r\n\r\n")
+            #expect(chunked.readResponse()?.status == 413)
+            #expect(chunked.waitForClose())
+        }
+    }
+
+    @Test func headerSectionOverLimitGets431AndClose() throws {
+        var config = HTTPServerConfiguration()
+        config.limits.maxHeaderBytes = 1024
+        try withServer(config) { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("GET / HTTP/1.1\r\nHost: t\r\nX-Big: \(String(repeating: "a", count: 2000))\r\n\r\n")
+            #expect(c.readResponse()?.status == 431)
+            #expect(c.waitForClose())
+        }
+    }
+
+    @Test func connectionsBeyondMaxAreRefused() throws {
+        var config = HTTPServerConfiguration()
+        config.limits.maxConnections = 2
+        try withServer(config) { server in
+            let a = try RawClient(port: server.localPort)
+            let b = try RawClient(port: server.localPort)
+            try a.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            try b.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(a.readResponse()?.status == 200)
+            #expect(b.readResponse()?.status == 200)
+            let c = try RawClient(port: server.localPort)
+            #expect(c.waitForClose(), "third connection was not refused")
+            #expect(server.metrics.connectionsRefused == 1)
+            // Still serving the first two.
+            try a.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(a.readResponse()?.status == 200)
+        }
+    }
+
+    @Test func maxRequestsPerConnectionClosesAfterTheLast() throws {
+        var config = HTTPServerConfiguration()
+        config.limits.maxRequestsPerConnection = 2
+        try withServer(config) { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("GET /1 HTTP/1.1\r\nHost: t\r\n\r\nGET /2 HTTP/1.1\r\nHost: t\r\n\r\nGET /3 HTTP/1.1\r\nHost: t\r\n\r\n")
+            let r1 = try #require(c.readResponse())
+            let r2 = try #require(c.readResponse())
+            #expect(r1.header("connection") == nil)
+            #expect(r2.header("connection") == "close")
+            #expect(c.readResponse() == nil)
+        }
+    }
+
+    @Test func slowHeaderIsCutAtTheHeaderDeadline() throws {
+        var config = HTTPServerConfiguration()
+        config.limits.headerTimeout = .milliseconds(300)
+        try withServer(config) { server in
+            let c = try RawClient(port: server.localPort)
+            // A slowloris client: keeps sending header bytes, never finishes the head.
+            try c.send("GET / HTTP/1.1\r\nHost: t\r\n")
+            c.setReceiveTimeout(milliseconds: 100)
+            var closed = false
+            for i in 0..<30 {   // up to 3 s; each byte resets no deadline
+                try? c.send("X-\(i): y\r\n")
+                if c.waitForClose() { closed = true; break }
+            }
+            #expect(closed)
+            #expect(String(decoding: c.pendingBytes, as: UTF8.self).hasPrefix("HTTP/1.1 408"))
+            #expect(server.metrics.timeouts >= 1)
+        }
+    }
+
+    @Test func idleKeepAliveConnectionIsClosed() throws {
+        var config = HTTPServerConfiguration()
+        config.limits.idleTimeout = .milliseconds(200)
+        try withServer(config) { server in
+            let c = try RawClient(port: server.localPort, timeoutSeconds: 3)
+            try c.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(c.readResponse()?.status == 200)
+            #expect(c.waitForClose())
+        }
+    }
+
+    @Test func responderActionsCloseAndAbort() throws {
+        let handler: HTTPHandler = { req, res in
+            switch req.path {
+            case "/close": res.respond(HTTPResponse(status: 200, body: Array("bye".utf8)), then: .close)
+            case "/goaway": res.respond(HTTPResponse(status: 200), then: .goAway)
+            case "/abort": res.abortConnection()
+            default:
+                res.respond(HTTPResponse(status: 200))
+                res.respond(HTTPResponse(status: 500))   // ignored: first answer wins
+            }
+        }
+        try withServer(handler: handler) { server in
+            let a = try RawClient(port: server.localPort)
+            try a.send("GET /close HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(a.readResponse()?.text == "bye")
+            #expect(a.waitForClose())
+
+            let g = try RawClient(port: server.localPort)
+            try g.send("GET /goaway HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(g.readResponse()?.header("connection") == "close")
+            #expect(g.waitForClose())
+
+            let b = try RawClient(port: server.localPort)
+            try b.send("GET /abort HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(b.waitForClose())
+            #expect(b.pendingBytes.isEmpty)
+
+            let d = try RawClient(port: server.localPort)
+            try d.send("GET /twice HTTP/1.1\r\nHost: t\r\n\r\nGET /twice HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(d.readResponse()?.status == 200)
+            #expect(d.readResponse()?.status == 200)
+        }
+    }
+
+    @Test func unsafeResponseHeadersBecome500() throws {
+        let handler: HTTPHandler = { _, res in
+            var h = HTTPHeaders()
+            h.add("x-evil", "a\r\nset-cookie: x")
+            res.respond(HTTPResponse(status: 200, headers: h))
+        }
+        try withServer(handler: handler) { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            let r = try #require(c.readResponse())
+            #expect(r.status == 500)
+            #expect(r.header("set-cookie") == nil)
+        }
+    }
+
+    @Test func metricsCountConnectionsAndStatusClasses() throws {
+        let handler: HTTPHandler = { req, res in
+            res.respond(HTTPResponse(status: req.path == "/missing" ? 404 : 204))
+        }
+        try withServer(handler: handler) { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("GET / HTTP/1.1\r\nHost: t\r\n\r\nGET /missing HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(c.readResponse()?.status == 204)
+            #expect(c.readResponse()?.status == 404)
+            let m = server.metrics
+            #expect(m.requestsByStatusClass[2] == 1)
+            #expect(m.requestsByStatusClass[4] == 1)
+            #expect(m.connectionsOpen == 1)
+            #expect(m.connectionsTotal == 1)
+        }
+    }
+
+    @Test func shutdownWaitsForInFlightAndClosesIdle() throws {
+        let gate = DispatchSemaphore(value: 0)
+        let handler: HTTPHandler = { req, res in
+            if req.path == "/stall" { return }   // never answers
+            DispatchQueue.global().async {
+                gate.wait()
+                res.respond(HTTPResponse(status: 200, body: Array("late".utf8)))
+            }
+        }
+        let server = try HTTPServer(configuration: HTTPServerConfiguration(), handler: handler)
+        try server.start()
+        let port = server.localPort
+        let idle = try RawClient(port: port)
+        let busy = try RawClient(port: port)
+        let stalled = try RawClient(port: port)
+        try busy.send("GET /work HTTP/1.1\r\nHost: t\r\n\r\n")
+        try stalled.send("GET /stall HTTP/1.1\r\nHost: t\r\n\r\n")
+        Thread.sleep(forTimeInterval: 0.1)
+        let done = DispatchSemaphore(value: 0)
+        DispatchQueue.global().async {
+            server.shutdown(gracePeriod: .seconds(1))
+            done.signal()
+        }
+        #expect(idle.waitForClose(), "idle connection not closed on shutdown")
+        gate.signal()
+        let r = busy.readResponse()
+        #expect(r?.text == "late")
+        #expect(r?.header("connection") == "close")
+        #expect(done.wait(timeout: .now() + 5) == .success, "shutdown did not finish")
+        #expect(stalled.waitForClose())
+        #expect((try? RawClient(port: port)) == nil, "still accepting after shutdown")
+    }
+}
