@@ -1,0 +1,324 @@
+// TLS (OpenSSL, ALPN, mTLS) and HTTP/2 (nghttp2) driven by real clients: curl, nghttp,
+// h2load, plus a raw h2c frame reader for GOAWAY and SETTINGS. Each CLI test skips with a
+// message when its tool is missing (`make deps` installs them).
+import Foundation
+import HTTPServer
+import Synchronization
+import Testing
+
+/// Throwaway CA, server and client certificates made with the openssl CLI, once per process.
+struct TestCertificates: Sendable {
+    let dir: String
+    var serverCert: String { dir + "/server.pem" }
+    var serverKey: String { dir + "/server.key" }
+    var caCert: String { dir + "/ca.pem" }
+    var clientCert: String { dir + "/client.pem" }
+    var clientKey: String { dir + "/client.key" }
+
+    static let shared: Result<TestCertificates, TestError> = {
+        guard findTool("openssl") != nil else { return .failure(TestError(missingToolMessage("openssl"))) }
+        let dir = NSTemporaryDirectory() + "httpserver-tests-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        let steps: [[String]] = [
+            ["req", "-x509"] + ec + ["-keyout", dir + "/ca.key", "-out", dir + "/ca.pem", "-days", "2",
+                                     "-subj", "/CN=Test CA"],
+            ["req"] + ec + ["-keyout", dir + "/server.key", "-out", dir + "/server.csr", "-subj", "/CN=localhost"],
+            ["x509", "-req", "-in", dir + "/server.csr", "-CA", dir + "/ca.pem", "-CAkey", dir + "/ca.key",
+             "-CAcreateserial", "-out", dir + "/server.pem", "-days", "2",
+             "-extfile", dir + "/san.cnf"],
+            ["req"] + ec + ["-keyout", dir + "/client.key", "-out", dir + "/client.csr", "-subj", "/CN=accessory-1"],
+            ["x509", "-req", "-in", dir + "/client.csr", "-CA", dir + "/ca.pem", "-CAkey", dir + "/ca.key",
+             "-CAcreateserial", "-out", dir + "/client.pem", "-days", "2"],
+        ]
+        try? "subjectAltName=IP:127.0.0.1,DNS:localhost\n".write(toFile: dir + "/san.cnf", atomically: true, encoding: .utf8)
+        for s in steps {
+            guard let r = try? runTool("openssl", s), r.status == 0 else {
+                return .failure(TestError("openssl \(s.prefix(2).joined(separator: " ")) failed"))
+            }
+        }
+        return .success(TestCertificates(dir: dir))
+    }()
+}
+
+/// Echo handler that also reports the protocol details it saw.
+let detailsHandler: HTTPHandler = { req, res in
+    var h = HTTPHeaders()
+    h.add("x-version", "\(req.version)")
+    h.add("x-alpn", req.tls?.alpn ?? "-")
+    h.add("x-tls", req.tls?.version ?? "-")
+    h.add("x-peer", req.tls?.peerCertificateSubject ?? "-")
+    h.add("x-stream-id", String(req.streamID))
+    h.add("x-host", req.headers["host"] ?? "-")
+    if req.path == "/echo" {
+        res.respond(HTTPResponse(status: 200, headers: h, body: req.body))
+    } else if req.path.hasPrefix("/big/") {
+        let n = Int(req.path.dropFirst(5)) ?? 0
+        res.respond(HTTPResponse(status: 200, headers: h, body: (0..<n).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) }))
+    } else {
+        res.respond(HTTPResponse(status: 200, headers: h, body: Array("ok \(req.method) \(req.target)".utf8)))
+    }
+}
+
+func tlsConfiguration(_ certs: TestCertificates, clientCA: Bool = false) -> HTTPServerConfiguration {
+    var c = HTTPServerConfiguration()
+    c.tls = TLSConfiguration(certificatePath: certs.serverCert, privateKeyPath: certs.serverKey,
+                             clientCAPath: clientCA ? certs.caCert : nil, requireClientCertificate: clientCA)
+    return c
+}
+
+@Suite struct ServerTLSHTTP2Tests {
+    @Test func curlOverTLSWithHTTP1AndHTTP2() throws {
+        guard case .success(let certs) = TestCertificates.shared, findTool("curl") != nil else {
+            print(missingToolMessage("curl or openssl")); return
+        }
+        try withServer(tlsConfiguration(certs), handler: detailsHandler) { server in
+            let url = "https://127.0.0.1:\(server.localPort)/hello?q=1"
+            let h1 = try #require(try runTool("curl", ["-sS", "--cacert", certs.caCert, "--http1.1", "-D", "-", url]))
+            #expect(h1.status == 0, "\(h1.output)")
+            #expect(h1.output.contains("x-version: http1_1"))
+            #expect(h1.output.contains("x-alpn: http/1.1"))
+            #expect(h1.output.contains("x-tls: TLSv1."))
+            #expect(h1.output.hasSuffix("ok GET /hello?q=1"))
+
+            let h2 = try #require(try runTool("curl", ["-sS", "--cacert", certs.caCert, "--http2", "-D", "-", url]))
+            #expect(h2.status == 0, "\(h2.output)")
+            #expect(h2.output.hasPrefix("HTTP/2 200"))
+            #expect(h2.output.contains("x-version: http2"))
+            #expect(h2.output.contains("x-alpn: h2"))
+            #expect(h2.output.contains("x-host: 127.0.0.1:\(server.localPort)"))
+            #expect(h2.output.hasSuffix("ok GET /hello?q=1"))
+        }
+    }
+
+    @Test func curlH2CPriorKnowledgeWithLargeBodiesBothWays() throws {
+        guard findTool("curl") != nil else { print(missingToolMessage("curl")); return }
+        try withServer(handler: detailsHandler) { server in
+            let dir = NSTemporaryDirectory() + "h2c-\(UInt32.random(in: 0...UInt32.max))"
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+            defer { try? FileManager.default.removeItem(atPath: dir) }
+            let upload = (0..<(200 * 1024)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 3) }
+            try Data(upload).write(to: URL(fileURLWithPath: dir + "/up"))
+            let r = try #require(try runTool("curl", ["-sS", "--http2-prior-knowledge", "--data-binary", "@" + dir + "/up",
+                                                      "-o", dir + "/down", "-w", "%{http_version} %{http_code}",
+                                                      "http://127.0.0.1:\(server.localPort)/echo"]))
+            #expect(r.output == "2 200", "\(r.output)")
+            let down = try Data(contentsOf: URL(fileURLWithPath: dir + "/down"))
+            #expect(Array(down) == upload)
+
+            let big = try #require(try runTool("curl", ["-sS", "--http2-prior-knowledge", "-o", dir + "/big",
+                                                        "-w", "%{http_code} %{size_download}",
+                                                        "http://127.0.0.1:\(server.localPort)/big/204800"]))
+            #expect(big.output == "200 204800", "\(big.output)")
+            let bytes = try Data(contentsOf: URL(fileURLWithPath: dir + "/big"))
+            #expect(Array(bytes) == (0..<204800).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
+        }
+    }
+
+    @Test func nghttpOverTLSAndH2C() throws {
+        guard findTool("nghttp") != nil, case .success(let certs) = TestCertificates.shared else {
+            print(missingToolMessage("nghttp or openssl")); return
+        }
+        try withServer(tlsConfiguration(certs), handler: detailsHandler) { server in
+            let r = try #require(try runTool("nghttp", ["-v", "https://127.0.0.1:\(server.localPort)/a",
+                                                        "https://127.0.0.1:\(server.localPort)/b"]))
+            #expect(r.status == 0, "\(r.output)")
+            #expect(r.output.components(separatedBy: ":status: 200").count - 1 == 2)
+            #expect(r.output.contains("ok GET /a") && r.output.contains("ok GET /b"))
+        }
+        try withServer(handler: detailsHandler) { server in
+            let r = try #require(try runTool("nghttp", ["-v", "http://127.0.0.1:\(server.localPort)/c"]))
+            #expect(r.status == 0, "\(r.output)")
+            #expect(r.output.contains(":status: 200"))
+            #expect(r.output.contains("ok GET /c"))
+        }
+    }
+
+    @Test func hundredConcurrentStreamsOnOneConnection() throws {
+        guard findTool("h2load") != nil else { print(missingToolMessage("h2load")); return }
+        let peak = Mutex((current: 0, max: 0))
+        // Answers from another thread after a short delay so streams really overlap.
+        let handler: HTTPHandler = { _, res in
+            peak.withLock { $0.current += 1; $0.max = max($0.max, $0.current) }
+            DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(5)) {
+                peak.withLock { $0.current -= 1 }
+                res.respond(HTTPResponse(status: 200, body: Array("x".utf8)))
+            }
+        }
+        try withServer(handler: handler) { server in
+            let r = try #require(try runTool("h2load", ["-n", "1000", "-c", "1", "-m", "100",
+                                                        "http://127.0.0.1:\(server.localPort)/"]))
+            #expect(r.output.contains("1000 succeeded, 0 failed, 0 errored"), "\(r.output)")
+            #expect(peak.withLock { $0.max } > 10)
+            #expect(server.metrics.connectionsTotal == 1)
+        }
+    }
+
+    @Test func mutualTLSReportsPeerAndRefusesClientsWithoutCertificate() throws {
+        guard case .success(let certs) = TestCertificates.shared, findTool("curl") != nil else {
+            print(missingToolMessage("curl or openssl")); return
+        }
+        try withServer(tlsConfiguration(certs, clientCA: true), handler: detailsHandler) { server in
+            let url = "https://127.0.0.1:\(server.localPort)/"
+            let ok = try #require(try runTool("curl", ["-sS", "--cacert", certs.caCert, "--cert", certs.clientCert,
+                                                       "--key", certs.clientKey, "-D", "-", url]))
+            #expect(ok.status == 0, "\(ok.output)")
+            #expect(ok.output.contains("x-peer: /CN=accessory-1"))
+            let refused = try #require(try runTool("curl", ["-sS", "--cacert", certs.caCert, url]))
+            #expect(refused.status != 0)
+            #expect(server.metrics.tlsHandshakeFailures >= 1 || refused.output.contains("alert"))
+        }
+    }
+
+    @Test func plainTextToTLSPortCountsAHandshakeFailure() throws {
+        guard case .success(let certs) = TestCertificates.shared else { print(missingToolMessage("openssl")); return }
+        try withServer(tlsConfiguration(certs), handler: detailsHandler) { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(c.waitForClose())
+            #expect(server.metrics.tlsHandshakeFailures == 1)
+        }
+    }
+
+    @Test func badCertificatePathIsAClearError() {
+        var c = HTTPServerConfiguration()
+        c.tls = TLSConfiguration(certificatePath: "/nonexistent/cert.pem", privateKeyPath: "/nonexistent/key.pem")
+        #expect {
+            _ = try HTTPServer(configuration: c, handler: echoHandler)
+        } throws: { error in
+            "\(error)".contains("/nonexistent/cert.pem")
+        }
+    }
+}
+
+// MARK: Raw h2c frames (GOAWAY, SETTINGS, stalls)
+
+/// Minimal HTTP/2 client over a raw socket: sends frames, reads frames. HPACK is avoided by
+/// using static-table indexes only (:method GET = 0x82, :scheme http = 0x86, :path / = 0x84)
+/// plus literal :path and :authority values without indexing.
+final class RawH2Client {
+    let socket: RawClient
+    private var buffer: [UInt8] = []
+
+    struct Frame { var type: UInt8; var flags: UInt8; var stream: UInt32; var payload: [UInt8] }
+
+    init(port: Int) throws {
+        socket = try RawClient(port: port)
+        try socket.send(Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8) + Self.frame(type: 4, flags: 0, stream: 0, []))
+    }
+
+    static func frame(type: UInt8, flags: UInt8, stream: UInt32, _ payload: [UInt8]) -> [UInt8] {
+        let n = payload.count
+        return [UInt8(n >> 16 & 0xff), UInt8(n >> 8 & 0xff), UInt8(n & 0xff), type, flags,
+                UInt8(stream >> 24 & 0x7f), UInt8(stream >> 16 & 0xff), UInt8(stream >> 8 & 0xff), UInt8(stream & 0xff)] + payload
+    }
+
+    /// GET <path> on `stream` with END_STREAM|END_HEADERS.
+    func get(_ path: String, stream: UInt32) throws {
+        var block: [UInt8] = [0x82, 0x86]
+        // Literal header field without indexing, name = static index 4 (:path).
+        block += [0x04, UInt8(path.utf8.count)] + Array(path.utf8)
+        // nghttp2 requires :authority or host (static index 1).
+        block += [0x01, 0x01, UInt8(ascii: "t")]
+        try socket.send(Self.frame(type: 1, flags: 0x5, stream: stream, block))
+    }
+
+    /// Reads frames until `match` accepts one (returned) or the connection ends (nil).
+    func read(until match: (Frame) -> Bool) -> Frame? {
+        while true {
+            while buffer.count >= 9 {
+                let len = Int(buffer[0]) << 16 | Int(buffer[1]) << 8 | Int(buffer[2])
+                guard buffer.count >= 9 + len else { break }
+                let f = Frame(type: buffer[3], flags: buffer[4],
+                              stream: UInt32(buffer[5] & 0x7f) << 24 | UInt32(buffer[6]) << 16 | UInt32(buffer[7]) << 8 | UInt32(buffer[8]),
+                              payload: Array(buffer[9..<(9 + len)]))
+                buffer.removeFirst(9 + len)
+                if f.type == 4 && f.flags & 1 == 0 {
+                    try? socket.send(Self.frame(type: 4, flags: 1, stream: 0, []))   // ACK SETTINGS
+                }
+                if match(f) { return f }
+            }
+            guard let more = socket.readSome() else { return nil }
+            buffer += more
+        }
+    }
+}
+
+extension RawClient {
+    /// Bytes from one recv, nil on close or timeout.
+    func readSome() -> [UInt8]? {
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+        return n > 0 ? Array(chunk[0..<n]) : nil
+    }
+}
+
+@Suite struct ServerHTTP2FrameTests {
+    @Test func shutdownSendsGoAwayAndWaitsForTheOpenStream() throws {
+        let gate = DispatchSemaphore(value: 0)
+        let handler: HTTPHandler = { _, res in
+            DispatchQueue.global().async {
+                gate.wait()
+                res.respond(HTTPResponse(status: 200))
+            }
+        }
+        let server = try HTTPServer(configuration: HTTPServerConfiguration(), handler: handler)
+        try server.start()
+        let c = try RawH2Client(port: server.localPort)
+        try c.get("/slow", stream: 1)
+        Thread.sleep(forTimeInterval: 0.05)
+        let done = DispatchSemaphore(value: 0)
+        DispatchQueue.global().async { server.shutdown(gracePeriod: .seconds(3)); done.signal() }
+        let goAway = c.read { $0.type == 7 }
+        #expect(goAway != nil)
+        if let g = goAway {
+            let last = UInt32(g.payload[0] & 0x7f) << 24 | UInt32(g.payload[1]) << 16 | UInt32(g.payload[2]) << 8 | UInt32(g.payload[3])
+            #expect(last == 1)
+            #expect(g.payload[4..<8].allSatisfy { $0 == 0 })   // NO_ERROR
+        }
+        gate.signal()
+        let headers = c.read { $0.type == 1 && $0.stream == 1 }
+        #expect(headers?.payload.first == 0x88)   // :status 200 (static index 8)
+        #expect(done.wait(timeout: .now() + 5) == .success)
+        #expect(c.read { _ in false } == nil)   // then closed
+    }
+
+    @Test func goAwayActionNamesTheStreamAndSettingsChangeIsSent() throws {
+        let handler: HTTPHandler = { req, res in
+            switch req.path {
+            case "/settings":
+                res.setMaxConcurrentStreams(7)
+                res.respond(HTTPResponse(status: 200))
+            case "/goaway": res.respond(HTTPResponse(status: 200), then: .goAway)
+            default: res.respond(HTTPResponse(status: 204))
+            }
+        }
+        try withServer(handler: handler) { server in
+            let c = try RawH2Client(port: server.localPort)
+            try c.get("/settings", stream: 1)
+            let settings = c.read { f in
+                f.type == 4 && f.flags == 0 && stride(from: 0, to: f.payload.count, by: 6).contains { i in
+                    f.payload[i] == 0 && f.payload[i + 1] == 3 && f.payload[i + 5] == 7 && f.payload[i + 4] == 0
+                }
+            }
+            #expect(settings != nil, "no SETTINGS with MAX_CONCURRENT_STREAMS=7")
+            try c.get("/goaway", stream: 3)
+            let g = c.read { $0.type == 7 }
+            #expect(g.map { Int($0.payload[3]) } == 3)
+            #expect(c.read { _ in false } == nil, "connection not closed after GOAWAY")
+        }
+    }
+
+    @Test func stalledStreamDoesNotBlockShutdown() throws {
+        let handler: HTTPHandler = { _, _ in }   // never answers
+        let server = try HTTPServer(configuration: HTTPServerConfiguration(), handler: handler)
+        try server.start()
+        let c = try RawH2Client(port: server.localPort)
+        try c.get("/stall", stream: 1)
+        Thread.sleep(forTimeInterval: 0.05)
+        let start = ContinuousClock.now
+        server.shutdown(gracePeriod: .milliseconds(300))
+        #expect(ContinuousClock.now - start < .seconds(3))
+        #expect(c.read { _ in false } == nil)
+    }
+}
