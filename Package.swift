@@ -42,6 +42,8 @@ let package = Package(
         .executableTarget(name: "mock-apns", dependencies: ["MockAPNs"]),
         // Release-built micro-benchmark of the Ratchet module for scripts/bench-ratchet.sh.
         .executableTarget(name: "ratchet-bench", dependencies: ["Ratchet"]),
+        // Tiny echo server for scripts/bench-http.sh (HTTPServer vs nginx / nghttpd).
+        .executableTarget(name: "http-bench-server", dependencies: ["HTTPServer"]),
 
         // MARK: Tests (mirror the source targets; integration tests drive the real binaries)
         .testTarget(name: "RatchetTests", dependencies: ["Ratchet"], exclude: ["Vectors"]),

@@ -122,7 +122,7 @@ extension Connection {
                 requestsSeen += 1
                 let head = request.head
                 let keepAlive = head.keepAlive && !shuttingDown
-                    && requestsSeen < core.configuration.limits.maxRequestsPerConnection
+                    && requestsSeen < core.maxRequestsPerConnection
                 if !keepAlive { stopParsing = true }
                 let isHEAD = head.method == "HEAD"
                 let sequence = nextSequence
@@ -231,8 +231,8 @@ extension Connection {
             out.append(contentsOf: crlf)
         }
         if !hasDate { out.append(contentsOf: loop.dateHeaderLine) }
-        if !hasServer, let name = core.configuration.serverName {
-            out.append(contentsOf: "server: \(name)\r\n".utf8)
+        if !hasServer, let line = core.serverHeaderLine {
+            out.append(contentsOf: line)
         }
         let bodyless = r.status < 200 || r.status == 204 || r.status == 304
         if !bodyless {

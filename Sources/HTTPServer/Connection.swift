@@ -74,7 +74,7 @@ final class Connection: @unchecked Sendable {
                 close()
                 return
             }
-        } else if !core.configuration.cleartextHTTP2 {
+        } else if !core.cleartextHTTP2 {
             mode = .http1
         }
         if loop.shuttingDown { shuttingDown = true }
@@ -107,7 +107,7 @@ final class Connection: @unchecked Sendable {
                     tlsInfo = info
                     if info.alpn == "h2" {
                         startHTTP2()
-                    } else if info.alpn != nil || !core.configuration.cleartextHTTP2 {
+                    } else if info.alpn != nil || !core.cleartextHTTP2 {
                         mode = .http1
                     }
                 }
@@ -303,24 +303,23 @@ final class Connection: @unchecked Sendable {
     // MARK: Timeouts
 
     private func deadline() -> UInt64? {
-        let limits = core.configuration.limits
-        if socket.writesInFlight > 0 { return writeStartedAt + limits.writeTimeout.milliseconds }
-        if let tls, !tls.handshakeDone { return startedAt + limits.headerTimeout.milliseconds }
+        if socket.writesInFlight > 0 { return writeStartedAt + core.writeTimeoutMs }
+        if let tls, !tls.handshakeDone { return startedAt + core.headerTimeoutMs }
         switch mode {
         case .sniffing:
-            return (sniffed.isEmpty ? lastActivity + limits.idleTimeout.milliseconds
-                                    : startedAt + limits.headerTimeout.milliseconds)
+            return (sniffed.isEmpty ? lastActivity + core.idleTimeoutMs
+                                    : startedAt + core.headerTimeoutMs)
         case .http1:
             if slotsHead < slots.count { return nil }   // a handler is working
             if peerHalfClosed { return lastActivity }
             switch parser.state {
-            case .idle: return lastActivity + limits.idleTimeout.milliseconds
-            case .head: return headStartedAt + limits.headerTimeout.milliseconds
-            case .body: return bodyStartedAt + limits.bodyTimeout.milliseconds
+            case .idle: return lastActivity + core.idleTimeoutMs
+            case .head: return headStartedAt + core.headerTimeoutMs
+            case .body: return bodyStartedAt + core.bodyTimeoutMs
             }
         case .http2:
             if let h2, h2.openStreams > 0 { return nil }
-            return lastActivity + limits.idleTimeout.milliseconds
+            return lastActivity + core.idleTimeoutMs
         }
     }
 

@@ -151,9 +151,9 @@ final class H2Session {
 
     fileprivate func onHeader(_ st: H2Stream, _ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) -> Int32 {
         st.headerBytes += name.count + value.count + 32
-        let limits = connection.core.configuration.limits
-        if st.headerBytes > maxHeaderListSize || st.headerBytes > limits.maxHeaderBytes + 32 * limits.maxHeaderCount
-            || st.headers.count >= limits.maxHeaderCount {
+        let core = connection.core
+        if st.headerBytes > maxHeaderListSize || st.headerBytes > core.maxHeaderBytes + 32 * core.maxHeaderCount
+            || st.headers.count >= core.maxHeaderCount {
             connection.core.recordParseError("h2_header_too_large")
             st.rejected = true
             return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue   // RST_STREAM for this stream only
@@ -174,7 +174,7 @@ final class H2Session {
     }
 
     fileprivate func onData(_ st: H2Stream, _ data: UnsafeBufferPointer<UInt8>) {
-        if st.body.count + data.count > connection.core.configuration.limits.maxBodyBytes {
+        if st.body.count + data.count > connection.core.maxBodyBytes {
             st.rejected = true
             st.body = []
             connection.core.recordParseError("h2_body_too_large")

@@ -10,9 +10,26 @@ final class ServerCore: Sendable {
     let handler: HTTPHandler
     let tls: TLSContext?
     let parserLimits: HTTP1Limits
+    // Hot-path copies of configuration values (reading `configuration` copies the struct).
+    let idleTimeoutMs: UInt64
+    let headerTimeoutMs: UInt64
+    let bodyTimeoutMs: UInt64
+    let writeTimeoutMs: UInt64
+    let maxRequestsPerConnection: Int
+    let maxBodyBytes: Int
+    let maxHeaderBytes: Int
+    let maxHeaderCount: Int
+    let cleartextHTTP2: Bool
+    let serverHeaderLine: [UInt8]?
     private let connectionIDs = Atomic<UInt64>(0)
     private let openConnections = Atomic<Int>(0)
     private let counters = Mutex(HTTPServerMetrics())
+    // Per-response counters as atomics: one locked add instead of a lock round trip.
+    private let status1xx = Atomic<Int>(0)
+    private let status2xx = Atomic<Int>(0)
+    private let status3xx = Atomic<Int>(0)
+    private let status4xx = Atomic<Int>(0)
+    private let status5xx = Atomic<Int>(0)
 
     init(configuration: HTTPServerConfiguration, handler: @escaping HTTPHandler) throws {
         self.configuration = configuration
@@ -21,6 +38,16 @@ final class ServerCore: Sendable {
         let l = configuration.limits
         parserLimits = HTTP1Limits(maxHeaderBytes: l.maxHeaderBytes, maxHeaderCount: l.maxHeaderCount,
                                    maxBodyBytes: l.maxBodyBytes)
+        idleTimeoutMs = l.idleTimeout.milliseconds
+        headerTimeoutMs = l.headerTimeout.milliseconds
+        bodyTimeoutMs = l.bodyTimeout.milliseconds
+        writeTimeoutMs = l.writeTimeout.milliseconds
+        maxRequestsPerConnection = l.maxRequestsPerConnection
+        maxBodyBytes = l.maxBodyBytes
+        maxHeaderBytes = l.maxHeaderBytes
+        maxHeaderCount = l.maxHeaderCount
+        cleartextHTTP2 = configuration.cleartextHTTP2
+        serverHeaderLine = configuration.serverName.map { Array("server: \($0)\r\n".utf8) }
     }
 
     func nextConnectionID() -> UInt64 { connectionIDs.add(1, ordering: .relaxed).newValue }
@@ -51,12 +78,23 @@ final class ServerCore: Sendable {
     func recordHandshakeFailure() { counters.withLock { $0.tlsHandshakeFailures += 1 } }
     func recordParseError(_ kind: String) { counters.withLock { $0.parseErrorsByKind[kind, default: 0] += 1 } }
     func recordStatus(_ status: Int) {
-        let c = status / 100
-        guard c >= 1 && c <= 5 else { return }
-        counters.withLock { $0.requestsByStatusClass[c] += 1 }
+        switch status / 100 {
+        case 1: status1xx.add(1, ordering: .relaxed)
+        case 2: status2xx.add(1, ordering: .relaxed)
+        case 3: status3xx.add(1, ordering: .relaxed)
+        case 4: status4xx.add(1, ordering: .relaxed)
+        case 5: status5xx.add(1, ordering: .relaxed)
+        default: break
+        }
     }
 
-    var metrics: HTTPServerMetrics { counters.withLock { $0 } }
+    var metrics: HTTPServerMetrics {
+        var m = counters.withLock { $0 }
+        m.requestsByStatusClass = [0, status1xx.load(ordering: .relaxed), status2xx.load(ordering: .relaxed),
+                                   status3xx.load(ordering: .relaxed), status4xx.load(ordering: .relaxed),
+                                   status5xx.load(ordering: .relaxed)]
+        return m
+    }
 }
 
 /// Answers one request. Callable from any thread; the first `respond` or `abortConnection`
