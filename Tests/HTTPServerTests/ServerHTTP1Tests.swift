@@ -96,34 +96,38 @@ import Testing
         }
     }
 
-    /// The strict parser's refusals, replayed over a socket: each gets its status and a close.
-    static let malformed: [(name: String, request: String, status: Int)] = [
-        ("obs-fold", "GET / HTTP/1.1\r\nHost: t\r\nX-A: 1\r\n  folded\r\n\r\n", 400),
-        ("obs-fold content-length", "POST / HTTP/1.1\r\nHost: t\r\n Content-Length: 3\r\n\r\nabc", 400),
-        ("bare LF", "GET / HTTP/1.1\nHost: t\r\n\r\n", 400),
-        ("bare CR", "GET / HTTP/1.1\r\nHost: t\rX: y\r\n\r\n", 400),
-        ("NUL in value", "GET / HTTP/1.1\r\nHost: t\r\nX-A: a\u{0}b\r\n\r\n", 400),
-        ("CL and TE", "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
-        ("two different CL", "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", 400),
-        ("space before colon", "GET / HTTP/1.1\r\nHost : t\r\n\r\n", 400),
-        ("missing host", "GET / HTTP/1.1\r\nX: y\r\n\r\n", 400),
-        ("negative CL", "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: -1\r\n\r\n", 400),
-        ("non-decimal CL", "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 0x10\r\n\r\n", 400),
-        ("unknown version", "GET / HTTP/1.2\r\nHost: t\r\n\r\n", 505),
-    ]
-
+    /// The strict parser's own malformed table (HTTP1MalformedCases), replayed over sockets:
+    /// each case on a fresh connection gets its status, `{"error":"<kind>"}` and a close.
+    /// h2c sniffing is off so the "h2 preface on the HTTP/1 parser" case reaches the parser.
     @Test func malformedRequestsGetStatusAndClose() throws {
-        try withServer { server in
-            for m in Self.malformed {
+        var config = HTTPServerConfiguration()
+        config.cleartextHTTP2 = false
+        let cases = HTTP1MalformedCases.all
+        #expect(cases.count > 20)
+        try withServer(config) { server in
+            for m in cases {
                 let c = try RawClient(port: server.localPort)
-                try c.send(m.request)
+                try c.send(m.bytes)
                 let r = c.readResponse()
                 #expect(r?.status == m.status, "\(m.name)")
                 #expect(r?.header("connection") == "close", "\(m.name)")
-                #expect(r?.text.hasPrefix(#"{"error":""#) == true, "\(m.name)")
+                #expect(r?.text == #"{"error":"\#(m.kind)"}"#, "\(m.name)")
                 #expect(c.waitForClose(), "\(m.name): connection stayed open")
             }
-            #expect(server.metrics.parseErrorsByKind.values.reduce(0, +) == Self.malformed.count)
+            let byKind = server.metrics.parseErrorsByKind
+            #expect(byKind.values.reduce(0, +) == cases.count)
+            for kind in Set(cases.map(\.kind)) {
+                #expect(byKind[kind] == cases.filter { $0.kind == kind }.count, "\(kind)")
+            }
+        }
+    }
+
+    @Test func h2PrefaceIsSniffedWhenCleartextHTTP2IsOn() throws {
+        try withServer { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send(Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8) + [0, 0, 0, 4, 0, 0, 0, 0, 0])
+            let first = c.readSome()
+            #expect(first.map { $0.count >= 9 && $0[3] == 4 } == true, "expected a SETTINGS frame")
         }
     }
 
