@@ -148,15 +148,15 @@ public struct ReceivingRatchet: Sendable, Equatable {
     private static let formatVersion: UInt8 = 1
 
     /// Binary state, little-endian throughout:
-    /// "SKRR" | version 1 (1) | chain key length n (1) | chain key (n) | nextIndex (8)
+    /// "SKRR" | version 1 (1) | chain key length n (4) | chain key (n) | nextIndex (8)
     /// | evictionFloor (8) | count (4) | count x (index (4) | message key (32)), ascending index.
     /// It contains live keys: store it as carefully as the root secret.
     public func serialized() -> [UInt8] {
         let indices = skippedIndices
         var out = Self.magic
-        out.reserveCapacity(4 + 2 + chainKey.count + 20 + indices.count * 36)
+        out.reserveCapacity(4 + 5 + chainKey.count + 20 + indices.count * 36)
         out.append(Self.formatVersion)
-        out.append(UInt8(chainKey.count))
+        appendLE(&out, UInt64(chainKey.count), bytes: 4)
         out += chainKey.exportedBytes
         appendLE(&out, nextIndex, bytes: 8)
         appendLE(&out, evictionFloor, bytes: 8)
@@ -176,7 +176,7 @@ public struct ReceivingRatchet: Sendable, Equatable {
         guard let magic = reader.take(4), magic.elementsEqual(Self.magic) else { throw fail("not a receiving ratchet state (magic)") }
         guard let version = reader.take(1)?.first else { throw fail("truncated before version") }
         guard version == Self.formatVersion else { throw fail("unsupported version \(version)") }
-        guard let keyLength = reader.take(1)?.first, keyLength > 0 else { throw fail("chain key length must be 1...255") }
+        guard let keyLength = reader.le(4) else { throw fail("truncated before chain key length") }
         guard let chain = reader.take(Int(keyLength)) else { throw fail("truncated chain key") }
         guard let next = reader.le(8), let floor = reader.le(8), let count = reader.le(4) else { throw fail("truncated header") }
         guard next <= SendingRatchetState.exhaustedIndex else { throw fail("nextIndex past 2^32") }

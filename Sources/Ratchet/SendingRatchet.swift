@@ -35,11 +35,10 @@ public final class SendingRatchet: Sendable {
         position = Mutex(Position(chainKey: rootSecret, nextIndex: 0))
     }
 
-    /// Restores a persisted state. Throws `.invalidState` for bad hex, an empty or oversized key,
-    /// or an index past 2^32.
+    /// Restores a persisted state. Throws `.invalidState` for bad hex or an index past 2^32.
+    /// (Any key length round-trips; Apple's chain keys are 32 bytes.)
     public init(state: SendingRatchetState) throws {
         guard let bytes = [UInt8](hex: state.chainKey) else { throw RatchetError.invalidState("chainKey is not hex") }
-        guard (1...255).contains(bytes.count) else { throw RatchetError.invalidState("chainKey must be 1...255 bytes, got \(bytes.count)") }
         guard state.nextIndex <= SendingRatchetState.exhaustedIndex else {
             throw RatchetError.invalidState("nextIndex \(state.nextIndex) is past 2^32")
         }

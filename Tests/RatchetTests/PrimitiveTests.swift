@@ -16,6 +16,16 @@ struct HKDFTests {
         }
     }
 
+    @Test("empty inputs: extract of empty IKM, expand with an empty PRK or info")
+    func emptyInputs() throws {
+        // HMAC-SHA256 with a 32-byte zero key over the empty message (pyca/cryptography).
+        #expect(HKDF.extract(salt: [], ikm: []).hexString == "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad")
+        #expect(HKDF.extract(salt: [UInt8](repeating: 0, count: 32), ikm: []) == HKDF.extract(salt: [], ikm: []))
+        // T(1) = HMAC-SHA256(key "", 0x01) (Python's hmac module).
+        #expect(try HKDF.expand(prk: [], info: [], length: 32).hexString == "3d7afb663124ecbf2c953f863d4fc8796eeb2d372b64aad58697ec5264649cdb")
+        #expect(try HKDF.expand(prk: [1], info: [], length: 32) != HKDF.expand(prk: [1], info: [0], length: 32))
+    }
+
     @Test("expand rejects lengths outside 1...8160")
     func expandLengths() throws {
         let prk = [UInt8](repeating: 7, count: 32)

@@ -54,6 +54,9 @@ struct RatchetVectorTests {
             #expect(id.hexString == c.keyID)
             #expect(c.sha384.hasPrefix(c.keyID))
         }
+        // SHA-384("") = 38b060a7...; an empty key is not useful, but must not crash.
+        #expect(keyID(publicKey: []).hexString == "38b060a7")
+        #expect(ratchetStep(chainKey: SecretKey(bytes: []), messageIndex: 0).messageKey.count == 32)
     }
 
     @Test("worked response vector: body, seal with message key 2, internet message")

@@ -99,7 +99,7 @@ struct ReceivingRatchetTests {
     @Test("the receiving side ends at UInt32.max without wrapping")
     func lastIndex() throws {
         // A state positioned at UInt32.max with the frozen vector's chain key (ff x 32).
-        var state: [UInt8] = Array("SKRR".utf8) + [1, 32] + [UInt8](repeating: 0xff, count: 32)
+        var state: [UInt8] = Array("SKRR".utf8) + [1, 32, 0, 0, 0] + [UInt8](repeating: 0xff, count: 32)
         state += [0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0] + [UInt8](repeating: 0, count: 8) + [0, 0, 0, 0]
         var receiver = try ReceivingRatchet(serialized: state)
         let step = try #require(try VectorFile.load("ratchet-vectors.json", as: RatchetVectorFile.self).singleSteps.first { $0.index == UInt32.max })
@@ -142,10 +142,10 @@ struct ReceivingRatchetTests {
         #expect(try restored.messageKey(for: 35) == keys[35])
         #expect(throws: RatchetError.replayedIndex(7)) { try restored.messageKey(for: 7) }
         // Header: magic, version, key length, key, nextIndex 31, floor 0, count 26 (0..<30 minus 3, 7, 10, 12).
-        #expect(Array(bytes.prefix(6)) == Array("SKRR".utf8) + [1, 32])
-        #expect(Array(bytes[38..<46]) == [31, 0, 0, 0, 0, 0, 0, 0])
-        #expect(Array(bytes[54..<58]) == [26, 0, 0, 0])
-        #expect(bytes.count == 58 + 26 * 36)
+        #expect(Array(bytes.prefix(9)) == Array("SKRR".utf8) + [1, 32, 0, 0, 0])
+        #expect(Array(bytes[41..<49]) == [31, 0, 0, 0, 0, 0, 0, 0])
+        #expect(Array(bytes[57..<61]) == [26, 0, 0, 0])
+        #expect(bytes.count == 61 + 26 * 36)
     }
 
     @Test("damaged states are rejected with .invalidState")
@@ -155,20 +155,35 @@ struct ReceivingRatchetTests {
         let good = receiver.serialized()
         #expect(try ReceivingRatchet(serialized: good) == receiver)
         var cases: [[UInt8]] = []
-        for n in [0, 3, 5, 6, 20, good.count - 1] { cases.append(Array(good.prefix(n))) }   // truncations
+        for n in [0, 3, 5, 8, 9, 20, good.count - 1] { cases.append(Array(good.prefix(n))) }   // truncations
         cases.append(good + [0])                                                             // trailing byte
         var badMagic = good; badMagic[0] = UInt8(ascii: "X"); cases.append(badMagic)
         var badVersion = good; badVersion[4] = 2; cases.append(badVersion)
-        var zeroKeyLength = good; zeroKeyLength[5] = 0; cases.append(zeroKeyLength)
-        var floorAboveNext = good; floorAboveNext[46] = 9; cases.append(floorAboveNext)
-        var indexOutside = good; indexOutside[58] = 200; cases.append(indexOutside)          // first cached index >= nextIndex
-        var unordered = good; unordered[58] = 1; unordered[58 + 36] = 0; cases.append(unordered)
-        var hugeNext = good; hugeNext[38 + 4] = 2; cases.append(hugeNext)                     // nextIndex > 2^32
+        var hugeKeyLength = good; hugeKeyLength[8] = 0xff; cases.append(hugeKeyLength)        // key runs past the end
+        var shortKeyLength = good; shortKeyLength[5] = 31; cases.append(shortKeyLength)      // everything after shifts
+        var floorAboveNext = good; floorAboveNext[49] = 9; cases.append(floorAboveNext)
+        var indexOutside = good; indexOutside[61] = 200; cases.append(indexOutside)          // first cached index >= nextIndex
+        var unordered = good; unordered[61] = 1; unordered[61 + 36] = 0; cases.append(unordered)
+        var hugeNext = good; hugeNext[41 + 4] = 2; cases.append(hugeNext)                     // nextIndex > 2^32
         for bytes in cases {
             #expect(throws: RatchetError.self) { try ReceivingRatchet(serialized: bytes) }
             do { _ = try ReceivingRatchet(serialized: bytes) } catch let error as RatchetError {
                 guard case .invalidState = error else { Issue.record("unexpected \(error)"); continue }
             }
+        }
+    }
+
+    @Test("root secrets of any length round-trip through both persisted forms")
+    func unusualRootLengths() throws {
+        for length in [0, 1, 16, 32, 300] {
+            let root = SecretKey(bytes: (0..<length).map { UInt8(truncatingIfNeeded: $0) })
+            var receiver = ReceivingRatchet(rootSecret: root)
+            #expect(try ReceivingRatchet(serialized: receiver.serialized()) == receiver)
+            _ = try receiver.messageKey(for: 1)
+            #expect(try ReceivingRatchet(serialized: receiver.serialized()) == receiver)
+            let sender = SendingRatchet(rootSecret: root)
+            let restored = try SendingRatchet(state: sender.state)
+            #expect(try sender.nextMessageKey { _ in }.messageKey == restored.nextMessageKey { _ in }.messageKey)
         }
     }
 }

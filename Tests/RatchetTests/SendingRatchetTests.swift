@@ -62,7 +62,7 @@ struct SendingRatchetTests {
     @Test("invalid persisted states are rejected")
     func invalidStates() {
         #expect(throws: RatchetError.self) { try SendingRatchet(state: .init(chainKey: "xyz", nextIndex: 0)) }
-        #expect(throws: RatchetError.self) { try SendingRatchet(state: .init(chainKey: "", nextIndex: 0)) }
+        #expect(throws: RatchetError.self) { try SendingRatchet(state: .init(chainKey: "abc", nextIndex: 0)) }
         #expect(throws: RatchetError.self) {
             try SendingRatchet(state: .init(chainKey: String(repeating: "00", count: 32), nextIndex: SendingRatchetState.exhaustedIndex + 1))
         }
