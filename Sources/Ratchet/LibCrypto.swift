@@ -62,7 +62,7 @@ enum LibCrypto {
     private static func hkdf(mode: Int32, key: UnsafeRawBufferPointer, salt: UnsafeRawBufferPointer,
                              info: UnsafeRawBufferPointer, output: UnsafeMutableRawBufferPointer) throws(RatchetError) {
         let kdf = try KDFContext(mode: mode)
-        // OpenSSL refuses a NULL key pointer even for an empty key; lend it a valid byte instead.
+        // Pass a valid pointer even for an empty key, so OpenSSL sees an empty key rather than none.
         var empty: UInt8 = 0
         let ok = withUnsafeMutablePointer(to: &empty) { emptyPointer -> Int32 in
             let keyPointer = key.count > 0 ? key.baseAddress!.assumingMemoryBound(to: UInt8.self) : UnsafePointer(emptyPointer)
