@@ -2,6 +2,7 @@
 // The file and the flags share one schema (`MockAPNsOptions`); flags override scalar settings
 // of the file and add to its lists.
 import Foundation
+import Ratchet
 
 public struct MockConfigurationError: Error, CustomStringConvertible, Equatable {
     public let message: String
@@ -20,10 +21,10 @@ public enum MockTLSMode: Sendable {
 /// An accessory-to-host root secret and the keyID (4 bytes) pushes carry for it.
 public struct MockRootSecret: Sendable {
     public var keyID: [UInt8]
-    public var secret: [UInt8]
-    public init(keyID: [UInt8], secret: [UInt8]) {
+    public var rootSecret: SecretKey
+    public init(keyID: [UInt8], rootSecret: SecretKey) {
         self.keyID = keyID
-        self.secret = secret
+        self.rootSecret = rootSecret
     }
 }
 
@@ -50,6 +51,10 @@ public struct MockAPNsConfiguration: Sendable {
     public var tokenUpdateInterval: Int64 = 20 * 60
     /// Log one line per request to stderr.
     public var verbose = false
+    /// Event-loop threads of the APNs port.
+    public var loopThreads = 1
+    /// The executable writes {"port":..,"controlPort":..,"caPath":..} here once listening.
+    public var readyFilePath: String?
     /// The mock's clock (tests driving a client with an injected clock pass the same one).
     public var clock: @Sendable () -> Date = { Date() }
     /// Random source for fault fractions.
@@ -89,13 +94,15 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
     public var production: Bool?
     public var tokenUpdateIntervalSeconds: Int64?
     public var verbose: Bool?
+    public var threads: Int?
+    public var readyFile: String?
 
     public init() {}
 
     static let knownKeys: Set<String> = [
         "listen", "control", "generateTLS", "caOut", "tlsCert", "tlsKey", "h2c", "tokenKeys", "bundleIDs",
         "rootSecrets", "deliveriesLog", "faults", "maxConcurrentStreams", "production",
-        "tokenUpdateIntervalSeconds", "verbose",
+        "tokenUpdateIntervalSeconds", "verbose", "threads", "readyFile",
     ]
 
     /// Reads a JSON config file; unknown keys are errors (typos must not pass silently).
@@ -138,6 +145,8 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
         m.production = other.production ?? production
         m.tokenUpdateIntervalSeconds = other.tokenUpdateIntervalSeconds ?? tokenUpdateIntervalSeconds
         m.verbose = other.verbose ?? verbose
+        m.threads = other.threads ?? threads
+        m.readyFile = other.readyFile ?? readyFile
         return m
     }
 
@@ -183,7 +192,7 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
             guard let secret = decodeHex(option.secret), secret.count == 32 else {
                 throw MockConfigurationError("--root-secret: secret for keyID \(option.keyID) is not 64 hex digits")
             }
-            return MockRootSecret(keyID: Array(keyID), secret: secret)
+            return MockRootSecret(keyID: Array(keyID), rootSecret: SecretKey(bytes: secret))
         }
         c.deliveriesLogPath = deliveriesLog
         c.faults = FaultPlan(rules: try (faults ?? []).map { try $0.validated() })
@@ -197,6 +206,11 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
             c.tokenUpdateInterval = t
         }
         c.verbose = verbose ?? false
+        if let threads {
+            guard (1...64).contains(threads) else { throw MockConfigurationError("--threads must be within 1...64") }
+            c.loopThreads = threads
+        }
+        c.readyFilePath = readyFile
         return c
     }
 }
@@ -288,8 +302,11 @@ public enum MockAPNsCommandLine {
                                     generateTLS, caOut, tlsCert, tlsKey, h2c, tokenKeys
                                     [{keyID,teamID,path}], bundleIDs, rootSecrets [{keyID,secret}],
                                     deliveriesLog, faults [rules], maxConcurrentStreams, production,
-                                    tokenUpdateIntervalSeconds, verbose). Flags override scalars
+                                    tokenUpdateIntervalSeconds, threads, readyFile, verbose).
+                                    Flags override scalars
                                     and add to lists.
+      --threads N                   event-loop threads for the APNs port (default 1)
+      --ready-file PATH             once listening, write {"port","controlPort","caPath"} JSON here
       --verbose                     one stderr line per request
       -h, --help                    this text
 
@@ -342,6 +359,11 @@ public enum MockAPNsCommandLine {
                 guard let n = Int64(v) else { throw MockConfigurationError("\(flag): \"\(v)\" is not a number") }
                 cli.tokenUpdateIntervalSeconds = n
             case "--verbose": cli.verbose = true
+            case "--threads":
+                let v = try value(flag)
+                guard let n = Int(v) else { throw MockConfigurationError("\(flag): \"\(v)\" is not a number") }
+                cli.threads = n
+            case "--ready-file": cli.readyFile = try value(flag)
             case "--config": configPath = try value(flag)
             default: throw MockConfigurationError("unknown option \(flag) (see --help)")
             }

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import MockAPNs
+import Ratchet
 
 @Suite struct ConfigurationTests {
     private func tempDir() throws -> URL {
@@ -27,7 +28,7 @@ import Testing
         #expect(ca == "ca.pem")
         #expect(c.tokenKeys.map(\.keyID) == ["ABC123DEFG"] && c.tokenKeys.map(\.teamID) == ["TEAM123456"])
         #expect(c.allowedBundleIDs == ["com.example.app"])
-        #expect(c.rootSecrets.map(\.keyID) == [[1, 2, 3, 4]] && c.rootSecrets.first?.secret == Array(repeating: 0x0f, count: 32))
+        #expect(c.rootSecrets.map(\.keyID) == [[1, 2, 3, 4]] && c.rootSecrets.first?.rootSecret == SecretKey(bytes: Array(repeating: UInt8(0x0f), count: 32)))
         #expect(c.deliveriesLogPath == "d.jsonl")
         #expect(c.faults.rules == [FaultRule(goAwayAfter: 10)])
         #expect(c.maxConcurrentStreams == 50 && c.sandbox == false)
@@ -82,7 +83,7 @@ import Testing
     @Test func helpMentionsEveryFlag() {
         for flag in ["--listen", "--control", "--generate-tls", "--ca-out", "--tls-cert", "--tls-key", "--h2c", "--max-concurrent-streams",
                      "--token-key", "--bundle-id", "--token-update-interval", "--production", "--deliveries-log", "--root-secret",
-                     "--fault", "--config", "--verbose", "--help"] {
+                     "--fault", "--config", "--verbose", "--threads", "--ready-file", "--help"] {
             #expect(MockAPNsCommandLine.usage.contains(flag), "\(flag)")
         }
     }
