@@ -51,7 +51,7 @@ let package = Package(
         .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs"]),
         .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs"]),
         .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore"]),
-        .testTarget(name: "IntegrationTests", dependencies: ["Ratchet"]),
+        .testTarget(name: "IntegrationTests", dependencies: ["Ratchet", "RelayCore"]),
     ],
     swiftLanguageModes: [.v6]
 )

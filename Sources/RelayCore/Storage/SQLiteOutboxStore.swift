@@ -424,9 +424,11 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         return try write { db in
             var n = 0
             for id in ids {
-                let wasTerminal = try db.scalar("SELECT state IN ('delivered','failed') FROM responses WHERE id = ?", [.text(id.lowercased())]).int == 1
+                let wasTerminal = try db.scalar("SELECT state = 'failed' FROM responses WHERE id = ?", [.text(id.lowercased())]).int == 1
+                // Only failed and retry rows: inflight belongs to the dispatcher, and a delivered
+                // row requeued would be pushed twice (checked here, in the same transaction).
                 let changed = try db.run(
-                    "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE id = ? AND state <> 'inflight'",
+                    "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE id = ? AND state IN ('failed','retry')",
                     [.integer(now), .integer(now + 3_600_000), .integer(now), .text(id.lowercased())])
                 if changed > 0 && wasTerminal { state.pending += 1 }
                 n += changed

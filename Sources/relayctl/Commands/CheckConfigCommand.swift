@@ -1,0 +1,1 @@
+enum CheckConfigCommand { static let help = ""; static func run(_ a: [String]) throws {} }

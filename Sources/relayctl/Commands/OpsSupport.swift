@@ -1,0 +1,224 @@
+// Shared plumbing of the operational commands (status, list, show, retry, purge, tokens,
+// credentials, backup, send-test, check-config): option scanning, errors with exit codes, the
+// database a command works on, and output (aligned tables, JSON, durations, truncated tokens).
+import Foundation
+import RelayCore
+
+/// A failure with the exit code it maps to: usage errors 64 (EX_USAGE), runtime failures 1.
+struct OpsError: Error, CustomStringConvertible {
+    enum Kind { case usage, runtime }
+    var kind: Kind
+    var message: String
+
+    static func usage(_ message: String) -> OpsError { OpsError(kind: .usage, message: message) }
+    static func runtime(_ message: String) -> OpsError { OpsError(kind: .runtime, message: message) }
+
+    var exitCode: Int32 { kind == .usage ? 64 : 1 }
+    var description: String { message }
+}
+
+/// Scans `--flag`, `--option value` and `--option=value` plus positionals, so every command
+/// rejects unknown options and missing values the same way (usage error, exit 64).
+struct OptionScanner {
+    private(set) var positionals: [String] = []
+    private var values: [String: [String]] = [:]
+    private var flags: Set<String> = []
+    let command: String
+
+    /// `valued` are options that take a value, `flagNames` those that do not.
+    init(_ arguments: [String], command: String, valued: Set<String>, flagNames: Set<String>) throws {
+        self.command = command
+        var i = 0
+        var onlyPositionals = false
+        while i < arguments.count {
+            let arg = arguments[i]
+            i += 1
+            if onlyPositionals || !arg.hasPrefix("--") || arg == "-" {
+                if !onlyPositionals, arg.hasPrefix("-"), arg.count > 1, arg != "-" {
+                    throw OpsError.usage("\(command): unknown option '\(arg)' (see relayctl \(command) --help)")
+                }
+                positionals.append(arg)
+                continue
+            }
+            if arg == "--" { onlyPositionals = true; continue }
+            var name = String(arg.dropFirst(2))
+            var inline: String?
+            if let eq = name.firstIndex(of: "=") {
+                inline = String(name[name.index(after: eq)...])
+                name = String(name[..<eq])
+            }
+            if valued.contains(name) {
+                let value: String
+                if let inline { value = inline } else {
+                    guard i < arguments.count else { throw OpsError.usage("\(command): --\(name) needs a value") }
+                    value = arguments[i]
+                    i += 1
+                }
+                values[name, default: []].append(value)
+            } else if flagNames.contains(name), inline == nil {
+                flags.insert(name)
+            } else {
+                throw OpsError.usage("\(command): unknown option '--\(name)' (see relayctl \(command) --help)")
+            }
+        }
+    }
+
+    func flag(_ name: String) -> Bool { flags.contains(name) }
+    /// The last value given for an option (later ones win, like most CLIs).
+    func value(_ name: String) -> String? { values[name]?.last }
+    func allValues(_ name: String) -> [String] { values[name] ?? [] }
+
+    func int(_ name: String, range: ClosedRange<Int>) throws -> Int? {
+        guard let raw = value(name) else { return nil }
+        guard let n = Int(raw), range.contains(n) else {
+            throw OpsError.usage("\(command): --\(name) must be an integer in \(range.lowerBound)...\(range.upperBound), got '\(raw)'")
+        }
+        return n
+    }
+
+    func duration(_ name: String) throws -> Int64? {
+        guard let raw = value(name) else { return nil }
+        guard let ms = parseDurationMillis(raw) else {
+            throw OpsError.usage("\(command): --\(name) must be a duration like 90s, 15m, 2h, 7d or 1h30m, got '\(raw)'")
+        }
+        return ms
+    }
+
+    func noPositionals() throws {
+        if let extra = positionals.first { throw OpsError.usage("\(command): unexpected argument '\(extra)'") }
+    }
+}
+
+/// "90s", "15m", "2h", "7d", "1h30m", "500ms" -> milliseconds. Nil for anything else.
+func parseDurationMillis(_ text: String) -> Int64? {
+    let units: [(String, Int64)] = [("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000), ("w", 604_800_000)]
+    var rest = Substring(text)
+    var total: Int64 = 0
+    guard !rest.isEmpty else { return nil }
+    while !rest.isEmpty {
+        let digits = rest.prefix { $0.isASCII && $0.isNumber }
+        guard !digits.isEmpty, let n = Int64(digits) else { return nil }
+        rest = rest.dropFirst(digits.count)
+        guard let (suffix, factor) = units.first(where: { rest.hasPrefix($0.0) && !(($0.0 == "m") && rest.hasPrefix("ms")) }) else { return nil }
+        rest = rest.dropFirst(suffix.count)
+        let (product, overflow1) = n.multipliedReportingOverflow(by: factor)
+        let (sum, overflow2) = total.addingReportingOverflow(product)
+        guard !overflow1, !overflow2 else { return nil }
+        total = sum
+    }
+    return total
+}
+
+/// Compact human duration: "0s", "42s", "3m12s", "5h03m", "2d04h".
+func formatDuration(millis: Int64) -> String {
+    let s = max(0, millis / 1000)
+    switch s {
+    case ..<60: return "\(s)s"
+    case ..<3600: return "\(s / 60)m\(String(format: "%02d", s % 60))s"
+    case ..<86400: return "\(s / 3600)h\(String(format: "%02d", (s % 3600) / 60))m"
+    default: return "\(s / 86400)d\(String(format: "%02d", (s % 86400) / 3600))h"
+    }
+}
+
+func nowMillis() -> Int64 { Int64((Date().timeIntervalSince1970 * 1000).rounded()) }
+
+/// ISO 8601 UTC with milliseconds, for JSON and `show`.
+func isoTime(_ millis: Int64) -> String {
+    let formatter = ISO8601DateFormatter()
+    formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+    formatter.timeZone = TimeZone(identifier: "UTC")
+    return formatter.string(from: Date(timeIntervalSince1970: Double(millis) / 1000))
+}
+
+/// Push tokens are long and identify a device: tables show the first 8 hex digits.
+func truncatedToken(_ token: String) -> String { token.count > 10 ? String(token.prefix(8)) + "…" : token }
+
+func humanBytes(_ n: Int64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    var value = Double(n)
+    var unit = 0
+    while value >= 1024, unit < units.count - 1 { value /= 1024; unit += 1 }
+    return unit == 0 ? "\(n) B" : String(format: "%.1f %@", value, units[unit])
+}
+
+/// Columns padded to their widest cell, two spaces apart; `rightAligned` for numbers.
+func renderTable(_ header: [String], _ rows: [[String]], rightAligned: Set<Int> = []) -> String {
+    var widths = header.map(\.count)
+    for row in rows { for (i, cell) in row.enumerated() where i < widths.count { widths[i] = max(widths[i], cell.count) } }
+    func line(_ cells: [String]) -> String {
+        var out = ""
+        for (i, cell) in cells.enumerated() {
+            let pad = String(repeating: " ", count: max(0, widths[i] - cell.count))
+            let isLast = i == cells.count - 1
+            out += rightAligned.contains(i) ? pad + cell : (isLast ? cell : cell + pad)
+            if !isLast { out += "  " }
+        }
+        return out
+    }
+    return ([line(header)] + rows.map(line)).joined(separator: "\n") + "\n"
+}
+
+/// `--json` output: stable key order so scripts and diffs are predictable.
+func renderJSON<T: Encodable>(_ value: T) throws -> String {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.sortedKeys, .prettyPrinted, .withoutEscapingSlashes]
+    return String(decoding: try encoder.encode(value), as: UTF8.self) + "\n"
+}
+
+func writeStdout(_ text: String) {
+    FileHandle.standardOutput.write(Data(text.utf8))
+}
+
+func writeStderr(_ text: String) {
+    FileHandle.standardError.write(Data(text.utf8))
+}
+
+// MARK: - which database
+
+/// relay-server's default config path; relayctl uses the same so both agree without flags.
+let defaultConfigPath = "/etc/accessory-relay/relay.json"
+
+/// The options every database command accepts.
+let databaseOptions: Set<String> = ["config", "db"]
+
+/// `--db` wins; otherwise the storage path from the config (`--config`, default as the server).
+func resolveDatabasePath(_ options: OptionScanner) throws -> String {
+    if let db = options.value("db") { return db }
+    let configPath = options.value("config") ?? defaultConfigPath
+    return try databasePath(fromConfig: configPath)
+}
+
+/// Opens the outbox. Read-only commands use a read-only connection (safe beside a running
+/// relay-server, WAL). Writers never create a missing database: run as root that would leave a
+/// root-owned file the service user cannot open.
+func openStore(path: String, readOnly: Bool) throws -> SQLiteOutboxStore {
+    guard FileManager.default.fileExists(atPath: path) else {
+        throw OpsError.runtime("database \(path) does not exist (start relay-server once to create it, or pass --db)")
+    }
+    guard FileManager.default.isReadableFile(atPath: path) else {
+        throw OpsError.runtime("database \(path) is not readable by this user (run as root or as the service user: sudo -u accessory-relay relayctl ...)")
+    }
+    do {
+        return try SQLiteOutboxStore(path: path, options: SQLiteStoreOptions(readOnly: readOnly))
+    } catch {
+        throw OpsError.runtime("cannot open database \(path): \(error)")
+    }
+}
+
+/// Runs a store call, turning store errors into runtime failures with context.
+func storeCall<T>(_ what: String, _ body: () throws -> T) throws -> T {
+    do { return try body() } catch let error as OpsError { throw error } catch {
+        throw OpsError.runtime("\(what): \(error)")
+    }
+}
+
+func stateNames() -> String { ResponseState.allCases.map(\.rawValue).joined(separator: "|") }
+
+func parseState(_ raw: String, command: String) throws -> ResponseState {
+    guard let s = ResponseState(rawValue: raw.lowercased()) else {
+        throw OpsError.usage("\(command): --state must be one of \(stateNames()), got '\(raw)'")
+    }
+    return s
+}
+
+func isHex(_ s: String) -> Bool { !s.isEmpty && s.allSatisfy { $0.isHexDigit } }

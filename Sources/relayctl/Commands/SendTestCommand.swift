@@ -1,0 +1,1 @@
+enum SendTestCommand { static let help = ""; static func run(_ a: [String]) throws {} }

@@ -1,0 +1,77 @@
+// relayctl status: the 3 a.m. overview. Read-only, safe while relay-server runs.
+import Foundation
+import RelayCore
+
+enum StatusCommand {
+    static let help = """
+    USAGE: relayctl status [--config <file>] [--db <path>] [--json]
+
+    Outbox depth by state, age of the oldest pending response, deliveries and failures in the
+    last hour (by reason), unregistered push tokens, database size. Opens the database
+    read-only: safe while relay-server runs.
+
+    OPTIONS:
+      --config <file>   relay-server config naming the database (default: \(defaultConfigPath))
+      --db <path>       database file, overriding the config (e.g. a backup)
+      --json            machine-readable output
+      -h, --help        show this help
+
+    """
+
+    struct Report: Encodable {
+        struct Database: Encodable { var path: String; var bytes: Int64; var walBytes: Int64 }
+        struct LastHour: Encodable { var delivered: Int; var failed: Int; var failedByReason: [String: Int] }
+        var database: Database
+        var outbox: [String: Int]
+        var pending: Int
+        var oldestPendingAgeSeconds: Int64?
+        var lastHour: LastHour
+        var unregisteredTokens: Int
+        var credentials: Int
+        var revokedCredentials: Int
+    }
+
+    static func run(_ arguments: [String]) throws {
+        let options = try OptionScanner(arguments, command: "status", valued: databaseOptions, flagNames: ["json"])
+        try options.noPositionals()
+        let path = try resolveDatabasePath(options)
+        let store = try openStore(path: path, readOnly: true)
+        defer { store.close() }
+        let now = nowMillis()
+        let counts = try storeCall("reading outbox counts") { try store.counts() }
+        let outcomes = try storeCall("reading recent outcomes") { try store.recentOutcomes(since: now - 3_600_000) }
+        let tokens = try storeCall("reading unregistered tokens") { try store.unregisteredTokens() }
+        let credentials = try storeCall("reading credentials") { try store.credentials() }
+
+        var failedByReason: [String: Int] = [:]
+        var delivered = 0
+        for o in outcomes {
+            if o.state == .delivered { delivered += o.count } else { failedByReason[o.reason ?? "unknown", default: 0] += o.count }
+        }
+        let report = Report(
+            database: .init(path: path, bytes: fileSize(path), walBytes: fileSize(path + "-wal")),
+            outbox: Dictionary(uniqueKeysWithValues: ResponseState.allCases.map { ($0.rawValue, counts.byState[$0] ?? 0) }),
+            pending: counts.pending,
+            oldestPendingAgeSeconds: counts.oldestPendingCreatedAt.map { max(0, now - $0) / 1000 },
+            lastHour: .init(delivered: delivered, failed: failedByReason.values.reduce(0, +), failedByReason: failedByReason),
+            unregisteredTokens: tokens.count,
+            credentials: credentials.filter { !$0.isRevoked }.count,
+            revokedCredentials: credentials.filter(\.isRevoked).count)
+
+        if options.flag("json") { writeStdout(try renderJSON(report)); return }
+        var rows: [[String]] = []
+        rows.append(["database", "\(path) (\(humanBytes(report.database.bytes)), wal \(humanBytes(report.database.walBytes)))"])
+        rows.append(["outbox", ResponseState.allCases.map { "\($0.rawValue) \(report.outbox[$0.rawValue] ?? 0)" }.joined(separator: "  ")])
+        rows.append(["oldest pending", report.oldestPendingAgeSeconds.map { formatDuration(millis: $0 * 1000) } ?? "none"])
+        let failures = failedByReason.sorted { $0.value != $1.value ? $0.value > $1.value : $0.key < $1.key }
+            .map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+        rows.append(["last hour", "delivered \(delivered), failed \(report.lastHour.failed)" + (failures.isEmpty ? "" : " (\(failures))")])
+        rows.append(["unregistered tokens", "\(tokens.count)"])
+        rows.append(["credentials", "\(report.credentials) active, \(report.revokedCredentials) revoked"])
+        writeStdout(rows.map { $0[0].padding(toLength: 21, withPad: " ", startingAt: 0) + $0[1] }.joined(separator: "\n") + "\n")
+    }
+
+    static func fileSize(_ path: String) -> Int64 {
+        ((try? FileManager.default.attributesOfItem(atPath: path))?[.size] as? NSNumber)?.int64Value ?? 0
+    }
+}
