@@ -1,6 +1,7 @@
 // Argument parsing helpers shared by every relayctl command: options are `--name value`,
-// `--name=value` or boolean `--flag`; no positionals. Typed accessors turn bad values into
-// `UsageError`s that name the option, so commands never see unvalidated strings.
+// `--name=value` or boolean `--flag`; positionals only where a command declares them
+// (`ArgumentSpec`). Typed accessors turn bad values into `UsageError`s that name the option,
+// so commands never see unvalidated strings.
 import Foundation
 import Ratchet
 
@@ -38,18 +39,37 @@ struct OptionSpec {
     var usageFragment: String { required ? helpLabel : "[\(helpLabel)]" }
 }
 
+/// A positional argument, e.g. `show <id>`, `retry <id>...`.
+struct ArgumentSpec {
+    var name: String
+    var help: String
+    var required: Bool = true
+    /// Takes every remaining positional (only the last spec may).
+    var variadic: Bool = false
+
+    var helpLabel: String { "<\(name)>" + (variadic ? "..." : "") }
+    var usageFragment: String { required ? helpLabel : "[\(helpLabel)]" }
+}
+
 struct ParsedArguments {
     private var values: [String: String] = [:]
     private var flags: Set<String> = []
+    /// Positionals in order, already checked against the command's `ArgumentSpec`s.
+    private(set) var positionals: [String] = []
 
-    init(_ arguments: [String], options: [OptionSpec]) throws {
+    init(_ arguments: [String], options: [OptionSpec], positionals specs: [ArgumentSpec] = []) throws {
         let byName = Dictionary(options.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a })
         var i = 0
         while i < arguments.count {
             let word = arguments[i]
             i += 1
             guard word.hasPrefix("--"), word.count > 2 else {
-                throw UsageError("unexpected argument '\(word)'")
+                let takesMore = specs.last?.variadic == true || positionals.count < specs.count
+                guard takesMore, !(word.hasPrefix("-") && word.count > 1) else {
+                    throw UsageError(word.hasPrefix("-") ? "unknown option '\(word)'" : "unexpected argument '\(word)'")
+                }
+                positionals.append(word)
+                continue
             }
             var name = String(word.dropFirst(2))
             var inlineValue: String? = nil
@@ -72,6 +92,9 @@ struct ParsedArguments {
         }
         for spec in options where spec.required && values[spec.name] == nil {
             throw UsageError("missing required option '--\(spec.name) <\(spec.valueName ?? "")>'")
+        }
+        for (i, spec) in specs.enumerated() where spec.required && positionals.count <= i {
+            throw UsageError("missing argument \(spec.helpLabel)")
         }
     }
 

@@ -18,6 +18,8 @@ struct Command {
     /// Optional paragraphs after the usage line.
     var discussion: String = ""
     var options: [OptionSpec] = []
+    /// Leaves only: positional arguments, in order.
+    var arguments: [ArgumentSpec] = []
     var subcommands: [Command] = []
     /// Leaves only. Throws `UsageError` (exit 64) or `RuntimeFailure` (exit 1).
     var run: ((ParsedArguments, Console) throws -> Void)? = nil
@@ -26,15 +28,16 @@ struct Command {
         Command(name: name, abstract: abstract, discussion: discussion, subcommands: subcommands)
     }
 
-    static func leaf(_ name: String, _ abstract: String, discussion: String = "", options: [OptionSpec],
-                     run: @escaping (ParsedArguments, Console) throws -> Void) -> Command {
-        Command(name: name, abstract: abstract, discussion: discussion, options: options + [.json], run: run)
+    static func leaf(_ name: String, _ abstract: String, discussion: String = "", arguments: [ArgumentSpec] = [],
+                     options: [OptionSpec], run: @escaping (ParsedArguments, Console) throws -> Void) -> Command {
+        Command(name: name, abstract: abstract, discussion: discussion, options: options + [.json], arguments: arguments, run: run)
     }
 }
 
 enum RelayCtl {
     static var root: Command {
         .group("relayctl", "Operate the accessory notification relay and check its cryptography.", [
+            status, list, show, retry, purge, tokens, credentials, backup, sendTest, checkConfig,
             ratchet,
         ])
     }
@@ -70,7 +73,7 @@ enum RelayCtl {
         }
         let invocation = path.joined(separator: " ")
         do {
-            let parsed = try ParsedArguments(Array(rest), options: command.options)
+            let parsed = try ParsedArguments(Array(rest), options: command.options, positionals: command.arguments)
             try command.run!(parsed, console)
             return ExitStatus.ok
         } catch let error as UsageError {
@@ -101,9 +104,16 @@ enum RelayCtl {
             }
             lines += ["", "  See '\(invocation) <subcommand> --help' for details."]
         } else {
-            let usage = command.options.map { $0.usageFragment }.joined(separator: " ")
+            let usage = (command.arguments.map(\.usageFragment) + command.options.map(\.usageFragment)).joined(separator: " ")
             lines.append("USAGE: \(invocation) \(usage)")
             if !command.discussion.isEmpty { lines += ["", command.discussion] }
+            if !command.arguments.isEmpty {
+                lines += ["", "ARGUMENTS:"]
+                let width = command.arguments.map(\.helpLabel.count).max() ?? 0
+                for argument in command.arguments {
+                    lines.append("  " + argument.helpLabel.padding(width) + "   " + argument.help)
+                }
+            }
             lines += ["", "OPTIONS:"]
             let all = command.options + [OptionSpec.help]
             let width = all.map(\.helpLabel.count).max() ?? 0

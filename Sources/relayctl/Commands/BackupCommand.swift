@@ -3,37 +3,28 @@
 import Foundation
 import RelayCore
 
+extension RelayCtl {
+    static var backup: Command {
+        .leaf("backup", "Write a consistent copy of the database (SQLite VACUUM INTO).",
+              discussion: """
+              One read transaction on a read-only connection: safe while relay-server writes. The copy
+              is compacted and needs no WAL to restore. Refuses to overwrite an existing file; created
+              mode 0600 (it holds credential hashes, push tokens and ciphertext).
+              """,
+              arguments: [ArgumentSpec(name: "path", help: "The backup file to create.")],
+              options: databaseOptionSpecs, run: BackupCommand.run)
+    }
+}
+
 enum BackupCommand {
-    static let help = """
-    USAGE: relayctl backup <path> [--config <file>] [--db <path>] [--json]
-
-    Writes a consistent copy of the database to <path> (SQLite VACUUM INTO: one read
-    transaction, compacted, no WAL needed to restore). Safe while relay-server runs. Refuses to
-    overwrite an existing file. The copy is created mode 0600: it holds credential hashes,
-    push tokens and ciphertext.
-
-    ARGUMENTS:
-      <path>            the backup file to create
-
-    OPTIONS:
-      --config <file>   relay-server config naming the database (default: \(defaultConfigPath))
-      --db <path>       database file, overriding the config
-      --json            machine-readable output
-      -h, --help        show this help
-
-    """
-
     struct Output: Encodable { var source: String; var backup: String; var bytes: Int64; var responses: Int64 }
 
-    static func run(_ arguments: [String]) throws {
-        let options = try OptionScanner(arguments, command: "backup", valued: databaseOptions, flagNames: ["json"])
-        guard options.positionals.count == 1, let target = options.positionals.first, !target.isEmpty else {
-            throw OpsError.usage("backup: expected exactly one target path")
-        }
-        let source = try resolveDatabasePath(options)
-        guard FileManager.default.fileExists(atPath: source) else { throw OpsError.runtime("database \(source) does not exist") }
-        guard !FileManager.default.fileExists(atPath: target) else { throw OpsError.runtime("backup: \(target) exists; refusing to overwrite") }
-        // Validates schema and readability the same way every other command does.
+    static func run(_ args: ParsedArguments, _ console: Console) throws {
+        let target = args.argument
+        guard !target.isEmpty else { throw UsageError("<path>: must not be empty") }
+        let source = try resolveDatabasePath(args)
+        guard !FileManager.default.fileExists(atPath: target) else { throw RuntimeFailure("\(target) exists; refusing to overwrite") }
+        // Same existence, permission and schema checks as every other command.
         try openStore(path: source, readOnly: true).close()
 
         let previous = umask(0o077)
@@ -42,14 +33,14 @@ enum BackupCommand {
             let db = try SQLiteDatabase(path: source, readOnly: true)  // closed by its deinit
             try db.execute("VACUUM INTO '\(target.replacingOccurrences(of: "'", with: "''"))'")
         } catch {
-            throw OpsError.runtime("backup of \(source) to \(target) failed: \(error)")
+            throw RuntimeFailure("backup of \(source) to \(target) failed: \(error)")
         }
         // Prove the copy opens and count what it holds.
         let copy = try openStore(path: target, readOnly: true)
         let responses = try storeCall("reading the backup") { Int64(try copy.counts().byState.values.reduce(0, +)) }
         copy.close()
         let out = Output(source: source, backup: target, bytes: StatusCommand.fileSize(target), responses: responses)
-        if options.flag("json") { writeStdout(try renderJSON(out)); return }
-        writeStdout("backed up \(source) to \(target) (\(humanBytes(out.bytes)), \(responses) responses)\n")
+        if args.flag("json") { return emit(console, try renderJSON(out)) }
+        console.out("backed up \(source) to \(target) (\(humanBytes(out.bytes)), \(responses) responses)")
     }
 }

@@ -1,1 +1,1 @@
-enum CheckConfigCommand { static let help = ""; static func run(_ a: [String]) throws {} }
+extension RelayCtl { static var checkConfig: Command { .leaf("check-config", "x", options: []) { _, _ in } } }

@@ -2,5 +2,5 @@
 import Foundation
 
 func databasePath(fromConfig path: String) throws -> String {
-    throw OpsError.runtime("reading \(path): config loader not available yet; pass --db <path>")
+    throw RuntimeFailure("reading \(path): config loader not available yet; pass --db <path>")
 }

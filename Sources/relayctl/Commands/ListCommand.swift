@@ -54,87 +54,69 @@ func lastAnswer(status: Int?, reason: String?) -> String {
     }
 }
 
+extension RelayCtl {
+    static var list: Command {
+        .leaf("list", "Outbox rows, newest first, filtered by state, app, token prefix, age.",
+              discussion: """
+              Columns: id, app, token prefix, keyID, index, state, attempts, last APNs answer, age.
+              Opens the database read-only: safe while relay-server runs. --json prints full tokens.
+              """,
+              options: [
+                  .value("state", "state", "Only rows in this state: \(stateNames()).", required: false),
+                  .value("app", "bundle-id", "Only rows for this app.", required: false),
+                  .value("token", "hex-prefix", "Only rows whose push token starts with these hex digits.", required: false),
+                  .value("since", "duration", "Only rows accepted within this long: 90s, 15m, 2h, 7d.", required: false),
+                  .value("limit", "n", "At most n rows, 1...100000 (default 50).", required: false),
+              ] + databaseOptionSpecs, run: ListCommand.run)
+    }
+
+    static var show: Command {
+        .leaf("show", "Every field of one response and every APNs attempt for it.",
+              discussion: "Attempts: time, HTTP status, reason, APNs timestamp (410), latency. Read-only.",
+              arguments: [ArgumentSpec(name: "id", help: "The response id (the apns-id that POST /v1/responses returned).")],
+              options: databaseOptionSpecs, run: ShowCommand.run)
+    }
+}
+
 enum ListCommand {
-    static let help = """
-    USAGE: relayctl list [--state <state>] [--app <bundle-id>] [--token <hex-prefix>]
-                         [--since <duration>] [--limit <n>] [--config <file>] [--db <path>] [--json]
-
-    Outbox rows, newest first: id, app, token prefix, keyID, index, state, attempts, last APNs
-    answer, age. Read-only: safe while relay-server runs.
-
-    OPTIONS:
-      --state <state>       only rows in this state: \(stateNames())
-      --app <bundle-id>     only rows for this app
-      --token <hex-prefix>  only rows whose push token starts with these hex digits
-      --since <duration>    only rows accepted within this long (90s, 15m, 2h, 7d)
-      --limit <n>           at most n rows (default 50, max 100000)
-      --config <file>       relay-server config naming the database (default: \(defaultConfigPath))
-      --db <path>           database file, overriding the config
-      --json                machine-readable output (full tokens)
-      -h, --help            show this help
-
-    """
-
-    static func run(_ arguments: [String]) throws {
-        let options = try OptionScanner(arguments, command: "list", valued: databaseOptions.union(["state", "app", "token", "since", "limit"]), flagNames: ["json"])
-        try options.noPositionals()
-        var filter = OutboxFilter(limit: try options.int("limit", range: 1...100_000) ?? 50)
-        if let s = options.value("state") { filter.state = try parseState(s, command: "list") }
-        filter.app = options.value("app")
-        if let t = options.value("token") {
-            guard isHex(t) else { throw OpsError.usage("list: --token must be hex digits, got '\(t)'") }
+    static func run(_ args: ParsedArguments, _ console: Console) throws {
+        var filter = OutboxFilter(limit: try args.optionalInt("limit", in: 1...100_000) ?? 50)
+        if let s = args.optionalString("state") { filter.state = try parseState(s) }
+        filter.app = args.optionalString("app")
+        if let t = args.optionalString("token") {
+            guard isHex(t) else { throw UsageError("--token: expected hex digits, got '\(t)'") }
             filter.tokenPrefix = t.lowercased()
         }
         let now = nowMillis()
-        if let since = try options.duration("since") { filter.createdSince = now - since }
-        let store = try openStore(path: try resolveDatabasePath(options), readOnly: true)
+        if let since = try args.optionalDuration("since") { filter.createdSince = now - since }
+        let store = try openStore(path: try resolveDatabasePath(args), readOnly: true)
         defer { store.close() }
         let rows = try storeCall("listing responses") { try store.list(filter) }
 
-        if options.flag("json") { writeStdout(try renderJSON(rows.map(ResponseJSON.init))); return }
-        if rows.isEmpty { writeStdout("no responses match\n"); return }
+        if args.flag("json") { return emit(console, try renderJSON(rows.map(ResponseJSON.init))) }
+        if rows.isEmpty { return console.out("no responses match") }
         let table = rows.map { r in
             [r.id, r.app, truncatedToken(r.pushToken), Data(r.keyID).base64EncodedString(), "\(r.messageIndex)",
              r.state.rawValue, "\(r.attempts)", lastAnswer(status: r.lastStatus, reason: r.lastReason),
              formatDuration(millis: now - r.createdAt)]
         }
-        writeStdout(renderTable(["ID", "APP", "TOKEN", "KEYID", "INDEX", "STATE", "ATTEMPTS", "LAST", "AGE"], table, rightAligned: [4, 6, 8]))
+        emit(console, renderTable(["ID", "APP", "TOKEN", "KEYID", "INDEX", "STATE", "ATTEMPTS", "LAST", "AGE"], table, rightAligned: [4, 6, 8]))
     }
 }
 
 enum ShowCommand {
-    static let help = """
-    USAGE: relayctl show <id> [--config <file>] [--db <path>] [--json]
-
-    Every field of one response and every APNs attempt for it (time, status, reason, APNs
-    timestamp for 410, latency). Read-only: safe while relay-server runs.
-
-    ARGUMENTS:
-      <id>              the response id (the apns-id returned by POST /v1/responses)
-
-    OPTIONS:
-      --config <file>   relay-server config naming the database (default: \(defaultConfigPath))
-      --db <path>       database file, overriding the config
-      --json            machine-readable output
-      -h, --help        show this help
-
-    """
-
     struct Output: Encodable { var response: ResponseJSON; var attempts: [AttemptJSON] }
 
-    static func run(_ arguments: [String]) throws {
-        let options = try OptionScanner(arguments, command: "show", valued: databaseOptions, flagNames: ["json"])
-        guard options.positionals.count == 1, let id = options.positionals.first else {
-            throw OpsError.usage("show: expected exactly one response id (see relayctl show --help)")
-        }
-        let store = try openStore(path: try resolveDatabasePath(options), readOnly: true)
+    static func run(_ args: ParsedArguments, _ console: Console) throws {
+        let id = args.argument
+        let store = try openStore(path: try resolveDatabasePath(args), readOnly: true)
         defer { store.close() }
         guard let row = try storeCall("reading response", { try store.response(id: id) }) else {
-            throw OpsError.runtime("show: no response with id \(id)")
+            throw RuntimeFailure("no response with id \(id)")
         }
         let attempts = try storeCall("reading attempts") { try store.attempts(responseID: row.id) }
         let out = Output(response: ResponseJSON(row), attempts: attempts.map(AttemptJSON.init))
-        if options.flag("json") { writeStdout(try renderJSON(out)); return }
+        if args.flag("json") { return emit(console, try renderJSON(out)) }
         let r = out.response
         let fields: [(String, String)] = [
             ("id", r.id), ("state", r.state), ("app", r.app), ("push token", r.pushToken),
@@ -143,7 +125,7 @@ enum ShowCommand {
             ("attempts", "\(r.attempts)"), ("last answer", lastAnswer(status: r.lastStatus, reason: r.lastReason)),
             ("created", r.createdAt), ("updated", r.updatedAt), ("next attempt", r.nextAttemptAt), ("expires", r.expiresAt),
         ]
-        var text = fields.map { $0.0.padding(toLength: 16, withPad: " ", startingAt: 0) + $0.1 }.joined(separator: "\n") + "\n"
+        var text = fields.map { $0.0.padding(16) + $0.1 }.joined(separator: "\n") + "\n"
         if attempts.isEmpty {
             text += "\nno attempts yet\n"
         } else {
@@ -152,6 +134,6 @@ enum ShowCommand {
                  a.apnsTimestamp ?? "-", a.latencyMillis.map { String(format: "%.1f ms", $0) } ?? "-"]
             }, rightAligned: [0, 5])
         }
-        writeStdout(text)
+        emit(console, text)
     }
 }

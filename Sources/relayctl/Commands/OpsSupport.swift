@@ -4,89 +4,27 @@
 import Foundation
 import RelayCore
 
-/// A failure with the exit code it maps to: usage errors 64 (EX_USAGE), runtime failures 1.
-struct OpsError: Error, CustomStringConvertible {
-    enum Kind { case usage, runtime }
-    var kind: Kind
-    var message: String
-
-    static func usage(_ message: String) -> OpsError { OpsError(kind: .usage, message: message) }
-    static func runtime(_ message: String) -> OpsError { OpsError(kind: .runtime, message: message) }
-
-    var exitCode: Int32 { kind == .usage ? 64 : 1 }
-    var description: String { message }
-}
-
-/// Scans `--flag`, `--option value` and `--option=value` plus positionals, so every command
-/// rejects unknown options and missing values the same way (usage error, exit 64).
-struct OptionScanner {
-    private(set) var positionals: [String] = []
-    private var values: [String: [String]] = [:]
-    private var flags: Set<String> = []
-    let command: String
-
-    /// `valued` are options that take a value, `flagNames` those that do not.
-    init(_ arguments: [String], command: String, valued: Set<String>, flagNames: Set<String>) throws {
-        self.command = command
-        var i = 0
-        var onlyPositionals = false
-        while i < arguments.count {
-            let arg = arguments[i]
-            i += 1
-            if onlyPositionals || !arg.hasPrefix("--") || arg == "-" {
-                if !onlyPositionals, arg.hasPrefix("-"), arg.count > 1, arg != "-" {
-                    throw OpsError.usage("\(command): unknown option '\(arg)' (see relayctl \(command) --help)")
-                }
-                positionals.append(arg)
-                continue
-            }
-            if arg == "--" { onlyPositionals = true; continue }
-            var name = String(arg.dropFirst(2))
-            var inline: String?
-            if let eq = name.firstIndex(of: "=") {
-                inline = String(name[name.index(after: eq)...])
-                name = String(name[..<eq])
-            }
-            if valued.contains(name) {
-                let value: String
-                if let inline { value = inline } else {
-                    guard i < arguments.count else { throw OpsError.usage("\(command): --\(name) needs a value") }
-                    value = arguments[i]
-                    i += 1
-                }
-                values[name, default: []].append(value)
-            } else if flagNames.contains(name), inline == nil {
-                flags.insert(name)
-            } else {
-                throw OpsError.usage("\(command): unknown option '--\(name)' (see relayctl \(command) --help)")
-            }
-        }
-    }
-
-    func flag(_ name: String) -> Bool { flags.contains(name) }
-    /// The last value given for an option (later ones win, like most CLIs).
-    func value(_ name: String) -> String? { values[name]?.last }
-    func allValues(_ name: String) -> [String] { values[name] ?? [] }
-
-    func int(_ name: String, range: ClosedRange<Int>) throws -> Int? {
-        guard let raw = value(name) else { return nil }
-        guard let n = Int(raw), range.contains(n) else {
-            throw OpsError.usage("\(command): --\(name) must be an integer in \(range.lowerBound)...\(range.upperBound), got '\(raw)'")
-        }
-        return n
-    }
-
-    func duration(_ name: String) throws -> Int64? {
-        guard let raw = value(name) else { return nil }
-        guard let ms = parseDurationMillis(raw) else {
-            throw OpsError.usage("\(command): --\(name) must be a duration like 90s, 15m, 2h, 7d or 1h30m, got '\(raw)'")
+extension ParsedArguments {
+    /// A duration option ("90s", "15m", "2h", "7d", "1h30m") in milliseconds.
+    func optionalDuration(_ name: String) throws -> Int64? {
+        guard let raw = optionalString(name) else { return nil }
+        guard let ms = parseDurationMillis(raw), ms > 0 else {
+            throw UsageError("--\(name): expected a duration like 90s, 15m, 2h, 7d or 1h30m, got '\(raw)'")
         }
         return ms
     }
 
-    func noPositionals() throws {
-        if let extra = positionals.first { throw OpsError.usage("\(command): unexpected argument '\(extra)'") }
+    func optionalInt(_ name: String, in range: ClosedRange<Int>) throws -> Int? {
+        optionalString(name) == nil ? nil : try int(name, in: range)
     }
+
+    /// The single positional of a command declaring exactly one.
+    var argument: String { positionals[0] }
+}
+
+/// Writes command output that already ends in a newline (Console.out adds one).
+func emit(_ console: Console, _ text: String) {
+    console.out(text.hasSuffix("\n") ? String(text.dropLast()) : text)
 }
 
 /// "90s", "15m", "2h", "7d", "1h30m", "500ms" -> milliseconds. Nil for anything else.
@@ -165,27 +103,21 @@ func renderJSON<T: Encodable>(_ value: T) throws -> String {
     return String(decoding: try encoder.encode(value), as: UTF8.self) + "\n"
 }
 
-func writeStdout(_ text: String) {
-    FileHandle.standardOutput.write(Data(text.utf8))
-}
-
-func writeStderr(_ text: String) {
-    FileHandle.standardError.write(Data(text.utf8))
-}
-
 // MARK: - which database
 
 /// relay-server's default config path; relayctl uses the same so both agree without flags.
 let defaultConfigPath = "/etc/accessory-relay/relay.json"
 
-/// The options every database command accepts.
-let databaseOptions: Set<String> = ["config", "db"]
+/// `--config` and `--db`, accepted by every command that reads the database.
+let databaseOptionSpecs: [OptionSpec] = [
+    .value("config", "file", "relay-server's config, naming the database (default: \(defaultConfigPath)).", required: false),
+    .value("db", "path", "The database file, overriding the config (e.g. a backup).", required: false),
+]
 
 /// `--db` wins; otherwise the storage path from the config (`--config`, default as the server).
-func resolveDatabasePath(_ options: OptionScanner) throws -> String {
-    if let db = options.value("db") { return db }
-    let configPath = options.value("config") ?? defaultConfigPath
-    return try databasePath(fromConfig: configPath)
+func resolveDatabasePath(_ args: ParsedArguments) throws -> String {
+    if let db = args.optionalString("db") { return db }
+    return try databasePath(fromConfig: args.optionalString("config") ?? defaultConfigPath)
 }
 
 /// Opens the outbox. Read-only commands use a read-only connection (safe beside a running
@@ -193,30 +125,30 @@ func resolveDatabasePath(_ options: OptionScanner) throws -> String {
 /// root-owned file the service user cannot open.
 func openStore(path: String, readOnly: Bool) throws -> SQLiteOutboxStore {
     guard FileManager.default.fileExists(atPath: path) else {
-        throw OpsError.runtime("database \(path) does not exist (start relay-server once to create it, or pass --db)")
+        throw RuntimeFailure("database \(path) does not exist (start relay-server once to create it, or pass --db)")
     }
     guard FileManager.default.isReadableFile(atPath: path) else {
-        throw OpsError.runtime("database \(path) is not readable by this user (run as root or as the service user: sudo -u accessory-relay relayctl ...)")
+        throw RuntimeFailure("database \(path) is not readable by this user (run as root or as the service user: sudo -u accessory-relay relayctl ...)")
     }
     do {
         return try SQLiteOutboxStore(path: path, options: SQLiteStoreOptions(readOnly: readOnly))
     } catch {
-        throw OpsError.runtime("cannot open database \(path): \(error)")
+        throw RuntimeFailure("cannot open database \(path): \(error)")
     }
 }
 
 /// Runs a store call, turning store errors into runtime failures with context.
 func storeCall<T>(_ what: String, _ body: () throws -> T) throws -> T {
-    do { return try body() } catch let error as OpsError { throw error } catch {
-        throw OpsError.runtime("\(what): \(error)")
+    do { return try body() } catch let error as RuntimeFailure { throw error } catch {
+        throw RuntimeFailure("\(what): \(error)")
     }
 }
 
 func stateNames() -> String { ResponseState.allCases.map(\.rawValue).joined(separator: "|") }
 
-func parseState(_ raw: String, command: String) throws -> ResponseState {
+func parseState(_ raw: String) throws -> ResponseState {
     guard let s = ResponseState(rawValue: raw.lowercased()) else {
-        throw OpsError.usage("\(command): --state must be one of \(stateNames()), got '\(raw)'")
+        throw UsageError("--state: expected one of \(stateNames()), got '\(raw)'")
     }
     return s
 }

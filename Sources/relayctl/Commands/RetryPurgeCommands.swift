@@ -1,53 +1,63 @@
 // relayctl retry / purge: the two commands that change the outbox. Each store call is one SQLite
-// transaction on the write connection (busy-waits for relay-server's writer, never fights it),
-// and neither ever changes a row in state inflight: that row belongs to the dispatcher.
+// transaction on the write connection (it waits for relay-server's writer, never fights it), and
+// neither ever changes a row in state inflight: that row belongs to the dispatcher.
 import Foundation
 import RelayCore
 
+extension RelayCtl {
+    static var retry: Command {
+        .leaf("retry", "Requeue failed or retry-scheduled responses for another attempt now.",
+              discussion: """
+              Give response ids, or --failed (optionally with --reason). Attempt counts are kept and the
+              TTL is extended to at least an hour. Only failed and retry rows are requeued: inflight
+              rows belong to the dispatcher and delivered rows are never sent twice (the state is
+              re-checked inside the transaction). Safe while relay-server runs. Exits 1 when a named id
+              is missing or could not be requeued.
+              """,
+              arguments: [ArgumentSpec(name: "id", help: "Response ids to requeue.", required: false, variadic: true)],
+              options: [
+                  .flag("failed", "Requeue every failed response (instead of ids)."),
+                  .value("reason", "reason", "With --failed: only those that failed with this reason (e.g. BadTopic).", required: false),
+              ] + databaseOptionSpecs, run: RetryCommand.run)
+    }
+
+    static var purge: Command {
+        .leaf("purge", "Delete old delivered or failed responses, with counts.",
+              discussion: """
+              Deletes terminal responses (and their attempts) last updated longer ago than
+              --older-than. Queued, retry and inflight rows are never purged. Safe while relay-server
+              runs. SQLite reuses the freed pages; the file shrinks only with VACUUM.
+              """,
+              options: [
+                  .flag("delivered", "Purge delivered responses."),
+                  .flag("failed", "Purge failed responses (give both flags for both)."),
+                  .value("older-than", "duration", "Age threshold: 90s, 15m, 2h, 7d, 1h30m."),
+                  .flag("dry-run", "Only count what would be deleted."),
+              ] + databaseOptionSpecs, run: PurgeCommand.run)
+    }
+}
+
 enum RetryCommand {
-    static let help = """
-    USAGE: relayctl retry <id>... [--config <file>] [--db <path>] [--json]
-           relayctl retry --failed [--reason <reason>] [--config <file>] [--db <path>] [--json]
-
-    Requeues responses for another attempt now (attempt count kept, TTL extended to at least an
-    hour). Only failed and retry-scheduled rows are requeued: inflight rows belong to the
-    dispatcher and delivered rows are never sent twice. Safe while relay-server runs.
-    Exit 1 when a named id is missing or could not be requeued.
-
-    ARGUMENTS:
-      <id>...             response ids to requeue
-
-    OPTIONS:
-      --failed            requeue every failed response (instead of ids)
-      --reason <reason>   with --failed: only those that failed with this reason (e.g. BadTopic)
-      --config <file>     relay-server config naming the database (default: \(defaultConfigPath))
-      --db <path>         database file, overriding the config
-      --json              machine-readable output
-      -h, --help          show this help
-
-    """
-
     struct Output: Encodable {
         struct Skipped: Encodable { var id: String; var reason: String }
         var requeued: Int
         var skipped: [Skipped]
     }
 
-    static func run(_ arguments: [String]) throws {
-        let options = try OptionScanner(arguments, command: "retry", valued: databaseOptions.union(["reason"]), flagNames: ["json", "failed"])
-        let ids = options.positionals
-        if options.flag("failed") {
-            guard ids.isEmpty else { throw OpsError.usage("retry: give either ids or --failed, not both") }
+    static func run(_ args: ParsedArguments, _ console: Console) throws {
+        let ids = args.positionals
+        if args.flag("failed") {
+            guard ids.isEmpty else { throw UsageError("give either response ids or --failed, not both") }
         } else {
-            guard !ids.isEmpty else { throw OpsError.usage("retry: expected response ids or --failed (see relayctl retry --help)") }
-            guard options.value("reason") == nil else { throw OpsError.usage("retry: --reason only goes with --failed") }
+            guard !ids.isEmpty else { throw UsageError("expected response ids or --failed") }
+            guard args.optionalString("reason") == nil else { throw UsageError("--reason only goes with --failed") }
         }
-        let store = try openStore(path: try resolveDatabasePath(options), readOnly: false)
+        let store = try openStore(path: try resolveDatabasePath(args), readOnly: false)
         defer { store.close() }
 
         var output = Output(requeued: 0, skipped: [])
-        if options.flag("failed") {
-            output.requeued = try storeCall("requeueing failed responses") { try store.requeueFailed(reason: options.value("reason")) }
+        if args.flag("failed") {
+            output.requeued = try storeCall("requeueing failed responses") { try store.requeueFailed(reason: args.optionalString("reason")) }
         } else {
             var eligible: [String] = []
             for id in ids {
@@ -66,58 +76,30 @@ enum RetryCommand {
             if !eligible.isEmpty {
                 output.requeued = try storeCall("requeueing responses") { try store.requeue(ids: eligible) }
                 if output.requeued < eligible.count {
-                    let now = try eligible.filter { id in try store.response(id: id)?.state != .queued }
-                    output.skipped += now.map { .init(id: $0, reason: "changed state meanwhile (dispatcher)") }
+                    let moved = try eligible.filter { id in try store.response(id: id)?.state != .queued }
+                    output.skipped += moved.map { .init(id: $0, reason: "changed state meanwhile (dispatcher)") }
                 }
             }
         }
-        if options.flag("json") {
-            writeStdout(try renderJSON(output))
+        if args.flag("json") {
+            emit(console, try renderJSON(output))
         } else {
-            var text = "requeued \(output.requeued)\n"
-            for s in output.skipped { text += "skipped \(s.id): \(s.reason)\n" }
-            writeStdout(text)
+            console.out((["requeued \(output.requeued)"] + output.skipped.map { "skipped \($0.id): \($0.reason)" }).joined(separator: "\n"))
         }
-        if output.skipped.contains(where: { $0.reason != "already queued" }) {
-            throw OpsError.runtime("retry: \(output.skipped.count) of \(ids.count) not requeued")
-        }
+        let failed = output.skipped.filter { $0.reason != "already queued" }
+        if !failed.isEmpty { throw RuntimeFailure("\(failed.count) of \(ids.count) responses not requeued") }
     }
 }
 
 enum PurgeCommand {
-    static let help = """
-    USAGE: relayctl purge (--delivered | --failed) --older-than <duration> [--dry-run]
-                          [--config <file>] [--db <path>] [--json]
-
-    Deletes terminal responses (and their attempts) last updated longer ago than the duration,
-    and prints how many. Queued, retry and inflight rows are never purged. Safe while
-    relay-server runs. Freed pages are reused; the file shrinks only with VACUUM.
-
-    OPTIONS:
-      --delivered               purge delivered responses
-      --failed                  purge failed responses (both flags: both)
-      --older-than <duration>   age threshold: 90s, 15m, 2h, 7d, 1h30m
-      --dry-run                 only count what would be deleted
-      --config <file>           relay-server config naming the database (default: \(defaultConfigPath))
-      --db <path>               database file, overriding the config
-      --json                    machine-readable output
-      -h, --help                show this help
-
-    """
-
     struct Output: Encodable { var dryRun: Bool; var olderThanSeconds: Int64; var deleted: [String: Int] }
 
-    static func run(_ arguments: [String]) throws {
-        let options = try OptionScanner(arguments, command: "purge", valued: databaseOptions.union(["older-than"]),
-                                        flagNames: ["json", "delivered", "failed", "dry-run"])
-        try options.noPositionals()
-        let states = [ResponseState.delivered, .failed].filter { options.flag($0.rawValue) }
-        guard !states.isEmpty else { throw OpsError.usage("purge: say which rows: --delivered and/or --failed") }
-        guard let olderThan = try options.duration("older-than") else {
-            throw OpsError.usage("purge: --older-than <duration> is required (e.g. --older-than 7d)")
-        }
-        let dryRun = options.flag("dry-run")
-        let store = try openStore(path: try resolveDatabasePath(options), readOnly: dryRun)
+    static func run(_ args: ParsedArguments, _ console: Console) throws {
+        let states = [ResponseState.delivered, .failed].filter { args.flag($0.rawValue) }
+        guard !states.isEmpty else { throw UsageError("say which rows: --delivered and/or --failed") }
+        guard let olderThan = try args.optionalDuration("older-than") else { throw UsageError("missing required option '--older-than <duration>'") }
+        let dryRun = args.flag("dry-run")
+        let store = try openStore(path: try resolveDatabasePath(args), readOnly: dryRun)
         defer { store.close() }
         let cutoff = nowMillis() - olderThan
         var output = Output(dryRun: dryRun, olderThanSeconds: olderThan / 1000, deleted: [:])
@@ -126,9 +108,9 @@ enum PurgeCommand {
                 try store.purge(state: state, olderThan: cutoff, dryRun: dryRun)
             }
         }
-        if options.flag("json") { writeStdout(try renderJSON(output)); return }
+        if args.flag("json") { return emit(console, try renderJSON(output)) }
         let verb = dryRun ? "would delete" : "deleted"
-        writeStdout(states.map { "\(verb) \(output.deleted[$0.rawValue] ?? 0) \($0.rawValue) responses older than \(formatDuration(millis: olderThan))" }
-            .joined(separator: "\n") + "\n")
+        console.out(states.map { "\(verb) \(output.deleted[$0.rawValue] ?? 0) \($0.rawValue) responses older than \(formatDuration(millis: olderThan))" }
+            .joined(separator: "\n"))
     }
 }

@@ -1,1 +1,1 @@
-enum SendTestCommand { static let help = ""; static func run(_ a: [String]) throws {} }
+extension RelayCtl { static var sendTest: Command { .leaf("send-test", "x", options: []) { _, _ in } } }

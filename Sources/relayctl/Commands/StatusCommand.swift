@@ -2,22 +2,19 @@
 import Foundation
 import RelayCore
 
+extension RelayCtl {
+    static var status: Command {
+        .leaf("status", "Outbox depth, oldest pending response, the last hour's outcomes, DB size.",
+              discussion: """
+              Outbox depth by state, age of the oldest pending (queued or retry) response, deliveries
+              and failures in the last hour by reason, unregistered push tokens, credentials, database
+              size. Opens the database read-only: safe while relay-server runs.
+              """,
+              options: databaseOptionSpecs, run: StatusCommand.run)
+    }
+}
+
 enum StatusCommand {
-    static let help = """
-    USAGE: relayctl status [--config <file>] [--db <path>] [--json]
-
-    Outbox depth by state, age of the oldest pending response, deliveries and failures in the
-    last hour (by reason), unregistered push tokens, database size. Opens the database
-    read-only: safe while relay-server runs.
-
-    OPTIONS:
-      --config <file>   relay-server config naming the database (default: \(defaultConfigPath))
-      --db <path>       database file, overriding the config (e.g. a backup)
-      --json            machine-readable output
-      -h, --help        show this help
-
-    """
-
     struct Report: Encodable {
         struct Database: Encodable { var path: String; var bytes: Int64; var walBytes: Int64 }
         struct LastHour: Encodable { var delivered: Int; var failed: Int; var failedByReason: [String: Int] }
@@ -31,10 +28,8 @@ enum StatusCommand {
         var revokedCredentials: Int
     }
 
-    static func run(_ arguments: [String]) throws {
-        let options = try OptionScanner(arguments, command: "status", valued: databaseOptions, flagNames: ["json"])
-        try options.noPositionals()
-        let path = try resolveDatabasePath(options)
+    static func run(_ args: ParsedArguments, _ console: Console) throws {
+        let path = try resolveDatabasePath(args)
         let store = try openStore(path: path, readOnly: true)
         defer { store.close() }
         let now = nowMillis()
@@ -58,17 +53,17 @@ enum StatusCommand {
             credentials: credentials.filter { !$0.isRevoked }.count,
             revokedCredentials: credentials.filter(\.isRevoked).count)
 
-        if options.flag("json") { writeStdout(try renderJSON(report)); return }
-        var rows: [[String]] = []
-        rows.append(["database", "\(path) (\(humanBytes(report.database.bytes)), wal \(humanBytes(report.database.walBytes)))"])
-        rows.append(["outbox", ResponseState.allCases.map { "\($0.rawValue) \(report.outbox[$0.rawValue] ?? 0)" }.joined(separator: "  ")])
-        rows.append(["oldest pending", report.oldestPendingAgeSeconds.map { formatDuration(millis: $0 * 1000) } ?? "none"])
+        if args.flag("json") { return emit(console, try renderJSON(report)) }
+        var rows: [(String, String)] = []
+        rows.append(("database", "\(path) (\(humanBytes(report.database.bytes)), wal \(humanBytes(report.database.walBytes)))"))
+        rows.append(("outbox", ResponseState.allCases.map { "\($0.rawValue) \(report.outbox[$0.rawValue] ?? 0)" }.joined(separator: "  ")))
+        rows.append(("oldest pending", report.oldestPendingAgeSeconds.map { formatDuration(millis: $0 * 1000) } ?? "none"))
         let failures = failedByReason.sorted { $0.value != $1.value ? $0.value > $1.value : $0.key < $1.key }
             .map { "\($0.key) \($0.value)" }.joined(separator: ", ")
-        rows.append(["last hour", "delivered \(delivered), failed \(report.lastHour.failed)" + (failures.isEmpty ? "" : " (\(failures))")])
-        rows.append(["unregistered tokens", "\(tokens.count)"])
-        rows.append(["credentials", "\(report.credentials) active, \(report.revokedCredentials) revoked"])
-        writeStdout(rows.map { $0[0].padding(toLength: 21, withPad: " ", startingAt: 0) + $0[1] }.joined(separator: "\n") + "\n")
+        rows.append(("last hour", "delivered \(delivered), failed \(report.lastHour.failed)" + (failures.isEmpty ? "" : " (\(failures))")))
+        rows.append(("unregistered tokens", "\(tokens.count)"))
+        rows.append(("credentials", "\(report.credentials) active, \(report.revokedCredentials) revoked"))
+        console.out(rows.map { $0.0.padding(21) + $0.1 }.joined(separator: "\n"))
     }
 
     static func fileSize(_ path: String) -> Int64 {

@@ -3,100 +3,90 @@
 import Foundation
 import RelayCore
 
+extension RelayCtl {
+    static var tokens: Command {
+        .group("tokens", "Push tokens APNs reported unregistered (410): list, show, forget.",
+               discussion: """
+               Ingest refuses a listed token with 410 until the accessory presents it again after
+               APNs' timestamp. Forgetting a token makes ingest accept it again at once.
+               """, [
+            .leaf("list", "Every unregistered token (truncated), APNs' timestamp, when recorded.",
+                  options: databaseOptionSpecs, run: TokensCommand.list),
+            .leaf("show", "One unregistered token in full.",
+                  arguments: [ArgumentSpec(name: "hex", help: "The token, or a unique prefix of it.")],
+                  options: databaseOptionSpecs, run: TokensCommand.show),
+            .leaf("forget", "Remove a token from the unregistered list (ingest accepts it again).",
+                  arguments: [ArgumentSpec(name: "hex", help: "The complete token.")],
+                  options: databaseOptionSpecs, run: TokensCommand.forget),
+        ])
+    }
+
+    static var credentials: Command {
+        .group("credentials", "Accessory bearer credentials: create, list, revoke.",
+               discussion: """
+               Accessories present a credential to POST /v1/responses. The relay stores only its
+               SHA-256 hash: the secret is printed once, by create, and never again.
+               """, [
+            .leaf("create", "Create a credential for some apps; prints its secret ONCE.",
+                  options: [
+                      .value("name", "name", "A label for people (fleet, batch, customer)."),
+                      .value("apps", "bundle-id,...", "Comma-separated bundle IDs the credential may submit for."),
+                  ] + databaseOptionSpecs, run: CredentialsCommand.create),
+            .leaf("list", "Id, name, apps, created, last used, revoked (never the secret).",
+                  options: databaseOptionSpecs, run: CredentialsCommand.list),
+            .leaf("revoke", "Revoke a credential: the next request with it gets 401.",
+                  arguments: [ArgumentSpec(name: "id", help: "The credential id (cred_...).")],
+                  options: databaseOptionSpecs, run: CredentialsCommand.revoke),
+        ])
+    }
+}
+
 enum TokensCommand {
-    static let help = """
-    USAGE: relayctl tokens <subcommand>
-
-    Push tokens APNs reported as unregistered (410). Ingest refuses a listed token with 410
-    until the accessory presents it again after APNs' timestamp.
-
-    SUBCOMMANDS:
-      list            every unregistered token (truncated), APNs timestamp, when recorded
-      show <hex>      one token in full (a unique prefix is enough)
-      forget <hex>    remove a token from the list (ingest accepts it again); exact token
-
-    OPTIONS (every subcommand):
-      --config <file>   relay-server config naming the database (default: \(defaultConfigPath))
-      --db <path>       database file, overriding the config
-      --json            machine-readable output
-      -h, --help        show this help
-
-    """
-
     struct TokenJSON: Encodable {
         var token: String; var apnsTimestamp: String; var recordedAt: String
         init(_ t: UnregisteredToken) { token = t.token; apnsTimestamp = isoTime(t.apnsTimestamp); recordedAt = isoTime(t.recordedAt) }
     }
 
-    static func run(_ arguments: [String]) throws {
-        guard let sub = arguments.first else { throw OpsError.usage("tokens: expected a subcommand: list, show, forget (see relayctl tokens --help)") }
-        let rest = Array(arguments.dropFirst())
-        if rest.contains("--help") || rest.contains("-h") { writeStdout(help); return }
-        let options = try OptionScanner(rest, command: "tokens \(sub)", valued: databaseOptions, flagNames: ["json"])
-        switch sub {
-        case "list":
-            try options.noPositionals()
-            let store = try openStore(path: try resolveDatabasePath(options), readOnly: true)
-            defer { store.close() }
-            let tokens = try storeCall("reading unregistered tokens") { try store.unregisteredTokens() }
-            if options.flag("json") { writeStdout(try renderJSON(tokens.map(TokenJSON.init))); return }
-            if tokens.isEmpty { writeStdout("no unregistered tokens\n"); return }
-            writeStdout(renderTable(["TOKEN", "APNS TIMESTAMP", "RECORDED"], tokens.map {
-                [truncatedToken($0.token), isoTime($0.apnsTimestamp), isoTime($0.recordedAt)]
-            }))
-        case "show":
-            let prefix = try tokenArgument(options, sub)
-            let store = try openStore(path: try resolveDatabasePath(options), readOnly: true)
-            defer { store.close() }
-            let matches = try storeCall("reading unregistered tokens") { try store.unregisteredTokens() }.filter { $0.token.hasPrefix(prefix) }
-            guard !matches.isEmpty else { throw OpsError.runtime("tokens show: no unregistered token starts with \(prefix)") }
-            guard matches.count == 1 else { throw OpsError.runtime("tokens show: \(matches.count) tokens start with \(prefix); give more digits") }
-            let t = TokenJSON(matches[0])
-            if options.flag("json") { writeStdout(try renderJSON(t)); return }
-            writeStdout("token           \(t.token)\napns timestamp  \(t.apnsTimestamp)\nrecorded        \(t.recordedAt)\n")
-        case "forget":
-            let token = try tokenArgument(options, sub)
-            let store = try openStore(path: try resolveDatabasePath(options), readOnly: false)
-            defer { store.close() }
-            let removed = try storeCall("forgetting token") { try store.forgetToken(token) }
-            if options.flag("json") { writeStdout(try renderJSON(["forgotten": removed])) } else if removed {
-                writeStdout("forgot \(truncatedToken(token)): ingest accepts it again\n")
-            }
-            guard removed else { throw OpsError.runtime("tokens forget: \(truncatedToken(token)) is not in the unregistered list") }
-        default:
-            throw OpsError.usage("tokens: unknown subcommand '\(sub)' (expected list, show, forget)")
-        }
+    static func list(_ args: ParsedArguments, _ console: Console) throws {
+        let store = try openStore(path: try resolveDatabasePath(args), readOnly: true)
+        defer { store.close() }
+        let tokens = try storeCall("reading unregistered tokens") { try store.unregisteredTokens() }
+        if args.flag("json") { return emit(console, try renderJSON(tokens.map(TokenJSON.init))) }
+        if tokens.isEmpty { return console.out("no unregistered tokens") }
+        emit(console, renderTable(["TOKEN", "APNS TIMESTAMP", "RECORDED"], tokens.map {
+            [truncatedToken($0.token), isoTime($0.apnsTimestamp), isoTime($0.recordedAt)]
+        }))
     }
 
-    private static func tokenArgument(_ options: OptionScanner, _ sub: String) throws -> String {
-        guard options.positionals.count == 1, let token = options.positionals.first else {
-            throw OpsError.usage("tokens \(sub): expected exactly one hex token")
-        }
-        guard isHex(token) else { throw OpsError.usage("tokens \(sub): '\(token)' is not hex") }
-        return token.lowercased()
+    static func show(_ args: ParsedArguments, _ console: Console) throws {
+        let prefix = try hexArgument(args)
+        let store = try openStore(path: try resolveDatabasePath(args), readOnly: true)
+        defer { store.close() }
+        let matches = try storeCall("reading unregistered tokens") { try store.unregisteredTokens() }.filter { $0.token.hasPrefix(prefix) }
+        guard !matches.isEmpty else { throw RuntimeFailure("no unregistered token starts with \(prefix)") }
+        guard matches.count == 1 else { throw RuntimeFailure("\(matches.count) tokens start with \(prefix); give more digits") }
+        let t = TokenJSON(matches[0])
+        if args.flag("json") { return emit(console, try renderJSON(t)) }
+        console.out("token           \(t.token)\napns timestamp  \(t.apnsTimestamp)\nrecorded        \(t.recordedAt)")
+    }
+
+    static func forget(_ args: ParsedArguments, _ console: Console) throws {
+        let token = try hexArgument(args)
+        let store = try openStore(path: try resolveDatabasePath(args), readOnly: false)
+        defer { store.close() }
+        let removed = try storeCall("forgetting token") { try store.forgetToken(token) }
+        guard removed else { throw RuntimeFailure("\(truncatedToken(token)) is not in the unregistered list") }
+        if args.flag("json") { return emit(console, try renderJSON(["forgotten": token])) }
+        console.out("forgot \(truncatedToken(token)): ingest accepts it again")
+    }
+
+    private static func hexArgument(_ args: ParsedArguments) throws -> String {
+        guard isHex(args.argument) else { throw UsageError("<hex>: expected hex digits, got '\(args.argument)'") }
+        return args.argument.lowercased()
     }
 }
 
 enum CredentialsCommand {
-    static let help = """
-    USAGE: relayctl credentials <subcommand>
-
-    Bearer credentials accessories present to POST /v1/responses. The relay stores only a hash;
-    the secret is printed once, by create.
-
-    SUBCOMMANDS:
-      create --name <name> --apps <bundle-id,...>   new credential; prints its secret ONCE
-      list                                          id, name, apps, created, last used, revoked
-      revoke <id>                                   immediate: the next request with it gets 401
-
-    OPTIONS (every subcommand):
-      --config <file>   relay-server config naming the database (default: \(defaultConfigPath))
-      --db <path>       database file, overriding the config
-      --json            machine-readable output
-      -h, --help        show this help
-
-    """
-
     struct CredentialJSON: Encodable {
         var id: String; var name: String; var apps: [String]; var createdAt: String; var lastUsedAt: String?; var revokedAt: String?
         init(_ c: CredentialRecord) {
@@ -107,58 +97,46 @@ enum CredentialsCommand {
 
     struct CreatedJSON: Encodable { var credential: CredentialJSON; var secret: String }
 
-    static func run(_ arguments: [String]) throws {
-        guard let sub = arguments.first else { throw OpsError.usage("credentials: expected a subcommand: create, list, revoke (see relayctl credentials --help)") }
-        let rest = Array(arguments.dropFirst())
-        if rest.contains("--help") || rest.contains("-h") { writeStdout(help); return }
-        switch sub {
-        case "create":
-            let options = try OptionScanner(rest, command: "credentials create", valued: databaseOptions.union(["name", "apps"]), flagNames: ["json"])
-            try options.noPositionals()
-            guard let name = options.value("name"), !name.isEmpty else { throw OpsError.usage("credentials create: --name <name> is required") }
-            guard let appsRaw = options.value("apps") else { throw OpsError.usage("credentials create: --apps <bundle-id,...> is required") }
-            let apps = appsRaw.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
-            guard !apps.isEmpty, apps.allSatisfy({ !$0.isEmpty && !$0.contains(" ") }) else {
-                throw OpsError.usage("credentials create: --apps must be comma-separated bundle IDs, got '\(appsRaw)'")
-            }
-            let store = try openStore(path: try resolveDatabasePath(options), readOnly: false)
-            defer { store.close() }
-            let created = try storeCall("creating credential") { try store.createCredential(name: name, apps: apps) }
-            if options.flag("json") {
-                writeStdout(try renderJSON(CreatedJSON(credential: CredentialJSON(created.record), secret: created.secret)))
-            } else {
-                writeStdout("""
-                created \(created.record.id) (\(name)) for \(apps.joined(separator: ", "))
-                secret: \(created.secret)
-                This is the only time the secret is shown; the relay keeps only its hash.
-
-                """)
-            }
-        case "list":
-            let options = try OptionScanner(rest, command: "credentials list", valued: databaseOptions, flagNames: ["json"])
-            try options.noPositionals()
-            let store = try openStore(path: try resolveDatabasePath(options), readOnly: true)
-            defer { store.close() }
-            let records = try storeCall("reading credentials") { try store.credentials() }
-            if options.flag("json") { writeStdout(try renderJSON(records.map(CredentialJSON.init))); return }
-            if records.isEmpty { writeStdout("no credentials (create one: relayctl credentials create --name N --apps a,b)\n"); return }
-            writeStdout(renderTable(["ID", "NAME", "APPS", "CREATED", "LAST USED", "REVOKED"], records.map { c in
-                [c.id, c.name, c.apps.joined(separator: ","), isoTime(c.createdAt), c.lastUsedAt.map(isoTime) ?? "never", c.revokedAt.map(isoTime) ?? "-"]
-            }))
-        case "revoke":
-            let options = try OptionScanner(rest, command: "credentials revoke", valued: databaseOptions, flagNames: ["json"])
-            guard options.positionals.count == 1, let id = options.positionals.first else {
-                throw OpsError.usage("credentials revoke: expected exactly one credential id")
-            }
-            let store = try openStore(path: try resolveDatabasePath(options), readOnly: false)
-            defer { store.close() }
-            let revoked = try storeCall("revoking credential") { try store.revokeCredential(id: id) }
-            if options.flag("json") { writeStdout(try renderJSON(["revoked": revoked])) } else if revoked {
-                writeStdout("revoked \(id): requests with it now get 401\n")
-            }
-            guard revoked else { throw OpsError.runtime("credentials revoke: no active credential \(id)") }
-        default:
-            throw OpsError.usage("credentials: unknown subcommand '\(sub)' (expected create, list, revoke)")
+    static func create(_ args: ParsedArguments, _ console: Console) throws {
+        let name = try args.string("name")
+        guard !name.isEmpty else { throw UsageError("--name: must not be empty") }
+        let appsRaw = try args.string("apps")
+        let apps = appsRaw.split(separator: ",", omittingEmptySubsequences: false).map { $0.trimmingCharacters(in: .whitespaces) }
+        guard apps.allSatisfy({ !$0.isEmpty && !$0.contains(" ") }) else {
+            throw UsageError("--apps: expected comma-separated bundle IDs, got '\(appsRaw)'")
         }
+        let store = try openStore(path: try resolveDatabasePath(args), readOnly: false)
+        defer { store.close() }
+        let created = try storeCall("creating credential") { try store.createCredential(name: name, apps: apps) }
+        if args.flag("json") {
+            return emit(console, try renderJSON(CreatedJSON(credential: CredentialJSON(created.record), secret: created.secret)))
+        }
+        console.out("""
+        created \(created.record.id) (\(name)) for \(apps.joined(separator: ", "))
+        secret: \(created.secret)
+        This is the only time the secret is shown; the relay keeps only its hash.
+        """)
+    }
+
+    static func list(_ args: ParsedArguments, _ console: Console) throws {
+        let store = try openStore(path: try resolveDatabasePath(args), readOnly: true)
+        defer { store.close() }
+        let records = try storeCall("reading credentials") { try store.credentials() }
+        if args.flag("json") { return emit(console, try renderJSON(records.map(CredentialJSON.init))) }
+        if records.isEmpty { return console.out("no credentials (create one: relayctl credentials create --name N --apps a,b)") }
+        emit(console, renderTable(["ID", "NAME", "APPS", "CREATED", "LAST USED", "REVOKED"], records.map { c in
+            [c.id, c.name, c.apps.joined(separator: ","), isoTime(c.createdAt), c.lastUsedAt.map(isoTime) ?? "never", c.revokedAt.map(isoTime) ?? "-"]
+        }))
+    }
+
+    static func revoke(_ args: ParsedArguments, _ console: Console) throws {
+        let id = args.argument
+        let store = try openStore(path: try resolveDatabasePath(args), readOnly: false)
+        defer { store.close() }
+        guard try storeCall("revoking credential", { try store.revokeCredential(id: id) }) else {
+            throw RuntimeFailure("no active credential \(id)")
+        }
+        if args.flag("json") { return emit(console, try renderJSON(["revoked": id])) }
+        console.out("revoked \(id): requests with it now get 401")
     }
 }
