@@ -38,6 +38,27 @@ struct RelayctlCommandTests {
         #expect(r.stdout.isEmpty)
     }
 
+    @Test func configNamesTheDatabaseLikeTheServer() async throws {
+        let db = try await SeededDatabase.make()
+        defer { db.remove() }
+        // A relative store path resolves against the config's directory, as relay-server does it.
+        let config = db.directory.appendingPathComponent("relay.json")
+        let app = #""apps": [{"bundleID": "com.example.companion", "environment": "sandbox", "token": {"p8Path": "k.p8", "keyID": "ABC123DEFG", "teamID": "DEF123GHIJ"}}]"#
+        try #"{"store": {"path": "relay.db"}, \#(app)}"#.write(to: config, atomically: true, encoding: .utf8)
+        let r = try Relayctl.run(["status", "--config", config.path, "--json"])
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(((try Relayctl.json(r) as? [String: Any])?["database"] as? [String: Any])?["path"] as? String == db.path)
+        // RELAY_DB_PATH overrides the file, as for the server.
+        let env = try Relayctl.run(["status", "--config", config.path], environment: ["RELAY_DB_PATH": "/nonexistent/x.db"])
+        #expect(env.status == 1 && env.stderr.contains("/nonexistent/x.db"))
+        // A bad config is a runtime failure naming the key.
+        try #"{"store": {"path": "relay.db", "pth": 1}, \#(app)}"#.write(to: config, atomically: true, encoding: .utf8)
+        let bad = try Relayctl.run(["list", "--config", config.path])
+        #expect(bad.status == 1 && bad.stderr.contains("store.pth"), "\(bad.stderr)")
+        let missing = try Relayctl.run(["status", "--config", db.directory.appendingPathComponent("none.json").path])
+        #expect(missing.status == 1 && missing.stderr.contains("cannot read config"))
+    }
+
     // MARK: list / show
 
     @Test func listFiltersAlignsAndTruncates() async throws {

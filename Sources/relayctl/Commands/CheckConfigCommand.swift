@@ -1,1 +1,0 @@
-extension RelayCtl { static var checkConfig: Command { .leaf("check-config", "x", options: []) { _, _ in } } }

@@ -1,1 +1,0 @@
-extension RelayCtl { static var sendTest: Command { .leaf("send-test", "x", options: []) { _, _ in } } }

@@ -1,0 +1,44 @@
+// Golden `--help` output of relayctl's operational commands, by running the binary. The
+// expected texts live in Tests/IntegrationTests/Golden/relayctl-help/; after an intended help
+// change, regenerate them with RELAYCTL_UPDATE_GOLDEN=1 and review the diff.
+import Foundation
+import Testing
+
+@Suite("relayctl --help (golden)")
+struct RelayctlHelpTests {
+    static let commandPaths: [[String]] = [
+        [], ["status"], ["list"], ["show"], ["retry"], ["purge"],
+        ["tokens"], ["tokens", "list"], ["tokens", "show"], ["tokens", "forget"],
+        ["credentials"], ["credentials", "create"], ["credentials", "list"], ["credentials", "revoke"],
+        ["backup"],
+    ]
+
+    static let goldenDirectory = Relayctl.repoRoot.appendingPathComponent("Tests/IntegrationTests/Golden/relayctl-help")
+
+    @Test(arguments: commandPaths)
+    func helpMatchesGolden(_ path: [String]) throws {
+        let result = try Relayctl.run(path + ["--help"])
+        #expect(result.status == 0)
+        #expect(result.stderr.isEmpty)
+        // `-h` is the same help.
+        #expect(try Relayctl.run(path + ["-h"]).stdout == result.stdout)
+        let file = Self.goldenDirectory.appendingPathComponent((["relayctl"] + path).joined(separator: "-") + ".txt")
+        if ProcessInfo.processInfo.environment["RELAYCTL_UPDATE_GOLDEN"] != nil {
+            try FileManager.default.createDirectory(at: Self.goldenDirectory, withIntermediateDirectories: true)
+            try result.stdout.write(to: file, atomically: true, encoding: .utf8)
+        }
+        let expected = try String(contentsOf: file, encoding: .utf8)
+        #expect(result.stdout == expected, "relayctl \(path.joined(separator: " ")) --help differs from \(file.lastPathComponent)")
+    }
+
+    @Test func groupsWithoutASubcommandAreUsageErrors() throws {
+        for group in ["tokens", "credentials"] {
+            let r = try Relayctl.run([group])
+            #expect(r.status == 64)
+            #expect(r.stderr.contains("SUBCOMMANDS:"))
+            #expect(r.stdout.isEmpty)
+        }
+        let unknown = try Relayctl.run(["stauts"])
+        #expect(unknown.status == 64 && unknown.stderr.contains("unknown command 'stauts'"))
+    }
+}
