@@ -53,3 +53,13 @@ ifeq ($(BUILT),)
 else
 	PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" BUILT="$(BUILT)" deploy/install.sh
 endif
+
+# The newcomer's first command: release build, mock APNs + relay-server on loopback with demo
+# keys and a demo credential in .run/ (scripts/run.sh). Ctrl-C stops both.
+run: deps
+	scripts/run.sh
+
+# The kill -9 durability test in a longer loop (RELAY_SOAK_ROUNDS rounds, default 20).
+soak: deps
+	$(SWIFT) build $(SWIFT_FLAGS) --build-tests
+	RELAY_SOAK_ROUNDS=$${RELAY_SOAK_ROUNDS:-20} $(SWIFT) test $(SWIFT_FLAGS) --skip-build --filter RelayCrashTests

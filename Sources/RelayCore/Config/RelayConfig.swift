@@ -72,6 +72,9 @@ public struct RelayConfig: Sendable, Equatable {
 
     public init() {}
 
+    /// Where relay-server and relayctl look without --config (deploy/systemd uses it too).
+    public static let defaultPath = "/etc/accessory-relay/relay.json"
+
     // MARK: loading
 
     public static func load(path: String, environment: [String: String] = ProcessInfo.processInfo.environment) throws -> RelayConfig {

@@ -1,0 +1,69 @@
+// Adapts the ingest/admin services (plain values) to HTTPServer's handler type, and renders
+// HTTPServer's counters for /metrics. Conversions only: the API lives in IngestService.swift.
+import Foundation
+import HTTPServer
+
+enum HTTPGlue {
+    /// Honours a client's X-Request-Id when it is short and plain; otherwise mints one.
+    static func requestID(_ headers: HTTPHeaders) -> String {
+        if let given = headers["x-request-id"], (1...64).contains(given.utf8.count),
+           given.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D || $0 == 0x5F || $0 == 0x2E }) {
+            return given
+        }
+        return RelayCrypto.randomBytes(8).lowercaseHex
+    }
+
+    static func apiRequest(_ r: HTTPRequest) -> APIRequest {
+        var headers: [String: String] = [:]
+        for (name, value) in r.headers where headers[name] == nil { headers[name] = value }
+        return APIRequest(method: r.method, path: r.path, headers: headers, body: r.body, requestID: requestID(r.headers))
+    }
+
+    static func httpResponse(_ r: APIResponse, head: Bool) -> HTTPResponse {
+        var h = HTTPHeaders()
+        for (n, v) in r.headers { h.add(n, v) }
+        return HTTPResponse(status: r.status, headers: h, body: head ? [] : Array(r.body.utf8))
+    }
+
+    static func handler(_ service: @escaping @Sendable (APIRequest, @escaping @Sendable (APIResponse) -> Void) -> Void) -> HTTPHandler {
+        { request, responder in
+            let head = request.method == "HEAD"
+            service(apiRequest(request)) { responder.respond(httpResponse($0, head: head)) }
+        }
+    }
+
+    static func prometheus(_ m: HTTPServerMetrics, listener: String) -> String {
+        let l = "listener=\"\(listener)\""
+        var out = ""
+        out += "relay_http_connections_open{\(l)} \(m.connectionsOpen)\n"
+        out += "relay_http_connections_total{\(l)} \(m.connectionsTotal)\n"
+        out += "relay_http_connections_refused_total{\(l)} \(m.connectionsRefused)\n"
+        for cls in 1...5 where cls < m.requestsByStatusClass.count {
+            out += "relay_http_responses_total{\(l),class=\"\(cls)xx\"} \(m.requestsByStatusClass[cls])\n"
+        }
+        for (kind, n) in m.parseErrorsByKind.sorted(by: { $0.key < $1.key }) {
+            out += "relay_http_parse_errors_total{\(l),kind=\"\(promEscape(kind))\"} \(n)\n"
+        }
+        out += "relay_http_tls_handshake_failures_total{\(l)} \(m.tlsHandshakeFailures)\n"
+        out += "relay_http_timeouts_total{\(l)} \(m.timeouts)\n"
+        return out
+    }
+
+    static let prometheusHeader = """
+        # HELP relay_http_connections_open Open client connections.
+        # TYPE relay_http_connections_open gauge
+        # HELP relay_http_connections_total Accepted client connections.
+        # TYPE relay_http_connections_total counter
+        # HELP relay_http_connections_refused_total Connections refused over the connection limit.
+        # TYPE relay_http_connections_refused_total counter
+        # HELP relay_http_responses_total Responses by status class.
+        # TYPE relay_http_responses_total counter
+        # HELP relay_http_parse_errors_total Malformed requests by kind.
+        # TYPE relay_http_parse_errors_total counter
+        # HELP relay_http_tls_handshake_failures_total Failed TLS handshakes.
+        # TYPE relay_http_tls_handshake_failures_total counter
+        # HELP relay_http_timeouts_total Connections closed by a header/body/idle/write timeout.
+        # TYPE relay_http_timeouts_total counter
+
+        """
+}

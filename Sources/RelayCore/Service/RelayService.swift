@@ -1,0 +1,156 @@
+// Assembles the data path from a RelayConfig:
+//   HTTPServer (ingest) -> IngestService (validate, rate limit) -> SQLiteOutboxStore (group
+//   commit) -> Dispatcher -> PushTransport (PushClient) -> APNs
+// plus the admin listener, systemd notifications and the graceful drain on SIGTERM/SIGINT.
+import Foundation
+import HTTPServer
+
+public final class RelayService: @unchecked Sendable {
+    // @unchecked Sendable: the optional components are set once in start() before any other
+    // thread can see them, and cleared only in stop(), which runs once (guarded by stopLock).
+    public let config: RelayConfig
+    public let logger: RelayLogger
+    public let metrics = RelayMetrics()
+    private let makeTransport: @Sendable (RelayConfig.App, RelayConfig) throws -> any PushTransport
+
+    public private(set) var store: SQLiteOutboxStore?
+    private var dispatcher: Dispatcher?
+    private var ingestServer: HTTPServer?
+    private var adminServer: HTTPServer?
+    private var workers: WorkerPool?
+    private var watchdog: WatchdogPinger?
+    private let stopLock = NSLock()
+    private var stopped = false
+    private let startedAt = monotonicMicros()
+
+    public init(config: RelayConfig, logger: RelayLogger,
+                makeTransport: @escaping @Sendable (RelayConfig.App, RelayConfig) throws -> any PushTransport) {
+        self.config = config
+        self.logger = logger
+        self.makeTransport = makeTransport
+    }
+
+    public var ingestPort: Int { ingestServer?.localPort ?? 0 }
+    public var adminPort: Int { adminServer?.localPort ?? 0 }
+
+    /// Opens the store (migrating it), requeues rows a crash left inflight, loads APNs
+    /// credentials, starts the dispatcher and both listeners, then tells systemd READY=1.
+    public func start() throws {
+        let c = config
+        let store = try SQLiteOutboxStore(path: c.store.path, options: SQLiteStoreOptions(
+            synchronous: c.store.synchronous, busyTimeoutMillis: Int32(c.store.busyTimeoutMillis)))
+        self.store = store
+        var transports: [String: any PushTransport] = [:]
+        for app in c.apps {
+            transports[app.bundleID] = try makeTransport(app, c)
+        }
+        let policy = DeliveryPolicy(backoffBaseMillis: Int64(c.dispatch.backoffBaseMillis), backoffCapMillis: Int64(c.dispatch.backoffCapMillis),
+                                    tooManyRequestsDelayMillis: Int64(c.dispatch.tooManyRequestsDelayMillis))
+        let dispatcher = Dispatcher(store: store, transports: transports,
+                                    options: DispatcherOptions(maxInflight: c.dispatch.maxInflight, claimBatch: c.dispatch.claimBatch, policy: policy),
+                                    metrics: metrics, logger: logger)
+        try dispatcher.start()
+        self.dispatcher = dispatcher
+        let workers = WorkerPool(name: "relay-reader", threads: 2)
+        self.workers = workers
+
+        var settings = IngestSettings()
+        settings.limits = IngestLimits(maxBodyBytes: c.ingest.maxBodyBytes)
+        settings.ttlMillis = Int64(c.ingest.ttlSeconds) * 1000
+        settings.maxPending = c.store.maxPending
+        settings.perCredential = c.ingest.perCredential
+        settings.perPushToken = c.ingest.perPushToken
+        settings.apps = Set(c.apps.map(\.bundleID))
+        let ingest = IngestService(store: store, settings: settings, metrics: metrics, logger: logger, workers: workers,
+                                   onAccepted: { [weak dispatcher] in dispatcher?.wake() })
+
+        var limits = HTTPLimits()
+        // Twice the ingest limit: bodies just over it get the API's JSON 413 naming the field;
+        // far larger ones are cut off by the server before being buffered.
+        limits.maxBodyBytes = c.ingest.maxBodyBytes * 2
+        limits.maxConnections = c.ingest.maxConnections
+        let tls = c.listen.tls.map { TLSConfiguration(certificatePath: $0.certificatePath, privateKeyPath: $0.privateKeyPath) }
+        var serverConfig = HTTPServerConfiguration(host: c.listen.host, port: c.listen.port, tls: tls)
+        serverConfig.limits = limits
+        serverConfig.loopThreads = c.ingest.loopThreads
+        let ingestServer = try HTTPServer(configuration: serverConfig, handler: HTTPGlue.handler { ingest.handle($0, respond: $1) })
+        try ingestServer.start()
+        self.ingestServer = ingestServer
+
+        let credentialsLoaded = transports.count == c.apps.count
+        if c.adminEnabled {
+            let admin = AdminService(
+                store: store, metrics: metrics, workers: workers,
+                readiness: { [weak dispatcher] in
+                    ["dispatcher_running": dispatcher?.isRunning ?? false, "apns_credentials_loaded": credentialsLoaded]
+                },
+                extraMetrics: { [weak self] in self?.serverMetrics() ?? "" })
+            var adminConfig = HTTPServerConfiguration(host: c.admin.host, port: c.admin.port)
+            adminConfig.limits.maxBodyBytes = 1024
+            let adminServer = try HTTPServer(configuration: adminConfig, handler: HTTPGlue.handler { admin.handle($0, respond: $1) })
+            try adminServer.start()
+            self.adminServer = adminServer
+        }
+        let elapsedMs = Double(monotonicMicros() - startedAt) / 1000
+        logger.info("relay-server ready", ["ingest": "\(c.listen.host):\(ingestPort)", "admin": c.adminEnabled ? "\(c.admin.host):\(adminPort)" : "disabled",
+                                           "db": c.store.path, "apps": c.apps.count, "startup_ms": elapsedMs])
+        SystemdNotifier.notify("READY=1\nSTATUS=accepting responses on \(c.listen.host):\(ingestPort)")
+        if c.watchdog {
+            watchdog = WatchdogPinger { [weak dispatcher, weak store] in
+                (dispatcher?.isRunning ?? false) && store != nil
+            }
+        }
+    }
+
+    private func serverMetrics() -> String {
+        var out = HTTPGlue.prometheusHeader
+        if let s = ingestServer { out += HTTPGlue.prometheus(s.metrics, listener: "ingest") }
+        if let s = adminServer { out += HTTPGlue.prometheus(s.metrics, listener: "admin") }
+        if let store {
+            let w = store.writerStats
+            out += "# HELP relay_store_commits_total Group-commit transactions committed.\n# TYPE relay_store_commits_total counter\nrelay_store_commits_total \(w.batches)\n"
+            out += "# HELP relay_store_jobs_total Jobs (ingests and dispatcher writes) committed.\n# TYPE relay_store_jobs_total counter\nrelay_store_jobs_total \(w.jobs)\n"
+        }
+        return out
+    }
+
+    /// The drain: stop taking requests (in-flight HTTP requests still complete, and their rows
+    /// commit before their 202), then let in-flight pushes finish or return to queued, then
+    /// close the database. Safe to call more than once.
+    public func stop() {
+        stopLock.lock()
+        defer { stopLock.unlock() }
+        guard !stopped else { return }
+        stopped = true
+        SystemdNotifier.notify("STOPPING=1\nSTATUS=draining")
+        logger.info("draining")
+        let grace = Duration.milliseconds(config.dispatch.shutdownGraceMillis)
+        ingestServer?.shutdown(gracePeriod: grace)
+        adminServer?.shutdown(gracePeriod: .seconds(1))
+        watchdog?.stop()
+        dispatcher?.stop(grace: grace)
+        workers?.shutdown()
+        let counts = try? store?.counts()
+        store?.close()
+        logger.info("stopped", ["queued": counts?.byState[.queued] ?? -1, "retry": counts?.byState[.retry] ?? -1,
+                                "inflight": counts?.byState[.inflight] ?? -1])
+    }
+
+    /// Blocks the calling thread until SIGTERM or SIGINT, then drains. Returns the exit status.
+    public func runUntilSignal() -> Int32 {
+        let received = DispatchSemaphore(value: 0)
+        let queue = DispatchQueue(label: "relay-signals")
+        var sources: [DispatchSourceSignal] = []
+        for sig in [SIGTERM, SIGINT] {
+            signal(sig, SIG_IGN)  // let the dispatch source see it instead of the default action
+            let s = DispatchSource.makeSignalSource(signal: sig, queue: queue)
+            s.setEventHandler { received.signal() }
+            s.resume()
+            sources.append(s)
+        }
+        received.wait()
+        stop()
+        for s in sources { s.cancel() }
+        return 0
+    }
+}

@@ -1,0 +1,62 @@
+// The only file that calls libsystemd: sd_notify (READY=1, STOPPING=1, WATCHDOG=1, STATUS=...)
+// and sd_watchdog_enabled. Without NOTIFY_SOCKET every call is a no-op, as systemd documents.
+import Foundation
+internal import CSystemd
+
+public enum SystemdNotifier {
+    /// True when started by systemd with Type=notify (NOTIFY_SOCKET set).
+    public static var isSupervised: Bool { ProcessInfo.processInfo.environment["NOTIFY_SOCKET"] != nil }
+
+    /// Sends `state` (e.g. "READY=1\nSTATUS=listening"). Returns false when systemd is absent or
+    /// the datagram could not be sent; the relay keeps running either way.
+    @discardableResult
+    public static func notify(_ state: String) -> Bool {
+        guard isSupervised else { return false }
+        return csd_notify(state) > 0
+    }
+
+    /// Watchdog interval requested by the unit's WatchdogSec (WATCHDOG_USEC), if any.
+    public static func watchdogInterval() -> Duration? {
+        var usec: UInt64 = 0
+        let rc = sd_watchdog_enabled(0, &usec)
+        guard rc > 0, usec > 0 else { return nil }
+        return .microseconds(Int64(usec))
+    }
+}
+
+/// Pings the systemd watchdog at half its interval while `healthy()` holds, so a wedged
+/// dispatcher or writer gets the process restarted.
+public final class WatchdogPinger: @unchecked Sendable {
+    // @unchecked Sendable: `stopped` is only touched under `condition`.
+    private let condition = NSCondition()
+    private var stopped = false
+    private let done = DispatchSemaphore(value: 0)
+    private var started = false
+
+    public init?(healthy: @escaping @Sendable () -> Bool) {
+        guard let interval = SystemdNotifier.watchdogInterval() else { return nil }
+        let half = Double(interval.components.seconds) / 2 + Double(interval.components.attoseconds) / 2e18
+        let t = Thread { [self] in
+            while true {
+                condition.lock()
+                if !stopped { _ = condition.wait(until: Date().addingTimeInterval(half)) }
+                let stop = stopped
+                condition.unlock()
+                if stop { break }
+                if healthy() { SystemdNotifier.notify("WATCHDOG=1") }
+            }
+            done.signal()
+        }
+        t.name = "relay-watchdog"
+        started = true
+        t.start()
+    }
+
+    public func stop() {
+        condition.lock()
+        stopped = true
+        condition.signal()
+        condition.unlock()
+        if started { done.wait() }
+    }
+}

@@ -1,0 +1,65 @@
+import Foundation
+import Testing
+@testable import RelayCore
+
+/// curl as the HTTP client (in APT deps); returns (status, body).
+private func curl(_ args: [String]) throws -> (Int, String) {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
+    p.arguments = ["-sS", "-m", "10", "-o", "-", "-w", "\n%{http_code}"] + args
+    let out = Pipe()
+    p.standardOutput = out
+    try p.run()
+    let d = out.fileHandleForReading.readDataToEndOfFile()
+    p.waitUntilExit()
+    let text = String(decoding: d, as: UTF8.self)
+    let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
+    return (Int(lines.last ?? "") ?? 0, lines.dropLast().joined(separator: "\n"))
+}
+
+@Suite struct RelayServiceTests {
+    let dir = TempDir()
+
+    func config() throws -> RelayConfig {
+        var c = try RelayConfig.parse(Array(ConfigTests.minimal.utf8))
+        c.apps[0].bundleID = "com.example.app"
+        c.listen.port = 0
+        c.admin.port = 0
+        c.store.path = dir.db
+        c.watchdog = false
+        return c
+    }
+
+    @Test func postOverHTTPThenDeliveredThroughTheTransportThenDrain() throws {
+        let transport = FakeTransport { _, _ in PushAnswer(status: 200, reason: nil, classification: .done) }
+        let service = RelayService(config: try config(), logger: RelayLogger(capture: true)) { _, _ in transport }
+        try service.start()
+        defer { service.stop() }
+        let store = try #require(service.store)
+        let secret = try store.createCredential(name: "t", apps: ["com.example.app"]).secret
+        let body = #"{"pushToken":"abcd","sessionIdentifier":"6F9619FF-8B86-D011-B42D-00C04FC964FF","keyID":"AQIDBA==","messageIndex":"3","encryptedData":"\#(Data(count: 30).base64EncodedString())"}"#
+        let (status, text) = try curl(["-X", "POST", "http://127.0.0.1:\(service.ingestPort)/v1/responses",
+                                       "-H", "Authorization: Bearer \(secret)", "-H", "Content-Type: application/json", "--data-binary", body])
+        #expect(status == 202, "\(text)")
+        let id = try #require((try JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any])?["id"] as? String)
+        for _ in 0..<1000 where try store.response(id: id)?.state != .delivered { usleep(5000) }
+        let (gs, g) = try curl(["http://127.0.0.1:\(service.ingestPort)/v1/responses/\(id)", "-H", "Authorization: Bearer \(secret)"])
+        #expect(gs == 200)
+        #expect(g.contains("\"state\":\"delivered\""))
+        #expect(transport.sent.withLock { $0.map(\.id) } == [id])
+        // h2c prior knowledge works too (curl --http2-prior-knowledge).
+        let (h2, _) = try curl(["--http2-prior-knowledge", "http://127.0.0.1:\(service.ingestPort)/v1/responses/\(id)", "-H", "Authorization: Bearer \(secret)"])
+        #expect(h2 == 200)
+        let (ms, metrics) = try curl(["http://127.0.0.1:\(service.adminPort)/metrics"])
+        #expect(ms == 200)
+        #expect(metrics.contains("relay_ingest_requests_total{status=\"202\"} 1"))
+        #expect(metrics.contains("relay_outbox_responses{state=\"delivered\"} 1"))
+        #expect(metrics.contains("relay_http_connections_total{listener=\"ingest\"}"))
+        let (rs, ready) = try curl(["http://127.0.0.1:\(service.adminPort)/readyz"])
+        #expect(rs == 200, "\(ready)")
+        #expect(try curl(["http://127.0.0.1:\(service.adminPort)/healthz"]).0 == 200)
+        service.stop()
+        #expect(transport.shutdowns.withLock { $0 } == 1)
+        #expect(try curl(["http://127.0.0.1:\(service.adminPort)/healthz"]).0 == 0)  // closed
+    }
+}

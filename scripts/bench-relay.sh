@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# relay-server benchmarks (a markdown section on stdout; progress on stderr). Run by
+# `make bench` via scripts/bench.sh, or alone: scripts/bench-relay.sh.
+#  1. Durable ingest: 202/s at 64 keep-alive connections (wrk, unique bodies, synchronous=FULL)
+#     vs nginx answering a tiny static response, same wrk settings, same run.
+#  2. Ingest -> APNs latency p50/p99 at ~1000 responses/s against mock-apns.
+#  3. Start-to-ready and peak RSS with 1,000,000 queued rows.
+# Leaves no processes behind (trap kills what it started, by pid).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${BENCH_DURATION:-10}
+CONNECTIONS=${BENCH_CONNECTIONS:-64}
+ROWS=${BENCH_ROWS:-1000000}
+for tool in wrk nginx openssl sqlite3 curl python3; do
+  command -v "$tool" >/dev/null || { echo "bench-relay: $tool missing (make bench-deps)" >&2; exit 1; }
+done
+
+swift build -c release --product relay-server >&2
+swift build -c release --product mock-apns >&2
+BIN=$(swift build -c release --show-bin-path)
+WORK=$(mktemp -d /tmp/bench-relay.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+wait_url() { for _ in $(seq 1 400); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.025; done; echo "bench-relay: $1 never came up" >&2; exit 1; }
+
+openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null | openssl pkcs8 -topk8 -nocrypt -out "$WORK/apns.p8"
+MOCK_PORT=$(free_port); CONTROL_PORT=$(free_port)
+"$BIN/mock-apns" --listen "127.0.0.1:$MOCK_PORT" --control "127.0.0.1:$CONTROL_PORT" --generate-tls --ca-out "$WORK/ca.pem" \
+  --token-key "BENCHKEY01:BENCHTEAM1:$WORK/apns.p8" --bundle-id com.example.bench 2>"$WORK/mock.log" &
+PIDS+=($!)
+wait_url "http://127.0.0.1:$CONTROL_PORT/stats"
+
+RELAY_PORT=$(free_port); ADMIN_PORT=$(free_port)
+write_config() {  # db path
+  cat > "$WORK/relay.json" <<EOF
+{"listen":{"host":"127.0.0.1","port":$RELAY_PORT},"admin":{"host":"127.0.0.1","port":$ADMIN_PORT},
+ "store":{"path":"$1","synchronous":"FULL","maxPending":5000000},
+ "ingest":{"rateLimits":{"perCredential":{"perSecond":0,"burst":1},"perPushToken":{"perSecond":0,"burst":1}}},
+ "apps":[{"bundleID":"com.example.bench","environment":"custom","url":"https://127.0.0.1:$MOCK_PORT","caFile":"$WORK/ca.pem",
+          "token":{"p8Path":"$WORK/apns.p8","keyID":"BENCHKEY01","teamID":"BENCHTEAM1"}}],
+ "log":{"format":"json","level":"warning"}}
+EOF
+}
+RELAY_PID=""
+start_relay() {
+  "$BIN/relay-server" --config "$WORK/relay.json" 2>>"$WORK/relay.log" &
+  RELAY_PID=$!
+  PIDS+=($RELAY_PID)
+}
+stop_relay() { kill -TERM "$RELAY_PID" 2>/dev/null || true; wait "$RELAY_PID" 2>/dev/null || true; }
+new_credential() {  # db -> prints secret (same format and hash as RelayCore's Credentials)
+  local secret hash
+  secret="rk_$(openssl rand -base64 32 | tr '+/' '-_' | tr -d '=\n')"
+  hash=$(printf %s "$secret" | openssl dgst -sha256 -binary | od -An -tx1 | tr -d ' \n')
+  sqlite3 "$1" ".timeout 5000" "INSERT INTO credentials (id,name,hash,apps,created_at) VALUES ('cred_$(openssl rand -hex 6)','bench',X'$hash','com.example.bench',0)"
+  printf %s "$secret"
+}
+
+# --- 1. durable ingest vs nginx ---------------------------------------------------------
+write_config "$WORK/ingest.db"
+start_relay
+wait_url "http://127.0.0.1:$ADMIN_PORT/readyz"
+CRED=$(new_credential "$WORK/ingest.db")
+cat > "$WORK/post.lua" <<'EOF'
+local threads = {}
+function setup(thread) thread:set("tid", #threads) table.insert(threads, thread) end
+function init(args)
+  math.randomseed(os.time() * 1000 + tid)
+  local t = {}
+  for i = 1, 32 do t[i] = string.format("%02x", math.random(0, 255)) end
+  token = table.concat(t)
+  session = string.format("%08X-%04X-4%03X-8%03X-%012X", math.random(0, 0x7fffffff), math.random(0, 0xffff),
+                          math.random(0, 0xfff), math.random(0, 0xfff), math.random(0, 0x7fffffff))
+  n = 0
+  bad = 0
+  data = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7"
+  hdrs = { ["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. os.getenv("RELAY_CRED") }
+end
+function request()
+  n = n + 1
+  local body = '{"pushToken":"' .. token .. '","sessionIdentifier":"' .. session ..
+    '","keyID":"AQIDBA==","messageIndex":' .. n .. ',"encryptedData":"' .. data .. '"}'
+  return wrk.format("POST", "/v1/responses", hdrs, body)
+end
+function response(status, headers, body) if status ~= 202 then bad = bad + 1 end end
+function done(summary, latency, requests)
+  local b = 0
+  for _, t in ipairs(threads) do b = b + t:get("bad") end
+  io.write(string.format("NON202 %d\n", b))
+end
+EOF
+echo "== wrk relay-server POST (durable, synchronous=FULL)" >&2
+RELAY_CRED="$CRED" wrk -t2 -c"$CONNECTIONS" -d"${DURATION}s" -s "$WORK/post.lua" "http://127.0.0.1:$RELAY_PORT" > "$WORK/wrk-relay.txt"
+RELAY_RPS=$(awk '/Requests\/sec/{print $2}' "$WORK/wrk-relay.txt")
+RELAY_NON202=$(awk '/^NON202/{print $2}' "$WORK/wrk-relay.txt")
+RELAY_P99=$(awk '/ 99%/{print $2}' "$WORK/wrk-relay.txt")
+ROWS_STORED=$(sqlite3 "$WORK/ingest.db" "SELECT count(*) FROM responses")
+RSS_INGEST=$(awk '/VmHWM/{print $2}' "/proc/$RELAY_PID/status")
+stop_relay
+
+NGINX_PORT=$(free_port)
+mkdir -p "$WORK/nginx"
+cat > "$WORK/nginx/nginx.conf" <<EOF
+worker_processes 2;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx; proxy_temp_path $WORK/nginx; fastcgi_temp_path $WORK/nginx;
+  uwsgi_temp_path $WORK/nginx; scgi_temp_path $WORK/nginx;
+  server { listen 127.0.0.1:$NGINX_PORT; location / { default_type application/json; return 200 '{"ok":true}'; } }
+}
+EOF
+nginx -c "$WORK/nginx/nginx.conf" -p "$WORK/nginx" 2>/dev/null &
+NGINX_PID=$!
+PIDS+=($NGINX_PID)
+wait_url "http://127.0.0.1:$NGINX_PORT/"
+echo "== wrk nginx static" >&2
+wrk -t2 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:$NGINX_PORT/" > "$WORK/wrk-nginx.txt"
+NGINX_RPS=$(awk '/Requests\/sec/{print $2}' "$WORK/wrk-nginx.txt")
+kill -TERM "$NGINX_PID" 2>/dev/null || true; wait "$NGINX_PID" 2>/dev/null || true
+
+# --- 2. ingest -> APNs latency at a fixed rate -----------------------------------------------
+write_config "$WORK/latency.db"
+start_relay
+wait_url "http://127.0.0.1:$ADMIN_PORT/readyz"
+CRED=$(new_credential "$WORK/latency.db")
+curl -fsS -X POST "http://127.0.0.1:$CONTROL_PORT/reset" >/dev/null || true
+echo "== latency at ~1000/s" >&2
+LAT=$(python3 - "$RELAY_PORT" "$CONTROL_PORT" "$CRED" <<'EOF'
+import http.client, json, sys, threading, time, uuid, os, datetime
+port, control, cred = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+rate, seconds, nthreads = 1000, 10, 8
+sent = {}
+lock = threading.Lock()
+def worker(k):
+    c = http.client.HTTPConnection("127.0.0.1", port)
+    token = os.urandom(32).hex(); session = str(uuid.uuid4()).upper()
+    per = rate / nthreads; start = time.time(); i = 0
+    while True:
+        due = start + i / per
+        if due - start >= seconds: break
+        now = time.time()
+        if due > now: time.sleep(due - now)
+        body = json.dumps({"pushToken": token, "sessionIdentifier": session, "keyID": "AQIDBA==", "messageIndex": i,
+                           "encryptedData": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIj"})
+        t0 = time.time()
+        c.request("POST", "/v1/responses", body, {"Content-Type": "application/json", "Authorization": "Bearer " + cred})
+        r = c.getresponse(); data = r.read()
+        if r.status == 202:
+            with lock: sent[json.loads(data)["id"]] = t0
+        i += 1
+ts = [threading.Thread(target=worker, args=(k,)) for k in range(nthreads)]
+begin = time.time()
+for t in ts: t.start()
+for t in ts: t.join()
+elapsed = time.time() - begin
+time.sleep(2)
+c = http.client.HTTPConnection("127.0.0.1", control)
+c.request("GET", "/deliveries"); d = json.loads(c.getresponse().read())
+if isinstance(d, dict): d = d.get("deliveries", [])
+lat = []
+for x in d:
+    t0 = sent.get(x.get("apnsId"))
+    if t0 is None: continue
+    ra = datetime.datetime.fromisoformat(x["receivedAt"].replace("Z", "+00:00")).timestamp()
+    lat.append((ra - t0) * 1000)
+lat.sort()
+def pct(p): return lat[min(len(lat) - 1, int(len(lat) * p))] if lat else float("nan")
+print(f"{len(sent)/elapsed:.0f} {len(sent)} {len(lat)} {pct(0.5):.2f} {pct(0.99):.2f}")
+EOF
+)
+read -r LAT_RATE LAT_SENT LAT_MATCHED LAT_P50 LAT_P99 <<< "$LAT"
+stop_relay
+
+# --- 3. one million queued rows: start-to-ready, peak RSS --------------------------------
+write_config "$WORK/million.db"
+start_relay   # creates the schema
+wait_url "http://127.0.0.1:$ADMIN_PORT/readyz"
+stop_relay
+echo "== inserting $ROWS queued rows" >&2
+NOW_MS=$(($(date +%s) * 1000))
+sqlite3 "$WORK/million.db" <<EOF
+PRAGMA synchronous=OFF;
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $ROWS)
+INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id, state,
+                       attempts, next_attempt_at, created_at, expires_at, updated_at)
+SELECT lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || substr(hex(randomblob(2)),2) || '-8' ||
+             substr(hex(randomblob(2)),2) || '-' || hex(randomblob(6))),
+       'com.example.bench', printf('%064x', i), 'B1D0C8A4-1111-4222-8333-444455556666', X'01020304', i, randomblob(48), 'cred_bench',
+       'queued', 0, $NOW_MS, $NOW_MS, $NOW_MS + 86400000, $NOW_MS FROM n;
+EOF
+DB_MB=$(du -m "$WORK/million.db" | cut -f1)
+T0=$(date +%s%N)
+start_relay
+wait_url "http://127.0.0.1:$ADMIN_PORT/readyz"
+T1=$(date +%s%N)
+READY_MS=$(( (T1 - T0) / 1000000 ))
+sleep 5
+RSS_KB=$(awk '/VmHWM/{print $2}' "/proc/$RELAY_PID/status")
+DRAINED=$(curl -fsS "http://127.0.0.1:$ADMIN_PORT/metrics" | awk -F' ' '/^relay_outbox_responses\{state="delivered"\}/{print $2}')
+stop_relay
+
+ratio() { python3 -c "a,b=float('$1' or 0),float('$2' or 0); print(f'{a/b:.2f}' if b else 'n/a')"; }
+cat <<EOF
+## relay-server
+
+Commands: \`scripts/bench-relay.sh\` (wrk -t2 -c$CONNECTIONS -d${DURATION}s; relay-server and mock-apns
+release builds on loopback; SQLite \`synchronous=FULL\`; rate limits disabled).
+
+| measurement | figure | anchor (same run) | ratio | target |
+|---|---|---|---|---|
+| durable ingest, 202/s at $CONNECTIONS keep-alive connections | $RELAY_RPS/s (non-202: $RELAY_NON202; rows stored: $ROWS_STORED; wrk p99 $RELAY_P99) | nginx static: $NGINX_RPS/s | $(ratio "$RELAY_RPS" "$NGINX_RPS") x nginx | >= 0.5x |
+| ingest -> APNs (mock) latency at ${LAT_RATE}/s offered | p50 ${LAT_P50} ms, p99 ${LAT_P99} ms ($LAT_MATCHED of $LAT_SENT matched) | – | – | p99 < 5 ms |
+| start to ready with $ROWS queued rows (DB ${DB_MB} MB) | ${READY_MS} ms (process start to /readyz 200) | – | – | < 300 ms |
+| peak RSS with $ROWS queued rows, 5 s into draining | $((RSS_KB / 1024)) MB (delivered so far: ${DRAINED:-?}) | – | – | < 40 MB |
+| peak RSS after the ingest run | $((RSS_INGEST / 1024)) MB | – | – | – |
+
+Latency is measured per response from the client's send time to mock-apns' \`receivedAt\`
+(millisecond resolution) on the same clock.
+
+EOF

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# `make run`: the newcomer's first command. Builds release binaries, prepares .run/ (kept and
+# reused on the next run), starts mock-apns (TLS 127.0.0.1:2197, control 127.0.0.1:2198) and
+# relay-server (127.0.0.1:8080, admin 127.0.0.1:9090) on SQLite .run/relay.db, prints commands
+# that prove the path, and stops both cleanly on Ctrl-C.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUN=.run
+BUNDLE=com.example.relay-demo
+APNS_KEY_ID=DEMOKEY001
+TEAM_ID=DEMOTEAM01
+RELAY_PORT=${RELAY_PORT:-8080}
+ADMIN_PORT=${ADMIN_PORT:-9090}
+APNS_PORT=${APNS_PORT:-2197}
+CONTROL_PORT=${CONTROL_PORT:-2198}
+
+for tool in openssl sqlite3 curl; do
+  command -v "$tool" >/dev/null || { echo "run.sh: $tool is missing (make deps installs it)" >&2; exit 1; }
+done
+for port in "$RELAY_PORT" "$ADMIN_PORT" "$APNS_PORT" "$CONTROL_PORT"; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "run.sh: 127.0.0.1:$port is already in use (another make run?)" >&2
+    exit 1
+  fi
+done
+
+echo "==> building release binaries (swift build -c release)"
+swift build -c release --product relay-server >&2
+swift build -c release --product mock-apns >&2
+swift build -c release --product relayctl >&2 || echo "run.sh: relayctl did not build; continuing without it" >&2
+BIN=$(swift build -c release --show-bin-path)
+
+mkdir -p "$RUN"
+chmod 700 "$RUN"
+umask 077
+
+# Demo APNs token key (ES256 / P-256, PKCS#8 like Apple's .p8 downloads).
+if [ ! -s "$RUN/demo-apns-key.p8" ]; then
+  openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt -out "$RUN/demo-apns-key.p8"
+fi
+# Demo accessory root secret (accessory-to-host, 32 bytes hex) and its ratchet keyID.
+if [ ! -s "$RUN/demo-root-key" ]; then
+  openssl rand -hex 32 > "$RUN/demo-root-key"
+fi
+if [ ! -s "$RUN/demo-key-id" ]; then
+  openssl rand -base64 4 > "$RUN/demo-key-id"
+fi
+ROOT_KEY=$(cat "$RUN/demo-root-key")
+KEY_ID=$(cat "$RUN/demo-key-id")
+
+cat > "$RUN/relay.json" <<EOF
+{
+  "_comment": "Written by scripts/run.sh for the local demo; see config/relay.example.json for every key.",
+  "listen": { "host": "127.0.0.1", "port": $RELAY_PORT },
+  "admin": { "host": "127.0.0.1", "port": $ADMIN_PORT },
+  "store": { "path": "relay.db", "synchronous": "FULL" },
+  "apps": [
+    {
+      "bundleID": "$BUNDLE",
+      "environment": "custom",
+      "url": "https://127.0.0.1:$APNS_PORT",
+      "caFile": "ca.pem",
+      "token": { "p8Path": "demo-apns-key.p8", "keyID": "$APNS_KEY_ID", "teamID": "$TEAM_ID" }
+    }
+  ],
+  "log": { "format": "text", "level": "info" }
+}
+EOF
+
+MOCK_PID=""
+RELAY_PID=""
+stop() {
+  trap - INT TERM EXIT
+  echo
+  echo "==> stopping"
+  [ -n "$RELAY_PID" ] && kill -TERM "$RELAY_PID" 2>/dev/null || true
+  [ -n "$RELAY_PID" ] && wait "$RELAY_PID" 2>/dev/null || true
+  [ -n "$MOCK_PID" ] && kill -TERM "$MOCK_PID" 2>/dev/null || true
+  [ -n "$MOCK_PID" ] && wait "$MOCK_PID" 2>/dev/null || true
+  echo "==> stopped (state kept in $RUN/; delete it for a fresh start)"
+}
+trap stop INT TERM EXIT
+
+wait_http() {  # url, what, pid
+  for _ in $(seq 1 200); do
+    if curl -fsS -o /dev/null "$1" 2>/dev/null; then return 0; fi
+    kill -0 "$3" 2>/dev/null || { echo "run.sh: $2 exited during start-up" >&2; exit 1; }
+    sleep 0.05
+  done
+  echo "run.sh: $2 did not become ready at $1" >&2
+  exit 1
+}
+
+echo "==> starting mock-apns on 127.0.0.1:$APNS_PORT (control 127.0.0.1:$CONTROL_PORT)"
+rm -f "$RUN/ca.pem"
+"$BIN/mock-apns" --listen "127.0.0.1:$APNS_PORT" --control "127.0.0.1:$CONTROL_PORT" \
+  --generate-tls --ca-out "$RUN/ca.pem" \
+  --token-key "$APNS_KEY_ID:$TEAM_ID:$RUN/demo-apns-key.p8" --bundle-id "$BUNDLE" \
+  --root-secret "$KEY_ID:$ROOT_KEY" --deliveries-log "$RUN/deliveries.jsonl" 2> >(sed 's/^/[mock-apns] /' >&2) &
+MOCK_PID=$!
+wait_http "http://127.0.0.1:$CONTROL_PORT/stats" mock-apns "$MOCK_PID"
+
+echo "==> starting relay-server on 127.0.0.1:$RELAY_PORT (admin 127.0.0.1:$ADMIN_PORT)"
+"$BIN/relay-server" --config "$RUN/relay.json" 2> >(sed 's/^/[relay] /' >&2) &
+RELAY_PID=$!
+wait_http "http://127.0.0.1:$ADMIN_PORT/readyz" relay-server "$RELAY_PID"
+
+# Demo credential: created once, reused while .run/relay.db keeps it.
+CRED=""
+if [ -s "$RUN/demo-credential" ]; then
+  CRED=$(cat "$RUN/demo-credential")
+  HASH=$(printf %s "$CRED" | openssl dgst -sha256 -binary | od -An -tx1 | tr -d ' \n')
+  FOUND=$(sqlite3 "$RUN/relay.db" "SELECT count(*) FROM credentials WHERE hash = X'$HASH' AND revoked_at IS NULL")
+  [ "$FOUND" = 1 ] || CRED=""
+fi
+if [ -z "$CRED" ]; then
+  if "$BIN/relayctl" credentials create --help >/dev/null 2>&1; then
+    CRED=$("$BIN/relayctl" --config "$RUN/relay.json" credentials create --name demo --apps "$BUNDLE" --json \
+      | sed -n 's/.*"secret" *: *"\([^"]*\)".*/\1/p')
+  fi
+  if [ -z "$CRED" ]; then
+    # Fallback until relayctl has `credentials create`: the same format and hash the relay uses
+    # (rk_ + base64url of 32 random bytes, stored as SHA-256), inserted beside the running server.
+    CRED="rk_$(openssl rand -base64 32 | tr '+/' '-_' | tr -d '=\n')"
+    HASH=$(printf %s "$CRED" | openssl dgst -sha256 -binary | od -An -tx1 | tr -d ' \n')
+    ID="cred_$(openssl rand -hex 6)"
+    NOW=$(($(date +%s) * 1000))
+    sqlite3 "$RUN/relay.db" ".timeout 5000" \
+      "INSERT INTO credentials (id, name, hash, apps, created_at) VALUES ('$ID', 'demo', X'$HASH', '$BUNDLE', $NOW)"
+  fi
+  printf %s "$CRED" > "$RUN/demo-credential"
+fi
+
+TOKEN=$(openssl rand -hex 32)
+SESSION=$(cat /proc/sys/kernel/random/uuid | tr a-z A-Z)
+DATA=$(openssl rand -base64 48 | tr -d '\n')
+cat <<EOF
+
+relay-server is accepting responses. Try it:
+
+  curl -sS -i http://127.0.0.1:$RELAY_PORT/v1/responses \\
+    -H "Authorization: Bearer \$(cat $RUN/demo-credential)" -H 'Content-Type: application/json' \\
+    -d '{"pushToken":"$TOKEN","sessionIdentifier":"$SESSION","keyID":"$KEY_ID","messageIndex":'\$RANDOM',"encryptedData":"$DATA"}'
+
+  (random ciphertext: mock-apns accepts the push and records it as not decryptable)
+  then:  curl -sS http://127.0.0.1:$RELAY_PORT/v1/responses/<id> -H "Authorization: Bearer \$(cat $RUN/demo-credential)"
+         curl -sS http://127.0.0.1:$CONTROL_PORT/deliveries
+
+An accessory's real, ratchet-encrypted response, verified by mock-apns:
+
+  $BIN/relayctl send-test --url http://127.0.0.1:$RELAY_PORT --credential \$(cat $RUN/demo-credential) --root-key \$(cat $RUN/demo-root-key) --key-id \$(cat $RUN/demo-key-id) --count 3
+
+Metrics: curl -sS http://127.0.0.1:$ADMIN_PORT/metrics     Ctrl-C stops both.
+
+EOF
+wait "$RELAY_PID" || true
