@@ -1,7 +1,7 @@
+// mock-apns: see `mock-apns --help` and docs/mock-apns.md. All logic lives in MockAPNs.
+import MockAPNs
 #if canImport(Glibc)
 import Glibc
 #endif
-// Not built yet: refuse loudly rather than pretend to work.
-let message = "not implemented yet\n"
-_ = message.withCString { write(2, $0, strlen($0)) }
-exit(1)
+
+exit(MockAPNsMain.run(arguments: Array(CommandLine.arguments.dropFirst())))

@@ -1,0 +1,297 @@
+// The running mock: an HTTP/2 (TLS or h2c) server answering like APNs, and an HTTP/1.1 control
+// server on loopback. Per request: validate -> faults -> verify -> record -> answer.
+import Foundation
+import HTTPServer
+import Synchronization
+
+/// Per-connection bookkeeping (APNs binds auth state and stream limits to the connection).
+struct ConnectionState {
+    var auth = ConnectionAuthState()
+    var streams = 0
+    var streamsGranted = false
+    var lastSeen: UInt64 = 0
+}
+
+/// The request path, shared by every loop thread. All mutable state sits behind Mutexes.
+final class MockCore: Sendable {
+    let configuration: MockAPNsConfiguration
+    let recorder: DeliveryRecorder
+    let verifier: TrafficVerifier
+    private let baseValidator: RequestValidator
+    private let tokenAuth: Bool
+    private let faults: Mutex<FaultPlan>
+    private let connections = Mutex<[UInt64: ConnectionState]>([:])
+    private let stats = Mutex(MockStats())
+    private let tokenCache = Mutex<[String: Result<ProviderTokenClaims, ProviderTokenFailure>]>([:])
+    private let delayQueue = DispatchQueue(label: "mock-apns.latency", attributes: .concurrent)
+
+    init(configuration: MockAPNsConfiguration) throws {
+        self.configuration = configuration
+        recorder = try DeliveryRecorder(logPath: configuration.deliveriesLogPath)
+        verifier = TrafficVerifier(rootSecrets: configuration.rootSecrets)
+        tokenAuth = !configuration.tokenKeys.isEmpty
+        var validator = RequestValidator(allowedBundleIDs: Set(configuration.allowedBundleIDs),
+                                         tokenVerifier: tokenAuth ? ProviderTokenVerifier(keys: configuration.tokenKeys) : nil)
+        validator.tokenUpdateInterval = configuration.tokenUpdateInterval
+        baseValidator = validator
+        faults = Mutex(configuration.faults)
+    }
+
+    /// APNs grants one stream until a request with a valid token succeeded.
+    var initialMaxConcurrentStreams: UInt32 { tokenAuth ? 1 : configuration.maxConcurrentStreams }
+
+    var faultPlan: FaultPlan {
+        get { faults.withLock { $0 } }
+    }
+
+    func setFaults(_ plan: FaultPlan) { faults.withLock { $0 = plan } }
+
+    func reset() {
+        recorder.reset()
+        verifier.reset()
+        stats.withLock { $0 = MockStats() }
+    }
+
+    var statsSnapshot: MockStats { stats.withLock { $0 } }
+
+    // MARK: The APNs request path
+
+    func handle(_ request: HTTPRequest, _ responder: HTTPResponder) {
+        let now = configuration.clock()
+        let nowSeconds = Int64(now.timeIntervalSince1970.rounded(.down))
+        let plan = faultPlan
+        var validator = baseValidator
+        validator.expireTokensIssuedBefore = plan.expireTokensIssuedBefore
+        let tokenVerifier = validator.tokenVerifier
+        validator.checkTokenShape = { [self] token in cachedTokenShape(token, tokenVerifier) }
+
+        // Validation and per-connection state change together under the connection lock.
+        let (result, streamNumber, grantStreams, isNewConnection) = connections.withLock { all in
+            let isNew = all[request.connectionID] == nil
+            var state = all[request.connectionID] ?? ConnectionState()
+            let headers = request.headers.map { ($0.name, $0.value) }
+            let result = validator.validate(method: request.method, path: request.path, headers: headers,
+                                            body: request.body, connection: &state.auth, now: nowSeconds)
+            state.streams += 1
+            var grant = false
+            if case .accepted = result, !state.streamsGranted {
+                state.streamsGranted = true
+                grant = tokenAuth
+            }
+            state.lastSeen = request.connectionID
+            all[request.connectionID] = state
+            if isNew, all.count > 20_000 {
+                // No close callback: forget the oldest half (connection IDs only grow).
+                let cutoff = all.keys.sorted()[all.count / 2]
+                all = all.filter { $0.key >= cutoff }
+            }
+            return (result, state.streams, grant, isNew)
+        }
+
+        var response: HTTPResponse
+        var decision = FaultDecision.none
+        var accepted: AcceptedPush?
+        switch result {
+        case .rejected(let rejection, let apnsID):
+            response = errorResponse(rejection, apnsID: apnsID)
+        case .accepted(let push):
+            decision = plan.decide(deviceToken: push.deviceToken, nowMs: Int64(now.timeIntervalSince1970 * 1000),
+                                   random: configuration.random)
+            if let rejection = decision.rejection {
+                response = errorResponse(rejection, apnsID: push.apnsID)
+            } else if decision.stall {
+                response = HTTPResponse(status: 0)  // never sent; a stalled push is not recorded either
+            } else {
+                accepted = push
+                var headers = HTTPHeaders([("apns-id", push.apnsID)])
+                if configuration.sandbox { headers.add("apns-unique-id", UUID().uuidString.lowercased()) }
+                response = HTTPResponse(status: 200, headers: headers)
+            }
+        }
+
+        if let push = accepted {
+            let verification = push.accessory.map(verifier.verify) ?? .notApplicable
+            recorder.record(MockDelivery(push: push, verification: verification, receivedAt: now,
+                                         connectionID: request.connectionID, streamID: request.streamID))
+            stats.withLock { s in
+                s.accepted += 1
+                if verification.verified == true { s.verified += 1 }
+                if verification.verified == false { s.verifyFailed += 1 }
+            }
+        }
+
+        let connectionFault = plan.connectionFault(afterStream: streamNumber)
+        stats.withLock { s in
+            s.requests += 1
+            if isNewConnection { s.connectionsSeen += 1 }
+            if decision.stall {
+                s.stalled += 1
+            } else {
+                let reason = response.status == 200 ? "200" : "\(response.status) \(reasonOf(response))"
+                s.byStatusReason[reason, default: 0] += 1
+                if connectionFault == .goAway { s.goAwaysSent += 1 }
+                if connectionFault == .close { s.connectionsClosed += 1 }
+            }
+        }
+        if configuration.verbose {
+            log("\(request.method) \(request.path) conn=\(request.connectionID) stream=\(request.streamID) -> "
+                + (decision.stall ? "stall" : "\(response.status) \(reasonOf(response))"))
+        }
+        // A stalled stream is never answered; GOAWAY/close faults still apply to later streams.
+        if decision.stall { return }
+
+        let action: ConnectionAction = switch connectionFault {
+        case .none: .keep
+        case .goAway: .goAway
+        case .close: .close
+        }
+        // APNs raises MAX_CONCURRENT_STREAMS after the first success, so the SETTINGS frame
+        // follows the response.
+        let raiseTo: UInt32? = grantStreams ? configuration.maxConcurrentStreams : nil
+        if decision.latencyMs > 0 {
+            let answer = response
+            delayQueue.asyncAfter(deadline: .now() + .milliseconds(decision.latencyMs)) {
+                responder.respond(answer, then: action)
+                if let raiseTo { responder.setMaxConcurrentStreams(raiseTo) }
+            }
+        } else {
+            responder.respond(response, then: action)
+            if let raiseTo { responder.setMaxConcurrentStreams(raiseTo) }
+        }
+    }
+
+    /// Signature checks cost ~100 µs; clients reuse one token for up to an hour.
+    private func cachedTokenShape(_ token: String, _ verifier: ProviderTokenVerifier?) -> Result<ProviderTokenClaims, ProviderTokenFailure> {
+        if let cached = tokenCache.withLock({ $0[token] }) { return cached }
+        let result = verifier?.verifySignatureAndShape(token: token) ?? .failure(.invalid("token auth off"))
+        tokenCache.withLock { cache in
+            if cache.count >= 4096 { cache.removeAll() }  // bounded; tokens live an hour at most
+            cache[token] = result
+        }
+        return result
+    }
+
+    private func errorResponse(_ rejection: Rejection, apnsID: String) -> HTTPResponse {
+        HTTPResponse(status: rejection.status,
+                     headers: HTTPHeaders([("apns-id", apnsID), ("content-type", "application/json")]),
+                     body: rejection.body())
+    }
+
+    private func reasonOf(_ response: HTTPResponse) -> String {
+        guard response.status != 200,
+              let object = try? JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Any],
+              let reason = object["reason"] as? String else { return "" }
+        return reason
+    }
+}
+
+func log(_ message: String) {
+    let line = "mock-apns: \(message)\n"
+    FileHandle.standardError.write(Data(line.utf8))
+}
+
+/// The in-process mock. Start it, point a client at `https://127.0.0.1:<port>` with
+/// `caCertificatePath` as its CA, read `deliveries`, shut it down.
+public final class MockAPNsServer: Sendable {
+    private let core: MockCore
+    private let apns: HTTPServer
+    private let control: HTTPServer?
+    private let temporaryDirectory: String?
+    /// The CA to trust (generated TLS only): the configured `caOutputPath`, or a temp file.
+    public let caCertificatePath: String?
+
+    public init(configuration: MockAPNsConfiguration) throws {
+        let core = try MockCore(configuration: configuration)
+        self.core = core
+
+        var tls: TLSConfiguration?
+        var temporary: String?
+        var caPath: String?
+        switch configuration.tls {
+        case .cleartextH2:
+            tls = nil
+        case .files(let cert, let key):
+            tls = TLSConfiguration(certificatePath: cert, privateKeyPath: key, alpn: ["h2"])
+        case .generate(let caOutputPath):
+            let material = try GeneratedTLSMaterial.generate()
+            let dir = FileManager.default.temporaryDirectory.appendingPathComponent("mock-apns-\(UUID().uuidString)").path
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true,
+                                                    attributes: [.posixPermissions: 0o700])
+            temporary = dir
+            let certPath = dir + "/server.pem", keyPath = dir + "/server.key"
+            try write(material.serverCertificatePEM, to: certPath, mode: 0o644)
+            try write(material.serverPrivateKeyPEM, to: keyPath, mode: 0o600)
+            caPath = caOutputPath ?? dir + "/ca.pem"
+            try write(material.caCertificatePEM, to: caPath!, mode: 0o644)
+            tls = TLSConfiguration(certificatePath: certPath, privateKeyPath: keyPath, alpn: ["h2"])
+        }
+        temporaryDirectory = temporary
+        caCertificatePath = caPath
+
+        var http2 = HTTP2Settings()
+        http2.maxConcurrentStreams = core.initialMaxConcurrentStreams
+        var limits = HTTPLimits()
+        // Bodies up to 64 KiB reach the validator, so oversize pushes get APNs' 413 PayloadTooLarge.
+        limits.maxBodyBytes = 64 * 1024
+        limits.maxRequestsPerConnection = Int.max
+        limits.idleTimeout = .seconds(3600)
+        let apnsConfiguration = HTTPServerConfiguration(host: configuration.host, port: configuration.port, tls: tls,
+                                                        cleartextHTTP2: true, http2: http2, limits: limits,
+                                                        loopThreads: configuration.loopThreads)
+        let apnsServer = try HTTPServer(configuration: apnsConfiguration) { request, responder in
+            core.handle(request, responder)
+        }
+        apns = apnsServer
+        if let controlPort = configuration.controlPort {
+            let api = ControlAPI(core: core, metrics: { apnsServer.metrics })
+            control = try HTTPServer(configuration: HTTPServerConfiguration(host: configuration.controlHost, port: controlPort,
+                                                                            tls: nil, cleartextHTTP2: false)) { request, responder in
+                api.handle(request, responder)
+            }
+        } else {
+            control = nil
+        }
+    }
+
+    public func start() throws {
+        try apns.start()
+        do { try control?.start() } catch {
+            apns.shutdown(gracePeriod: .zero)
+            throw error
+        }
+    }
+
+    public var port: Int { apns.localPort }
+    /// 0 when the control server is off.
+    public var controlPort: Int { control?.localPort ?? 0 }
+    public var deliveries: [MockDelivery] { core.recorder.deliveries }
+    public var stats: MockStats { core.statsSnapshot }
+    public var faults: FaultPlan {
+        get { core.faultPlan }
+    }
+    public func setFaults(_ plan: FaultPlan) { core.setFaults(plan) }
+    /// Clears deliveries, counters and receiving ratchets (faults stay).
+    public func reset() { core.reset() }
+
+    /// Stops both servers (stalled streams are cut after `gracePeriod`), flushes the log, and
+    /// removes generated key material.
+    public func shutdown(gracePeriod: Duration = .seconds(1)) {
+        control?.shutdown(gracePeriod: .zero)
+        apns.shutdown(gracePeriod: gracePeriod)
+        core.recorder.flush()
+        if let temporaryDirectory {
+            // Keep the CA if it lives there and nobody asked for a path: clients may still hold it.
+            try? FileManager.default.removeItem(atPath: temporaryDirectory + "/server.key")
+            try? FileManager.default.removeItem(atPath: temporaryDirectory + "/server.pem")
+            if caCertificatePath != temporaryDirectory + "/ca.pem" { try? FileManager.default.removeItem(atPath: temporaryDirectory) }
+        }
+    }
+}
+
+private func write(_ text: String, to path: String, mode: Int) throws {
+    // Created with its final mode (the private key is never world-readable, even briefly).
+    try? FileManager.default.removeItem(atPath: path)
+    guard FileManager.default.createFile(atPath: path, contents: Data(text.utf8), attributes: [.posixPermissions: mode]) else {
+        throw MockConfigurationError("cannot write \(path)")
+    }
+}
