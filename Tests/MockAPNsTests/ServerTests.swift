@@ -146,8 +146,16 @@ import Testing
         args += ["--data-binary", "@" + body, "-w", "%{http_code} %{num_connects}\\n"]
         for _ in 0..<2 { args += ["-o", "/dev/null", target] }
         let result = try runTool("/usr/bin/curl", args)
-        #expect(result.stdout.split(separator: "\n") == ["200 1", "200 1"], "\(result.stdout) \(result.stderr)")
+        let lines = result.stdout.split(separator: "\n").map(String.init)
+        // The close is abrupt: if the client's own frames (SETTINGS ACK, WINDOW_UPDATE) are still
+        // unread when the socket closes, the kernel sends RST and curl may lose the response
+        // ("000"), as with a real dropped connection. Either way the next request needs a new
+        // connection and succeeds on it.
+        #expect(lines.count == 2, "\(result.stdout) \(result.stderr)")
+        #expect(lines.first == "200 1" || lines.first?.hasPrefix("000") == true, "\(result.stdout)")
+        #expect(lines.last == "200 1", "\(result.stdout) \(result.stderr)")
         #expect(mock.server.stats.connectionsClosed == 2)
+        #expect(mock.server.stats.connectionsSeen == 2)
     }
 
     @Test func injectedStatusesLatencyAndTokenExpiry() throws {
