@@ -42,6 +42,9 @@ public struct MockAPNsConfiguration: Sendable {
     public var allowedBundleIDs: [String] = []
     /// Granted after the first request with a valid token succeeds (1 before that, like APNs).
     public var maxConcurrentStreams: UInt32 = 1000
+    /// SETTINGS_MAX_CONCURRENT_STREAMS before that first success (APNs: 1). Load generators that
+    /// open many streams before reading SETTINGS (h2load) see refused streams with 1.
+    public var initialMaxConcurrentStreams: UInt32 = 1
     public var rootSecrets: [MockRootSecret] = []
     public var deliveriesLogPath: String?
     public var faults = FaultPlan()
@@ -91,6 +94,7 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
     public var deliveriesLog: String?
     public var faults: [FaultRule]?
     public var maxConcurrentStreams: UInt32?
+    public var initialMaxConcurrentStreams: UInt32?
     public var production: Bool?
     public var tokenUpdateIntervalSeconds: Int64?
     public var verbose: Bool?
@@ -101,7 +105,7 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
 
     static let knownKeys: Set<String> = [
         "listen", "control", "generateTLS", "caOut", "tlsCert", "tlsKey", "h2c", "tokenKeys", "bundleIDs",
-        "rootSecrets", "deliveriesLog", "faults", "maxConcurrentStreams", "production",
+        "rootSecrets", "deliveriesLog", "faults", "maxConcurrentStreams", "initialMaxConcurrentStreams", "production",
         "tokenUpdateIntervalSeconds", "verbose", "threads", "readyFile",
     ]
 
@@ -142,6 +146,7 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
         m.deliveriesLog = other.deliveriesLog ?? deliveriesLog
         m.faults = concat(faults, other.faults)
         m.maxConcurrentStreams = other.maxConcurrentStreams ?? maxConcurrentStreams
+        m.initialMaxConcurrentStreams = other.initialMaxConcurrentStreams ?? initialMaxConcurrentStreams
         m.production = other.production ?? production
         m.tokenUpdateIntervalSeconds = other.tokenUpdateIntervalSeconds ?? tokenUpdateIntervalSeconds
         m.verbose = other.verbose ?? verbose
@@ -199,6 +204,12 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
         if let n = maxConcurrentStreams {
             guard n >= 1 else { throw MockConfigurationError("--max-concurrent-streams must be >= 1") }
             c.maxConcurrentStreams = n
+        }
+        if let n = initialMaxConcurrentStreams {
+            guard n >= 1, n <= c.maxConcurrentStreams else {
+                throw MockConfigurationError("--initial-max-concurrent-streams must be within 1...--max-concurrent-streams")
+            }
+            c.initialMaxConcurrentStreams = n
         }
         c.sandbox = !(production ?? false)
         if let t = tokenUpdateIntervalSeconds {
@@ -271,6 +282,9 @@ public enum MockAPNsCommandLine {
       --h2c                         cleartext HTTP/2 with prior knowledge instead of TLS
       --max-concurrent-streams N    granted after the first request with a valid token (default 1000;
                                     1 before that, like APNs)
+      --initial-max-concurrent-streams N  the "before" value (default 1); raise it for load
+                                    generators such as h2load that open streams before reading
+                                    SETTINGS (they see REFUSED_STREAM otherwise)
 
     Validation:
       --token-key KEYID:TEAMID:PATH  a provider-token key (.p8 or PEM public key); repeatable.
@@ -301,7 +315,8 @@ public enum MockAPNsCommandLine {
       --config PATH                 JSON file with the same settings (keys: listen, control,
                                     generateTLS, caOut, tlsCert, tlsKey, h2c, tokenKeys
                                     [{keyID,teamID,path}], bundleIDs, rootSecrets [{keyID,secret}],
-                                    deliveriesLog, faults [rules], maxConcurrentStreams, production,
+                                    deliveriesLog, faults [rules], maxConcurrentStreams,
+                                    initialMaxConcurrentStreams, production,
                                     tokenUpdateIntervalSeconds, threads, readyFile, verbose).
                                     Flags override scalars
                                     and add to lists.
@@ -337,6 +352,10 @@ public enum MockAPNsCommandLine {
                 let v = try value(flag)
                 guard let n = UInt32(v) else { throw MockConfigurationError("\(flag): \"\(v)\" is not a number") }
                 cli.maxConcurrentStreams = n
+            case "--initial-max-concurrent-streams":
+                let v = try value(flag)
+                guard let n = UInt32(v) else { throw MockConfigurationError("\(flag): \"\(v)\" is not a number") }
+                cli.initialMaxConcurrentStreams = n
             case "--token-key":
                 let v = try value(flag)
                 let parts = v.split(separator: ":", maxSplits: 2).map(String.init)

@@ -38,7 +38,7 @@ final class MockCore: Sendable {
     }
 
     /// APNs grants one stream until a request with a valid token succeeded.
-    var initialMaxConcurrentStreams: UInt32 { tokenAuth ? 1 : configuration.maxConcurrentStreams }
+    var initialMaxConcurrentStreams: UInt32 { tokenAuth ? configuration.initialMaxConcurrentStreams : configuration.maxConcurrentStreams }
 
     var faultPlan: FaultPlan {
         get { faults.withLock { $0 } }
@@ -57,6 +57,14 @@ final class MockCore: Sendable {
     // MARK: The APNs request path
 
     func handle(_ request: HTTPRequest, _ responder: HTTPResponder) {
+        guard request.version == .http2 else {
+            // APNs is HTTP/2 only; a client that works here over HTTP/1.1 would fail there.
+            let rejection = Rejection(status: 505, reason: "HTTPVersionNotSupported", detail: "APNs speaks HTTP/2 only")
+            stats.withLock { $0.requests += 1; $0.byStatusReason["505 HTTPVersionNotSupported", default: 0] += 1 }
+            responder.respond(HTTPResponse(status: 505, headers: HTTPHeaders([("content-type", "application/json")]),
+                                           body: rejection.body()), then: .goAway)
+            return
+        }
         let now = configuration.clock()
         let nowSeconds = Int64(now.timeIntervalSince1970.rounded(.down))
         let plan = faultPlan
@@ -76,7 +84,7 @@ final class MockCore: Sendable {
             var grant = false
             if case .accepted = result, !state.streamsGranted {
                 state.streamsGranted = true
-                grant = tokenAuth
+                grant = tokenAuth && configuration.initialMaxConcurrentStreams < configuration.maxConcurrentStreams
             }
             state.lastSeen = request.connectionID
             all[request.connectionID] = state

@@ -20,7 +20,7 @@ import Ratchet
             "--listen", "127.0.0.1:0", "--generate-tls", "--ca-out", "ca.pem", "--control", "127.0.0.1:0",
             "--token-key", "ABC123DEFG:TEAM123456:\(p8)", "--bundle-id", "com.example.app",
             "--root-secret", "AQIDBA==:\(secret)", "--deliveries-log", "d.jsonl", "--fault", "goaway-after=10",
-            "--max-concurrent-streams", "50", "--production",
+            "--max-concurrent-streams", "50", "--initial-max-concurrent-streams", "10", "--production",
         ])
         guard case .run(let c) = outcome else { Issue.record("expected run"); return }
         #expect(c.host == "127.0.0.1" && c.port == 0 && c.controlPort == 0)
@@ -31,7 +31,7 @@ import Ratchet
         #expect(c.rootSecrets.map(\.keyID) == [[1, 2, 3, 4]] && c.rootSecrets.first?.rootSecret == SecretKey(bytes: Array(repeating: UInt8(0x0f), count: 32)))
         #expect(c.deliveriesLogPath == "d.jsonl")
         #expect(c.faults.rules == [FaultRule(goAwayAfter: 10)])
-        #expect(c.maxConcurrentStreams == 50 && c.sandbox == false)
+        #expect(c.maxConcurrentStreams == 50 && c.initialMaxConcurrentStreams == 10 && c.sandbox == false)
     }
 
     @Test func usageErrorsNameTheProblem() {
@@ -47,6 +47,7 @@ import Ratchet
             (["--tls-cert", "a"], "go together"),
             (["--fault", "status=99"], "status"),
             (["--wat"], "unknown option"),
+            (["--initial-max-concurrent-streams", "2000"], "--initial-max-concurrent-streams"),
             (["--listen"], "needs a value"),
         ]
         for (args, fragment) in bad {
@@ -83,7 +84,7 @@ import Ratchet
     @Test func helpMentionsEveryFlag() {
         for flag in ["--listen", "--control", "--generate-tls", "--ca-out", "--tls-cert", "--tls-key", "--h2c", "--max-concurrent-streams",
                      "--token-key", "--bundle-id", "--token-update-interval", "--production", "--deliveries-log", "--root-secret",
-                     "--fault", "--config", "--verbose", "--threads", "--ready-file", "--help"] {
+                     "--fault", "--config", "--verbose", "--initial-max-concurrent-streams", "--threads", "--ready-file", "--help"] {
             #expect(MockAPNsCommandLine.usage.contains(flag), "\(flag)")
         }
     }

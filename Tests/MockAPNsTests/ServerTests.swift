@@ -215,6 +215,17 @@ import Testing
         #expect(try mock.controlRequest("PUT", "/stats").status == 405)
     }
 
+    @Test func http1IsRefused() throws {
+        let mock = try MockHarness()
+        let result = try runTool("/usr/bin/curl", ["-sS", "--http1.1", "--cacert", mock.caPath, "-m", "10", "-w", "\n%{http_code} %{http_version}",
+                                                   "-H", "apns-topic: \(Fixture.topic)", "-H", "apns-push-type: accessory",
+                                                   "--data-binary", String(decoding: Fixture.accessoryBody(), as: UTF8.self),
+                                                   mock.url + "/3/device/abcd"])
+        #expect(result.stdout.hasSuffix("505 1.1"), "\(result.stdout) \(result.stderr)")
+        #expect(result.stdout.contains("HTTPVersionNotSupported"))
+        #expect(mock.server.deliveries.isEmpty)
+    }
+
     @Test func cleartextH2WithoutAuthAcceptsAnyBundle() throws {
         let mock = try MockHarness {
             $0.tls = .cleartextH2
