@@ -305,10 +305,11 @@ public enum MockAPNsCommandLine {
       --fault status=503,fraction=0.1                    fixed answer for 10% of requests
       --fault latency=50                                 add 50 ms to every answer
       --fault stall,fraction=0.01                        never answer 1% of requests
+      --fault abort,token=HEX                            drop the connection instead of answering
       --fault goaway-after=100                           GOAWAY after 100 streams per connection
       --fault close-after=10                             drop the TCP connection after 10 streams
       --fault expire-tokens-before=UNIXSECONDS           403 ExpiredProviderToken for older tokens
-      keys: token, fraction, status, reason, timestamp (410, ms), latency (ms), stall,
+      keys: token, fraction, status, reason, timestamp (410, ms), latency (ms), stall, abort,
             goaway-after, close-after, expire-tokens-before
 
     Other:

@@ -72,7 +72,7 @@ struct ControlAPI: Sendable {
             rulesObject = object
         }
         guard let list = rulesObject as? [[String: Any]] else { throw MockConfigurationError("faults: rules must be an array of objects") }
-        let known = Set(["deviceToken", "fraction", "status", "reason", "timestampMs", "latencyMs", "stall", "goAwayAfter",
+        let known = Set(["deviceToken", "fraction", "status", "reason", "timestampMs", "latencyMs", "stall", "abort", "goAwayAfter",
                          "closeAfter", "expireTokensIssuedBefore"])
         var rules: [FaultRule] = []
         for (i, item) in list.enumerated() {

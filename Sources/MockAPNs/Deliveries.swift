@@ -144,6 +144,7 @@ public struct MockStats: Sendable, Equatable {
     public var requests = 0
     public var accepted = 0
     public var stalled = 0
+    public var aborted = 0
     /// "200", "400 BadDeviceToken", ...
     public var byStatusReason: [String: Int] = [:]
     public var connectionsSeen = 0
@@ -154,7 +155,7 @@ public struct MockStats: Sendable, Equatable {
 
     public func jsonObject() -> [String: Any] {
         [
-            "requests": requests, "accepted": accepted, "stalled": stalled,
+            "requests": requests, "accepted": accepted, "stalled": stalled, "aborted": aborted,
             "byStatusReason": byStatusReason, "connections": connectionsSeen,
             "goAwaysSent": goAwaysSent, "connectionsClosedByFault": connectionsClosed,
             "verified": verified, "verifyFailed": verifyFailed,

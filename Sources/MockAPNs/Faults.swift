@@ -19,6 +19,8 @@ public struct FaultRule: Codable, Sendable, Equatable {
     public var latencyMs: Int?
     /// Never answer matching requests (the stream stays open until the client gives up).
     public var stall: Bool?
+    /// Drop the whole connection instead of answering (no response, no GOAWAY), like a reset.
+    public var abort: Bool?
     /// Per connection: send GOAWAY (NO_ERROR) after answering the Nth stream.
     public var goAwayAfter: Int?
     /// Per connection: close the TCP connection abruptly right after answering the Nth stream.
@@ -27,10 +29,10 @@ public struct FaultRule: Codable, Sendable, Equatable {
     public var expireTokensIssuedBefore: Int64?
 
     public init(deviceToken: String? = nil, fraction: Double? = nil, status: Int? = nil, reason: String? = nil,
-                timestampMs: Int64? = nil, latencyMs: Int? = nil, stall: Bool? = nil, goAwayAfter: Int? = nil,
-                closeAfter: Int? = nil, expireTokensIssuedBefore: Int64? = nil) {
+                timestampMs: Int64? = nil, latencyMs: Int? = nil, stall: Bool? = nil, abort: Bool? = nil,
+                goAwayAfter: Int? = nil, closeAfter: Int? = nil, expireTokensIssuedBefore: Int64? = nil) {
         self.deviceToken = deviceToken; self.fraction = fraction; self.status = status; self.reason = reason
-        self.timestampMs = timestampMs; self.latencyMs = latencyMs; self.stall = stall
+        self.timestampMs = timestampMs; self.latencyMs = latencyMs; self.stall = stall; self.abort = abort
         self.goAwayAfter = goAwayAfter; self.closeAfter = closeAfter
         self.expireTokensIssuedBefore = expireTokensIssuedBefore
     }
@@ -46,9 +48,9 @@ public struct FaultRule: Codable, Sendable, Equatable {
         if let token = deviceToken, token.isEmpty || !token.utf8.allSatisfy(isHexDigit) {
             throw MockConfigurationError("fault: deviceToken must be hex")
         }
-        let acts = status != nil || latencyMs != nil || stall == true || goAwayAfter != nil || closeAfter != nil
+        let acts = status != nil || latencyMs != nil || stall == true || abort == true || goAwayAfter != nil || closeAfter != nil
             || expireTokensIssuedBefore != nil
-        if !acts { throw MockConfigurationError("fault: rule does nothing (set status, latencyMs, stall, goAwayAfter, closeAfter or expireTokensIssuedBefore)") }
+        if !acts { throw MockConfigurationError("fault: rule does nothing (set status, latencyMs, stall, abort, goAwayAfter, closeAfter or expireTokensIssuedBefore)") }
         return self
     }
 
@@ -79,6 +81,7 @@ public struct FaultRule: Codable, Sendable, Equatable {
             case "timestamp", "timestampms": timestampMs = Int64(try int(need()))
             case "latency", "latencyms": latencyMs = try int(need())
             case "stall": stall = value.map { $0 == "true" || $0 == "1" } ?? true
+            case "abort": abort = value.map { $0 == "true" || $0 == "1" } ?? true
             case "goawayafter": goAwayAfter = try int(need())
             case "closeafter": closeAfter = try int(need())
             case "expiretokensissuedbefore", "expiretokensbefore": expireTokensIssuedBefore = Int64(try int(need()))
@@ -101,6 +104,7 @@ public struct FaultRule: Codable, Sendable, Equatable {
 public struct FaultDecision: Sendable, Equatable {
     public var rejection: Rejection?
     public var stall = false
+    public var abort = false
     public var latencyMs = 0
     public static let none = FaultDecision()
 }
@@ -112,18 +116,20 @@ public struct FaultPlan: Codable, Sendable, Equatable {
     public var rules: [FaultRule]
     public init(rules: [FaultRule] = []) { self.rules = rules }
 
-    /// First matching stall or status rule wins (in rule order); latencies of all matching
+    /// First matching stall, abort or status rule wins (in rule order); latencies of all matching
     /// rules add up. `random` returns a fresh number in 0..<1 per rule with a fraction.
     public func decide(deviceToken: String, nowMs: Int64, random: () -> Double) -> FaultDecision {
         var decision = FaultDecision()
         let token = deviceToken.lowercased()
-        for rule in rules where rule.status != nil || rule.stall == true || rule.latencyMs != nil {
+        for rule in rules where rule.status != nil || rule.stall == true || rule.abort == true || rule.latencyMs != nil {
             let roll = rule.fraction == nil ? 0 : random()
             guard rule.matches(deviceToken: token, random: roll) else { continue }
             decision.latencyMs += rule.latencyMs ?? 0
-            guard decision.rejection == nil, !decision.stall else { continue }
+            guard decision.rejection == nil, !decision.stall, !decision.abort else { continue }
             if rule.stall == true {
                 decision.stall = true
+            } else if rule.abort == true {
+                decision.abort = true
             } else if let status = rule.status {
                 let reason = rule.reason ?? defaultReason(status)
                 decision.rejection = Rejection(status: status, reason: reason, detail: "injected fault",

@@ -107,8 +107,8 @@ final class MockCore: Sendable {
                                    random: configuration.random)
             if let rejection = decision.rejection {
                 response = errorResponse(rejection, apnsID: push.apnsID)
-            } else if decision.stall {
-                response = HTTPResponse(status: 0)  // never sent; a stalled push is not recorded either
+            } else if decision.stall || decision.abort {
+                response = HTTPResponse(status: 0)  // never sent; such a push is not recorded either
             } else {
                 accepted = push
                 var headers = HTTPHeaders([("apns-id", push.apnsID)])
@@ -134,6 +134,8 @@ final class MockCore: Sendable {
             if isNewConnection { s.connectionsSeen += 1 }
             if decision.stall {
                 s.stalled += 1
+            } else if decision.abort {
+                s.aborted += 1
             } else {
                 let reason = response.status == 200 ? "200" : "\(response.status) \(reasonOf(response))"
                 s.byStatusReason[reason, default: 0] += 1
@@ -143,10 +145,14 @@ final class MockCore: Sendable {
         }
         if configuration.verbose {
             log("\(request.method) \(request.path) conn=\(request.connectionID) stream=\(request.streamID) -> "
-                + (decision.stall ? "stall" : "\(response.status) \(reasonOf(response))"))
+                + (decision.stall ? "stall" : decision.abort ? "abort" : "\(response.status) \(reasonOf(response))"))
         }
         // A stalled stream is never answered; GOAWAY/close faults still apply to later streams.
         if decision.stall { return }
+        if decision.abort {
+            responder.abortConnection()
+            return
+        }
 
         let action: ConnectionAction = switch connectionFault {
         case .none: .keep

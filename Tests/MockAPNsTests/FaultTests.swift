@@ -29,6 +29,9 @@ import Testing
         ])
         let aa = plan.decide(deviceToken: "aa", nowMs: 0, random: { 0 })
         #expect(aa.stall && aa.rejection == nil && aa.latencyMs == 25)
+        let aborting = FaultPlan(rules: [try FaultRule(commandLine: "abort,fraction=0.5"), try FaultRule(commandLine: "status=500")])
+        #expect(aborting.decide(deviceToken: "aa", nowMs: 0, random: { 0.1 }) == FaultDecision(rejection: nil, stall: false, abort: true, latencyMs: 0))
+        #expect(aborting.decide(deviceToken: "aa", nowMs: 0, random: { 0.9 }).rejection?.status == 500)
         let bb = plan.decide(deviceToken: "bb", nowMs: 0, random: { 0 })
         #expect(!bb.stall && bb.rejection?.status == 429 && bb.rejection?.reason == "TooManyRequests" && bb.latencyMs == 20)
         // 410 without an explicit timestamp carries "now".

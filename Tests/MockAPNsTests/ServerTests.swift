@@ -137,6 +137,16 @@ import Testing
         #expect(mock.server.deliveries.map(\.deviceToken) == ["beef"])
     }
 
+    @Test func abortDropsTheConnectionWithoutAnAnswer() throws {
+        let mock = try MockHarness { $0.faults = FaultPlan(rules: [FaultRule(deviceToken: "dead", abort: true)]) }
+        let dropped = try mock.curl(path: "/3/device/dead", headers: mock.accessoryHeaders(), body: Fixture.accessoryBody())
+        #expect(dropped.exit != 0 && dropped.exit != 28)  // a transport error, not a timeout
+        #expect(dropped.status == 0)
+        #expect(try mock.curl(path: "/3/device/beef", headers: mock.accessoryHeaders(), body: Fixture.accessoryBody()).status == 200)
+        #expect(mock.server.stats.aborted == 1)
+        #expect(mock.server.deliveries.map(\.deviceToken) == ["beef"])
+    }
+
     @Test func closeAfterNStreamsForcesANewConnection() throws {
         let mock = try MockHarness { $0.faults = FaultPlan(rules: [FaultRule(closeAfter: 1)]) }
         let body = try mock.file("body.json", Fixture.accessoryBody())
