@@ -24,7 +24,7 @@ final class FakeTransport: PushTransport {
     }
 }
 
-private func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
+func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
     // Bounded polling for state reached by another thread (not a timing assertion).
     for _ in 0..<2000 {
         if try cond() { return }
@@ -132,5 +132,63 @@ private func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         try waitUntil("failed") { try s.counts().byState[.failed] == 1 }
         d.stop()
         #expect(try s.list(OutboxFilter())[0].lastReason == "app_not_configured")
+    }
+}
+
+@Suite struct HandoffTests {
+    let dir = TempDir()
+    let clock = TestClock()
+
+    @Test func rowsAcceptedWhileTheDispatcherHasRoomAreSentWithoutAClaim() throws {
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        defer { s.close() }
+        let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
+        let t = FakeTransport { _, _ in PushAnswer(status: 200, reason: nil, classification: .done) }
+        let d = Dispatcher(store: s, transports: ["com.example.app": t], options: DispatcherOptions(idlePollMillis: 60_000), clock: clock)
+        try d.start()
+        let batchesBefore = s.writerStats.batches
+        var ids: [String] = []
+        for i in 0..<10 {
+            guard case .accepted(let id) = try s.ingestNow(sample(index: UInt32(i)), secret: secret) else { Issue.record("no"); return }
+            ids.append(id)
+        }
+        // A duplicate gives its reservation back.
+        if case .duplicate(let id, _) = try s.ingestNow(sample(index: 0), secret: secret) {
+            #expect(id == ids[0])
+        } else { Issue.record("not answered as a duplicate") }
+        try waitUntil("delivered") { try s.counts().byState[.delivered] == 10 }
+        #expect(Set(t.sent.withLock { $0.map(\.id) }) == Set(ids))
+        #expect(d.inflightCount == 0)
+        // No claim ran: the dispatcher slept (idle poll 60 s) and rows came by hand-off.
+        #expect(s.writerStats.batches - batchesBefore < 40)
+        #expect(d.reserve())
+        d.release(1)
+        d.stop()
+    }
+
+    @Test func aRolledBackBatchReleasesItsReservations() throws {
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        defer { s.close() }
+        let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
+        let t = FakeTransport { _, _ in nil }
+        let d = Dispatcher(store: s, transports: ["com.example.app": t], options: DispatcherOptions(maxInflight: 1, idlePollMillis: 60_000), clock: clock)
+        try d.start()
+        let writer = try #require(s.writer)
+        let gate = DispatchSemaphore(value: 0)
+        let entered = DispatchSemaphore(value: 0)
+        writer.enqueue({ _ in entered.signal(); gate.wait() }, completion: { _ in })
+        entered.wait()
+        let done = DispatchSemaphore(value: 0)
+        let result = ResultBox<Result<IngestOutcome, StoreError>>()
+        s.submit(IngestRequest(response: sample(), credentialHash: Credentials.hash(secret: secret), configuredApps: ["com.example.app"],
+                               ttlMillis: 10_000, maxPending: 100)) { result.value = $0; done.signal() }
+        writer.enqueue({ db in try db.execute("INSERT INTO no_such_table VALUES (1)") }, completion: { _ in })
+        gate.signal()
+        done.wait()
+        guard case .failure = result.value! else { Issue.record("accepted in a failed batch"); d.stop(); return }
+        #expect(t.sent.withLock { $0.isEmpty })
+        #expect(d.reserve())  // the only slot is free again
+        d.release(1)
+        d.stop()
     }
 }

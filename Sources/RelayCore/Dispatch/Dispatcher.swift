@@ -19,7 +19,7 @@ public struct DispatcherOptions: Sendable {
     }
 }
 
-public final class Dispatcher: @unchecked Sendable {
+public final class Dispatcher: DispatchHandoff, @unchecked Sendable {
     // @unchecked Sendable: every mutable field below is guarded by `condition`; the store and
     // transports are Sendable; the thread is started once.
     private let store: any OutboxStore
@@ -39,6 +39,8 @@ public final class Dispatcher: @unchecked Sendable {
     private var thread: Thread?
     private let exited = DispatchSemaphore(value: 0)
     private var running = false
+    /// Slots promised to the store for rows handed off at ingest (see DispatchHandoff).
+    private var reserved = 0
 
     public init(store: any OutboxStore, transports: [String: any PushTransport], options: DispatcherOptions = .init(),
                 clock: any RelayClock = SystemRelayClock(), random: any RandomSource = SystemRandom(),
@@ -59,7 +61,10 @@ public final class Dispatcher: @unchecked Sendable {
         condition.lock()
         running = true
         condition.unlock()
-        let t = Thread { [self] in self.loop() }
+        (store as? any HandoffCapableStore)?.setHandoff(self)
+        let t = Thread { [self] in
+            self.loop()
+        }
         t.name = "relay-dispatcher"
         thread = t
         t.start()
@@ -79,6 +84,32 @@ public final class Dispatcher: @unchecked Sendable {
         condition.unlock()
     }
 
+    // MARK: DispatchHandoff (called on the store's writer thread)
+
+    public func reserve() -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        guard running, !stopping, inflight.count + reserved < options.maxInflight else { return false }
+        reserved += 1
+        return true
+    }
+
+    public func release(_ count: Int) {
+        condition.lock()
+        reserved = max(0, reserved - count)
+        condition.unlock()
+    }
+
+    public func accept(_ row: OutboxRow) {
+        condition.lock()
+        reserved = max(0, reserved - 1)
+        let gone = stopped
+        condition.unlock()
+        // After stop() the row stays inflight in the database and is requeued at next start.
+        guard !gone else { return }
+        send(row)
+    }
+
     public var inflightCount: Int {
         condition.lock()
         defer { condition.unlock() }
@@ -88,6 +119,7 @@ public final class Dispatcher: @unchecked Sendable {
     /// Stops claiming; waits up to `grace` for pushes in flight, returns the rest to queued,
     /// and shuts the transports down. Blocking.
     public func stop(grace: Duration = .seconds(5)) {
+        (store as? any HandoffCapableStore)?.setHandoff(nil)
         condition.lock()
         guard running, !stopping else { condition.unlock(); return }
         stopping = true
@@ -118,7 +150,7 @@ public final class Dispatcher: @unchecked Sendable {
             let done = finished
             finished.removeAll()
             let isStopping = stopping
-            let capacity = options.maxInflight - inflight.count
+            let capacity = options.maxInflight - inflight.count - reserved
             condition.unlock()
             if !done.isEmpty {
                 do { try store.apply(done) } catch {

@@ -24,6 +24,8 @@ final class GroupCommitWriter: @unchecked Sendable {
     var afterRollback: ((SQLiteDatabase) -> Void)?
     /// Called on the writer thread after every successful COMMIT (e.g. to wake the dispatcher).
     var afterCommit: (@Sendable () -> Void)?
+    /// Called on the writer thread before each batch's BEGIN (per-batch caches reset here).
+    var beforeBatch: (() -> Void)?
 
     private(set) var batchesCommitted = 0
     private(set) var jobsCommitted = 0
@@ -34,7 +36,9 @@ final class GroupCommitWriter: @unchecked Sendable {
     }
 
     func start(name: String = "relay-sqlite-writer") {
-        let t = Thread { [self] in self.loop() }
+        let t = Thread { [self] in
+            self.loop()
+        }
         t.name = name
         t.qualityOfService = .userInitiated
         thread = t
@@ -103,6 +107,7 @@ final class GroupCommitWriter: @unchecked Sendable {
 
     private func runBatch(_ batch: [Job]) {
         var failure: StoreError?
+        beforeBatch?()
         do {
             try db.execute("BEGIN IMMEDIATE")
             for job in batch { try job.run(db) }

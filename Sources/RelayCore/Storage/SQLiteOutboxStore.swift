@@ -18,7 +18,7 @@ public struct SQLiteStoreOptions: Sendable {
     }
 }
 
-public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
+public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     // @unchecked Sendable: `writer` serialises every write on its own thread; `reader` is only
     // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread).
     public static let schemaVersion = 1
@@ -39,6 +39,14 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     final class WriterState {
         var pending = 0
         var credentialTouched: [String: Int64] = [:]
+        /// Credential lookups within the current transaction (a revocation by another process
+        /// cannot commit while we hold the write lock, so this is exact).
+        var credentials: [[UInt8]: [SQLValue]?] = [:]
+        /// Tokens present in unregistered_tokens or token_pacing. Only this process inserts
+        /// there (relayctl only deletes), so a token outside the set needs no lookup.
+        var watchedTokens: Set<String> = []
+        var handoff: (any DispatchHandoff)?
+        var reservedInBatch = 0
     }
 
     public init(path: String, options: SQLiteStoreOptions = .init(), clock: any RelayClock = SystemRelayClock()) throws {
@@ -59,12 +67,21 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         try Self.migrate(db)
         let pending = try db.scalar("SELECT count(*) FROM responses WHERE state IN ('queued','inflight','retry')").int ?? 0
         writerState.pending = Int(pending)
+        for row in try db.query("SELECT token FROM unregistered_tokens UNION SELECT token FROM token_pacing") {
+            if let t = row[0].string { writerState.watchedTokens.insert(t) }
+        }
         let w = GroupCommitWriter(db: db, maxBatch: options.maxBatch)
         let state = writerState
+        w.beforeBatch = {
+            state.credentials.removeAll(keepingCapacity: true)
+            state.reservedInBatch = 0
+        }
         w.afterRollback = { db in
             if let n = try? db.scalar("SELECT count(*) FROM responses WHERE state IN ('queued','inflight','retry')").int {
                 state.pending = Int(n)
             }
+            if state.reservedInBatch > 0 { state.handoff?.release(state.reservedInBatch) }
+            state.reservedInBatch = 0
         }
         writer = w
         reader = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis)
@@ -154,60 +171,108 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         guard let writer else { return completion(.failure(.invalid("store opened read-only"))) }
         let now = clock.nowMillis()
         let state = writerState
-        writer.enqueue({ db in try Self.ingest(request, now: now, db: db, state: state) }, completion: completion)
+        writer.enqueue({ db in try Self.ingest(request, now: now, db: db, state: state) }, completion: { result in
+            switch result {
+            case .success(let (outcome, handedOff)):
+                if let row = handedOff { state.handoff?.accept(row) }
+                completion(.success(outcome))
+            case .failure(let error):
+                completion(.failure(error))
+            }
+        })
     }
 
-    private static func ingest(_ request: IngestRequest, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> IngestOutcome {
+    public func setHandoff(_ handoff: (any DispatchHandoff)?) {
+        guard writer != nil else { return }
+        let state = writerState
+        _ = try? write { _ in state.handoff = handoff }
+    }
+
+    private static let insertSQL = """
+        INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
+            state, attempts, next_attempt_at, created_at, expires_at, updated_at)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?)
+        ON CONFLICT DO NOTHING
+        """
+
+    /// Runs on the writer thread inside the batch transaction. Returns the outcome and, when
+    /// the row was inserted inflight for the dispatcher, the row to hand over after COMMIT.
+    private static func ingest(_ request: IngestRequest, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> (IngestOutcome, OutboxRow?) {
         // Credential: looked up in the same transaction, so a revocation committed by relayctl
-        // takes effect for the very next request.
-        let rows = try db.query("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?", [.blob(request.credentialHash)])
-        guard let cred = rows.first, let stored = cred[1].bytes,
+        // takes effect for the very next batch.
+        let cred: [SQLValue]?
+        if let cached = state.credentials[request.credentialHash] {
+            cred = cached
+        } else {
+            cred = try db.query("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?", [.blob(request.credentialHash)]).first
+            state.credentials[request.credentialHash] = .some(cred)
+        }
+        guard let cred, let stored = cred[1].bytes,
               RelayCrypto.constantTimeEqual(stored, request.credentialHash),
               cred[3] == .null, let credID = cred[0].string
-        else { return .unauthorized }
+        else { return (.unauthorized, nil) }
         let apps = splitApps(cred[2].string ?? "")
         let app: String
         if let named = request.response.app {
-            guard request.configuredApps.contains(named) else { return .unknownApp(named) }
-            guard apps.contains(named) else { return .forbidden(app: named) }
+            guard request.configuredApps.contains(named) else { return (.unknownApp(named), nil) }
+            guard apps.contains(named) else { return (.forbidden(app: named), nil) }
             app = named
         } else {
-            guard apps.count == 1 else { return .appRequired }
+            guard apps.count == 1 else { return (.appRequired, nil) }
             app = apps[0]
-            guard request.configuredApps.contains(app) else { return .unknownApp(app) }
+            guard request.configuredApps.contains(app) else { return (.unknownApp(app), nil) }
         }
         if (state.credentialTouched[credID] ?? 0) < now - 60_000 {
             try db.run("UPDATE credentials SET last_used_at = ? WHERE id = ?", [.integer(now), .text(credID)])
             state.credentialTouched[credID] = now
         }
         let r = request.response
-        let existing = try db.query(
+        var due = now
+        // Slow path (rare): the token was reported unregistered or is paced, or the outbox is
+        // at its bound: check duplicates first so a retried POST still gets its 200.
+        if state.watchedTokens.contains(r.pushToken) || state.pending >= request.maxPending {
+            if let dup = try existing(r, db: db) { return (dup, nil) }
+            if let unreg = try db.query("SELECT apns_timestamp FROM unregistered_tokens WHERE token = ?", [.text(r.pushToken)]).first,
+               let reportedAt = unreg[0].int {
+                let lastSeen = try db.scalar("SELECT max(created_at) FROM responses WHERE push_token = ?", [.text(r.pushToken)]).int
+                if lastSeen == nil || reportedAt > lastSeen! { return (.unregistered, nil) }
+            }
+            guard state.pending < request.maxPending else { return (.overCapacity, nil) }
+            if let paced = try db.query("SELECT paced_until FROM token_pacing WHERE token = ?", [.text(r.pushToken)]).first?[0].int, paced > now {
+                due = paced
+            }
+        }
+        let handOff = due <= now && (state.handoff?.reserve() ?? false)
+        if handOff { state.reservedInBatch += 1 }
+        let id = RelayCrypto.uuidV4()
+        let s: ResponseState = handOff ? .inflight : .queued
+        let expires = now + request.ttlMillis
+        let inserted = try db.run(insertSQL, [
+            .text(id), .text(app), .text(r.pushToken), .text(r.sessionIdentifier), .blob(r.keyID), .integer(Int64(r.messageIndex)),
+            .blob(r.encryptedData), .text(credID), .text(s.rawValue), .integer(due), .integer(now), .integer(expires), .integer(now)])
+        if inserted == 0 {
+            // The dedupe key exists: answer with the stored row.
+            if handOff {
+                state.handoff?.release(1)
+                state.reservedInBatch -= 1
+            }
+            guard let dup = try existing(r, db: db) else { throw StoreError.invalid("insert ignored but no duplicate found") }
+            return (dup, nil)
+        }
+        state.pending += 1
+        guard handOff else { return (.accepted(id: id), nil) }
+        let row = OutboxRow(id: id, app: app, pushToken: r.pushToken, sessionIdentifier: r.sessionIdentifier, keyID: r.keyID,
+                            messageIndex: r.messageIndex, encryptedData: r.encryptedData, credentialID: credID, state: .inflight,
+                            attempts: 0, nextAttemptAt: due, createdAt: now, expiresAt: expires, lastStatus: nil, lastReason: nil, updatedAt: now)
+        return (.accepted(id: id), row)
+    }
+
+    private static func existing(_ r: NewResponse, db: SQLiteDatabase) throws -> IngestOutcome? {
+        let rows = try db.query(
             "SELECT id, state FROM responses WHERE push_token = ? AND session_id = ? AND key_id = ? AND message_index = ?",
             [.text(r.pushToken), .text(r.sessionIdentifier), .blob(r.keyID), .integer(Int64(r.messageIndex))])
-        if let row = existing.first, let id = row[0].string, let s = row[1].string.flatMap(ResponseState.init(rawValue:)) {
-            return .duplicate(id: id, state: s)
-        }
-        if let unreg = try db.query("SELECT apns_timestamp FROM unregistered_tokens WHERE token = ?", [.text(r.pushToken)]).first,
-           let reportedAt = unreg[0].int {
-            let lastSeen = try db.scalar("SELECT max(created_at) FROM responses WHERE push_token = ?", [.text(r.pushToken)]).int
-            if lastSeen == nil || reportedAt > lastSeen! { return .unregistered }
-        }
-        guard state.pending < request.maxPending else { return .overCapacity }
-        var due = now
-        if let paced = try db.query("SELECT paced_until FROM token_pacing WHERE token = ?", [.text(r.pushToken)]).first?[0].int, paced > now {
-            due = paced
-        }
-        let id = RelayCrypto.uuidV4()
-        try db.run(
-            """
-            INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
-                state, attempts, next_attempt_at, created_at, expires_at, updated_at)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', 0, ?, ?, ?, ?)
-            """,
-            [.text(id), .text(app), .text(r.pushToken), .text(r.sessionIdentifier), .blob(r.keyID), .integer(Int64(r.messageIndex)),
-             .blob(r.encryptedData), .text(credID), .integer(due), .integer(now), .integer(now + request.ttlMillis), .integer(now)])
-        state.pending += 1
-        return .accepted(id: id)
+        guard let row = rows.first, let id = row[0].string, let s = row[1].string.flatMap(ResponseState.init(rawValue:)) else { return nil }
+        return .duplicate(id: id, state: s)
     }
 
     static func splitApps(_ s: String) -> [String] {
@@ -319,6 +384,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
                         "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id = ? AND state = 'inflight'",
                         [.integer(Int64(counted)), status, .text(why), .integer(now), .text(u.id)])
                     state.pending -= changed
+                    state.watchedTokens.insert(u.pushToken)
                     try db.run(
                         """
                         INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES (?, ?, ?)
@@ -329,6 +395,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
                         "UPDATE responses SET state = 'retry', attempts = attempts + ?, next_attempt_at = ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id = ? AND state = 'inflight'",
                         [.integer(Int64(counted)), .integer(at), status, reason, .integer(now), .text(u.id)])
                     if let until = paceUntil {
+                        state.watchedTokens.insert(u.pushToken)
                         try db.run(
                             """
                             INSERT INTO token_pacing (token, paced_until, updated_at) VALUES (?, ?, ?)

@@ -58,3 +58,4 @@ public final class WorkerPool: @unchecked Sendable {
         }
     }
 }
+
