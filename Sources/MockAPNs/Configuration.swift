@@ -54,6 +54,8 @@ public struct MockAPNsConfiguration: Sendable {
     public var tokenUpdateInterval: Int64 = 20 * 60
     /// Log one line per request to stderr.
     public var verbose = false
+    /// Generated TLS only: serve a certificate that verifying clients must refuse.
+    public var tlsFault: TLSCertificateFault?
     /// Event-loop threads of the APNs port.
     public var loopThreads = 1
     /// The executable writes {"port":..,"controlPort":..,"caPath":..} here once listening.
@@ -100,13 +102,14 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
     public var verbose: Bool?
     public var threads: Int?
     public var readyFile: String?
+    public var tlsFault: String?
 
     public init() {}
 
     static let knownKeys: Set<String> = [
         "listen", "control", "generateTLS", "caOut", "tlsCert", "tlsKey", "h2c", "tokenKeys", "bundleIDs",
         "rootSecrets", "deliveriesLog", "faults", "maxConcurrentStreams", "initialMaxConcurrentStreams", "production",
-        "tokenUpdateIntervalSeconds", "verbose", "threads", "readyFile",
+        "tokenUpdateIntervalSeconds", "verbose", "threads", "readyFile", "tlsFault",
     ]
 
     /// Reads a JSON config file; unknown keys are errors (typos must not pass silently).
@@ -152,6 +155,7 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
         m.verbose = other.verbose ?? verbose
         m.threads = other.threads ?? threads
         m.readyFile = other.readyFile ?? readyFile
+        m.tlsFault = other.tlsFault ?? tlsFault
         return m
     }
 
@@ -222,6 +226,13 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
             c.loopThreads = threads
         }
         c.readyFilePath = readyFile
+        if let tlsFault {
+            guard let fault = TLSCertificateFault(rawValue: tlsFault) else {
+                throw MockConfigurationError("--tls-fault must be one of \(TLSCertificateFault.allCases.map(\.rawValue).joined(separator: ", "))")
+            }
+            guard case .generate = c.tls else { throw MockConfigurationError("--tls-fault needs --generate-tls") }
+            c.tlsFault = fault
+        }
         return c
     }
 }
@@ -280,6 +291,9 @@ public enum MockAPNsCommandLine {
       --ca-out PATH                 write the generated CA certificate (PEM) here for clients
       --tls-cert PATH --tls-key PATH  serve this certificate instead
       --h2c                         cleartext HTTP/2 with prior knowledge instead of TLS
+      --tls-fault expired|wrong-host|untrusted  generated certificate that clients must refuse
+                                    (expired, SAN without 127.0.0.1/localhost, or signed by a
+                                    CA other than the one written to --ca-out)
       --max-concurrent-streams N    granted after the first request with a valid token (default 1000;
                                     1 before that, like APNs)
       --initial-max-concurrent-streams N  the "before" value (default 1); raise it for load
@@ -318,7 +332,8 @@ public enum MockAPNsCommandLine {
                                     [{keyID,teamID,path}], bundleIDs, rootSecrets [{keyID,secret}],
                                     deliveriesLog, faults [rules], maxConcurrentStreams,
                                     initialMaxConcurrentStreams, production,
-                                    tokenUpdateIntervalSeconds, threads, readyFile, verbose).
+                                    tokenUpdateIntervalSeconds, tlsFault, threads, readyFile,
+                                    verbose).
                                     Flags override scalars
                                     and add to lists.
       --threads N                   event-loop threads for the APNs port (default 1)
@@ -384,6 +399,7 @@ public enum MockAPNsCommandLine {
                 guard let n = Int(v) else { throw MockConfigurationError("\(flag): \"\(v)\" is not a number") }
                 cli.threads = n
             case "--ready-file": cli.readyFile = try value(flag)
+            case "--tls-fault": cli.tlsFault = try value(flag)
             case "--config": configPath = try value(flag)
             default: throw MockConfigurationError("unknown option \(flag) (see --help)")
             }

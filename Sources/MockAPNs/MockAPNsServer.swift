@@ -227,7 +227,7 @@ public final class MockAPNsServer: Sendable {
         case .files(let cert, let key):
             tls = TLSConfiguration(certificatePath: cert, privateKeyPath: key, alpn: ["h2"])
         case .generate(let caOutputPath):
-            let material = try GeneratedTLSMaterial.generate()
+            let material = try GeneratedTLSMaterial.generate(fault: configuration.tlsFault)
             let dir = FileManager.default.temporaryDirectory.appendingPathComponent("mock-apns-\(UUID().uuidString)").path
             try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true,
                                                     attributes: [.posixPermissions: 0o700])

@@ -166,7 +166,8 @@ private func withMemoryBIO(_ operation: String, _ write: (OpaquePointer) -> Int3
 private final class Certificate {
     let x509: OpaquePointer
 
-    init(subjectCN: String, publicKey: ECKey, validDays: Int) throws {
+    /// Valid from `notBefore` to `notAfter` seconds relative to now.
+    init(subjectCN: String, publicKey: ECKey, notBefore: Int = -3600, notAfter: Int) throws {
         guard let x509 = X509_new() else { throw MockCryptoError.openssl("X509_new") }
         self.x509 = x509
         guard X509_set_version(x509, 2) == 1 else { throw MockCryptoError.openssl("X509_set_version") }
@@ -174,8 +175,8 @@ private final class Certificate {
         guard ASN1_INTEGER_set_int64(X509_get_serialNumber(x509), Int64.random(in: 1...Int64.max)) == 1 else {
             throw MockCryptoError.openssl("ASN1_INTEGER_set_int64")
         }
-        guard X509_gmtime_adj(X509_getm_notBefore(x509), -3600) != nil,
-              X509_gmtime_adj(X509_getm_notAfter(x509), validDays * 86_400) != nil else {
+        guard X509_gmtime_adj(X509_getm_notBefore(x509), notBefore) != nil,
+              X509_gmtime_adj(X509_getm_notAfter(x509), notAfter) != nil else {
             throw MockCryptoError.openssl("X509_gmtime_adj")
         }
         guard X509_set_pubkey(x509, publicKey.pkey) == 1 else { throw MockCryptoError.openssl("X509_set_pubkey") }
@@ -210,6 +211,17 @@ private final class Certificate {
     }
 }
 
+/// Ways the generated server certificate can be wrong on purpose, so clients' TLS checks can be
+/// tested: each makes a verifying client fail the handshake with the CA it was given.
+public enum TLSCertificateFault: String, Sendable, CaseIterable {
+    /// Validity ended yesterday.
+    case expired
+    /// SAN names only `wrong-host.invalid`, not 127.0.0.1/::1/localhost.
+    case wrongHost = "wrong-host"
+    /// Signed by a second CA; the CA handed to clients is not its issuer.
+    case untrusted
+}
+
 /// A throwaway CA and a server certificate it signed, all PEM.
 public struct GeneratedTLSMaterial: Sendable {
     public let caCertificatePEM: String
@@ -218,23 +230,32 @@ public struct GeneratedTLSMaterial: Sendable {
 
     /// EC P-256 CA (CA:TRUE, keyCertSign) and a server leaf (serverAuth) whose SAN covers
     /// 127.0.0.1, ::1 and localhost, so curl, nghttp and libcurl verify it with `--cacert`.
-    public static func generate(validDays: Int = 30) throws -> GeneratedTLSMaterial {
-        let caKey = try ECKey.generateP256()
-        let ca = try Certificate(subjectCN: "mock-apns test CA", publicKey: caKey, validDays: validDays)
-        try ca.addExtension(NID_basic_constraints, "critical,CA:TRUE", issuer: ca)
-        try ca.addExtension(NID_key_usage, "critical,keyCertSign,cRLSign", issuer: ca)
-        try ca.addExtension(NID_subject_key_identifier, "hash", issuer: ca)
-        try ca.sign(issuer: ca, key: caKey)
+    public static func generate(validDays: Int = 30, fault: TLSCertificateFault? = nil) throws -> GeneratedTLSMaterial {
+        func makeCA() throws -> (Certificate, ECKey) {
+            let caKey = try ECKey.generateP256()
+            let ca = try Certificate(subjectCN: "mock-apns test CA", publicKey: caKey, notAfter: validDays * 86_400)
+            try ca.addExtension(NID_basic_constraints, "critical,CA:TRUE", issuer: ca)
+            try ca.addExtension(NID_key_usage, "critical,keyCertSign,cRLSign", issuer: ca)
+            try ca.addExtension(NID_subject_key_identifier, "hash", issuer: ca)
+            try ca.sign(issuer: ca, key: caKey)
+            return (ca, caKey)
+        }
+        let (ca, caKey) = try makeCA()
+        // For `.untrusted` the leaf's issuer is a second CA that clients never see.
+        let (issuer, issuerKey) = fault == .untrusted ? try makeCA() : (ca, caKey)
 
         let serverKey = try ECKey.generateP256()
-        let server = try Certificate(subjectCN: "localhost", publicKey: serverKey, validDays: validDays)
-        try server.addExtension(NID_basic_constraints, "critical,CA:FALSE", issuer: ca)
-        try server.addExtension(NID_key_usage, "critical,digitalSignature", issuer: ca)
-        try server.addExtension(NID_ext_key_usage, "serverAuth", issuer: ca)
-        try server.addExtension(NID_subject_alt_name, "IP:127.0.0.1,IP:::1,DNS:localhost", issuer: ca)
-        try server.addExtension(NID_subject_key_identifier, "hash", issuer: ca)
-        try server.addExtension(NID_authority_key_identifier, "keyid:always", issuer: ca)
-        try server.sign(issuer: ca, key: caKey)
+        let server = fault == .expired
+            ? try Certificate(subjectCN: "localhost", publicKey: serverKey, notBefore: -2 * 86_400, notAfter: -86_400)
+            : try Certificate(subjectCN: "localhost", publicKey: serverKey, notAfter: validDays * 86_400)
+        try server.addExtension(NID_basic_constraints, "critical,CA:FALSE", issuer: issuer)
+        try server.addExtension(NID_key_usage, "critical,digitalSignature", issuer: issuer)
+        try server.addExtension(NID_ext_key_usage, "serverAuth", issuer: issuer)
+        try server.addExtension(NID_subject_alt_name,
+                                fault == .wrongHost ? "DNS:wrong-host.invalid" : "IP:127.0.0.1,IP:::1,DNS:localhost", issuer: issuer)
+        try server.addExtension(NID_subject_key_identifier, "hash", issuer: issuer)
+        try server.addExtension(NID_authority_key_identifier, "keyid:always", issuer: issuer)
+        try server.sign(issuer: issuer, key: issuerKey)
 
         return GeneratedTLSMaterial(caCertificatePEM: try ca.pem(),
                                     serverCertificatePEM: try server.pem(),

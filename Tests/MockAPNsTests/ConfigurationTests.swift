@@ -47,6 +47,8 @@ import Ratchet
             (["--tls-cert", "a"], "go together"),
             (["--fault", "status=99"], "status"),
             (["--wat"], "unknown option"),
+            (["--tls-fault", "sideways"], "--tls-fault must be one of expired, wrong-host, untrusted"),
+            (["--h2c", "--tls-fault", "expired"], "needs --generate-tls"),
             (["--initial-max-concurrent-streams", "2000"], "--initial-max-concurrent-streams"),
             (["--listen"], "needs a value"),
         ]
@@ -84,7 +86,7 @@ import Ratchet
     @Test func helpMentionsEveryFlag() {
         for flag in ["--listen", "--control", "--generate-tls", "--ca-out", "--tls-cert", "--tls-key", "--h2c", "--max-concurrent-streams",
                      "--token-key", "--bundle-id", "--token-update-interval", "--production", "--deliveries-log", "--root-secret",
-                     "--fault", "--config", "--verbose", "--initial-max-concurrent-streams", "--threads", "--ready-file", "--help"] {
+                     "--fault", "--config", "--verbose", "--initial-max-concurrent-streams", "--tls-fault", "--threads", "--ready-file", "--help"] {
             #expect(MockAPNsCommandLine.usage.contains(flag), "\(flag)")
         }
     }

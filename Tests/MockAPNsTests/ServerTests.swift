@@ -225,6 +225,19 @@ import Testing
         #expect(try mock.controlRequest("PUT", "/stats").status == 405)
     }
 
+    @Test(arguments: TLSCertificateFault.allCases)
+    func tlsFaultsAreRefusedByAVerifyingClient(_ fault: TLSCertificateFault) throws {
+        let mock = try MockHarness { $0.tlsFault = fault }
+        let r = try mock.curl(headers: mock.accessoryHeaders(), body: Fixture.accessoryBody())
+        #expect(r.exit == 60, "curl exit \(r.exit)")  // CURLE_PEER_FAILED_VERIFICATION
+        #expect(mock.server.deliveries.isEmpty)
+        // The server itself is fine: a client that skips verification gets through.
+        var args = ["-sS", "--http2", "-k", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}"]
+        for (name, value) in mock.accessoryHeaders() { args += ["-H", "\(name): \(value)"] }
+        args += ["--data-binary", String(decoding: Fixture.accessoryBody(), as: UTF8.self), mock.url + "/3/device/abcd"]
+        #expect(try runTool("/usr/bin/curl", args).stdout == "200")
+    }
+
     @Test func http1IsRefused() throws {
         let mock = try MockHarness()
         let result = try runTool("/usr/bin/curl", ["-sS", "--http1.1", "--cacert", mock.caPath, "-m", "10", "-w", "\n%{http_code} %{http_version}",
