@@ -1,0 +1,141 @@
+// relayctl check-config against key material made on the spot with the openssl CLI: a good
+// config passes; an expiring certificate, a mismatched key, a non-P-256 .p8 and a busy port
+// each fail with the key named, and the exit status says so.
+import Foundation
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+private func openssl(_ arguments: [String], in directory: URL) throws {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+    process.arguments = arguments
+    process.currentDirectoryURL = directory
+    process.standardOutput = FileHandle.nullDevice
+    process.standardError = FileHandle.nullDevice
+    try process.run()
+    process.waitUntilExit()
+    try #require(process.terminationStatus == 0, "openssl \(arguments.joined(separator: " "))")
+}
+
+/// A listening TCP socket on 127.0.0.1 (ephemeral port), closed on deinit.
+private final class BusyPort {
+    let fd: Int32
+    let port: Int
+    init() throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.fd = fd
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = 0
+        let bound = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        try #require(bound == 0 && listen(fd, 1) == 0)
+        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
+        self.port = Int(UInt16(bigEndian: addr.sin_port))
+    }
+    deinit { close(fd) }
+}
+
+/// A port that was free a moment ago (bound to 0 and released).
+private func freePort() throws -> Int { try BusyPort().port }
+
+private let opensslAvailable = FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl")
+
+@Suite("relayctl check-config", .enabled(if: opensslAvailable, "openssl CLI not installed"))
+struct RelayctlCheckConfigTests {
+    let dir: URL
+
+    init() throws {
+        dir = FileManager.default.temporaryDirectory.appendingPathComponent("relayctl-check-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        try openssl(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "AuthKey.p8"], in: dir)
+        try openssl(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "rsa.key"], in: dir)
+        try openssl(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "good.key",
+                     "-out", "good.pem", "-days", "365", "-subj", "/CN=relay.example"], in: dir)
+        try openssl(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "soon.key",
+                     "-out", "soon.pem", "-days", "10", "-subj", "/CN=push.example"], in: dir)
+    }
+
+    func write(_ json: String) throws -> String {
+        let path = dir.appendingPathComponent("relay-\(UUID().uuidString).json").path
+        try json.write(toFile: path, atomically: true, encoding: .utf8)
+        return path
+    }
+
+    func checks(_ result: Relayctl.Result) throws -> [(status: String, subject: String, detail: String)] {
+        let json = try #require(try Relayctl.json(result) as? [String: Any])
+        let list = try #require(json["checks"] as? [[String: String]])
+        return list.map { ($0["status"] ?? "", $0["subject"] ?? "", $0["detail"] ?? "") }
+    }
+
+    @Test func aGoodConfigPasses() throws {
+        let config = try write("""
+        {"listen": {"host": "127.0.0.1", "port": \(try freePort()), "tls": {"certificate": "good.pem", "privateKey": "good.key"}},
+         "admin": {"host": "127.0.0.1", "port": \(try freePort())},
+         "store": {"path": "relay.db"},
+         "apps": [{"bundleID": "com.example.companion", "environment": "sandbox",
+                   "token": {"p8Path": "AuthKey.p8", "keyID": "ABC123DEFG", "teamID": "DEF123GHIJ"}}]}
+        """)
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let text = try Relayctl.run(["check-config", config])
+        #expect(text.status == 0, "\(text.stdout)\(text.stderr)")
+        #expect(text.stdout.contains("OK    config"))
+        #expect(!text.stdout.contains("FAIL"))
+        let result = try Relayctl.run(["check-config", config, "--json"])
+        let all = try checks(result)
+        #expect(all.allSatisfy { $0.status == "ok" }, "\(all)")
+        #expect(all.contains { $0.subject == "listen.tls" && $0.detail.contains("relay.example") })
+        #expect(all.contains { $0.subject == "listen.tls key" && $0.detail.contains("matches") })
+        #expect(all.contains { $0.subject.hasSuffix("token") && $0.detail.contains("EC P-256") })
+        #expect(all.filter { $0.subject.hasSuffix("port") }.count == 2)
+    }
+
+    @Test func everyProblemIsNamed() throws {
+        let busy = try BusyPort()
+        let config = try write("""
+        {"listen": {"host": "127.0.0.1", "port": \(try freePort())},
+         "admin": {"host": "127.0.0.1", "port": \(busy.port)},
+         "store": {"path": "missing-dir/relay.db"},
+         "apps": [{"bundleID": "com.example.a", "environment": "sandbox",
+                   "token": {"p8Path": "rsa.key", "keyID": "ABC123DEFG", "teamID": "DEF123GHIJ"}},
+                  {"bundleID": "com.example.b", "environment": "sandbox",
+                   "certificate": {"certificatePath": "soon.pem", "privateKeyPath": "good.key"}},
+                  {"bundleID": "com.example.c", "environment": "sandbox",
+                   "token": {"p8Path": "nonexistent.p8", "keyID": "ABC123DEFG", "teamID": "DEF123GHIJ"}}]}
+        """)
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let result = try Relayctl.run(["check-config", config, "--json"])
+        #expect(result.status == 1)
+        let failed = try checks(result).filter { $0.status == "fail" }
+        func failure(_ subject: String, _ needle: String) -> Bool { failed.contains { $0.subject == subject && $0.detail.contains(needle) } }
+        #expect(failure("admin port", "in use"), "\(failed)")
+        #expect(failure("store.path", "missing-dir"), "\(failed)")
+        #expect(failure("apps[0] com.example.a token", "RSA"), "\(failed)")
+        #expect(failure("apps[1] com.example.b certificate", "within 30 days"), "\(failed)")
+        #expect(failure("apps[1] com.example.b certificate key", "not the certificate's private key"), "\(failed)")
+        #expect(failure("apps[2] com.example.c token", "nonexistent.p8"), "\(failed)")
+        #expect(failed.count == 6, "\(failed)")
+
+        // --skip-ports drops the port check; a shorter expiry window accepts the 10-day certificate.
+        let relaxed = try checks(try Relayctl.run(["check-config", config, "--json", "--skip-ports", "--expiry-days", "5"])).filter { $0.status == "fail" }
+        #expect(!relaxed.contains { $0.subject == "admin port" })
+        #expect(!relaxed.contains { $0.subject == "apps[1] com.example.b certificate" })
+        #expect(relaxed.count == 4, "\(relaxed)")
+
+        let text = try Relayctl.run(["check-config", config])
+        #expect(text.status == 1 && text.stderr.contains("6 check(s) failed"))
+    }
+
+    @Test func anUnparseableConfigFailsNamingTheKey() throws {
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let config = try write(#"{"listen": {"port": 99999}, "apps": []}"#)
+        let r = try Relayctl.run(["check-config", config])
+        #expect(r.status == 1)
+        #expect(r.stdout.contains("FAIL") && r.stdout.contains("listen.port"), "\(r.stdout)")
+        #expect(try Relayctl.run(["check-config", config, "--expiry-days", "-1"]).status == 64)
+        #expect(try Relayctl.run(["check-config", "a.json", "b.json"]).status == 64)
+    }
+}
