@@ -37,7 +37,7 @@ struct Command {
 enum RelayCtl {
     static var root: Command {
         .group("relayctl", "Operate the accessory notification relay and check its cryptography.", [
-            status, list, show, retry, purge, tokens, credentials, backup, checkConfig,
+            status, list, show, retry, purge, tokens, credentials, backup, sendTest, checkConfig,
             ratchet,
         ])
     }

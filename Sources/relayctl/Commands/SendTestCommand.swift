@@ -1,0 +1,272 @@
+// relayctl send-test: acts as an accessory. Builds notification response bodies with the codec,
+// encrypts each with a sending ratchet whose state is persisted to a file *before* the message
+// leaves (as Apple requires: an index is never reused, even after a crash), POSTs them to
+// /v1/responses with a credential, and reports ids and statuses. With mock-apns verifying the
+// same root secret, a delivered result proves the whole path.
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import Ratchet
+import RelayCore
+
+extension RelayCtl {
+    static var sendTest: Command {
+        .leaf("send-test", "Act as an accessory: encrypt test responses and POST them to a relay.",
+              discussion: """
+              Each response body (notification id, source = the app's bundle ID, action, user text) is
+              sealed with the next key of a sending ratchet started from --root-key; the ratchet state
+              is written to --state-file before each POST, so a rerun continues at the next index and
+              never reuses a key. Without --root-key a random root secret is used (the relay accepts
+              it, but mock-apns cannot decrypt it). Push token and session default to values derived
+              from the root secret. --wait polls GET /v1/responses/<id> until each response is
+              delivered or failed. Exit 0 when every POST was accepted (and, with --wait, delivered).
+              """,
+              options: [
+                  .value("url", "url", "The relay's ingest base URL, e.g. http://127.0.0.1:8080."),
+                  .value("credential", "secret|@file", "The bearer credential, or @path of a file holding it."),
+                  .value("count", "n", "How many responses to send, 1...10000 (default 1).", required: false),
+                  .value("root-key", "64 hex", "The accessory-to-host root secret (32 bytes).", required: false),
+                  .value("key-id", "base64", "The ratchet keyID, 4 bytes (default: SHA-384 prefix of the root key).", required: false),
+                  .value("push-token", "hex", "The push token (default: derived from the root key).", required: false),
+                  .value("session", "uuid", "The session identifier (default: derived from the root key).", required: false),
+                  .value("app", "bundle-id", "Sent as \"app\" (needed when the credential has several apps).", required: false),
+                  .value("text", "text", "User text of each response (default: \"relayctl send-test <index>\").", required: false),
+                  .value("state-file", "path", "Ratchet state file (default: ~/.local/state/relayctl/send-test-<root key hash>.json).", required: false),
+                  .value("wait", "duration", "Poll each accepted response until delivered or failed, at most this long.", required: false),
+              ], run: SendTestCommand.run)
+    }
+}
+
+enum SendTestCommand {
+    /// What the state file holds: the ratchet position plus which root secret it belongs to.
+    struct StateFile: Codable {
+        var rootKeyHash: String
+        var ratchet: SendingRatchetState
+    }
+
+    struct Sent: Encodable {
+        var index: UInt32
+        var status: Int
+        var id: String?
+        var state: String?
+        var error: String?
+        var finalState: String?
+        var lastStatus: Int?
+        var lastReason: String?
+    }
+
+    struct Output: Encodable {
+        var url: String
+        var keyID: String
+        var pushToken: String
+        var sessionIdentifier: String
+        var stateFile: String
+        var responses: [Sent]
+    }
+
+    static func run(_ args: ParsedArguments, _ console: Console) throws {
+        let base = try args.string("url").trimmingCharacters(in: CharacterSet(charactersIn: "/"))
+        guard let baseURL = URL(string: base), ["http", "https"].contains(baseURL.scheme ?? ""), baseURL.host != nil else {
+            throw UsageError("--url: expected http(s)://host:port, got '\(base)'")
+        }
+        let credential = try readCredential(try args.string("credential"))
+        let count = try args.optionalInt("count", in: 1...10_000) ?? 1
+        let rootKeyBytes: [UInt8]
+        if args.optionalString("root-key") != nil {
+            rootKeyBytes = try args.hex("root-key", length: 32)
+        } else {
+            rootKeyBytes = RelayCrypto.randomBytes(32)
+            console.error("note: no --root-key: using a random root secret; mock-apns cannot decrypt these responses")
+        }
+        let rootHash = RelayCrypto.sha256(rootKeyBytes).hexString
+        let keyID: [UInt8]
+        if args.optionalString("key-id") != nil {
+            keyID = try args.base64("key-id")
+            guard keyID.count == 4 else { throw UsageError("--key-id: expected base64 of 4 bytes, got \(keyID.count) bytes") }
+        } else {
+            keyID = Ratchet.keyID(publicKey: rootKeyBytes)
+        }
+        let pushToken: String
+        if let t = args.optionalString("push-token") {
+            guard t.count % 2 == 0, isHex(t) else { throw UsageError("--push-token: expected an even number of hex digits") }
+            pushToken = t.lowercased()
+        } else {
+            pushToken = RelayCrypto.sha256(Array("push-token".utf8) + rootKeyBytes).hexString
+        }
+        let session: String
+        if let s = args.optionalString("session") {
+            guard let uuid = UUID(uuidString: s) else { throw UsageError("--session: expected a UUID, got '\(s)'") }
+            session = uuid.uuidString
+        } else {
+            let b = RelayCrypto.sha256(Array("session".utf8) + rootKeyBytes)
+            session = UUID(uuid: (b[0], b[1], b[2], b[3], b[4], b[5], (b[6] & 0x0f) | 0x40, b[7], (b[8] & 0x3f) | 0x80,
+                                  b[9], b[10], b[11], b[12], b[13], b[14], b[15])).uuidString
+        }
+        let wait = try args.optionalDuration("wait")
+        let app = args.optionalString("app")
+        let statePath = args.optionalString("state-file") ?? defaultStatePath(rootHash: rootHash)
+
+        let ratchet = try loadRatchet(path: statePath, rootKey: rootKeyBytes, rootHash: rootHash)
+        let client = HTTPClient()
+        var output = Output(url: base, keyID: Data(keyID).base64EncodedString(), pushToken: pushToken,
+                            sessionIdentifier: session, stateFile: statePath, responses: [])
+        for n in 0..<count {
+            let body = NotificationResponseBody(
+                notificationIdentifier: UUID().uuidString, sourceIdentifier: app ?? "relayctl.send-test",
+                actionIdentifier: "com.apple.UNNotificationDefaultActionIdentifier",
+                userText: args.optionalString("text") ?? "relayctl send-test \(n)")
+            let plaintext: [UInt8]
+            do { plaintext = try body.encoded() } catch { throw UsageError("response body: \(error)") }
+            // The state is on disk before the sealed message exists outside this process.
+            let (index, sealed) = try ratchet.seal(plaintext) { state in
+                try persist(StateFile(rootKeyHash: rootHash, ratchet: state), to: statePath)
+            }
+            var json: [String: Any] = [
+                "pushToken": pushToken, "sessionIdentifier": session, "keyID": Data(keyID).base64EncodedString(),
+                "messageIndex": Int(index), "encryptedData": Data(sealed).base64EncodedString(),
+            ]
+            if let app { json["app"] = app }
+            let reply = try client.request("POST", base + "/v1/responses", credential: credential,
+                                           body: try JSONSerialization.data(withJSONObject: json, options: [.sortedKeys]))
+            let fields = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any] ?? [:]
+            output.responses.append(Sent(index: index, status: reply.status, id: fields["id"] as? String, state: fields["state"] as? String,
+                                         error: (fields["error"] as? String).map { e in [e, fields["field"] as? String].compactMap { $0 }.joined(separator: ": ") }))
+        }
+
+        if let wait {
+            let deadline = Date().addingTimeInterval(Double(wait) / 1000)
+            for i in output.responses.indices {
+                guard let id = output.responses[i].id else { continue }
+                while true {
+                    let reply = try client.request("GET", base + "/v1/responses/" + id, credential: credential, body: nil)
+                    let fields = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any] ?? [:]
+                    let state = fields["state"] as? String
+                    output.responses[i].finalState = state
+                    output.responses[i].lastStatus = fields["lastStatus"] as? Int
+                    output.responses[i].lastReason = fields["lastReason"] as? String
+                    if state == "delivered" || state == "failed" || reply.status != 200 || Date() >= deadline { break }
+                    Thread.sleep(forTimeInterval: 0.1)
+                }
+            }
+        }
+
+        if args.flag("json") {
+            emit(console, try renderJSON(output))
+        } else {
+            var lines = ["sending as keyID \(output.keyID), token \(truncatedToken(pushToken)), session \(session)",
+                         "ratchet state: \(statePath)"]
+            let rows = output.responses.map { r in
+                ["\(r.index)", "\(r.status)", r.id ?? "-", r.error ?? r.state ?? "-"]
+                    + (wait == nil ? [] : [[r.finalState, lastAnswer(status: r.lastStatus, reason: r.lastReason)].compactMap { $0 }.joined(separator: " ")])
+            }
+            lines.append(renderTable(["INDEX", "HTTP", "ID", "STATE"] + (wait == nil ? [] : ["NOW"]), rows, rightAligned: [0]))
+            emit(console, lines.joined(separator: "\n"))
+        }
+        let accepted = output.responses.filter { $0.status == 202 || $0.status == 200 }.count
+        if accepted < count { throw RuntimeFailure("\(count - accepted) of \(count) responses not accepted") }
+        if wait != nil {
+            let delivered = output.responses.filter { $0.finalState == "delivered" }.count
+            if delivered < count { throw RuntimeFailure("\(count - delivered) of \(count) responses not delivered in time") }
+        }
+    }
+
+    static func readCredential(_ value: String) throws -> String {
+        guard value.hasPrefix("@") else { return value }
+        let path = String(value.dropFirst())
+        guard let data = FileManager.default.contents(atPath: path) else { throw RuntimeFailure("cannot read credential file \(path)") }
+        let secret = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        guard !secret.isEmpty else { throw RuntimeFailure("credential file \(path) is empty") }
+        return secret
+    }
+
+    static func defaultStatePath(rootHash: String) -> String {
+        let env = ProcessInfo.processInfo.environment
+        let base = env["XDG_STATE_HOME"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? env["HOME"].map { $0 + "/.local/state" } ?? FileManager.default.currentDirectoryPath
+        return base + "/relayctl/send-test-\(rootHash.prefix(16)).json"
+    }
+
+    static func loadRatchet(path: String, rootKey: [UInt8], rootHash: String) throws -> SendingRatchet {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            return SendingRatchet(rootSecret: SecretKey(bytes: rootKey))
+        }
+        let file: StateFile
+        do { file = try JSONDecoder().decode(StateFile.self, from: data) } catch {
+            throw RuntimeFailure("ratchet state file \(path) is unreadable: \(error)")
+        }
+        guard file.rootKeyHash == rootHash else {
+            throw RuntimeFailure("ratchet state file \(path) belongs to another root key; pass --state-file")
+        }
+        do { return try SendingRatchet(state: file.ratchet) } catch {
+            throw RuntimeFailure("ratchet state file \(path): \(error)")
+        }
+    }
+
+    /// Write to a temporary file, fsync it, rename over the old one, fsync the directory: after a
+    /// crash the file holds either the old or the new state, and the new one is durable before
+    /// any message sealed with its key is sent.
+    static func persist(_ state: StateFile, to path: String) throws {
+        let dir = (path as NSString).deletingLastPathComponent
+        if !dir.isEmpty { try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700]) }
+        let data = try JSONEncoder().encode(state)
+        let tmp = path + ".tmp"
+        let fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw RuntimeFailure("cannot write \(tmp): \(String(cString: strerror(errno)))") }
+        let written = data.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        let synced = fsync(fd)
+        close(fd)
+        guard written == data.count, synced == 0 else { throw RuntimeFailure("cannot write \(tmp): \(String(cString: strerror(errno)))") }
+        guard rename(tmp, path) == 0 else { throw RuntimeFailure("cannot rename \(tmp): \(String(cString: strerror(errno)))") }
+        let dfd = open(dir.isEmpty ? "." : dir, O_RDONLY | O_DIRECTORY)
+        if dfd >= 0 { _ = fsync(dfd); close(dfd) }
+    }
+}
+
+/// A blocking HTTP client for send-test (URLSession runs the transfer on its own threads; this
+/// thread waits for it). Timeouts bound every request.
+final class HTTPClient: Sendable {
+    struct Reply: Sendable { var status: Int; var body: Data }
+    private let session: URLSession
+
+    init() {
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.timeoutIntervalForRequest = 10
+        configuration.timeoutIntervalForResource = 30
+        session = URLSession(configuration: configuration)
+    }
+
+    func request(_ method: String, _ url: String, credential: String, body: Data?) throws -> Reply {
+        guard let target = URL(string: url) else { throw RuntimeFailure("bad URL \(url)") }
+        var request = URLRequest(url: target)
+        request.httpMethod = method
+        request.setValue("Bearer \(credential)", forHTTPHeaderField: "Authorization")
+        if let body {
+            request.httpBody = body
+            request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+        }
+        let box = ReplyBox()
+        let done = DispatchSemaphore(value: 0)
+        session.dataTask(with: request) { data, response, error in
+            if let error {
+                box.set(.failure(RuntimeFailure("\(method) \(url): \(error.localizedDescription)")))
+            } else if let http = response as? HTTPURLResponse {
+                box.set(.success(Reply(status: http.statusCode, body: data ?? Data())))
+            } else {
+                box.set(.failure(RuntimeFailure("\(method) \(url): no HTTP response")))
+            }
+            done.signal()
+        }.resume()
+        done.wait()
+        return try box.get()
+    }
+}
+
+/// @unchecked Sendable: `result` is written once by URLSession's callback before the semaphore
+/// is signalled and read only after the wait, all under `lock`.
+private final class ReplyBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var result: Result<HTTPClient.Reply, RuntimeFailure> = .failure(RuntimeFailure("no reply"))
+    func set(_ r: Result<HTTPClient.Reply, RuntimeFailure>) { lock.lock(); result = r; lock.unlock() }
+    func get() throws -> HTTPClient.Reply { lock.lock(); defer { lock.unlock() }; return try result.get() }
+}
