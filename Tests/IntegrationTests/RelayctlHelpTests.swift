@@ -10,7 +10,7 @@ struct RelayctlHelpTests {
         [], ["status"], ["list"], ["show"], ["retry"], ["purge"],
         ["tokens"], ["tokens", "list"], ["tokens", "show"], ["tokens", "forget"],
         ["credentials"], ["credentials", "create"], ["credentials", "list"], ["credentials", "revoke"],
-        ["backup"], ["check-config"],
+        ["backup"], ["check-config"], ["send-test"],
     ]
 
     static let goldenDirectory = Relayctl.repoRoot.appendingPathComponent("Tests/IntegrationTests/Golden/relayctl-help")

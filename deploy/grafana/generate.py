@@ -50,7 +50,7 @@ panel("Retries and token pacing", "timeseries",
        (f'sum(rate(relay_pushes_total{{reason="TooManyRequests",{I}}}[$__rate_interval]))', "TooManyRequests (token paced)")],
       12, 20, unit="ops")
 panel("Ingest connections open", "timeseries",
-      [(f'sum by (instance) (relay_http_connections_open{{{I}}})', "{{instance}}")], 0, 28)
+      [(f'sum by (instance) (relay_http_connections_open{{listener="ingest",{I}}})', "{{instance}}")], 0, 28)
 panel("Ingest request rate vs pushes", "timeseries",
       [(f'sum(rate(relay_ingest_requests_total{{status="202",{I}}}[$__rate_interval]))', "accepted"),
        (f'sum(rate(relay_pushes_total{{status="200",{I}}}[$__rate_interval]))', "delivered")],

@@ -19,7 +19,8 @@ extension RelayCtl {
               is written to --state-file before each POST, so a rerun continues at the next index and
               never reuses a key. Without --root-key a random root secret is used (the relay accepts
               it, but mock-apns cannot decrypt it). Push token and session default to values derived
-              from the root secret. --wait polls GET /v1/responses/<id> until each response is
+              from the root secret. A 429 or 503 is retried after its Retry-After (the same message,
+              which the relay deduplicates). --wait polls GET /v1/responses/<id> until each response is
               delivered or failed. Exit 0 when every POST was accepted (and, with --wait, delivered).
               """,
               options: [
@@ -127,8 +128,17 @@ enum SendTestCommand {
                 "messageIndex": Int(index), "encryptedData": Data(sealed).base64EncodedString(),
             ]
             if let app { json["app"] = app }
-            let reply = try client.request("POST", base + "/v1/responses", credential: credential,
-                                           body: try JSONSerialization.data(withJSONObject: json, options: [.sortedKeys]))
+            let payload = try JSONSerialization.data(withJSONObject: json, options: [.sortedKeys])
+            // Like an accessory: on 429/503 wait Retry-After (capped) and send the same message
+            // again; the relay deduplicates it by (token, session, keyID, index).
+            var reply = try client.request("POST", base + "/v1/responses", credential: credential, body: payload)
+            var waited = 0.0
+            while reply.status == 429 || reply.status == 503, waited < 30 {
+                let delay = min(5, max(0.05, reply.retryAfter ?? 1))
+                Thread.sleep(forTimeInterval: delay)
+                waited += delay
+                reply = try client.request("POST", base + "/v1/responses", credential: credential, body: payload)
+            }
             let fields = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any] ?? [:]
             output.responses.append(Sent(index: index, status: reply.status, id: fields["id"] as? String, state: fields["state"] as? String,
                                          error: (fields["error"] as? String).map { e in [e, fields["field"] as? String].compactMap { $0 }.joined(separator: ": ") }))
@@ -226,7 +236,7 @@ enum SendTestCommand {
 /// A blocking HTTP client for send-test (URLSession runs the transfer on its own threads; this
 /// thread waits for it). Timeouts bound every request.
 final class HTTPClient: Sendable {
-    struct Reply: Sendable { var status: Int; var body: Data }
+    struct Reply: Sendable { var status: Int; var body: Data; var retryAfter: Double? }
     private let session: URLSession
 
     init() {
@@ -251,7 +261,8 @@ final class HTTPClient: Sendable {
             if let error {
                 box.set(.failure(RuntimeFailure("\(method) \(url): \(error.localizedDescription)")))
             } else if let http = response as? HTTPURLResponse {
-                box.set(.success(Reply(status: http.statusCode, body: data ?? Data())))
+                let retryAfter = (http.value(forHTTPHeaderField: "Retry-After")).flatMap(Double.init)
+                box.set(.success(Reply(status: http.statusCode, body: data ?? Data(), retryAfter: retryAfter)))
             } else {
                 box.set(.failure(RuntimeFailure("\(method) \(url): no HTTP response")))
             }
