@@ -68,50 +68,81 @@ func reasonPhrase(_ status: Int) -> String {
     }
 }
 
+/// RFC 9110 token characters as a 128-bit set (bit n = ASCII n): `!#$%&'*+-.^_`|~`, digits,
+/// letters. Literals, not computed globals, so the hot loop has no lazy-initialisation check.
+private let tokenLow: UInt64 = 0x03ff_6cfa_0000_0000
+private let tokenHigh: UInt64 = 0x57ff_ffff_c7ff_fffe
+
+@inline(__always)
+private func isTokenByte(_ b: UInt8) -> Bool {
+    b < 64 ? (tokenLow >> UInt64(b)) & 1 == 1 : b < 128 && (tokenHigh >> UInt64(b - 64)) & 1 == 1
+}
+
 /// Response header names must be tokens and values free of CR, LF and NUL, or a handler could
 /// split the response.
 func isSafeHeader(name: String, value: String) -> Bool {
-    if name.isEmpty { return false }
-    for b in name.utf8 {
-        switch b {
-        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
-             UInt8(ascii: "-"), UInt8(ascii: "_"), UInt8(ascii: "."), UInt8(ascii: "!"), UInt8(ascii: "#"),
-             UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"), UInt8(ascii: "'"), UInt8(ascii: "*"),
-             UInt8(ascii: "+"), UInt8(ascii: "^"), UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"):
-            continue
-        default:
-            return false
-        }
-    }
-    for b in value.utf8 where b == 13 || b == 10 || b == 0 { return false }
+    guard !name.isEmpty else { return false }
+    for b in name.utf8 where !isTokenByte(b) { return false }
+    for b in value.utf8 where b < 32 && (b == 13 || b == 10 || b == 0) { return false }
     return true
 }
 
+/// Headers the server writes itself (framing, hop-by-hop) or fills in when absent.
+enum ReservedHeader { case none, framing, date, server }
+
+@inline(__always)
+func classifyResponseHeader(_ name: String) -> ReservedHeader {
+    // Cheap length/first-byte filter before any string comparison.
+    let u = name.utf8
+    switch u.count {
+    case 4: return name == "date" ? .date : .none
+    case 6: return name == "server" ? .server : .none
+    case 7: return name == "upgrade" ? .framing : .none
+    case 10: return name == "connection" || name == "keep-alive" ? .framing : .none
+    case 14: return name == "content-length" ? .framing : .none
+    case 16: return name == "proxy-connection" ? .framing : .none
+    case 17: return name == "transfer-encoding" ? .framing : .none
+    default: return .none
+    }
+}
+
 func responseIsSafe(_ r: HTTPResponse) -> Bool {
-    guard r.status >= 100 && r.status <= 599 else { return false }
-    for h in r.headers where !isSafeHeader(name: h.name, value: h.value) { return false }
-    return true
+    r.status >= 100 && r.status <= 599 && !r.headers.hasUnsafeField
 }
 
 let invalidResponse = HTTPResponse.json(500, #"{"error":"invalid_response"}"#)
 
 extension Connection {
     func h1Receive(_ bytes: UnsafeRawBufferPointer) {
-        parser.append(bytes)
-        h1Process()
+        h1Process(bytes)
     }
 
-    func h1Process() {
-        guard !processingH1 else { return }
+    /// Appends `bytes` (if any) and handles every complete event. One exclusive access to
+    /// `parser` spans the loop: per-call access to a class-stored struct pays an exclusivity
+    /// check each time and, for getters, a copy. Nothing reached from here touches `parser`:
+    /// a handler answering synchronously re-enters through `h1Complete`, which finds
+    /// `processingH1` set and leaves the parsing to this loop. Reads never nest.
+    func h1Process(_ bytes: UnsafeRawBufferPointer? = nil) {
+        guard !processingH1 else {
+            precondition(bytes == nil, "nested HTTP/1 read")
+            return
+        }
         processingH1 = true
         defer { processingH1 = false }
+        withUnsafeMutablePointer(to: &self.parser) { parser in
+            if let bytes { parser.pointee.append(bytes) }
+            h1Events(parser)
+        }
+    }
+
+    private func h1Events(_ parser: UnsafeMutablePointer<HTTP1Parser>) {
         while !stopParsing && !closed {
             if slots.count - slotsHead >= maxPipelinedRequests {
                 pausedForPipeline = true
                 socket.stopReading()
                 break
             }
-            guard let event = parser.next() else { break }
+            guard let event = parser.pointee.next() else { break }
             switch event {
             case .head(let head):
                 if head.expectContinue {
@@ -144,7 +175,8 @@ extension Connection {
             }
         }
         let now = loop.now
-        switch parser.state {
+        h1State = parser.pointee.state
+        switch h1State {
         case .idle:
             headStartedAt = 0
             bodyStartedAt = 0
@@ -214,42 +246,45 @@ extension Connection {
     func h1Serialize(_ response: HTTPResponse, keepAlive: Bool, isHEAD: Bool, version: HTTPVersion) {
         let r = responseIsSafe(response) ? response : invalidResponse
         core.recordStatus(r.status)
-        out.append(contentsOf: statusLines[r.status])
+        // Build in a local buffer: one exclusive access to `out` instead of one per append.
+        var o: [UInt8] = []
+        swap(&o, &out)
+        defer { swap(&o, &out) }
+        o.append(contentsOf: statusLines[r.status])
         var hasDate = false
         var hasServer = false
         for h in r.headers {
-            switch h.name {
-            case "content-length", "connection", "transfer-encoding", "keep-alive", "upgrade":
-                continue   // framing is the server's job
-            case "date": hasDate = true
-            case "server": hasServer = true
-            default: break
+            switch classifyResponseHeader(h.name) {
+            case .framing: continue   // framing is the server's job
+            case .date: hasDate = true
+            case .server: hasServer = true
+            case .none: break
             }
-            out.append(contentsOf: h.name.utf8)
-            out.append(contentsOf: colonSpace)
-            out.append(contentsOf: h.value.utf8)
-            out.append(contentsOf: crlf)
+            o.append(contentsOf: h.name.utf8)
+            o.append(contentsOf: colonSpace)
+            o.append(contentsOf: h.value.utf8)
+            o.append(contentsOf: crlf)
         }
-        if !hasDate { out.append(contentsOf: loop.dateHeaderLine) }
+        if !hasDate { o.append(contentsOf: loop.dateHeaderLine) }
         if !hasServer, let line = core.serverHeaderLine {
-            out.append(contentsOf: line)
+            o.append(contentsOf: line)
         }
         let bodyless = r.status < 200 || r.status == 204 || r.status == 304
         if !bodyless {
-            out.append(contentsOf: contentLengthPrefix)
-            appendDecimal(r.body.count)
-            out.append(contentsOf: crlf)
+            o.append(contentsOf: contentLengthPrefix)
+            appendDecimal(r.body.count, to: &o)
+            o.append(contentsOf: crlf)
         }
         if !keepAlive {
-            out.append(contentsOf: connectionCloseLine)
+            o.append(contentsOf: connectionCloseLine)
         } else if version == .http1_0 {
-            out.append(contentsOf: connectionKeepAliveLine)
+            o.append(contentsOf: connectionKeepAliveLine)
         }
-        out.append(contentsOf: crlf)
-        if !bodyless && !isHEAD { out.append(contentsOf: r.body) }
+        o.append(contentsOf: crlf)
+        if !bodyless && !isHEAD { o.append(contentsOf: r.body) }
     }
 
-    private func appendDecimal(_ n: Int) {
+    private func appendDecimal(_ n: Int, to out: inout [UInt8]) {
         if n < 10 {
             out.append(UInt8(48 + n))
             return

@@ -33,6 +33,8 @@ final class Connection: @unchecked Sendable {
 
     // HTTP/1 state (Connection+H1.swift)
     var parser: HTTP1Parser
+    /// `parser.state` as of the last parse (reading it copies the parser: keep it off hot paths).
+    var h1State: HTTP1ParserState = .idle
     var slots: [H1Slot] = []
     var slotsHead = 0
     var baseSequence: UInt64 = 0
@@ -312,7 +314,7 @@ final class Connection: @unchecked Sendable {
         case .http1:
             if slotsHead < slots.count { return nil }   // a handler is working
             if peerHalfClosed { return lastActivity }
-            switch parser.state {
+            switch h1State {
             case .idle: return lastActivity + core.idleTimeoutMs
             case .head: return headStartedAt + core.headerTimeoutMs
             case .body: return bodyStartedAt + core.bodyTimeoutMs
@@ -345,9 +347,9 @@ final class Connection: @unchecked Sendable {
             return
         }
         core.recordTimeout()
-        if mode == .http1 && socket.writesInFlight == 0 && slotsHead == slots.count && parser.state != .idle {
+        if mode == .http1 && socket.writesInFlight == 0 && slotsHead == slots.count && h1State != .idle {
             // Tell a slow client why, then close.
-            let kind = parser.state == .head ? "header_timeout" : "body_timeout"
+            let kind = h1State == .head ? "header_timeout" : "body_timeout"
             h1WriteError(status: 408, kind: kind)
             stopParsing = true
             closeAfterFlush = true

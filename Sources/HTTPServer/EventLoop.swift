@@ -48,6 +48,7 @@ final class EventLoop: @unchecked Sendable {
     static let plainBufferSize = 65536
 
     private var dateLine: [UInt8] = []
+    private var dateString = ""
     private var dateRefreshedAt: UInt64 = 0
 
     init(core: ServerCore) throws {
@@ -278,12 +279,23 @@ final class EventLoop: @unchecked Sendable {
 
     /// `date: <IMF-fixdate>\r\n`, refreshed at most once a second.
     var dateHeaderLine: [UInt8] {
+        refreshDate()
+        return dateLine
+    }
+
+    /// The IMF-fixdate alone (HTTP/2 `date` header), refreshed at most once a second.
+    var dateValue: String {
+        refreshDate()
+        return dateString
+    }
+
+    private func refreshDate() {
         let n = uv_now(loop)
         if dateLine.isEmpty || n &- dateRefreshedAt >= 1000 {
             dateRefreshedAt = n
-            dateLine = Array("date: \(httpDate())\r\n".utf8)
+            dateString = httpDate()
+            dateLine = Array("date: \(dateString)\r\n".utf8)
         }
-        return dateLine
     }
 }
 

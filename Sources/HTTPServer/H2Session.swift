@@ -158,17 +158,16 @@ final class H2Session {
             st.rejected = true
             return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue   // RST_STREAM for this stream only
         }
-        let n = String(decoding: name, as: UTF8.self)
-        let v = String(decoding: value, as: UTF8.self)
         if name.first == UInt8(ascii: ":") {
-            switch n {
-            case ":method": st.method = v
-            case ":path": st.path = v
-            case ":authority": st.authority = v
-            default: break   // :scheme (nghttp2 validates it), :protocol
+            // nghttp2 already checked the pseudo-header names: the second byte tells them apart.
+            switch name.count > 1 ? name[1] : 0 {
+            case UInt8(ascii: "m"): st.method = String(decoding: value, as: UTF8.self)
+            case UInt8(ascii: "p") where name.count == 5: st.path = String(decoding: value, as: UTF8.self)
+            case UInt8(ascii: "a"): st.authority = String(decoding: value, as: UTF8.self)
+            default: break   // :scheme (validated by nghttp2), :protocol
             }
         } else {
-            st.headers.append((name: n, value: v))
+            st.headers.append((name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
         }
         return 0
     }
@@ -219,7 +218,7 @@ final class H2Session {
         }
         let bodyless = r.status < 200 || r.status == 204 || r.status == 304
         if !bodyless { pairs.append(("content-length", String(r.body.count))) }
-        if !hasDate { pairs.append(("date", httpDate())) }
+        if !hasDate { pairs.append(("date", connection.loop.dateValue)) }
 
         let sendBody = !bodyless && !isHEAD && !r.body.isEmpty
         st.responseBody = sendBody ? r.body : []
@@ -234,9 +233,9 @@ final class H2Session {
         var offset = 0
         for (n, v) in pairs {
             let np = scratch + offset
-            for b in n.utf8 { scratch[offset] = b; offset += 1 }
+            offset += UnsafeMutableBufferPointer(start: np, count: total - offset).initialize(from: n.utf8).1
             let vp = scratch + offset
-            for b in v.utf8 { scratch[offset] = b; offset += 1 }
+            offset += UnsafeMutableBufferPointer(start: vp, count: total - offset).initialize(from: v.utf8).1
             nva.append(nghttp2_nv(name: np, value: vp, namelen: n.utf8.count, valuelen: v.utf8.count,
                                   flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)))
         }

@@ -6,34 +6,41 @@
 public struct HTTPHeaders: Sendable, Sequence {
     public typealias Element = (name: String, value: String)
     @usableFromInline var storage: [(name: String, value: String)]
+    /// Some field could split a response (name not a token, CR/LF/NUL in a value). Kept up to
+    /// date by every mutator so serialising a response does not rescan fields it already saw.
+    private(set) var hasUnsafeField = false
 
     public init(_ pairs: [(String, String)] = []) {
         storage = pairs.map { (name: $0.0.lowercased(), value: $0.1) }
+        hasUnsafeField = storage.contains { !isSafeHeader(name: $0.name, value: $0.value) }
     }
 
-    /// Names already lowercased (the parser and nghttp2 guarantee it): skips the copy.
+    /// Names already lowercased and fields already validated (the HTTP/1 parser and nghttp2
+    /// refuse the bytes `hasUnsafeField` looks for): skips the copy and the scan.
     init(lowercased pairs: [(name: String, value: String)]) {
         storage = pairs
     }
 
     public subscript(name: String) -> String? {
-        let key = name.lowercased()
+        let key = lowercasedASCII(name)
         for h in storage where h.name == key { return h.value }
         return nil
     }
 
     public func values(_ name: String) -> [String] {
-        let key = name.lowercased()
+        let key = lowercasedASCII(name)
         return storage.filter { $0.name == key }.map(\.value)
     }
 
     public mutating func add(_ name: String, _ value: String) {
-        storage.append((name: name.lowercased(), value: value))
+        let key = lowercasedASCII(name)
+        if !isSafeHeader(name: key, value: value) { hasUnsafeField = true }
+        storage.append((name: key, value: value))
     }
 
     /// Replaces the first header of that name (dropping later duplicates) or appends it.
     public mutating func replaceOrAdd(_ name: String, _ value: String) {
-        let key = name.lowercased()
+        let key = lowercasedASCII(name)
         if let i = storage.firstIndex(where: { $0.name == key }) {
             storage[i].value = value
             var j = storage.count - 1
@@ -41,14 +48,19 @@ public struct HTTPHeaders: Sendable, Sequence {
                 if storage[j].name == key { storage.remove(at: j) }
                 j -= 1
             }
+            hasUnsafeField = storage.contains { !isSafeHeader(name: $0.name, value: $0.value) }
         } else {
+            if !isSafeHeader(name: key, value: value) { hasUnsafeField = true }
             storage.append((name: key, value: value))
         }
     }
 
     public mutating func remove(_ name: String) {
-        let key = name.lowercased()
+        let key = lowercasedASCII(name)
         storage.removeAll { $0.name == key }
+        if hasUnsafeField {
+            hasUnsafeField = storage.contains { !isSafeHeader(name: $0.name, value: $0.value) }
+        }
     }
 
     public var count: Int { storage.count }
@@ -57,6 +69,17 @@ public struct HTTPHeaders: Sendable, Sequence {
     public func makeIterator() -> IndexingIterator<[(name: String, value: String)]> {
         storage.makeIterator()
     }
+}
+
+/// `s.lowercased()` without the allocation when `s` has no ASCII capitals (the usual case:
+/// callers write header names in lowercase). Non-ASCII bytes are left alone: they never occur
+/// in valid field names.
+@inline(__always)
+func lowercasedASCII(_ s: String) -> String {
+    for b in s.utf8 where b >= UInt8(ascii: "A") && b <= UInt8(ascii: "Z") {
+        return String(decoding: s.utf8.map { $0 >= 65 && $0 <= 90 ? $0 | 0x20 : $0 }, as: UTF8.self)
+    }
+    return s
 }
 
 /// What the TLS layer negotiated for the connection a request arrived on.
