@@ -11,7 +11,9 @@ let http2Preface: [UInt8] = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
 final class Connection: @unchecked Sendable {
     enum Mode { case sniffing, http1, http2 }
 
-    unowned let loop: EventLoop
+    /// Strong: responders keep their connection alive after the server stopped, and must
+    /// still find the (stopped) loop to learn that. The loop drops its connections on close.
+    let loop: EventLoop
     let socket: TCPSocket
     let core: ServerCore
     let id: UInt64

@@ -312,7 +312,8 @@ func httpDate() -> String {
 /// One accepted TCP connection's libuv handles. Retains itself from accept until both handles'
 /// close callbacks ran; holds its `Connection` until then (the cycle is broken on close).
 final class TCPSocket {
-    unowned let loop: EventLoop
+    /// unowned(unsafe): a loop outlives its sockets (it runs until every handle closed).
+    unowned(unsafe) let loop: EventLoop
     private let tcp: UnsafeMutablePointer<uv_tcp_t>
     private let timer: UnsafeMutablePointer<uv_timer_t>
     var owner: Connection?

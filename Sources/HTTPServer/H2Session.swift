@@ -39,22 +39,21 @@ nonisolated(unsafe) private let sharedCallbacks: OpaquePointer = {
         guard let frame else { return 0 }
         if frame.pointee.hd.type == UInt8(NGHTTP2_HEADERS.rawValue)
             && frame.pointee.headers.cat == NGHTTP2_HCAT_REQUEST {
-            let s = sessionFrom(userData)
-            s.streams[frame.pointee.hd.stream_id] = H2Stream(id: frame.pointee.hd.stream_id)
+            sessionFrom(userData).open(frame.pointee.hd.stream_id)
         }
         return 0
     }
     nghttp2_session_callbacks_set_on_header_callback(cbs) { _, frame, name, namelen, value, valuelen, _, userData in
         guard let frame, let name, let value else { return 0 }
         let s = sessionFrom(userData)
-        guard let st = s.streams[frame.pointee.hd.stream_id] else { return 0 }
+        guard let st = s.stream(frame.pointee.hd.stream_id) else { return 0 }
         return s.onHeader(st, UnsafeBufferPointer(start: name, count: namelen),
                           UnsafeBufferPointer(start: value, count: valuelen))
     }
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs) { _, _, streamID, data, len, userData in
         guard let data else { return 0 }
         let s = sessionFrom(userData)
-        guard let st = s.streams[streamID], !st.rejected else { return 0 }
+        guard let st = s.stream(streamID), !st.rejected else { return 0 }
         s.onData(st, UnsafeBufferPointer(start: data, count: len))
         return 0
     }
@@ -64,22 +63,28 @@ nonisolated(unsafe) private let sharedCallbacks: OpaquePointer = {
         let endStream = (frame.pointee.hd.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue)) != 0
         if endStream && (type == UInt8(NGHTTP2_HEADERS.rawValue) || type == UInt8(NGHTTP2_DATA.rawValue)) {
             let s = sessionFrom(userData)
-            if let st = s.streams[frame.pointee.hd.stream_id] { s.dispatch(st) }
+            if let st = s.stream(frame.pointee.hd.stream_id) { s.dispatch(st) }
         }
         return 0
     }
     nghttp2_session_callbacks_set_on_stream_close_callback(cbs) { _, streamID, _, userData in
-        sessionFrom(userData).streams.removeValue(forKey: streamID)
+        sessionFrom(userData).closed(streamID)
         return 0
     }
     return cbs!
 }()
 
+/// "100" ... "599", built once.
+private let statusCodeStrings: [String] = (0..<600).map { String($0) }
+
 /// One connection's HTTP/2 session. Loop-thread only; owned by its `Connection`.
 final class H2Session {
-    unowned let connection: Connection
+    /// unowned(unsafe): the connection owns this session and drops it before it goes away.
+    unowned(unsafe) let connection: Connection
     private var session: OpaquePointer?
-    var streams: [Int32: H2Stream] = [:]
+    /// Owns the open streams; nghttp2's stream user data points at the same objects
+    /// (unretained) so per-frame lookups skip hashing.
+    private var streams: [Int32: H2Stream] = [:]
     private var goAwaySent = false
     private let maxHeaderListSize: Int
 
@@ -116,6 +121,24 @@ final class H2Session {
     }
 
     var openStreams: Int { streams.count }
+
+    fileprivate func open(_ id: Int32) {
+        let st = H2Stream(id: id)
+        st.headers.reserveCapacity(8)
+        streams[id] = st
+        if let session {
+            _ = nghttp2_session_set_stream_user_data(session, id, Unmanaged.passUnretained(st).toOpaque())
+        }
+    }
+
+    fileprivate func stream(_ id: Int32) -> H2Stream? {
+        guard let session, let p = nghttp2_session_get_stream_user_data(session, id) else { return nil }
+        return Unmanaged<H2Stream>.fromOpaque(p).takeUnretainedValue()
+    }
+
+    fileprivate func closed(_ id: Int32) {
+        streams.removeValue(forKey: id)
+    }
 
     /// False once the session is finished (GOAWAY exchanged and no stream left, or a fatal error).
     var wantsIO: Bool {
@@ -186,8 +209,11 @@ final class H2Session {
     fileprivate func dispatch(_ st: H2Stream) {
         guard !st.rejected, !st.dispatched else { return }
         st.dispatched = true
-        var headers = HTTPHeaders(lowercased: st.headers)
-        if let a = st.authority, headers["host"] == nil { headers.add("host", a) }
+        if let a = st.authority, !st.headers.contains(where: { $0.name == "host" }) {
+            st.headers.append((name: "host", value: a))   // nghttp2 validated the value
+        }
+        let headers = HTTPHeaders(lowercased: st.headers)
+        st.headers = []
         let req = HTTPRequest(method: st.method, target: st.path, version: .http2, headers: headers,
                               body: st.body, remoteAddress: connection.remoteAddress, tls: connection.tlsInfo,
                               connectionID: connection.id, streamID: st.id)
@@ -200,12 +226,13 @@ final class H2Session {
     // MARK: Sending
 
     func respond(streamID: Int32, response: HTTPResponse, isHEAD: Bool, action: ConnectionAction) {
-        guard let session, let st = streams[streamID], !st.responded else { return }
+        guard let session, let st = stream(streamID), !st.responded else { return }
         st.responded = true
         let r = responseIsSafe(response) ? response : invalidResponse
         connection.core.recordStatus(r.status)
 
-        var pairs: [(String, String)] = [(":status", String(r.status))]
+        var pairs: [(String, String)] = [(":status", statusCodeStrings[r.status])]
+        pairs.reserveCapacity(r.headers.count + 4)
         var hasDate = false
         for h in r.headers {
             switch h.name {
@@ -245,7 +272,7 @@ final class H2Session {
                 source: nghttp2_data_source(ptr: nil),
                 read_callback: { _, streamID, buf, length, flags, _, userData in
                     let s = sessionFrom(userData)
-                    guard let st = s.streams[streamID], let buf, let flags else {
+                    guard let st = s.stream(streamID), let buf, let flags else {
                         return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
                     }
                     let n = min(length, st.responseBody.count - st.responseOffset)

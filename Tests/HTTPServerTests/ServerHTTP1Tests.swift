@@ -329,3 +329,67 @@ import Testing
         #expect((try? RawClient(port: port)) == nil, "still accepting after shutdown")
     }
 }
+
+@Suite struct ServerLifecycleTests {
+    @Test func respondingAfterShutdownIsHarmless() throws {
+        let parked = Mutex<[HTTPResponder]>([])
+        let server = try HTTPServer(configuration: HTTPServerConfiguration()) { _, res in
+            parked.withLock { $0.append(res) }
+        }
+        try server.start()
+        let c = try RawClient(port: server.localPort)
+        try c.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        while parked.withLock({ $0.isEmpty }) { Thread.sleep(forTimeInterval: 0.01) }
+        server.shutdown(gracePeriod: .milliseconds(100))
+        #expect(c.waitForClose())
+        let responders = parked.withLock { $0 }
+        // From another thread, after the loop is gone: dropped, no crash.
+        let done = DispatchSemaphore(value: 0)
+        DispatchQueue.global().async {
+            responders.forEach { $0.respond(HTTPResponse(status: 200)); $0.setMaxConcurrentStreams(1); $0.abortConnection() }
+            done.signal()
+        }
+        #expect(done.wait(timeout: .now() + 5) == .success)
+        #expect(responders.allSatisfy { $0.hasResponded })
+    }
+
+    @Test func severalLoopThreadsShareOnePort() throws {
+        var config = HTTPServerConfiguration()
+        config.loopThreads = 3
+        try withServer(config) { server in
+            var ids = Set<String>()
+            for _ in 0..<12 {
+                let c = try RawClient(port: server.localPort)
+                try c.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                let r = try #require(c.readResponse())
+                #expect(r.status == 200)
+                ids.insert(r.header("x-connection-id") ?? "")
+            }
+            #expect(ids.count == 12)   // connection IDs stay unique across loops
+            #expect(server.metrics.connectionsTotal == 12)
+        }
+    }
+
+    @Test func startTwiceAndBadAddressAreErrors() throws {
+        var config = HTTPServerConfiguration()
+        config.host = "not-an-ip"
+        let bad = try HTTPServer(configuration: config, handler: echoHandler)
+        #expect(throws: HTTPServerError.self) { try bad.start() }
+        try withServer { server throws -> Void in
+            #expect(throws: HTTPServerError.self) { try server.start() }
+        }
+    }
+
+    @Test func portInUseIsAClearError() throws {
+        try withServer { server throws -> Void in
+            var config = HTTPServerConfiguration()
+            config.port = server.localPort
+            let second = try HTTPServer(configuration: config, handler: echoHandler)
+            #expect {
+                try second.start()
+            } throws: { error in
+                "\(error)".contains("\(server.localPort)")
+            }
+        }
+    }
+}
