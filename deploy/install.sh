@@ -33,8 +33,16 @@ install -m 0644 deploy/sysusers/accessory-relay.conf "$DESTDIR$SYSUSERSDIR/acces
 
 # Config: the example only. relay.json is the operator's (copied from the example and edited),
 # never overwritten by an upgrade. The directory stays root-owned (ConfigurationDirectory=).
+# The repository's example is written for any directory (relative paths); the installed one
+# points at the system layout: the DB in the state directory (the only path the unit lets the
+# service write) and keys under $CONFDIR/keys.
 install -d -m 0755 "$DESTDIR$CONFDIR"
-install -m 0644 config/relay.example.json "$DESTDIR$CONFDIR/relay.example.json"
+sed -e 's#"path": "relay.db"#"path": "'"$STATEDIR"'/relay.db"#' \
+    -e 's#/etc/relay/tls/#'"$CONFDIR"'/keys/#g' -e 's#/etc/relay/#'"$CONFDIR"'/keys/#g' \
+  config/relay.example.json > "$DESTDIR$CONFDIR/relay.example.json"
+chmod 0644 "$DESTDIR$CONFDIR/relay.example.json"
+grep -q "\"$STATEDIR/relay.db\"" "$DESTDIR$CONFDIR/relay.example.json" \
+  || { echo "error: could not point relay.example.json's store.path at $STATEDIR" >&2; exit 1; }
 
 # Docs and monitoring examples beside them.
 for f in README.md docs/*.md; do [ -f "$f" ] && install -m 0644 "$f" "$DESTDIR$DOCDIR/"; done

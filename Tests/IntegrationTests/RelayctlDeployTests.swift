@@ -2,6 +2,7 @@
 // its `systemd-analyze security` exposure budget (deploy/systemd/verify.sh), alone and with the
 // low-port drop-in; and the checker itself rejects a broken unit, so a pass means something.
 import Foundation
+import RelayCore
 import Testing
 
 private let repoRoot = URL(fileURLWithPath: #filePath)
@@ -120,5 +121,51 @@ struct RelayctlDeployMonitoringTests {
                 #expect(expr.contains("relay_") || expr.contains("probe_success"), "\(expr)")
             }
         }
+    }
+}
+
+@Suite("deploy: make install")
+struct RelayctlDeployInstallTests {
+    @Test func installsEverythingUnderDestdirWithThePrefixInTheUnit() throws {
+        let destdir = FileManager.default.temporaryDirectory.appendingPathComponent("relayctl-install-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: destdir) }
+        // BUILT= installs the binaries this test run already built (no swift build from a test).
+        let result = try run("/usr/bin/make", ["-s", "install", "DESTDIR=\(destdir.path)", "PREFIX=/usr", "BUILT=\(Relayctl.binDirectory.path)"])
+        #expect(result.status == 0, "\(result.output)")
+        func mode(_ path: String) throws -> Int {
+            try #require(try FileManager.default.attributesOfItem(atPath: destdir.path + path)[.posixPermissions] as? Int)
+        }
+        #expect(try mode("/usr/bin/relay-server") == 0o755)
+        #expect(try mode("/usr/bin/relayctl") == 0o755)
+        #expect(try mode("/usr/lib/systemd/system/relay-server.service") == 0o644)
+        #expect(try mode("/usr/lib/sysusers.d/accessory-relay.conf") == 0o644)
+        #expect(try mode("/var/lib/accessory-relay") == 0o700)
+        #expect(try mode("/etc/accessory-relay/relay.example.json") == 0o644)
+        #expect(!FileManager.default.fileExists(atPath: destdir.path + "/etc/accessory-relay/relay.json"), "never installs a live config")
+        for doc in ["operations.md", "threat_model.md", "examples/alerts.yml", "examples/relay-dashboard.json", "examples/privileged-port.conf.example"] {
+            #expect(FileManager.default.fileExists(atPath: destdir.path + "/usr/share/doc/accessory-relay/" + doc), "\(doc)")
+        }
+        let unit = try String(contentsOfFile: destdir.path + "/usr/lib/systemd/system/relay-server.service", encoding: .utf8)
+        #expect(unit.contains("\nExecStart=/usr/bin/relay-server --config /etc/accessory-relay/relay.json\n"))
+        #expect(unit.contains("\nDocumentation=file:///usr/share/doc/accessory-relay/operations.md\n"))
+        #expect(!unit.contains("/usr/local/"))
+        // The installed example parses with the server's loader and keeps its DB where the
+        // sandbox allows writes.
+        let example = try Data(contentsOf: URL(fileURLWithPath: destdir.path + "/etc/accessory-relay/relay.example.json"))
+        let config = try RelayConfig.parse(Array(example), baseDirectory: "/etc/accessory-relay")
+        #expect(config.store.path == "/var/lib/accessory-relay/relay.db")
+        if systemdAnalyzeAvailable {
+            let verify = try run(verifyScript, [destdir.path + "/usr/lib/systemd/system/relay-server.service"])
+            #expect(verify.status == 0, "\(verify.output)")
+        }
+    }
+
+    @Test func refusesWhenTheBinariesAreMissing() throws {
+        let destdir = FileManager.default.temporaryDirectory.appendingPathComponent("relayctl-install-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: destdir) }
+        let result = try run("/usr/bin/make", ["-s", "install", "DESTDIR=\(destdir.path)", "BUILT=/nonexistent"])
+        #expect(result.status != 0)
+        #expect(result.output.contains("not built"))
+        #expect(!FileManager.default.fileExists(atPath: destdir.path + "/usr/local/bin/relay-server"))
     }
 }

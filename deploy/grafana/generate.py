@@ -51,6 +51,13 @@ panel("Retries and token pacing", "timeseries",
       12, 20, unit="ops")
 panel("Ingest connections open", "timeseries",
       [(f'sum by (instance) (relay_http_connections_open{{listener="ingest",{I}}})', "{{instance}}")], 0, 28)
+panel("Rate limited (429) by limit", "timeseries",
+      [(f'sum by (scope) (rate(relay_rate_limited_total{{{I}}}[$__rate_interval]))', "{{scope}}")], 0, 36, unit="reqps",
+      description="Requests refused because a credential or a push token exceeded its configured rate (ingest.rateLimits).")
+panel("Ingest to APNs answer (first attempt)", "timeseries",
+      [(f'histogram_quantile(0.99, sum by (le) (rate(relay_ingest_to_answer_seconds_bucket{{{I}}}[$__rate_interval])))', "p99"),
+       (f'histogram_quantile(0.5, sum by (le) (rate(relay_ingest_to_answer_seconds_bucket{{{I}}}[$__rate_interval])))', "p50")],
+      12, 36, unit="s", description="From the 202 commit to APNs' first answer: what a person waiting for the reply feels.")
 panel("Ingest request rate vs pushes", "timeseries",
       [(f'sum(rate(relay_ingest_requests_total{{status="202",{I}}}[$__rate_interval]))', "accepted"),
        (f'sum(rate(relay_pushes_total{{status="200",{I}}}[$__rate_interval]))', "delivered")],

@@ -106,7 +106,7 @@ func renderJSON<T: Encodable>(_ value: T) throws -> String {
 // MARK: - which database
 
 /// relay-server's default config path; relayctl uses the same so both agree without flags.
-let defaultConfigPath = "/etc/accessory-relay/relay.json"
+let defaultConfigPath = RelayConfig.defaultPath
 
 /// `--config` and `--db`, accepted by every command that reads the database.
 let databaseOptionSpecs: [OptionSpec] = [
