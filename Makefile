@@ -63,3 +63,8 @@ run: deps
 soak: deps
 	$(SWIFT) build $(SWIFT_FLAGS) --build-tests
 	RELAY_SOAK_ROUNDS=$${RELAY_SOAK_ROUNDS:-20} $(SWIFT) test $(SWIFT_FLAGS) --skip-build --filter RelayCrashTests
+
+# libFuzzer targets under Fuzz/ (not in the default suite): FUZZ_SECONDS per target.
+FUZZ_SECONDS ?= 60
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh

@@ -62,6 +62,8 @@ package enum HTTP1MalformedCases {
         .init("CONNECT with a path", "CONNECT /a HTTP/1.1\r\nHost: a\r\n\r\n", 400, .invalidTarget),
         .init("TLS ClientHello on cleartext", [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xFC, 0x03, 0x03],
               400, .invalidRequestLine),
+        // Found by the fuzzer: the verdict once depended on whether the LF arrived with the 0x05.
+        .init("control byte after an empty line", "\r\n\u{5}\nGET / HTTP/1.1\r\nHost: a\r\n\r\n", 400, .invalidRequestLine),
         .init("too many empty lines before request", String(repeating: "\r\n", count: 9) + get + "\r\n",
               400, .tooManyEmptyLines),
     ]

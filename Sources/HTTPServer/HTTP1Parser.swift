@@ -141,14 +141,15 @@ package struct HTTP1Parser: Sendable {
             case .failed(let error):
                 return .failure(error)
             case .requestLine:
+                // Refuse obvious non-HTTP (a TLS ClientHello on the cleartext port, binary junk)
+                // at its first byte instead of waiting for a line that may never come. Checked
+                // before the line search so the verdict does not depend on how input is split.
+                if readIndex < writeIndex {
+                    let first = storage.bytes[readIndex]
+                    if !isTokenChar(first) && first != cr && first != lf { return fail(.invalidRequestLine) }
+                }
                 switch nextLine(maxBytes: limits.maxHeaderBytes) {
-                case .needMore:
-                    // Refuse obvious non-HTTP (a TLS ClientHello on the cleartext port, binary
-                    // junk) at its first byte instead of waiting for a line that may never come.
-                    if readIndex < writeIndex && !isTokenChar(storage.bytes[readIndex]) && storage.bytes[readIndex] != cr {
-                        return fail(.invalidRequestLine)
-                    }
-                    return nil
+                case .needMore: return nil
                 case .tooLong: return fail(.targetTooLong)
                 case .bareLineEnding: return fail(.bareLineEnding)
                 case .line(let start, let end):
@@ -265,8 +266,6 @@ package struct HTTP1Parser: Sendable {
     /// `method SP request-target SP HTTP-version`, single spaces, nothing else.
     private mutating func parseRequestLine(_ start: Int, _ end: Int) -> HTTP1ParseError.Kind? {
         let bytes = storage.bytes
-        // Same verdict as the early check in `next()`, whatever the split of the input.
-        if !isTokenChar(bytes[start]) && bytes[start] != cr { return .invalidRequestLine }
         var i = start
         while i < end && isTokenChar(bytes[i]) { i += 1 }
         if i == end { return lineError(.invalidRequestLine, start, end) }

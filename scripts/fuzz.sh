@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Builds and runs every libFuzzer target under Fuzz/ (one directory per target holding main.swift
+# and fuzz.conf) for FUZZ_SECONDS each. Not part of `make test`.
+#
+# Targets are built without SwiftPM: swiftc compiles the sources listed in fuzz.conf together with
+# the target's main.swift, which exports LLVMFuzzerTestOneInput, with -sanitize=fuzzer,address.
+# New corpus entries go to .build/fuzz/corpus/<target>/ (the checked-in seeds are read-only
+# input); crashes go to .build/fuzz/artifacts/<target>/ and make the script exit 1.
+#
+#   scripts/fuzz.sh                      # all targets, 60 s each
+#   FUZZ_SECONDS=600 scripts/fuzz.sh HTTP1ParserFuzz
+#   FUZZ_JOBS=2 scripts/fuzz.sh          # libFuzzer -fork=2 (parallel workers)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/opt/swift/usr/bin:$PATH"
+# libFuzzer reports crashes itself; Swift's interactive backtracer would only delay that.
+export SWIFT_BACKTRACE=enable=no
+
+FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
+FUZZ_JOBS="${FUZZ_JOBS:-1}"
+OUT=.build/fuzz
+
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  for conf in Fuzz/*/fuzz.conf; do targets+=("$(basename "$(dirname "$conf")")"); done
+fi
+[ ${#targets[@]} -gt 0 ] || { echo "fuzz: no targets under Fuzz/" >&2; exit 1; }
+
+status=0
+for target in "${targets[@]}"; do
+  conf="Fuzz/$target/fuzz.conf"
+  [ -f "$conf" ] || { echo "fuzz: $conf not found" >&2; exit 64; }
+  SOURCES="" CORPUS="" DICT=""
+  # shellcheck source=/dev/null
+  . "$conf"
+  mkdir -p "$OUT/corpus/$target" "$OUT/artifacts/$target"
+  binary="$OUT/$target"
+  echo "== $target: building"
+  # shellcheck disable=SC2086  # SOURCES holds globs on purpose
+  swiftc -O -g -parse-as-library -sanitize=fuzzer,address -use-ld=lld \
+    -package-name fuzz -module-name "$target" \
+    $SOURCES "Fuzz/$target/main.swift" -o "$binary"
+
+  args=(-max_total_time="$FUZZ_SECONDS" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048
+        -artifact_prefix="$OUT/artifacts/$target/")
+  [ -n "$DICT" ] && args+=(-dict="$DICT")
+  [ "$FUZZ_JOBS" -gt 1 ] && args+=(-fork="$FUZZ_JOBS" -ignore_crashes=0)
+  echo "== $target: fuzzing for ${FUZZ_SECONDS}s (seeds: ${CORPUS:-none})"
+  log="$OUT/$target.log"
+  set +e
+  "$binary" "${args[@]}" "$OUT/corpus/$target" ${CORPUS:+"$CORPUS"} >"$log" 2>&1
+  rc=$?
+  set -e
+  grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb)' "$log" || true
+  grep -E '^#[0-9]+.*(DONE|INITED)' "$log" | tail -2 || true
+  if [ $rc -ne 0 ]; then
+    echo "== $target: FAILED (exit $rc); log $log, artifacts in $OUT/artifacts/$target/" >&2
+    grep -E 'ERROR|Fatal error|SUMMARY' "$log" | head -5 >&2 || true
+    status=1
+  else
+    echo "== $target: no findings"
+  fi
+done
+exit $status
