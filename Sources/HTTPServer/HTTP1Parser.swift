@@ -33,6 +33,8 @@ package struct HTTP1Parser: Sendable {
     private var scanIndex = 0
     private var phase: Phase = .requestLine
     private var request = RequestInProgress()
+    /// The head of the request whose body is being read (set by `finishHead`).
+    private var head: HTTP1RequestHead?
 
     private enum Phase {
         case requestLine
@@ -65,7 +67,6 @@ package struct HTTP1Parser: Sendable {
         var connectionKeepAlive = false
         var expectContinue = false
         var expectOther = false
-        var head: HTTP1RequestHead?
         var body: [UInt8] = []
         var chunkExtensionBytes = 0
         var trailerBytes = 0
@@ -313,9 +314,30 @@ package struct HTTP1Parser: Sendable {
         }
 
         request.headers.reserveCapacity(16)
-        request.method = makeString(start, methodEnd)
-        request.target = makeString(targetStart, targetEnd)
+        request.method = methodString(start, methodEnd)
+        request.target = targetEnd - targetStart == 1 && first == slash ? "/" : makeString(targetStart, targetEnd)
         return nil
+    }
+
+    /// Common methods come from literals: no allocation and no UTF-8 validation on the hot path.
+    private func methodString(_ start: Int, _ end: Int) -> String {
+        switch end - start {
+        case 3:
+            if matches(start, "GET") { return "GET" }
+            if matches(start, "PUT") { return "PUT" }
+        case 4:
+            if matches(start, "POST") { return "POST" }
+            if matches(start, "HEAD") { return "HEAD" }
+        case 5:
+            if matches(start, "PATCH") { return "PATCH" }
+        case 6:
+            if matches(start, "DELETE") { return "DELETE" }
+        case 7:
+            if matches(start, "OPTIONS") { return "OPTIONS" }
+        default:
+            break
+        }
+        return makeString(start, end)
     }
 
     // MARK: Header lines
@@ -365,21 +387,21 @@ package struct HTTP1Parser: Sendable {
         case .success(let f): field = f
         }
         if request.headers.count >= limits.maxHeaderCount { return .tooManyHeaders }
-        let name = makeLowercasedString(start, field.nameEnd)
+        let (name, role) = headerName(start, field.nameEnd)
         let vs = field.valueStart, ve = field.valueEnd
-        switch name {
-        case "host":
+        switch role {
+        case .host:
             request.hostCount += 1
             if request.hostCount > 1 { return .multipleHost }
             for k in vs..<ve where !isHostChar(storage.bytes[k]) { return .invalidHost }
-        case "content-length":
+        case .contentLength:
             request.contentLengthCount += 1
             if request.contentLengthCount > 1 { return .multipleContentLength }
             if let error = parseContentLength(vs, ve) { return error }
-        case "transfer-encoding":
+        case .transferEncoding:
             request.transferEncodingCount += 1
             request.transferCoding = request.transferEncodingCount > 1 ? .malformed : classifyTransferEncoding(vs, ve)
-        case "connection":
+        case .connection:
             var close = false, keepAlive = false
             forEachListElement(vs, ve) { s, e in
                 if e - s == 5 && matchesLowercased(s, "close") { close = true }
@@ -387,18 +409,53 @@ package struct HTTP1Parser: Sendable {
             }
             if close { request.connectionClose = true }
             if keepAlive { request.connectionKeepAlive = true }
-        case "expect":
+        case .expect:
             var continueExpected = false, other = false
             forEachListElement(vs, ve) { s, e in
                 if e - s == 12 && matchesLowercased(s, "100-continue") { continueExpected = true } else { other = true }
             }
             if continueExpected { request.expectContinue = true }
             if other { request.expectOther = true }
-        default:
+        case .other:
             break
         }
         request.headers.append((name: name, value: makeString(vs, ve)))
         return nil
+    }
+
+    /// Header fields the parser itself interprets.
+    private enum HeaderRole { case host, contentLength, transferEncoding, connection, expect, other }
+
+    /// The lowercased name and its role. Common names come from literals (no allocation, no
+    /// UTF-8 validation); every name with a role is among them, so roles are found by comparing
+    /// bytes, never Strings.
+    private func headerName(_ start: Int, _ end: Int) -> (String, HeaderRole) {
+        switch end - start {
+        case 4:
+            if matchesLowercased(start, "host") { return ("host", .host) }
+        case 6:
+            if matchesLowercased(start, "accept") { return ("accept", .other) }
+            if matchesLowercased(start, "expect") { return ("expect", .expect) }
+            if matchesLowercased(start, "cookie") { return ("cookie", .other) }
+        case 10:
+            if matchesLowercased(start, "connection") { return ("connection", .connection) }
+            if matchesLowercased(start, "user-agent") { return ("user-agent", .other) }
+        case 12:
+            if matchesLowercased(start, "content-type") { return ("content-type", .other) }
+        case 13:
+            if matchesLowercased(start, "authorization") { return ("authorization", .other) }
+            if matchesLowercased(start, "cache-control") { return ("cache-control", .other) }
+        case 14:
+            if matchesLowercased(start, "content-length") { return ("content-length", .contentLength) }
+        case 15:
+            if matchesLowercased(start, "accept-encoding") { return ("accept-encoding", .other) }
+            if matchesLowercased(start, "accept-language") { return ("accept-language", .other) }
+        case 17:
+            if matchesLowercased(start, "transfer-encoding") { return ("transfer-encoding", .transferEncoding) }
+        default:
+            break
+        }
+        return (makeLowercasedString(start, end), .other)
     }
 
     /// 1*DIGIT and nothing else. A value beyond maxBodyBytes (however many digits) is 413.
@@ -491,13 +548,18 @@ package struct HTTP1Parser: Sendable {
             ? !request.connectionClose
             : request.connectionKeepAlive && !request.connectionClose
         let contentLength = request.contentLengthCount > 0 ? request.contentLength : nil
-        let head = HTTP1RequestHead(
-            method: request.method, target: request.target, version: version, headers: request.headers,
+        // Move (not copy) the collected strings into the head: the request keeps no reference.
+        let method = request.method, target = request.target, headers = request.headers
+        request.method = ""
+        request.target = ""
+        request.headers = []
+        let head = HTTP1RequestHead(HTTP1RequestHead.Fields(
+            method: method, target: target, version: version, headers: headers,
             keepAlive: keepAlive,
             // RFC 9110 10.1.1: a 100-continue expectation in an HTTP/1.0 request is ignored.
             expectContinue: request.expectContinue && version == .http1_1,
-            contentLength: contentLength, chunked: chunked)
-        request.head = head
+            contentLength: contentLength, chunked: chunked))
+        self.head = head
         if chunked {
             phase = .chunkSizeLine
         } else if let length = contentLength, length > 0 {
@@ -510,8 +572,9 @@ package struct HTTP1Parser: Sendable {
     }
 
     private mutating func finishRequest() -> HTTP1Event {
-        let head = request.head!
+        let head = self.head!
         let body = request.body
+        self.head = nil
         request = RequestInProgress()
         phase = .requestLine
         return .request(HTTP1Request(head: head, body: body))
@@ -607,6 +670,7 @@ package struct HTTP1Parser: Sendable {
         let error = HTTP1ParseError(kind)
         phase = .failed(error)
         request = RequestInProgress()
+        head = nil
         readIndex = writeIndex
         scanIndex = writeIndex
         return .failure(error)
@@ -621,8 +685,14 @@ package struct HTTP1Parser: Sendable {
 
     // MARK: Bytes
 
+    /// Invalid UTF-8 (obs-text that is not UTF-8) is repaired with U+FFFD by the initializer.
+    /// Measured cheaper than `String(decoding:as:)` for short values, which are most of them.
     private func makeString(_ start: Int, _ end: Int) -> String {
-        String(decoding: UnsafeBufferPointer(start: storage.bytes + start, count: end - start), as: UTF8.self)
+        let source = storage.bytes + start
+        return String(unsafeUninitializedCapacity: end - start) { buffer in
+            buffer.baseAddress!.update(from: source, count: end - start)
+            return end - start
+        }
     }
 
     /// Token bytes only (ASCII), so lowercasing is a bit flip on A-Z.

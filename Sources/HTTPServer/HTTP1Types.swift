@@ -31,47 +31,95 @@ package enum HTTP1ParserState: Sendable, Equatable {
 }
 
 /// A complete, validated request head.
+///
+/// Stored in one immutable box (as SwiftNIO's `HTTPRequestHead` is) so that the `.head` and
+/// `.request` events, which both carry it, cost one retain to copy instead of one per field.
+/// Setters replace the box, so value semantics are unchanged.
 package struct HTTP1RequestHead: Sendable {
-    package var method: String
-    /// The request-target exactly as sent (origin-form `/path?query`, absolute-form, `*`, or
-    /// authority-form for CONNECT).
-    package var target: String
-    /// `.http1_0` or `.http1_1`.
-    package var version: HTTPVersion
-    /// In arrival order, names lowercased, values with surrounding whitespace removed.
-    package var headers: [(name: String, value: String)]
-    /// Whether the connection may carry another request after this one's response.
-    package var keepAlive: Bool
-    /// HTTP/1.1 request carrying `Expect: 100-continue`: the server should send `100 Continue`.
-    package var expectContinue: Bool
-    /// The Content-Length value, nil when the request has none (chunked, or no body).
-    package var contentLength: Int?
-    /// Body framed with `Transfer-Encoding: chunked`.
-    package var chunked: Bool
+    package struct Fields: Sendable {
+        package var method: String
+        package var target: String
+        package var version: HTTPVersion
+        package var headers: [(name: String, value: String)]
+        package var keepAlive: Bool
+        package var expectContinue: Bool
+        package var contentLength: Int?
+        package var chunked: Bool
+    }
+
+    private final class Box: Sendable {
+        let fields: Fields
+        init(_ fields: Fields) { self.fields = fields }
+    }
+
+    private var box: Box
+
+    package init(_ fields: Fields) { box = Box(fields) }
 
     package init(method: String, target: String, version: HTTPVersion,
                  headers: [(name: String, value: String)], keepAlive: Bool, expectContinue: Bool,
                  contentLength: Int?, chunked: Bool) {
-        self.method = method
-        self.target = target
-        self.version = version
-        self.headers = headers
-        self.keepAlive = keepAlive
-        self.expectContinue = expectContinue
-        self.contentLength = contentLength
-        self.chunked = chunked
+        self.init(Fields(method: method, target: target, version: version, headers: headers, keepAlive: keepAlive,
+                         expectContinue: expectContinue, contentLength: contentLength, chunked: chunked))
+    }
+
+    package var fields: Fields {
+        get { box.fields }
+        set { box = Box(newValue) }
+    }
+
+    package var method: String {
+        get { box.fields.method }
+        set { fields.method = newValue }
+    }
+    /// The request-target exactly as sent (origin-form `/path?query`, absolute-form, `*`, or
+    /// authority-form for CONNECT).
+    package var target: String {
+        get { box.fields.target }
+        set { fields.target = newValue }
+    }
+    /// `.http1_0` or `.http1_1`.
+    package var version: HTTPVersion {
+        get { box.fields.version }
+        set { fields.version = newValue }
+    }
+    /// In arrival order, names lowercased, values with surrounding whitespace removed.
+    package var headers: [(name: String, value: String)] {
+        get { box.fields.headers }
+        set { fields.headers = newValue }
+    }
+    /// Whether the connection may carry another request after this one's response.
+    package var keepAlive: Bool {
+        get { box.fields.keepAlive }
+        set { fields.keepAlive = newValue }
+    }
+    /// HTTP/1.1 request carrying `Expect: 100-continue`: the server should send `100 Continue`.
+    package var expectContinue: Bool {
+        get { box.fields.expectContinue }
+        set { fields.expectContinue = newValue }
+    }
+    /// The Content-Length value, nil when the request has none (chunked, or no body).
+    package var contentLength: Int? {
+        get { box.fields.contentLength }
+        set { fields.contentLength = newValue }
+    }
+    /// Body framed with `Transfer-Encoding: chunked`.
+    package var chunked: Bool {
+        get { box.fields.chunked }
+        set { fields.chunked = newValue }
     }
 
     /// First value of a header; `name` must be lowercase.
     package func firstValue(_ name: String) -> String? {
-        for field in headers where field.name == name { return field.value }
+        for field in box.fields.headers where field.name == name { return field.value }
         return nil
     }
 }
 
 extension HTTP1RequestHead: Equatable {
     package static func == (a: HTTP1RequestHead, b: HTTP1RequestHead) -> Bool {
-        a.method == b.method && a.target == b.target && a.version == b.version
+        let a = a.fields, b = b.fields
+        return a.method == b.method && a.target == b.target && a.version == b.version
             && a.keepAlive == b.keepAlive && a.expectContinue == b.expectContinue
             && a.contentLength == b.contentLength && a.chunked == b.chunked
             && a.headers.count == b.headers.count

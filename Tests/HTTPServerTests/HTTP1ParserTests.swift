@@ -424,3 +424,24 @@ struct HTTP1ParserLimitTests {
         #expect(parser.next() == .failure(HTTP1ParseError(.headerSectionTooLarge)))
     }
 }
+
+@Suite("HTTP/1.1 parser: head value semantics")
+struct HTTP1RequestHeadTests {
+    @Test func settersCopyOnWrite() throws {
+        let original = try #require(requests(parseEvents(bytes("GET /a HTTP/1.1\r\nHost: a\r\n\r\n"))).first).head
+        var changed = original
+        changed.target = "/b"
+        changed.headers.append((name: "x", value: "y"))
+        #expect(original.target == "/a")
+        #expect(original.headers.count == 1)
+        #expect(changed.target == "/b")
+        #expect(changed.headers.count == 2)
+        #expect(changed != original)
+    }
+
+    @Test func invalidUTF8InAValueIsRepairedNotPassedThrough() throws {
+        let input = bytes("GET / HTTP/1.1\r\nHost: a\r\nX: a") + [0xFF, 0xC3] + bytes("b\r\n\r\n")
+        let head = try #require(requests(parseEvents(input)).first).head
+        #expect(head.firstValue("x") == "a\u{FFFD}\u{FFFD}b")
+    }
+}
