@@ -4,6 +4,9 @@
 import Foundation
 import RelayCore
 import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
 
 private let repoRoot = URL(fileURLWithPath: #filePath)
     .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
@@ -167,5 +170,64 @@ struct RelayctlDeployInstallTests {
         #expect(result.status != 0)
         #expect(result.output.contains("not built"))
         #expect(!FileManager.default.fileExists(atPath: destdir.path + "/usr/local/bin/relay-server"))
+    }
+}
+
+private let canSandbox = getuid() == 0 && ["/usr/bin/strace", "/usr/bin/unshare", "/usr/bin/python3"].allSatisfy { FileManager.default.isExecutableFile(atPath: $0) }
+
+@Suite("deploy: sandbox trace check", .enabled(if: systemdAnalyzeAvailable, "systemd-analyze not installed"))
+struct RelayctlDeploySandboxTests {
+    private var checkTrace: String { repoRoot.appendingPathComponent("deploy/systemd/check-trace.sh").path }
+
+    private func traceFile(_ lines: [String]) throws -> URL {
+        let url = FileManager.default.temporaryDirectory.appendingPathComponent("relayctl-trace-\(UUID().uuidString)")
+        try (lines.joined(separator: "\n") + "\n").write(to: url, atomically: true, encoding: .utf8)
+        return url
+    }
+
+    @Test func flagsCallsFamiliesAndMappingsTheUnitForbids() throws {
+        let bad = try traceFile([
+            "100 openat(AT_FDCWD, \"/etc/x\", O_RDONLY) = 3",
+            "100 socket(AF_NETLINK, SOCK_RAW|SOCK_CLOEXEC, NETLINK_ROUTE) = 4",
+            "101 mmap(NULL, 4096, PROT_READ|PROT_WRITE|PROT_EXEC, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x7f00",
+            "101 ptrace(PTRACE_TRACEME) = -1 EPERM (Operation not permitted)",
+            "101 mount(\"none\", \"/mnt\", \"tmpfs\", 0, NULL) = -1 EPERM (Operation not permitted)",
+        ])
+        defer { try? FileManager.default.removeItem(at: bad) }
+        let result = try run(checkTrace, [bad.path])
+        #expect(result.status == 1)
+        #expect(result.output.contains("ptrace") && result.output.contains("mount"), "\(result.output)")
+        #expect(result.output.contains("AF_NETLINK"))
+        #expect(result.output.contains("writable+executable"))
+        #expect(!result.output.contains("openat ("), "openat is allowed: \(result.output)")
+    }
+
+    @Test func acceptsAnOrdinaryServiceTrace() throws {
+        let good = try traceFile([
+            "100 openat(AT_FDCWD, \"/var/lib/accessory-relay/relay.db\", O_RDWR|O_CREAT|O_CLOEXEC, 0644) = 3",
+            "100 socket(AF_INET6, SOCK_STREAM|SOCK_CLOEXEC, IPPROTO_TCP) = 4",
+            "100 mmap(NULL, 4096, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x7f00",
+            "101 epoll_wait(5,  <unfinished ...>",
+            "101 <... epoll_wait resumed>[], 1024, 1000) = 0",
+            "101 setpriority(PRIO_PROCESS, 0, 5) = 0",
+        ])
+        defer { try? FileManager.default.removeItem(at: good) }
+        let result = try run(checkTrace, [good.path])
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.output.contains("5 distinct system calls, 5 calls"), "\(result.output)")
+    }
+
+    @Test(.enabled(if: canSandbox, "needs root, strace, unshare, python3"))
+    func sandboxRunRecordsARealSwiftBinary() throws {
+        // relayctl is a Swift binary linking Foundation, SQLite and OpenSSL, like relay-server:
+        // it must run with no W+X memory and a subset=pid /proc, within the syscall filter.
+        let trace = FileManager.default.temporaryDirectory.appendingPathComponent("relayctl-trace-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: trace) }
+        let sandbox = repoRoot.appendingPathComponent("deploy/systemd/sandbox-run.sh").path
+        let ran = try run(sandbox, [trace.path, Relayctl.path, "ratchet", "chain", "--root-key", String(repeating: "11", count: 32), "--count", "3"])
+        #expect(ran.status == 0, "\(ran.output)")
+        #expect(ran.output.contains("messageKey"))
+        let checked = try run(checkTrace, [trace.path])
+        #expect(checked.status == 0, "\(checked.output)")
     }
 }
