@@ -52,7 +52,7 @@ public struct MockDelivery: Sendable, Equatable {
         if let a = push.accessory {
             o["messageIndex"] = Int(a.messageIndex)
             o["ratchetKeyId"] = Data(a.keyID).base64EncodedString()
-            o["sessionIdentifier"] = a.sessionIdentifier.uuidString.lowercased()
+            o["sessionIdentifier"] = lowercaseString(a.sessionIdentifier)
             o["encryptedBytes"] = a.encryptedData.count
         }
         if let error = verification.error { o["verifyError"] = error }

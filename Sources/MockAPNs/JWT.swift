@@ -102,7 +102,7 @@ public struct ProviderTokenVerifier: Sendable {
         guard parts.count == 2, parts[0].lowercased() == "bearer" else {
             return .failure(.invalid("authorization is not 'bearer <token>'"))
         }
-        return verify(token: String(parts[1]).trimmingCharacters(in: .whitespaces), now: now)
+        return verify(token: trimmedSpaces(parts[1]), now: now)
     }
 
     public func verify(token: String, now: Int64) -> Result<ProviderTokenClaims, ProviderTokenFailure> {

@@ -9,7 +9,6 @@ struct ConnectionState {
     var auth = ConnectionAuthState()
     var streams = 0
     var streamsGranted = false
-    var lastSeen: UInt64 = 0
 }
 
 /// The request path, shared by every loop thread. All mutable state sits behind Mutexes.
@@ -86,7 +85,6 @@ final class MockCore: Sendable {
                 state.streamsGranted = true
                 grant = tokenAuth && configuration.initialMaxConcurrentStreams < configuration.maxConcurrentStreams
             }
-            state.lastSeen = request.connectionID
             all[request.connectionID] = state
             if isNew, all.count > 20_000 {
                 // No close callback: forget the oldest half (connection IDs only grow).
@@ -112,7 +110,7 @@ final class MockCore: Sendable {
             } else {
                 accepted = push
                 var headers = HTTPHeaders([("apns-id", push.apnsID)])
-                if configuration.sandbox { headers.add("apns-unique-id", UUID().uuidString.lowercased()) }
+                if configuration.sandbox { headers.add("apns-unique-id", lowercaseString(randomUUID())) }
                 response = HTTPResponse(status: 200, headers: headers)
             }
         }
@@ -288,17 +286,12 @@ public final class MockAPNsServer: Sendable {
     public func reset() { core.reset() }
 
     /// Stops both servers (stalled streams are cut after `gracePeriod`), flushes the log, and
-    /// removes generated key material.
+    /// removes generated key material (and the CA, unless it was written to `caOutputPath`).
     public func shutdown(gracePeriod: Duration = .seconds(1)) {
         control?.shutdown(gracePeriod: .zero)
         apns.shutdown(gracePeriod: gracePeriod)
         core.recorder.flush()
-        if let temporaryDirectory {
-            // Keep the CA if it lives there and nobody asked for a path: clients may still hold it.
-            try? FileManager.default.removeItem(atPath: temporaryDirectory + "/server.key")
-            try? FileManager.default.removeItem(atPath: temporaryDirectory + "/server.pem")
-            if caCertificatePath != temporaryDirectory + "/ca.pem" { try? FileManager.default.removeItem(atPath: temporaryDirectory) }
-        }
+        if let temporaryDirectory { try? FileManager.default.removeItem(atPath: temporaryDirectory) }
     }
 }
 

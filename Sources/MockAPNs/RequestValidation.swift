@@ -2,6 +2,7 @@
 // accepted push or (status, reason). Order of checks: method, path, token, duplicate headers,
 // apns-id, provider token, topic, push type, priority, expiration, collapse id, payload.
 import Foundation
+import Synchronization
 
 /// The accessory payload fields, parsed.
 public struct AccessoryFields: Sendable, Equatable {
@@ -70,10 +71,10 @@ public struct RequestValidator: Sendable {
 
     public func validate(method: String, path: String, headers: [(String, String)], body: [UInt8],
                          connection: inout ConnectionAuthState, now: Int64,
-                         generateID: () -> UUID = UUID.init) -> ValidationResult {
+                         generateID: () -> UUID = randomUUID) -> ValidationResult {
         // apns-id first, so every answer can echo it.
         let idValues = values("apns-id", headers)
-        var apnsID = generateID().uuidString.lowercased()
+        var apnsID = lowercaseString(generateID())
         var badID = false
         if let sent = idValues.first {
             if isCanonicalUUID(sent) { apnsID = sent.lowercased() } else { badID = true }
@@ -161,7 +162,7 @@ public struct RequestValidator: Sendable {
         guard parts.count == 2, parts[0].lowercased() == "bearer" else {
             return .failure(ProviderTokenFailure.invalid("authorization is not 'bearer <token>'").rejection)
         }
-        let token = parts[1].trimmingCharacters(in: .whitespaces)
+        let token = trimmedSpaces(parts[1])
         let shape = checkTokenShape?(token) ?? verifier.verifySignatureAndShape(token: token)
         let claims: ProviderTokenClaims
         switch shape.flatMap({ verifier.checkTime($0, now: now) }) {
@@ -210,31 +211,81 @@ public struct RequestValidator: Sendable {
 
     private func parsePayload(_ body: [UInt8], accessory: Bool) -> Result<AccessoryFields?, Rejection> {
         func bad(_ detail: String) -> Result<AccessoryFields?, Rejection> { .failure(Rejection(400, .badPayload, detail: detail)) }
-        guard let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any] else {
+        guard let object = PayloadJSON.parse(body), let keys = object.objectKeys else {
             return bad("payload is not a JSON object")
         }
-        guard let aps = object["aps"] as? [String: Any] else { return bad("payload has no \"aps\" object") }
+        guard let aps = object["aps"], let apsKeys = aps.objectKeys else { return bad("payload has no \"aps\" object") }
         guard accessory else { return .success(nil) }
-        guard object.count == 1 else { return bad("accessory payload has keys besides \"aps\"") }
+        guard keys == ["aps"] else { return bad("accessory payload has keys besides \"aps\"") }
         let expected: Set<String> = ["encryptedData", "sessionIdentifier", "keyID", "messageIndex"]
-        if let extra = Set(aps.keys).subtracting(expected).sorted().first { return bad("aps.\(extra) is not an accessory field") }
-        guard let dataText = aps["encryptedData"] as? String, let data = Data(base64Encoded: dataText), !data.isEmpty else {
+        if let extra = Set(apsKeys).subtracting(expected).sorted().first { return bad("aps.\(extra) is not an accessory field") }
+        guard Set(apsKeys).count == apsKeys.count else { return bad("aps has a repeated key") }
+        guard let dataText = aps["encryptedData"]?.stringValue, let data = Data(base64Encoded: dataText), !data.isEmpty else {
             return bad("aps.encryptedData must be non-empty base64")
         }
-        guard let sessionText = aps["sessionIdentifier"] as? String, isCanonicalUUID(sessionText),
-              let session = UUID(uuidString: sessionText) else {
+        guard let sessionText = aps["sessionIdentifier"]?.stringValue, isCanonicalUUID(sessionText),
+              let session = parseCanonicalUUID(sessionText) else {
             return bad("aps.sessionIdentifier must be a UUID string")
         }
-        guard let keyText = aps["keyID"] as? String, let keyID = Data(base64Encoded: keyText), keyID.count == 4 else {
+        guard let keyText = aps["keyID"]?.stringValue, let keyID = Data(base64Encoded: keyText), keyID.count == 4 else {
             return bad("aps.keyID must be base64 of 4 bytes")
         }
-        guard let indexText = aps["messageIndex"] as? String, !indexText.isEmpty, indexText.utf8.allSatisfy(isDigit),
+        guard let indexText = aps["messageIndex"]?.stringValue, !indexText.isEmpty, indexText.utf8.allSatisfy(isDigit),
               indexText == "0" || !indexText.hasPrefix("0"), let index = UInt32(indexText) else {
             return bad("aps.messageIndex must be a decimal string of a UInt32")
         }
         return .success(AccessoryFields(encryptedData: Array(data), sessionIdentifier: session,
                                         keyID: Array(keyID), messageIndex: index))
     }
+}
+
+/// A version-4-shaped UUID: 8 random bytes chosen once per process plus a counter. Foundation's
+/// `UUID()` on Linux opens /dev/urandom on every call (a tenth of the mock's CPU under load);
+/// apns-id and apns-unique-id need uniqueness, not secrecy.
+public func randomUUID() -> UUID {
+    let n = uuidCounter.add(1, ordering: .relaxed).newValue
+    var bytes = (uuidPrefix, n.bigEndian)
+    return withUnsafeMutableBytes(of: &bytes) { raw in
+        raw[6] = (raw[6] & 0x0F) | 0x40  // version 4
+        raw[8] = (raw[8] & 0x3F) | 0x80  // RFC 4122 variant (takes 2 bits of the counter's top byte)
+        return UUID(uuid: (raw[0], raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7],
+                           raw[8], raw[9], raw[10], raw[11], raw[12], raw[13], raw[14], raw[15]))
+    }
+}
+
+/// `uuidString.lowercased()` without Foundation's snprintf round trip.
+public func lowercaseString(_ uuid: UUID) -> String {
+    let digits: [UInt8] = Array("0123456789abcdef".utf8)
+    return withUnsafeBytes(of: uuid.uuid) { raw in
+        String(unsafeUninitializedCapacity: 36) { out in
+            var o = 0
+            for (i, b) in raw.enumerated() {
+                if i == 4 || i == 6 || i == 8 || i == 10 { out[o] = 0x2D; o += 1 }
+                out[o] = digits[Int(b >> 4)]; out[o + 1] = digits[Int(b & 0x0F)]; o += 2
+            }
+            return o
+        }
+    }
+}
+
+/// A canonical 8-4-4-4-12 UUID string (checked by `isCanonicalUUID`) to its bytes, without
+/// Foundation's sscanf.
+func parseCanonicalUUID(_ text: String) -> UUID? {
+    guard isCanonicalUUID(text) else { return nil }
+    let hex = text.utf8.filter { $0 != 0x2D }
+    guard let bytes = decodeHex(String(decoding: hex, as: UTF8.self)), bytes.count == 16 else { return nil }
+    return UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+                       bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
+}
+
+private let uuidPrefix = UInt64.random(in: 0...UInt64.max)
+private let uuidCounter = Atomic<UInt64>(UInt64.random(in: 0...(UInt64.max >> 8)))
+
+/// Leading/trailing spaces and tabs removed, without Foundation's NSString round trip.
+func trimmedSpaces(_ text: Substring) -> String {
+    let isSpace: (Character) -> Bool = { $0 == " " || $0 == "\t" }
+    guard let first = text.firstIndex(where: { !isSpace($0) }), let last = text.lastIndex(where: { !isSpace($0) }) else { return "" }
+    return String(text[first...last])
 }
 
 func header(_ headers: [(String, String)], _ name: String) -> String? {

@@ -95,6 +95,24 @@ struct ValidationCase: CustomTestStringConvertible, Sendable {
         #expect(push.apnsID == "aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee")
     }
 
+    @Test func randomUUIDsAreVersion4AndDistinct() {
+        let ids = (0..<200).map { _ in randomUUID().uuidString.lowercased() }
+        #expect(Set(ids).count == 200)
+        for id in ids {
+            #expect(isCanonicalUUID(id))
+            let chars = Array(id)
+            #expect(chars[14] == "4")
+            #expect("89ab".contains(chars[19]))
+        }
+        #expect(trimmedSpaces("  a b\t ") == "a b" && trimmedSpaces("   ") == "")
+        for _ in 0..<50 {
+            let u = UUID()
+            #expect(lowercaseString(u) == u.uuidString.lowercased())
+            #expect(parseCanonicalUUID(u.uuidString) == u && parseCanonicalUUID(u.uuidString.lowercased()) == u)
+        }
+        #expect(parseCanonicalUUID("6f1c8a52-3b7e-4c1e-9a0b-2d4e5f60718") == nil)
+    }
+
     @Test func acceptsAnyEvenLengthTokenAndOtherPushTypes() {
         var connection = ConnectionAuthState()
         let short = Fixture.validator.validate(method: "POST", path: "/3/device/00ff", headers: Fixture.headers(), body: Fixture.accessoryBody(),
