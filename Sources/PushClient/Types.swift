@@ -1,0 +1,172 @@
+// Public value types of the APNs client: where to connect, how to authenticate, what to send.
+import Foundation
+
+public enum APNsEnvironment: Sendable, Equatable {
+    case production, sandbox
+    /// Any base URL, e.g. "https://127.0.0.1:2197" for mock-apns. An `http://` URL speaks
+    /// HTTP/2 with prior knowledge (h2c), useful only against a mock.
+    case custom(url: String)
+
+    public var baseURL: String {
+        switch self {
+        case .production: "https://api.push.apple.com"
+        case .sandbox: "https://api.sandbox.push.apple.com"
+        case .custom(let url): url.hasSuffix("/") ? String(url.dropLast()) : url
+        }
+    }
+}
+
+public enum PushClientError: Error, Equatable, CustomStringConvertible {
+    /// The .p8 key could not be read or is not a P-256 private key.
+    case invalidKey(String)
+    /// A configuration value is out of range; the message names the field.
+    case invalidConfiguration(String)
+    /// libcurl refused a setup call; carries curl's own message.
+    case curl(String)
+    /// OpenSSL failed while signing; carries OpenSSL's message.
+    case crypto(String)
+
+    public var description: String {
+        switch self {
+        case .invalidKey(let m): "invalid APNs signing key: \(m)"
+        case .invalidConfiguration(let m): "invalid push client configuration: \(m)"
+        case .curl(let m): "libcurl: \(m)"
+        case .crypto(let m): "OpenSSL: \(m)"
+        }
+    }
+}
+
+/// An APNs auth key (.p8, PKCS#8 PEM of a P-256 private key) with its key ID and team ID.
+public struct TokenKey: Sendable {
+    public let keyID: String
+    public let teamID: String
+    let signingKey: ES256SigningKey
+
+    public init(p8PEM: String, keyID: String, teamID: String) throws {
+        try Self.checkIdentifier(keyID, field: "keyID")
+        try Self.checkIdentifier(teamID, field: "teamID")
+        self.keyID = keyID
+        self.teamID = teamID
+        self.signingKey = try ES256SigningKey(pem: p8PEM)
+    }
+
+    public init(p8Path: String, keyID: String, teamID: String) throws {
+        let pem: String
+        do { pem = try String(contentsOfFile: p8Path, encoding: .utf8) } catch {
+            throw PushClientError.invalidKey("cannot read \(p8Path): \(error.localizedDescription)")
+        }
+        try self.init(p8PEM: pem, keyID: keyID, teamID: teamID)
+    }
+
+    /// Key and team IDs go verbatim into JSON: Apple's are 10 alphanumerics; we accept any
+    /// non-empty alphanumeric string so mocks can use their own.
+    private static func checkIdentifier(_ s: String, field: String) throws {
+        guard !s.isEmpty, s.count <= 64, s.unicodeScalars.allSatisfy({ $0.isASCII && (CharacterSet.alphanumerics.contains($0)) }) else {
+            throw PushClientError.invalidKey("\(field) must be 1...64 ASCII letters or digits")
+        }
+    }
+}
+
+public enum APNsCredentials: Sendable {
+    case token(TokenKey)
+    /// PEM certificate and key files; a `.p12`/`.pfx` certificatePath is read as PKCS#12
+    /// (then privateKeyPath may be empty and passphrase unlocks the bundle).
+    case certificate(certificatePath: String, privateKeyPath: String, passphrase: String?)
+}
+
+/// Where time comes from, so token refresh can be tested without waiting 50 minutes.
+public protocol PushClock: Sendable {
+    func now() -> Date
+}
+
+public struct SystemPushClock: PushClock {
+    public init() {}
+    public func now() -> Date { Date() }
+}
+
+public struct PushClientConfiguration: Sendable {
+    public var environment: APNsEnvironment
+    public var credentials: APNsCredentials
+    /// PEM bundle of CAs to trust instead of the system store (mock-apns writes one).
+    public var caFile: String?
+    /// Number of HTTP/2 connections; each is owned by its own thread and curl multi handle.
+    public var connections: Int
+    /// Whole-request budget from hand-over to libcurl until the response is complete.
+    public var requestTimeout: Duration
+    public var connectTimeout: Duration
+    /// Idle-connection probe interval (TCP keepalive; see docs/pushclient.md for why not PING).
+    public var pingInterval: Duration
+    public var clock: any PushClock
+
+    public init(environment: APNsEnvironment, credentials: APNsCredentials, caFile: String? = nil,
+                connections: Int = 2, requestTimeout: Duration = .seconds(10),
+                connectTimeout: Duration = .seconds(5), pingInterval: Duration = .seconds(60),
+                clock: any PushClock = SystemPushClock()) {
+        self.environment = environment
+        self.credentials = credentials
+        self.caFile = caFile
+        self.connections = connections
+        self.requestTimeout = requestTimeout
+        self.connectTimeout = connectTimeout
+        self.pingInterval = pingInterval
+        self.clock = clock
+    }
+}
+
+/// The `aps` dictionary of an accessory push, exactly as Apple documents it.
+public struct AccessoryPayload: Sendable, Equatable {
+    public var encryptedData: [UInt8]
+    public var sessionIdentifier: UUID
+    public var keyID: [UInt8]
+    public var messageIndex: UInt32
+
+    public init(encryptedData: [UInt8], sessionIdentifier: UUID, keyID: [UInt8], messageIndex: UInt32) {
+        self.encryptedData = encryptedData
+        self.sessionIdentifier = sessionIdentifier
+        self.keyID = keyID
+        self.messageIndex = messageIndex
+    }
+
+    /// `{"aps":{"encryptedData":"<base64>","sessionIdentifier":"<UUID>","keyID":"<base64>","messageIndex":"<decimal>"}}`
+    /// Built by hand: every value is base64, a UUID or digits, so nothing needs JSON escaping,
+    /// and the key order is fixed (byte-identical bodies make logs and tests comparable).
+    /// sessionIdentifier uses Foundation's canonical (uppercase) UUID form, as the iPhone's
+    /// `UUID.uuidString` would.
+    public func jsonBody() -> [UInt8] {
+        let s = "{\"aps\":{\"encryptedData\":\"\(Data(encryptedData).base64EncodedString())\","
+            + "\"sessionIdentifier\":\"\(sessionIdentifier.uuidString)\","
+            + "\"keyID\":\"\(Data(keyID).base64EncodedString())\","
+            + "\"messageIndex\":\"\(messageIndex)\"}}"
+        return Array(s.utf8)
+    }
+}
+
+public struct PushRequest: Sendable {
+    /// Lowercase hex of the device's push token (length is not fixed by Apple).
+    public var deviceToken: String
+    /// The companion app's bundle ID; the topic sent is `bundleID + ".push-type.accessory"`.
+    public var bundleID: String
+    /// Sent lowercase as `apns-id`; APNs echoes it back.
+    public var apnsID: UUID
+    public var payload: AccessoryPayload
+    /// `apns-expiration` (UNIX seconds, 0 = deliver once); omitted when nil.
+    public var expiration: Int?
+    /// `apns-priority` (10, 5 or 1); omitted when nil.
+    public var priority: Int?
+
+    public init(deviceToken: String, bundleID: String, apnsID: UUID = UUID(), payload: AccessoryPayload,
+                expiration: Int? = nil, priority: Int? = nil) {
+        self.deviceToken = deviceToken
+        self.bundleID = bundleID
+        self.apnsID = apnsID
+        self.payload = payload
+        self.expiration = expiration
+        self.priority = priority
+    }
+
+    public var topic: String { bundleID + ".push-type.accessory" }
+    public var apnsIDString: String { apnsID.uuidString.lowercased() }
+}
+
+/// APNs' documented payload limit for everything except VoIP.
+public let apnsMaximumPayloadBytes = 4096

@@ -1,0 +1,192 @@
+// Helpers shared by the PushClient tests: temp dirs, running CLI tools, throwaway keys/certs,
+// loopback listeners. Everything binds 127.0.0.1 on ephemeral ports.
+import Foundation
+@testable import PushClient
+
+struct ToolError: Error, CustomStringConvertible {
+    let description: String
+}
+
+final class TempDir {
+    let path: String
+    init() throws {
+        let p = NSTemporaryDirectory() + "pushclient-tests-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: p, withIntermediateDirectories: true)
+        path = p
+    }
+    func file(_ name: String) -> String { path + "/" + name }
+    deinit { try? FileManager.default.removeItem(atPath: path) }
+}
+
+/// Runs a tool to completion; returns (exit status, stdout+stderr).
+@discardableResult
+func run(_ tool: String, _ args: [String], stdin: [UInt8]? = nil) throws -> (status: Int32, output: String) {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: tool.hasPrefix("/") ? tool : "/usr/bin/" + tool)
+    p.arguments = args
+    let out = Pipe()
+    p.standardOutput = out
+    p.standardError = out
+    let input = Pipe()
+    p.standardInput = input
+    try p.run()
+    if let stdin { input.fileHandleForWriting.write(Data(stdin)) }
+    try input.fileHandleForWriting.close()
+    let data = out.fileHandleForReading.readDataToEndOfFile()
+    p.waitUntilExit()
+    return (p.terminationStatus, String(decoding: data, as: UTF8.self))
+}
+
+/// A fresh P-256 key as Apple ships .p8 files (PKCS#8 PEM), plus its public key PEM.
+func makeP8(in dir: TempDir) throws -> (p8Path: String, publicPath: String) {
+    let key = dir.file("AuthKey.p8"), pub = dir.file("pub.pem")
+    let a = try run("openssl", ["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", key])
+    guard a.status == 0 else { throw ToolError(description: a.output) }
+    let b = try run("openssl", ["pkey", "-in", key, "-pubout", "-out", pub])
+    guard b.status == 0 else { throw ToolError(description: b.output) }
+    return (key, pub)
+}
+
+/// Self-signed server certificate for 127.0.0.1 (it is its own CA file).
+func makeServerCert(in dir: TempDir) throws -> (cert: String, key: String) {
+    let cert = dir.file("server.pem"), key = dir.file("server.key")
+    let r = try run("openssl", ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                                "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
+                                "-addext", "subjectAltName=IP:127.0.0.1"])
+    guard r.status == 0 else { throw ToolError(description: r.output) }
+    return (cert, key)
+}
+
+func base64URLDecode(_ s: some StringProtocol) -> [UInt8]? {
+    var t = s.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+    while t.count % 4 != 0 { t += "=" }
+    return Data(base64Encoded: t).map(Array.init)
+}
+
+/// DER ECDSA-Sig-Value from JOSE r||s, written independently of the client's d2i path.
+func derSignature(raw: [UInt8]) -> [UInt8] {
+    func integer(_ bytes: ArraySlice<UInt8>) -> [UInt8] {
+        var v = Array(bytes.drop(while: { $0 == 0 }))
+        if v.isEmpty { v = [0] }
+        if v[0] & 0x80 != 0 { v.insert(0, at: 0) }
+        return [0x02, UInt8(v.count)] + v
+    }
+    let body = integer(raw[0..<32]) + integer(raw[32..<64])
+    return [0x30, UInt8(body.count)] + body
+}
+
+/// A TCP listener that accepts connections and never writes a byte: the "dead server".
+final class SilentListener: @unchecked Sendable {
+    // @unchecked: `fd` is immutable; accepted fds are only touched by the accept thread
+    // until `close()`, which runs after the test has finished with the listener.
+    let fd: Int32
+    let port: Int
+    private var accepted: [Int32] = []
+    private let lock = NSLock()
+
+    init() throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.fd = fd
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = 0
+        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let ok = withUnsafeMutablePointer(to: &addr) { p in
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { sp -> Bool in
+                bind(fd, sp, len) == 0 && listen(fd, 16) == 0 && getsockname(fd, sp, &len) == 0
+            }
+        }
+        guard ok else { throw ToolError(description: "cannot listen: \(errno)") }
+        port = Int(UInt16(bigEndian: addr.sin_port))
+        Thread { [self] in
+            while true {
+                let c = accept(fd, nil, nil)
+                if c < 0 { return }
+                lock.lock(); accepted.append(c); lock.unlock()
+            }
+        }.start()
+    }
+
+    var acceptedCount: Int { lock.lock(); defer { lock.unlock() }; return accepted.count }
+
+    func close() {
+        shutdown(fd, Int32(SHUT_RDWR))
+        Glibc.close(fd)
+        lock.lock(); for c in accepted { Glibc.close(c) }; accepted.removeAll(); lock.unlock()
+    }
+}
+
+/// Picks a free loopback port for tools that cannot bind port 0 themselves (nghttpd).
+func freePort() throws -> Int {
+    let l = try SilentListener()
+    let p = l.port
+    l.close()
+    return p
+}
+
+/// `nghttpd` serving a docroot in which POST /3/device/<token> answers 200 when the file
+/// exists and 404 otherwise.
+final class NGHTTPD {
+    let process = Process()
+    let port: Int
+    let dir: TempDir
+    let caFile: String
+
+    init(tokens: [String], tls: Bool = true) throws {
+        dir = try TempDir()
+        let root = dir.file("root/3/device")
+        try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+        for t in tokens { _ = FileManager.default.createFile(atPath: root + "/" + t, contents: Data()) }
+        let (cert, key) = try makeServerCert(in: dir)
+        caFile = cert
+        port = try freePort()
+        process.executableURL = URL(fileURLWithPath: "/usr/sbin/nghttpd")
+        process.arguments = ["-a", "127.0.0.1", "-d", dir.file("root")] + (tls ? ["\(port)", key, cert] : ["--no-tls", "\(port)"])
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        // Wait until it accepts (bounded: 5 s).
+        for _ in 0..<500 {
+            if canConnect(port: port) { return }
+            usleep(10_000)
+        }
+        throw ToolError(description: "nghttpd did not start on \(port)")
+    }
+
+    var url: String { "https://127.0.0.1:\(port)" }
+
+    func stop() {
+        // nghttpd ignores SIGTERM/SIGINT when started from the test runner: KILL it.
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+}
+
+func canConnect(port: Int) -> Bool {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(fd) }
+    var addr = sockaddr_in()
+    addr.sin_family = sa_family_t(AF_INET)
+    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+    addr.sin_port = UInt16(port).bigEndian
+    return withUnsafePointer(to: &addr) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+    }
+}
+
+func samplePayload(bytes: Int = 48, index: UInt32 = 7) -> AccessoryPayload {
+    AccessoryPayload(encryptedData: (0..<bytes).map { UInt8($0 & 0xff) },
+                     sessionIdentifier: UUID(uuidString: "E621E1F8-C36C-495A-93FC-0C247A3E6E5F")!,
+                     keyID: [0xde, 0xad, 0xbe, 0xef], messageIndex: index)
+}
+
+/// A clock tests move by hand.
+final class ManualClock: PushClock, @unchecked Sendable {
+    // @unchecked: `current` is guarded by `lock`.
+    private let lock = NSLock()
+    private var current: Date
+    init(_ start: Date = Date(timeIntervalSince1970: 1_800_000_000)) { current = start }
+    func now() -> Date { lock.lock(); defer { lock.unlock() }; return current }
+    func advance(minutes: Double) { lock.lock(); current += minutes * 60; lock.unlock() }
+}
