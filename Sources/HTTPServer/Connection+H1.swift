@@ -142,6 +142,12 @@ extension Connection {
                 socket.stopReading()
                 break
             }
+            if out.count + socket.queuedBytes > Connection.maxQueuedBytes {
+                // Responses pile up faster than the peer reads them: parse more once it has.
+                pausedForWrites = true
+                socket.stopReading()
+                break
+            }
             guard let event = parser.pointee.next() else { break }
             switch event {
             case .head(let head):
@@ -198,7 +204,7 @@ extension Connection {
         h1Drain()
         if pausedForPipeline && !stopParsing && slots.count - slotsHead < maxPipelinedRequests {
             pausedForPipeline = false
-            socket.startReading()
+            if !pausedForWrites { socket.startReading() }
             h1Process()
         }
         flush()

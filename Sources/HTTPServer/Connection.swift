@@ -32,6 +32,10 @@ final class Connection: @unchecked Sendable {
     /// Close once `out` and the socket's queued writes are drained.
     var closeAfterFlush = false
     var shuttingDown = false
+    /// Reading stopped because too much output is queued for a peer that does not read.
+    var pausedForWrites = false
+    private var resumingAfterWrites = false
+    static let maxQueuedBytes = 1 << 20
 
     // HTTP/1 state (Connection+H1.swift)
     var parser: HTTP1Parser
@@ -228,11 +232,32 @@ final class Connection: @unchecked Sendable {
         }
         if socket.writesInFlight > 0 {
             if writeStartedAt == 0 { writeStartedAt = loop.now }
+            if socket.queuedBytes > Connection.maxQueuedBytes && socket.reading {
+                // The peer does not read: stop producing (and reading requests) until it does.
+                pausedForWrites = true
+                socket.stopReading()
+            }
         } else {
             writeStartedAt = 0
             if closeAfterFlush { close(); return }
         }
+        resumeAfterWrites()
         updateTimer()
+    }
+
+    /// Undoes `pausedForWrites` once the queued output drained (or the kernel took it all):
+    /// parses the requests already buffered, then reads again.
+    private func resumeAfterWrites() {
+        guard pausedForWrites, !resumingAfterWrites, socket.queuedBytes <= Connection.maxQueuedBytes / 4 else { return }
+        resumingAfterWrites = true
+        defer { resumingAfterWrites = false }
+        while pausedForWrites && !closed && socket.queuedBytes <= Connection.maxQueuedBytes / 4 {
+            pausedForWrites = false
+            if mode == .http1 { h1Process() }   // flushes as handlers answer; may pause again
+        }
+        if !closed && !pausedForWrites && !pausedForPipeline && !peerHalfClosed && !stopParsing {
+            socket.startReading()
+        }
     }
 
     func onWriteDone() {

@@ -320,7 +320,9 @@ final class TCPSocket {
     private var pendingCloses = 0
     private(set) var isClosing = false
     private(set) var writesInFlight = 0
-    private var reading = false
+    /// Bytes handed to uv_write and not yet written to the kernel.
+    private(set) var queuedBytes = 0
+    private(set) var reading = false
 
     init(loop: EventLoop) {
         self.loop = loop
@@ -404,17 +406,21 @@ final class TCPSocket {
             }
         }
         if offset == bytes.count { return true }
-        // One block: the request header followed by the bytes it writes.
+        // One block: the request, its byte count (libuv clears req->bufs before the callback),
+        // then the bytes it writes.
         let rest = bytes.count - offset
         let headerSize = (MemoryLayout<uv_write_t>.stride + 15) & ~15
-        let block = UnsafeMutableRawPointer.allocate(byteCount: headerSize + rest, alignment: 16)
+        let block = UnsafeMutableRawPointer.allocate(byteCount: headerSize + 16 + rest, alignment: 16)
         let req = block.bindMemory(to: uv_write_t.self, capacity: 1)
-        let data = block + headerSize
+        (block + headerSize).storeBytes(of: rest, as: Int.self)
+        let data = block + headerSize + 16
         data.copyMemory(from: bytes.baseAddress! + offset, byteCount: rest)
         req.pointee.data = Unmanaged.passUnretained(self).toOpaque()
         var buf = uv_buf_init(data.assumingMemoryBound(to: CChar.self), UInt32(rest))
         let rc = uv_write(req, stream, &buf, 1) { req, status in
             let s = TCPSocket.from(req!.pointee.data)
+            let headerSize = (MemoryLayout<uv_write_t>.stride + 15) & ~15
+            s.queuedBytes -= (UnsafeMutableRawPointer(req!) + headerSize).load(as: Int.self)
             UnsafeMutableRawPointer(req!).deallocate()
             s.writesInFlight -= 1
             if status < 0 { s.owner?.close() } else { s.owner?.onWriteDone() }
@@ -424,6 +430,7 @@ final class TCPSocket {
             return false
         }
         writesInFlight += 1
+        queuedBytes += rest
         return true
     }
 

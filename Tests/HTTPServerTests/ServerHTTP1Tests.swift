@@ -393,3 +393,25 @@ import Testing
         }
     }
 }
+
+@Suite struct ServerBackpressureTests {
+    @Test func peerThatNeverReadsIsCutByTheWriteTimeout() throws {
+        var config = HTTPServerConfiguration()
+        config.limits.writeTimeout = .milliseconds(300)
+        let big = [UInt8](repeating: 0x61, count: 1 << 20)
+        try withServer(config, handler: { _, res in res.respond(HTTPResponse(status: 200, body: big)) }) { server in
+            let c = try RawClient(port: server.localPort)
+            // 40 MiB of responses requested; the client reads none of them.
+            try c.send(String(repeating: "GET / HTTP/1.1\r\nHost: t\r\n\r\n", count: 40))
+            var waited = 0
+            while server.metrics.timeouts == 0 && waited < 100 {
+                Thread.sleep(forTimeInterval: 0.05)
+                waited += 1
+            }
+            #expect(server.metrics.timeouts == 1)
+            #expect(server.metrics.connectionsOpen == 0)
+            // Output was throttled: far fewer than 40 responses were produced.
+            #expect(server.metrics.requestsByStatusClass[2] < 40)
+        }
+    }
+}
