@@ -20,6 +20,8 @@ private let connectionCloseLine: [UInt8] = Array("connection: close\r\n".utf8)
 private let connectionKeepAliveLine: [UInt8] = Array("connection: keep-alive\r\n".utf8)
 private let contentLengthPrefix: [UInt8] = Array("content-length: ".utf8)
 private let crlf: [UInt8] = [13, 10]
+/// "content-length: <n>\r\n" for the small bodies most responses have, built once.
+private let contentLengthLines: [[UInt8]] = (0..<1024).map { Array("content-length: \($0)\r\n".utf8) }
 private let colonSpace: [UInt8] = [58, 32]
 
 /// "HTTP/1.1 <code> <reason>\r\n" for 100...599, built once.
@@ -161,7 +163,7 @@ extension Connection {
                 let keepAlive = head.keepAlive && !shuttingDown
                     && requestsSeen < core.maxRequestsPerConnection
                 if !keepAlive { stopParsing = true }
-                let isHEAD = head.method == "HEAD"
+                let isHEAD = head.method.utf8.count == 4 && head.method == "HEAD"
                 let sequence = nextSequence
                 nextSequence += 1
                 slots.append(H1Slot(response: nil, keepAlive: keepAlive, isHEAD: isHEAD, version: head.version))
@@ -277,9 +279,13 @@ extension Connection {
         }
         let bodyless = r.status < 200 || r.status == 204 || r.status == 304
         if !bodyless {
-            o.append(contentsOf: contentLengthPrefix)
-            appendDecimal(r.body.count, to: &o)
-            o.append(contentsOf: crlf)
+            if r.body.count < contentLengthLines.count {
+                o.append(contentsOf: contentLengthLines[r.body.count])
+            } else {
+                o.append(contentsOf: contentLengthPrefix)
+                appendDecimal(r.body.count, to: &o)
+                o.append(contentsOf: crlf)
+            }
         }
         if !keepAlive {
             o.append(contentsOf: connectionCloseLine)
