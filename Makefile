@@ -9,7 +9,7 @@ DESTDIR ?=
 # Everything the build, the tests and the benchmarks need from Debian 12 apt.
 APT_PACKAGES := libssl-dev libcurl4-openssl-dev libnghttp2-dev libsqlite3-dev libuv1-dev \
 	libsystemd-dev pkg-config openssl curl sqlite3 nghttp2-client nghttp2-server \
-	python3 python3-venv systemd
+	python3 python3-venv systemd postgresql libpq-dev
 
 BENCH_APT_PACKAGES := wrk nginx-light hyperfine valgrind
 
@@ -31,9 +31,11 @@ release:
 	$(SWIFT) build -c release $(SWIFT_FLAGS)
 
 # The default suite: unit tests plus integration tests driving the real binaries on loopback.
+# scripts/pg-test.sh starts a throwaway PostgreSQL (temp dir, loopback port) for the PostgreSQL
+# store tests, sets RELAY_TEST_PG_URL, and stops it afterwards even when tests fail.
 test: deps
 	$(SWIFT) build $(SWIFT_FLAGS) --build-tests
-	$(SWIFT) test $(SWIFT_FLAGS) --skip-build --parallel
+	scripts/pg-test.sh run -- $(SWIFT) test $(SWIFT_FLAGS) --skip-build --parallel
 
 bench: deps bench-deps release
 	scripts/bench.sh

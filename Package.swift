@@ -23,6 +23,7 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CUV", pkgConfig: "libuv", providers: [.apt(["libuv1-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        .systemLibrary(name: "CPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
 
         // MARK: Libraries
         // Apple's Symmetric Key Ratchet, HKDF, AES-GCM, wire codecs.
@@ -36,8 +37,8 @@ let package = Package(
         .target(name: "PushClient", dependencies: ["CCurl", "COpenSSL"]),
         // The APNs look-alike used by tests, benchmarks and users' own tests.
         .target(name: "MockAPNs", dependencies: ["HTTPServer", "Ratchet", "PushClient", "COpenSSL"]),
-        // The relay itself: config, validation, credentials, SQLite outbox, dispatcher, ingest API.
-        .target(name: "RelayCore", dependencies: ["HTTPServer", "PushClient", "Ratchet", "CSQLite", "CSystemd", "COpenSSL"]),
+        // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API.
+        .target(name: "RelayCore", dependencies: ["HTTPServer", "PushClient", "Ratchet", "CSQLite", "CPQ", "CSystemd", "COpenSSL"]),
 
         // MARK: Executables (thin: parse arguments, start a service)
         .executableTarget(name: "relay-server", dependencies: ["RelayCore"], path: "Sources/RelayServer"),

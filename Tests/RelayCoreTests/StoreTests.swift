@@ -3,37 +3,34 @@ import Synchronization
 import Testing
 @testable import RelayCore
 
-@Suite struct StoreTests {
-    let dir = TempDir()
-    let clock = TestClock()
-
-    func open(_ options: SQLiteStoreOptions = .init()) throws -> SQLiteOutboxStore {
-        try SQLiteOutboxStore(path: dir.db, options: options, clock: clock)
-    }
-
-    @Test func migrationsSetUserVersionAndAreIdempotent() throws {
-        do {
-            let s = try open()
-            s.close()
-        }
-        let s = try open()
+/// The OutboxStore contract, run against every backend (SQLite always, PostgreSQL when
+/// RELAY_TEST_PG_URL is set; see PostgresTestSupport.swift). Backend-specific behaviour lives in
+/// SQLiteStoreTests below and in PostgresStoreTests.swift.
+@Suite struct StoreContractTests {
+    @Test(arguments: StoreBackend.available)
+    func migrationsAreIdempotent(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        try f.open().close()
+        let s = try f.open()
         defer { s.close() }
-        let db = try SQLiteDatabase(path: dir.db, readOnly: true)
-        #expect(try db.scalar("PRAGMA user_version").int == Int64(SQLiteOutboxStore.schemaVersion))
-        #expect(try db.scalar("PRAGMA journal_mode").string == "wal")
-        let tables = try db.query("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name").compactMap { $0[0].string }
+        #expect(try f.schemaVersion == SQLiteOutboxStore.schemaVersion)
+        #expect(try f.schemaVersion == PostgresOutboxStore.schemaVersion)
+        let tables = try f.tables.filter { $0 != "relay_schema_version" }
         #expect(tables == ["attempts", "credentials", "responses", "token_pacing", "unregistered_tokens"])
     }
 
-    @Test func newerSchemaIsRefused() throws {
-        do { try open().close() }
-        let db = try SQLiteDatabase(path: dir.db)
-        try db.execute("PRAGMA user_version = 99")
-        #expect(throws: StoreError.self) { try open() }
+    @Test(arguments: StoreBackend.available)
+    func newerSchemaIsRefused(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        try f.open().close()
+        try f.setSchemaVersion(99)
+        #expect(throws: StoreError.self) { try f.open() }
     }
 
-    @Test func acceptedThenDuplicateReturnsSameIdAndState() throws {
-        let s = try open()
+    @Test(arguments: StoreBackend.available)
+    func acceptedThenDuplicateReturnsSameIdAndState(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
         defer { s.close() }
         let cred = try s.createCredential(name: "fleet", apps: ["com.example.app"])
         #expect(cred.secret.hasPrefix("rk_"))
@@ -44,12 +41,49 @@ import Testing
         #expect(row.app == "com.example.app")
         #expect(row.state == .queued)
         #expect(row.credentialID == cred.record.id)
-        #expect(row.expiresAt == clock.nowMillis() + 86_400_000)
+        #expect(row.expiresAt == f.clock.nowMillis() + 86_400_000)
+        #expect(row.encryptedData == sample().encryptedData && row.keyID == [1, 2, 3, 4] && row.messageIndex == 1)
         #expect(try s.counts().byState[.queued] == 1)
     }
 
-    @Test func authScopeAndAppResolution() throws {
-        let s = try open()
+    @Test(arguments: StoreBackend.available)
+    func concurrentIngestsAreAllStoredAndDuplicatesInOneBatchShareAnId(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let results = Mutex<[UInt32: [IngestOutcome]]>([:])
+        let done = DispatchGroup()
+        // 50 distinct responses, each submitted twice without waiting: most land in shared batches.
+        for i in 0..<100 {
+            done.enter()
+            let index = UInt32(i % 50)
+            s.submit(IngestRequest(response: sample(index: index), credentialHash: Credentials.hash(secret: c.secret),
+                                   configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)) { r in
+                if case .success(let o) = r { results.withLock { $0[index, default: []].append(o) } }
+                done.leave()
+            }
+        }
+        done.wait()
+        let byIndex = results.withLock { $0 }
+        #expect(byIndex.count == 50)
+        for (_, outcomes) in byIndex {
+            let ids = outcomes.compactMap { o -> String? in
+                switch o {
+                case .accepted(let id), .duplicate(let id, _): return id
+                default: return nil
+                }
+            }
+            #expect(ids.count == 2 && Set(ids).count == 1)
+            #expect(outcomes.filter { if case .accepted = $0 { true } else { false } }.count == 1)
+        }
+        #expect(try s.counts().byState[.queued] == 50)
+    }
+
+    @Test(arguments: StoreBackend.available)
+    func authScopeAndAppResolution(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
         defer { s.close() }
         let one = try s.createCredential(name: "one", apps: ["com.example.app"])
         let two = try s.createCredential(name: "two", apps: ["com.example.app", "com.example.other"])
@@ -71,16 +105,17 @@ import Testing
         let listed = try s.credentials()
         #expect(listed.count == 2)
         #expect(listed.first { $0.id == one.record.id }?.revokedAt != nil)
-        #expect(listed.first { $0.id == two.record.id }?.lastUsedAt == clock.nowMillis())
+        #expect(listed.first { $0.id == two.record.id }?.lastUsedAt == f.clock.nowMillis())
         // Only the hash is stored.
-        let db = try SQLiteDatabase(path: dir.db, readOnly: true)
-        let stored = try db.query("SELECT hash FROM credentials").compactMap { $0[0].bytes }
-        #expect(stored.contains(Credentials.hash(secret: one.secret)))
-        #expect(!stored.contains(Array(one.secret.utf8)))
+        let stored = try f.sql("SELECT hash FROM credentials").compactMap { $0[0] }
+        #expect(stored.contains(Credentials.hash(secret: one.secret).lowercaseHex))
+        #expect(!stored.contains(Array(one.secret.utf8).lowercaseHex))
     }
 
-    @Test func outboxBound() throws {
-        let s = try open()
+    @Test(arguments: StoreBackend.available)
+    func outboxBound(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
         defer { s.close() }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         for i in 0..<3 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: c.secret, maxPending: 3) }
@@ -91,9 +126,12 @@ import Testing
         guard case .accepted = try s.ingestNow(sample(index: 9), secret: c.secret, maxPending: 3) else { Issue.record("bound not freed"); return }
     }
 
-    @Test func claimStatesAndAttempts() throws {
-        let s = try open()
+    @Test(arguments: StoreBackend.available)
+    func claimStatesAndAttempts(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
         defer { s.close() }
+        let clock = f.clock
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         var ids: [String] = []
         for i in 0..<4 {
@@ -116,6 +154,7 @@ import Testing
         ])
         #expect(try s.response(id: ids[0])?.state == .delivered)
         #expect(try s.response(id: ids[0])?.attempts == 1)
+        #expect(try s.attempts(responseID: ids[0]).first?.latencyMicros == 900)
         #expect(try s.response(id: ids[1])?.state == .failed)
         #expect(try s.response(id: ids[1])?.lastReason == "BadDeviceToken")
         let r2 = try #require(try s.response(id: ids[2]))
@@ -130,22 +169,31 @@ import Testing
         #expect(try s.claimDue(limit: 10).map(\.id) == [ids[2]])
         let counts = try s.counts()
         #expect(counts.byState[.delivered] == 1 && counts.byState[.failed] == 1 && counts.byState[.inflight] == 2)
+        #expect(try s.nextDueAt() == nil)
+        let outcomes = try s.recentOutcomes(since: t)
+        #expect(outcomes.map(\.state) == [.delivered, .failed])
+        #expect(outcomes.map(\.reason) == [nil, "BadDeviceToken"])
     }
 
-    @Test func expiredRowsFailAtClaim() throws {
-        let s = try open()
+    @Test(arguments: StoreBackend.available)
+    func expiredRowsFailAtClaim(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
         defer { s.close() }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         guard case .accepted(let id) = try s.ingestNow(sample(), secret: c.secret, ttl: 1000) else { Issue.record("no"); return }
-        clock.advance(1000)
+        f.clock.advance(1000)
         #expect(try s.claimDue(limit: 10).isEmpty)
         let row = try #require(try s.response(id: id))
         #expect(row.state == .failed && row.lastReason == "expired")
     }
 
-    @Test func pacingDelaysEveryRowOfTheTokenAndNewIngests() throws {
-        let s = try open()
+    @Test(arguments: StoreBackend.available)
+    func pacingDelaysEveryRowOfTheTokenAndNewIngests(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
         defer { s.close() }
+        let clock = f.clock
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         let other = String(repeating: "cd", count: 32)
         _ = try s.ingestNow(sample(index: 1), secret: c.secret)
@@ -162,9 +210,12 @@ import Testing
         #expect(try s.claimDue(limit: 10).count == 3)
     }
 
-    @Test func unregisteredTokenRefusesNewIngestUntilForgotten() throws {
-        let s = try open()
+    @Test(arguments: StoreBackend.available)
+    func unregisteredTokenRefusesNewIngestUntilForgotten(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
         defer { s.close() }
+        let clock = f.clock
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         _ = try s.ingestNow(sample(index: 1), secret: c.secret)
         let row = try s.claimDue(limit: 1)[0]
@@ -172,15 +223,19 @@ import Testing
         try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: clock.nowMillis()),
                                     attempt: AttemptRecord(responseID: row.id, attemptedAt: clock.nowMillis(), status: 410, reason: "Unregistered", apnsTimestamp: clock.nowMillis()))])
         #expect(try s.unregisteredTokens().map(\.token) == [row.pushToken])
+        #expect(try s.attempts(responseID: row.id).first?.apnsTimestamp == clock.nowMillis())
         #expect(try s.ingestNow(sample(index: 2), secret: c.secret) == .unregistered)
         // The duplicate of the failed row still answers with its id and state.
         #expect(try s.ingestNow(sample(index: 1), secret: c.secret) == .duplicate(id: row.id, state: .failed))
         #expect(try s.forgetToken(row.pushToken))
+        #expect(try !s.forgetToken(row.pushToken))
         guard case .accepted = try s.ingestNow(sample(index: 2), secret: c.secret) else { Issue.record("not accepted after forget"); return }
     }
 
-    @Test func unregisteredBeforeLastSeenDoesNotRefuse() throws {
-        let s = try open()
+    @Test(arguments: StoreBackend.available)
+    func unregisteredBeforeLastSeenDoesNotRefuse(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
         defer { s.close() }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         _ = try s.ingestNow(sample(index: 1), secret: c.secret)
@@ -190,25 +245,30 @@ import Testing
         guard case .accepted = try s.ingestNow(sample(index: 2), secret: c.secret) else { Issue.record("refused"); return }
     }
 
-    @Test func recoveryRequeuesInflightWithSameId() throws {
+    @Test(arguments: StoreBackend.available)
+    func recoveryRequeuesInflightWithSameId(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
         var id = ""
         do {
-            let s = try open()
+            let s = try f.open()
             let c = try s.createCredential(name: "c", apps: ["com.example.app"])
             _ = try s.ingestNow(sample(), secret: c.secret)
             id = try s.claimDue(limit: 1)[0].id
             s.close()
         }
-        let s = try open()
+        let s = try f.open()
         defer { s.close() }
         #expect(try s.response(id: id)?.state == .inflight)
         #expect(try s.recoverInflight() == 1)
         #expect(try s.claimDue(limit: 5).map(\.id) == [id])
     }
 
-    @Test func operatorRequeueAndPurgeNeverTouchInflight() throws {
-        let s = try open()
+    @Test(arguments: StoreBackend.available)
+    func operatorRequeueAndPurgeNeverTouchInflight(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
         defer { s.close() }
+        let clock = f.clock
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         for i in 0..<3 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: c.secret) }
         let rows = try s.claimDue(limit: 3)
@@ -225,18 +285,48 @@ import Testing
         #expect(throws: StoreError.self) { try s.purge(state: .inflight, olderThan: clock.nowMillis(), dryRun: false) }
         #expect(try s.list(OutboxFilter(state: .inflight)).map(\.id) == [rows[2].id])
         #expect(try s.list(OutboxFilter(tokenPrefix: "ABAB")).count == 2)
+        #expect(try s.list(OutboxFilter(tokenPrefix: "abcd")).isEmpty)
+        #expect(try s.list(OutboxFilter(app: "com.example.app", limit: 1)).count == 1)
+        // A failed row requeued by id (any case) is claimable again.
+        #expect(try s.claimDue(limit: 5).map(\.id) == [rows[0].id])
+        try s.apply([DeliveryUpdate(id: rows[0].id, pushToken: rows[0].pushToken, outcome: .failed(reason: "BadTopic"), attempt: nil)])
+        #expect(try s.requeue(ids: [rows[0].id.uppercased()]) == 1)
+        #expect(try s.claimDue(limit: 5).map(\.id) == [rows[0].id])
     }
 
-    @Test func readOnlyStoreReadsButRefusesWrites() throws {
-        let w = try open()
+    @Test(arguments: StoreBackend.available)
+    func readOnlyStoreReadsButRefusesWrites(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let w = try f.open()
         defer { w.close() }
         let c = try w.createCredential(name: "c", apps: ["com.example.app"])
         _ = try w.ingestNow(sample(), secret: c.secret)
-        let r = try open(SQLiteStoreOptions(readOnly: true))
+        let r = try f.open(readOnly: true)
+        defer { r.close() }
         #expect(try r.counts().byState[.queued] == 1)
         #expect(throws: StoreError.self) { try r.claimDue(limit: 1) }
+        #expect(throws: StoreError.self) { try r.ingestNow(sample(index: 2), secret: c.secret) }
         #expect(!r.checkWritable())
         #expect(w.checkWritable())
+    }
+
+    @Test(arguments: StoreBackend.available)
+    func closedStoreFailsSubmissions(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        s.close()
+        #expect(throws: StoreError.self) { try s.ingestNow(sample(), secret: c.secret) }
+    }
+}
+
+/// SQLite-only behaviour: WAL mode and the GroupCommitWriter's batching.
+@Suite struct SQLiteStoreTests {
+    @Test func journalIsWAL() throws {
+        let dir = TempDir()
+        let s = try SQLiteOutboxStore(path: dir.db)
+        defer { s.close() }
+        #expect(try SQLiteDatabase(path: dir.db, readOnly: true).scalar("PRAGMA journal_mode").string == "wal")
     }
 }
 

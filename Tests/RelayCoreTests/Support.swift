@@ -30,7 +30,7 @@ func sample(token: String = String(repeating: "ab", count: 32), index: UInt32 = 
                 keyID: [1, 2, 3, 4], messageIndex: index, encryptedData: [UInt8](repeating: 5, count: 40))
 }
 
-extension SQLiteOutboxStore {
+extension OutboxStore {
     /// Blocking ingest for tests.
     func ingestNow(_ r: NewResponse, secret: String, apps: Set<String> = ["com.example.app"], ttl: Int64 = 86_400_000, maxPending: Int = 1000) throws -> IngestOutcome {
         let slot = ResultBox<Result<IngestOutcome, StoreError>>()

@@ -20,11 +20,18 @@ public struct RelayConfig: Sendable, Equatable {
         public var tls: TLS?
     }
     public struct Store: Sendable, Equatable {
+        /// "sqlite" (one node, the default) or "postgres" (several nodes share one queue).
         public var kind = "sqlite"
         public var path = "relay.db"
         public var synchronous = SQLiteStoreOptions.Synchronous.full
         public var busyTimeoutMillis = 5000
         public var maxPending = 1_000_000
+        /// postgres: libpq connection URI (docs/postgres.md).
+        public var url: String?
+        /// postgres: this node's lease owner name; nil = host-pid (new on every start).
+        public var nodeID: String?
+        /// postgres: how long a claimed row stays leased to this node.
+        public var leaseSeconds = 60
     }
     public struct Ingest: Sendable, Equatable {
         public var maxBodyBytes = 16384
@@ -115,9 +122,30 @@ public struct RelayConfig: Sendable, Equatable {
             c.adminEnabled = try a.bool("enabled") ?? true
         }
         if var s = try r.child("store") {
-            try s.object(allowed: ["kind", "path", "synchronous", "busyTimeoutMs", "maxPending"])
+            try s.object(allowed: ["kind", "path", "synchronous", "busyTimeoutMs", "maxPending", "url", "nodeId", "leaseSeconds"])
             c.store.kind = try s.string("kind") ?? "sqlite"
-            guard c.store.kind == "sqlite" else { throw ConfigError(key: "store.kind", message: "only \"sqlite\" is supported by this build") }
+            let sqliteOnly = ["path", "synchronous", "busyTimeoutMs"], postgresOnly = ["url", "nodeId", "leaseSeconds"]
+            switch c.store.kind {
+            case "sqlite":
+                if let k = postgresOnly.first(where: { s.raw($0) != nil }) {
+                    throw ConfigError(key: s.key(k), message: "only allowed with store.kind \"postgres\"")
+                }
+            case "postgres":
+                if let k = sqliteOnly.first(where: { s.raw($0) != nil }) {
+                    throw ConfigError(key: s.key(k), message: "only allowed with store.kind \"sqlite\"")
+                }
+                guard let url = try s.string("url"), url.hasPrefix("postgresql://") || url.hasPrefix("postgres://") || url.contains("=") else {
+                    throw ConfigError(key: "store.url", message: "required with store.kind \"postgres\": a libpq URI such as postgresql://relay@db.internal:5432/relay")
+                }
+                c.store.url = url
+                if let node = try s.string("nodeId") {
+                    guard !node.isEmpty, node.count <= 200 else { throw ConfigError(key: "store.nodeId", message: "must be 1 to 200 characters") }
+                    c.store.nodeID = node
+                }
+                c.store.leaseSeconds = try s.int("leaseSeconds", 5...86_400) ?? c.store.leaseSeconds
+            default:
+                throw ConfigError(key: "store.kind", message: "must be \"sqlite\" or \"postgres\"")
+            }
             c.store.path = try s.path("path") ?? r.resolve(c.store.path)
             if let sync = try s.string("synchronous") {
                 guard let v = SQLiteStoreOptions.Synchronous(rawValue: sync.uppercased()) else {
@@ -162,6 +190,11 @@ public struct RelayConfig: Sendable, Equatable {
             guard c.dispatch.backoffCapMillis >= c.dispatch.backoffBaseMillis else {
                 throw ConfigError(key: "dispatch.backoffCapMs", message: "must be at least dispatch.backoffBaseMs")
             }
+        }
+        // A lease shorter than an APNs request could expire while the answer is on its way, and
+        // another node would send the same push again.
+        if c.store.kind == "postgres", c.store.leaseSeconds * 1000 <= c.dispatch.requestTimeoutMillis {
+            throw ConfigError(key: "store.leaseSeconds", message: "must be longer than dispatch.requestTimeoutMs (\(c.dispatch.requestTimeoutMillis) ms)")
         }
         guard let apps = try r.array("apps"), !apps.isEmpty else {
             throw ConfigError(key: "apps", message: "at least one app is required")
@@ -222,10 +255,14 @@ public struct RelayConfig: Sendable, Equatable {
     }
 
     /// Environment overrides for secret paths (so a secrets manager can mount files anywhere):
-    /// RELAY_DB_PATH, RELAY_TLS_CERTIFICATE, RELAY_TLS_PRIVATE_KEY, and per app (index i from 0)
+    /// RELAY_DB_PATH, RELAY_DB_URL (postgres, may carry a password), RELAY_TLS_CERTIFICATE, RELAY_TLS_PRIVATE_KEY, and per app (index i from 0)
     /// RELAY_APP_<i>_P8_PATH, RELAY_APP_<i>_CERTIFICATE_PATH, RELAY_APP_<i>_PRIVATE_KEY_PATH.
     public mutating func applyEnvironment(_ env: [String: String]) throws {
         if let p = env["RELAY_DB_PATH"], !p.isEmpty { store.path = p }
+        if let u = env["RELAY_DB_URL"], !u.isEmpty {
+            guard store.kind == "postgres" else { throw ConfigError(key: "RELAY_DB_URL", message: "only used with store.kind \"postgres\"") }
+            store.url = u
+        }
         if let cert = env["RELAY_TLS_CERTIFICATE"], let key = env["RELAY_TLS_PRIVATE_KEY"] {
             listen.tls = TLS(certificatePath: cert, privateKeyPath: key)
         } else if env["RELAY_TLS_CERTIFICATE"] != nil || env["RELAY_TLS_PRIVATE_KEY"] != nil {

@@ -27,6 +27,10 @@ public enum SQLValue: Sendable, Equatable {
 /// storage error to 503 without details.
 public enum StoreError: Error, Equatable, CustomStringConvertible {
     case sqlite(code: Int32, message: String, context: String)
+    /// A PostgreSQL statement failed (sqlState from the server, "" for client-side errors).
+    case postgres(sqlState: String, message: String, context: String)
+    /// The database cannot be reached right now (connection lost, reconnect backing off).
+    case unavailable(String)
     case notFound(String)
     case invalid(String)
     case closed
@@ -34,6 +38,8 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .sqlite(let code, let message, let context): return "sqlite error \(code) (\(message)) in \(context)"
+        case .postgres(let state, let message, let context): return "postgres error \(state.isEmpty ? "(client)" : state) (\(message)) in \(context)"
+        case .unavailable(let why): return "database unavailable: \(why)"
         case .notFound(let what): return "not found: \(what)"
         case .invalid(let what): return "invalid: \(what)"
         case .closed: return "store is closed"

@@ -1,0 +1,39 @@
+// Opens the configured OutboxStore backend. relay-server and relayctl both call this, so every
+// store command works the same on SQLite (one node) and PostgreSQL (several nodes).
+import Foundation
+
+public enum OutboxStores {
+    /// `readOnly`: SQLite opens only a read connection; PostgreSQL skips migrations and refuses
+    /// writes. Either way the schema must already be current (relay-server migrates on start).
+    public static func open(_ config: RelayConfig.Store, readOnly: Bool = false, clock: any RelayClock = SystemRelayClock(),
+                            logger: RelayLogger? = nil) throws -> any OutboxStore {
+        switch config.kind {
+        case "postgres":
+            guard let url = config.url else { throw StoreError.invalid("store.url is required with store.kind \"postgres\"") }
+            return try PostgresOutboxStore(
+                options: PostgresStoreOptions(url: url, nodeID: config.nodeID, leaseMillis: Int64(config.leaseSeconds) * 1000, readOnly: readOnly),
+                clock: clock, logger: logger)
+        case "sqlite":
+            return try SQLiteOutboxStore(
+                path: config.path,
+                options: SQLiteStoreOptions(synchronous: config.synchronous, busyTimeoutMillis: Int32(config.busyTimeoutMillis), readOnly: readOnly),
+                clock: clock)
+        default:
+            throw StoreError.invalid("unknown store kind \(config.kind)")
+        }
+    }
+
+    /// Group-commit counters for /metrics, whichever backend.
+    public static func writerStats(_ store: any OutboxStore) -> (batches: Int, jobs: Int)? {
+        switch store {
+        case let s as SQLiteOutboxStore: return s.writerStats
+        case let s as PostgresOutboxStore: return s.writerStats
+        default: return nil
+        }
+    }
+
+    /// Where the data lives, for logs (a PostgreSQL URL without its password).
+    public static func describe(_ config: RelayConfig.Store) -> String {
+        config.kind == "postgres" ? redactPostgresURL(config.url ?? "") : config.path
+    }
+}

@@ -1,0 +1,267 @@
+// The only file in RelayCore that sees libpq's C API. `PostgresConnection` owns one `PGconn*`
+// (PQfinish in deinit), `PostgresResult` owns one `PGresult*` (PQclear in deinit); every call's
+// status is checked and turned into `StoreError.postgres` carrying libpq's own message and the
+// server's SQLSTATE. Parameters and results travel in binary format, so integers and bytea need
+// no text parsing; arrays (for set-based batch statements) travel as text-format literals.
+import Foundation
+internal import CPQ
+
+/// A value bound to or read from PostgreSQL. Times are bigint milliseconds since 1970.
+enum PGValue: Sendable, Equatable {
+    case null
+    case int(Int64)
+    case text(String)
+    case bytes([UInt8])
+    case bool(Bool)
+    /// text[] (elements may be NULL)
+    case textArray([String?])
+    /// bigint[] (elements may be NULL)
+    case intArray([Int64?])
+    /// bytea[]
+    case bytesArray([[UInt8]])
+
+    var int: Int64? { if case .int(let v) = self { return v }; return nil }
+    var string: String? { if case .text(let v) = self { return v }; return nil }
+    var bytes: [UInt8]? { if case .bytes(let v) = self { return v }; return nil }
+    var bool: Bool? { if case .bool(let v) = self { return v }; return nil }
+    var isNull: Bool { self == .null }
+}
+
+/// One row of a result, by column position.
+typealias PGRow = [PGValue]
+
+/// SQLSTATEs the store reacts to (https://www.postgresql.org/docs/15/errcodes-appendix.html).
+enum PGState {
+    static let serializationFailure = "40001"
+    static let deadlockDetected = "40P01"
+    static let uniqueViolation = "23505"
+    /// Class 08 (connection exception) and 57P0x (admin/crash shutdown): the connection is gone.
+    static func isConnectionLoss(_ s: String) -> Bool { s.hasPrefix("08") || s.hasPrefix("57P0") }
+    static func isRetryable(_ s: String) -> Bool { s == serializationFailure || s == deadlockDetected }
+}
+
+/// One libpq connection. Not thread-safe: exactly one store-owned thread uses it (see
+/// PostgresWorker); it is never touched from an event loop or Swift's cooperative pool.
+final class PostgresConnection {
+    private let conn: OpaquePointer
+    /// Prepared statement names by SQL text and parameter types, so each hot statement is
+    /// parsed and planned once per connection.
+    private var prepared: [String: String] = [:]
+
+    /// `url` is a libpq URI or key=value string. Defaults below come first so the URL's own
+    /// parameters override them (PQconnectdbParams with expand_dbname).
+    init(url: String, applicationName: String) throws {
+        let keys = ["connect_timeout", "application_name", "keepalives_idle", "keepalives_interval", "keepalives_count", "dbname"]
+        let values = ["5", applicationName, "10", "5", "3", url]
+        let conn: OpaquePointer? = withCStrings(keys) { k in
+            withCStrings(values) { v in PQconnectdbParams(k, v, 1) }
+        }
+        guard let conn else { throw StoreError.unavailable("libpq could not allocate a connection") }
+        guard PQstatus(conn) == CONNECTION_OK else {
+            let message = Self.clean(PQerrorMessage(conn))
+            PQfinish(conn)
+            throw StoreError.unavailable("cannot connect to PostgreSQL: \(message)")
+        }
+        self.conn = conn
+        cpq_silence_notices(conn)
+    }
+
+    deinit { PQfinish(conn) }
+
+    /// Statements sent since the owner last reset it (see PostgresWorker.withConnection).
+    var statementsSent = 0
+
+    /// False once libpq noticed the server is gone; the owner then drops this connection.
+    var isOK: Bool { PQstatus(conn) == CONNECTION_OK }
+
+    /// Not inside a transaction block (or the connection is unusable).
+    var isIdle: Bool { PQtransactionStatus(conn) == PQTRANS_IDLE }
+
+    var serverVersion: Int { Int(PQserverVersion(conn)) }
+
+    private static func clean(_ p: UnsafePointer<CChar>?) -> String {
+        guard let p else { return "unknown libpq error" }
+        return String(cString: p).trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    private func failure(_ result: OpaquePointer?, _ context: String) -> StoreError {
+        if let result {
+            let state = PQresultErrorField(result, cpq_diag_sqlstate()).map { String(cString: $0) } ?? ""
+            let message = Self.clean(PQresultErrorMessage(result))
+            if !state.isEmpty { return .postgres(sqlState: state, message: message, context: context) }
+            if !isOK { return .unavailable("PostgreSQL connection lost: \(message.isEmpty ? Self.clean(PQerrorMessage(conn)) : message)") }
+            return .postgres(sqlState: "", message: message.isEmpty ? Self.clean(PQerrorMessage(conn)) : message, context: context)
+        }
+        let message = Self.clean(PQerrorMessage(conn))
+        if !isOK { return .unavailable("PostgreSQL connection lost: \(message)") }
+        return .postgres(sqlState: "", message: message, context: context)
+    }
+
+    /// Runs one or more statements without parameters (simple query protocol): DDL, BEGIN/COMMIT.
+    func execute(_ sql: String) throws {
+        statementsSent += 1
+        let result = PostgresResult(PQexec(conn, sql))
+        try check(result, context: String(sql.prefix(60)))
+    }
+
+    /// Runs one statement with parameters through a cached prepared statement; returns its rows.
+    @discardableResult
+    func query(_ sql: String, _ params: [PGValue] = []) throws -> [PGRow] {
+        try run(sql, params).rows
+    }
+
+    /// Like `query`, also returning the affected-row count (UPDATE/DELETE/INSERT).
+    func run(_ sql: String, _ params: [PGValue] = []) throws -> (rows: [PGRow], affected: Int) {
+        statementsSent += 1
+        let encoded = params.map(Self.encode)
+        let types = encoded.map(\.type)
+        let key = sql + "\u{0}" + types.map(String.init).joined(separator: ",")
+        let context = String(sql.trimmingCharacters(in: .whitespacesAndNewlines).prefix(60))
+        let name: String
+        if let n = prepared[key] {
+            name = n
+        } else {
+            let n = "relay_\(prepared.count)"
+            let result = PostgresResult(types.withUnsafeBufferPointer { PQprepare(conn, n, sql, Int32(types.count), $0.baseAddress) })
+            try check(result, context: "prepare " + context)
+            prepared[key] = n
+            name = n
+        }
+        let result = PostgresResult(withParameters(encoded) { values, lengths, formats in
+            PQexecPrepared(conn, name, Int32(encoded.count), values, lengths, formats, 1)
+        })
+        try check(result, context: context)
+        return (try result.rows(context: context), result.affected)
+    }
+
+    private func check(_ result: PostgresResult, context: String) throws {
+        switch PQresultStatus(result.handle) {
+        case PGRES_COMMAND_OK, PGRES_TUPLES_OK, PGRES_EMPTY_QUERY: return
+        default: throw failure(result.handle, context)
+        }
+    }
+
+    // MARK: parameter encoding (binary, network byte order)
+
+    private struct Encoded {
+        var type: Oid
+        var bytes: [UInt8]?
+        var format: Int32
+    }
+
+    private static func encode(_ v: PGValue) -> Encoded {
+        switch v {
+        case .null: return Encoded(type: 0, bytes: nil, format: 1)
+        case .int(let i): return Encoded(type: 20, bytes: withUnsafeBytes(of: i.bigEndian) { Array($0) }, format: 1)
+        case .text(let s): return Encoded(type: 25, bytes: Array(s.utf8), format: 1)
+        case .bytes(let b): return Encoded(type: 17, bytes: b, format: 1)
+        case .bool(let b): return Encoded(type: 16, bytes: [b ? 1 : 0], format: 1)
+        case .textArray(let a): return Encoded(type: 1009, bytes: Array(arrayLiteral(a.map { $0.map(quoteElement) }).utf8), format: 0)
+        case .intArray(let a): return Encoded(type: 1016, bytes: Array(arrayLiteral(a.map { $0.map(String.init) }).utf8), format: 0)
+        case .bytesArray(let a):
+            // Each element is bytea hex input (\x..); the backslash is escaped for the array parser.
+            return Encoded(type: 1001, bytes: Array(arrayLiteral(a.map { "\"\\\\x" + $0.lowercaseHex + "\"" }).utf8), format: 0)
+        }
+    }
+
+    private static func arrayLiteral(_ elements: [String?]) -> String {
+        "{" + elements.map { $0 ?? "NULL" }.joined(separator: ",") + "}"
+    }
+
+    private static func quoteElement(_ s: String) -> String {
+        "\"" + s.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\""
+    }
+
+    /// Hands libpq C arrays of value pointers, lengths and formats that stay valid for the call.
+    private func withParameters<R>(_ params: [Encoded], _ body: (UnsafePointer<UnsafePointer<CChar>?>?, UnsafePointer<Int32>?, UnsafePointer<Int32>?) -> R) -> R {
+        // Text-format values need a NUL terminator; binary ones are read by length.
+        let buffers: [UnsafeMutablePointer<CChar>?] = params.map { p in
+            guard let bytes = p.bytes else { return nil }
+            let buf = UnsafeMutablePointer<CChar>.allocate(capacity: bytes.count + 1)
+            bytes.withUnsafeBufferPointer { src in
+                src.withMemoryRebound(to: CChar.self) { s in
+                    if let base = s.baseAddress { buf.initialize(from: base, count: bytes.count) }
+                }
+            }
+            buf[bytes.count] = 0
+            return buf
+        }
+        defer { for b in buffers { b?.deallocate() } }
+        let values: [UnsafePointer<CChar>?] = buffers.map { $0.map { UnsafePointer($0) } }
+        let lengths: [Int32] = params.map { Int32($0.bytes?.count ?? 0) }
+        let formats: [Int32] = params.map(\.format)
+        return values.withUnsafeBufferPointer { v in
+            lengths.withUnsafeBufferPointer { l in
+                formats.withUnsafeBufferPointer { f in body(v.baseAddress, l.baseAddress, f.baseAddress) }
+            }
+        }
+    }
+}
+
+/// Owns one PGresult.
+private final class PostgresResult {
+    let handle: OpaquePointer?
+    init(_ handle: OpaquePointer?) { self.handle = handle }
+    deinit { if let handle { PQclear(handle) } }
+
+    var affected: Int {
+        guard let handle, let p = PQcmdTuples(handle) else { return 0 }
+        return Int(String(cString: p)) ?? 0
+    }
+
+    /// Decodes binary-format columns by their type OID.
+    func rows(context: String) throws -> [PGRow] {
+        guard let handle, PQresultStatus(handle) == PGRES_TUPLES_OK else { return [] }
+        let n = PQntuples(handle), m = PQnfields(handle)
+        var out: [PGRow] = []
+        out.reserveCapacity(Int(n))
+        for r in 0..<n {
+            var row: PGRow = []
+            row.reserveCapacity(Int(m))
+            for c in 0..<m {
+                if PQgetisnull(handle, r, c) == 1 {
+                    row.append(.null)
+                    continue
+                }
+                let len = Int(PQgetlength(handle, r, c))
+                guard let raw = PQgetvalue(handle, r, c) else { row.append(.null); continue }
+                let bytes = UnsafeRawBufferPointer(start: raw, count: len)
+                switch PQftype(handle, c) {
+                case 20, 23, 21:  // int8, int4, int2 (big-endian)
+                    var v: Int64 = 0
+                    for b in bytes { v = (v << 8) | Int64(b) }
+                    if len < 8, len > 0, bytes[0] & 0x80 != 0 { v -= Int64(1) << (len * 8) }  // sign-extend
+                    row.append(.int(v))
+                case 16: row.append(.bool(len == 1 && bytes[0] != 0))
+                case 17: row.append(.bytes(Array(bytes)))
+                case 25, 1043, 19, 705: row.append(.text(String(decoding: bytes, as: UTF8.self)))
+                case 2278: row.append(.null)  // void (e.g. SELECT pg_advisory_lock(...))
+                default:
+                    throw StoreError.postgres(sqlState: "", message: "column \(c) has unsupported type oid \(PQftype(handle, c))", context: context)
+                }
+            }
+            out.append(row)
+        }
+        return out
+    }
+}
+
+/// Turns Swift strings into a NULL-free array of C strings valid for the duration of `body`.
+private func withCStrings<R>(_ strings: [String], _ body: (UnsafePointer<UnsafePointer<CChar>?>) -> R) -> R {
+    let dup: [UnsafeMutablePointer<CChar>?] = strings.map { strdup($0) }
+    defer { for p in dup { free(p) } }
+    var ptrs: [UnsafePointer<CChar>?] = dup.map { $0.map { UnsafePointer($0) } }
+    ptrs.append(nil)
+    return ptrs.withUnsafeBufferPointer { body($0.baseAddress!) }
+}
+
+/// Removes the password from a connection URL for logs and error messages.
+func redactPostgresURL(_ url: String) -> String {
+    guard let schemeEnd = url.range(of: "://"), let at = url.range(of: "@", range: schemeEnd.upperBound..<url.endIndex) else {
+        // key=value form: drop any password=... pair.
+        return url.split(separator: " ").map { $0.hasPrefix("password=") ? "password=***" : String($0) }.joined(separator: " ")
+    }
+    let userinfo = url[schemeEnd.upperBound..<at.lowerBound]
+    guard let colon = userinfo.firstIndex(of: ":") else { return url }
+    return String(url[..<colon]) + ":***" + String(url[at.lowerBound...])
+}

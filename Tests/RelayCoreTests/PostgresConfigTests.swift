@@ -1,0 +1,82 @@
+// The "store" section for PostgreSQL and the backend factory relay-server and relayctl use.
+import Foundation
+import Testing
+@testable import RelayCore
+
+@Suite struct PostgresConfigTests {
+    let app = #"{"bundleID":"com.example.app","environment":"sandbox","token":{"p8Path":"/k.p8","keyID":"ABC123DEFG","teamID":"DEF123GHIJ"}}"#
+
+    func parse(store: String, dispatch: String = "") throws -> RelayConfig {
+        let extra = dispatch.isEmpty ? "" : #","dispatch":"# + dispatch
+        return try RelayConfig.parse(Array(#"{"store":\#(store),"apps":[\#(app)]\#(extra)}"#.utf8), baseDirectory: "/etc/relay")
+    }
+
+    func error(store: String, dispatch: String = "") -> ConfigError? {
+        do { _ = try parse(store: store, dispatch: dispatch); return nil } catch { return error as? ConfigError }
+    }
+
+    @Test func postgresStoreIsParsed() throws {
+        let c = try parse(store: #"{"kind":"postgres","url":"postgresql://relay@db:5432/relay","nodeId":"relay-1","leaseSeconds":120,"maxPending":5000}"#)
+        #expect(c.store.kind == "postgres")
+        #expect(c.store.url == "postgresql://relay@db:5432/relay")
+        #expect(c.store.nodeID == "relay-1")
+        #expect(c.store.leaseSeconds == 120)
+        #expect(c.store.maxPending == 5000)
+        let d = try parse(store: #"{"kind":"postgres","url":"postgresql://db/relay"}"#)
+        #expect(d.store.nodeID == nil && d.store.leaseSeconds == 60)
+    }
+
+    @Test func sqliteStaysTheDefault() throws {
+        let c = try RelayConfig.parse(Array(#"{"apps":[\#(app)]}"#.utf8), baseDirectory: "/var/lib/relay")
+        #expect(c.store.kind == "sqlite" && c.store.path == "/var/lib/relay/relay.db" && c.store.url == nil)
+    }
+
+    @Test func invalidStoreSectionsNameTheKey() {
+        #expect(error(store: #"{"kind":"postgres"}"#)?.key == "store.url")
+        #expect(error(store: #"{"kind":"postgres","url":"mysql://db"}"#)?.key == "store.url")
+        #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","path":"x.db"}"#)?.key == "store.path")
+        #expect(error(store: #"{"kind":"sqlite","url":"postgresql://db/relay"}"#)?.key == "store.url")
+        #expect(error(store: #"{"kind":"sqlite","leaseSeconds":30}"#)?.key == "store.leaseSeconds")
+        #expect(error(store: #"{"kind":"oracle"}"#)?.key == "store.kind")
+        #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","nodeId":""}"#)?.key == "store.nodeId")
+        #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","leaseSeconds":1}"#)?.key == "store.leaseSeconds")
+        #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","bogus":1}"#)?.key == "store.bogus")
+        // A lease must outlive an APNs request, or a live node's push could be sent twice.
+        let short = error(store: #"{"kind":"postgres","url":"postgresql://db/relay","leaseSeconds":10}"#, dispatch: #"{"requestTimeoutMs":10000}"#)
+        #expect(short?.key == "store.leaseSeconds")
+        #expect(short?.message.contains("requestTimeoutMs") == true)
+    }
+
+    @Test func databaseURLCanComeFromTheEnvironment() throws {
+        var c = try parse(store: #"{"kind":"postgres","url":"postgresql://relay@db/relay"}"#)
+        try c.applyEnvironment(["RELAY_DB_URL": "postgresql://relay:secret@db/relay"])
+        #expect(c.store.url == "postgresql://relay:secret@db/relay")
+        #expect(OutboxStores.describe(c.store) == "postgresql://relay:***@db/relay")
+        var s = try parse(store: #"{"kind":"sqlite"}"#)
+        #expect(throws: ConfigError.self) { try s.applyEnvironment(["RELAY_DB_URL": "postgresql://db/relay"]) }
+    }
+
+    @Test(arguments: StoreBackend.available)
+    func theFactoryOpensTheConfiguredBackend(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        var config = RelayConfig.Store()
+        switch backend {
+        case .sqlite: config.path = f.dir.db
+        case .postgres:
+            config.kind = "postgres"
+            config.url = f.pgURL
+            config.nodeID = "factory-node"
+        }
+        let s = try OutboxStores.open(config, clock: f.clock)
+        defer { s.close() }
+        #expect(s.checkWritable())
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        guard case .accepted = try s.ingestNow(sample(), secret: c.secret) else { Issue.record("not accepted"); return }
+        #expect(OutboxStores.writerStats(s)?.jobs ?? 0 >= 1)
+        let reader = try OutboxStores.open(config, readOnly: true, clock: f.clock)
+        defer { reader.close() }
+        #expect(try reader.counts().byState[.queued] == 1)
+        #expect(!reader.checkWritable())
+        if backend == .postgres { #expect((s as? PostgresOutboxStore)?.nodeID == "factory-node") }
+    }
+}

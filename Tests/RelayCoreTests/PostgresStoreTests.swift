@@ -1,0 +1,296 @@
+// PostgreSQL-only behaviour: several nodes on one database (SKIP LOCKED claims, leases and
+// their expiry, shared pacing and unregistered tokens, concurrent migrations), group commit,
+// and losing the connection. The contract shared with SQLite is in StoreTests.swift.
+import Foundation
+import Synchronization
+import Testing
+@testable import RelayCore
+
+@Suite struct PostgresSetupTests {
+    @Test(.enabled(if: PGTest.url != nil, Comment(rawValue: PGTest.skipMessage)))
+    func postgresTestsAreConfigured() throws {
+        let c = try PGTest.admin()
+        #expect(c.serverVersion >= 150_000)
+    }
+
+    @Test func unreachableDatabaseIsAClearError() throws {
+        // A loopback port nothing listens on (bound then closed).
+        let port = try freeLoopbackPort()
+        do {
+            _ = try PostgresOutboxStore(options: PostgresStoreOptions(url: "postgresql://relay@127.0.0.1:\(port)/relay?connect_timeout=2"))
+            Issue.record("opened a store on a closed port")
+        } catch let e as StoreError {
+            guard case .unavailable(let why) = e else { Issue.record("unexpected error \(e)"); return }
+            #expect(why.contains("127.0.0.1") || why.contains("connect"))
+        }
+    }
+
+    @Test func passwordsAreRedactedFromURLs() {
+        #expect(redactPostgresURL("postgresql://relay:s3cret@db:5432/relay") == "postgresql://relay:***@db:5432/relay")
+        #expect(redactPostgresURL("postgresql://relay@db/relay") == "postgresql://relay@db/relay")
+        #expect(redactPostgresURL("host=db password=s3cret dbname=relay") == "host=db password=*** dbname=relay")
+    }
+}
+
+@Suite(.enabled(if: PGTest.url != nil, Comment(rawValue: PGTest.skipMessage)))
+struct PostgresStoreTests {
+    let f: StoreFixture
+    init() throws { f = try StoreFixture(.postgres) }
+
+    func ingestMany(_ s: some OutboxStore, secret: String, count: Int, token: String = String(repeating: "ab", count: 32)) throws -> [String] {
+        try (0..<count).map { i in
+            guard case .accepted(let id) = try s.ingestNow(sample(token: token, index: UInt32(i)), secret: secret) else {
+                throw StoreError.invalid("not accepted")
+            }
+            return id
+        }
+    }
+
+    @Test func nodesStartingTogetherMigrateOnce() throws {
+        let opened = Mutex<[PostgresOutboxStore]>([])
+        let errors = Mutex<[String]>([])
+        let group = DispatchGroup()
+        for n in 0..<4 {
+            group.enter()
+            Thread.detachNewThread { [f] in
+                do {
+                    let s = try f.openPostgres(nodeID: "node-\(n)")
+                    opened.withLock { $0.append(s) }
+                } catch { errors.withLock { $0.append("\(error)") } }
+                group.leave()
+            }
+        }
+        group.wait()
+        #expect(errors.withLock { $0 } == [])
+        #expect(try f.sql("SELECT count(*) FROM relay_schema_version") == [["1"]])
+        #expect(try f.schemaVersion == PostgresOutboxStore.schemaVersion)
+        for s in opened.withLock({ $0 }) { s.close() }
+    }
+
+    @Test func twoNodesClaimDisjointRows() throws {
+        let a = try f.openPostgres(nodeID: "a"), b = try f.openPostgres(nodeID: "b")
+        defer { a.close(); b.close() }
+        let c = try a.createCredential(name: "c", apps: ["com.example.app"])
+        var ids = Set<String>()
+        for t in 0..<4 {
+            ids.formUnion(try ingestMany(t % 2 == 0 ? a : b, secret: c.secret, count: 30, token: String(repeating: "a\(t)", count: 32)))
+        }
+        #expect(ids.count == 120)
+        let claimedBy = Mutex<[String: [String]]>([:])
+        let group = DispatchGroup()
+        for (name, s) in [("a", a), ("b", b)] {
+            group.enter()
+            Thread.detachNewThread {
+                while let rows = try? s.claimDue(limit: 7), !rows.isEmpty {
+                    claimedBy.withLock { $0[name, default: []] += rows.map(\.id) }
+                }
+                group.leave()
+            }
+        }
+        group.wait()
+        let byNode = claimedBy.withLock { $0 }
+        let all = byNode.values.flatMap { $0 }
+        #expect(all.count == 120)
+        #expect(Set(all) == ids)
+        #expect(Set(byNode["a"] ?? []).isDisjoint(with: Set(byNode["b"] ?? [])))
+        let owners = try f.sql("SELECT lease_owner, count(*) FROM responses GROUP BY lease_owner ORDER BY lease_owner")
+        let leased: Int = owners.compactMap { Int($0[1] ?? "") }.reduce(0, +)
+        #expect(leased == 120)
+        #expect(Set(owners.compactMap { $0[0] }).isSubset(of: ["a", "b"]))
+    }
+
+    @Test func anExpiredLeaseMovesToAnotherNodeAndTheOldOwnersAnswerIsIgnored() throws {
+        let a = try f.openPostgres(nodeID: "a", leaseMillis: 30_000), b = try f.openPostgres(nodeID: "b", leaseMillis: 30_000)
+        defer { a.close(); b.close() }
+        let c = try a.createCredential(name: "c", apps: ["com.example.app"])
+        let ids = try ingestMany(a, secret: c.secret, count: 3)
+        #expect(try a.claimDue(limit: 10).count == 3)
+        // A live lease is neither claimable nor recoverable by another node.
+        #expect(try b.claimDue(limit: 10).isEmpty)
+        #expect(try b.recoverInflight() == 0)
+        #expect(try b.nextDueAt() == f.clock.nowMillis() + 30_000)
+        f.clock.advance(30_000)
+        let taken = try b.claimDue(limit: 10)
+        #expect(Set(taken.map(\.id)) == Set(ids))
+        let t = f.clock.nowMillis()
+        // Node a answers late: its attempt is recorded, its state change is not applied.
+        try a.apply([DeliveryUpdate(id: ids[0], pushToken: taken[0].pushToken, outcome: .failed(reason: "BadDeviceToken"),
+                                    attempt: AttemptRecord(responseID: ids[0], attemptedAt: t, status: 400, reason: "BadDeviceToken"))])
+        #expect(try a.response(id: ids[0])?.state == .inflight)
+        try b.apply([DeliveryUpdate(id: ids[0], pushToken: taken[0].pushToken, outcome: .delivered,
+                                    attempt: AttemptRecord(responseID: ids[0], attemptedAt: t, status: 200, reason: nil))])
+        let row = try #require(try a.response(id: ids[0]))
+        #expect(row.state == .delivered && row.attempts == 1)
+        #expect(try a.attemptNodes(responseID: ids[0]) == ["a", "b"])
+        #expect(try f.sql("SELECT count(*) FROM responses WHERE lease_owner IS NOT NULL") == [["2"]])
+    }
+
+    @Test func aRestartedNodeTakesBackOnlyItsOwnLeases() throws {
+        let a = try f.openPostgres(nodeID: "a"), b = try f.openPostgres(nodeID: "b")
+        let c = try a.createCredential(name: "c", apps: ["com.example.app"])
+        _ = try ingestMany(a, secret: c.secret, count: 4)
+        let mine = try a.claimDue(limit: 2), theirs = try b.claimDue(limit: 2)
+        #expect(mine.count == 2 && theirs.count == 2)
+        a.close()
+        let again = try f.openPostgres(nodeID: "a")
+        defer { again.close(); b.close() }
+        #expect(try again.recoverInflight() == 2)
+        #expect(Set(try again.claimDue(limit: 10).map(\.id)) == Set(mine.map(\.id)))
+        #expect(try again.list(OutboxFilter(state: .inflight)).count == 4)
+    }
+
+    @Test func pacingAndUnregisteredTokensAreSharedBetweenNodes() throws {
+        let a = try f.openPostgres(nodeID: "a"), b = try f.openPostgres(nodeID: "b")
+        defer { a.close(); b.close() }
+        let c = try a.createCredential(name: "c", apps: ["com.example.app"])
+        let paced = String(repeating: "11", count: 32), dead = String(repeating: "22", count: 32)
+        _ = try a.ingestNow(sample(token: paced, index: 1), secret: c.secret)
+        _ = try a.ingestNow(sample(token: dead, index: 1), secret: c.secret)
+        let rows = try a.claimDue(limit: 2)
+        #expect(rows.count == 2)
+        let now = f.clock.nowMillis()
+        try a.apply(rows.map { r in
+            r.pushToken == paced
+                ? DeliveryUpdate(id: r.id, pushToken: r.pushToken, outcome: .retry(at: now + 60_000, paceTokenUntil: now + 60_000), attempt: nil)
+                : DeliveryUpdate(id: r.id, pushToken: r.pushToken, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: now + 1), attempt: nil)
+        })
+        f.clock.advance(5)
+        // Node b sees node a's findings.
+        #expect(try b.ingestNow(sample(token: dead, index: 2), secret: c.secret) == .unregistered)
+        guard case .accepted(let id) = try b.ingestNow(sample(token: paced, index: 2), secret: c.secret) else { Issue.record("refused"); return }
+        #expect(try b.response(id: id)?.nextAttemptAt == now + 60_000)
+        #expect(try b.claimDue(limit: 10).isEmpty)
+        #expect(try b.unregisteredTokens().map(\.token) == [dead])
+    }
+
+    @Test func theSameResponseOnTwoNodesAtOnceIsStoredOnce() throws {
+        let a = try f.openPostgres(nodeID: "a"), b = try f.openPostgres(nodeID: "b")
+        defer { a.close(); b.close() }
+        let c = try a.createCredential(name: "c", apps: ["com.example.app"])
+        let outcomes = Mutex<[IngestOutcome]>([])
+        let group = DispatchGroup()
+        for i in 0..<40 {
+            for s in [a, b] {
+                group.enter()
+                s.submit(IngestRequest(response: sample(index: UInt32(i)), credentialHash: Credentials.hash(secret: c.secret),
+                                       configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)) { r in
+                    if case .success(let o) = r { outcomes.withLock { $0.append(o) } }
+                    group.leave()
+                }
+            }
+        }
+        group.wait()
+        let all = outcomes.withLock { $0 }
+        #expect(all.count == 80)
+        #expect(all.filter { if case .accepted = $0 { true } else { false } }.count == 40)
+        #expect(all.filter { if case .duplicate = $0 { true } else { false } }.count == 40)
+        #expect(try f.sql("SELECT count(*) FROM responses") == [["40"]])
+    }
+
+    @Test func queuedIngestsCommitInOneTransaction() throws {
+        let s = try f.openPostgres(nodeID: "a")
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let before = s.writerStats.batches
+        // checkWritable runs on the ingest thread; a backend holding an exclusive lock on the
+        // credentials table makes the first batch wait, so the next 100 queue up behind it.
+        let blocker = try PostgresConnection(url: f.pgURL, applicationName: "relay-test-blocker")
+        try blocker.execute("BEGIN; LOCK TABLE credentials IN ACCESS EXCLUSIVE MODE")
+        let done = DispatchGroup()
+        let results = Mutex<[IngestOutcome]>([])
+        for i in 0..<101 {
+            done.enter()
+            s.submit(IngestRequest(response: sample(index: UInt32(i)), credentialHash: Credentials.hash(secret: c.secret),
+                                   configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)) { r in
+                if case .success(let o) = r { results.withLock { $0.append(o) } }
+                done.leave()
+            }
+            if i == 0 { try waitForLockWait(f) }
+        }
+        try blocker.execute("COMMIT")
+        done.wait()
+        #expect(results.withLock { $0.count } == 101)
+        #expect(results.withLock { $0.allSatisfy { if case .accepted = $0 { true } else { false } } })
+        // The first submission alone, then the 100 that queued behind it.
+        #expect(s.writerStats.batches - before == 2)
+    }
+
+    @Test func aKilledIdleConnectionIsReplacedWithoutFailingAnything() throws {
+        let s = try f.openPostgres(nodeID: "a")
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        guard case .accepted = try s.ingestNow(sample(index: 1), secret: c.secret) else { Issue.record("not accepted"); return }
+        #expect(try terminateStoreConnections(f) >= 2)
+        // Each worker finds its connection dead on the first statement, reconnects, runs again.
+        guard case .accepted = try s.ingestNow(sample(index: 2), secret: c.secret) else { Issue.record("no reconnect"); return }
+        #expect(try s.counts().byState[.queued] == 2)
+        #expect(try s.claimDue(limit: 5).count == 2)
+    }
+
+    @Test func anOutageFailsIngestFastThenRecoversOnItsOwn() throws {
+        guard let base = PGTest.url, let target = URLComponents(string: base)?.port else { Issue.record("no port in RELAY_TEST_PG_URL"); return }
+        let proxy = try OutageProxy(targetPort: target)
+        defer { proxy.stop() }
+        let url = proxy.url(for: f.pgURL, targetPort: target)
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: url, nodeID: "a"), clock: f.clock)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        guard case .accepted = try s.ingestNow(sample(index: 1), secret: c.secret) else { Issue.record("not accepted"); return }
+        proxy.cut()
+        // Down: every ingest fails (503 upstream, never 202) and nothing is stored.
+        for i in 2...4 {
+            #expect(throws: StoreError.self) { try s.ingestNow(sample(index: UInt32(i)), secret: c.secret) }
+        }
+        #expect(!s.checkWritable())
+        #expect(throws: StoreError.self) { try s.claimDue(limit: 10) }
+        #expect(try f.sql("SELECT count(*) FROM responses") == [["1"]])
+        proxy.restore()
+        // Back: within the back-off cap (2 s) the store reconnects by itself.
+        var accepted = false
+        for _ in 0..<100 where !accepted {
+            if case .accepted? = try? s.ingestNow(sample(index: 5), secret: c.secret) { accepted = true } else { usleep(50_000) }
+        }
+        #expect(accepted)
+        #expect(s.checkWritable())
+        #expect(try s.counts().byState[.queued] == 2)
+        #expect(try s.claimDue(limit: 10).count == 2)
+    }
+}
+
+/// Waits (bounded) until some backend of this fixture waits for a lock.
+func waitForLockWait(_ f: StoreFixture) throws {
+    for _ in 0..<500 {
+        if try f.sql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = '\(f.schema)'") != [["0"]] { return }
+        usleep(10_000)
+    }
+    throw StoreError.invalid("ingest never waited for the lock")
+}
+
+/// Kills every connection of this fixture (they carry its schema as application_name) and
+/// waits until they are gone. Returns how many there were.
+@discardableResult
+func terminateStoreConnections(_ f: StoreFixture) throws -> Int {
+    let admin = try PGTest.admin()
+    let n = try admin.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", [.text(f.schema)]).count
+    for _ in 0..<500 {
+        if try admin.query("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", [.text(f.schema)]).first?.first?.int == 0 { return n }
+        usleep(10_000)
+    }
+    throw StoreError.invalid("store connections did not go away")
+}
+
+func freeLoopbackPort() throws -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { throw StoreError.invalid("socket failed") }
+    defer { close(fd) }
+    var addr = sockaddr_in()
+    addr.sin_family = sa_family_t(AF_INET)
+    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+    addr.sin_port = 0
+    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let ok = withUnsafeMutablePointer(to: &addr) { p in
+        p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 }
+    }
+    guard ok else { throw StoreError.invalid("bind failed") }
+    return Int(UInt16(bigEndian: addr.sin_port))
+}

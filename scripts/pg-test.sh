@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# A throwaway PostgreSQL cluster for tests and benchmarks: initdb in a temp dir, a free loopback
+# port, trust auth for one superuser, small settings for a shared 2-core machine. Uses the
+# binaries of Debian's `postgresql` package (/usr/lib/postgresql/<v>/bin). As root it runs the
+# server as the `postgres` system user (initdb refuses root).
+#
+#   scripts/pg-test.sh start DIR     start a cluster in DIR (created if missing); prints its URL
+#   scripts/pg-test.sh stop DIR      stop it (immediate) and remove DIR
+#   scripts/pg-test.sh restart DIR   restart on the same port (used by failure tests and docs)
+#   scripts/pg-test.sh run -- CMD..  start a cluster in a temp dir, run CMD with RELAY_TEST_PG_URL
+#                                    set, stop and remove the cluster whatever CMD's outcome,
+#                                    exit with CMD's status. If RELAY_TEST_PG_URL is already
+#                                    set, CMD runs against that server instead.
+#
+# Tests that need PostgreSQL read RELAY_TEST_PG_URL and skip with a message when it is unset.
+set -euo pipefail
+
+bindir() {
+  local d
+  for d in "${PG_BINDIR:-}" /usr/lib/postgresql/*/bin; do
+    [ -n "$d" ] && [ -x "$d/pg_ctl" ] && { echo "$d"; return; }
+  done
+  command -v pg_ctl >/dev/null && { dirname "$(command -v pg_ctl)"; return; }
+  echo "pg-test: no PostgreSQL server binaries (apt-get install postgresql, or make deps)" >&2
+  exit 1
+}
+
+BIN=$(bindir)
+
+# Runs a PostgreSQL binary as a non-root user.
+as_pg() {
+  if [ "$(id -u)" -eq 0 ]; then
+    runuser -u postgres -- "$@"
+  else
+    "$@"
+  fi
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+start() {
+  local dir=$1
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  [ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
+  chmod 700 "$dir"
+  local port
+  port=$(free_port)
+  as_pg "$BIN/initdb" -D "$dir/data" -U relay --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 || {
+    cat "$dir/initdb.log" >&2
+    exit 1
+  }
+  cat >>"$dir/data/postgresql.conf" <<EOF
+# pg-test.sh: small settings for a shared 2-core machine. fsync stays on: durability is what
+# the tests and benchmarks measure.
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$dir'
+shared_buffers = 64MB
+max_connections = 50
+max_wal_size = 256MB
+log_min_messages = warning
+log_line_prefix = '%m [%p] '
+EOF
+  echo "$port" >"$dir/port"
+  local url="postgresql://relay@127.0.0.1:$port/relay"
+  echo "$url" >"$dir/url"
+  as_pg "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null || {
+    cat "$dir/server.log" >&2
+    exit 1
+  }
+  as_pg "$BIN/createdb" -h 127.0.0.1 -p "$port" -U relay relay
+  echo "$url"
+}
+
+stop() {
+  local dir=$1
+  [ -d "$dir/data" ] || return 0
+  as_pg "$BIN/pg_ctl" -D "$dir/data" -m immediate -w -t 60 stop >/dev/null 2>&1 || true
+  rm -rf "$dir"
+}
+
+restart() {
+  local dir=$1
+  as_pg "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 60 restart >/dev/null
+}
+
+case "${1:-}" in
+  start) start "${2:?usage: pg-test.sh start DIR}" ;;
+  stop) stop "${2:?usage: pg-test.sh stop DIR}" ;;
+  restart) restart "${2:?usage: pg-test.sh restart DIR}" ;;
+  run)
+    shift
+    [ "${1:-}" = "--" ] && shift
+    [ $# -gt 0 ] || { echo "usage: pg-test.sh run -- COMMAND..." >&2; exit 64; }
+    if [ -n "${RELAY_TEST_PG_URL:-}" ]; then
+      exec "$@"
+    fi
+    dir=$(mktemp -d /tmp/relay-pg.XXXXXX)
+    trap 'stop "$dir"' EXIT
+    trap 'exit 130' INT TERM
+    RELAY_TEST_PG_URL=$(start "$dir")
+    export RELAY_TEST_PG_URL
+    # Lets failure tests restart this cluster (scripts/pg-test.sh restart "$RELAY_TEST_PG_DIR").
+    export RELAY_TEST_PG_DIR="$dir"
+    echo "pg-test: PostgreSQL for tests at $RELAY_TEST_PG_URL" >&2
+    set +e
+    "$@"
+    status=$?
+    set -e
+    exit $status
+    ;;
+  *)
+    echo "usage: pg-test.sh start DIR | stop DIR | restart DIR | run -- COMMAND..." >&2
+    exit 64
+    ;;
+esac
