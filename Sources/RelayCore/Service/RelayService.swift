@@ -13,7 +13,7 @@ public final class RelayService: @unchecked Sendable {
     public let metrics = RelayMetrics()
     private let makeTransport: @Sendable (RelayConfig.App, RelayConfig) throws -> any PushTransport
 
-    public private(set) var store: SQLiteOutboxStore?
+    public private(set) var store: (any OutboxStore)?
     private var dispatcher: Dispatcher?
     private var ingestServer: HTTPServer?
     private var adminServer: HTTPServer?
@@ -37,8 +37,8 @@ public final class RelayService: @unchecked Sendable {
     /// credentials, starts the dispatcher and both listeners, then tells systemd READY=1.
     public func start() throws {
         let c = config
-        let store = try SQLiteOutboxStore(path: c.store.path, options: SQLiteStoreOptions(
-            synchronous: c.store.synchronous, busyTimeoutMillis: Int32(c.store.busyTimeoutMillis)))
+        // SQLite or PostgreSQL, as configured (docs/postgres.md).
+        let store = try OutboxStores.open(c.store, logger: logger)
         self.store = store
         var transports: [String: any PushTransport] = [:]
         for app in c.apps {
@@ -93,7 +93,7 @@ public final class RelayService: @unchecked Sendable {
         }
         let elapsedMs = Double(monotonicMicros() - startedAt) / 1000
         logger.info("relay-server ready", ["ingest": "\(c.listen.host):\(ingestPort)", "admin": c.adminEnabled ? "\(c.admin.host):\(adminPort)" : "disabled",
-                                           "db": c.store.path, "apps": c.apps.count, "startup_ms": elapsedMs])
+                                           "db": OutboxStores.describe(c.store), "apps": c.apps.count, "startup_ms": elapsedMs])
         SystemdNotifier.notify("READY=1\nSTATUS=accepting responses on \(c.listen.host):\(ingestPort)")
         if c.watchdog {
             watchdog = WatchdogPinger { [weak dispatcher, weak store] in
@@ -106,8 +106,7 @@ public final class RelayService: @unchecked Sendable {
         var out = HTTPGlue.prometheusHeader
         if let s = ingestServer { out += HTTPGlue.prometheus(s.metrics, listener: "ingest") }
         if let s = adminServer { out += HTTPGlue.prometheus(s.metrics, listener: "admin") }
-        if let store {
-            let w = store.writerStats
+        if let store, let w = OutboxStores.writerStats(store) {
             out += "# HELP relay_store_commits_total Group-commit transactions committed.\n# TYPE relay_store_commits_total counter\nrelay_store_commits_total \(w.batches)\n"
             out += "# HELP relay_store_jobs_total Jobs (ingests and dispatcher writes) committed.\n# TYPE relay_store_jobs_total counter\nrelay_store_jobs_total \(w.jobs)\n"
         }
