@@ -30,6 +30,8 @@ struct CurlOutcome: Sendable {
     var status: Int
     /// Body bytes libcurl handed to the connection: 0 means APNs cannot have acted on it.
     var bytesUploaded: Int64
+    /// Connections libcurl opened for this transfer (CURLINFO_NUM_CONNECTS).
+    var newConnections: Int
 }
 
 final class CurlTransfer {
@@ -128,6 +130,8 @@ final class CurlTransfer {
         _ = ccurl_easy_getinfo_long(easy, CURLINFO_RESPONSE_CODE, &status)
         var uploaded: curl_off_t = 0
         _ = ccurl_easy_getinfo_off_t(easy, CURLINFO_SIZE_UPLOAD_T, &uploaded)
+        var connects = 0
+        _ = ccurl_easy_getinfo_long(easy, CURLINFO_NUM_CONNECTS, &connects)
         var message = ""
         if code != CURLE_OK {
             let detail = String(cString: errorBuffer)
@@ -137,7 +141,7 @@ final class CurlTransfer {
                                    CURLE_GOT_NOTHING, CURLE_PARTIAL_FILE]
         return CurlOutcome(ok: code == CURLE_OK, timedOut: code == CURLE_OPERATION_TIMEDOUT,
                            connectionLost: lost.contains(code), message: message,
-                           status: status, bytesUploaded: Int64(uploaded))
+                           status: status, bytesUploaded: Int64(uploaded), newConnections: connects)
     }
 
     private func set(_ option: CURLoption, _ value: Int) throws { try check(ccurl_easy_setopt_long(easy, option, value)) }

@@ -161,6 +161,9 @@ final class TokenProvider: Sendable {
     func expired(generation: Int, now: Date) { state.withLock { $0.policy.expired(generation: generation, now: now) } }
     func requestRefresh(now: Date) { state.withLock { _ = $0.policy.requestRefresh(now: now) } }
     func connectionReset(slot: Int) { state.withLock { $0.policy.connectionReset(connection: slot) } }
+    func connectionOpened(slot: Int, generation: Int, now: Date) {
+        state.withLock { $0.policy.connectionOpened(connection: slot, generation: generation, now: now) }
+    }
 }
 
 /// Travels inside a CurlTransfer so the completion finds its push (slot-thread only).
@@ -316,6 +319,12 @@ final class ConnectionSlot: @unchecked Sendable {
         ]
         if let e = p.request.expiration { headers.append("apns-expiration: \(e)") }
         if let pr = p.request.priority { headers.append("apns-priority: \(pr)") }
+        // Reconnect first, so the token policy sees the new connection's first use.
+        if reconnectNext {
+            reconnectNext = false
+            shared.tokens?.connectionReset(slot: index)
+            replaceConnection()
+        }
         var generation: Int? = nil
         if let tokens = shared.tokens {
             do {
@@ -326,11 +335,6 @@ final class ConnectionSlot: @unchecked Sendable {
             } catch {
                 return complete(p, .transportFailure("cannot sign provider token: \(error)"))
             }
-        }
-        if reconnectNext {
-            reconnectNext = false
-            shared.tokens?.connectionReset(slot: index)
-            replaceConnection()
         }
         var options = shared.options
         options.requestTimeoutMS = remainingMS
@@ -367,6 +371,11 @@ final class ConnectionSlot: @unchecked Sendable {
     private func finish(_ t: CurlTransfer, _ o: CurlOutcome) {
         guard let ctx = t.context as? TransferContext else { return }
         let p = ctx.push
+        // libcurl reconnected on its own (after GOAWAY or a dead connection): the token this
+        // transfer carried was first used on the new connection no earlier than now.
+        if o.newConnections > 0, let gen = ctx.tokenGeneration, let tokens = shared.tokens {
+            tokens.connectionOpened(slot: index, generation: gen, now: shared.clock.now())
+        }
         if o.ok {
             let result = Self.result(status: o.status, headers: t.responseHeaders, body: t.responseBody, sentID: p.request.apnsIDString)
             if case .rejected(_, let reason, _) = result, let gen = ctx.tokenGeneration, let tokens = shared.tokens {

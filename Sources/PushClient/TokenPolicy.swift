@@ -96,6 +96,15 @@ public struct TokenPolicy: Sendable, Equatable {
         freshNeeded.remove(connection)
     }
 
+    /// libcurl opened a new connection for the slot by itself; a request carrying `generation`
+    /// went out on it by `now`. Restart the slot's clock for that token (later is the safe
+    /// side: it can only turn an in-place swap into a fresh connection).
+    public mutating func connectionOpened(connection: Int, generation: Int, now: Date) {
+        guard var slot = slots[connection], slot.generation == generation, slot.firstUse < now else { return }
+        slot.firstUse = now
+        slots[connection] = slot
+    }
+
     /// When the slot started using its current token (nil if it has none yet).
     public func firstUse(connection: Int) -> Date? { slots[connection]?.firstUse }
 

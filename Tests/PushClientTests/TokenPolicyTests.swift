@@ -91,6 +91,19 @@ import Testing
         #expect(u.token.generation == 2 && !u.freshConnection)
     }
 
+    @Test func connectionOpenedByLibcurlRestartsTheSlotsClock() {
+        var p = TokenPolicy()
+        _ = p.tokenForRequest(connection: 0, now: at(0))
+        p.connectionOpened(connection: 0, generation: 1, now: at(35))   // silent reconnect at 35
+        #expect(p.firstUse(connection: 0) == at(35))
+        p.connectionOpened(connection: 0, generation: 1, now: at(30))   // never moves backwards
+        #expect(p.firstUse(connection: 0) == at(35))
+        p.connectionOpened(connection: 0, generation: 7, now: at(40))   // other generation: ignored
+        #expect(p.firstUse(connection: 0) == at(35))
+        let u = p.tokenForRequest(connection: 0, now: at(50))
+        #expect(u.mint && u.freshConnection)   // 15 min on the new connection: do not swap in place
+    }
+
     @Test func clockJumpingBackwardsMints() {
         var p = TokenPolicy()
         _ = p.tokenForRequest(connection: 0, now: at(10))
