@@ -87,7 +87,8 @@ public final class DeliveryRecorder: Sendable {
     private let state = Mutex(State())
     private let file: FileHandle?
     private let queue = DispatchQueue(label: "mock-apns.deliveries-log")
-    /// Oldest entries are dropped from memory beyond this (the file keeps everything).
+    /// Memory keeps at least the newest `memoryLimit` deliveries (at most 25% more); older ones
+    /// are dropped from memory (the log file keeps everything).
     public let memoryLimit: Int
 
     public init(logPath: String?, memoryLimit: Int = 100_000) throws {
@@ -113,7 +114,9 @@ public final class DeliveryRecorder: Sendable {
     public func record(_ delivery: MockDelivery) {
         state.withLock { s in
             s.deliveries.append(delivery)
-            if s.deliveries.count > memoryLimit {
+            // Trim in chunks of a quarter of the limit: removing one element per push would
+            // shift the whole array every time (O(n) per request; it collapsed throughput).
+            if s.deliveries.count > memoryLimit + max(1, memoryLimit / 4) {
                 let excess = s.deliveries.count - memoryLimit
                 s.deliveries.removeFirst(excess)
                 s.dropped += excess

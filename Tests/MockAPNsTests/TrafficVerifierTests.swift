@@ -97,3 +97,38 @@ extension AccessoryFields {
         Array(#"{"aps":{"encryptedData":"\#(Data(encryptedData).base64EncodedString())","sessionIdentifier":"\#(sessionIdentifier.uuidString.lowercased())","keyID":"\#(Data(keyID).base64EncodedString())","messageIndex":"\#(messageIndex)"}}"#.utf8)
     }
 }
+
+@Suite struct DeliveryRecorderTests {
+    private func delivery(_ i: Int) -> MockDelivery {
+        MockDelivery(push: AcceptedPush(apnsID: "id-\(i)", deviceToken: "00", topic: "t", pushType: "alert", priority: nil,
+                                        expiration: nil, collapseID: nil, payload: Array(#"{"aps":{}}"#.utf8), accessory: nil, claims: nil),
+                     verification: .notApplicable, receivedAt: Date(timeIntervalSince1970: 0), connectionID: 1, streamID: 1)
+    }
+
+    @Test func memoryKeepsAtLeastTheNewestAndCountsDrops() throws {
+        let recorder = try DeliveryRecorder(logPath: nil, memoryLimit: 8)
+        for i in 0..<100 { recorder.record(delivery(i)) }
+        let kept = recorder.deliveries
+        #expect(kept.count >= 8 && kept.count <= 10)
+        #expect(kept.last?.apnsID == "id-99")
+        #expect(kept.map(\.apnsID) == (100 - kept.count..<100).map { "id-\($0)" })
+        #expect(recorder.droppedFromMemory == 100 - kept.count)
+        recorder.reset()
+        #expect(recorder.deliveries.isEmpty && recorder.droppedFromMemory == 0)
+    }
+
+    @Test func logFileGetsOneJSONLinePerDelivery() throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("mockapns-log-\(UUID().uuidString).jsonl").path
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let recorder = try DeliveryRecorder(logPath: path, memoryLimit: 2)
+        for i in 0..<5 { recorder.record(delivery(i)) }
+        recorder.flush()
+        let lines = try String(contentsOfFile: path, encoding: .utf8).split(separator: "\n")
+        #expect(lines.count == 5)
+        let last = try JSONSerialization.jsonObject(with: Data(lines[4].utf8)) as? [String: Any]
+        #expect(last?["apnsId"] as? String == "id-4")
+        #expect(last?["verified"] is NSNull)
+        #expect(last?["receivedAt"] as? String == "1970-01-01T00:00:00.000Z")
+        #expect(throws: MockConfigurationError.self) { _ = try DeliveryRecorder(logPath: "/nonexistent-dir/x.jsonl") }
+    }
+}
