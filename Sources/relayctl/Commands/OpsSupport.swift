@@ -1,6 +1,6 @@
 // Shared plumbing of the operational commands (status, list, show, retry, purge, tokens,
-// credentials, backup, send-test, check-config): option scanning, errors with exit codes, the
-// database a command works on, and output (aligned tables, JSON, durations, truncated tokens).
+// credentials, backup, send-test, check-config): typed option helpers on top of Arguments.swift,
+// the database a command works on, and output (aligned tables, JSON, durations, truncated tokens).
 import Foundation
 import RelayCore
 
@@ -29,6 +29,7 @@ func emit(_ console: Console, _ text: String) {
 
 /// "90s", "15m", "2h", "7d", "1h30m", "500ms" -> milliseconds. Nil for anything else.
 func parseDurationMillis(_ text: String) -> Int64? {
+    // "ms" before "m" and "s": the first matching suffix wins.
     let units: [(String, Int64)] = [("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000), ("w", 604_800_000)]
     var rest = Substring(text)
     var total: Int64 = 0
@@ -37,7 +38,7 @@ func parseDurationMillis(_ text: String) -> Int64? {
         let digits = rest.prefix { $0.isASCII && $0.isNumber }
         guard !digits.isEmpty, let n = Int64(digits) else { return nil }
         rest = rest.dropFirst(digits.count)
-        guard let (suffix, factor) = units.first(where: { rest.hasPrefix($0.0) && !(($0.0 == "m") && rest.hasPrefix("ms")) }) else { return nil }
+        guard let (suffix, factor) = units.first(where: { rest.hasPrefix($0.0) }) else { return nil }
         rest = rest.dropFirst(suffix.count)
         let (product, overflow1) = n.multipliedReportingOverflow(by: factor)
         let (sum, overflow2) = total.addingReportingOverflow(product)
