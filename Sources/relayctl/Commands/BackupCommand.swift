@@ -22,10 +22,14 @@ enum BackupCommand {
     static func run(_ args: ParsedArguments, _ console: Console) throws {
         let target = args.argument
         guard !target.isEmpty else { throw UsageError("<path>: must not be empty") }
-        let source = try resolveDatabasePath(args)
+        let location = try resolveStore(args)
+        guard location.kind == "sqlite" else {
+            throw RuntimeFailure("backup copies a SQLite database; for store.kind \"\(location.kind)\" use the database's own tools (pg_dump, docs/postgres.md)")
+        }
+        let source = location.path
         guard !FileManager.default.fileExists(atPath: target) else { throw RuntimeFailure("\(target) exists; refusing to overwrite") }
         // Same existence, permission and schema checks as every other command.
-        try openStore(path: source, readOnly: true).close()
+        try openStore(location, readOnly: true).close()
 
         let previous = umask(0o077)
         defer { umask(previous) }
@@ -36,7 +40,9 @@ enum BackupCommand {
             throw RuntimeFailure("backup of \(source) to \(target) failed: \(error)")
         }
         // Prove the copy opens and count what it holds.
-        let copy = try openStore(path: target, readOnly: true)
+        var copied = location
+        copied.path = target
+        let copy = try openStore(copied, readOnly: true)
         let responses = try storeCall("reading the backup") { Int64(try copy.counts().byState.values.reduce(0, +)) }
         copy.close()
         let out = Output(source: source, backup: target, bytes: StatusCommand.fileSize(target), responses: responses)

@@ -15,8 +15,9 @@ extension RelayCtl {
               Parses the config with relay-server's loader (unknown keys, invalid values, environment
               overrides), then checks every file it names: readable; .p8 keys are EC P-256 PKCS#8;
               certificates parse, are already valid and do not expire within --expiry-days; private
-              keys match their certificates; the database directory exists (and an existing database
-              has a schema this build knows); the listen and admin ports are free. Exit 0 when every
+              keys match their certificates; the SQLite directory exists (an existing database, or a
+              PostgreSQL store, is opened read-only and must have a schema this build knows); the
+              listen and admin ports are free. Exit 0 when every
               check passes (warnings allowed), 1 otherwise.
               """,
               arguments: [ArgumentSpec(name: "file", help: "The config to check (default: \(defaultConfigPath)).", required: false)],
@@ -75,27 +76,39 @@ enum CheckConfigCommand {
         let threshold = Date().addingTimeInterval(Double(expiryDays) * 86_400)
 
         // Database.
-        let db = config.store.path
-        let dir = (db as NSString).deletingLastPathComponent.isEmpty ? "." : (db as NSString).deletingLastPathComponent
-        if FileManager.default.fileExists(atPath: db) {
+        if config.store.kind != "sqlite" {
+            let where_ = OutboxStores.describe(config.store)
             do {
-                let store = try SQLiteOutboxStore(path: db, options: SQLiteStoreOptions(readOnly: true))
+                let store = try OutboxStores.open(config.store, readOnly: true)
                 let pending = try store.counts().pending
                 store.close()
-                checks.ok("store.path", "\(db): schema v\(SQLiteOutboxStore.schemaVersion), \(pending) pending")
+                checks.ok("store", "\(config.store.kind) \(where_): reachable, schema current, \(pending) pending")
             } catch {
-                checks.fail("store.path", "\(db): \(error)")
+                checks.fail("store", "\(config.store.kind) \(where_): \(error)")
             }
         } else {
-            var isDir: ObjCBool = false
-            if FileManager.default.fileExists(atPath: dir, isDirectory: &isDir), isDir.boolValue {
-                checks.ok("store.path", "\(db) does not exist yet; relay-server creates it in \(dir)")
+            let db = config.store.path
+            let dir = (db as NSString).deletingLastPathComponent.isEmpty ? "." : (db as NSString).deletingLastPathComponent
+            if FileManager.default.fileExists(atPath: db) {
+                do {
+                    let store = try OutboxStores.open(config.store, readOnly: true)
+                    let pending = try store.counts().pending
+                    store.close()
+                    checks.ok("store.path", "\(db): schema v\(SQLiteOutboxStore.schemaVersion), \(pending) pending")
+                } catch {
+                    checks.fail("store.path", "\(db): \(error)")
+                }
             } else {
-                checks.fail("store.path", "directory \(dir) does not exist")
+                var isDir: ObjCBool = false
+                if FileManager.default.fileExists(atPath: dir, isDirectory: &isDir), isDir.boolValue {
+                    checks.ok("store.path", "\(db) does not exist yet; relay-server creates it in \(dir)")
+                } else {
+                    checks.fail("store.path", "directory \(dir) does not exist")
+                }
             }
-        }
-        if db.hasPrefix("/etc/") || db.hasPrefix("/usr/") {
-            checks.warn("store.path", "\(db) is read-only under the systemd unit (ProtectSystem=strict); use /var/lib/accessory-relay/")
+            if db.hasPrefix("/etc/") || db.hasPrefix("/usr/") {
+                checks.warn("store.path", "\(db) is read-only under the systemd unit (ProtectSystem=strict); use /var/lib/accessory-relay/")
+            }
         }
 
         // Listeners.

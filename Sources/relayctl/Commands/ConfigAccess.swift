@@ -1,5 +1,6 @@
-// Where the operational commands find the database: relay-server's own config loader, so both
-// agree on relative paths (resolved against the config's directory) and on RELAY_DB_PATH.
+// Where the operational commands find the store: relay-server's own config loader, so both
+// agree on the backend, relative paths (resolved against the config's directory) and the
+// RELAY_DB_PATH / RELAY_DB_URL overrides.
 import Foundation
 import RelayCore
 
@@ -9,8 +10,4 @@ func loadConfig(_ path: String) throws -> RelayConfig {
     } catch let error as ConfigError {
         throw RuntimeFailure("config \(path): \(error)")
     }
-}
-
-func databasePath(fromConfig path: String) throws -> String {
-    try loadConfig(path).store.path
 }

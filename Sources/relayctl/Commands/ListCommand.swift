@@ -89,7 +89,7 @@ enum ListCommand {
         }
         let now = nowMillis()
         if let since = try args.optionalDuration("since") { filter.createdSince = now - since }
-        let store = try openStore(path: try resolveDatabasePath(args), readOnly: true)
+        let store = try openStore(args, readOnly: true)
         defer { store.close() }
         let rows = try storeCall("listing responses") { try store.list(filter) }
 
@@ -109,7 +109,7 @@ enum ShowCommand {
 
     static func run(_ args: ParsedArguments, _ console: Console) throws {
         let id = args.argument
-        let store = try openStore(path: try resolveDatabasePath(args), readOnly: true)
+        let store = try openStore(args, readOnly: true)
         defer { store.close() }
         guard let row = try storeCall("reading response", { try store.response(id: id) }) else {
             throw RuntimeFailure("no response with id \(id)")

@@ -115,27 +115,40 @@ let databaseOptionSpecs: [OptionSpec] = [
     .value("db", "path", "The database file, overriding the config (e.g. a backup).", required: false),
 ]
 
-/// `--db` wins; otherwise the storage path from the config (`--config`, default as the server).
-func resolveDatabasePath(_ args: ParsedArguments) throws -> String {
-    if let db = args.optionalString("db") { return db }
-    return try databasePath(fromConfig: args.optionalString("config") ?? defaultConfigPath)
+/// The store a command works on: `--db` (a SQLite file, e.g. a backup) wins; otherwise the
+/// config's store (`--config`, default as the server): SQLite or PostgreSQL.
+func resolveStore(_ args: ParsedArguments) throws -> RelayConfig.Store {
+    if let db = args.optionalString("db") {
+        var config = RelayConfig()
+        config.store.path = db
+        return config.store
+    }
+    return try loadConfig(args.optionalString("config") ?? defaultConfigPath).store
 }
 
-/// Opens the outbox. Read-only commands use a read-only connection (safe beside a running
-/// relay-server, WAL). Writers never create a missing database: run as root that would leave a
-/// root-owned file the service user cannot open.
-func openStore(path: String, readOnly: Bool) throws -> SQLiteOutboxStore {
-    guard FileManager.default.fileExists(atPath: path) else {
-        throw RuntimeFailure("database \(path) does not exist (start relay-server once to create it, or pass --db)")
-    }
-    guard FileManager.default.isReadableFile(atPath: path) else {
-        throw RuntimeFailure("database \(path) is not readable by this user (run as root or as the service user: sudo -u accessory-relay relayctl ...)")
+/// Opens the outbox through RelayCore's factory. Read-only commands use a read-only connection
+/// (SQLite: WAL reader beside a running relay-server; PostgreSQL: no writes, no migrations).
+/// A missing SQLite file is an error, never created: run as root that would leave a root-owned
+/// file the service user cannot open.
+func openStore(_ location: RelayConfig.Store, readOnly: Bool) throws -> any OutboxStore {
+    if location.kind == "sqlite" {
+        let path = location.path
+        guard FileManager.default.fileExists(atPath: path) else {
+            throw RuntimeFailure("database \(path) does not exist (start relay-server once to create it, or pass --db)")
+        }
+        guard FileManager.default.isReadableFile(atPath: path) else {
+            throw RuntimeFailure("database \(path) is not readable by this user (run as root or as the service user: sudo -u accessory-relay relayctl ...)")
+        }
     }
     do {
-        return try SQLiteOutboxStore(path: path, options: SQLiteStoreOptions(readOnly: readOnly))
+        return try OutboxStores.open(location, readOnly: readOnly)
     } catch {
-        throw RuntimeFailure("cannot open database \(path): \(error)")
+        throw RuntimeFailure("cannot open \(OutboxStores.describe(location)): \(error)")
     }
+}
+
+func openStore(_ args: ParsedArguments, readOnly: Bool) throws -> any OutboxStore {
+    try openStore(try resolveStore(args), readOnly: readOnly)
 }
 
 /// Runs a store call, turning store errors into runtime failures with context.

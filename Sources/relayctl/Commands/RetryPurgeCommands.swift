@@ -52,7 +52,7 @@ enum RetryCommand {
             guard !ids.isEmpty else { throw UsageError("expected response ids or --failed") }
             guard args.optionalString("reason") == nil else { throw UsageError("--reason only goes with --failed") }
         }
-        let store = try openStore(path: try resolveDatabasePath(args), readOnly: false)
+        let store = try openStore(args, readOnly: false)
         defer { store.close() }
 
         var output = Output(requeued: 0, skipped: [])
@@ -99,7 +99,7 @@ enum PurgeCommand {
         guard !states.isEmpty else { throw UsageError("say which rows: --delivered and/or --failed") }
         guard let olderThan = try args.optionalDuration("older-than") else { throw UsageError("missing required option '--older-than <duration>'") }
         let dryRun = args.flag("dry-run")
-        let store = try openStore(path: try resolveDatabasePath(args), readOnly: dryRun)
+        let store = try openStore(args, readOnly: dryRun)
         defer { store.close() }
         let cutoff = nowMillis() - olderThan
         var output = Output(dryRun: dryRun, olderThanSeconds: olderThan / 1000, deleted: [:])

@@ -16,7 +16,7 @@ extension RelayCtl {
 
 enum StatusCommand {
     struct Report: Encodable {
-        struct Database: Encodable { var path: String; var bytes: Int64; var walBytes: Int64 }
+        struct Database: Encodable { var kind: String; var path: String; var bytes: Int64?; var walBytes: Int64? }
         struct LastHour: Encodable { var delivered: Int; var failed: Int; var failedByReason: [String: Int] }
         var database: Database
         var outbox: [String: Int]
@@ -29,8 +29,9 @@ enum StatusCommand {
     }
 
     static func run(_ args: ParsedArguments, _ console: Console) throws {
-        let path = try resolveDatabasePath(args)
-        let store = try openStore(path: path, readOnly: true)
+        let location = try resolveStore(args)
+        let store = try openStore(location, readOnly: true)
+        let path = OutboxStores.describe(location)  // a PostgreSQL URL without its password
         defer { store.close() }
         let now = nowMillis()
         let counts = try storeCall("reading outbox counts") { try store.counts() }
@@ -44,7 +45,9 @@ enum StatusCommand {
             if o.state == .delivered { delivered += o.count } else { failedByReason[o.reason ?? "unknown", default: 0] += o.count }
         }
         let report = Report(
-            database: .init(path: path, bytes: fileSize(path), walBytes: fileSize(path + "-wal")),
+            database: location.kind == "sqlite"
+                ? .init(kind: "sqlite", path: path, bytes: fileSize(path), walBytes: fileSize(path + "-wal"))
+                : .init(kind: location.kind, path: path, bytes: nil, walBytes: nil),
             outbox: Dictionary(uniqueKeysWithValues: ResponseState.allCases.map { ($0.rawValue, counts.byState[$0] ?? 0) }),
             pending: counts.pending,
             oldestPendingAgeSeconds: counts.oldestPendingCreatedAt.map { max(0, now - $0) / 1000 },
@@ -55,7 +58,11 @@ enum StatusCommand {
 
         if args.flag("json") { return emit(console, try renderJSON(report)) }
         var rows: [(String, String)] = []
-        rows.append(("database", "\(path) (\(humanBytes(report.database.bytes)), wal \(humanBytes(report.database.walBytes)))"))
+        if let bytes = report.database.bytes, let wal = report.database.walBytes {
+            rows.append(("database", "\(path) (\(humanBytes(bytes)), wal \(humanBytes(wal)))"))
+        } else {
+            rows.append(("database", "\(report.database.kind) \(path)"))
+        }
         rows.append(("outbox", ResponseState.allCases.map { "\($0.rawValue) \(report.outbox[$0.rawValue] ?? 0)" }.joined(separator: "  ")))
         rows.append(("oldest pending", report.oldestPendingAgeSeconds.map { formatDuration(millis: $0 * 1000) } ?? "none"))
         let failures = failedByReason.sorted { $0.value != $1.value ? $0.value > $1.value : $0.key < $1.key }

@@ -48,7 +48,7 @@ enum TokensCommand {
     }
 
     static func list(_ args: ParsedArguments, _ console: Console) throws {
-        let store = try openStore(path: try resolveDatabasePath(args), readOnly: true)
+        let store = try openStore(args, readOnly: true)
         defer { store.close() }
         let tokens = try storeCall("reading unregistered tokens") { try store.unregisteredTokens() }
         if args.flag("json") { return emit(console, try renderJSON(tokens.map(TokenJSON.init))) }
@@ -60,7 +60,7 @@ enum TokensCommand {
 
     static func show(_ args: ParsedArguments, _ console: Console) throws {
         let prefix = try hexArgument(args)
-        let store = try openStore(path: try resolveDatabasePath(args), readOnly: true)
+        let store = try openStore(args, readOnly: true)
         defer { store.close() }
         let matches = try storeCall("reading unregistered tokens") { try store.unregisteredTokens() }.filter { $0.token.hasPrefix(prefix) }
         guard !matches.isEmpty else { throw RuntimeFailure("no unregistered token starts with \(prefix)") }
@@ -72,7 +72,7 @@ enum TokensCommand {
 
     static func forget(_ args: ParsedArguments, _ console: Console) throws {
         let token = try hexArgument(args)
-        let store = try openStore(path: try resolveDatabasePath(args), readOnly: false)
+        let store = try openStore(args, readOnly: false)
         defer { store.close() }
         let removed = try storeCall("forgetting token") { try store.forgetToken(token) }
         guard removed else { throw RuntimeFailure("\(truncatedToken(token)) is not in the unregistered list") }
@@ -105,7 +105,7 @@ enum CredentialsCommand {
         guard apps.allSatisfy({ !$0.isEmpty && !$0.contains(" ") }) else {
             throw UsageError("--apps: expected comma-separated bundle IDs, got '\(appsRaw)'")
         }
-        let store = try openStore(path: try resolveDatabasePath(args), readOnly: false)
+        let store = try openStore(args, readOnly: false)
         defer { store.close() }
         let created = try storeCall("creating credential") { try store.createCredential(name: name, apps: apps) }
         if args.flag("json") {
@@ -119,7 +119,7 @@ enum CredentialsCommand {
     }
 
     static func list(_ args: ParsedArguments, _ console: Console) throws {
-        let store = try openStore(path: try resolveDatabasePath(args), readOnly: true)
+        let store = try openStore(args, readOnly: true)
         defer { store.close() }
         let records = try storeCall("reading credentials") { try store.credentials() }
         if args.flag("json") { return emit(console, try renderJSON(records.map(CredentialJSON.init))) }
@@ -131,7 +131,7 @@ enum CredentialsCommand {
 
     static func revoke(_ args: ParsedArguments, _ console: Console) throws {
         let id = args.argument
-        let store = try openStore(path: try resolveDatabasePath(args), readOnly: false)
+        let store = try openStore(args, readOnly: false)
         defer { store.close() }
         guard try storeCall("revoking credential", { try store.revokeCredential(id: id) }) else {
             throw RuntimeFailure("no active credential \(id)")
