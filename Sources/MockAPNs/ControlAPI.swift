@@ -1,5 +1,6 @@
 // The control port (HTTP/1.1, cleartext, loopback only): what tests read and steer.
-//   GET    /deliveries   JSON array of accepted pushes, oldest first (?deviceToken=HEX filters)
+//   GET    /deliveries   JSON array of accepted pushes, oldest first
+//                         (?deviceToken=HEX filters; ?limit=N keeps the newest N)
 //   GET    /stats        counters by status/reason, connections, streams
 //   POST   /reset        clear deliveries, counters and receiving ratchets (faults stay)
 //   GET    /faults       the current fault plan {"rules":[...]}
@@ -22,6 +23,10 @@ struct ControlAPI: Sendable {
             var deliveries = core.recorder.deliveries
             if let token = query(request.target, "deviceToken")?.lowercased() {
                 deliveries = deliveries.filter { $0.deviceToken == token }
+            }
+            if let text = query(request.target, "limit") {
+                guard let limit = Int(text), limit >= 0 else { return json(400, ["error": "limit must be a non-negative integer"]) }
+                deliveries = Array(deliveries.suffix(limit))
             }
             return json(200, deliveries.map { $0.jsonObject() })
         case ("GET", "/stats"):

@@ -203,6 +203,10 @@ import Testing
         #expect(try mock.curl(headers: mock.accessoryHeaders(), body: Fixture.accessoryBody()).status == 200)
         #expect((try mock.controlRequest("GET", "/deliveries").json as? [Any])?.count == 1)
         #expect((try mock.controlRequest("GET", "/deliveries?deviceToken=ffff").json as? [Any])?.count == 0)
+        #expect(try mock.curl(path: "/3/device/beef", headers: mock.accessoryHeaders(), body: Fixture.accessoryBody()).status == 200)
+        let newest = try mock.controlRequest("GET", "/deliveries?limit=1").json as? [[String: Any]]
+        #expect(newest?.count == 1 && newest?.first?["deviceToken"] as? String == "beef")
+        #expect(try mock.controlRequest("GET", "/deliveries?limit=-1").status == 400)
         // Fault JSON errors name the field.
         let bad = try mock.controlRequest("POST", "/faults", body: #"{"rules":[{"status":410},{"stauts":500}]}"#)
         #expect(bad.status == 400)
