@@ -20,20 +20,23 @@ func runTool(_ path: String, _ arguments: [String], timeout: TimeInterval = 20) 
     let finished = DispatchSemaphore(value: 0)
     process.terminationHandler = { _ in finished.signal() }
     try process.run()
-    // Drain both pipes concurrently so a chatty tool cannot block on a full pipe.
-    let errData = LockedBox(Data())
-    let errDone = DispatchSemaphore(value: 0)
-    DispatchQueue.global().async {
-        errData.set(err.fileHandleForReading.readDataToEndOfFile())
-        errDone.signal()
+    // Drain both pipes on their own threads (a chatty tool must not block on a full pipe, and a
+    // hung one must not block the test past `timeout`).
+    let outData = LockedBox(Data()), errData = LockedBox(Data())
+    let drained = DispatchGroup()
+    for (pipe, box) in [(out, outData), (err, errData)] {
+        drained.enter()
+        DispatchQueue.global().async {
+            box.set(pipe.fileHandleForReading.readDataToEndOfFile())
+            drained.leave()
+        }
     }
-    let outData = out.fileHandleForReading.readDataToEndOfFile()
     if finished.wait(timeout: .now() + timeout) == .timedOut {
         process.terminate()
         finished.wait()
     }
-    errDone.wait()
-    return ToolResult(status: process.terminationStatus, stdout: String(decoding: outData, as: UTF8.self),
+    drained.wait()
+    return ToolResult(status: process.terminationStatus, stdout: String(decoding: outData.get(), as: UTF8.self),
                       stderr: String(decoding: errData.get(), as: UTF8.self))
 }
 
