@@ -46,8 +46,14 @@ fi
 if [ ! -s "$RUN/demo-key-id" ]; then
   openssl rand -base64 4 > "$RUN/demo-key-id"
 fi
+# A second one for the printed curl command, so its message index 0 never collides with the
+# ratchet state relayctl send-test keeps for the demo key.
+[ -s "$RUN/demo-curl-root-key" ] || openssl rand -hex 32 > "$RUN/demo-curl-root-key"
+[ -s "$RUN/demo-curl-key-id" ] || openssl rand -base64 4 > "$RUN/demo-curl-key-id"
 ROOT_KEY=$(cat "$RUN/demo-root-key")
 KEY_ID=$(cat "$RUN/demo-key-id")
+CURL_ROOT_KEY=$(cat "$RUN/demo-curl-root-key")
+CURL_KEY_ID=$(cat "$RUN/demo-curl-key-id")
 
 cat > "$RUN/relay.json" <<EOF
 {
@@ -97,7 +103,7 @@ rm -f "$RUN/ca.pem"
 "$BIN/mock-apns" --listen "127.0.0.1:$APNS_PORT" --control "127.0.0.1:$CONTROL_PORT" \
   --generate-tls --ca-out "$RUN/ca.pem" \
   --token-key "$APNS_KEY_ID:$TEAM_ID:$RUN/demo-apns-key.p8" --bundle-id "$BUNDLE" \
-  --root-secret "$KEY_ID:$ROOT_KEY" --deliveries-log "$RUN/deliveries.jsonl" 2> >(sed 's/^/[mock-apns] /' >&2) &
+  --root-secret "$KEY_ID:$ROOT_KEY" --root-secret "$CURL_KEY_ID:$CURL_ROOT_KEY" --deliveries-log "$RUN/deliveries.jsonl" 2> >(sed 's/^/[mock-apns] /' >&2) &
 MOCK_PID=$!
 wait_http "http://127.0.0.1:$CONTROL_PORT/stats" mock-apns "$MOCK_PID"
 
@@ -116,7 +122,7 @@ if [ -s "$RUN/demo-credential" ]; then
 fi
 if [ -z "$CRED" ]; then
   if "$BIN/relayctl" credentials create --help >/dev/null 2>&1; then
-    CRED=$("$BIN/relayctl" --config "$RUN/relay.json" credentials create --name demo --apps "$BUNDLE" --json \
+    CRED=$("$BIN/relayctl" credentials create --config "$RUN/relay.json" --name demo --apps "$BUNDLE" --json \
       | sed -n 's/.*"secret" *: *"\([^"]*\)".*/\1/p')
   fi
   if [ -z "$CRED" ]; then
@@ -134,22 +140,38 @@ fi
 
 TOKEN=$(openssl rand -hex 32)
 SESSION=$(cat /proc/sys/kernel/random/uuid | tr a-z A-Z)
-DATA=$(openssl rand -base64 48 | tr -d '\n')
+# A real response sealed with the curl demo root secret at message index 0 (chain key 0 = root
+# secret), so mock-apns can decrypt and verify it. Run the curl twice: the second answer is 200
+# with the same id (dedupe).
+INDEX=0
+DATA=""
+if MK=$("$BIN/relayctl" ratchet step --chain-key "$CURL_ROOT_KEY" --index 0 --json 2>/dev/null | sed -n 's/.*"messageKey":"\([0-9a-f]*\)".*/\1/p') && [ -n "$MK" ]; then
+  BODY=$("$BIN/relayctl" ratchet body encode --notification-id demo-1 --source-id "$BUNDLE" --action-id accept \
+    --user-text "Hello from make run" --json 2>/dev/null | sed -n 's/.*"body":"\([0-9a-f]*\)".*/\1/p')
+  [ -n "$BODY" ] && DATA=$("$BIN/relayctl" ratchet seal --key "$MK" --plaintext "$BODY" --json 2>/dev/null | sed -n 's/.*"sealed":"\([^"]*\)".*/\1/p')
+fi
+NOTE="(sealed at message index 0 with .run/demo-curl-root-key: mock-apns decrypts and verifies it; run it twice for a 200 duplicate)"
+if [ -z "$DATA" ]; then
+  DATA=$(openssl rand -base64 48 | tr -d '\n')
+  INDEX='$RANDOM'
+  NOTE="(random ciphertext: mock-apns accepts the push and records it as not decryptable)"
+fi
 cat <<EOF
 
 relay-server is accepting responses. Try it:
 
   curl -sS -i http://127.0.0.1:$RELAY_PORT/v1/responses \\
     -H "Authorization: Bearer \$(cat $RUN/demo-credential)" -H 'Content-Type: application/json' \\
-    -d '{"pushToken":"$TOKEN","sessionIdentifier":"$SESSION","keyID":"$KEY_ID","messageIndex":'\$RANDOM',"encryptedData":"$DATA"}'
+    -d '{"pushToken":"$TOKEN","sessionIdentifier":"$SESSION","keyID":"$CURL_KEY_ID","messageIndex":$INDEX,"encryptedData":"$DATA"}'
 
-  (random ciphertext: mock-apns accepts the push and records it as not decryptable)
+  $NOTE
   then:  curl -sS http://127.0.0.1:$RELAY_PORT/v1/responses/<id> -H "Authorization: Bearer \$(cat $RUN/demo-credential)"
          curl -sS http://127.0.0.1:$CONTROL_PORT/deliveries
 
 An accessory's real, ratchet-encrypted response, verified by mock-apns:
 
-  $BIN/relayctl send-test --url http://127.0.0.1:$RELAY_PORT --credential \$(cat $RUN/demo-credential) --root-key \$(cat $RUN/demo-root-key) --key-id \$(cat $RUN/demo-key-id) --count 3
+  $BIN/relayctl send-test --url http://127.0.0.1:$RELAY_PORT --credential @$RUN/demo-credential \\
+    --root-key \$(cat $RUN/demo-root-key) --key-id \$(cat $RUN/demo-key-id) --state-file $RUN/send-test-state.json --count 3 --wait 10s
 
 Metrics: curl -sS http://127.0.0.1:$ADMIN_PORT/metrics     Ctrl-C stops both.
 
