@@ -103,12 +103,12 @@ rm -f "$RUN/ca.pem"
 "$BIN/mock-apns" --listen "127.0.0.1:$APNS_PORT" --control "127.0.0.1:$CONTROL_PORT" \
   --generate-tls --ca-out "$RUN/ca.pem" \
   --token-key "$APNS_KEY_ID:$TEAM_ID:$RUN/demo-apns-key.p8" --bundle-id "$BUNDLE" \
-  --root-secret "$KEY_ID:$ROOT_KEY" --root-secret "$CURL_KEY_ID:$CURL_ROOT_KEY" --deliveries-log "$RUN/deliveries.jsonl" 2> >(sed 's/^/[mock-apns] /' >&2) &
+  --root-secret "$KEY_ID:$ROOT_KEY" --root-secret "$CURL_KEY_ID:$CURL_ROOT_KEY" --deliveries-log "$RUN/deliveries.jsonl" 2> >(sed -u 's/^/[mock-apns] /' >&2) &
 MOCK_PID=$!
 wait_http "http://127.0.0.1:$CONTROL_PORT/stats" mock-apns "$MOCK_PID"
 
 echo "==> starting relay-server on 127.0.0.1:$RELAY_PORT (admin 127.0.0.1:$ADMIN_PORT)"
-"$BIN/relay-server" --config "$RUN/relay.json" 2> >(sed 's/^/[relay] /' >&2) &
+"$BIN/relay-server" --config "$RUN/relay.json" 2> >(sed -u 's/^/[relay] /' >&2) &
 RELAY_PID=$!
 wait_http "http://127.0.0.1:$ADMIN_PORT/readyz" relay-server "$RELAY_PID"
 
