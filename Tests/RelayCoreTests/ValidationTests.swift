@@ -150,3 +150,26 @@ func invalidBodiesAreRefusedNamingTheField(_ c: Case) {
     #expect(Base64.decode("AQIDBA=") == nil)
     #expect(Base64.decode("AQID BA=") == nil)
 }
+
+@Test func uuidTextRoundTripsAndRejectsMalformed() throws {
+    let u = UUID()
+    let bytes = try #require(UUIDText.parse(u.uuidString))
+    #expect(UUIDText.format(bytes, uppercase: true) == u.uuidString)
+    #expect(UUIDText.format(bytes) == u.uuidString.lowercased())
+    #expect(UUIDText.parse(u.uuidString.lowercased()) == bytes)
+    #expect(UUIDText.uuid(u.uuidString) == u)
+    for bad in ["", "6F9619FF8B86D011B42D00C04FC964FF", "6F9619FF-8B86-D011-B42D-00C04FC964F", "6F9619FF-8B86-D011-B42D-00C04FC964FFF",
+                "6F9619FF-8B86-D011-B42D_00C04FC964FF", "6F9619FG-8B86-D011-B42D-00C04FC964FF", "6F9619F-F8B86-D011-B42D-00C04FC964FF"] {
+        #expect(UUIDText.parse(bad) == nil, "\(bad)")
+    }
+    let v4 = RelayCrypto.uuidV4()
+    let b = try #require(UUIDText.parse(v4))
+    #expect(v4 == v4.lowercased() && b[6] >> 4 == 4 && b[8] >> 6 == 2)
+}
+
+@Test func asciiHelpers() {
+    #expect(ASCII.trim(" \tapplication/json \t"[...]) == "application/json")
+    #expect(ASCII.trim("   "[...]) == "")
+    #expect(ASCII.lowercased("AbC-é") == "abc-é")
+    #expect(ASCII.uppercased("abc-1") == "ABC-1")
+}

@@ -113,8 +113,8 @@ public final class IngestService: Sendable {
     static func bearer(_ headers: [String: String]) -> String? {
         guard let h = headers["authorization"] else { return nil }
         let parts = h.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
-        guard parts.count == 2, parts[0].lowercased() == "bearer" else { return nil }
-        let secret = parts[1].trimmingCharacters(in: .whitespaces)
+        guard parts.count == 2, ASCII.lowercased(parts[0]) == "bearer" else { return nil }
+        let secret = String(ASCII.trim(parts[1]))
         guard secret.hasPrefix(Credentials.prefix), secret.utf8.count <= 128,
               secret.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D || $0 == 0x5F })
         else { return nil }
@@ -182,7 +182,7 @@ public final class IngestService: Sendable {
             return finish(.error(Self.unauthorized, headers: [("www-authenticate", "Bearer")]), "no bearer")
         }
         let notFound = ClientError(status: 404, code: "not_found", field: "id", message: "no response with this id for this credential")
-        guard UUID(uuidString: id) != nil else { return finish(.error(notFound), nil) }
+        guard UUIDText.parse(id) != nil else { return finish(.error(notFound), nil) }
         workers.submit { [store, logger] in
             do {
                 guard let cred = try store.authenticate(secret: secret) else {

@@ -69,13 +69,10 @@ public enum IngestValidation {
     }
 
     public static func checkContentType(_ value: String?) -> ClientError? {
-        guard let value else {
-            return ClientError(status: 415, code: "unsupported_media_type", field: "content-type", message: "Content-Type must be application/json")
-        }
-        let parts = value.split(separator: ";", omittingEmptySubsequences: false).map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
-        guard parts.first == "application/json" else {
-            return ClientError(status: 415, code: "unsupported_media_type", field: "content-type", message: "Content-Type must be application/json")
-        }
+        let wrong = ClientError(status: 415, code: "unsupported_media_type", field: "content-type", message: "Content-Type must be application/json")
+        guard let value else { return wrong }
+        let parts = value.split(separator: ";", omittingEmptySubsequences: false).map { ASCII.lowercased(ASCII.trim($0)) }
+        guard parts.first == "application/json" else { return wrong }
         for p in parts.dropFirst() where p != "charset=utf-8" && p != "charset=\"utf-8\"" {
             return ClientError(status: 415, code: "unsupported_media_type", field: "content-type", message: "only charset=utf-8 is accepted")
         }
@@ -114,17 +111,17 @@ public enum IngestValidation {
             guard !u.isEmpty, u.count % 2 == 0, u.count <= limits.maxPushTokenHexDigits, u.allSatisfy(isHexDigit) else {
                 return .failure(bad("invalid_push_token", "pushToken", "pushToken must be a non-empty even-length hex string of at most \(limits.maxPushTokenHexDigits) digits"))
             }
-            token = s.lowercased()
+            token = ASCII.lowercased(s)
         }
 
         let session: String
         switch required("sessionIdentifier") {
         case .failure(let e): return .failure(e)
         case .success(let s):
-            guard s.utf8.count == 36, let uuid = UUID(uuidString: s) else {
+            guard s.utf8.count == 36, let bytes = UUIDText.parse(s) else {
                 return .failure(bad("invalid_session_identifier", "sessionIdentifier", "sessionIdentifier must be a UUID"))
             }
-            session = uuid.uuidString
+            session = UUIDText.format(bytes, uppercase: true)
         }
 
         let keyID: [UInt8]

@@ -41,8 +41,7 @@ public enum RelayCrypto {
         var b = randomBytes(16)
         b[6] = (b[6] & 0x0f) | 0x40
         b[8] = (b[8] & 0x3f) | 0x80
-        let u = UUID(uuid: (b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]))
-        return u.uuidString.lowercased()
+        return UUIDText.format(b)
     }
 }
 
@@ -64,5 +63,76 @@ extension Array where Element == UInt8 {
             out.append(digits[Int(b & 0x0f)])
         }
         return String(decoding: out, as: UTF8.self)
+    }
+}
+
+/// UUID text without Foundation's formatter and parser (which cost ~30k instructions each,
+/// via sscanf, on every ingest).
+public enum UUIDText {
+    private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
+
+    /// 8-4-4-4-12 lowercase text of 16 bytes.
+    public static func format(_ b: [UInt8], uppercase: Bool = false) -> String {
+        precondition(b.count == 16)
+        let digits: [UInt8] = uppercase ? Array("0123456789ABCDEF".utf8) : hexDigits
+        var out = [UInt8]()
+        out.reserveCapacity(36)
+        for i in 0..<16 {
+            if i == 4 || i == 6 || i == 8 || i == 10 { out.append(UInt8(ascii: "-")) }
+            out.append(digits[Int(b[i] >> 4)])
+            out.append(digits[Int(b[i] & 0x0f)])
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// The 16 bytes of an 8-4-4-4-12 hex UUID (either case), or nil.
+    public static func parse(_ s: String) -> [UInt8]? {
+        var out = [UInt8]()
+        out.reserveCapacity(16)
+        var high: UInt8?
+        var i = 0
+        for c in s.utf8 {
+            defer { i += 1 }
+            if i == 8 || i == 13 || i == 18 || i == 23 {
+                guard c == UInt8(ascii: "-") else { return nil }
+                continue
+            }
+            let v: UInt8
+            switch c {
+            case 0x30...0x39: v = c - 0x30
+            case 0x41...0x46: v = c - 0x41 + 10
+            case 0x61...0x66: v = c - 0x61 + 10
+            default: return nil
+            }
+            if let h = high {
+                out.append(h << 4 | v)
+                high = nil
+            } else { high = v }
+        }
+        guard i == 36, out.count == 16 else { return nil }
+        return out
+    }
+
+    public static func uuid(_ s: String) -> UUID? {
+        guard let b = parse(s) else { return nil }
+        return UUID(uuid: (b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]))
+    }
+}
+
+/// ASCII-only helpers for header values (Foundation's trimmingCharacters bridges to NSString).
+enum ASCII {
+    static func trim(_ s: Substring) -> Substring {
+        var a = s.startIndex, b = s.endIndex
+        while a < b, s[a] == " " || s[a] == "\t" { a = s.index(after: a) }
+        while b > a, s[s.index(before: b)] == " " || s[s.index(before: b)] == "\t" { b = s.index(before: b) }
+        return s[a..<b]
+    }
+
+    static func lowercased(_ s: some StringProtocol) -> String {
+        String(decoding: s.utf8.map { ($0 >= 0x41 && $0 <= 0x5A) ? $0 + 32 : $0 }, as: UTF8.self)
+    }
+
+    static func uppercased(_ s: some StringProtocol) -> String {
+        String(decoding: s.utf8.map { ($0 >= 0x61 && $0 <= 0x7A) ? $0 - 32 : $0 }, as: UTF8.self)
     }
 }
