@@ -1,7 +1,69 @@
-#if canImport(Glibc)
-import Glibc
-#endif
-// Not built yet: refuse loudly rather than pretend to work.
-let message = "not implemented yet\n"
-_ = message.withCString { write(2, $0, strlen($0)) }
-exit(1)
+// relay-server: parse arguments, load the config, run the service until SIGTERM/SIGINT.
+// Everything else lives in RelayCore (RelayService.swift), including the signal handling.
+import Foundation
+import RelayCore
+
+let usage = """
+    Usage: relay-server [--config <file>] [--check-config]
+
+    Accepts encrypted AccessoryNotifications responses over HTTP, stores each durably in an
+    SQLite outbox before answering 202, and delivers them to APNs.
+
+    Options:
+      --config <file>   JSON configuration (default: \(RelayConfig.defaultPath)).
+                        Every key is documented in config/relay.example.json.
+      --check-config    Load and validate the configuration, then exit.
+      -h, --help        Show this help.
+
+    Signals: SIGTERM/SIGINT drain and stop (exit 0). Exit codes: 64 usage, 1 runtime failure.
+
+    """
+
+func fail(_ message: String, code: Int32) -> Never {
+    FileHandle.standardError.write(Data("relay-server: \(message)\n".utf8))
+    exit(code)
+}
+
+var configPath = RelayConfig.defaultPath
+var checkOnly = false
+var args = CommandLine.arguments.dropFirst()
+while let arg = args.popFirst() {
+    switch arg {
+    case "-h", "--help":
+        FileHandle.standardOutput.write(Data(usage.utf8))
+        exit(0)
+    case "--config":
+        guard let p = args.popFirst(), !p.isEmpty else { fail("--config needs a file path\n\n\(usage)", code: 64) }
+        configPath = p
+    case "--check-config":
+        checkOnly = true
+    default:
+        if arg.hasPrefix("--config=") {
+            configPath = String(arg.dropFirst("--config=".count))
+        } else {
+            fail("unknown argument \(arg)\n\n\(usage)", code: 64)
+        }
+    }
+}
+
+let config: RelayConfig
+do {
+    config = try RelayConfig.load(path: configPath)
+} catch {
+    fail("invalid configuration \(configPath): \(error)", code: 1)
+}
+if checkOnly {
+    FileHandle.standardOutput.write(Data("configuration \(configPath) is valid\n".utf8))
+    exit(0)
+}
+
+let logger = RelayLogger(minimum: config.log.level, format: config.log.format)
+let service = RelayService(config: config, logger: logger, makeTransport: PushClientTransport.make)
+do {
+    try service.start()
+} catch {
+    logger.error("startup failed", ["error": "\(error)"])
+    service.stop()
+    fail("startup failed: \(error)", code: 1)
+}
+exit(service.runUntilSignal())

@@ -1,0 +1,78 @@
+// PushClient as the dispatcher's PushTransport: builds the APNs request for an outbox row
+// (apns-id = the row id, so a retry after a crash reuses it) and sorts the answer with
+// PushClient's own `classify`.
+import Foundation
+import PushClient
+
+public final class PushClientTransport: PushTransport {
+    private let client: PushClient
+    private let bundleID: String
+
+    public init(client: PushClient, bundleID: String) {
+        self.client = client
+        self.bundleID = bundleID
+    }
+
+    /// One PushClient (its own connections and JWT) per configured app.
+    public static func make(app: RelayConfig.App, config: RelayConfig) throws -> any PushTransport {
+        let env: APNsEnvironment
+        switch app.environment {
+        case .production: env = .production
+        case .sandbox: env = .sandbox
+        case .custom(let url): env = .custom(url: url)
+        }
+        let creds: APNsCredentials
+        switch app.credentials {
+        case .token(let p8, let keyID, let teamID):
+            creds = .token(try TokenKey(p8Path: p8, keyID: keyID, teamID: teamID))
+        case .certificate(let cert, let key, let passFile):
+            var pass: String?
+            if let passFile {
+                guard let d = FileManager.default.contents(atPath: passFile) else {
+                    throw ConfigError(key: "apps[\(app.bundleID)].certificate.passphraseFile", message: "cannot read \(passFile)")
+                }
+                pass = String(decoding: d, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+            }
+            creds = .certificate(certificatePath: cert, privateKeyPath: key, passphrase: pass)
+        }
+        var pc = PushClientConfiguration(environment: env, credentials: creds)
+        pc.caFile = app.caFile
+        pc.connections = config.dispatch.connectionsPerApp
+        pc.requestTimeout = .milliseconds(config.dispatch.requestTimeoutMillis)
+        return PushClientTransport(client: try PushClient(configuration: pc), bundleID: app.bundleID)
+    }
+
+    static func answer(_ result: PushResult) -> PushAnswer {
+        let cls: AnswerClass
+        switch classify(result) {
+        case .done: cls = .done
+        case .terminal(let reason): cls = .terminal(reason.rawValue)
+        case .refreshTokenAndReconnect: cls = .refreshTokenAndReconnect
+        case .retryAfterDelay: cls = .retryAfterDelay
+        case .backOff: cls = .backOff
+        }
+        switch result {
+        case .delivered:
+            return PushAnswer(status: 200, reason: nil, classification: cls)
+        case .rejected(let status, let reason, let timestamp):
+            return PushAnswer(status: status, reason: reason.rawValue,
+                              apnsTimestamp: timestamp.map { Int64(($0.timeIntervalSince1970 * 1000).rounded()) }, classification: cls)
+        case .transportFailure(let what):
+            return PushAnswer(status: nil, reason: what, classification: cls)
+        }
+    }
+
+    public func send(_ row: OutboxRow, completion: @escaping @Sendable (PushAnswer) -> Void) {
+        guard let session = UUIDText.uuid(row.sessionIdentifier), let id = UUIDText.uuid(row.id) else {
+            completion(PushAnswer(status: nil, reason: "corrupt_row", classification: .terminal("corrupt_row")))
+            return
+        }
+        let payload = AccessoryPayload(encryptedData: row.encryptedData, sessionIdentifier: session, keyID: row.keyID, messageIndex: row.messageIndex)
+        // apns-expiration = the row's own expiry: APNs stops storing it when we would stop retrying.
+        let request = PushRequest(deviceToken: row.pushToken, bundleID: bundleID, apnsID: id, payload: payload,
+                                  expiration: Int(row.expiresAt / 1000))
+        client.send(request) { completion(Self.answer($0)) }
+    }
+
+    public func shutdown() { client.shutdown() }
+}

@@ -1,0 +1,332 @@
+// relay-server end to end with the real binaries: relay-server + mock-apns on ephemeral
+// loopback ports, temp SQLite files, HTTP as an accessory would speak it.
+import Foundation
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite(.serialized) struct RelayServerTests {
+    @Test func endToEndDeliveryWithExactAPNsRequestAndVerifiedDecryption() throws {
+        let h = try RelayHarness()
+        try h.startRelay()
+        let (body, index) = try h.accessory.nextBody(action: "accept", userText: "see you at 6")
+        let r = try h.post(body)
+        #expect(r.status == 202, "\(r.text)")
+        let id = try #require(r.json["id"] as? String)
+        #expect(r.json["state"] as? String == "queued")
+        #expect(r.headers["x-request-id"] != nil)
+        var delivery: [String: Any] = [:]
+        try relayEventually("mock-apns received the push") {
+            guard let d = try h.deliveries().first(where: { ($0["apnsId"] as? String) == id }) else { return false }
+            delivery = d
+            return true
+        }
+        #expect(delivery["deviceToken"] as? String == h.accessory.pushToken)
+        #expect(delivery["topic"] as? String == RelayHarness.bundleID + ".push-type.accessory")
+        #expect(delivery["pushType"] as? String == "accessory")
+        #expect(delivery["keyId"] as? String == RelayHarness.apnsKeyID)
+        #expect(delivery["teamId"] as? String == RelayHarness.teamID)
+        let aps = try #require((delivery["payload"] as? [String: Any])?["aps"] as? [String: Any])
+        #expect(Set(aps.keys) == ["encryptedData", "sessionIdentifier", "keyID", "messageIndex"])
+        #expect(aps["messageIndex"] as? String == String(index))
+        #expect(aps["keyID"] as? String == h.accessory.keyIDBase64)
+        #expect((aps["sessionIdentifier"] as? String)?.uppercased() == h.accessory.session.uuidString)
+        let sent = try JSONSerialization.jsonObject(with: Data(body)) as? [String: Any]
+        #expect(aps["encryptedData"] as? String == sent?["encryptedData"] as? String)
+        #expect(delivery["verified"] as? Bool == true, "\(delivery)")
+        let response = delivery["response"] as? [String: Any]
+        #expect(response?["actionIdentifier"] as? String == "accept")
+        #expect(response?["userText"] as? String == "see you at 6")
+        try relayEventually("GET shows delivered") { try h.get(id).json["state"] as? String == "delivered" }
+        let g = try h.get(id).json
+        #expect(g["attempts"] as? Int == 1)
+        #expect(g["lastStatus"] as? Int == 200)
+        // Metrics show the delivery.
+        let metrics = try relayHTTP(h.adminPort, "GET", "/metrics").text
+        #expect(metrics.contains("relay_ingest_requests_total{status=\"202\"} 1"))
+        #expect(metrics.contains("relay_pushes_total{status=\"200\",reason=\"\"} 1"))
+        #expect(metrics.contains("relay_outbox_responses{state=\"delivered\"} 1"))
+        #expect(metrics.contains("relay_http_connections_total{listener=\"ingest\"}"))
+        // Logs never carry the credential, the full push token or the ciphertext.
+        let logs = h.relay?.stderr ?? ""
+        #expect(!logs.contains(h.credential))
+        #expect(!logs.contains(h.accessory.pushToken))
+        #expect(!logs.contains((sent?["encryptedData"] as? String) ?? "never"))
+    }
+
+    @Test func validationAndAuthErrorsOverHTTP() throws {
+        let h = try RelayHarness()
+        try h.startRelay()
+        let (good, _) = try h.accessory.nextBody()
+        func expectError(_ r: RelayHTTPReply, _ status: Int, _ code: String, field: String? = nil, sourceLocation: SourceLocation = #_sourceLocation) {
+            #expect(r.status == status, "\(r.text)", sourceLocation: sourceLocation)
+            #expect(r.json["error"] as? String == code, "\(r.text)", sourceLocation: sourceLocation)
+            if let field { #expect(r.json["field"] as? String == field, sourceLocation: sourceLocation) }
+        }
+        expectError(try h.post(good, credential: ""), 401, "unauthorized")
+        expectError(try relayHTTP(h.relayPort, "POST", "/v1/responses", headers: [("Content-Type", "application/json")], body: good), 401, "unauthorized")
+        expectError(try h.post(good, credential: "rk_unknownunknownunknown"), 401, "unauthorized")
+        expectError(try h.post(good, contentType: "text/plain"), 415, "unsupported_media_type", field: "content-type")
+        expectError(try h.post([UInt8](repeating: 0x20, count: 20_000)), 413, "body_too_large", field: "body")
+        expectError(try h.post(Array("{\"pushToken\":".utf8)), 400, "invalid_json", field: "body")
+        expectError(try h.post(Array(#"{"pushToken":"a"#.utf8) + [0xFF] + Array(#""}"#.utf8)), 400, "invalid_json", field: "body")
+        let fields: [(String, String, String)] = [
+            ("pushToken", "\"abc\"", "invalid_push_token"),
+            ("sessionIdentifier", "\"nope\"", "invalid_session_identifier"),
+            ("keyID", "\"AAAA\"", "invalid_key_id"),
+            ("messageIndex", "4294967296", "invalid_message_index"),
+            ("encryptedData", "\"AAAA\"", "invalid_encrypted_data"),
+            ("app", "\"com.unknown\"", "unknown_app"),
+        ]
+        let base = try JSONSerialization.jsonObject(with: Data(good)) as! [String: Any]
+        for (field, value, code) in fields {
+            var parts: [String] = []
+            for (k, v) in base where k != field { parts.append("\"\(k)\":" + (v is String ? "\"\(v)\"" : "\(v)")) }
+            parts.append("\"\(field)\":\(value)")
+            expectError(try h.post(Array("{\(parts.joined(separator: ","))}".utf8)), 400, code, field: field)
+        }
+        // 403: a credential scoped to another app names this relay's app.
+        let other = try h.createCredential(apps: ["com.example.someone-else"])
+        var scoped = base
+        scoped["app"] = RelayHarness.bundleID
+        let scopedBody = try JSONSerialization.data(withJSONObject: scoped)
+        expectError(try h.post(Array(scopedBody), credential: other), 403, "forbidden", field: "app")
+        // Accepted; then another credential cannot read it; revocation is immediate.
+        let ok = try h.post(good)
+        #expect(ok.status == 202)
+        let id = try #require(ok.json["id"] as? String)
+        #expect(try h.get(id, credential: other).status == 404)
+        #expect(try h.get(id).status == 200)
+        _ = try h.sql("UPDATE credentials SET revoked_at = 1 WHERE hash = X'\(relaySHA256Hex(h.credential))'")
+        expectError(try h.post(try h.accessory.nextBody().body), 401, "unauthorized")
+        #expect(try h.get(id).status == 401)
+        #expect(try relayHTTP(h.relayPort, "GET", "/nope").status == 404)
+        #expect(try relayHTTP(h.adminPort, "GET", "/healthz").status == 200)
+    }
+
+    @Test func duplicatesAnswer200WithTheSameIdAndPushOnce() throws {
+        let h = try RelayHarness()
+        try h.startRelay()
+        let (body, _) = try h.accessory.nextBody()
+        let first = try h.post(body)
+        #expect(first.status == 202)
+        let id = try #require(first.json["id"] as? String)
+        try relayEventually("delivered") { try h.get(id).json["state"] as? String == "delivered" }
+        let second = try h.post(body)
+        #expect(second.status == 200)
+        #expect(second.json["id"] as? String == id)
+        #expect(second.json["state"] as? String == "delivered")
+        usleep(200_000)
+        #expect(try h.deliveries().filter { ($0["apnsId"] as? String) == id }.count == 1)
+    }
+
+    @Test func unregisteredTokenFailsTheRowAndRefusesNewIngest() throws {
+        let accessory = TestAccessory()
+        let h = try RelayHarness(mockFaults: ["status=410,reason=Unregistered,token=\(accessory.pushToken)"], accessory: accessory)
+        try h.startRelay()
+        let r = try h.post(try accessory.nextBody().body)
+        let id = try #require(r.json["id"] as? String)
+        try relayEventually("failed") { try h.get(id).json["state"] as? String == "failed" }
+        let g = try h.get(id).json
+        #expect(g["lastStatus"] as? Int == 410)
+        #expect(g["lastReason"] as? String == "Unregistered")
+        let again = try h.post(try accessory.nextBody().body)
+        #expect(again.status == 410)
+        #expect(again.json["error"] as? String == "push_token_unregistered")
+        #expect(try h.sql("SELECT count(*) FROM unregistered_tokens WHERE token = '\(accessory.pushToken)'") == "1")
+    }
+
+    @Test func tooManyRequestsPacesTheTokenThenDelivers() throws {
+        let accessory = TestAccessory()
+        let h = try RelayHarness(dispatch: #""tooManyRequestsDelayMs":1500"#,
+                                 mockFaults: ["status=429,reason=TooManyRequests,token=\(accessory.pushToken)"], accessory: accessory)
+        try h.startRelay()
+        let id = try #require(try h.post(try accessory.nextBody().body).json["id"] as? String)
+        try relayEventually("retry scheduled") { try h.get(id).json["state"] as? String == "retry" }
+        #expect(try h.get(id).json["lastReason"] as? String == "TooManyRequests")
+        // A second response for the paced token waits too.
+        let id2 = try #require(try h.post(try accessory.nextBody().body).json["id"] as? String)
+        let paced = try h.sql("SELECT paced_until - (SELECT next_attempt_at FROM responses WHERE id = '\(id2)') FROM token_pacing")
+        #expect(Int(paced) ?? -1 <= 0, "second row due before the pacing ends: \(paced)")
+        try h.clearFaults()
+        try relayEventually("both delivered") {
+            try h.get(id).json["state"] as? String == "delivered" && h.get(id2).json["state"] as? String == "delivered"
+        }
+        // Ingest-side limit per push token: burst 20 at 10/s by default; a tight config answers 429.
+    }
+
+    @Test func ingestRateLimitPerPushToken() throws {
+        let h = try RelayHarness(ingest: #""rateLimits":{"perPushToken":{"perSecond":0.2,"burst":2}}"#)
+        try h.startRelay()
+        #expect(try h.post(try h.accessory.nextBody().body).status == 202)
+        #expect(try h.post(try h.accessory.nextBody().body).status == 202)
+        let limited = try h.post(try h.accessory.nextBody().body)
+        #expect(limited.status == 429)
+        #expect(limited.json["error"] as? String == "rate_limited")
+        #expect(Int(limited.headers["retry-after"] ?? "") ?? 0 >= 1)
+    }
+
+    @Test func serverErrorsBackOffAndRetryWithTheSameApnsID() throws {
+        let h = try RelayHarness(dispatch: #""backoffBaseMs":100,"backoffCapMs":300"#, mockFaults: ["status=503,reason=ServiceUnavailable"])
+        try h.startRelay()
+        let id = try #require(try h.post(try h.accessory.nextBody().body).json["id"] as? String)
+        try relayEventually("two failed attempts") { (try h.get(id).json["history"] as? [Any])?.count ?? 0 >= 2 }
+        try h.clearFaults()
+        try relayEventually("delivered") { try h.get(id).json["state"] as? String == "delivered" }
+        let history = try #require(try h.get(id).json["history"] as? [[String: Any]])
+        #expect(history.dropLast().allSatisfy { $0["status"] as? Int == 503 })
+        #expect(history.last?["status"] as? Int == 200)
+        #expect(try h.deliveries().filter { ($0["apnsId"] as? String) == id }.count == 1)
+    }
+
+    @Test func ttlExpiryFailsTheRow() throws {
+        let h = try RelayHarness(dispatch: #""backoffBaseMs":200,"backoffCapMs":400"#, ingest: #""ttlSeconds":1"#,
+                                 mockFaults: ["status=500,reason=InternalServerError"])
+        try h.startRelay()
+        let id = try #require(try h.post(try h.accessory.nextBody().body).json["id"] as? String)
+        try relayEventually("expired") { try h.get(id).json["state"] as? String == "failed" }
+        #expect(try h.get(id).json["lastReason"] as? String == "expired")
+    }
+
+    @Test func restartRequeuesInflightRowsWithTheSameApnsID() throws {
+        let h = try RelayHarness(mockFaults: ["stall"])
+        try h.startRelay()
+        var ids: [String] = []
+        for _ in 0..<3 { ids.append(try #require(try h.post(try h.accessory.nextBody().body).json["id"] as? String)) }
+        try relayEventually("all inflight") { try h.sql("SELECT count(*) FROM responses WHERE state = 'inflight'") == "3" }
+        h.relay?.signal(SIGKILL)
+        _ = h.relay?.wait(seconds: 10)
+        try h.clearFaults()
+        try h.startRelay()
+        try relayEventually("all delivered after restart") {
+            let delivered = Set(try h.deliveries().compactMap { $0["apnsId"] as? String })
+            return Set(ids).isSubset(of: delivered)
+        }
+        for id in ids { try relayEventually("GET delivered") { try h.get(id).json["state"] as? String == "delivered" } }
+    }
+
+    @Test func sigtermDrainsWithNothingLost() throws {
+        let h = try RelayHarness(dispatch: #""shutdownGraceMs":3000"#, mockFaults: ["latency=300"])
+        try h.startRelay()
+        var ids: [String] = []
+        for _ in 0..<10 { ids.append(try #require(try h.post(try h.accessory.nextBody().body).json["id"] as? String)) }
+        h.relay?.signal(SIGTERM)
+        let status = h.relay?.wait(seconds: 15)
+        #expect(status == 0, "\(h.relay?.stderr ?? "")")
+        #expect(try h.sql("SELECT count(*) FROM responses WHERE state = 'inflight'") == "0")
+        #expect(try h.sql("SELECT count(*) FROM responses WHERE state IN ('queued','delivered','retry')") == "10")
+        #expect(h.relay?.stderr.contains("draining") == true)
+        try h.clearFaults()
+        try h.startRelay()
+        try relayEventually("all delivered") {
+            try h.sql("SELECT count(*) FROM responses WHERE state = 'delivered'") == "10"
+        }
+        let delivered = Set(try h.deliveries().compactMap { $0["apnsId"] as? String })
+        #expect(Set(ids).isSubset(of: delivered))
+    }
+
+    @Test func startupRefusesAnInvalidConfigNamingTheKey() throws {
+        let dir = NSTemporaryDirectory() + "relay-cfg-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        try #"{"apps":[],"dispatch":{"maxInflight":0}}"#.write(toFile: dir + "/r.json", atomically: true, encoding: .utf8)
+        let p = try RelayChild(relayBinary("relay-server"), ["--config", dir + "/r.json"], name: "relay-server")
+        #expect(p.wait(seconds: 10) == 1)
+        #expect(p.stderr.contains("dispatch.maxInflight"))
+        let usage = try RelayChild(relayBinary("relay-server"), ["--bogus"], name: "relay-server")
+        #expect(usage.wait(seconds: 10) == 64)
+    }
+}
+
+/// kill -9 during a burst of concurrent POSTs, restart: every 202 is delivered.
+/// CI-sized here; `make soak` sets RELAY_SOAK_ROUNDS for a longer loop.
+@Suite(.serialized) struct RelayCrashTests {
+    @Test func killDuringBurstLosesNothingAcknowledged() throws {
+        let rounds = Int(ProcessInfo.processInfo.environment["RELAY_SOAK_ROUNDS"] ?? "") ?? 2
+        let h = try RelayHarness(ingest: #""rateLimits":{"perPushToken":{"perSecond":0,"burst":1},"perCredential":{"perSecond":0,"burst":1}}"#)
+        try h.startRelay()
+        var acknowledged = Set<String>()
+        for round in 0..<rounds {
+            let accepted = RelayIDList()
+            let clients = 8
+            let group = DispatchGroup()
+            for c in 0..<clients {
+                group.enter()
+                let port = h.relayPort, credential = h.credential
+                Thread.detachNewThread {
+                    defer { group.leave() }
+                    let acc = TestAccessory()
+                    for _ in 0..<200 {
+                        guard let (body, _) = try? acc.nextBody(),
+                              let r = try? relayHTTP(port, "POST", "/v1/responses", headers: [("Content-Type", "application/json"), ("Authorization", "Bearer \(credential)")], body: body)
+                        else { return }  // the server died: this client stops
+                        guard r.status == 202, let id = r.json["id"] as? String else { return }
+                        accepted.append(id)
+                    }
+                    _ = c
+                }
+            }
+            // Kill once a good share of the burst has been acknowledged.
+            try relayEventually("burst under way") { accepted.count >= 100 + round }
+            h.relay?.signal(SIGKILL)
+            _ = h.relay?.wait(seconds: 10)
+            group.wait()
+            acknowledged.formUnion(accepted.items)
+            try h.startRelay()
+        }
+        #expect(acknowledged.count >= 100 * rounds)
+        try relayEventually("every acknowledged response delivered", seconds: 60) {
+            let delivered = Set(try h.deliveries().compactMap { $0["apnsId"] as? String })
+            return acknowledged.isSubset(of: delivered)
+        }
+        let inDB = Int(try h.sql("SELECT count(*) FROM responses WHERE state = 'delivered'")) ?? 0
+        #expect(inDB >= acknowledged.count)
+    }
+}
+
+/// sd_notify protocol: a unix datagram socket standing in for systemd.
+@Suite struct RelaySystemdTests {
+    @Test func notifiesReadyWatchdogAndStopping() throws {
+        let h = try RelayHarness()
+        let path = h.dir + "/notify.sock"
+        let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        #expect(fd >= 0)
+        defer { close(fd) }
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &addr.sun_path) { buf in
+            let bytes = Array(path.utf8)
+            for (i, b) in bytes.enumerated() where i < buf.count - 1 { buf[i] = b }
+        }
+        let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) } }
+        #expect(rc == 0)
+        var tv = timeval(tv_sec: 1, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        func receive(until marker: String, seconds: Int = 20) -> [String] {
+            var got: [String] = []
+            let deadline = Date().addingTimeInterval(Double(seconds))
+            var buf = [UInt8](repeating: 0, count: 4096)
+            while Date() < deadline {
+                let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+                if n > 0 {
+                    let msg = String(decoding: buf[0..<n], as: UTF8.self)
+                    got.append(msg)
+                    if msg.contains(marker) { break }
+                }
+            }
+            return got
+        }
+        h.relay = try RelayChild(relayBinary("relay-server"), ["--config", h.dir + "/relay.json"], name: "relay-server",
+                                   environment: ["NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"])
+        let ready = receive(until: "READY=1")
+        #expect(ready.contains { $0.contains("READY=1") }, "\(ready) \(h.relay?.stderr ?? "")")
+        #expect(try relayHTTP(h.adminPort, "GET", "/readyz").status == 200)
+        let pings = receive(until: "WATCHDOG=1")
+        #expect(pings.contains { $0.contains("WATCHDOG=1") })
+        h.relay?.signal(SIGTERM)
+        let stopping = receive(until: "STOPPING=1")
+        #expect(stopping.contains { $0.contains("STOPPING=1") })
+        #expect(h.relay?.wait(seconds: 15) == 0)
+    }
+}
