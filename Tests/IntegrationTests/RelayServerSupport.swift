@@ -114,6 +114,7 @@ final class RelayChild: @unchecked Sendable {
     let process = Process()
     let name: String
     private let log = RelayLogBuffer()
+    private var errPipe: Pipe?
 
     init(_ path: String, _ arguments: [String], name: String, environment: [String: String] = [:]) throws {
         self.name = name
@@ -124,6 +125,7 @@ final class RelayChild: @unchecked Sendable {
         for (k, v) in environment { env[k] = v }
         process.environment = env
         let err = Pipe()
+        errPipe = err
         process.standardError = err
         process.standardOutput = FileHandle.nullDevice
         let log = self.log
@@ -154,7 +156,18 @@ final class RelayChild: @unchecked Sendable {
         while process.isRunning && Date() < deadline { usleep(10_000) }
         if process.isRunning { return nil }
         process.waitUntilExit()
+        drainStderr()
         return process.terminationStatus
+    }
+
+    /// After exit: stop the async reader and take whatever it had not read yet, so stderr is
+    /// complete when a test looks at it.
+    private func drainStderr() {
+        guard let h = errPipe?.fileHandleForReading else { return }
+        h.readabilityHandler = nil
+        let rest = h.readDataToEndOfFile()
+        if !rest.isEmpty { log.bytes.withLock { $0 += rest } }
+        errPipe = nil
     }
 }
 
