@@ -322,9 +322,10 @@ public enum MockAPNsCommandLine {
       --fault abort,token=HEX                            drop the connection instead of answering
       --fault goaway-after=100                           GOAWAY after 100 streams per connection
       --fault close-after=10                             drop the TCP connection after 10 streams
+      --fault goaway-after-errors=5                      GOAWAY after 5 error answers (410 excluded)
       --fault expire-tokens-before=UNIXSECONDS           403 ExpiredProviderToken for older tokens
       keys: token, fraction, status, reason, timestamp (410, ms), latency (ms), stall, abort,
-            goaway-after, close-after, expire-tokens-before
+            goaway-after, close-after, goaway-after-errors, expire-tokens-before
 
     Other:
       --config PATH                 JSON file with the same settings (keys: listen, control,

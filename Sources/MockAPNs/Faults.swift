@@ -25,15 +25,19 @@ public struct FaultRule: Codable, Sendable, Equatable {
     public var goAwayAfter: Int?
     /// Per connection: close the TCP connection abruptly right after answering the Nth stream.
     public var closeAfter: Int?
+    /// Per connection: GOAWAY after the Nth error answer (410 does not count), as APNs drops
+    /// connections that produce too many errors.
+    public var goAwayAfterErrors: Int?
     /// Answer 403 ExpiredProviderToken for provider tokens with iat before this (UNIX seconds).
     public var expireTokensIssuedBefore: Int64?
 
     public init(deviceToken: String? = nil, fraction: Double? = nil, status: Int? = nil, reason: String? = nil,
                 timestampMs: Int64? = nil, latencyMs: Int? = nil, stall: Bool? = nil, abort: Bool? = nil,
-                goAwayAfter: Int? = nil, closeAfter: Int? = nil, expireTokensIssuedBefore: Int64? = nil) {
+                goAwayAfter: Int? = nil, closeAfter: Int? = nil, goAwayAfterErrors: Int? = nil,
+                expireTokensIssuedBefore: Int64? = nil) {
         self.deviceToken = deviceToken; self.fraction = fraction; self.status = status; self.reason = reason
         self.timestampMs = timestampMs; self.latencyMs = latencyMs; self.stall = stall; self.abort = abort
-        self.goAwayAfter = goAwayAfter; self.closeAfter = closeAfter
+        self.goAwayAfter = goAwayAfter; self.closeAfter = closeAfter; self.goAwayAfterErrors = goAwayAfterErrors
         self.expireTokensIssuedBefore = expireTokensIssuedBefore
     }
 
@@ -45,12 +49,14 @@ public struct FaultRule: Codable, Sendable, Equatable {
         if let latencyMs, latencyMs < 0 || latencyMs > 600_000 { throw MockConfigurationError("fault: latencyMs must be within 0...600000") }
         if let n = goAwayAfter, n < 1 { throw MockConfigurationError("fault: goAwayAfter must be >= 1") }
         if let n = closeAfter, n < 1 { throw MockConfigurationError("fault: closeAfter must be >= 1") }
+        if let n = goAwayAfterErrors, n < 1 { throw MockConfigurationError("fault: goAwayAfterErrors must be >= 1") }
         if let token = deviceToken, token.isEmpty || !token.utf8.allSatisfy(isHexDigit) {
             throw MockConfigurationError("fault: deviceToken must be hex")
         }
         let acts = status != nil || latencyMs != nil || stall == true || abort == true || goAwayAfter != nil || closeAfter != nil
+            || goAwayAfterErrors != nil
             || expireTokensIssuedBefore != nil
-        if !acts { throw MockConfigurationError("fault: rule does nothing (set status, latencyMs, stall, abort, goAwayAfter, closeAfter or expireTokensIssuedBefore)") }
+        if !acts { throw MockConfigurationError("fault: rule does nothing (set status, latencyMs, stall, abort, goAwayAfter, closeAfter, goAwayAfterErrors or expireTokensIssuedBefore)") }
         return self
     }
 
@@ -84,6 +90,7 @@ public struct FaultRule: Codable, Sendable, Equatable {
             case "abort": abort = value.map { $0 == "true" || $0 == "1" } ?? true
             case "goawayafter": goAwayAfter = try int(need())
             case "closeafter": closeAfter = try int(need())
+            case "goawayaftererrors": goAwayAfterErrors = try int(need())
             case "expiretokensissuedbefore", "expiretokensbefore": expireTokensIssuedBefore = Int64(try int(need()))
             default: throw MockConfigurationError("fault: unknown key \(pair[0])")
             }
@@ -139,16 +146,20 @@ public struct FaultPlan: Codable, Sendable, Equatable {
         return decision
     }
 
-    /// `streamNumber` counts answered streams on the connection, from 1.
-    public func connectionFault(afterStream streamNumber: Int) -> ConnectionFault {
+    /// `streamNumber` counts requests on the connection, `errorNumber` its error answers
+    /// other than 410 (this one included), both from 1.
+    public func connectionFault(afterStream streamNumber: Int, errors errorNumber: Int = 0) -> ConnectionFault {
         for rule in rules {
             if let n = rule.closeAfter, streamNumber >= n { return .close }
         }
         for rule in rules {
             if let n = rule.goAwayAfter, streamNumber >= n { return .goAway }
+            if let n = rule.goAwayAfterErrors, errorNumber >= n { return .goAway }
         }
         return .none
     }
+
+    var countsErrors: Bool { rules.contains { $0.goAwayAfterErrors != nil } }
 
     /// The earliest-acceptable-iat cut-off across rules (the latest one wins).
     public var expireTokensIssuedBefore: Int64? { rules.compactMap(\.expireTokensIssuedBefore).max() }

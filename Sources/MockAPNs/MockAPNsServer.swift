@@ -9,6 +9,8 @@ struct ConnectionState {
     var auth = ConnectionAuthState()
     var streams = 0
     var streamsGranted = false
+    /// Error answers other than 410 (APNs drops connections that produce too many).
+    var errors = 0
 }
 
 /// The request path, shared by every loop thread. All mutable state sits behind Mutexes.
@@ -126,7 +128,14 @@ final class MockCore: Sendable {
             }
         }
 
-        let connectionFault = plan.connectionFault(afterStream: streamNumber)
+        var errorNumber = 0
+        if plan.countsErrors, !decision.stall, !decision.abort, response.status >= 400, response.status != 410 {
+            errorNumber = connections.withLock { all in
+                all[request.connectionID]?.errors += 1
+                return all[request.connectionID]?.errors ?? 0
+            }
+        }
+        let connectionFault = plan.connectionFault(afterStream: streamNumber, errors: errorNumber)
         stats.withLock { s in
             s.requests += 1
             if isNewConnection { s.connectionsSeen += 1 }

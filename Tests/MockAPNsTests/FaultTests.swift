@@ -45,6 +45,10 @@ import Testing
         #expect(plan.connectionFault(afterStream: 3) == .goAway)
         #expect(plan.connectionFault(afterStream: 5) == .close)
         #expect(FaultPlan().connectionFault(afterStream: 1_000_000) == .none)
+        let errors = FaultPlan(rules: [try FaultRule(commandLine: "goaway-after-errors=2")])
+        #expect(errors.countsErrors && !plan.countsErrors)
+        #expect(errors.connectionFault(afterStream: 9, errors: 1) == .none)
+        #expect(errors.connectionFault(afterStream: 9, errors: 2) == .goAway)
     }
 
     @Test func badRulesAreRefused() {

@@ -137,6 +137,25 @@ import Testing
         #expect(mock.server.deliveries.map(\.deviceToken) == ["beef"])
     }
 
+    @Test func tooManyErrorsEndTheConnection() throws {
+        let mock = try MockHarness { $0.faults = FaultPlan(rules: [FaultRule(goAwayAfterErrors: 2)]) }
+        let good = try mock.file("good.json", Fixture.accessoryBody())
+        let bad = try mock.file("bad.json", Array(#"{"aps":{}}"#.utf8))
+        let headers = mock.accessoryHeaders()  // one token for the whole run: a new one per request would be a token update
+        let target = mock.url + "/3/device/" + Fixture.deviceToken
+        // good, bad, bad (2nd error: GOAWAY), good on a new connection; `--next` keeps one connection.
+        var args: [String] = []
+        for (i, body) in [good, bad, bad, good].enumerated() {
+            if i > 0 { args.append("--next") }
+            args += ["-sS", "--http2", "--cacert", mock.caPath, "-m", "10", "-o", "/dev/null", "-w", "%{http_code} %{num_connects}\\n"]
+            for (name, value) in headers { args += ["-H", "\(name): \(value)"] }
+            args += ["--data-binary", "@" + body, target]
+        }
+        let result = try runTool("/usr/bin/curl", args)
+        #expect(result.stdout.split(separator: "\n") == ["200 1", "400 0", "400 0", "200 1"], "\(result.stdout) \(result.stderr)")
+        #expect(mock.server.stats.goAwaysSent == 1)
+    }
+
     @Test func abortDropsTheConnectionWithoutAnAnswer() throws {
         let mock = try MockHarness { $0.faults = FaultPlan(rules: [FaultRule(deviceToken: "dead", abort: true)]) }
         let dropped = try mock.curl(path: "/3/device/dead", headers: mock.accessoryHeaders(), body: Fixture.accessoryBody())
