@@ -167,6 +167,11 @@ public final class HTTPServer: Sendable {
 
     /// Binds and starts the loop thread(s); returns once listening.
     public func start() throws {
+        // A peer that vanishes while we write (kill -9 of a client, a modem dropping) makes
+        // write(2) fail with EPIPE, and the default SIGPIPE action would kill the whole process.
+        // libuv writes with plain write(2) (no MSG_NOSIGNAL), so ignore the signal process-wide
+        // as every libuv server does; the write then fails with EPIPE and the connection closes.
+        signal(SIGPIPE, SIG_IGN)
         try state.withLock { s in
             guard !s.started else { throw HTTPServerError.alreadyStarted }
             let c = core.configuration
