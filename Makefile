@@ -66,6 +66,12 @@ soak: deps
 	$(SWIFT) build $(SWIFT_FLAGS) --build-tests
 	RELAY_SOAK_ROUNDS=$${RELAY_SOAK_ROUNDS:-20} $(SWIFT) test $(SWIFT_FLAGS) --skip-build --filter RelayCrashTests
 
+# Crash (kill -9), fault-matrix, storage-fault and bad-input runs against release binaries
+# (scripts/reliability.sh, docs/reliability.md). RELIABILITY_ROUNDS kill -9 rounds (default 20).
+# Stops by itself and leaves no processes behind; results are spliced into docs/reliability.md.
+reliability: deps
+	RELIABILITY_ROUNDS=$${RELIABILITY_ROUNDS:-20} scripts/reliability.sh
+
 # libFuzzer targets under Fuzz/ (not in the default suite): FUZZ_SECONDS per target.
 FUZZ_SECONDS ?= 60
 fuzz:
