@@ -13,7 +13,7 @@ public struct MockConfigurationError: Error, CustomStringConvertible, Equatable 
 public enum MockTLSMode: Sendable {
     /// Throwaway CA + server certificate; the CA PEM is written to `caOutputPath` (if given) for clients.
     case generate(caOutputPath: String?)
-    case files(certificatePath: String, privateKeyPath: String)
+    case files(cert: String, key: String)
     /// HTTP/2 with prior knowledge over cleartext TCP (h2c).
     case cleartextH2
 }
@@ -180,7 +180,7 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
             if caOut != nil { throw MockConfigurationError("--ca-out needs TLS (not --h2c)") }
         } else if tlsCert != nil || tlsKey != nil {
             guard let tlsCert, let tlsKey else { throw MockConfigurationError("--tls-cert and --tls-key go together") }
-            c.tls = .files(certificatePath: tlsCert, privateKeyPath: tlsKey)
+            c.tls = .files(cert: tlsCert, key: tlsKey)
             if caOut != nil { throw MockConfigurationError("--ca-out only applies to --generate-tls") }
         } else {
             c.tls = .generate(caOutputPath: caOut)

@@ -261,6 +261,24 @@ import Testing
         #expect(try runTool("/usr/bin/curl", args).stdout == "200")
     }
 
+    @Test func servesGivenCertificateFiles() throws {
+        let material = try GeneratedTLSMaterial.generate()
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("mockapns-files-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let cert = dir.appendingPathComponent("cert.pem").path, key = dir.appendingPathComponent("key.pem").path
+        let ca = dir.appendingPathComponent("ca.pem").path
+        try material.serverCertificatePEM.write(toFile: cert, atomically: true, encoding: .utf8)
+        try material.serverPrivateKeyPEM.write(toFile: key, atomically: true, encoding: .utf8)
+        try material.caCertificatePEM.write(toFile: ca, atomically: true, encoding: .utf8)
+        let mock = try MockHarness { $0.tls = .files(cert: cert, key: key) }
+        #expect(mock.server.caCertificatePath == nil)
+        var args = ["-sS", "--http2", "--cacert", ca, "-m", "10", "-o", "/dev/null", "-w", "%{http_code} %{http_version}"]
+        for (name, value) in mock.accessoryHeaders() { args += ["-H", "\(name): \(value)"] }
+        args += ["--data-binary", String(decoding: Fixture.accessoryBody(), as: UTF8.self), mock.url + "/3/device/abcd"]
+        #expect(try runTool("/usr/bin/curl", args).stdout == "200 2")
+    }
+
     @Test func http1IsRefused() throws {
         let mock = try MockHarness()
         let result = try runTool("/usr/bin/curl", ["-sS", "--http1.1", "--cacert", mock.caPath, "-m", "10", "-w", "\n%{http_code} %{http_version}",
