@@ -334,9 +334,7 @@ public enum MockAPNsCommandLine {
                                     deliveriesLog, faults [rules], maxConcurrentStreams,
                                     initialMaxConcurrentStreams, production,
                                     tokenUpdateIntervalSeconds, tlsFault, threads, readyFile,
-                                    verbose).
-                                    Flags override scalars
-                                    and add to lists.
+                                    verbose). Flags override scalars and add to lists.
       --threads N                   event-loop threads for the APNs port (default 1)
       --ready-file PATH             once listening, write {"port","controlPort","caPath"} JSON here
       --verbose                     one stderr line per request

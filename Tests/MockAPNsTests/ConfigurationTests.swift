@@ -83,6 +83,28 @@ import Ratchet
         #expect(throws: MockConfigurationError("config \(path): unknown key \"listn\"")) { _ = try MockAPNsCommandLine.parse(["--config", path]) }
     }
 
+    @Test func everyDocumentedConfigKeyLoads() throws {
+        let dir = try tempDir()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let p8 = dir.appendingPathComponent("AuthKey.p8").path
+        try Fixture.key.privateKeyPEM().write(toFile: p8, atomically: true, encoding: .utf8)
+        let path = dir.appendingPathComponent("all.json").path
+        let json = """
+        {"listen":"127.0.0.1:0","control":"127.0.0.1:0","generateTLS":true,"caOut":"ca.pem","h2c":false,
+         "tokenKeys":[{"keyID":"K1","teamID":"T1","path":"\(p8)"}],"bundleIDs":["a.b"],
+         "rootSecrets":[{"keyID":"AQIDBA==","secret":"\(String(repeating: "ab", count: 32))"}],"deliveriesLog":"d.jsonl",
+         "faults":[{"goAwayAfterErrors":3}],"maxConcurrentStreams":10,"initialMaxConcurrentStreams":2,"production":true,
+         "tokenUpdateIntervalSeconds":0,"tlsFault":"expired","threads":2,"readyFile":"r.json","verbose":true}
+        """
+        try json.write(toFile: path, atomically: true, encoding: .utf8)
+        let object = try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any]
+        #expect(Set(object?.keys.map { $0 } ?? []).union(["tlsCert", "tlsKey"]) == MockAPNsOptions.knownKeys)
+        guard case .run(let c) = try MockAPNsCommandLine.parse(["--config", path]) else { Issue.record("expected run"); return }
+        #expect(c.tokenKeys.count == 1 && c.rootSecrets.count == 1 && c.tlsFault == .expired && c.loopThreads == 2)
+        #expect(c.initialMaxConcurrentStreams == 2 && c.maxConcurrentStreams == 10 && c.tokenUpdateInterval == 0)
+        #expect(c.readyFilePath == "r.json" && c.verbose && !c.sandbox && c.faults.rules == [FaultRule(goAwayAfterErrors: 3)])
+    }
+
     @Test func helpMentionsEveryFlag() {
         for flag in ["--listen", "--control", "--generate-tls", "--ca-out", "--tls-cert", "--tls-key", "--h2c", "--max-concurrent-streams",
                      "--token-key", "--bundle-id", "--token-update-interval", "--production", "--deliveries-log", "--root-secret",
