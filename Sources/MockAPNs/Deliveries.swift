@@ -123,10 +123,12 @@ public final class DeliveryRecorder: Sendable {
             }
         }
         if let file {
-            var line = jsonData(delivery.jsonObject())
-            line.append(0x0A)
-            let bytes = line
-            queue.async { file.write(bytes) }
+            // Encoding happens on the writer's queue too: the loop thread only appends.
+            queue.async {
+                var line = jsonData(delivery.jsonObject())
+                line.append(0x0A)
+                file.write(line)
+            }
         }
     }
 
