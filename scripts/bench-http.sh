@@ -98,8 +98,8 @@ pids=()
 objcopy --strip-debug "$BIN" "$tmp/http-bench-server.stripped"
 N1=2000
 N2=12000
-callgrind_total() {  # label n cmd...
-  local label=$1 n=$2; shift 2
+callgrind_total() {  # label n proto(h1|h2) cmd...
+  local label=$1 n=$2 proto=$3; shift 3
   local out="$tmp/cg.$label.$n"
   local port
   port=$(free_port)
@@ -111,18 +111,28 @@ callgrind_total() {  # label n cmd...
   valgrind --tool=callgrind --callgrind-out-file="$out" "${cmd[@]}" > /dev/null 2> "$out.log" &
   local pid=$!; pids+=("$pid")
   wait_port "$port"
-  h2load --h1 -n "$n" -c 4 "http://127.0.0.1:$port/" > "$out.h2load" 2>&1
+  if [ "$proto" = h1 ]; then
+    h2load --h1 -n "$n" -c 4 "http://127.0.0.1:$port/" > "$out.h2load" 2>&1
+  else
+    h2load -n "$n" -c 4 -m 10 "http://127.0.0.1:$port/index.html" > "$out.h2load" 2>&1
+  fi
   grep -q "$n succeeded" "$out.h2load" || { echo "bench-http: callgrind load run failed ($label $n)" >&2; cat "$out.h2load" >&2; }
   stop "$pid"
   pids=()
   awk '/^(summary|totals):/{print $2; exit}' "$out"
 }
-ours1=$(callgrind_total ours $N1 "$tmp/http-bench-server.stripped" --port @PORT@)
-ours2=$(callgrind_total ours $N2 "$tmp/http-bench-server.stripped" --port @PORT@)
-ngx1=$(callgrind_total nginx $N1 nginx -c "$tmp/nginx/cg.conf" -p "$tmp/nginx" -e "$tmp/nginx/error.log")
-ngx2=$(callgrind_total nginx $N2 nginx -c "$tmp/nginx/cg.conf" -p "$tmp/nginx" -e "$tmp/nginx/error.log")
+ours1=$(callgrind_total ours $N1 h1 "$tmp/http-bench-server.stripped" --port @PORT@)
+ours2=$(callgrind_total ours $N2 h1 "$tmp/http-bench-server.stripped" --port @PORT@)
+ngx1=$(callgrind_total nginx $N1 h1 nginx -c "$tmp/nginx/cg.conf" -p "$tmp/nginx" -e "$tmp/nginx/error.log")
+ngx2=$(callgrind_total nginx $N2 h1 nginx -c "$tmp/nginx/cg.conf" -p "$tmp/nginx" -e "$tmp/nginx/error.log")
 IPR_OURS=$(( (ours2 - ours1) / (N2 - N1) ))
 IPR_NGINX=$(( (ngx2 - ngx1) / (N2 - N1) ))
+ours_h2_1=$(callgrind_total ours $N1 h2 "$tmp/http-bench-server.stripped" --port @PORT@)
+ours_h2_2=$(callgrind_total ours $N2 h2 "$tmp/http-bench-server.stripped" --port @PORT@)
+nghttpd1=$(callgrind_total nghttpd $N1 h2 nghttpd --no-tls -d "$tmp/www" @PORT@)
+nghttpd2=$(callgrind_total nghttpd $N2 h2 nghttpd --no-tls -d "$tmp/www" @PORT@)
+IPR_H2_OURS=$(( (ours_h2_2 - ours_h2_1) / (N2 - N1) ))
+IPR_NGHTTPD=$(( (nghttpd2 - nghttpd1) / (N2 - N1) ))
 
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
 
@@ -137,8 +147,12 @@ One event-loop thread (ours) vs one nginx worker / one nghttpd thread, loopback,
 | HTTP/1.1 keep-alive req/s | \`wrk -t1 -c64 -d${DURATION}s\` | $H1_OURS | nginx $H1_NGINX | $(ratio "$H1_OURS" "$H1_NGINX")x (>= 1.0) |
 | HTTP/2 h2c req/s | \`h2load -t1 -c16 -m16 -D $DURATION\` | $H2_OURS | nghttpd $H2_NGHTTPD | $(ratio "$H2_OURS" "$H2_NGHTTPD")x (>= 1.0) |
 | instructions / request, HTTP/1.1 | callgrind, \`h2load --h1 -c4\`, ($N2 - $N1 requests) | $IPR_OURS | nginx $IPR_NGINX | $(ratio "$IPR_OURS" "$IPR_NGINX")x (<= 2.0) |
+| instructions / request, HTTP/2 | callgrind, \`h2load -c4 -m10\`, ($N2 - $N1 requests) | $IPR_H2_OURS | nghttpd $IPR_NGHTTPD | $(ratio "$IPR_H2_OURS" "$IPR_NGHTTPD")x (info) |
 
 All rounds (req/s): ours h1 ${h1_ours[*]}; nginx ${h1_nginx[*]}; ours h2 ${h2_ours[*]}; nghttpd ${h2_nghttpd[*]}.
+Load average when the run ended: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores (load generators share
+the machine with the servers; throughput ratios are only meaningful on an otherwise idle machine,
+instruction counts are repeatable).
 Instructions are counted over the whole process (kernel excluded) by callgrind on copies
 stripped with \`objcopy --strip-debug\` (valgrind 3.19 cannot read Swift 6.3's DWARF 5).
 EOF

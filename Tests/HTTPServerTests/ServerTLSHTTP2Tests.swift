@@ -322,3 +322,42 @@ extension RawClient {
         #expect(c.read { _ in false } == nil)
     }
 }
+
+@Suite struct ServerHTTP2LimitTests {
+    @Test func oversizedH2BodyGets413OnItsStream() throws {
+        guard findTool("curl") != nil else { print(missingToolMessage("curl")); return }
+        var config = HTTPServerConfiguration()
+        config.limits.maxBodyBytes = 64 * 1024
+        try withServer(config, handler: detailsHandler) { server in
+            let dir = NSTemporaryDirectory() + "h2-413-\(UInt32.random(in: 0...UInt32.max))"
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+            defer { try? FileManager.default.removeItem(atPath: dir) }
+            try Data(count: 200 * 1024).write(to: URL(fileURLWithPath: dir + "/up"))
+            let r = try #require(try runTool("curl", ["-sS", "--http2-prior-knowledge", "--data-binary", "@" + dir + "/up",
+                                                      "-w", " %{http_code}", "http://127.0.0.1:\(server.localPort)/echo"]))
+            #expect(r.output.hasSuffix(#"{"error":"body_too_large"} 413"#), "\(r.output)")
+            #expect(server.metrics.parseErrorsByKind["h2_body_too_large"] == 1)
+            // The connection and server stay usable.
+            let ok = try #require(try runTool("curl", ["-sS", "--http2-prior-knowledge", "http://127.0.0.1:\(server.localPort)/x"]))
+            #expect(ok.output == "ok GET /x")
+        }
+    }
+
+    @Test func ipv6LoopbackListenerReportsBracketedAddress() throws {
+        guard findTool("curl") != nil else { print(missingToolMessage("curl")); return }
+        var config = HTTPServerConfiguration()
+        config.host = "::1"
+        let server = try HTTPServer(configuration: config) { req, res in
+            res.respond(HTTPResponse(status: 200, body: Array(req.remoteAddress.utf8)))
+        }
+        do {
+            try server.start()
+        } catch {
+            print("IPv6 loopback unavailable here (\(error)): skipping")
+            return
+        }
+        defer { server.shutdown(gracePeriod: .zero) }
+        let r = try #require(try runTool("curl", ["-sS", "-g", "http://[::1]:\(server.localPort)/"]))
+        #expect(r.output.hasPrefix("[::1]:"), "\(r.output)")
+    }
+}
