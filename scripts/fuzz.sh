@@ -2,8 +2,9 @@
 # Builds and runs every libFuzzer target under Fuzz/ (one directory per target holding main.swift
 # and fuzz.conf) for FUZZ_SECONDS each. Not part of `make test`.
 #
-# Targets are built without SwiftPM: swiftc compiles the sources listed in fuzz.conf together with
-# the target's main.swift, which exports LLVMFuzzerTestOneInput, with -sanitize=fuzzer,address.
+# Targets are built without SwiftPM: swiftc compiles the sources listed in fuzz.conf (plus its
+# optional SWIFTC_FLAGS, e.g. -I for a system-library module map) together with the target's
+# main.swift, which exports LLVMFuzzerTestOneInput, with -sanitize=fuzzer,address.
 # New corpus entries go to .build/fuzz/corpus/<target>/ (the checked-in seeds are read-only
 # input); crashes go to .build/fuzz/artifacts/<target>/ and make the script exit 1.
 #
@@ -30,15 +31,15 @@ status=0
 for target in "${targets[@]}"; do
   conf="Fuzz/$target/fuzz.conf"
   [ -f "$conf" ] || { echo "fuzz: $conf not found" >&2; exit 64; }
-  SOURCES="" CORPUS="" DICT=""
+  SOURCES="" CORPUS="" DICT="" SWIFTC_FLAGS=""
   # shellcheck source=/dev/null
   . "$conf"
   mkdir -p "$OUT/corpus/$target" "$OUT/artifacts/$target"
   binary="$OUT/$target"
   echo "== $target: building"
-  # shellcheck disable=SC2086  # SOURCES holds globs on purpose
+  # shellcheck disable=SC2086  # SOURCES holds globs and SWIFTC_FLAGS several words on purpose
   swiftc -O -g -parse-as-library -sanitize=fuzzer,address -use-ld=lld \
-    -package-name fuzz -module-name "$target" \
+    -package-name fuzz -module-name "$target" $SWIFTC_FLAGS \
     $SOURCES "Fuzz/$target/main.swift" -o "$binary"
 
   args=(-max_total_time="$FUZZ_SECONDS" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048
