@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# End-to-end pipeline benchmarks (issue 7), a markdown section on stdout, progress on stderr.
+# Run by `make bench` via scripts/bench.sh (which also draws the plots from $BENCH_DATA), or alone.
+#  1. Ingest -> APNs latency p50/p99/p99.9 at several offered loads (relay + mock-apns, TLS).
+#  2. Durable ingest 202/s vs client connections (wrk), nginx static at the same connections.
+#  3. Dispatcher drain rate of a backlog of BENCH_DRAIN_ROWS (default 1,000,000) queued rows.
+#  4. Growth: ingest 202/s and drain rate with 10k, 100k and 1M rows already queued.
+#  5. Instructions per response end to end (callgrind on a stripped copy; differential between
+#     two request counts so start-up cancels out).
+# Leaves no processes behind (the trap stops what it started, by pid).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LOADS=${BENCH_LOADS:-"250 500 1000 2000"}
+LAT_SECONDS=${BENCH_LAT_SECONDS:-8}
+CONNS=${BENCH_CONNS:-"1 4 16 64 256"}
+DURATION=${BENCH_DURATION:-5}
+DRAIN_ROWS=${BENCH_DRAIN_ROWS:-1000000}
+DRAIN_SECONDS=${BENCH_DRAIN_SECONDS:-180}   # the drain is measured for at most this long
+GROWTH=${BENCH_GROWTH:-"10000 100000 1000000"}
+DATA=${BENCH_DATA:-$(mktemp -d /tmp/bench-data.XXXXXX)}
+mkdir -p "$DATA"
+for tool in wrk nginx openssl sqlite3 curl python3 valgrind objcopy; do
+  command -v "$tool" >/dev/null || { echo "bench-pipeline: $tool missing (make deps bench-deps)" >&2; exit 1; }
+done
+
+if [ -n "${BENCH_BIN:-}" ]; then
+  BIN=$BENCH_BIN   # prebuilt binaries (e.g. while iterating on this script)
+else
+  for p in relay-server mock-apns relayctl; do swift build -c release --product "$p" >&2; done
+  BIN=$(swift build -c release --show-bin-path)
+fi
+WORK=$(mktemp -d /tmp/bench-pipeline.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+H=scripts/bench_pipeline.py
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+wait_url() { for _ in $(seq 1 2400); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.025; done; echo "bench-pipeline: $1 never came up" >&2; exit 1; }
+
+openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null | openssl pkcs8 -topk8 -nocrypt -out "$WORK/apns.p8"
+MOCK_PORT=$(free_port); CONTROL_PORT=$(free_port)
+"$BIN/mock-apns" --listen "127.0.0.1:$MOCK_PORT" --control "127.0.0.1:$CONTROL_PORT" --generate-tls --ca-out "$WORK/ca.pem" \
+  --token-key "BENCHKEY01:BENCHTEAM1:$WORK/apns.p8" --bundle-id com.example.bench \
+  --deliveries-log "$WORK/deliveries.jsonl" 2>"$WORK/mock.log" &
+PIDS+=($!)
+wait_url "http://127.0.0.1:$CONTROL_PORT/stats"
+
+RELAY_PORT=$(free_port); ADMIN_PORT=$(free_port)
+write_config() {  # db path
+  cat > "$WORK/relay.json" <<EOF
+{"listen":{"host":"127.0.0.1","port":$RELAY_PORT},"admin":{"host":"127.0.0.1","port":$ADMIN_PORT},
+ "store":{"path":"$1","synchronous":"FULL","maxPending":5000000},
+ "ingest":{"rateLimits":{"perCredential":{"perSecond":0,"burst":1},"perPushToken":{"perSecond":0,"burst":1}}},
+ "apps":[{"bundleID":"com.example.bench","environment":"custom","url":"https://127.0.0.1:$MOCK_PORT","caFile":"$WORK/ca.pem",
+          "token":{"p8Path":"$WORK/apns.p8","keyID":"BENCHKEY01","teamID":"BENCHTEAM1"}}],
+ "log":{"format":"json","level":"warning"}}
+EOF
+}
+RELAY_PID=""
+start_relay() {  # [wrapper...]
+  "$@" "$BIN/relay-server" --config "$WORK/relay.json" 2>>"$WORK/relay.log" &
+  RELAY_PID=$!
+  PIDS+=($RELAY_PID)
+  wait_url "http://127.0.0.1:$ADMIN_PORT/readyz"
+}
+stop_relay() { kill -TERM "$RELAY_PID" 2>/dev/null || true; wait "$RELAY_PID" 2>/dev/null || true; }
+new_credential() {  # -> secret
+  "$BIN/relayctl" credentials create --config "$WORK/relay.json" --name bench --apps com.example.bench --json \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["secret"])'
+}
+schema_db() {  # path: an empty database with the relay's schema
+  write_config "$1"
+  start_relay
+  stop_relay
+}
+
+cat > "$WORK/post.lua" <<'EOF'
+local threads = {}
+function setup(thread) thread:set("tid", #threads) table.insert(threads, thread) end
+function init(args)
+  math.randomseed(os.time() * 1000 + tid)
+  local t = {}
+  for i = 1, 32 do t[i] = string.format("%02x", math.random(0, 255)) end
+  token = table.concat(t)
+  session = string.format("%08X-%04X-4%03X-8%03X-%012X", math.random(0, 0x7fffffff), math.random(0, 0xffff),
+                          math.random(0, 0xfff), math.random(0, 0xfff), math.random(0, 0x7fffffff))
+  n = 0
+  hdrs = { ["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. os.getenv("RELAY_CRED") }
+end
+function request()
+  n = n + 1
+  return wrk.format("POST", "/v1/responses", hdrs, '{"pushToken":"' .. token .. '","sessionIdentifier":"' .. session ..
+    '","keyID":"AQIDBA==","messageIndex":' .. n .. ',"encryptedData":"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIj"}')
+end
+EOF
+wrk_rps() { awk '/Requests\/sec/{print $2}' "$1"; }
+
+# --- 1. latency at several offered loads ---------------------------------------------------
+write_config "$WORK/latency.db"
+start_relay
+CRED=$(new_credential)
+LAT_ROWS=""
+echo "rate,achieved,matched,p50,p99,p999,max" > "$DATA/latency-summary.csv"
+for rate in $LOADS; do
+  echo "== latency at $rate/s" >&2
+  read -r offered achieved matched p50 p99 p999 max < <(python3 $H latency "$RELAY_PORT" "$CRED" "$WORK/deliveries.jsonl" "$rate" "$LAT_SECONDS" "$DATA/latency-$rate.csv")
+  echo "$offered,$achieved,$matched,$p50,$p99,$p999,$max" >> "$DATA/latency-summary.csv"
+  LAT_ROWS+="| $offered/s | $achieved/s | $matched | $p50 | $p99 | $p999 | $max |"$'\n'
+done
+stop_relay
+
+# --- 2. ingest 202/s vs connections, nginx alongside ---------------------------------------
+NGINX_PORT=$(free_port)
+mkdir -p "$WORK/nginx"
+cat > "$WORK/nginx/nginx.conf" <<EOF
+worker_processes 2;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx; proxy_temp_path $WORK/nginx; fastcgi_temp_path $WORK/nginx;
+  uwsgi_temp_path $WORK/nginx; scgi_temp_path $WORK/nginx;
+  server { listen 127.0.0.1:$NGINX_PORT; location / { default_type application/json; return 200 '{"ok":true}'; } }
+}
+EOF
+nginx -c "$WORK/nginx/nginx.conf" -p "$WORK/nginx" 2>/dev/null &
+NGINX_PID=$!
+PIDS+=($NGINX_PID)
+wait_url "http://127.0.0.1:$NGINX_PORT/"
+write_config "$WORK/conns.db"
+start_relay
+CRED=$(new_credential)
+echo "connections,relay_rps,nginx_rps" > "$DATA/connections.csv"
+CONN_ROWS=""
+for c in $CONNS; do
+  t=$(( c < 2 ? 1 : 2 ))
+  echo "== wrk -c$c relay / nginx" >&2
+  RELAY_CRED="$CRED" wrk -t$t -c"$c" -d"${DURATION}s" -s "$WORK/post.lua" "http://127.0.0.1:$RELAY_PORT" > "$WORK/wrk-r.txt"
+  wrk -t$t -c"$c" -d"${DURATION}s" "http://127.0.0.1:$NGINX_PORT/" > "$WORK/wrk-n.txt"
+  r=$(wrk_rps "$WORK/wrk-r.txt"); n=$(wrk_rps "$WORK/wrk-n.txt")
+  echo "$c,$r,$n" >> "$DATA/connections.csv"
+  CONN_ROWS+="| $c | $r | $n | $(python3 -c "print(f'{float($r)/float($n):.2f}')") |"$'\n'
+done
+stop_relay
+kill -TERM "$NGINX_PID" 2>/dev/null || true; wait "$NGINX_PID" 2>/dev/null || true
+
+# --- 3. drain a backlog --------------------------------------------------------------------
+echo "== drain of $DRAIN_ROWS queued rows" >&2
+schema_db "$WORK/drain.db"
+python3 $H prefill "$WORK/drain.db" "$DRAIN_ROWS" 0
+start_relay
+read -r drained drain_s drain_rate < <(python3 $H drain "$ADMIN_PORT" "$WORK/drain.db" "$DRAIN_ROWS" "$DRAIN_SECONDS" "$DATA/drain.csv" "$RELAY_PID")
+DRAIN_RSS=$(awk '/VmHWM/{print $2}' "/proc/$RELAY_PID/status")
+stop_relay
+rm -f "$WORK"/drain.db*
+
+# --- 4. growth: ingest and drain with N rows already queued --------------------------------
+echo "queued,ingest_rps,drain_rate" > "$DATA/growth.csv"
+GROWTH_ROWS=""
+for n in $GROWTH; do
+  echo "== growth: $n queued" >&2
+  db="$WORK/growth-$n.db"
+  schema_db "$db"
+  python3 $H prefill "$db" "$n" 86400          # not due for a day: ingest sees a full table
+  start_relay
+  CRED=$(new_credential)
+  RELAY_CRED="$CRED" wrk -t2 -c64 -d"${DURATION}s" -s "$WORK/post.lua" "http://127.0.0.1:$RELAY_PORT" > "$WORK/wrk-g.txt"
+  g_ingest=$(wrk_rps "$WORK/wrk-g.txt")
+  stop_relay
+  sqlite3 "$db" "UPDATE responses SET next_attempt_at = 0 WHERE state = 'queued'; DELETE FROM responses WHERE state != 'queued';"
+  sample=$(( n < 20000 ? n : 20000 ))
+  start_relay
+  read -r _ g_s g_rate < <(python3 $H drain "$ADMIN_PORT" "$db" "$sample" 30 "$WORK/g.csv")
+  stop_relay
+  echo "$n,$g_ingest,$g_rate" >> "$DATA/growth.csv"
+  GROWTH_ROWS+="| $n | $g_ingest | $(python3 -c "print(f'{1e6/float($g_ingest):.0f}')") | $g_rate (first $sample or 30 s) | $(python3 -c "print(f'{1e6/max(1.0,float($g_rate)):.0f}')") |"$'\n'
+  rm -f "$db"*
+done
+
+# --- 5. instructions per response (callgrind, stripped copy) -------------------------------
+echo "== callgrind" >&2
+objcopy --strip-all "$BIN/relay-server" "$WORK/relay-server-stripped"
+ir_run() {  # requests -> total instructions of the relay process
+  local n=$1 db="$WORK/cg-$1.db"
+  write_config "$db"
+  rm -f "$WORK"/callgrind.out.*
+  valgrind --tool=callgrind --callgrind-out-file="$WORK/callgrind.out.%p" --trace-children=no \
+    "$WORK/relay-server-stripped" --config "$WORK/relay.json" 2>>"$WORK/valgrind.log" &
+  local pid=$!
+  PIDS+=($pid)
+  wait_url "http://127.0.0.1:$ADMIN_PORT/readyz"
+  local cred
+  cred=$(new_credential)
+  python3 - "$RELAY_PORT" "$cred" "$n" <<'EOF'
+import http.client, json, os, sys, uuid
+port, cred, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+tok, ses = os.urandom(32).hex(), str(uuid.uuid4()).upper()
+for i in range(n):
+    c.request("POST", "/v1/responses", json.dumps({"pushToken": tok, "sessionIdentifier": ses, "keyID": "AQIDBA==", "messageIndex": i,
+              "encryptedData": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIj"}),
+              {"Content-Type": "application/json", "Authorization": "Bearer " + cred})
+    r = c.getresponse(); r.read()
+    assert r.status == 202, r.status
+EOF
+  # wait until every response was pushed, so dispatch is inside the measurement
+  for _ in $(seq 1 600); do
+    [ "$(sqlite3 "file:$db?mode=ro" "SELECT count(*) FROM responses WHERE state='delivered'" 2>/dev/null || echo 0)" -ge "$n" ] && break
+    sleep 0.2
+  done
+  kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+  awk '/^summary:|^totals:/{print $2; exit}' "$WORK"/callgrind.out.*
+  rm -f "$db"*
+}
+N1=${BENCH_CG_N1:-300}; N2=${BENCH_CG_N2:-1300}
+IR1=$(ir_run "$N1"); IR2=$(ir_run "$N2")
+IR_PER=$(( (IR2 - IR1) / (N2 - N1) ))
+
+cat <<EOF
+## Pipeline: ingest -> outbox -> APNs (mock)
+
+Commands: \`scripts/bench-pipeline.sh\` (release relay-server and mock-apns on loopback, TLS to the
+mock, SQLite \`synchronous=FULL\`, rate limits off). Latency is the client's send time to
+mock-apns' \`receivedAt\` (millisecond resolution, same clock): the durable commit, the 202,
+the dispatcher and the push over HTTP/2 are all inside it. Plots: [latency CDF](latency-cdf.svg),
+[throughput vs connections](throughput-connections.svg), [drain](drain.svg), [growth](growth.svg).
+
+### Ingest -> APNs latency at offered loads (${LAT_SECONDS} s each; target issue 5: p99 < 5 ms at 1000/s)
+
+| offered | achieved | matched | p50 ms | p99 ms | p99.9 ms | max ms |
+|---|---|---|---|---|---|---|
+${LAT_ROWS}
+![latency CDF](latency-cdf.svg)
+
+### Durable ingest 202/s vs connections (\`wrk -d${DURATION}s\`, unique bodies; nginx static in the same run)
+
+| connections | relay 202/s | nginx 200/s | ratio |
+|---|---|---|---|
+${CONN_ROWS}
+![throughput vs connections](throughput-connections.svg)
+
+### Drain of a ${DRAIN_ROWS}-row backlog (measured for at most ${DRAIN_SECONDS} s)
+
+| rows delivered | seconds | rate (pushes/s) | peak RSS while draining |
+|---|---|---|---|
+| $drained | $drain_s | $drain_rate | $(( ${DRAIN_RSS:-0} / 1024 )) MB |
+
+![drain](drain.svg)
+
+### Growth with the outbox already holding N queued rows
+
+| queued rows | ingest 202/s (wrk -c64) | µs per ingest | drain pushes/s | µs per push |
+|---|---|---|---|---|
+${GROWTH_ROWS}
+![growth](growth.svg)
+
+### Instructions per response (callgrind)
+
+$IR_PER instructions per response end to end (HTTP/1.1 ingest, validation, group commit, claim,
+JWT-authenticated HTTP/2 push over TLS, outcome write), from \`valgrind --tool=callgrind\` on a
+stripped copy of relay-server: ($IR2 - $IR1) / ($N2 - $N1) sequential requests, every one pushed
+before the process stops, so start-up and shutdown cancel out.
+
+EOF
