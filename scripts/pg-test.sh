@@ -6,7 +6,9 @@
 #
 #   scripts/pg-test.sh start DIR     start a cluster in DIR (created if missing); prints its URL
 #   scripts/pg-test.sh stop DIR      stop it (immediate) and remove DIR
-#   scripts/pg-test.sh restart DIR   restart on the same port (used by failure tests and docs)
+#   scripts/pg-test.sh restart DIR   restart on the same port
+#   scripts/pg-test.sh pause DIR     stop the server (fast: connections are cut), keep the data
+#   scripts/pg-test.sh resume DIR    start it again on the same port (outage tests)
 #   scripts/pg-test.sh run -- CMD..  start a cluster in a temp dir, run CMD with RELAY_TEST_PG_URL
 #                                    set, stop and remove the cluster whatever CMD's outcome,
 #                                    exit with CMD's status. If RELAY_TEST_PG_URL is already
@@ -87,10 +89,20 @@ restart() {
   as_pg "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 60 restart >/dev/null
 }
 
+pause() {
+  as_pg "$BIN/pg_ctl" -D "$1/data" -m fast -w -t 60 stop >/dev/null
+}
+
+resume() {
+  as_pg "$BIN/pg_ctl" -D "$1/data" -l "$1/server.log" -w -t 60 start >/dev/null
+}
+
 case "${1:-}" in
   start) start "${2:?usage: pg-test.sh start DIR}" ;;
   stop) stop "${2:?usage: pg-test.sh stop DIR}" ;;
   restart) restart "${2:?usage: pg-test.sh restart DIR}" ;;
+  pause) pause "${2:?usage: pg-test.sh pause DIR}" ;;
+  resume) resume "${2:?usage: pg-test.sh resume DIR}" ;;
   run)
     shift
     [ "${1:-}" = "--" ] && shift
@@ -103,8 +115,6 @@ case "${1:-}" in
     trap 'exit 130' INT TERM
     RELAY_TEST_PG_URL=$(start "$dir")
     export RELAY_TEST_PG_URL
-    # Lets failure tests restart this cluster (scripts/pg-test.sh restart "$RELAY_TEST_PG_DIR").
-    export RELAY_TEST_PG_DIR="$dir"
     echo "pg-test: PostgreSQL for tests at $RELAY_TEST_PG_URL" >&2
     set +e
     "$@"
@@ -113,7 +123,7 @@ case "${1:-}" in
     exit $status
     ;;
   *)
-    echo "usage: pg-test.sh start DIR | stop DIR | restart DIR | run -- COMMAND..." >&2
+    echo "usage: pg-test.sh start DIR | stop DIR | restart DIR | pause DIR | resume DIR | run -- COMMAND..." >&2
     exit 64
     ;;
 esac
