@@ -298,7 +298,9 @@ import Testing
 
     @Test func shutdownWaitsForInFlightAndClosesIdle() throws {
         let gate = DispatchSemaphore(value: 0)
+        let entered = DispatchSemaphore(value: 0)
         let handler: HTTPHandler = { req, res in
+            entered.signal()
             if req.path == "/stall" { return }   // never answers
             DispatchQueue.global().async {
                 gate.wait()
@@ -313,7 +315,9 @@ import Testing
         let stalled = try RawClient(port: port)
         try busy.send("GET /work HTTP/1.1\r\nHost: t\r\n\r\n")
         try stalled.send("GET /stall HTTP/1.1\r\nHost: t\r\n\r\n")
-        Thread.sleep(forTimeInterval: 0.1)
+        // Both requests reached their handlers before shutdown starts.
+        #expect(entered.wait(timeout: .now() + 5) == .success)
+        #expect(entered.wait(timeout: .now() + 5) == .success)
         let done = DispatchSemaphore(value: 0)
         DispatchQueue.global().async {
             server.shutdown(gracePeriod: .seconds(1))

@@ -256,7 +256,9 @@ extension RawClient {
 @Suite struct ServerHTTP2FrameTests {
     @Test func shutdownSendsGoAwayAndWaitsForTheOpenStream() throws {
         let gate = DispatchSemaphore(value: 0)
+        let entered = DispatchSemaphore(value: 0)
         let handler: HTTPHandler = { _, res in
+            entered.signal()
             DispatchQueue.global().async {
                 gate.wait()
                 res.respond(HTTPResponse(status: 200))
@@ -266,7 +268,7 @@ extension RawClient {
         try server.start()
         let c = try RawH2Client(port: server.localPort)
         try c.get("/slow", stream: 1)
-        Thread.sleep(forTimeInterval: 0.05)
+        #expect(entered.wait(timeout: .now() + 5) == .success)
         let done = DispatchSemaphore(value: 0)
         DispatchQueue.global().async { server.shutdown(gracePeriod: .seconds(3)); done.signal() }
         let goAway = c.read { $0.type == 7 }
@@ -310,12 +312,13 @@ extension RawClient {
     }
 
     @Test func stalledStreamDoesNotBlockShutdown() throws {
-        let handler: HTTPHandler = { _, _ in }   // never answers
+        let entered = DispatchSemaphore(value: 0)
+        let handler: HTTPHandler = { _, _ in entered.signal() }   // never answers
         let server = try HTTPServer(configuration: HTTPServerConfiguration(), handler: handler)
         try server.start()
         let c = try RawH2Client(port: server.localPort)
         try c.get("/stall", stream: 1)
-        Thread.sleep(forTimeInterval: 0.05)
+        #expect(entered.wait(timeout: .now() + 5) == .success)
         let start = ContinuousClock.now
         server.shutdown(gracePeriod: .milliseconds(300))
         #expect(ContinuousClock.now - start < .seconds(3))
