@@ -48,6 +48,8 @@ let package = Package(
         .executableTarget(name: "ratchet-bench", dependencies: ["Ratchet"]),
         // Tiny echo server for scripts/bench-http.sh (HTTPServer vs nginx / nghttpd).
         .executableTarget(name: "http-bench-server", dependencies: ["HTTPServer"]),
+        // Release-built PushClient load driver for scripts/bench-push.sh (vs h2load, aioapns).
+        .executableTarget(name: "push-bench", dependencies: ["PushClient"]),
 
         // MARK: Tests (mirror the source targets; integration tests drive the real binaries)
         .testTarget(name: "RatchetTests", dependencies: ["Ratchet"], exclude: ["Vectors"]),

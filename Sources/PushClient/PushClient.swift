@@ -201,6 +201,8 @@ final class ConnectionSlot: @unchecked Sendable {
     private var draining: [CurlMulti] = []
     private var retries: [PendingPush] = []
     private var reconnectNext = false
+    private var resetBudget = ResetBudget()
+    private let epoch = ContinuousClock.now
 
     init(index: Int, shared: ClientShared) throws {
         self.index = index
@@ -320,6 +322,10 @@ final class ConnectionSlot: @unchecked Sendable {
         if let e = p.request.expiration { headers.append("apns-expiration: \(e)") }
         if let pr = p.request.priority { headers.append("apns-priority: \(pr)") }
         // Reconnect first, so the token policy sees the new connection's first use.
+        let since = epoch.duration(to: .now).components
+        if resetBudget.shouldReplace(now: Double(since.seconds) + Double(since.attoseconds) / 1e18) {
+            reconnectNext = true
+        }
         if reconnectNext {
             reconnectNext = false
             shared.tokens?.connectionReset(slot: index)
@@ -344,6 +350,7 @@ final class ConnectionSlot: @unchecked Sendable {
                                      headers: headers, body: p.body, options: options)
             t.context = TransferContext(push: p, tokenGeneration: generation)
             try multi!.add(t)
+            resetBudget.started()
         } catch {
             complete(p, .transportFailure("\(error)"))
         }
@@ -353,6 +360,7 @@ final class ConnectionSlot: @unchecked Sendable {
     private func replaceConnection() {
         if let m = multi, m.count > 0 { draining.append(m) }
         multi = nil
+        resetBudget.reset()
     }
 
     private func performAll() {
