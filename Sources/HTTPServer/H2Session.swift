@@ -231,41 +231,55 @@ final class H2Session {
         let r = responseIsSafe(response) ? response : invalidResponse
         connection.core.recordStatus(r.status)
 
-        var pairs: [(String, String)] = [(":status", statusCodeStrings[r.status])]
-        pairs.reserveCapacity(r.headers.count + 4)
-        var hasDate = false
-        for h in r.headers {
-            switch h.name {
-            case "connection", "transfer-encoding", "keep-alive", "upgrade", "proxy-connection", "content-length":
-                continue   // connection-specific: forbidden in HTTP/2; length is ours
-            case "date": hasDate = true
-            default: break
-            }
-            pairs.append((h.name, h.value))
-        }
         let bodyless = r.status < 200 || r.status == 204 || r.status == 304
-        if !bodyless { pairs.append(("content-length", String(r.body.count))) }
-        if !hasDate { pairs.append(("date", connection.loop.dateValue)) }
-
         let sendBody = !bodyless && !isHEAD && !r.body.isEmpty
         st.responseBody = sendBody ? r.body : []
         st.responseOffset = 0
 
-        // nghttp2 copies names and values during submit: one scratch block for all of them.
-        let total = pairs.reduce(0) { $0 + $1.0.utf8.count + $1.1.utf8.count }
-        let scratch = UnsafeMutablePointer<UInt8>.allocate(capacity: max(total, 1))
-        defer { scratch.deallocate() }
-        var nva: [nghttp2_nv] = []
-        nva.reserveCapacity(pairs.count)
-        var offset = 0
-        for (n, v) in pairs {
-            let np = scratch + offset
-            offset += UnsafeMutableBufferPointer(start: np, count: total - offset).initialize(from: n.utf8).1
-            let vp = scratch + offset
-            offset += UnsafeMutableBufferPointer(start: vp, count: total - offset).initialize(from: v.utf8).1
-            nva.append(nghttp2_nv(name: np, value: vp, namelen: n.utf8.count, valuelen: v.utf8.count,
-                                  flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)))
+        // nghttp2 copies names and values during submit: size one scratch block for all of them
+        // (":status", the handler's fields, content-length, date), then fill it.
+        var hasDate = false
+        var total = 7 + 3
+        var fields = 1
+        for h in r.headers {
+            switch classifyResponseHeader(h.name) {
+            case .framing: continue   // connection-specific: forbidden in HTTP/2; length is ours
+            case .date: hasDate = true
+            case .server, .none: break
+            }
+            total += h.name.utf8.count + h.value.utf8.count
+            fields += 1
         }
+        let lengthText = bodyless ? "" : String(r.body.count)
+        if !bodyless { total += 14 + lengthText.utf8.count; fields += 1 }
+        let date = hasDate ? "" : connection.loop.dateValue
+        if !hasDate { total += 4 + date.utf8.count; fields += 1 }
+
+        let scratch = UnsafeMutablePointer<UInt8>.allocate(capacity: total)
+        let nva = UnsafeMutablePointer<nghttp2_nv>.allocate(capacity: fields)
+        defer {
+            scratch.deallocate()
+            nva.deallocate()
+        }
+        var offset = 0
+        var index = 0
+        func copy(_ text: String) -> (UnsafeMutablePointer<UInt8>, Int) {
+            let start = scratch + offset
+            let n = UnsafeMutableBufferPointer(start: start, count: total - offset).initialize(from: text.utf8).1
+            offset += n
+            return (start, n)
+        }
+        func field(_ name: String, _ value: String) {
+            let (np, nl) = copy(name)
+            let (vp, vl) = copy(value)
+            (nva + index).initialize(to: nghttp2_nv(name: np, value: vp, namelen: nl, valuelen: vl,
+                                                    flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)))
+            index += 1
+        }
+        field(":status", statusCodeStrings[r.status])
+        for h in r.headers where classifyResponseHeader(h.name) != .framing { field(h.name, h.value) }
+        if !bodyless { field("content-length", lengthText) }
+        if !hasDate { field("date", date) }
         var rc: Int32
         if sendBody {
             var provider = nghttp2_data_provider(
@@ -287,9 +301,9 @@ final class H2Session {
                     }
                     return n
                 })
-            rc = nghttp2_submit_response(session, streamID, nva, nva.count, &provider)
+            rc = nghttp2_submit_response(session, streamID, nva, index, &provider)
         } else {
-            rc = nghttp2_submit_response(session, streamID, nva, nva.count, nil)
+            rc = nghttp2_submit_response(session, streamID, nva, index, nil)
         }
         if rc != 0 {
             _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID,
