@@ -272,6 +272,7 @@ class Deliveries:
         self.count = collections.Counter()
         self.first_at = {}
         self.by_token = collections.Counter()
+        self.received_wall = {}  # apns-id -> mock-apns' receivedAt of the first delivery (UNIX s)
         self.partial = b""
 
     def poll(self):
@@ -296,6 +297,11 @@ class Deliveries:
             self.count[a] += 1
             self.by_token[d.get("deviceToken", "")] += 1
             self.first_at.setdefault(a, now)
+            try:
+                ra = datetime.datetime.fromisoformat(d["receivedAt"].replace("Z", "+00:00")).timestamp()
+                self.received_wall.setdefault(a, ra)
+            except (KeyError, ValueError):
+                pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -567,7 +573,8 @@ def _fault_row(env, args, secret, dl, name):
         elif name == "refused":
             env.stop_mock()
         elif name == "expired":
-            env.faults([{"expireTokensIssuedBefore": int(time.time())}])
+            # +1: a token minted in this very second (after a reconnect) is expired too.
+            env.faults([{"expireTokensIssuedBefore": int(time.time()) + 1}])
         time.sleep(hold)
         if name in ("tls", "refused"):
             env.stop_mock()
@@ -575,6 +582,7 @@ def _fault_row(env, args, secret, dl, name):
         else:
             env.clear_faults()
         t_clear = time.monotonic()
+        t_clear_wall = time.time()
         acked_at_clear = dict(load.snapshot()[0])
         during = {i: v for i, v in acked_at_clear.items() if v[1] >= t_fault}
         time.sleep(1.0)
@@ -598,9 +606,10 @@ def _fault_row(env, args, secret, dl, name):
                "retries": int(retries), "nonSuccessAnswers": int(non200), "ingestStatus": dict(status),
                "unanswered": errors}
         if name == "429":
-            # Other tokens keep flowing: their pushes acked during the storm arrived during it.
-            others = [i for i, v in during.items() if v[0] != storm_token]
-            flowed = sum(1 for i in others if dl.first_at.get(i, float("inf")) <= t_clear + 0.5)
+            # Other tokens keep flowing: their pushes acknowledged during the storm (up to 0.5 s
+            # before it was cleared) reached mock-apns before the storm ended (its receivedAt).
+            others = [i for i, v in during.items() if v[0] != storm_token and v[2] <= t_clear - 0.5]
+            flowed = sum(1 for i in others if dl.received_wall.get(i, float("inf")) <= t_clear_wall)
             row["othersDeliveredDuringStorm"] = f"{flowed}/{len(others)}"
             row["othersFlowing"] = len(others) > 0 and flowed >= 0.9 * len(others)
             row["recovered"] = row["recovered"] and row["othersFlowing"]
