@@ -13,9 +13,10 @@ import Testing
         try f.open().close()
         let s = try f.open()
         defer { s.close() }
-        #expect(try f.schemaVersion == SQLiteOutboxStore.schemaVersion)
-        #expect(try f.schemaVersion == PostgresOutboxStore.schemaVersion)
-        let tables = try f.tables.filter { $0 != "relay_schema_version" }
+        // Each backend numbers its own migrations; outbox_stats is SQLite's pending-row counter
+        // (PostgreSQL counts with its own statistics).
+        #expect(try f.schemaVersion == (backend == .sqlite ? SQLiteOutboxStore.schemaVersion : PostgresOutboxStore.schemaVersion))
+        let tables = try f.tables.filter { $0 != "relay_schema_version" && $0 != "outbox_stats" }
         #expect(tables == ["attempts", "credentials", "responses", "token_pacing", "unregistered_tokens"])
     }
 
@@ -386,5 +387,47 @@ import Testing
         #expect(try s.counts().pending == 0)
         // The next batch works again and the bound counter was recomputed.
         guard case .accepted = try s.ingestNow(sample(), secret: c.secret) else { Issue.record("no recovery"); return }
+    }
+}
+
+@Suite struct PendingCounterTests {
+    let dir = TempDir()
+    let clock = TestClock()
+
+    @Test func boundSeesRowsWrittenByAnotherStoreOnTheSameFile() throws {
+        let server = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        defer { server.close() }
+        let secret = try server.createCredential(name: "c", apps: ["com.example.app"]).secret
+        _ = try server.ingestNow(sample(index: 1), secret: secret, maxPending: 3)
+        // A second store on the same file (relayctl in another process) adds a pending row.
+        let other = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        _ = try other.ingestNow(sample(index: 2), secret: secret, maxPending: 3)
+        other.close()
+        _ = try server.ingestNow(sample(index: 3), secret: secret, maxPending: 3)
+        #expect(try server.ingestNow(sample(index: 4), secret: secret, maxPending: 3) == .overCapacity)
+        let db = try SQLiteDatabase(path: dir.db, readOnly: true)
+        #expect(try db.scalar("SELECT pending FROM outbox_stats").int == 3)
+        #expect(try db.scalar("SELECT count(*) FROM responses WHERE state IN ('queued','inflight','retry')").int == 3)
+    }
+
+    @Test func migrationFromV1CountsExistingRows() throws {
+        do {
+            // A v1 database with two pending rows and one delivered.
+            let db = try SQLiteDatabase(path: dir.db)
+            try db.execute(SQLiteOutboxStore.migrations[0])
+            try db.execute("PRAGMA user_version = 1")
+            for (i, state) in ["queued", "retry", "delivered"].enumerated() {
+                try db.run("""
+                    INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
+                        state, attempts, next_attempt_at, created_at, expires_at, updated_at)
+                    VALUES (?, 'a', 'ab', 'S', X'01020304', ?, X'00', 'c', ?, 0, 0, 0, 1, 0)
+                    """, [.text("id\(i)"), .integer(Int64(i)), .text(state)])
+            }
+        }
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        defer { s.close() }
+        let db = try SQLiteDatabase(path: dir.db, readOnly: true)
+        #expect(try db.scalar("PRAGMA user_version").int == 2)
+        #expect(try db.scalar("SELECT pending FROM outbox_stats").int == 2)
     }
 }

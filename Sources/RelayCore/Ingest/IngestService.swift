@@ -127,7 +127,7 @@ public final class IngestService: Sendable {
             return finish(.error(Self.unauthorized, headers: authHeaders), "no bearer")
         }
         let hash = Credentials.hash(secret: secret)
-        let credentialKey = hash.prefix(16).map { String($0, radix: 16) }.joined()
+        let credentialKey = Array(hash.prefix(16)).lowercaseHex
         let c = credentialLimiter.take(credentialKey)
         guard c.allowed else {
             metrics.rateLimited(scope: "credential")

@@ -3,6 +3,7 @@
 // only after COMMIT returned completes each job. A failed statement or COMMIT fails every job of
 // the batch (the ingest layer turns that into 503, never 202).
 import Foundation
+import Synchronization
 
 final class GroupCommitWriter: @unchecked Sendable {
     // @unchecked Sendable: `db` and `afterRollback` are touched only by the writer thread after
@@ -26,9 +27,16 @@ final class GroupCommitWriter: @unchecked Sendable {
     var afterCommit: (@Sendable () -> Void)?
     /// Called on the writer thread before each batch's BEGIN (per-batch caches reset here).
     var beforeBatch: (() -> Void)?
+    /// Run inside the transaction right after BEGIN and right before COMMIT (state kept in the
+    /// database per batch, e.g. the pending-row counter). A throw fails the batch.
+    var afterBegin: ((SQLiteDatabase) throws -> Void)?
+    var beforeCommit: ((SQLiteDatabase) throws -> Void)?
 
-    private(set) var batchesCommitted = 0
-    private(set) var jobsCommitted = 0
+    // Read by /metrics from other threads.
+    private let batchCounter = Atomic<Int>(0)
+    private let jobCounter = Atomic<Int>(0)
+    var batchesCommitted: Int { batchCounter.load(ordering: .relaxed) }
+    var jobsCommitted: Int { jobCounter.load(ordering: .relaxed) }
 
     init(db: SQLiteDatabase, maxBatch: Int = 1024) {
         self.db = db
@@ -110,7 +118,9 @@ final class GroupCommitWriter: @unchecked Sendable {
         beforeBatch?()
         do {
             try db.execute("BEGIN IMMEDIATE")
+            try afterBegin?(db)
             for job in batch { try job.run(db) }
+            try beforeCommit?(db)
             try db.execute("COMMIT")
         } catch {
             failure = (error as? StoreError) ?? .invalid("\(error)")
@@ -118,8 +128,8 @@ final class GroupCommitWriter: @unchecked Sendable {
             afterRollback?(db)
         }
         if failure == nil {
-            batchesCommitted += 1
-            jobsCommitted += batch.count
+            batchCounter.add(1, ordering: .relaxed)
+            jobCounter.add(batch.count, ordering: .relaxed)
         }
         for job in batch { job.finish(failure) }
         if failure == nil { afterCommit?() }

@@ -21,7 +21,7 @@ public struct SQLiteStoreOptions: Sendable {
 public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     // @unchecked Sendable: `writer` serialises every write on its own thread; `reader` is only
     // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread).
-    public static let schemaVersion = 1
+    public static let schemaVersion = 2
 
     let writer: GroupCommitWriter?
     private let reader: SQLiteDatabase
@@ -37,7 +37,11 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     }
 
     final class WriterState {
+        /// queued + inflight + retry rows: read from outbox_stats at each batch start, adjusted
+        /// by the batch's jobs, written back before COMMIT (so relayctl's changes from another
+        /// process are seen, and start-up needs no count over the whole table).
         var pending = 0
+        var pendingAtBatchStart = 0
         var credentialTouched: [String: Int64] = [:]
         /// Credential lookups within the current transaction (a revocation by another process
         /// cannot commit while we hold the write lock, so this is exact).
@@ -65,8 +69,6 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         try db.execute("PRAGMA journal_mode=WAL")
         try db.execute("PRAGMA synchronous=\(options.synchronous.rawValue)")
         try Self.migrate(db)
-        let pending = try db.scalar("SELECT count(*) FROM responses WHERE state IN ('queued','inflight','retry')").int ?? 0
-        writerState.pending = Int(pending)
         for row in try db.query("SELECT token FROM unregistered_tokens UNION SELECT token FROM token_pacing") {
             if let t = row[0].string { writerState.watchedTokens.insert(t) }
         }
@@ -76,10 +78,16 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             state.credentials.removeAll(keepingCapacity: true)
             state.reservedInBatch = 0
         }
-        w.afterRollback = { db in
-            if let n = try? db.scalar("SELECT count(*) FROM responses WHERE state IN ('queued','inflight','retry')").int {
-                state.pending = Int(n)
+        w.afterBegin = { db in
+            state.pending = Int(try db.scalar("SELECT pending FROM outbox_stats WHERE id = 1").int ?? 0)
+            state.pendingAtBatchStart = state.pending
+        }
+        w.beforeCommit = { db in
+            if state.pending != state.pendingAtBatchStart {
+                try db.run("UPDATE outbox_stats SET pending = ? WHERE id = 1", [.integer(Int64(state.pending))])
             }
+        }
+        w.afterRollback = { _ in
             if state.reservedInBatch > 0 { state.handoff?.release(state.reservedInBatch) }
             state.reservedInBatch = 0
         }
@@ -147,6 +155,16 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             paced_until INTEGER NOT NULL,
             updated_at INTEGER NOT NULL
         );
+        """,
+        // v2: the pending-row counter kept per transaction, so start-up does not count the
+        // whole outbox (1M rows: hundreds of milliseconds) to enforce store.maxPending.
+        """
+        CREATE TABLE outbox_stats (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            pending INTEGER NOT NULL
+        );
+        INSERT INTO outbox_stats (id, pending)
+            SELECT 1, count(*) FROM responses WHERE state IN ('queued','inflight','retry');
         """,
     ]
 
