@@ -36,9 +36,17 @@ private func row(attempts: Int = 0, expiresAt: Int64 = 10_000_000) -> OutboxRow 
         #expect(policy.decide(a, row: row(attempts: 0), now: 100, random: 0.5) == .retry(at: 600, paceTokenUntil: nil))
     }
 
-    @Test func expiredProviderTokenRetriesAtOnce() {
+    @Test func expiredProviderTokenRetriesAtOnceThenBacksOff() {
         let a = PushAnswer(status: 403, reason: "ExpiredProviderToken", classification: .refreshTokenAndReconnect)
         #expect(policy.decide(a, row: row(), now: 100, random: 0.5) == .retry(at: 100, paceTokenUntil: nil))
+        // The refreshed token was refused too: no tight loop.
+        var again = row(attempts: 1)
+        again.lastReason = "ExpiredProviderToken"
+        #expect(policy.decide(a, row: again, now: 100, random: 0.5) == .retry(at: 1100, paceTokenUntil: nil))
+        // After some other answer, the first ExpiredProviderToken is again retried at once.
+        var other = row(attempts: 3)
+        other.lastReason = "ServiceUnavailable"
+        #expect(policy.decide(a, row: other, now: 100, random: 0.5) == .retry(at: 100, paceTokenUntil: nil))
     }
 
     @Test func backoffIsFullJitterDoublingUpToTheCap() {

@@ -74,7 +74,14 @@ public struct DeliveryPolicy: Sendable, Equatable {
             }
             return .failed(reason: reason)
         case .refreshTokenAndReconnect:
-            retryAt = now + refreshRetryDelayMillis
+            // Retry at once after the first ExpiredProviderToken (PushClient has minted a new
+            // token). If the previous answer for this row was the same, the new token was refused
+            // too (e.g. a host clock off by an hour): back off instead of looping.
+            if row.lastReason == answer.reason, row.attempts > 0 {
+                retryAt = now + backoffDelay(priorAttempts: row.attempts, random: unit)
+            } else {
+                retryAt = now + refreshRetryDelayMillis
+            }
         case .retryAfterDelay:
             if answer.reason == "TooManyRequests" {
                 retryAt = now + tooManyRequestsDelayMillis
