@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# PostgreSQL store benchmark (a markdown section on stdout; progress on stderr). Run by
+# `make bench` via scripts/bench.sh, or alone: scripts/bench-postgres.sh.
+#
+# Same run, same machine, same mock-apns:
+#   anchor: one relay-server node on SQLite (synchronous=FULL)
+#   vs 1, 2 and 3 relay-server nodes sharing one PostgreSQL (fsync on, synchronous_commit on,
+#   shared_buffers 64MB: scripts/pg-test.sh).
+#  1. Durable ingest: 202/s with 64 keep-alive connections in total, split evenly over the nodes
+#     (one wrk per node, unique bodies), while the nodes also deliver to mock-apns.
+#  2. Drain: BENCH_PG_DRAIN_ROWS rows inserted queued while the nodes are down, then the nodes
+#     start; rows delivered to mock-apns per second until the queue is empty.
+# CPU seconds used by relay-server, PostgreSQL and wrk during the ingest window show where the
+# ceiling is. Leaves no processes behind (the trap stops what it started, by pid).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${BENCH_DURATION:-8}
+CONNECTIONS=${BENCH_CONNECTIONS:-64}
+DRAIN_ROWS=${BENCH_PG_DRAIN_ROWS:-20000}
+for tool in wrk openssl sqlite3 curl python3 psql; do
+  command -v "$tool" >/dev/null || { echo "bench-postgres: $tool missing (make deps bench-deps)" >&2; exit 1; }
+done
+
+swift build -c release --product relay-server >&2
+swift build -c release --product mock-apns >&2
+BIN=$(swift build -c release --show-bin-path)
+WORK=$(mktemp -d /tmp/bench-postgres.XXXXXX)
+chmod 755 "$WORK"
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  scripts/pg-test.sh stop "$WORK/pg" >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+wait_url() { for _ in $(seq 1 600); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.05; done; echo "bench-postgres: $1 never came up" >&2; exit 1; }
+now_ms() { python3 -c 'import time; print(int(time.time()*1000))'; }
+# CPU seconds (user+system) of the given pids, summed.
+cpu_of() { python3 - "$@" <<'EOF'
+import os, sys
+hz = os.sysconf("SC_CLK_TCK"); total = 0
+for p in sys.argv[1:]:
+    try:
+        f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+        total += int(f[11]) + int(f[12])
+    except Exception: pass
+print(f"{total / hz:.2f}")
+EOF
+}
+pg_pids() { pgrep -u postgres -f "$WORK/pg" | tr '\n' ' '; pgrep -u postgres -P "$(head -1 "$WORK/pg/data/postmaster.pid")" | tr '\n' ' '; }
+
+openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null | openssl pkcs8 -topk8 -nocrypt -out "$WORK/apns.p8"
+MOCK_PORT=$(free_port); CONTROL_PORT=$(free_port)
+"$BIN/mock-apns" --listen "127.0.0.1:$MOCK_PORT" --control "127.0.0.1:$CONTROL_PORT" --generate-tls --ca-out "$WORK/ca.pem" \
+  --token-key "BENCHKEY01:BENCHTEAM1:$WORK/apns.p8" --bundle-id com.example.bench 2>"$WORK/mock.log" &
+PIDS+=($!)
+wait_url "http://127.0.0.1:$CONTROL_PORT/stats"
+
+echo "== starting PostgreSQL (scripts/pg-test.sh)" >&2
+PG_URL=$(scripts/pg-test.sh start "$WORK/pg" 2>"$WORK/pg-start.log" </dev/null | tail -1)
+PG_ADMIN="${PG_URL%/relay}/postgres"
+
+SECRET="rk_$(openssl rand -base64 32 | tr '+/' '-_' | tr -d '=\n')"
+HASH=$(printf %s "$SECRET" | openssl dgst -sha256 -binary | od -An -tx1 | tr -d ' \n')
+
+# write_config NAME STORE_JSON -> $WORK/NAME.json with fresh ports in NAME.ports
+write_config() {
+  local name=$1 store=$2 port admin
+  port=$(free_port); admin=$(free_port)
+  echo "$port $admin" > "$WORK/$name.ports"
+  cat > "$WORK/$name.json" <<EOF
+{"listen":{"host":"127.0.0.1","port":$port},"admin":{"host":"127.0.0.1","port":$admin},
+ "store":$store,
+ "ingest":{"rateLimits":{"perCredential":{"perSecond":0,"burst":1},"perPushToken":{"perSecond":0,"burst":1}}},
+ "apps":[{"bundleID":"com.example.bench","environment":"custom","url":"https://127.0.0.1:$MOCK_PORT","caFile":"$WORK/ca.pem",
+          "token":{"p8Path":"$WORK/apns.p8","keyID":"BENCHKEY01","teamID":"BENCHTEAM1"}}],
+ "watchdog":false,"log":{"format":"json","level":"warning"}}
+EOF
+}
+
+NODE_PIDS=()
+start_nodes() {  # names...
+  NODE_PIDS=()
+  for n in "$@"; do
+    "$BIN/relay-server" --config "$WORK/$n.json" 2>>"$WORK/$n.log" &
+    NODE_PIDS+=($!)
+    PIDS+=($!)
+  done
+  for n in "$@"; do wait_url "http://127.0.0.1:$(cut -d' ' -f2 "$WORK/$n.ports")/readyz"; done
+}
+stop_nodes() {
+  for p in "${NODE_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${NODE_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+
+# Sum of relay_store_commits_total over the given nodes (PostgreSQL: ingest transactions).
+commits_of() {
+  local total=0 v
+  for n in "$@"; do
+    v=$(curl -fsS "http://127.0.0.1:$(cut -d' ' -f2 "$WORK/$n.ports")/metrics" | awk '/^relay_store_commits_total /{print $2}')
+    total=$((total + ${v:-0}))
+  done
+  echo "$total"
+}
+
+cat > "$WORK/post.lua" <<'EOF'
+local threads = {}
+function setup(thread) thread:set("tid", #threads) table.insert(threads, thread) end
+function init(args)
+  math.randomseed(os.time() * 1000 + tid * 7919 + tonumber(os.getenv("WRK_SEED") or "0"))
+  local t = {}
+  for i = 1, 32 do t[i] = string.format("%02x", math.random(0, 255)) end
+  token = table.concat(t)
+  session = string.format("%08X-%04X-4%03X-8%03X-%012X", math.random(0, 0x7fffffff), math.random(0, 0xffff),
+                          math.random(0, 0xfff), math.random(0, 0xfff), math.random(0, 0x7fffffff))
+  n = 0
+  bad = 0
+  data = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7"
+  hdrs = { ["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. os.getenv("RELAY_CRED") }
+end
+function request()
+  n = n + 1
+  local body = '{"pushToken":"' .. token .. '","sessionIdentifier":"' .. session ..
+    '","keyID":"AQIDBA==","messageIndex":' .. n .. ',"encryptedData":"' .. data .. '"}'
+  return wrk.format("POST", "/v1/responses", hdrs, body)
+end
+function response(status, headers, body) if status ~= 202 then bad = bad + 1 end end
+function done(summary, latency, requests)
+  local b = 0
+  for _, t in ipairs(threads) do b = b + t:get("bad") end
+  io.write(string.format("NON202 %d\n", b))
+end
+EOF
+
+# ingest LABEL names... : one wrk per node, CONNECTIONS split evenly; prints "rps non202 relay_cpu pg_cpu wrk_cpu"
+ingest() {
+  local label=$1; shift
+  local k=$# per=$((CONNECTIONS / $#)) i=0 wpids=() pgp relay0 pg0 wrk_cpu=0
+  pgp=$(pg_pids)
+  relay0=$(cpu_of "${NODE_PIDS[@]}"); pg0=$(cpu_of $pgp)
+  for n in "$@"; do
+    i=$((i + 1))
+    WRK_SEED=$i RELAY_CRED="$SECRET" wrk -t1 -c"$per" -d"${DURATION}s" -s "$WORK/post.lua" \
+      "http://127.0.0.1:$(cut -d' ' -f1 "$WORK/$n.ports")" > "$WORK/wrk-$label-$n.txt" &
+    wpids+=($!)
+  done
+  # CPU of the nodes and PostgreSQL is sampled just before wrk ends (wrk's own from its exit).
+  sleep $((DURATION - 1))
+  local relay1 pg1
+  relay1=$(cpu_of "${NODE_PIDS[@]}"); pg1=$(cpu_of $pgp)
+  for p in "${wpids[@]}"; do wait "$p"; done
+  python3 - "$relay0" "$relay1" "$pg0" "$pg1" "$WORK" "$label" "$@" <<'EOF'
+import sys, re
+r0, r1, p0, p1, work, label = sys.argv[1:7]
+rps = non = 0.0
+for n in sys.argv[7:]:
+    t = open(f"{work}/wrk-{label}-{n}.txt").read()
+    rps += float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
+    non += int(re.search(r"NON202 (\d+)", t).group(1))
+print(f"{rps:.0f} {non:.0f} {float(r1)-float(r0):.1f} {float(p1)-float(p0):.1f}")
+EOF
+}
+
+# drain LABEL COUNT_CMD names... : times delivery of DRAIN_ROWS pre-queued rows; prints rows/s
+drain() {
+  local label=$1 count_cmd=$2; shift 2
+  local t0 t1 delivered=0
+  t0=$(now_ms)
+  start_nodes "$@"
+  for _ in $(seq 1 1200); do
+    delivered=$(eval "$count_cmd")
+    [ "$delivered" -ge "$DRAIN_ROWS" ] && break
+    sleep 0.1
+  done
+  t1=$(now_ms)
+  stop_nodes
+  if [ "$delivered" -lt "$DRAIN_ROWS" ]; then echo "bench-postgres: $label drained only $delivered of $DRAIN_ROWS" >&2; echo 0; return; fi
+  python3 -c "print(f'{$DRAIN_ROWS / (($t1 - $t0) / 1000):.0f}')"
+}
+
+NOW=$(($(date +%s) * 1000))
+
+# --- anchor: one SQLite node ----------------------------------------------------------------
+echo "== SQLite, 1 node: ingest" >&2
+write_config sqlite "{\"kind\":\"sqlite\",\"path\":\"$WORK/sqlite.db\",\"synchronous\":\"FULL\",\"maxPending\":5000000}"
+start_nodes sqlite
+sqlite3 "$WORK/sqlite.db" ".timeout 5000" "INSERT INTO credentials (id,name,hash,apps,created_at) VALUES ('cred_bench','bench',X'$HASH','com.example.bench',0)"
+read -r S_RPS S_NON S_RELAYCPU _ <<< "$(ingest sqlite sqlite)"
+stop_nodes
+echo "== SQLite, 1 node: drain $DRAIN_ROWS" >&2
+sqlite3 "$WORK/sqlite.db" ".timeout 5000" "DELETE FROM responses; DELETE FROM attempts;
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $DRAIN_ROWS)
+INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id, state,
+                       attempts, next_attempt_at, created_at, expires_at, updated_at)
+SELECT lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || substr(hex(randomblob(2)),2) || '-8' ||
+             substr(hex(randomblob(2)),2) || '-' || hex(randomblob(6))),
+       'com.example.bench', printf('%064x', i), 'B1D0C8A4-1111-4222-8333-444455556666', X'01020304', i, randomblob(48), 'cred_bench',
+       'queued', 0, $NOW, $NOW, $NOW + 86400000, $NOW FROM n;"
+S_DRAIN=$(drain sqlite "sqlite3 '$WORK/sqlite.db' '.timeout 5000' \"SELECT count(*) FROM responses WHERE state = 'delivered'\"" sqlite)
+
+# --- 1, 2, 3 nodes on one PostgreSQL --------------------------------------------------------
+declare -A P_RPS P_NON P_RELAYCPU P_PGCPU P_DRAIN P_BATCH
+for k in 1 2 3; do
+  db="bench$k"
+  psql -q "$PG_ADMIN" -c "CREATE DATABASE $db" >/dev/null
+  url="${PG_URL%/relay}/$db"
+  names=()
+  for i in $(seq 1 "$k"); do
+    write_config "pg$k-n$i" "{\"kind\":\"postgres\",\"url\":\"$url\",\"nodeId\":\"bench-$k-$i\",\"maxPending\":5000000}"
+    names+=("pg$k-n$i")
+  done
+  echo "== PostgreSQL, $k node(s): ingest" >&2
+  start_nodes "${names[@]}"
+  psql -q "$url" -c "INSERT INTO credentials (id,name,hash,apps,created_at) VALUES ('cred_bench','bench','\\x$HASH','com.example.bench',0)" >/dev/null
+  c0=$(commits_of "${names[@]}")
+  read -r P_RPS[$k] P_NON[$k] P_RELAYCPU[$k] P_PGCPU[$k] <<< "$(ingest "pg$k" "${names[@]}")"
+  c1=$(commits_of "${names[@]}")
+  rows=$(psql -Atq "$url" -c "SELECT count(*) FROM responses")
+  P_BATCH[$k]=$(python3 -c "print(f'{$rows / max(1, $c1 - $c0):.1f}')")
+  stop_nodes
+  echo "== PostgreSQL, $k node(s): drain $DRAIN_ROWS" >&2
+  psql -q "$url" -c "TRUNCATE responses, attempts; INSERT INTO responses (id, app, push_token, session_id, key_id, message_index,
+      encrypted_data, credential_id, state, attempts, next_attempt_at, created_at, expires_at, updated_at)
+    SELECT gen_random_uuid()::text, 'com.example.bench', lpad(to_hex(i), 64, '0'), 'B1D0C8A4-1111-4222-8333-444455556666',
+      '\\x01020304'::bytea, i, decode(repeat('ab', 48), 'hex'), 'cred_bench', 'queued', 0, $NOW, $NOW, $NOW + 86400000, $NOW
+    FROM generate_series(1, $DRAIN_ROWS) i; ANALYZE responses;" >/dev/null
+  P_DRAIN[$k]=$(drain "pg$k" "psql -Atq '$url' -c \"SELECT count(*) FROM responses WHERE state = 'delivered'\"" "${names[@]}")
+done
+
+LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
+ratio() { python3 -c "a, b = float('$1'), float('$2'); print(f'{a / b:.2f}x' if b > 0 else 'n/a')"; }
+
+cat <<EOF
+## PostgreSQL store: 1, 2, 3 nodes vs one SQLite node (scripts/bench-postgres.sh)
+
+Durable ingest: \`wrk\` with $CONNECTIONS keep-alive connections in total, split evenly over the
+nodes (one wrk per node), ${DURATION} s, unique bodies; every 202 is committed (SQLite
+\`synchronous=FULL\`; PostgreSQL \`fsync=on\`, \`synchronous_commit=on\`, \`shared_buffers=64MB\`
+from scripts/pg-test.sh) while the nodes also deliver to mock-apns. Drain: $DRAIN_ROWS rows
+inserted \`queued\` while the nodes are down; rows delivered to mock-apns per second from node
+start until the queue is empty. CPU: seconds of CPU used during the ingest window (2 cores
+give at most $((2 * DURATION)) s). Load average at the end: $LOAD.
+
+| store | nodes | ingest 202/s | vs SQLite | non-202 | rows per commit | relay CPU s | PostgreSQL CPU s | drain rows/s | vs SQLite |
+|---|---|---|---|---|---|---|---|---|---|
+| SQLite | 1 | $S_RPS | 1.00x | $S_NON | – | $S_RELAYCPU | – | $S_DRAIN | 1.00x |
+| PostgreSQL | 1 | ${P_RPS[1]} | $(ratio "${P_RPS[1]}" "$S_RPS") | ${P_NON[1]} | ${P_BATCH[1]} | ${P_RELAYCPU[1]} | ${P_PGCPU[1]} | ${P_DRAIN[1]} | $(ratio "${P_DRAIN[1]}" "$S_DRAIN") |
+| PostgreSQL | 2 | ${P_RPS[2]} | $(ratio "${P_RPS[2]}" "$S_RPS") | ${P_NON[2]} | ${P_BATCH[2]} | ${P_RELAYCPU[2]} | ${P_PGCPU[2]} | ${P_DRAIN[2]} | $(ratio "${P_DRAIN[2]}" "$S_DRAIN") |
+| PostgreSQL | 3 | ${P_RPS[3]} | $(ratio "${P_RPS[3]}" "$S_RPS") | ${P_NON[3]} | ${P_BATCH[3]} | ${P_RELAYCPU[3]} | ${P_PGCPU[3]} | ${P_DRAIN[3]} | $(ratio "${P_DRAIN[3]}" "$S_DRAIN") |
+
+"rows per commit": rows ingested per ingest transaction (relay_store_commits_total summed
+over the nodes), i.e. how much group commit batches; one WAL flush serves a whole batch.
+
+$(python3 - "$DURATION" "$S_RELAYCPU" "${P_RELAYCPU[1]}" "${P_PGCPU[1]}" "${P_RELAYCPU[3]}" "${P_PGCPU[3]}" "$LOAD" <<'PY'
+import sys
+d, load = sys.argv[1], sys.argv[7]
+s_relay, r1, p1, r3, p3 = map(float, sys.argv[2:7])
+budget = 2 * float(d)
+print(f"Where the ceiling is (this run): the CPU budget of the ingest window is {budget:.0f} s "
+      f"(2 cores). One PostgreSQL node used {r1 + p1:.1f} s (relay {r1:.1f}, PostgreSQL {p1:.1f}); three "
+      f"nodes {r3 + p3:.1f} s (relay {r3:.1f}, PostgreSQL {p3:.1f}); the SQLite node {s_relay:.1f} s; wrk "
+      f"and the other work on the machine (load average {load}) used the rest. On 2 shared cores extra "
+      f"nodes only split the same CPU and each adds PostgreSQL backends and round trips, so 2-3 nodes "
+      f"cannot be expected to beat one here; PostgreSQL's CPU per row and about six round trips per "
+      f"batch are the cost against SQLite's in-process commit. fsync is not the limit while batches hold "
+      f"several rows. On separate machines each node brings its own CPU and the ceiling moves to the one "
+      f"PostgreSQL server: its CPU for ingest statements, claims and outcome writes, then its WAL flush rate.")
+PY
+)
+EOF
