@@ -103,6 +103,13 @@ package struct HTTP1Parser: Sendable {
     /// Bytes appended but not yet consumed by `next()`.
     package var bufferedByteCount: Int { writeIndex - readIndex }
 
+    /// Bytes of input buffer held (memory cost of an idle connection).
+    package var bufferCapacity: Int { storage.capacity }
+
+    /// Buffer capacity kept between requests; a larger buffer (grown by a pipelined burst or a
+    /// big read) is freed once empty, so idle keep-alive connections stay small.
+    package static let retainedBufferCapacity = 16_384
+
     /// Buffers more input. Input after a failure is dropped.
     package mutating func append(_ bytes: UnsafeRawBufferPointer) {
         guard let source = bytes.baseAddress, bytes.count > 0 else { return }
@@ -577,6 +584,12 @@ package struct HTTP1Parser: Sendable {
         self.head = nil
         request = RequestInProgress()
         phase = .requestLine
+        if readIndex == writeIndex && storage.capacity > Self.retainedBufferCapacity {
+            storage = HTTP1InputStorage(capacity: 0)
+            readIndex = 0
+            writeIndex = 0
+            scanIndex = 0
+        }
         return .request(HTTP1Request(head: head, body: body))
     }
 

@@ -306,6 +306,27 @@ struct HTTP1ParserPipeliningTests {
         #expect(b.body == bytes("abd"))
     }
 
+    @Test func aBurstGrowsTheBufferWhichIsFreedOnceDrained() {
+        var parser = HTTP1Parser()
+        let burst = Array(repeating: bytes("GET /x HTTP/1.1\r\nHost: a\r\n\r\n"), count: 3000).flatMap { $0 }
+        parser.append(burst)
+        #expect(parser.bufferCapacity >= burst.count)
+        var count = 0
+        while let event = parser.next() {
+            if case .request = event { count += 1 }
+        }
+        #expect(count == 3000)
+        #expect(parser.bufferCapacity <= HTTP1Parser.retainedBufferCapacity)
+        // Still works afterwards.
+        parser.append(bytes("GET /y HTTP/1.1\r\nHost: a\r\n\r\n"))
+        #expect(parser.next() != nil)
+        guard case .request(let last)? = parser.next() else {
+            Issue.record("no request after the burst")
+            return
+        }
+        #expect(last.head.target == "/y")
+    }
+
     @Test func manyRequestsThroughOneParserKeepTheBufferSmall() {
         var parser = HTTP1Parser()
         let request = bytes("GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
