@@ -4,9 +4,8 @@
 // stand-in APNs that appends "<apns-id> <node>" to a shared file and answers 200, so deliveries
 // made just before a kill survive it. Each test runs its own throwaway PostgreSQL cluster
 // (scripts/pg-test.sh) so it can restart the server without disturbing other tests.
-//
-// TODO(relay-server): once the relay-server executable works, start it and mock-apns here
-// instead of the bundle host and the file transport; the assertions stay the same.
+// The file lets the test tell which node sent each push, which mock-apns cannot; the same kill
+// -9 scenario with the real relay-server and mock-apns binaries is PostgresRelayServerTests.
 import Foundation
 import RelayCore
 import Synchronization
@@ -41,9 +40,13 @@ final class PrivatePostgres {
         guard r.status == 0 else { throw StoreError.invalid("pg-test.sh resume failed: \(r.stderr)") }
     }
 
-    /// Output goes to files, not pipes: the PostgreSQL server started by the script inherits
-    /// the script's descriptors, so a pipe would never reach end-of-file.
-    static func run(_ args: [String]) throws -> Relayctl.Result {
+    static func run(_ args: [String]) throws -> Relayctl.Result { try spawnAndWait(["/bin/bash", script] + args) }
+}
+
+/// Runs a command to completion. Output goes to files, not pipes: a daemon it leaves behind
+/// (pg_ctl's postgres) inherits the descriptors, so a pipe would never reach end-of-file.
+func spawnAndWait(_ argv: [String]) throws -> Relayctl.Result {
+    do {  // one scope so the temp files are removed before returning
         let base = NSTemporaryDirectory() + "pg-test-out-" + UUID().uuidString
         _ = FileManager.default.createFile(atPath: base + ".out", contents: nil)
         _ = FileManager.default.createFile(atPath: base + ".err", contents: nil)
@@ -59,11 +62,10 @@ final class PrivatePostgres {
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 1, base + ".out", O_WRONLY | O_TRUNC, 0o644)
         posix_spawn_file_actions_addopen(&actions, 2, base + ".err", O_WRONLY | O_TRUNC, 0o644)
-        let argv = ["/bin/bash", script] + args
         var cArgs: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
         defer { for a in cArgs { free(a) } }
         var pid: pid_t = 0
-        let rc = posix_spawn(&pid, "/bin/bash", &actions, nil, &cArgs, environ)
+        let rc = posix_spawn(&pid, argv[0], &actions, nil, &cArgs, environ)
         guard rc == 0 else { throw StoreError.invalid("posix_spawn failed: \(rc)") }
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
