@@ -43,31 +43,18 @@ final class CurlTransfer {
     private(set) var responseBody: [UInt8] = []
     private(set) var responseHeaders: [String: String] = [:]
 
-    init(url: String, headers: [String], body: [UInt8], options: CurlConnectionOptions) throws {
+    /// Sets everything that is the same for every push; `prepare` sets the rest. A slot keeps
+    /// finished transfers and reuses them (saves curl_easy_init and ~25 setopt calls per push).
+    init(options: CurlConnectionOptions) throws {
         _ = curlGlobalInit
         guard let easy = curl_easy_init() else { throw PushClientError.curl("curl_easy_init failed") }
         self.easy = easy
         errorBuffer.initialize(to: 0)
-        for h in headers {
-            guard let list = curl_slist_append(headerList, h) else { throw PushClientError.curl("out of memory (curl_slist_append)") }
-            headerList = list
-        }
         try set(CURLOPT_ERRORBUFFER, pointer: UnsafeMutableRawPointer(errorBuffer))
-        try set(CURLOPT_URL, url)
         try set(CURLOPT_NOSIGNAL, 1)
         try set(CURLOPT_POST, 1)
-        // Size first, then COPYPOSTFIELDS: libcurl copies the bytes (POSTFIELDS would keep a
-        // pointer into a Swift array that may move).
-        try check(ccurl_easy_setopt_off_t(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(body.count)))
-        try body.withUnsafeBufferPointer { buf in
-            try check(buf.baseAddress!.withMemoryRebound(to: CChar.self, capacity: body.count) {
-                ccurl_easy_setopt_string(easy, CURLOPT_COPYPOSTFIELDS, $0)
-            })
-        }
-        try set(CURLOPT_HTTPHEADER, pointer: UnsafeMutableRawPointer(headerList))
         try set(CURLOPT_HTTP_VERSION, options.http2PriorKnowledge ? Int(CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE) : Int(CURL_HTTP_VERSION_2TLS))
         try set(CURLOPT_SSLVERSION, Int(CURL_SSLVERSION_TLSv1_2))
-        try set(CURLOPT_TIMEOUT_MS, options.requestTimeoutMS)
         try set(CURLOPT_CONNECTTIMEOUT_MS, options.connectTimeoutMS)
         // Wait for the slot's connection to multiplex instead of opening a second one.
         try set(CURLOPT_PIPEWAIT, 1)
@@ -117,6 +104,35 @@ final class CurlTransfer {
             }
             return n
         })
+    }
+
+    /// The per-push part: URL, headers, body, what is left of the push's time budget.
+    func prepare(url: String, headers: [String], body: [UInt8], timeoutMS: Int) throws {
+        responseBody.removeAll(keepingCapacity: true)
+        responseHeaders.removeAll(keepingCapacity: true)
+        errorBuffer[0] = 0
+        var list: UnsafeMutablePointer<curl_slist>? = nil
+        for h in headers {
+            guard let l = curl_slist_append(list, h) else {
+                curl_slist_free_all(list)
+                throw PushClientError.curl("out of memory (curl_slist_append)")
+            }
+            list = l
+        }
+        // libcurl borrows the list until the transfer ends: swap, then free the old one.
+        try set(CURLOPT_HTTPHEADER, pointer: UnsafeMutableRawPointer(list))
+        curl_slist_free_all(headerList)
+        headerList = list
+        try set(CURLOPT_URL, url)
+        // Size first, then COPYPOSTFIELDS: libcurl copies the bytes (POSTFIELDS would keep a
+        // pointer into a Swift array that may move).
+        try check(ccurl_easy_setopt_off_t(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(body.count)))
+        try body.withUnsafeBufferPointer { buf in
+            try check(buf.baseAddress!.withMemoryRebound(to: CChar.self, capacity: body.count) {
+                ccurl_easy_setopt_string(easy, CURLOPT_COPYPOSTFIELDS, $0)
+            })
+        }
+        try set(CURLOPT_TIMEOUT_MS, timeoutMS)
     }
 
     deinit {

@@ -202,6 +202,8 @@ final class ConnectionSlot: @unchecked Sendable {
     private var retries: [PendingPush] = []
     private var reconnectNext = false
     private var resetBudget = ResetBudget()
+    /// Finished transfers (easy handles) kept for reuse.
+    private var pool: [CurlTransfer] = []
     private let epoch = ContinuousClock.now
 
     init(index: Int, shared: ClientShared) throws {
@@ -237,17 +239,19 @@ final class ConnectionSlot: @unchecked Sendable {
     }
 
     func enqueue(_ push: PendingPush) {
-        let accepted = inbox.withLock { box -> Bool in
-            guard !box.stopping else { return false }
+        outstanding.add(1, ordering: .relaxed)
+        let (accepted, wasEmpty) = inbox.withLock { box -> (Bool, Bool) in
+            guard !box.stopping else { return (false, false) }
             box.pending.append(push)
-            return true
+            return (true, box.pending.count == 1)
         }
         guard accepted else {
+            outstanding.subtract(1, ordering: .relaxed)
             push.completion(push.local ?? .transportFailure("shutdown"))
             return
         }
-        outstanding.add(1, ordering: .relaxed)
-        wake()
+        // The slot empties the inbox in one go after waking: one pipe write per batch, not per push.
+        if wasEmpty { wake() }
     }
 
     func requestStop() {
@@ -342,12 +346,11 @@ final class ConnectionSlot: @unchecked Sendable {
                 return complete(p, .transportFailure("cannot sign provider token: \(error)"))
             }
         }
-        var options = shared.options
-        options.requestTimeoutMS = remainingMS
         do {
             if multi == nil { multi = try CurlMulti() }
-            let t = try CurlTransfer(url: shared.baseURL + "/3/device/" + p.request.deviceToken.lowercased(),
-                                     headers: headers, body: p.body, options: options)
+            let t = try pool.popLast() ?? CurlTransfer(options: shared.options)
+            try t.prepare(url: shared.baseURL + "/3/device/" + p.request.deviceToken.lowercased(),
+                          headers: headers, body: p.body, timeoutMS: remainingMS)
             t.context = TransferContext(push: p, tokenGeneration: generation)
             try multi!.add(t)
             resetBudget.started()
@@ -377,6 +380,10 @@ final class ConnectionSlot: @unchecked Sendable {
     }
 
     private func finish(_ t: CurlTransfer, _ o: CurlOutcome) {
+        defer {
+            t.context = nil
+            if pool.count < 1024 { pool.append(t) }
+        }
         guard let ctx = t.context as? TransferContext else { return }
         let p = ctx.push
         // libcurl reconnected on its own (after GOAWAY or a dead connection): the token this
@@ -445,6 +452,7 @@ final class ConnectionSlot: @unchecked Sendable {
         retries.removeAll()
         multi = nil
         draining.removeAll()
+        pool.removeAll()
     }
 
     /// Maps an HTTP response to a PushResult (pure; unit tested).
