@@ -159,7 +159,7 @@ func tokenCredentials(_ dir: TempDir) throws -> APNsCredentials {
             client.send(PushRequest(deviceToken: "aa", bundleID: "com.example.app", payload: samplePayload()), completion: results.add)
         }
         client.shutdown()
-        #expect(results.wait(for: 20, upTo: 10))
+        #expect(results.wait(for: 20, upTo: 30))
         #expect(results.all.allSatisfy { $0 == .transportFailure("shutdown") })
         // After shutdown, sends complete at once.
         client.send(PushRequest(deviceToken: "aa", bundleID: "com.example.app", payload: samplePayload()), completion: results.add)
