@@ -104,6 +104,15 @@ RELAY_NON202=$(awk '/^NON202/{print $2}' "$WORK/wrk-relay.txt")
 RELAY_P99=$(awk '/ 99%/{print $2}' "$WORK/wrk-relay.txt")
 ROWS_STORED=$(sqlite3 "$WORK/ingest.db" "SELECT count(*) FROM responses")
 RSS_INGEST=$(awk '/VmHWM/{print $2}' "/proc/$RELAY_PID/status")
+# The same load with APNs stalled (mock answers nothing): the dispatcher fills its in-flight
+# slots and idles, so this isolates the ingest path (validate + group commit) from the CPU that
+# PushClient and mock-apns use on these same cores.
+curl -fsS -X POST "http://127.0.0.1:$CONTROL_PORT/faults" -H 'Content-Type: application/json' -d '{"stall":true}' >/dev/null
+echo "== wrk relay-server POST, APNs stalled" >&2
+RELAY_CRED="$CRED" wrk -t2 -c"$CONNECTIONS" -d"${DURATION}s" -s "$WORK/post.lua" "http://127.0.0.1:$RELAY_PORT" > "$WORK/wrk-relay-stalled.txt"
+STALLED_RPS=$(awk '/Requests\/sec/{print $2}' "$WORK/wrk-relay-stalled.txt")
+STALLED_NON202=$(awk '/^NON202/{print $2}' "$WORK/wrk-relay-stalled.txt")
+curl -fsS -X DELETE "http://127.0.0.1:$CONTROL_PORT/faults" >/dev/null
 stop_relay
 
 NGINX_PORT=$(free_port)
@@ -223,6 +232,7 @@ release builds on loopback; SQLite \`synchronous=FULL\`; rate limits disabled).
 | measurement | figure | anchor (same run) | ratio | target |
 |---|---|---|---|---|
 | durable ingest, 202/s at $CONNECTIONS keep-alive connections | $RELAY_RPS/s (non-202: $RELAY_NON202; rows stored: $ROWS_STORED; wrk p99 $RELAY_P99) | nginx static: $NGINX_RPS/s | $(ratio "$RELAY_RPS" "$NGINX_RPS") x nginx | >= 0.5x |
+| durable ingest with APNs stalled (ingest path only) | $STALLED_RPS/s (non-202: $STALLED_NON202) | nginx static: $NGINX_RPS/s | $(ratio "$STALLED_RPS" "$NGINX_RPS") x nginx | >= 0.5x |
 | ingest -> APNs (mock) latency at ${LAT_RATE}/s offered | p50 ${LAT_P50} ms, p99 ${LAT_P99} ms ($LAT_MATCHED of $LAT_SENT matched) | – | – | p99 < 5 ms |
 | start to ready with $ROWS queued rows (DB ${DB_MB} MB) | ${READY_MS} ms (process start to /readyz 200) | – | – | < 300 ms |
 | peak RSS with $ROWS queued rows, 5 s into draining | $((RSS_KB / 1024)) MB peak; now $((ANON_KB / 1024)) MB anonymous, PSS $((PSS_KB / 1024)) MB (delivered so far: ${DRAINED:-?}) | – | – | < 40 MB |
