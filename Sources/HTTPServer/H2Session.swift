@@ -314,12 +314,14 @@ final class H2Session {
         }
     }
 
-    /// GOAWAY(NO_ERROR). Without an explicit last stream: the last stream nghttp2 handed us, so
-    /// every request already received is still answered.
+    /// GOAWAY(NO_ERROR). The last stream is never below the last stream nghttp2 handed us: a
+    /// stream the handler already received may be answered (and acted on), and a client retries
+    /// every stream above the announced id as unprocessed, so announcing less would make it send
+    /// those requests twice. nghttp2 ignores streams opened after this frame.
     func submitGoAway(lastStreamID: Int32? = nil) {
         guard let session, !goAwaySent else { return }
         goAwaySent = true
-        let last = lastStreamID ?? nghttp2_session_get_last_proc_stream_id(session)
+        let last = max(lastStreamID ?? 0, nghttp2_session_get_last_proc_stream_id(session))
         _ = nghttp2_submit_goaway(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), last, NGHTTP2_NO_ERROR.rawValue, nil, 0)
     }
 

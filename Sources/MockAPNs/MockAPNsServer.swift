@@ -11,6 +11,8 @@ struct ConnectionState {
     var streamsGranted = false
     /// Error answers other than 410 (APNs drops connections that produce too many).
     var errors = 0
+    /// A GOAWAY was already requested on this connection (one frame per connection is sent).
+    var goAwaySent = false
 }
 
 /// The request path, shared by every loop thread. All mutable state sits behind Mutexes.
@@ -136,6 +138,11 @@ final class MockCore: Sendable {
             }
         }
         let connectionFault = plan.connectionFault(afterStream: streamNumber, errors: errorNumber)
+        let firstGoAway = connectionFault == .goAway && connections.withLock { all in
+            let first = all[request.connectionID].map { !$0.goAwaySent } ?? false
+            all[request.connectionID]?.goAwaySent = true
+            return first
+        }
         stats.withLock { s in
             s.requests += 1
             if isNewConnection { s.connectionsSeen += 1 }
@@ -146,7 +153,7 @@ final class MockCore: Sendable {
             } else {
                 let reason = response.status == 200 ? "200" : "\(response.status) \(reasonOf(response))"
                 s.byStatusReason[reason, default: 0] += 1
-                if connectionFault == .goAway { s.goAwaysSent += 1 }
+                if firstGoAway { s.goAwaysSent += 1 }
                 if connectionFault == .close { s.connectionsClosed += 1 }
             }
         }

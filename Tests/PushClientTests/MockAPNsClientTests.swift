@@ -159,8 +159,10 @@ func sendAll(_ client: PushClient, _ requests: [PushRequest], upTo seconds: Doub
     /// Pushy #865: pushes lost around GOAWAY. Every push must complete, and every push the
     /// client calls delivered must be one the mock recorded. (Streams refused by the GOAWAY are
     /// retried by libcurl on a new connection; the few that fail are reported, so the relay
-    /// retries them. The mock keeps answering streams above its own last-stream-id, so it may
-    /// record a push twice: see docs/pushclient.md.)
+    /// retries them. The server's GOAWAY names every stream it already received, but the
+    /// server then closes the socket while the client still has frames in flight; the kernel
+    /// answers those with RST, the client can lose responses it had not read yet and sends
+    /// those pushes again, so the mock may record a push twice: see docs/pushclient.md.)
     @Test(arguments: [1, 2])
     func goAwayAfterNStreamsLosesNothing(connections: Int) throws {
         let rig = try MockRig(faults: [FaultRule(goAwayAfter: 50)])
