@@ -228,6 +228,7 @@ extension Connection {
                 // Nothing after this response is answered: the connection ends here.
                 stopParsing = true
                 closeAfterFlush = true
+                if slot.action == .close { abruptClose = true }
                 slotsHead = slots.count
                 break
             }

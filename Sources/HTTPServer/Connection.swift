@@ -31,6 +31,19 @@ final class Connection: @unchecked Sendable {
     private(set) var closed = false
     /// Close once `out` and the socket's queued writes are drained.
     var closeAfterFlush = false
+    /// The close that `closeAfterFlush` leads to skips lingering: `.close` / timeouts / TLS
+    /// handshake failures are meant to be abrupt.
+    var abruptClose = false
+    /// Lingering close (like nginx's lingering_close): the response is out, FIN is sent, and
+    /// input is read and discarded until EOF, the linger time or the byte cap, so the kernel
+    /// never answers late client bytes with a RST that would destroy responses the client has
+    /// not read yet. `closed` is already true while lingering (nothing else runs).
+    private(set) var lingering = false
+    private var lingerDiscarded = 0
+    static let lingerMs: UInt64 = 2000
+    /// Shorter while the server shuts down, so `shutdown` is not held up by idle clients.
+    static let lingerShutdownMs: UInt64 = 500
+    static let lingerMaxBytes = 64 << 10
     var shuttingDown = false
     /// Reading stopped because too much output is queued for a peer that does not read.
     var pausedForWrites = false
@@ -92,6 +105,12 @@ final class Connection: @unchecked Sendable {
     // MARK: Input
 
     func onRead(_ bytes: UnsafeRawBufferPointer) {
+        if lingering {
+            // Discarded, not parsed.
+            lingerDiscarded += bytes.count
+            if lingerDiscarded > Connection.lingerMaxBytes { close() }
+            return
+        }
         guard !closed else { return }
         lastActivity = loop.now
         inRead = true
@@ -108,6 +127,7 @@ final class Connection: @unchecked Sendable {
                     core.recordHandshakeFailure()
                     inRead = false
                     closeAfterFlush = true
+                    abruptClose = true
                     flush()
                     return
                 case .done:
@@ -191,6 +211,7 @@ final class Connection: @unchecked Sendable {
     }
 
     func onEOF() {
+        if lingering { close(); return }
         guard !closed else { return }
         if mode == .http1 && slotsHead < slots.count {
             // Half-closed: answer what was already received, then close.
@@ -239,7 +260,7 @@ final class Connection: @unchecked Sendable {
             }
         } else {
             writeStartedAt = 0
-            if closeAfterFlush { close(); return }
+            if closeAfterFlush { closeGracefully(); return }
         }
         resumeAfterWrites()
         updateTimer()
@@ -269,7 +290,7 @@ final class Connection: @unchecked Sendable {
             writeStartedAt = loop.now
         }
         if closeAfterFlush && socket.writesInFlight == 0 && out.isEmpty {
-            close()
+            closeGracefully()
             return
         }
         flush()
@@ -282,7 +303,7 @@ final class Connection: @unchecked Sendable {
         switch mode {
         case .http2:
             h2?.respond(streamID: responder.streamID, response: response, isHEAD: responder.isHEAD, action: action)
-            if action == .close { closeAfterFlush = true }
+            if action == .close { closeAfterFlush = true; abruptClose = true }
             flush()
         default:
             h1Complete(responder, response, action)
@@ -315,10 +336,35 @@ final class Connection: @unchecked Sendable {
         }
     }
 
+    /// Closes the socket now (also ends a lingering close).
     func close() {
-        guard !closed else { return }
+        guard !closed || lingering else { return }
         closed = true
+        lingering = false
         socket.close()
+    }
+
+    /// The end of a connection the server decided to close after its last response was
+    /// written: TLS close_notify, FIN (uv_shutdown, sent after queued writes), then linger.
+    /// Abrupt closes and a peer that already sent EOF close at once.
+    private func closeGracefully() {
+        guard !closed else { return }
+        if abruptClose || peerHalfClosed { close(); return }
+        if let tls, tls.handshakeDone {
+            tls.shutdown()
+            tls.drainOutput(into: &wire)
+            if !wire.isEmpty {
+                let ok = wire.withUnsafeBytes { socket.write($0) }
+                wire.removeAll()
+                if !ok { close(); return }
+            }
+        }
+        guard socket.shutdownWrite() else { close(); return }
+        closed = true
+        lingering = true
+        out = []
+        socket.startReading()
+        socket.armTimer(milliseconds: loop.shuttingDown ? Connection.lingerShutdownMs : Connection.lingerMs)
     }
 
     /// The socket's handles are closed: drop protocol state and leave the loop.
@@ -364,6 +410,7 @@ final class Connection: @unchecked Sendable {
     }
 
     func onTimer() {
+        if lingering { close(); return }
         guard !closed else { return }
         armedDeadline = 0
         guard let d = deadline() else { return }
@@ -380,6 +427,7 @@ final class Connection: @unchecked Sendable {
             h1WriteError(status: 408, kind: kind)
             stopParsing = true
             closeAfterFlush = true
+            abruptClose = true
             flush()
             if !closed && socket.writesInFlight == 0 { close() }
             return
@@ -387,6 +435,7 @@ final class Connection: @unchecked Sendable {
         if mode == .http2, let h2, socket.writesInFlight == 0 {
             h2.submitGoAway()
             closeAfterFlush = true
+            abruptClose = true
             flush()
             if !closed { close() }
             return

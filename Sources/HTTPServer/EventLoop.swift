@@ -434,6 +434,20 @@ final class TCPSocket {
         return true
     }
 
+    /// Sends FIN once the queued writes are written (uv_shutdown). The request is freed in its
+    /// callback, which libuv also runs (with UV_ECANCELED) when the handle is closed first.
+    /// Returns false if libuv refused (the caller closes).
+    func shutdownWrite() -> Bool {
+        guard !isClosing else { return false }
+        let req = UnsafeMutablePointer<uv_shutdown_t>.allocate(capacity: 1)
+        let rc = uv_shutdown(req, stream) { req, _ in req?.deallocate() }
+        if rc != 0 {
+            req.deallocate()
+            return false
+        }
+        return true
+    }
+
     func armTimer(milliseconds: UInt64) {
         guard !isClosing else { return }
         uv_timer_start(timer, { t in

@@ -86,6 +86,9 @@ final class H2Session {
     /// (unretained) so per-frame lookups skip hashing.
     private var streams: [Int32: H2Stream] = [:]
     private var goAwaySent = false
+    /// GOAWAY decided but not yet handed to nghttp2: submitted by `pump`, after the read that
+    /// led to it was fully processed (see `submitGoAway`).
+    private var goAwayPending: Int32?
     private let maxHeaderListSize: Int
 
     init(connection: Connection, settings: HTTP2Settings) throws {
@@ -158,6 +161,11 @@ final class H2Session {
     /// Moves every frame nghttp2 has ready into the connection's output buffer.
     func pump() {
         guard let session else { return }
+        if let requested = goAwayPending {
+            goAwayPending = nil
+            let last = max(requested, nghttp2_session_get_last_proc_stream_id(session))
+            _ = nghttp2_submit_goaway(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), last, NGHTTP2_NO_ERROR.rawValue, nil, 0)
+        }
         while true {
             var data: UnsafePointer<UInt8>?
             let n = nghttp2_session_mem_send(session, &data)
@@ -317,12 +325,14 @@ final class H2Session {
     /// GOAWAY(NO_ERROR). The last stream is never below the last stream nghttp2 handed us: a
     /// stream the handler already received may be answered (and acted on), and a client retries
     /// every stream above the announced id as unprocessed, so announcing less would make it send
-    /// those requests twice. nghttp2 ignores streams opened after this frame.
+    /// those requests twice. nghttp2 ignores streams opened after this frame is sent, but a
+    /// handler answering synchronously decides while nghttp2 is still parsing the same read:
+    /// streams later in that read are still handed to the handler (and answered). So the frame
+    /// is submitted by the next `pump`, after the read, naming every stream received by then.
     func submitGoAway(lastStreamID: Int32? = nil) {
-        guard let session, !goAwaySent else { return }
+        guard session != nil, !goAwaySent else { return }
         goAwaySent = true
-        let last = max(lastStreamID ?? 0, nghttp2_session_get_last_proc_stream_id(session))
-        _ = nghttp2_submit_goaway(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), last, NGHTTP2_NO_ERROR.rawValue, nil, 0)
+        goAwayPending = lastStreamID ?? 0
     }
 
     func submitMaxConcurrentStreams(_ n: UInt32) {

@@ -75,6 +75,33 @@ import Testing
         }
     }
 
+    /// Lingering close: bytes the client pipelined after a `Connection: close` request must not
+    /// make the server's kernel answer with a RST, which would drop the response still queued
+    /// in its send buffer. The response is large, so the server stops reading (too much output
+    /// queued) before the extra bytes arrive and they are still unread when the last write
+    /// completes; without lingering the close then resets the connection mid-response.
+    @Test func connectionCloseWithMoreBytesInFlightStillDeliversTheWholeResponse() throws {
+        let size = 16 << 20
+        let handler: HTTPHandler = { _, res in
+            res.respond(HTTPResponse(status: 200, body: [UInt8](repeating: 0x61, count: size)))
+        }
+        try withServer(handler: handler) { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("GET /big HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            // The server answered (and paused reading, its output being queued): now pipeline more.
+            var first = [UInt8](repeating: 0, count: 1)
+            let n = first.withUnsafeMutableBytes { recv(c.fd, $0.baseAddress, 1, Int32(MSG_PEEK)) }
+            #expect(n == 1)
+            try c.send("GET /next HTTP/1.1\r\nHost: t\r\n\r\n" + String(repeating: "x", count: 8192))
+            let r = try #require(c.readResponse())
+            #expect(r.status == 200)
+            #expect(r.header("connection") == "close")
+            #expect(r.body.count == size)
+            #expect(c.readUntilEnd() == 0)   // FIN, not ECONNRESET
+            #expect(c.pendingBytes.isEmpty)  // the pipelined request was discarded, not answered
+        }
+    }
+
     @Test func http10WithoutKeepAliveCloses() throws {
         try withServer { server in
             let c = try RawClient(port: server.localPort)

@@ -143,6 +143,17 @@ final class RawClient {
     }
 
     var pendingBytes: [UInt8] { buffer }
+
+    /// How the connection ended: 0 for a clean EOF (FIN), the errno for a reset or other error,
+    /// EAGAIN if it did not end within the receive timeout. Bytes before the end are kept.
+    func readUntilEnd() -> Int32 {
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n > 0 { buffer.append(contentsOf: chunk[0..<n]); continue }
+            return n == 0 ? 0 : errno
+        }
+    }
 }
 
 /// Runs a CLI tool, capturing stdout+stderr; nil if the tool is not installed.
