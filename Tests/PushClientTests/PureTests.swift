@@ -115,6 +115,33 @@ import Testing
         #expect(aps["messageIndex"] as? String == "4000000000")   // a string, not a number
     }
 
+    @Test func bodyMatchesFoundationEncodingForEveryPaddingCase() throws {
+        for count in [0, 1, 2, 3, 4, 5, 47, 48, 49, 255] {
+            let data = (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
+            let key: [UInt8] = Array(data.prefix(count % 5))
+            let session = UUID()
+            let p = AccessoryPayload(encryptedData: data, sessionIdentifier: session, keyID: key, messageIndex: UInt32(count))
+            let expected = "{\"aps\":{\"encryptedData\":\"\(Data(data).base64EncodedString())\",\"sessionIdentifier\":\"\(session.uuidString)\","
+                + "\"keyID\":\"\(Data(key).base64EncodedString())\",\"messageIndex\":\"\(count)\"}}"
+            #expect(String(decoding: p.jsonBody(), as: UTF8.self) == expected)
+        }
+    }
+
+    @Test func responseHeaderLinesParsedByteWise() {
+        func parse(_ s: String) -> (String, String)? {
+            Array(s.utf8).withUnsafeBytes { line in
+                CurlTransfer.keptHeaderName(line).map { ($0, CurlTransfer.headerValue(line, nameLength: $0.utf8.count)) }
+            }
+        }
+        #expect(parse("apns-id: 0E3A4C8B-1111-4222-8333-444455556666\r\n")! == ("apns-id", "0E3A4C8B-1111-4222-8333-444455556666"))
+        #expect(parse("APNs-Unique-ID:\t abc \r\n")! == ("apns-unique-id", "abc"))
+        #expect(parse("apns-id:\r\n")! == ("apns-id", ""))
+        #expect(parse("apns-idx: 1\r\n") == nil)
+        #expect(parse("content-type: application/json\r\n") == nil)
+        #expect(parse("HTTP/2 200\r\n") == nil)
+        #expect(parse("\r\n") == nil)
+    }
+
     @Test func requestHeadersValues() {
         let id = UUID(uuidString: "A0B1C2D3-E4F5-4677-8899-AABBCCDDEEFF")!
         let r = PushRequest(deviceToken: "ab", bundleID: "com.example.app", apnsID: id, payload: samplePayload())
