@@ -71,6 +71,8 @@ public enum IngestValidation {
     public static func checkContentType(_ value: String?) -> ClientError? {
         let wrong = ClientError(status: 415, code: "unsupported_media_type", field: "content-type", message: "Content-Type must be application/json")
         guard let value else { return wrong }
+        // Fast path for the common exact value (the split below costs ~11k instructions per request).
+        if value == "application/json" { return nil }
         let parts = value.split(separator: ";", omittingEmptySubsequences: false).map { ASCII.lowercased(ASCII.trim($0)) }
         guard parts.first == "application/json" else { return wrong }
         for p in parts.dropFirst() where p != "charset=utf-8" && p != "charset=\"utf-8\"" {
