@@ -45,12 +45,21 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         var credentialTouched: [String: Int64] = [:]
         /// Credential lookups within the current transaction (a revocation by another process
         /// cannot commit while we hold the write lock, so this is exact).
-        var credentials: [[UInt8]: [SQLValue]?] = [:]
+        var credentials: [[UInt8]: CachedCredential?] = [:]
         /// Tokens present in unregistered_tokens or token_pacing. Only this process inserts
         /// there (relayctl only deletes), so a token outside the set needs no lookup.
         var watchedTokens: Set<String> = []
         var handoff: (any DispatchHandoff)?
         var reservedInBatch = 0
+    }
+
+    /// A credentials row as the ingest path needs it, apps already split (once per batch, not
+    /// once per request).
+    struct CachedCredential {
+        var id: String
+        var hash: [UInt8]
+        var apps: [String]
+        var revoked: Bool
     }
 
     public init(path: String, options: SQLiteStoreOptions = .init(), clock: any RelayClock = SystemRelayClock()) throws {
@@ -218,18 +227,21 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     private static func ingest(_ request: IngestRequest, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> (IngestOutcome, OutboxRow?) {
         // Credential: looked up in the same transaction, so a revocation committed by relayctl
         // takes effect for the very next batch.
-        let cred: [SQLValue]?
+        let cred: CachedCredential?
         if let cached = state.credentials[request.credentialHash] {
             cred = cached
         } else {
             cred = try db.query("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?", [.blob(request.credentialHash)]).first
+                .flatMap { row -> CachedCredential? in
+                    guard let id = row[0].string, let hash = row[1].bytes else { return nil }
+                    return CachedCredential(id: id, hash: hash, apps: splitApps(row[2].string ?? ""), revoked: row[3] != .null)
+                }
             state.credentials[request.credentialHash] = .some(cred)
         }
-        guard let cred, let stored = cred[1].bytes,
-              RelayCrypto.constantTimeEqual(stored, request.credentialHash),
-              cred[3] == .null, let credID = cred[0].string
+        guard let cred, RelayCrypto.constantTimeEqual(cred.hash, request.credentialHash), !cred.revoked
         else { return (.unauthorized, nil) }
-        let apps = splitApps(cred[2].string ?? "")
+        let credID = cred.id
+        let apps = cred.apps
         let app: String
         if let named = request.response.app {
             guard request.configuredApps.contains(named) else { return (.unknownApp(named), nil) }
