@@ -167,6 +167,20 @@ func invalidBodiesAreRefusedNamingTheField(_ c: Case) {
     #expect(v4 == v4.lowercased() && b[6] >> 4 == 4 && b[8] >> 6 == 2)
 }
 
+@Test func bufferedIDBytesAreNeverHandedOutTwice() throws {
+    // 700 UUIDs draw 11,200 bytes: the 4 KiB pool is refilled twice along the way.
+    var seen = Set<String>()
+    for _ in 0..<700 {
+        let v4 = RelayCrypto.uuidV4()
+        let b = try #require(UUIDText.parse(v4))
+        #expect(b[6] >> 4 == 4 && b[8] >> 6 == 2)
+        seen.insert(v4)
+    }
+    #expect(seen.count == 700)
+    let ids = (0..<600).map { _ in RelayCrypto.idBytes(8) }
+    #expect(Set(ids).count == 600 && ids.allSatisfy { $0.count == 8 })
+}
+
 @Test func asciiHelpers() {
     #expect(ASCII.trim(" \tapplication/json \t"[...]) == "application/json")
     #expect(ASCII.trim("   "[...]) == "")

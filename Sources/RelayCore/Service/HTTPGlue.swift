@@ -10,7 +10,7 @@ enum HTTPGlue {
            given.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D || $0 == 0x5F || $0 == 0x2E }) {
             return given
         }
-        return RelayCrypto.randomBytes(8).lowercaseHex
+        return RelayCrypto.idBytes(8).lowercaseHex
     }
 
     static func apiRequest(_ r: HTTPRequest) -> APIRequest {
