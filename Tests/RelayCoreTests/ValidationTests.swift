@@ -181,6 +181,12 @@ func invalidBodiesAreRefusedNamingTheField(_ c: Case) {
     #expect(Set(ids).count == 600 && ids.allSatisfy { $0.count == 8 })
 }
 
+@Test func everyKnownFieldHasItsOwnSlot() {
+    let slots = IngestValidation.fields.compactMap(IngestValidation.fieldSlot)
+    #expect(slots.count == IngestValidation.fields.count && Set(slots).count == slots.count)
+    #expect(IngestValidation.fieldSlot("pushtoken") == nil && IngestValidation.fieldSlot("") == nil)
+}
+
 @Test func asciiHelpers() {
     #expect(ASCII.trim(" \tapplication/json \t"[...]) == "application/json")
     #expect(ASCII.trim("   "[...]) == "")
