@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Instructions per durable ingest request: relay-server (release, debug info stripped for
+# valgrind 3.19) under callgrind, wrk -t2 -c64 POSTs as in scripts/bench-relay.sh. Counters are
+# zeroed after start-up and a warm-up, dumped after the load; rows counted in the database.
+# usage: scripts/relay-callgrind.sh OUT_PREFIX [stall=1 (mock-apns answers nothing) | 0] [seconds=8]
+# then:  callgrind_annotate OUT_PREFIX.cg.1 ; divide by the printed row count.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=$1; STALL=${2:-1}; DUR=${3:-8}
+swift build -c release --product relay-server >&2
+swift build -c release --product mock-apns >&2
+BIN=$(swift build -c release --show-bin-path)
+WORK=$(mktemp -d /tmp/relay-callgrind.XXXXXX)
+LUA="$WORK/post.lua"
+sed -n '/^cat > "\$WORK\/post.lua"/,/^EOF$/p' scripts/bench-relay.sh | sed '1d;$d' > "$LUA"
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+wait_url() { for _ in $(seq 1 1200); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.05; done; echo "$1 never came up" >&2; exit 1; }
+objcopy --strip-debug "$BIN/relay-server" "$WORK/relay-server"
+openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null | openssl pkcs8 -topk8 -nocrypt -out "$WORK/apns.p8"
+MOCK_PORT=$(free_port); CONTROL_PORT=$(free_port)
+"$BIN/mock-apns" --listen "127.0.0.1:$MOCK_PORT" --control "127.0.0.1:$CONTROL_PORT" --generate-tls --ca-out "$WORK/ca.pem" \
+  --token-key "BENCHKEY01:BENCHTEAM1:$WORK/apns.p8" --bundle-id com.example.bench 2>"$WORK/mock.log" &
+PIDS+=($!)
+wait_url "http://127.0.0.1:$CONTROL_PORT/stats"
+[ "$STALL" = 1 ] && curl -fsS -X POST "http://127.0.0.1:$CONTROL_PORT/faults" -H 'Content-Type: application/json' -d '{"stall":true}' >/dev/null
+RELAY_PORT=$(free_port); ADMIN_PORT=$(free_port)
+cat > "$WORK/relay.json" <<EOF
+{"listen":{"host":"127.0.0.1","port":$RELAY_PORT},"admin":{"host":"127.0.0.1","port":$ADMIN_PORT},
+ "store":{"path":"$WORK/ingest.db","synchronous":"FULL","maxPending":5000000},
+ "ingest":{"rateLimits":{"perCredential":{"perSecond":0,"burst":1},"perPushToken":{"perSecond":0,"burst":1}}},
+ "apps":[{"bundleID":"com.example.bench","environment":"custom","url":"https://127.0.0.1:$MOCK_PORT","caFile":"$WORK/ca.pem",
+          "token":{"p8Path":"$WORK/apns.p8","keyID":"BENCHKEY01","teamID":"BENCHTEAM1"}}],
+ "log":{"format":"json","level":"warning"}}
+EOF
+valgrind --tool=callgrind --callgrind-out-file="$OUT.cg" --separate-threads=no "$WORK/relay-server" --config "$WORK/relay.json" 2>"$WORK/relay.log" &
+RP=$!; PIDS+=($RP)
+wait_url "http://127.0.0.1:$ADMIN_PORT/readyz"
+secret="rk_$(openssl rand -base64 32 | tr '+/' '-_' | tr -d '=\n')"
+hash=$(printf %s "$secret" | openssl dgst -sha256 -binary | od -An -tx1 | tr -d ' \n')
+sqlite3 "$WORK/ingest.db" ".timeout 5000" "INSERT INTO credentials (id,name,hash,apps,created_at) VALUES ('cred_$(openssl rand -hex 6)','bench',X'$hash','com.example.bench',0)"
+# warm up then zero
+RELAY_CRED="$secret" wrk -t1 -c8 -d2s -s "$LUA" "http://127.0.0.1:$RELAY_PORT" >/dev/null
+sleep 1
+R0=$(sqlite3 "$WORK/ingest.db" ".timeout 5000" "SELECT count(*) FROM responses")
+D0=$(sqlite3 "$WORK/ingest.db" ".timeout 5000" "SELECT count(*) FROM attempts")
+callgrind_control -z $RP >/dev/null
+RELAY_CRED="$secret" wrk -t2 -c64 -d${DUR}s -s "$LUA" "http://127.0.0.1:$RELAY_PORT" > "$OUT.wrk"
+sleep 2
+callgrind_control -d $RP >/dev/null
+R1=$(sqlite3 "$WORK/ingest.db" ".timeout 5000" "SELECT count(*) FROM responses")
+D1=$(sqlite3 "$WORK/ingest.db" ".timeout 5000" "SELECT count(*) FROM attempts")
+echo "rows=$((R1-R0)) attempts=$((D1-D0))" | tee "$OUT.rows"
+grep -E "Requests/sec|NON202" "$OUT.wrk"
