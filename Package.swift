@@ -56,7 +56,7 @@ let package = Package(
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
         .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs"]),
         .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs"]),
-        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient"]),
+        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "Ratchet"]),
         .testTarget(name: "IntegrationTests", dependencies: ["Ratchet", "RelayCore"], exclude: ["Golden"]),
     ],
     swiftLanguageModes: [.v6]

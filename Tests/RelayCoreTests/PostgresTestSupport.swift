@@ -2,6 +2,7 @@
 // (`make test` starts a throwaway cluster with scripts/pg-test.sh and sets it); without it the
 // PostgreSQL cases are skipped and `postgresTestsAreConfigured` says why.
 import Foundation
+import Ratchet
 import Testing
 @testable import RelayCore
 
@@ -80,11 +81,11 @@ final class StoreFixture: @unchecked Sendable {
         switch backend {
         case .sqlite:
             let db = try SQLiteDatabase(path: dir.db)
-            return try db.query(query).map { $0.map { v in v.string ?? v.int.map(String.init) ?? v.bytes.map { $0.lowercaseHex } } }
+            return try db.query(query).map { $0.map { v in v.string ?? v.int.map(String.init) ?? v.bytes.map { $0.hexString } } }
         case .postgres:
             let c = try PostgresConnection(url: pgURL, applicationName: "relay-test-admin")
             return try c.query(query).map {
-                $0.map { v in v.string ?? v.int.map(String.init) ?? v.bytes.map { $0.lowercaseHex } ?? v.bool.map { $0 ? "t" : "f" } }
+                $0.map { v in v.string ?? v.int.map(String.init) ?? v.bytes.map { $0.hexString } ?? v.bool.map { $0 ? "t" : "f" } }
             }
         }
     }

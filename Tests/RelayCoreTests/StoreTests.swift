@@ -1,4 +1,5 @@
 import Foundation
+import Ratchet
 import Synchronization
 import Testing
 @testable import RelayCore
@@ -109,8 +110,8 @@ import Testing
         #expect(listed.first { $0.id == two.record.id }?.lastUsedAt == f.clock.nowMillis())
         // Only the hash is stored.
         let stored = try f.sql("SELECT hash FROM credentials").compactMap { $0[0] }
-        #expect(stored.contains(Credentials.hash(secret: one.secret).lowercaseHex))
-        #expect(!stored.contains(Array(one.secret.utf8).lowercaseHex))
+        #expect(stored.contains(Credentials.hash(secret: one.secret).hexString))
+        #expect(!stored.contains(Array(one.secret.utf8).hexString))
     }
 
     @Test(arguments: StoreBackend.available)

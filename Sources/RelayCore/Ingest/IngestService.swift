@@ -5,6 +5,7 @@
 //   in one store transaction: 401 unknown/revoked, 400 unknown/ambiguous app, 403 scope,
 //   200 duplicate, 410 unregistered token, 503 outbox bound, 202 after COMMIT.
 import Foundation
+import Ratchet
 
 public struct APIRequest: Sendable {
     public var method: String
@@ -127,7 +128,7 @@ public final class IngestService: Sendable {
             return finish(.error(Self.unauthorized, headers: authHeaders), "no bearer")
         }
         let hash = Credentials.hash(secret: secret)
-        let credentialKey = Array(hash.prefix(16)).lowercaseHex
+        let credentialKey = Array(hash.prefix(16)).hexString
         let c = credentialLimiter.take(credentialKey)
         guard c.allowed else {
             metrics.rateLimited(scope: "credential")

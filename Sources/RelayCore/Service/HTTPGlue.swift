@@ -1,6 +1,7 @@
 // Adapts the ingest/admin services (plain values) to HTTPServer's handler type, and renders
 // HTTPServer's counters for /metrics. Conversions only: the API lives in IngestService.swift.
 import Foundation
+import Ratchet
 import HTTPServer
 
 enum HTTPGlue {
@@ -10,7 +11,7 @@ enum HTTPGlue {
            given.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D || $0 == 0x5F || $0 == 0x2E }) {
             return given
         }
-        return RelayCrypto.idBytes(8).lowercaseHex
+        return RelayCrypto.idBytes(8).hexString
     }
 
     static func apiRequest(_ r: HTTPRequest) -> APIRequest {

@@ -4,6 +4,7 @@
 // server's SQLSTATE. Parameters and results travel in binary format, so integers and bytea need
 // no text parsing; arrays (for set-based batch statements) travel as text-format literals.
 import Foundation
+import Ratchet
 internal import CPQ
 
 /// A value bound to or read from PostgreSQL. Times are bigint milliseconds since 1970.
@@ -160,7 +161,7 @@ final class PostgresConnection {
         case .intArray(let a): return Encoded(type: 1016, bytes: Array(arrayLiteral(a.map { $0.map(String.init) }).utf8), format: 0)
         case .bytesArray(let a):
             // Each element is bytea hex input (\x..); the backslash is escaped for the array parser.
-            return Encoded(type: 1001, bytes: Array(arrayLiteral(a.map { "\"\\\\x" + $0.lowercaseHex + "\"" }).utf8), format: 0)
+            return Encoded(type: 1001, bytes: Array(arrayLiteral(a.map { "\"\\\\x" + $0.hexString + "\"" }).utf8), format: 0)
         }
     }
 

@@ -1,6 +1,7 @@
 // OutboxStore on SQLite (WAL). Writes go through the GroupCommitWriter (one thread, one
 // connection); reads use a second connection behind a lock. Schema: docs/architecture.md.
 import Foundation
+import Ratchet
 
 public struct SQLiteStoreOptions: Sendable {
     public enum Synchronous: String, Sendable { case full = "FULL", normal = "NORMAL" }
@@ -646,6 +647,6 @@ public enum Credentials {
     public static let prefix = "rk_"
 
     public static func generateSecret() -> String { prefix + RelayCrypto.randomBytes(32).base64URLString }
-    public static func generateID() -> String { "cred_" + RelayCrypto.randomBytes(6).lowercaseHex }
+    public static func generateID() -> String { "cred_" + RelayCrypto.randomBytes(6).hexString }
     public static func hash(secret: String) -> [UInt8] { RelayCrypto.sha256(Array(secret.utf8)) }
 }

@@ -78,17 +78,6 @@ extension Array where Element == UInt8 {
             .replacingOccurrences(of: "/", with: "_")
             .replacingOccurrences(of: "=", with: "")
     }
-
-    var lowercaseHex: String {
-        let digits: [UInt8] = Array("0123456789abcdef".utf8)
-        var out = [UInt8]()
-        out.reserveCapacity(count * 2)
-        for b in self {
-            out.append(digits[Int(b >> 4)])
-            out.append(digits[Int(b & 0x0f)])
-        }
-        return String(decoding: out, as: UTF8.self)
-    }
 }
 
 /// UUID text without Foundation's formatter and parser (which cost ~30k instructions each,
