@@ -40,8 +40,7 @@ cleanup() {
 trap cleanup EXIT
 H=scripts/bench_pipeline.py
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-wait_url() { for _ in $(seq 1 2400); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.025; done; echo "bench-pipeline: $1 never came up" >&2; exit 1; }
+. scripts/lib-bench.sh
 
 openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null | openssl pkcs8 -topk8 -nocrypt -out "$WORK/apns.p8"
 MOCK_PORT=$(free_port); CONTROL_PORT=$(free_port)
@@ -116,25 +115,7 @@ done
 stop_relay
 
 # --- 2. ingest 202/s vs connections, nginx alongside ---------------------------------------
-NGINX_PORT=$(free_port)
-mkdir -p "$WORK/nginx"
-cat > "$WORK/nginx/nginx.conf" <<EOF
-worker_processes 2;
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx; proxy_temp_path $WORK/nginx; fastcgi_temp_path $WORK/nginx;
-  uwsgi_temp_path $WORK/nginx; scgi_temp_path $WORK/nginx;
-  server { listen 127.0.0.1:$NGINX_PORT; location / { default_type application/json; return 200 '{"ok":true}'; } }
-}
-EOF
-nginx -c "$WORK/nginx/nginx.conf" -p "$WORK/nginx" 2>/dev/null &
-NGINX_PID=$!
-PIDS+=($NGINX_PID)
-wait_url "http://127.0.0.1:$NGINX_PORT/"
+start_nginx_anchor
 write_config "$WORK/conns.db"
 start_relay
 CRED=$(new_credential)
@@ -158,7 +139,7 @@ CRED=$(new_credential)
 RELAY_CRED="$CRED" wrk -t2 -c64 -d"${DURATION}s" -s "$WORK/post.lua" "http://127.0.0.1:$RELAY_PORT" > "$WORK/wrk-r.txt"
 NORMAL_RPS=$(wrk_rps "$WORK/wrk-r.txt")
 stop_relay
-kill -TERM "$NGINX_PID" 2>/dev/null || true; wait "$NGINX_PID" 2>/dev/null || true
+stop_nginx_anchor
 FSYNC=$(python3 - "$WORK" <<'EOF'
 import os, sys, time
 fd = os.open(os.path.join(sys.argv[1], "fsync-probe"), os.O_WRONLY | os.O_CREAT)

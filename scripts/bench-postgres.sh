@@ -36,8 +36,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-wait_url() { for _ in $(seq 1 600); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.05; done; echo "bench-postgres: $1 never came up" >&2; exit 1; }
+. scripts/lib-bench.sh
 now_ms() { python3 -c 'import time; print(int(time.time()*1000))'; }
 # CPU seconds (user+system) of the given pids, summed.
 cpu_of() { python3 - "$@" <<'EOF'

@@ -28,8 +28,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-wait_url() { for _ in $(seq 1 400); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.025; done; echo "bench-relay: $1 never came up" >&2; exit 1; }
+. scripts/lib-bench.sh
 
 openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null | openssl pkcs8 -topk8 -nocrypt -out "$WORK/apns.p8"
 MOCK_PORT=$(free_port); CONTROL_PORT=$(free_port)
@@ -115,29 +114,11 @@ STALLED_NON202=$(awk '/^NON202/{print $2}' "$WORK/wrk-relay-stalled.txt")
 curl -fsS -X DELETE "http://127.0.0.1:$CONTROL_PORT/faults" >/dev/null
 stop_relay
 
-NGINX_PORT=$(free_port)
-mkdir -p "$WORK/nginx"
-cat > "$WORK/nginx/nginx.conf" <<EOF
-worker_processes 2;
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx; proxy_temp_path $WORK/nginx; fastcgi_temp_path $WORK/nginx;
-  uwsgi_temp_path $WORK/nginx; scgi_temp_path $WORK/nginx;
-  server { listen 127.0.0.1:$NGINX_PORT; location / { default_type application/json; return 200 '{"ok":true}'; } }
-}
-EOF
-nginx -c "$WORK/nginx/nginx.conf" -p "$WORK/nginx" 2>/dev/null &
-NGINX_PID=$!
-PIDS+=($NGINX_PID)
-wait_url "http://127.0.0.1:$NGINX_PORT/"
+start_nginx_anchor
 echo "== wrk nginx static" >&2
 wrk -t2 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:$NGINX_PORT/" > "$WORK/wrk-nginx.txt"
 NGINX_RPS=$(awk '/Requests\/sec/{print $2}' "$WORK/wrk-nginx.txt")
-kill -TERM "$NGINX_PID" 2>/dev/null || true; wait "$NGINX_PID" 2>/dev/null || true
+stop_nginx_anchor
 
 # --- 2. ingest -> APNs latency at a fixed rate -----------------------------------------------
 write_config "$WORK/latency.db"
