@@ -33,12 +33,14 @@ let package = Package(
                 // Release only: runtime exclusivity checks on class properties cost ~1.7k instructions
                 // per request on the hot path (measured with callgrind); debug builds and tests keep them.
                 swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
+        // Named pthreads and a condition variable for modules that must not link Foundation.
+        .target(name: "POSIXThreads"),
         // APNs HTTP/2 client (libcurl multi + nghttp2), ES256 JWT, result classification.
         .target(name: "PushClient", dependencies: ["CCurl", "COpenSSL"]),
         // The APNs look-alike used by tests, benchmarks and users' own tests.
         .target(name: "MockAPNs", dependencies: ["HTTPServer", "Ratchet", "PushClient", "COpenSSL"]),
         // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API.
-        .target(name: "RelayCore", dependencies: ["HTTPServer", "PushClient", "Ratchet", "CSQLite", "CPQ", "CSystemd", "COpenSSL"]),
+        .target(name: "RelayCore", dependencies: ["HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "COpenSSL"]),
 
         // MARK: Executables (thin: parse arguments, start a service)
         .executableTarget(name: "relay-server", dependencies: ["RelayCore"], path: "Sources/RelayServer"),
@@ -56,7 +58,7 @@ let package = Package(
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
         .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs"]),
         .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs"]),
-        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "Ratchet"]),
+        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "Ratchet", "POSIXThreads"]),
         .testTarget(name: "IntegrationTests", dependencies: ["Ratchet", "RelayCore"], exclude: ["Golden"]),
     ],
     swiftLanguageModes: [.v6]

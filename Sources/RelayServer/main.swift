@@ -1,6 +1,6 @@
 // relay-server: parse arguments, load the config, run the service until SIGTERM/SIGINT.
 // Everything else lives in RelayCore (RelayService.swift), including the signal handling.
-import Foundation
+import Glibc
 import RelayCore
 
 let usage = """
@@ -19,8 +19,17 @@ let usage = """
 
     """
 
+func output(_ text: String, to fd: Int32) {
+    var bytes = Array(text.utf8)[...]
+    while !bytes.isEmpty {
+        let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        if n <= 0 { return }
+        bytes = bytes.dropFirst(n)
+    }
+}
+
 func fail(_ message: String, code: Int32) -> Never {
-    FileHandle.standardError.write(Data("relay-server: \(message)\n".utf8))
+    output("relay-server: \(message)\n", to: 2)
     exit(code)
 }
 
@@ -30,7 +39,7 @@ var args = CommandLine.arguments.dropFirst()
 while let arg = args.popFirst() {
     switch arg {
     case "-h", "--help":
-        FileHandle.standardOutput.write(Data(usage.utf8))
+        output(usage, to: 1)
         exit(0)
     case "--config":
         guard let p = args.popFirst(), !p.isEmpty else { fail("--config needs a file path\n\n\(usage)", code: 64) }
@@ -53,7 +62,7 @@ do {
     fail("invalid configuration \(configPath): \(error)", code: 1)
 }
 if checkOnly {
-    FileHandle.standardOutput.write(Data("configuration \(configPath) is valid\n".utf8))
+    output("configuration \(configPath) is valid\n", to: 1)
     exit(0)
 }
 

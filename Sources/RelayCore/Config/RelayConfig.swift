@@ -1,7 +1,7 @@
 // relay-server's configuration: a JSON file (config/relay.example.json documents every key,
 // docs/configuration.md has the table). Unknown keys and invalid values are startup errors that
 // name the key path. Keys starting with "_" (e.g. "_comment") are ignored everywhere.
-import Foundation
+import FoundationEssentials
 
 public struct ConfigError: Error, Equatable, CustomStringConvertible {
     public var key: String
@@ -88,7 +88,8 @@ public struct RelayConfig: Sendable, Equatable {
         guard let data = FileManager.default.contents(atPath: path) else {
             throw ConfigError(key: "", message: "cannot read config file \(path)")
         }
-        var c = try parse(Array(data), baseDirectory: (path as NSString).deletingLastPathComponent)
+        let directory = path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
+        var c = try parse(Array(data), baseDirectory: path.hasPrefix("/") && directory.isEmpty ? "/" : directory)
         try c.applyEnvironment(environment)
         return c
     }
@@ -96,9 +97,9 @@ public struct RelayConfig: Sendable, Equatable {
     /// Relative file paths in the config are resolved against `baseDirectory` (the config
     /// file's directory), so a config works no matter where the server starts.
     public static func parse(_ bytes: [UInt8], baseDirectory: String = "") throws -> RelayConfig {
-        let root: Any
-        do { root = try JSONSerialization.jsonObject(with: Data(bytes)) } catch {
-            throw ConfigError(key: "", message: "config is not valid JSON: \(error.localizedDescription)")
+        let root: ConfigJSON
+        do { root = try JSONDecoder().decode(ConfigJSON.self, from: Data(bytes)) } catch {
+            throw ConfigError(key: "", message: "config is not valid JSON: \(Self.describe(error))")
         }
         var r = Reader(root, path: "", base: baseDirectory)
         var c = RelayConfig()
@@ -281,14 +282,45 @@ public struct RelayConfig: Sendable, Equatable {
     }
 }
 
+extension RelayConfig {
+    /// DecodingError's text without Foundation's NSError plumbing: the parser's own message
+    /// (it names the line and column) when there is one.
+    static func describe(_ error: any Error) -> String {
+        guard case DecodingError.dataCorrupted(let context) = error else { return "\(error)" }
+        if let underlying = context.underlyingError { return "\(underlying)" }
+        return context.debugDescription
+    }
+}
+
+/// Any JSON value, decoded with FoundationEssentials' JSONDecoder (the relay does not link
+/// Foundation's JSONSerialization). Booleans and numbers stay distinct: `1` is not `true`.
+enum ConfigJSON: Decodable {
+    case null
+    case bool(Bool)
+    case number(Double)
+    case string(String)
+    case array([ConfigJSON])
+    case object([String: ConfigJSON])
+
+    init(from decoder: any Decoder) throws {
+        let c = try decoder.singleValueContainer()
+        if c.decodeNil() { self = .null; return }
+        if let b = try? c.decode(Bool.self) { self = .bool(b); return }
+        if let d = try? c.decode(Double.self) { self = .number(d); return }
+        if let s = try? c.decode(String.self) { self = .string(s); return }
+        if let a = try? c.decode([ConfigJSON].self) { self = .array(a); return }
+        self = .object(try c.decode([String: ConfigJSON].self))
+    }
+}
+
 /// Walks the parsed JSON, remembering the key path for error messages.
 private struct Reader {
-    let value: Any
+    let value: ConfigJSON
     let path: String
     let base: String
-    var dict: [String: Any] = [:]
+    var dict: [String: ConfigJSON] = [:]
 
-    init(_ value: Any, path: String, base: String) {
+    init(_ value: ConfigJSON, path: String, base: String) {
         self.value = value
         self.path = path
         self.base = base
@@ -298,19 +330,20 @@ private struct Reader {
 
     func resolve(_ p: String) -> String {
         if p.hasPrefix("/") || base.isEmpty { return p }
-        return (base as NSString).appendingPathComponent(p)
+        return base.hasSuffix("/") ? base + p : base + "/" + p
     }
 
     mutating func object(allowed: Set<String>) throws {
-        guard let d = value as? [String: Any] else { throw ConfigError(key: path.isEmpty ? "(root)" : path, message: "must be an object") }
+        guard case .object(let d) = value else { throw ConfigError(key: path.isEmpty ? "(root)" : path, message: "must be an object") }
         for k in d.keys where !k.hasPrefix("_") && !allowed.contains(k) {
             throw ConfigError(key: key(k), message: "unknown key (allowed: \(allowed.sorted().joined(separator: ", ")))")
         }
         dict = d
     }
 
-    func raw(_ k: String) -> Any? {
-        guard let v = dict[k], !(v is NSNull) else { return nil }
+    func raw(_ k: String) -> ConfigJSON? {
+        guard let v = dict[k] else { return nil }
+        if case .null = v { return nil }
         return v
     }
 
@@ -321,13 +354,13 @@ private struct Reader {
 
     func array(_ k: String) throws -> [Reader]? {
         guard let v = raw(k) else { return nil }
-        guard let a = v as? [Any] else { throw ConfigError(key: key(k), message: "must be an array") }
+        guard case .array(let a) = v else { throw ConfigError(key: key(k), message: "must be an array") }
         return a.enumerated().map { Reader($0.element, path: "\(key(k))[\($0.offset)]", base: base) }
     }
 
     func string(_ k: String) throws -> String? {
         guard let v = raw(k) else { return nil }
-        guard let s = v as? String else { throw ConfigError(key: key(k), message: "must be a string") }
+        guard case .string(let s) = v else { throw ConfigError(key: key(k), message: "must be a string") }
         return s
     }
 
@@ -337,21 +370,15 @@ private struct Reader {
         return resolve(s)
     }
 
-    private func isBool(_ v: Any) -> Bool {
-        guard let n = v as? NSNumber else { return false }
-        // JSON true/false arrive as boolean NSNumbers (objCType "c"); 0/1 as integer ones.
-        return String(cString: n.objCType) == "c"
-    }
-
     func bool(_ k: String) throws -> Bool? {
         guard let v = raw(k) else { return nil }
-        guard isBool(v), let b = v as? Bool else { throw ConfigError(key: key(k), message: "must be true or false") }
+        guard case .bool(let b) = v else { throw ConfigError(key: key(k), message: "must be true or false") }
         return b
     }
 
     func int(_ k: String, _ range: ClosedRange<Int>) throws -> Int? {
         guard let v = raw(k) else { return nil }
-        guard !isBool(v), let n = v as? NSNumber, let i = Int(exactly: n.doubleValue) else {
+        guard case .number(let n) = v, let i = Int(exactly: n) else {
             throw ConfigError(key: key(k), message: "must be an integer in \(range.lowerBound)...\(range.upperBound)")
         }
         guard range.contains(i) else { throw ConfigError(key: key(k), message: "must be an integer in \(range.lowerBound)...\(range.upperBound)") }
@@ -360,8 +387,7 @@ private struct Reader {
 
     func double(_ k: String, _ range: ClosedRange<Double>) throws -> Double? {
         guard let v = raw(k) else { return nil }
-        guard !isBool(v), let n = v as? NSNumber else { throw ConfigError(key: key(k), message: "must be a number") }
-        let d = n.doubleValue
+        guard case .number(let d) = v else { throw ConfigError(key: key(k), message: "must be a number") }
         guard range.contains(d) else { throw ConfigError(key: key(k), message: "must be in \(range.lowerBound)...\(range.upperBound)") }
         return d
     }

@@ -1,6 +1,9 @@
 // The dispatcher: one thread claims due rows (queued/retry -> inflight), hands each to the
 // app's PushTransport with bounded concurrency, and writes the decided outcome back in batches.
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
+import POSIXThreads
 
 public struct DispatcherOptions: Sendable {
     /// Most pushes waiting for an APNs answer at once.
@@ -30,13 +33,13 @@ public final class Dispatcher: DispatchHandoff, @unchecked Sendable {
     private let metrics: RelayMetrics
     private let logger: RelayLogger
 
-    private let condition = NSCondition()
+    private let condition = Condition()
     private var woken = false
     private var stopping = false
     private var stopped = false
     private var inflight: [String: (row: OutboxRow, sentAt: Int64)] = [:]
     private var finished: [DeliveryUpdate] = []
-    private var thread: Thread?
+    private var thread: OSThread?
     private let exited = DispatchSemaphore(value: 0)
     private var running = false
     /// Slots promised to the store for rows handed off at ingest (see DispatchHandoff).
@@ -62,7 +65,7 @@ public final class Dispatcher: DispatchHandoff, @unchecked Sendable {
         running = true
         condition.unlock()
         (store as? any HandoffCapableStore)?.setHandoff(self)
-        let t = Thread { [self] in
+        let t = OSThread { [self] in
             self.loop()
         }
         t.name = "relay-dispatcher"

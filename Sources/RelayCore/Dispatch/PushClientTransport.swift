@@ -1,7 +1,7 @@
 // PushClient as the dispatcher's PushTransport: builds the APNs request for an outbox row
 // (apns-id = the row id, so a retry after a crash reuses it) and sorts the answer with
 // PushClient's own `classify`.
-import Foundation
+import FoundationEssentials
 import PushClient
 
 public final class PushClientTransport: PushTransport {

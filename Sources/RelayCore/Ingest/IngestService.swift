@@ -4,7 +4,7 @@
 //   401 (no/malformed bearer) -> 429 credential -> 415/413/400 body -> 429 push token ->
 //   in one store transaction: 401 unknown/revoked, 400 unknown/ambiguous app, 403 scope,
 //   200 duplicate, 410 unregistered token, 503 outbox bound, 202 after COMMIT.
-import Foundation
+import FoundationEssentials
 import Ratchet
 
 public struct APIRequest: Sendable {
@@ -201,8 +201,7 @@ public final class IngestService: Sendable {
     }
 
     static func iso(_ ms: Int64) -> String {
-        ISO8601DateFormatter.string(from: Date(timeIntervalSince1970: Double(ms) / 1000), timeZone: .gmt,
-                                    formatOptions: [.withInternetDateTime, .withFractionalSeconds])
+        iso8601UTC(millis: ms)
     }
 
     static func render(_ row: OutboxRow, _ attempts: [AttemptRecord]) -> String {

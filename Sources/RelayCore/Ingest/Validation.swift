@@ -1,6 +1,6 @@
 // Ingest validation: a pure function from (content type, body bytes) to a canonical
 // NewResponse or a client error naming the field. No I/O; unit tested as a table.
-import Foundation
+import FoundationEssentials
 
 /// What an HTTP client sees for a refused request. Never carries secrets, tokens or ciphertext.
 public struct ClientError: Error, Equatable, Sendable {

@@ -1,6 +1,6 @@
 // Adapts the ingest/admin services (plain values) to HTTPServer's handler type, and renders
 // HTTPServer's counters for /metrics. Conversions only: the API lives in IngestService.swift.
-import Foundation
+import FoundationEssentials
 import Ratchet
 import HTTPServer
 

@@ -2,7 +2,10 @@
 //   HTTPServer (ingest) -> IngestService (validate, rate limit) -> SQLiteOutboxStore (group
 //   commit) -> Dispatcher -> PushTransport (PushClient) -> APNs
 // plus the admin listener, systemd notifications and the graceful drain on SIGTERM/SIGINT.
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
+import POSIXThreads
 import HTTPServer
 
 public final class RelayService: @unchecked Sendable {
@@ -19,7 +22,7 @@ public final class RelayService: @unchecked Sendable {
     private var adminServer: HTTPServer?
     private var workers: WorkerPool?
     private var watchdog: WatchdogPinger?
-    private let stopLock = NSLock()
+    private let stopLock = Condition()
     private var stopped = false
     private let startedAt = monotonicMicros()
 

@@ -1,6 +1,9 @@
 // The only file that calls libsystemd: sd_notify (READY=1, STOPPING=1, WATCHDOG=1, STATUS=...)
 // and sd_watchdog_enabled. Without NOTIFY_SOCKET every call is a no-op, as systemd documents.
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
+import POSIXThreads
 internal import CSystemd
 
 public enum SystemdNotifier {
@@ -28,7 +31,7 @@ public enum SystemdNotifier {
 /// dispatcher or writer gets the process restarted.
 public final class WatchdogPinger: @unchecked Sendable {
     // @unchecked Sendable: `stopped` is only touched under `condition`.
-    private let condition = NSCondition()
+    private let condition = Condition()
     private var stopped = false
     private let done = DispatchSemaphore(value: 0)
     private var started = false
@@ -36,7 +39,7 @@ public final class WatchdogPinger: @unchecked Sendable {
     public init?(healthy: @escaping @Sendable () -> Bool) {
         guard let interval = SystemdNotifier.watchdogInterval() else { return nil }
         let half = Double(interval.components.seconds) / 2 + Double(interval.components.attoseconds) / 2e18
-        let t = Thread { [self] in
+        let t = OSThread { [self] in
             while true {
                 condition.lock()
                 if !stopped { _ = condition.wait(until: Date().addingTimeInterval(half)) }

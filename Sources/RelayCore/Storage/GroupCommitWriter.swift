@@ -2,7 +2,10 @@
 // takes everything queued (up to `maxBatch`), runs it inside one BEGIN IMMEDIATE ... COMMIT, and
 // only after COMMIT returned completes each job. A failed statement or COMMIT fails every job of
 // the batch (the ingest layer turns that into 503, never 202).
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
+import POSIXThreads
 import Synchronization
 
 final class GroupCommitWriter: @unchecked Sendable {
@@ -14,10 +17,10 @@ final class GroupCommitWriter: @unchecked Sendable {
     }
 
     private let db: SQLiteDatabase
-    private let condition = NSCondition()
+    private let condition = Condition()
     private var queue: [Job] = []
     private var closed = false
-    private var thread: Thread?
+    private var thread: OSThread?
     private let finishedSemaphore = DispatchSemaphore(value: 0)
     private let maxBatch: Int
     /// Called on the writer thread after a batch rolled back, so in-memory state derived from
@@ -44,11 +47,10 @@ final class GroupCommitWriter: @unchecked Sendable {
     }
 
     func start(name: String = "relay-sqlite-writer") {
-        let t = Thread { [self] in
+        let t = OSThread { [self] in
             self.loop()
         }
         t.name = name
-        t.qualityOfService = .userInitiated
         thread = t
         t.start()
     }

@@ -1,7 +1,7 @@
 // The store boundary. relay-server, relayctl and tests talk to an `OutboxStore`; SQLite
 // implements it now (SQLiteOutboxStore), PostgreSQL later (issue 8) as an added backend.
 // All times are integer milliseconds since 1970 (UTC), so both backends store plain integers.
-import Foundation
+import FoundationEssentials
 
 /// Lifecycle of one accepted response. queued -> inflight -> delivered | failed, with
 /// inflight -> retry (scheduled at next_attempt_at) -> inflight ... on retryable answers.

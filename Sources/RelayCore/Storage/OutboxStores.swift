@@ -1,6 +1,6 @@
 // Opens the configured OutboxStore backend. relay-server and relayctl both call this, so every
 // store command works the same on SQLite (one node) and PostgreSQL (several nodes).
-import Foundation
+import FoundationEssentials
 
 public enum OutboxStores {
     /// `readOnly`: SQLite opens only a read connection; PostgreSQL skips migrations and refuses

@@ -3,7 +3,8 @@
 // status is checked and turned into `StoreError.postgres` carrying libpq's own message and the
 // server's SQLSTATE. Parameters and results travel in binary format, so integers and bytea need
 // no text parsing; arrays (for set-based batch statements) travel as text-format literals.
-import Foundation
+import FoundationEssentials
+import Glibc
 import Ratchet
 internal import CPQ
 

@@ -11,7 +11,8 @@
 // - reads (GET, relayctl, metrics) use a third connection, so they never wait behind a batch.
 // Each connection lives on its own store-owned thread (PostgresWorker) and reconnects with
 // back-off; while the database is away every call fails fast with StoreError.unavailable.
-import Foundation
+import FoundationEssentials
+import Glibc
 import Synchronization
 
 public struct PostgresStoreOptions: Sendable {

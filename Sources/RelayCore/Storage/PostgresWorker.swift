@@ -6,7 +6,10 @@
 // The connection is opened lazily and reopened after it breaks, with jittered exponential
 // back-off; while backing off, jobs fail at once with `StoreError.unavailable` (ingest answers
 // 503) instead of queueing behind a dead database.
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
+import POSIXThreads
 
 final class PostgresWorker<Item>: @unchecked Sendable {
     // @unchecked Sendable: `queue` and `closed` are only touched under `condition`; `connection`,
@@ -21,10 +24,10 @@ final class PostgresWorker<Item>: @unchecked Sendable {
     private let url: String
     private let logger: RelayLogger?
     private let maxBatch: Int
-    private let condition = NSCondition()
+    private let condition = Condition()
     private var queue: [Job] = []
     private var closed = false
-    private var thread: Thread?
+    private var thread: OSThread?
     private let finished = DispatchSemaphore(value: 0)
     /// Runs on the worker thread with consecutive submitted items (at most `maxBatch`). Set once
     /// by `start` before the thread exists.
@@ -50,9 +53,8 @@ final class PostgresWorker<Item>: @unchecked Sendable {
     /// Starts the thread. Nothing touches the database before this.
     func start(batchHandler: @escaping (PostgresWorker<Item>, [Item]) -> Void = { _, _ in }) {
         self.batchHandler = batchHandler
-        let t = Thread { [self] in self.loop() }
+        let t = OSThread { [self] in self.loop() }
         t.name = name
-        t.qualityOfService = .userInitiated
         thread = t
         t.start()
     }

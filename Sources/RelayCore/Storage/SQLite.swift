@@ -1,7 +1,7 @@
 // The only file in RelayCore that sees SQLite's C API. One owner class per handle
 // (`SQLiteDatabase` owns the `sqlite3*`, `SQLiteStatement` owns each `sqlite3_stmt*`), every
 // return code checked and turned into `StoreError.sqlite` carrying sqlite3_errmsg.
-import Foundation
+import FoundationEssentials
 internal import CSQLite
 
 /// A value bound to or read from SQLite. Integers are 64-bit; times are milliseconds since 1970.

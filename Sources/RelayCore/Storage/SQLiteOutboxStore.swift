@@ -1,6 +1,8 @@
 // OutboxStore on SQLite (WAL). Writes go through the GroupCommitWriter (one thread, one
 // connection); reads use a second connection behind a lock. Schema: docs/architecture.md.
-import Foundation
+import FoundationEssentials
+import Glibc
+import POSIXThreads
 import Ratchet
 
 public struct SQLiteStoreOptions: Sendable {
@@ -26,7 +28,7 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
 
     let writer: GroupCommitWriter?
     private let reader: SQLiteDatabase
-    private let readerLock = NSLock()
+    private let readerLock = Condition()
     private let clock: any RelayClock
     private let writerState = WriterState()
     public let path: String

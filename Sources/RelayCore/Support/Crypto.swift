@@ -1,6 +1,6 @@
 // The only file in RelayCore that calls OpenSSL: SHA-256 for credential hashes and the CSPRNG
 // for credential secrets and response ids.
-import Foundation
+import FoundationEssentials
 import Synchronization
 internal import COpenSSL
 

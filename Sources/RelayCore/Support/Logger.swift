@@ -1,6 +1,7 @@
 // Structured logs: one JSON object per line on stderr (or a human format). Callers pass only
 // values safe to log: never secrets, full push tokens or ciphertext (use `redactToken`).
-import Foundation
+import FoundationEssentials
+import Glibc
 import Synchronization
 
 public final class RelayLogger: Sendable {
@@ -37,7 +38,7 @@ public final class RelayLogger: Sendable {
 
     public func log(_ level: Level, _ message: String, _ fields: KeyValuePairs<String, any Sendable> = [:]) {
         guard level >= minimum else { return }
-        let ts = ISO8601DateFormatter.string(from: Date(), timeZone: .gmt, formatOptions: [.withInternetDateTime, .withFractionalSeconds])
+        let ts = iso8601UTC(millis: SystemRelayClock().nowMillis())
         var line: String
         switch format {
         case .json:

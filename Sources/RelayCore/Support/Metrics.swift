@@ -1,5 +1,5 @@
 // Process-wide counters rendered in the Prometheus text exposition format (version 0.0.4).
-import Foundation
+import FoundationEssentials
 import Synchronization
 
 public final class RelayMetrics: Sendable {

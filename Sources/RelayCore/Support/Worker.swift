@@ -1,19 +1,22 @@
 // Threads RelayCore owns for blocking work (SQLite reads for GET/readyz/metrics), so event-loop
 // threads and Swift's cooperative pool never block.
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
+import POSIXThreads
 
 public final class WorkerPool: @unchecked Sendable {
     // @unchecked Sendable: `jobs` and `closed` are only touched under `condition`.
-    private let condition = NSCondition()
+    private let condition = Condition()
     private var jobs: [@Sendable () -> Void] = []
     private var closed = false
-    private var threads: [Thread] = []
+    private var threads: [OSThread] = []
     private let group = DispatchGroup()
 
     public init(name: String, threads count: Int) {
         for i in 0..<max(1, count) {
             group.enter()
-            let t = Thread { [self] in
+            let t = OSThread { [self] in
                 self.run()
                 self.group.leave()
             }
