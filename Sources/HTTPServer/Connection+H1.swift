@@ -1,6 +1,7 @@
 // HTTP/1.1 on a connection: feeds the strict parser, dispatches requests, keeps responses in
 // request order (pipelining) whatever order handlers answer in, 100-continue, keep-alive and
-// Connection: close, parse errors as `{"error":"<kind>"}` followed by a close.
+// Connection: close, parse errors as `configuration.errorResponse(status, kind)` (by default
+// `{"error":"<kind>"}`) followed by a close.
 
 /// One request awaiting (or holding) its response, in pipeline order.
 struct H1Slot {
@@ -177,7 +178,7 @@ extension Connection {
                 core.recordParseError(kind)
                 stopParsing = true
                 nextSequence += 1
-                slots.append(H1Slot(response: .json(error.status, #"{"error":"\#(kind)"}"#),
+                slots.append(H1Slot(response: core.errorResponse(error.status, kind),
                                     keepAlive: false, isHEAD: false, version: .http1_1))
                 h1Drain()
             }
@@ -249,7 +250,7 @@ extension Connection {
     }
 
     func h1WriteError(status: Int, kind: String) {
-        h1Serialize(.json(status, #"{"error":"\#(kind)"}"#), keepAlive: false, isHEAD: false, version: .http1_1)
+        h1Serialize(core.errorResponse(status, kind), keepAlive: false, isHEAD: false, version: .http1_1)
     }
 
     func h1Serialize(_ response: HTTPResponse, keepAlive: Bool, isHEAD: Bool, version: HTTPVersion) {

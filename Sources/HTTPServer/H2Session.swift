@@ -208,7 +208,7 @@ final class H2Session {
             st.rejected = true
             st.body = []
             connection.core.recordParseError("h2_body_too_large")
-            respond(streamID: st.id, response: .json(413, #"{"error":"body_too_large"}"#), isHEAD: false, action: .keep)
+            respond(streamID: st.id, response: connection.core.errorResponse(413, "body_too_large"), isHEAD: false, action: .keep)
             return
         }
         st.body.append(contentsOf: data)

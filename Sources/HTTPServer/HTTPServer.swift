@@ -21,6 +21,7 @@ final class ServerCore: Sendable {
     let maxHeaderCount: Int
     let cleartextHTTP2: Bool
     let serverHeaderLine: [UInt8]?
+    let errorResponse: @Sendable (Int, String) -> HTTPResponse
     private let connectionIDs = Atomic<UInt64>(0)
     private let openConnections = Atomic<Int>(0)
     private let counters = Mutex(HTTPServerMetrics())
@@ -48,6 +49,7 @@ final class ServerCore: Sendable {
         maxHeaderCount = l.maxHeaderCount
         cleartextHTTP2 = configuration.cleartextHTTP2
         serverHeaderLine = configuration.serverName.map { Array("server: \($0)\r\n".utf8) }
+        errorResponse = configuration.errorResponse
     }
 
     func nextConnectionID() -> UInt64 { connectionIDs.add(1, ordering: .relaxed).newValue }

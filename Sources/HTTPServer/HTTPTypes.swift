@@ -247,10 +247,23 @@ public struct HTTPServerConfiguration: Sendable {
     public var loopThreads: Int
     /// Value of the `server` response header; nil sends none.
     public var serverName: String?
+    /// The response for a request the server itself refuses before any handler sees it
+    /// (malformed HTTP/1.1, a body over `maxBodyBytes`, a header or body timeout): `status` is
+    /// 400/408/413/414/417/431/501/505, `kind` the parser's error kind (HTTPServerErrorKinds in
+    /// docs/http.md). Lets an application answer these in its own error format. Framing
+    /// headers are the server's; the connection closes after HTTP/1.1 errors regardless.
+    public var errorResponse: @Sendable (_ status: Int, _ kind: String) -> HTTPResponse
+
+    /// `{"error":"<kind>"}`, the default `errorResponse`.
+    public static let plainErrorResponse: @Sendable (Int, String) -> HTTPResponse = { status, kind in
+        .json(status, #"{"error":"\#(kind)"}"#)
+    }
 
     public init(host: String = "127.0.0.1", port: Int = 0, tls: TLSConfiguration? = nil,
                 cleartextHTTP2: Bool = true, http2: HTTP2Settings = HTTP2Settings(),
-                limits: HTTPLimits = HTTPLimits(), loopThreads: Int = 1, serverName: String? = nil) {
+                limits: HTTPLimits = HTTPLimits(), loopThreads: Int = 1, serverName: String? = nil,
+                errorResponse: @escaping @Sendable (_ status: Int, _ kind: String) -> HTTPResponse = plainErrorResponse) {
+        self.errorResponse = errorResponse
         self.host = host
         self.port = port
         self.tls = tls

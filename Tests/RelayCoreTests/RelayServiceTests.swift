@@ -62,4 +62,41 @@ private func curl(_ args: [String]) throws -> (Int, String) {
         #expect(transport.shutdowns.withLock { $0 } == 1)
         #expect(try curl(["http://127.0.0.1:\(service.adminPort)/healthz"]).0 == 0)  // closed
     }
+
+    /// Requests the HTTP layer refuses before the ingest handler sees them still get the API's
+    /// `{"error","field","message"}` shape; HEAD answers carry the GET's Content-Length.
+    @Test func serverLevelRefusalsUseTheAPIErrorFormat() throws {
+        var c = try config()
+        c.ingest.maxBodyBytes = 4096
+        let service = RelayService(config: c, logger: RelayLogger(capture: true)) { _, _ in
+            FakeTransport { _, _ in PushAnswer(status: 200, reason: nil, classification: .done) }
+        }
+        try service.start()
+        defer { service.stop() }
+        let url = "http://127.0.0.1:\(service.ingestPort)/v1/responses"
+        func object(_ text: String) -> [String: Any] {
+            (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any] ?? [:]
+        }
+        // Far over twice the limit: cut off by HTTPServer (HTTP/1.1 and HTTP/2), same body as the API's own 413.
+        let huge = String(repeating: "x", count: 3 * 4096)
+        for h2 in [false, true] {
+            let (status, text) = try curl((h2 ? ["--http2-prior-knowledge"] : []) + ["-X", "POST", url, "-H", "Authorization: Bearer x",
+                                           "-H", "Content-Type: application/json", "--data-binary", huge])
+            #expect(status == 413, "\(text)")
+            let o = object(text)
+            #expect(o["error"] as? String == "body_too_large" && o["field"] as? String == "body", "\(text)")
+            #expect((o["message"] as? String)?.contains("4096") == true, "\(text)")
+        }
+        // A header the parser refuses: 400 in the API shape, the parser's kind in the message.
+        let (bad, badText) = try curl(["-X", "POST", url, "-H", "Bad Header: x"])
+        #expect(bad == 400, "\(badText)")
+        #expect(object(badText)["error"] as? String == "malformed_request", "\(badText)")
+        #expect(object(badText)["message"] is String, "\(badText)")
+        // HEAD: headers only, with the Content-Length a GET gets.
+        let health = "http://127.0.0.1:\(service.adminPort)/healthz"
+        let (gs, getBody) = try curl([health])
+        let (hs, headText) = try curl(["-I", health])
+        #expect(gs == 200 && hs == 200)
+        #expect(headText.lowercased().contains("content-length: \(getBody.utf8.count)"), "\(headText)")
+    }
 }

@@ -20,16 +20,40 @@ enum HTTPGlue {
         return APIRequest(method: r.method, path: r.path, headers: headers, body: r.body, requestID: requestID(r.headers))
     }
 
-    static func httpResponse(_ r: APIResponse, head: Bool) -> HTTPResponse {
+    /// The full body even for HEAD: HTTPServer sends a HEAD answer's headers only, with the
+    /// Content-Length the GET would have had (RFC 9110 9.3.2).
+    static func httpResponse(_ r: APIResponse) -> HTTPResponse {
         var h = HTTPHeaders()
         for (n, v) in r.headers { h.add(n, v) }
-        return HTTPResponse(status: r.status, headers: h, body: head ? [] : Array(r.body.utf8))
+        return HTTPResponse(status: r.status, headers: h, body: Array(r.body.utf8))
     }
 
     static func handler(_ service: @escaping @Sendable (APIRequest, @escaping @Sendable (APIResponse) -> Void) -> Void) -> HTTPHandler {
         { request, responder in
-            let head = request.method == "HEAD"
-            service(apiRequest(request)) { responder.respond(httpResponse($0, head: head)) }
+            service(apiRequest(request)) { responder.respond(httpResponse($0)) }
+        }
+    }
+
+    /// Requests HTTPServer refuses itself (malformed, far over the body limit, too slow) get
+    /// the API's error format too, so a client's error handling sees one shape everywhere.
+    static func errorResponse(maxBodyBytes: Int) -> @Sendable (Int, String) -> HTTPResponse {
+        { status, kind in
+            let e = serverError(status: status, kind: kind, maxBodyBytes: maxBodyBytes)
+            return HTTPResponse(status: status, headers: HTTPHeaders([("content-type", "application/json")]),
+                                body: Array(e.jsonBody.utf8))
+        }
+    }
+
+    static func serverError(status: Int, kind: String, maxBodyBytes: Int) -> ClientError {
+        switch status {
+        case 413: return ClientError(status: 413, code: "body_too_large", field: "body", message: "body exceeds \(maxBodyBytes) bytes")
+        case 408: return ClientError(status: 408, code: "request_timeout", field: nil, message: "the request was not received in time (\(kind))")
+        case 414: return ClientError(status: 414, code: "uri_too_long", field: nil, message: "the request target is too long")
+        case 431: return ClientError(status: 431, code: "headers_too_large", field: nil, message: "the request headers are too large or too many (\(kind))")
+        case 417: return ClientError(status: 417, code: "expectation_failed", field: "expect", message: "only Expect: 100-continue is supported")
+        case 501: return ClientError(status: 501, code: "not_implemented", field: nil, message: "unsupported HTTP feature (\(kind))")
+        case 505: return ClientError(status: 505, code: "http_version_not_supported", field: nil, message: "only HTTP/1.0, HTTP/1.1 and HTTP/2 are supported")
+        default: return ClientError(status: status, code: "malformed_request", field: nil, message: "malformed HTTP request (\(kind))")
         }
     }
 

@@ -76,6 +76,7 @@ public final class RelayService: @unchecked Sendable {
         var serverConfig = HTTPServerConfiguration(host: c.listen.host, port: c.listen.port, tls: tls)
         serverConfig.limits = limits
         serverConfig.loopThreads = c.ingest.loopThreads
+        serverConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: c.ingest.maxBodyBytes)
         let ingestServer = try HTTPServer(configuration: serverConfig, handler: HTTPGlue.handler { ingest.handle($0, respond: $1) })
         try ingestServer.start()
         self.ingestServer = ingestServer
@@ -90,6 +91,7 @@ public final class RelayService: @unchecked Sendable {
                 extraMetrics: { [weak self] in self?.serverMetrics() ?? "" })
             var adminConfig = HTTPServerConfiguration(host: c.admin.host, port: c.admin.port)
             adminConfig.limits.maxBodyBytes = 1024
+            adminConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: 1024)
             let adminServer = try HTTPServer(configuration: adminConfig, handler: HTTPGlue.handler { admin.handle($0, respond: $1) })
             try adminServer.start()
             self.adminServer = adminServer
