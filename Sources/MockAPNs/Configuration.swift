@@ -18,6 +18,20 @@ public enum MockTLSMode: Sendable {
     case cleartextH2
 }
 
+/// A client certificate mock-apns issues from its throwaway CA, for testing certificate auth.
+public struct GeneratedClientCertificate: Sendable, Equatable {
+    /// Written as the subject's UID, as in Apple's push certificates: the topic it may push to.
+    public var bundleID: String
+    public var certificatePath: String
+    public var privateKeyPath: String
+
+    public init(bundleID: String, certificatePath: String, privateKeyPath: String) {
+        self.bundleID = bundleID
+        self.certificatePath = certificatePath
+        self.privateKeyPath = privateKeyPath
+    }
+}
+
 /// An accessory-to-host root secret and the keyID (4 bytes) pushes carry for it.
 public struct MockRootSecret: Sendable {
     public var keyID: [UInt8]
@@ -58,6 +72,15 @@ public struct MockAPNsConfiguration: Sendable {
     public var tlsFault: TLSCertificateFault?
     /// Event-loop threads of the APNs port.
     public var loopThreads = 1
+    /// Certificate auth: ask each client for a certificate and accept those this CA (PEM file)
+    /// signed. A connection that presents one needs no provider token, and may push only to
+    /// the bundle ID in its certificate's UID (as with Apple's push certificates). Clients
+    /// without a certificate still use token auth. With generated TLS and
+    /// `generatedClientCertificate`, the throwaway CA is trusted instead.
+    public var clientCAPath: String?
+    /// Generated TLS only: also issue a client certificate for this bundle ID (UID), signed by
+    /// the throwaway CA, written to these paths, and accept certificates that CA signed.
+    public var generatedClientCertificate: GeneratedClientCertificate?
     /// The executable writes {"port":..,"controlPort":..,"caPath":..} here once listening.
     public var readyFilePath: String?
     /// The mock's clock (tests driving a client with an injected clock pass the same one).
@@ -103,13 +126,16 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
     public var threads: Int?
     public var readyFile: String?
     public var tlsFault: String?
+    public var clientCA: String?
+    /// "BUNDLEID:CERTPATH:KEYPATH"
+    public var generateClientCert: String?
 
     public init() {}
 
     static let knownKeys: Set<String> = [
         "listen", "control", "generateTLS", "caOut", "tlsCert", "tlsKey", "h2c", "tokenKeys", "bundleIDs",
         "rootSecrets", "deliveriesLog", "faults", "maxConcurrentStreams", "initialMaxConcurrentStreams", "production",
-        "tokenUpdateIntervalSeconds", "verbose", "threads", "readyFile", "tlsFault",
+        "tokenUpdateIntervalSeconds", "verbose", "threads", "readyFile", "tlsFault", "clientCA", "generateClientCert",
     ]
 
     /// Reads a JSON config file; unknown keys are errors (typos must not pass silently).
@@ -156,6 +182,8 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
         m.threads = other.threads ?? threads
         m.readyFile = other.readyFile ?? readyFile
         m.tlsFault = other.tlsFault ?? tlsFault
+        m.clientCA = other.clientCA ?? clientCA
+        m.generateClientCert = other.generateClientCert ?? generateClientCert
         return m
     }
 
@@ -233,6 +261,22 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
             guard case .generate = c.tls else { throw MockConfigurationError("--tls-fault needs --generate-tls") }
             c.tlsFault = fault
         }
+        if let clientCA {
+            if case .cleartextH2 = c.tls { throw MockConfigurationError("--client-ca needs TLS (not --h2c)") }
+            guard FileManager.default.isReadableFile(atPath: clientCA) else {
+                throw MockConfigurationError("--client-ca: cannot read \(clientCA)")
+            }
+            c.clientCAPath = clientCA
+        }
+        if let generateClientCert {
+            let parts = generateClientCert.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false).map(String.init)
+            guard parts.count == 3, parts.allSatisfy({ !$0.isEmpty }) else {
+                throw MockConfigurationError("--generate-client-cert: \"\(generateClientCert)\" is not BUNDLEID:CERTPATH:KEYPATH")
+            }
+            guard case .generate = c.tls else { throw MockConfigurationError("--generate-client-cert needs --generate-tls") }
+            guard clientCA == nil else { throw MockConfigurationError("choose one of --client-ca, --generate-client-cert") }
+            c.generatedClientCertificate = GeneratedClientCertificate(bundleID: parts[0], certificatePath: parts[1], privateKeyPath: parts[2])
+        }
         return c
     }
 }
@@ -291,6 +335,10 @@ public enum MockAPNsCommandLine {
       --ca-out PATH                 write the generated CA certificate (PEM) here for clients
       --tls-cert PATH --tls-key PATH  serve this certificate instead
       --h2c                         cleartext HTTP/2 with prior knowledge instead of TLS
+      --client-ca PATH              certificate auth: accept client certificates this CA signed; such a
+                                    connection needs no token and may push to its certificate's UID only
+      --generate-client-cert BUNDLEID:CERT:KEY  with --generate-tls: issue a client certificate
+                                    (UID=BUNDLEID) from the throwaway CA, write it and its key there
       --tls-fault expired|wrong-host|untrusted  generated certificate that clients must refuse
                                     (expired, SAN without 127.0.0.1/localhost, or signed by a
                                     CA other than the one written to --ca-out)
@@ -399,6 +447,8 @@ public enum MockAPNsCommandLine {
                 cli.threads = n
             case "--ready-file": cli.readyFile = try value(flag)
             case "--tls-fault": cli.tlsFault = try value(flag)
+            case "--client-ca": cli.clientCA = try value(flag)
+            case "--generate-client-cert": cli.generateClientCert = try value(flag)
             case "--config": configPath = try value(flag)
             default: throw MockConfigurationError("unknown option \(flag) (see --help)")
             }

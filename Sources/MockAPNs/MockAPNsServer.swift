@@ -82,7 +82,8 @@ final class MockCore: Sendable {
             var state = all[request.connectionID] ?? ConnectionState()
             let headers = request.headers.map { ($0.name, $0.value) }
             let result = validator.validate(method: request.method, path: request.path, headers: headers,
-                                            body: request.body, connection: &state.auth, now: nowSeconds)
+                                            body: request.body, connection: &state.auth, now: nowSeconds,
+                                            clientCertificateSubject: request.tls?.peerCertificateSubject)
             state.streams += 1
             var grant = false
             if case .accepted = result, !state.streamsGranted {
@@ -239,9 +240,10 @@ public final class MockAPNsServer: Sendable {
         case .cleartextH2:
             tls = nil
         case .files(let cert, let key):
-            tls = TLSConfiguration(certificatePath: cert, privateKeyPath: key, alpn: ["h2"])
+            tls = TLSConfiguration(certificatePath: cert, privateKeyPath: key, clientCAPath: configuration.clientCAPath, alpn: ["h2"])
         case .generate(let caOutputPath):
-            let material = try GeneratedTLSMaterial.generate(fault: configuration.tlsFault)
+            let client = configuration.generatedClientCertificate
+            let material = try GeneratedTLSMaterial.generate(fault: configuration.tlsFault, clientBundleID: client?.bundleID)
             let dir = FileManager.default.temporaryDirectory.appendingPathComponent("mock-apns-\(UUID().uuidString)").path
             try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true,
                                                     attributes: [.posixPermissions: 0o700])
@@ -251,7 +253,13 @@ public final class MockAPNsServer: Sendable {
             try write(material.serverPrivateKeyPEM, to: keyPath, mode: 0o600)
             caPath = caOutputPath ?? dir + "/ca.pem"
             try write(material.caCertificatePEM, to: caPath!, mode: 0o644)
-            tls = TLSConfiguration(certificatePath: certPath, privateKeyPath: keyPath, alpn: ["h2"])
+            if let client, let cert = material.clientCertificatePEM, let key = material.clientPrivateKeyPEM {
+                try write(cert, to: client.certificatePath, mode: 0o644)
+                try write(key, to: client.privateKeyPath, mode: 0o600)
+            }
+            // Clients without a certificate are still welcome (token auth): request, not require.
+            tls = TLSConfiguration(certificatePath: certPath, privateKeyPath: keyPath,
+                                   clientCAPath: client != nil ? caPath : configuration.clientCAPath, alpn: ["h2"])
         }
         temporaryDirectory = temporary
         caCertificatePath = caPath

@@ -167,7 +167,9 @@ private final class Certificate {
     let x509: OpaquePointer
 
     /// Valid from `notBefore` to `notAfter` seconds relative to now.
-    init(subjectCN: String, publicKey: ECKey, notBefore: Int = -3600, notAfter: Int) throws {
+    /// `uid` goes into the subject as UID (OID 0.9.2342.19200300.100.1.1), where Apple's push
+    /// certificates carry their bundle ID.
+    init(subjectCN: String, uid: String? = nil, publicKey: ECKey, notBefore: Int = -3600, notAfter: Int) throws {
         guard let x509 = X509_new() else { throw MockCryptoError.openssl("X509_new") }
         self.x509 = x509
         guard X509_set_version(x509, 2) == 1 else { throw MockCryptoError.openssl("X509_set_version") }
@@ -181,6 +183,7 @@ private final class Certificate {
         }
         guard X509_set_pubkey(x509, publicKey.pkey) == 1 else { throw MockCryptoError.openssl("X509_set_pubkey") }
         guard let name = X509_get_subject_name(x509),
+              uid.map({ X509_NAME_add_entry_by_txt(name, "UID", MBSTRING_ASC, $0, -1, -1, 0) }) ?? 1 == 1,
               X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC, "mock-apns", -1, -1, 0) == 1,
               X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, subjectCN, -1, -1, 0) == 1 else {
             throw MockCryptoError.openssl("X509_NAME_add_entry_by_txt")
@@ -222,15 +225,19 @@ public enum TLSCertificateFault: String, Sendable, CaseIterable {
     case untrusted
 }
 
-/// A throwaway CA and a server certificate it signed, all PEM.
+/// A throwaway CA and a server certificate it signed (and optionally a client certificate), all PEM.
 public struct GeneratedTLSMaterial: Sendable {
     public let caCertificatePEM: String
     public let serverCertificatePEM: String
     public let serverPrivateKeyPEM: String
+    /// With `clientBundleID`: a clientAuth leaf with subject UID=<bundle ID>, signed by the CA.
+    public var clientCertificatePEM: String?
+    public var clientPrivateKeyPEM: String?
 
     /// EC P-256 CA (CA:TRUE, keyCertSign) and a server leaf (serverAuth) whose SAN covers
     /// 127.0.0.1, ::1 and localhost, so curl, nghttp and libcurl verify it with `--cacert`.
-    public static func generate(validDays: Int = 30, fault: TLSCertificateFault? = nil) throws -> GeneratedTLSMaterial {
+    public static func generate(validDays: Int = 30, fault: TLSCertificateFault? = nil,
+                                clientBundleID: String? = nil) throws -> GeneratedTLSMaterial {
         func makeCA() throws -> (Certificate, ECKey) {
             let caKey = try ECKey.generateP256()
             let ca = try Certificate(subjectCN: "mock-apns test CA", publicKey: caKey, notAfter: validDays * 86_400)
@@ -257,8 +264,21 @@ public struct GeneratedTLSMaterial: Sendable {
         try server.addExtension(NID_authority_key_identifier, "keyid:always", issuer: issuer)
         try server.sign(issuer: issuer, key: issuerKey)
 
-        return GeneratedTLSMaterial(caCertificatePEM: try ca.pem(),
-                                    serverCertificatePEM: try server.pem(),
-                                    serverPrivateKeyPEM: try serverKey.privateKeyPEM())
+        var material = GeneratedTLSMaterial(caCertificatePEM: try ca.pem(),
+                                            serverCertificatePEM: try server.pem(),
+                                            serverPrivateKeyPEM: try serverKey.privateKeyPEM())
+        if let bundle = clientBundleID {
+            let clientKey = try ECKey.generateP256()
+            let client = try Certificate(subjectCN: "Apple Push Services: \(bundle) (mock-apns)", uid: bundle,
+                                         publicKey: clientKey, notAfter: validDays * 86_400)
+            try client.addExtension(NID_basic_constraints, "critical,CA:FALSE", issuer: ca)
+            try client.addExtension(NID_key_usage, "critical,digitalSignature", issuer: ca)
+            try client.addExtension(NID_ext_key_usage, "clientAuth", issuer: ca)
+            try client.addExtension(NID_authority_key_identifier, "keyid:always", issuer: ca)
+            try client.sign(issuer: ca, key: caKey)
+            material.clientCertificatePEM = try client.pem()
+            material.clientPrivateKeyPEM = try clientKey.privateKeyPEM()
+        }
+        return material
     }
 }

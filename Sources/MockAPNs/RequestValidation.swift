@@ -69,8 +69,13 @@ public struct RequestValidator: Sendable {
         self.tokenVerifier = tokenVerifier
     }
 
+    /// `clientCertificateSubject`: the verified client certificate's subject
+    /// (X509_NAME_oneline form, "/UID=com.example.app/O=.../CN=..."), nil without one. A
+    /// connection with a certificate uses certificate auth: no provider token is needed and the
+    /// topic's bundle ID must be the certificate's UID.
     public func validate(method: String, path: String, headers: [(String, String)], body: [UInt8],
                          connection: inout ConnectionAuthState, now: Int64,
+                         clientCertificateSubject: String? = nil,
                          generateID: () -> UUID = randomUUID) -> ValidationResult {
         // apns-id first, so every answer can echo it.
         let idValues = values("apns-id", headers)
@@ -99,7 +104,13 @@ public struct RequestValidator: Sendable {
         if badID { return reject(400, .badMessageId, "apns-id must be a UUID (8-4-4-4-12 hex)") }
 
         var claims: ProviderTokenClaims?
-        if let verifier = tokenVerifier {
+        var certificateBundleID: String?
+        if let subject = clientCertificateSubject {
+            guard let uid = Self.uid(inSubject: subject) else {
+                return reject(403, .badCertificate, "client certificate has no UID naming its bundle ID")
+            }
+            certificateBundleID = uid
+        } else if let verifier = tokenVerifier {
             switch checkToken(verifier, header(headers, "authorization"), &connection, now) {
             case .failure(let rejection): return .rejected(rejection, apnsID: apnsID)
             case .success(let c): claims = c
@@ -118,6 +129,9 @@ public struct RequestValidator: Sendable {
         }
         if let rejection = checkTopic(topic, suffix: suffix, pushType: pushType) {
             return .rejected(rejection, apnsID: apnsID)
+        }
+        if let certificateBundleID, topic.dropLast(suffix.count) != certificateBundleID {
+            return reject(400, .topicDisallowed, "the client certificate is for \(certificateBundleID), not \(topic)")
         }
 
         var priority: Int?
@@ -153,6 +167,15 @@ public struct RequestValidator: Sendable {
                                       pushType: pushType, priority: priority, expiration: expiration,
                                       collapseID: collapseID, payload: body, accessory: accessory,
                                       claims: claims))
+    }
+
+    /// The UID attribute of a one-line X.509 subject ("/UID=com.example.app/CN=...").
+    static func uid(inSubject subject: String) -> String? {
+        for part in subject.split(separator: "/") where part.hasPrefix("UID=") {
+            let value = part.dropFirst(4)
+            return value.isEmpty ? nil : String(value)
+        }
+        return nil
     }
 
     private func checkToken(_ verifier: ProviderTokenVerifier, _ authorization: String?,

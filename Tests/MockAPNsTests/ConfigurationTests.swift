@@ -51,6 +51,10 @@ import Ratchet
             (["--h2c", "--tls-fault", "expired"], "needs --generate-tls"),
             (["--initial-max-concurrent-streams", "2000"], "--initial-max-concurrent-streams"),
             (["--listen"], "needs a value"),
+            (["--generate-client-cert", "a.b:c.pem"], "BUNDLEID:CERTPATH:KEYPATH"),
+            (["--h2c", "--generate-client-cert", "a.b:c.pem:k.pem"], "needs --generate-tls"),
+            (["--h2c", "--client-ca", "/etc/hostname"], "needs TLS"),
+            (["--client-ca", "/does/not/exist.pem"], "cannot read"),
         ]
         for (args, fragment) in bad {
             do {
@@ -94,21 +98,28 @@ import Ratchet
          "tokenKeys":[{"keyID":"K1","teamID":"T1","path":"\(p8)"}],"bundleIDs":["a.b"],
          "rootSecrets":[{"keyID":"AQIDBA==","secret":"\(String(repeating: "ab", count: 32))"}],"deliveriesLog":"d.jsonl",
          "faults":[{"goAwayAfterErrors":3}],"maxConcurrentStreams":10,"initialMaxConcurrentStreams":2,"production":true,
-         "tokenUpdateIntervalSeconds":0,"tlsFault":"expired","threads":2,"readyFile":"r.json","verbose":true}
+         "tokenUpdateIntervalSeconds":0,"tlsFault":"expired","threads":2,"readyFile":"r.json","verbose":true,
+         "generateClientCert":"a.b:client.pem:client.key"}
         """
         try json.write(toFile: path, atomically: true, encoding: .utf8)
         let object = try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any]
-        #expect(Set(object?.keys.map { $0 } ?? []).union(["tlsCert", "tlsKey"]) == MockAPNsOptions.knownKeys)
+        #expect(Set(object?.keys.map { $0 } ?? []).union(["tlsCert", "tlsKey", "clientCA"]) == MockAPNsOptions.knownKeys)
         guard case .run(let c) = try MockAPNsCommandLine.parse(["--config", path]) else { Issue.record("expected run"); return }
         #expect(c.tokenKeys.count == 1 && c.rootSecrets.count == 1 && c.tlsFault == .expired && c.loopThreads == 2)
         #expect(c.initialMaxConcurrentStreams == 2 && c.maxConcurrentStreams == 10 && c.tokenUpdateInterval == 0)
         #expect(c.readyFilePath == "r.json" && c.verbose && !c.sandbox && c.faults.rules == [FaultRule(goAwayAfterErrors: 3)])
+        #expect(c.generatedClientCertificate == GeneratedClientCertificate(bundleID: "a.b", certificatePath: "client.pem", privateKeyPath: "client.key"))
+        // clientCA (the other half of certificate auth) with certificate files:
+        let ca = dir.appendingPathComponent("clients.pem").path
+        try "x".write(toFile: ca, atomically: true, encoding: .utf8)
+        guard case .run(let f) = try MockAPNsCommandLine.parse(["--tls-cert", "c", "--tls-key", "k", "--client-ca", ca]) else { Issue.record("expected run"); return }
+        #expect(f.clientCAPath == ca)
     }
 
     @Test func helpMentionsEveryFlag() {
         for flag in ["--listen", "--control", "--generate-tls", "--ca-out", "--tls-cert", "--tls-key", "--h2c", "--max-concurrent-streams",
                      "--token-key", "--bundle-id", "--token-update-interval", "--production", "--deliveries-log", "--root-secret",
-                     "--fault", "--config", "--verbose", "--initial-max-concurrent-streams", "--tls-fault", "--threads", "--ready-file", "--help"] {
+                     "--fault", "--config", "--verbose", "--initial-max-concurrent-streams", "--tls-fault", "--threads", "--ready-file", "--client-ca", "--generate-client-cert", "--help"] {
             #expect(MockAPNsCommandLine.usage.contains(flag), "\(flag)")
         }
     }

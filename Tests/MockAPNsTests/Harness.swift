@@ -82,10 +82,13 @@ final class MockHarness {
     }
 
     /// One curl --http2 request; returns status, lowercased response headers and body.
+    /// `clientCertificate`: (certificate PEM path, key PEM path) presented for certificate auth.
     func curl(path: String = "/3/device/" + Fixture.deviceToken, method: String = "POST", headers: [(String, String)],
-              body: [UInt8]?, timeout: Int = 10) throws -> (status: Int, headers: [String: String], body: String, exit: Int32) {
+              body: [UInt8]?, timeout: Int = 10,
+              clientCertificate: (String, String)? = nil) throws -> (status: Int, headers: [String: String], body: String, exit: Int32) {
         var args = ["-sS", "--http2", "--cacert", caPath, "-m", "\(timeout)", "-X", method, "-D", "-", "-o",
                     directory.appendingPathComponent("body-\(UUID().uuidString)").path, "-w", "\n%{http_code}"]
+        if let (cert, key) = clientCertificate { args += ["--cert", cert, "--key", key] }
         for (name, value) in headers { args += ["-H", "\(name): \(value)"] }
         let bodyPath = try body.map { try file("req-\(UUID().uuidString)", $0) }
         if let bodyPath { args += ["--data-binary", "@" + bodyPath] }

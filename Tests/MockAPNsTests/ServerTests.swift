@@ -266,6 +266,42 @@ import Testing
         #expect(try runTool("/usr/bin/curl", args).stdout == "200")
     }
 
+    /// Certificate auth as APNs does it: a client certificate signed by the trusted CA replaces
+    /// the provider token, and its UID is the only bundle ID it may push to.
+    @Test func clientCertificateAuthReplacesTheTokenForItsOwnBundleOnly() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("mockapns-cert-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let cert = dir.appendingPathComponent("client.pem").path, key = dir.appendingPathComponent("client.key").path
+        let mock = try MockHarness {
+            $0.generatedClientCertificate = GeneratedClientCertificate(bundleID: Fixture.bundleID, certificatePath: cert, privateKeyPath: key)
+            $0.allowedBundleIDs = [Fixture.bundleID, "com.example.other"]
+        }
+        let subject = try runTool("/usr/bin/openssl", ["x509", "-in", cert, "-noout", "-subject"]).stdout
+        #expect(subject.contains("UID = \(Fixture.bundleID)"), "\(subject)")
+        #expect(try runTool("/usr/bin/openssl", ["verify", "-CAfile", mock.caPath, "-purpose", "sslclient", cert]).status == 0)
+
+        let ok = try mock.curl(headers: mock.accessoryHeaders(token: nil), body: Fixture.accessoryBody(), clientCertificate: (cert, key))
+        #expect(ok.status == 200, "\(ok.body)")
+        let other = try mock.curl(headers: Fixture.headers(token: nil, topic: "com.example.other.push-type.accessory"),
+                                  body: Fixture.accessoryBody(), clientCertificate: (cert, key))
+        #expect(other.status == 400 && other.body.contains("TopicDisallowed"), "\(other.body)")
+        // Without a certificate the same mock still wants a token.
+        let none = try mock.curl(headers: mock.accessoryHeaders(token: nil), body: Fixture.accessoryBody())
+        #expect(none.status == 403 && none.body.contains("MissingProviderToken"), "\(none.body)")
+        #expect(try mock.curl(headers: mock.accessoryHeaders(), body: Fixture.accessoryBody()).status == 200)
+        // A certificate from a CA the mock does not trust fails the handshake.
+        let stranger = try GeneratedTLSMaterial.generate(clientBundleID: Fixture.bundleID)
+        let strangerCert = dir.appendingPathComponent("stranger.pem").path, strangerKey = dir.appendingPathComponent("stranger.key").path
+        try stranger.clientCertificatePEM!.write(toFile: strangerCert, atomically: true, encoding: .utf8)
+        try stranger.clientPrivateKeyPEM!.write(toFile: strangerKey, atomically: true, encoding: .utf8)
+        let refused = try mock.curl(headers: mock.accessoryHeaders(token: nil), body: Fixture.accessoryBody(), clientCertificate: (strangerCert, strangerKey))
+        #expect(refused.status == 0 && refused.exit != 0, "curl exit \(refused.exit)")
+        #expect(mock.server.deliveries.count == 2)
+        #expect(RequestValidator.uid(inSubject: "/UID=com.a.b/O=x/CN=y") == "com.a.b")
+        #expect(RequestValidator.uid(inSubject: "/O=x/CN=y") == nil)
+    }
+
     @Test func servesGivenCertificateFiles() throws {
         let material = try GeneratedTLSMaterial.generate()
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("mockapns-files-\(UUID().uuidString)")
