@@ -18,7 +18,6 @@ let package = Package(
     targets: [
         // MARK: C libraries from Debian apt (see ../shared/INTEROP.md and each shim.h)
         .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
-        .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
         .systemLibrary(name: "CNghttp2", pkgConfig: "libnghttp2", providers: [.apt(["libnghttp2-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CUV", pkgConfig: "libuv", providers: [.apt(["libuv1-dev"])]),
@@ -35,8 +34,8 @@ let package = Package(
                 swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
         // Named pthreads and a condition variable for modules that must not link Foundation.
         .target(name: "POSIXThreads"),
-        // APNs HTTP/2 client (libcurl multi + nghttp2), ES256 JWT, result classification.
-        .target(name: "PushClient", dependencies: ["CCurl", "COpenSSL"]),
+        // APNs HTTP/2 client (nghttp2 client sessions over OpenSSL), ES256 JWT, result classification.
+        .target(name: "PushClient", dependencies: ["CNghttp2", "COpenSSL"]),
         // The APNs look-alike used by tests, benchmarks and users' own tests.
         .target(name: "MockAPNs", dependencies: ["HTTPServer", "Ratchet", "PushClient", "COpenSSL"]),
         // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API.

@@ -1,5 +1,5 @@
 // What came back from APNs, and the pure decision the dispatcher takes from it.
-import Foundation
+import FoundationEssentials
 
 public enum PushResult: Sendable, Equatable {
     /// 200. `apnsID` is the echoed `apns-id`; `uniqueID` is `apns-unique-id` (sandbox only).

@@ -1,5 +1,5 @@
 // ES256 provider tokens for APNs token auth.
-import Foundation
+import FoundationEssentials
 
 public enum ProviderToken {
     /// `base64url(header).base64url(claims).base64url(r||s)` with header
@@ -15,9 +15,13 @@ public enum ProviderToken {
     }
 
     public static func base64URL(_ bytes: [UInt8]) -> String {
-        var s = Data(bytes).base64EncodedString()
-        s = s.replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-        while s.hasSuffix("=") { s.removeLast() }
-        return s
+        var out: [UInt8] = []
+        out.reserveCapacity(bytes.count * 4 / 3 + 4)
+        AccessoryPayload.appendBase64(bytes, to: &out)
+        while out.last == UInt8(ascii: "=") { out.removeLast() }
+        for i in out.indices {
+            if out[i] == UInt8(ascii: "+") { out[i] = UInt8(ascii: "-") } else if out[i] == UInt8(ascii: "/") { out[i] = UInt8(ascii: "_") }
+        }
+        return String(decoding: out, as: UTF8.self)
     }
 }

@@ -1,7 +1,9 @@
 // The APNs client: validates and shapes each push, picks the least-busy connection slot, and
-// hands it to that slot's thread, which owns one curl multi handle (= one HTTP/2 connection).
+// hands it to that slot's thread, which owns one HTTP/2 connection at a time (nghttp2 client
+// session over OpenSSL on a non-blocking socket; older connections drain beside it).
 // See docs/pushclient.md for the threading and reconnection design.
-import Foundation
+import FoundationEssentials
+import Glibc
 import Synchronization
 
 public final class PushClient: Sendable {
@@ -15,11 +17,11 @@ public final class PushClient: Sendable {
         guard configuration.requestTimeout > .zero, configuration.connectTimeout > .zero else {
             throw PushClientError.invalidConfiguration("requestTimeout and connectTimeout must be positive")
         }
-        let base = configuration.environment.baseURL
-        guard base.hasPrefix("https://") || base.hasPrefix("http://") else {
-            throw PushClientError.invalidConfiguration("environment URL must start with https:// or http://, got \(base)")
+        guard configuration.pingInterval > .zero else {
+            throw PushClientError.invalidConfiguration("pingInterval must be positive")
         }
-        if let ca = configuration.caFile, !FileManager.default.isReadableFile(atPath: ca) {
+        let endpoint = try Endpoint(url: configuration.environment.baseURL)
+        if let ca = configuration.caFile, access(ca, R_OK) != 0 {
             throw PushClientError.invalidConfiguration("caFile \(ca) is not readable")
         }
         var certificate: (String, String, String?)? = nil
@@ -28,23 +30,24 @@ public final class PushClient: Sendable {
         case .token(let key):
             tokens = TokenProvider(key: key)
         case .certificate(let cert, let key, let pass):
-            guard FileManager.default.isReadableFile(atPath: cert) else {
+            guard access(cert, R_OK) == 0 else {
                 throw PushClientError.invalidConfiguration("certificatePath \(cert) is not readable")
             }
             certificate = (cert, key, pass)
         }
-        let options = CurlConnectionOptions(
-            http2PriorKnowledge: base.hasPrefix("http://"), caFile: configuration.caFile,
-            certificate: certificate,
-            requestTimeoutMS: Self.milliseconds(configuration.requestTimeout),
-            connectTimeoutMS: Self.milliseconds(configuration.connectTimeout),
-            keepaliveSeconds: max(1, Self.milliseconds(configuration.pingInterval) / 1000))
-        shared = ClientShared(baseURL: base, options: options, tokens: tokens,
-                              clock: configuration.clock, requestTimeout: configuration.requestTimeout)
+        var tls: TLSClientContext? = nil
+        if endpoint.tls {
+            tls = try TLSClientContext(caFile: configuration.caFile, certificate: certificate)
+        } else if certificate != nil {
+            throw PushClientError.invalidConfiguration("certificate credentials need an https:// environment")
+        }
+        shared = ClientShared(endpoint: endpoint, tls: tls, tokens: tokens, clock: configuration.clock,
+                              requestTimeout: configuration.requestTimeout, connectTimeout: configuration.connectTimeout,
+                              pingInterval: configuration.pingInterval)
         var slots: [ConnectionSlot] = []
         for i in 0..<configuration.connections { slots.append(try ConnectionSlot(index: i, shared: shared)) }
         self.slots = slots
-        for s in slots { s.start() }
+        for s in slots { try s.start() }
     }
 
     deinit { shutdown() }
@@ -53,7 +56,7 @@ public final class PushClient: Sendable {
     /// it short (it delays other pushes on that connection).
     public func send(_ request: PushRequest, completion: @escaping @Sendable (PushResult) -> Void) {
         var push = PendingPush(request: request, completion: completion,
-                               deadline: .now + shared.requestTimeout, attempt: 0, body: [], local: nil)
+                               deadline: .now + shared.requestTimeout, attempt: 0, refusals: 0, body: [], local: nil)
         if let refusal = Self.validate(request) {
             push.local = refusal
         } else {
@@ -80,10 +83,22 @@ public final class PushClient: Sendable {
         for s in slots { s.join() }
     }
 
+    /// Connection-level counters summed over the slots (tests and diagnostics).
+    var engineStats: EngineStats {
+        slots.reduce(into: EngineStats()) { total, s in
+            total.connectionsOpened += s.stats.connectionsOpened.load(ordering: .relaxed)
+            total.pingsSent += s.stats.pingsSent.load(ordering: .relaxed)
+            total.pingAcks += s.stats.pingAcks.load(ordering: .relaxed)
+            total.deadConnections += s.stats.deadConnections.load(ordering: .relaxed)
+            total.refusedRetries += s.stats.refusedRetries.load(ordering: .relaxed)
+            total.maxStreamsInFlight = max(total.maxStreamsInFlight, s.stats.maxStreamsInFlight.load(ordering: .relaxed))
+        }
+    }
+
     /// Local refusals use the status and reason APNs itself would return, without any I/O.
     static func validate(_ r: PushRequest) -> PushResult? {
         if r.deviceToken.isEmpty { return .rejected(status: 400, reason: .missingDeviceToken, timestamp: nil) }
-        if r.deviceToken.count > 400 || !r.deviceToken.utf8.allSatisfy({ $0.isHexDigit }) {
+        if r.deviceToken.utf8.count > 400 || !r.deviceToken.utf8.allSatisfy({ $0.isHexDigit }) {
             return .rejected(status: 400, reason: .badDeviceToken, timestamp: nil)
         }
         if r.bundleID.isEmpty { return .rejected(status: 400, reason: .missingTopic, timestamp: nil) }
@@ -101,33 +116,57 @@ public final class PushClient: Sendable {
     }
 }
 
+struct EngineStats: Sendable, Equatable {
+    var connectionsOpened = 0
+    var pingsSent = 0
+    var pingAcks = 0
+    /// Connections dropped because a PING went unanswered.
+    var deadConnections = 0
+    /// Pushes sent again because the server refused their stream unprocessed (GOAWAY, REFUSED_STREAM).
+    var refusedRetries = 0
+    /// Most streams one connection carried at once.
+    var maxStreamsInFlight = 0
+}
+
 private extension UInt8 {
     var isHexDigit: Bool { (0x30...0x39).contains(self) || (0x61...0x66).contains(self) || (0x41...0x46).contains(self) }
 }
 
 /// Immutable state every slot reads.
 final class ClientShared: Sendable {
-    let baseURL: String
-    let options: CurlConnectionOptions
+    let endpoint: Endpoint
+    let tls: TLSClientContext?
     let tokens: TokenProvider?
     let clock: any PushClock
     let requestTimeout: Duration
+    let connectTimeout: Duration
+    let pingInterval: Duration
+    /// How long a PING may go unanswered before the connection counts as dead.
+    let pingTimeout: Duration
 
-    init(baseURL: String, options: CurlConnectionOptions, tokens: TokenProvider?, clock: any PushClock, requestTimeout: Duration) {
-        self.baseURL = baseURL
-        self.options = options
+    init(endpoint: Endpoint, tls: TLSClientContext?, tokens: TokenProvider?, clock: any PushClock,
+         requestTimeout: Duration, connectTimeout: Duration, pingInterval: Duration) {
+        self.endpoint = endpoint
+        self.tls = tls
         self.tokens = tokens
         self.clock = clock
         self.requestTimeout = requestTimeout
+        self.connectTimeout = connectTimeout
+        self.pingInterval = pingInterval
+        // At least 1 s (a loaded machine must not look dead), at most 10 s.
+        pingTimeout = min(max(pingInterval, .seconds(1)), .seconds(10))
     }
 }
 
 struct PendingPush: Sendable {
     let request: PushRequest
     let completion: @Sendable (PushResult) -> Void
-    /// Monotonic: queueing, retries and libcurl's own timeout all fit inside it.
+    /// Monotonic: queueing, retries and the wait for the response all fit inside it.
     let deadline: ContinuousClock.Instant
+    /// Retries after a connection was lost before any body byte left (at most one).
     var attempt: Int
+    /// Retries after the server refused the stream unprocessed (bounded, inside the deadline).
+    var refusals: Int
     var body: [UInt8]
     /// Refused before any I/O; completed on the slot thread like everything else.
     var local: PushResult?
@@ -166,52 +205,78 @@ final class TokenProvider: Sendable {
     }
 }
 
-/// Travels inside a CurlTransfer so the completion finds its push (slot-thread only).
-private final class TransferContext {
-    let push: PendingPush
-    let tokenGeneration: Int?
-    init(push: PendingPush, tokenGeneration: Int?) {
-        self.push = push
-        self.tokenGeneration = tokenGeneration
-    }
+/// Counters a slot thread bumps and tests read.
+final class SlotStats: Sendable {
+    let connectionsOpened = Atomic<Int>(0)
+    let pingsSent = Atomic<Int>(0)
+    let pingAcks = Atomic<Int>(0)
+    let deadConnections = Atomic<Int>(0)
+    let refusedRetries = Atomic<Int>(0)
+    let maxStreamsInFlight = Atomic<Int>(0)
 }
 
-/// One HTTP/2 connection: a thread that owns a curl multi handle (MAX_HOST_CONNECTIONS 1).
+/// Runs `body` on a new POSIX thread (no Foundation Thread needed). Not named: Glibc's
+/// pthread_setname_np is GNU-only and does not import without _GNU_SOURCE (INTEROP.md).
+private final class ThreadBody {
+    let run: () -> Void
+    init(_ run: @escaping () -> Void) { self.run = run }
+}
+
+private func spawnThread(_ body: @escaping () -> Void) throws -> pthread_t {
+    let box = Unmanaged.passRetained(ThreadBody(body)).toOpaque()
+    var tid = pthread_t()
+    let rc = pthread_create(&tid, nil, { arg in
+        Unmanaged<ThreadBody>.fromOpaque(arg!).takeRetainedValue().run()
+        return nil
+    }, box)
+    guard rc == 0 else {
+        Unmanaged<ThreadBody>.fromOpaque(box).release()
+        throw PushClientError.invalidConfiguration("cannot start a connection thread: \(String(cString: strerror(rc)))")
+    }
+    return tid
+}
+
+/// One connection slot: a thread that owns the slot's current HTTP/2 connection (plus older
+/// ones still finishing their streams) and a local queue of pushes waiting for a stream.
 ///
-/// `@unchecked Sendable`: `inbox` is a Mutex and `outstanding` an Atomic; the wake pipe's fds
-/// are immutable and write(2) is thread-safe; `multi`, `draining`, `retries` and
-/// `reconnectNext` are touched only by `thread` (created in `start`, joined in `join`).
+/// `@unchecked Sendable`: `inbox` is a Mutex, `outstanding` and `stats` are atomics; the wake
+/// pipe's fds are immutable and write(2) is thread-safe; everything else (connections, queue,
+/// flags) is touched only by the slot thread (created in `start`, joined in `join`).
 final class ConnectionSlot: @unchecked Sendable {
     let index: Int
     let outstanding = Atomic<Int>(0)
+    let stats = SlotStats()
     private let shared: ClientShared
     private struct Inbox {
         var pending: [PendingPush] = []
         var stopping = false
-        var started = false
-        var finished = false
+        var thread: pthread_t?
+        var joined = false
     }
     private let inbox = Mutex(Inbox())
-    private let exited = DispatchSemaphore(value: 0)
     private let wakeRead: Int32
     private let wakeWrite: Int32
 
     // Slot-thread state.
-    private var multi: CurlMulti?
-    private var draining: [CurlMulti] = []
-    private var retries: [PendingPush] = []
+    private var current: H2Connection?
+    private var draining: [H2Connection] = []
+    /// Pushes waiting for a stream, oldest first (retries go to the front).
+    private var queue: [PendingPush] = []
+    private var queueHead = 0
+    /// The next push must go to a fresh connection (a stream timed out on the current one).
     private var reconnectNext = false
-    private var resetBudget = ResetBudget()
-    /// Finished transfers (easy handles) kept for reuse.
-    private var pool: [CurlTransfer] = []
-    private let epoch = ContinuousClock.now
+    private var stopping = false
+    /// No stream deadline is earlier than this (conservative: may be stale-early, never late).
+    private var earliestStreamDeadline = ContinuousClock.Instant.now + .seconds(86_400)
+    private var authorization: (generation: Int, value: String)?
+    private let scheme: String
 
     init(index: Int, shared: ClientShared) throws {
         self.index = index
         self.shared = shared
+        scheme = shared.endpoint.tls ? "https" : "http"
         var fds: [Int32] = [0, 0]
-        // A self-pipe rather than curl_multi_wakeup: it stays valid while the slot swaps its
-        // multi handle for a fresh connection, and is polled via curl_multi_poll's extra fds.
+        // A self-pipe: `send` on any thread wakes the slot's poll(2).
         guard pipe(&fds) == 0 else {
             throw PushClientError.invalidConfiguration("pipe failed: \(String(cString: strerror(errno)))")
         }
@@ -228,14 +293,9 @@ final class ConnectionSlot: @unchecked Sendable {
         close(wakeWrite)
     }
 
-    func start() {
-        inbox.withLock { $0.started = true }
-        let thread = Thread { [self] in
-            run()
-            exited.signal()
-        }
-        thread.name = "apns-slot-\(index)"
-        thread.start()
+    func start() throws {
+        let tid = try spawnThread { [self] in run() }
+        inbox.withLock { $0.thread = tid }
     }
 
     func enqueue(_ push: PendingPush) {
@@ -260,12 +320,14 @@ final class ConnectionSlot: @unchecked Sendable {
     }
 
     func join() {
-        let wait = inbox.withLock { box -> Bool in
-            guard box.started, !box.finished else { return false }
-            box.finished = true
-            return true
+        let tid = inbox.withLock { box -> pthread_t? in
+            guard let t = box.thread, !box.joined else { return nil }
+            box.joined = true
+            return t
         }
-        if wait { exited.wait() }
+        // A completion that drops the last reference to the client runs shutdown on this
+        // very thread: it is exiting anyway, and joining itself would deadlock.
+        if let tid, pthread_equal(tid, pthread_self()) == 0 { pthread_join(tid, nil) }
     }
 
     private func wake() {
@@ -274,163 +336,293 @@ final class ConnectionSlot: @unchecked Sendable {
     }
 
     private func drainWakePipe() {
-        var buf = [UInt8](repeating: 0, count: 256)
-        while read(wakeRead, &buf, buf.count) > 0 {}
+        var buf = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
+        while withUnsafeMutableBytes(of: &buf, { read(wakeRead, $0.baseAddress, $0.count) }) > 0 {}
     }
 
     // MARK: slot thread
 
     private func run() {
+        var fds: [pollfd] = []
+        var polled: [H2Connection] = []
+        var wakeReadable = true
         while true {
-            drainWakePipe()
-            let (batch, stopping) = inbox.withLock { box -> ([PendingPush], Bool) in
-                defer { box.pending.removeAll() }
+            if wakeReadable { drainWakePipe() }
+            let (batch, stop) = inbox.withLock { box -> ([PendingPush], Bool) in
+                defer { box.pending.removeAll(keepingCapacity: true) }
                 return (box.pending, box.stopping)
             }
-            if stopping {
-                for p in batch { complete(p, p.local ?? .transportFailure("shutdown")) }
-                for p in retries { complete(p, .transportFailure("shutdown")) }
-                retries.removeAll()
-                drainForShutdown()
-                return
+            if stop { return shutdownSlot(batch) }
+            for p in batch {
+                if let local = p.local { complete(p, local) } else { queue.append(p) }
             }
-            let toStart = retries + batch
-            retries.removeAll()
-            for p in toStart { start(p) }
-            performAll()
-            do {
-                if multi == nil { multi = try CurlMulti() }
-                // While an old connection drains we must also drive it: poll briefly.
-                try multi!.poll(wakeFD: wakeRead, timeoutMS: draining.isEmpty && retries.isEmpty ? 1000 : 5)
-            } catch {
-                // A broken multi handle: fail what it holds and start over with a new one.
-                failAll(in: multi, "\(error)")
-                multi = nil
-                Thread.sleep(forTimeInterval: 0.01)
+            let now = ContinuousClock.now
+            expire(now)
+            maintain(now)
+            submitQueued()
+            current?.flush()
+            for d in draining { d.flush() }
+            reapAll()
+
+            fds.removeAll(keepingCapacity: true)
+            polled.removeAll(keepingCapacity: true)
+            fds.append(pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0))
+            for c in [current].compactMap({ $0 }) + draining where c.fd >= 0 && c.pollEvents != 0 {
+                fds.append(pollfd(fd: c.fd, events: c.pollEvents, revents: 0))
+                polled.append(c)
             }
+            let timeout = pollTimeoutMS(now: .now)
+            let n = poll(&fds, nfds_t(fds.count), timeout)
+            wakeReadable = n > 0 && fds[0].revents != 0
+            if n > 0 {
+                for (i, c) in polled.enumerated() where fds[i + 1].revents != 0 { c.handle(revents: fds[i + 1].revents) }
+            }
+            reapAll()
         }
     }
 
-    private func start(_ p: PendingPush) {
-        if let local = p.local { return complete(p, local) }
-        let remaining = ContinuousClock.now.duration(to: p.deadline)
-        let remainingMS = PushClient.milliseconds(remaining)
-        guard remainingMS > 0 else { return complete(p, .transportFailure("timeout: request timed out before it could be sent")) }
-        var headers = [
-            "apns-push-type: accessory",
-            "apns-topic: \(p.request.topic)",
-            "apns-id: \(p.request.apnsIDString)",
-            "content-type: application/json",
-            "Accept:",   // drop libcurl's default "Accept: */*"
-        ]
-        if let e = p.request.expiration { headers.append("apns-expiration: \(e)") }
-        if let pr = p.request.priority { headers.append("apns-priority: \(pr)") }
-        // Reconnect first, so the token policy sees the new connection's first use.
-        let since = epoch.duration(to: .now).components
-        if resetBudget.shouldReplace(now: Double(since.seconds) + Double(since.attoseconds) / 1e18) {
-            reconnectNext = true
-        }
-        if reconnectNext {
-            reconnectNext = false
-            shared.tokens?.connectionReset(slot: index)
-            replaceConnection()
-        }
-        var generation: Int? = nil
-        if let tokens = shared.tokens {
-            do {
-                let t = try tokens.token(slot: index, now: shared.clock.now())
-                headers.append("authorization: bearer \(t.jwt)")
-                generation = t.generation
-                if t.freshConnection { replaceConnection() }
-            } catch {
-                return complete(p, .transportFailure("cannot sign provider token: \(error)"))
+    /// Pushes whose deadline passed: queued ones complete, in-flight ones are reset.
+    private func expire(_ now: ContinuousClock.Instant) {
+        if queueHead < queue.count {
+            var kept: [PendingPush] = []
+            var expired: [PendingPush] = []
+            for p in queue[queueHead...] { if p.deadline <= now { expired.append(p) } else { kept.append(p) } }
+            if !expired.isEmpty {
+                queue = kept
+                queueHead = 0
+                let why = current.map { $0.isOpen ? "waiting for a free stream" : "still connecting to \(shared.endpoint.authority)" }
+                    ?? "no connection"
+                for p in expired { complete(p, .transportFailure("timeout: request timed out before it could be sent (\(why))")) }
             }
         }
-        do {
-            if multi == nil { multi = try CurlMulti() }
-            let t = try pool.popLast() ?? CurlTransfer(options: shared.options)
-            try t.prepare(url: shared.baseURL + "/3/device/" + p.request.deviceToken.lowercased(),
-                          headers: headers, body: p.body, timeoutMS: remainingMS)
-            t.context = TransferContext(push: p, tokenGeneration: generation)
-            try multi!.add(t)
-            resetBudget.started()
-        } catch {
-            complete(p, .transportFailure("\(error)"))
-        }
-    }
-
-    /// New requests go to a new connection; the old one finishes its streams, then closes.
-    private func replaceConnection() {
-        if let m = multi, m.count > 0 { draining.append(m) }
-        multi = nil
-        resetBudget.reset()
-    }
-
-    private func performAll() {
-        if let m = multi {
-            do { for (t, o) in try m.perform() { finish(t, o) } } catch {
-                failAll(in: m, "\(error)")
-                multi = nil
-            }
-        }
-        for d in draining {
-            do { for (t, o) in try d.perform() { finish(t, o) } } catch { failAll(in: d, "\(error)") }
-        }
-        draining.removeAll { $0.count == 0 }
-    }
-
-    private func finish(_ t: CurlTransfer, _ o: CurlOutcome) {
-        defer {
-            t.context = nil
-            if pool.count < 1024 { pool.append(t) }
-        }
-        guard let ctx = t.context as? TransferContext else { return }
-        let p = ctx.push
-        // libcurl reconnected on its own (after GOAWAY or a dead connection): the token this
-        // transfer carried was first used on the new connection no earlier than now.
-        if o.newConnections > 0, let gen = ctx.tokenGeneration, let tokens = shared.tokens {
-            tokens.connectionOpened(slot: index, generation: gen, now: shared.clock.now())
-        }
-        if o.ok {
-            let result = Self.result(status: o.status, headers: t.responseHeaders, body: t.responseBody, sentID: p.request.apnsIDString)
-            if case .rejected(_, let reason, _) = result, let gen = ctx.tokenGeneration, let tokens = shared.tokens {
-                let now = shared.clock.now()
-                if reason == .expiredProviderToken {
-                    tokens.expired(generation: gen, now: now)
-                    // Rejected, so never delivered: one retry with the new token is safe.
-                    if p.attempt == 0 { return retry(p) }
-                } else if reason == .invalidProviderToken {
-                    tokens.requestRefresh(now: now)
+        guard now >= earliestStreamDeadline else { return }
+        var earliest = now + .seconds(86_400)
+        for c in [current].compactMap({ $0 }) + draining {
+            for st in c.session.streams.values where !st.done {
+                if st.push.deadline <= now {
+                    st.done = true
+                    c.session.cancel(st)
+                    // The connection may be black-holed: this slot's next push goes to a fresh one.
+                    if c === current { reconnectNext = true }
+                    complete(st.push, .transportFailure("timeout: no response within requestTimeout (stream \(st.id))"))
+                } else if st.push.deadline < earliest {
+                    earliest = st.push.deadline
                 }
             }
-            return complete(p, result)
         }
-        if o.timedOut {
-            // A stream that timed out may sit on a black-holed connection: new requests of this
-            // slot go to a fresh one.
-            reconnectNext = true
-            return complete(p, .transportFailure("timeout: \(o.message)"))
-        }
-        // Lost before any body byte left us (GOAWAY refusal, reset before sending): APNs
-        // cannot have acted on it, so one retry on a new connection cannot duplicate it.
-        if o.connectionLost && o.bytesUploaded == 0 && p.attempt == 0 {
-            reconnectNext = true
-            return retry(p)
-        }
-        complete(p, .transportFailure(o.message))
+        earliestStreamDeadline = earliest
     }
 
-    private func retry(_ p: PendingPush) {
+    /// Connection upkeep: replace dead or retired connections, PING idle ones, close drained ones.
+    private func maintain(_ now: ContinuousClock.Instant) {
+        if let c = current {
+            if c.state != .open && c.state != .closed && now >= c.connectDeadline {
+                c.fail("timeout: connecting to \(shared.endpoint.authority) took longer than connectTimeout")
+                reap(c)
+            } else if c.isOpen {
+                if let sent = c.pingSentAt {
+                    if now - sent >= shared.pingTimeout {
+                        stats.deadConnections.add(1, ordering: .relaxed)
+                        c.fail("no PING ACK within \(shared.pingTimeout): connection presumed dead")
+                        reap(c)
+                    }
+                } else if c.streamCount == 0 && now - c.lastActivity >= shared.pingInterval {
+                    c.session.ping()
+                    c.pingSentAt = now
+                    stats.pingsSent.add(1, ordering: .relaxed)
+                }
+            }
+            if let c = current, c.retired || c.state == .closed { retireCurrent() }
+        }
+        draining.removeAll { d in
+            if d.state == .closed { return true }
+            if d.isOpen && d.streamCount == 0 {
+                d.closeGracefully()
+                return true
+            }
+            return false
+        }
+        if current == nil && queueHead < queue.count && !stopping { openConnection() }
+    }
+
+    private func retireCurrent() {
+        guard let c = current else { return }
+        c.retired = true
+        current = nil
+        if c.state != .closed && c.streamCount > 0 { draining.append(c) } else if c.state != .closed { c.closeGracefully() }
+    }
+
+    private func openConnection() {
+        do {
+            current = try H2Connection(endpoint: shared.endpoint, tlsContext: shared.tls, connectTimeout: shared.connectTimeout)
+            stats.connectionsOpened.add(1, ordering: .relaxed)
+        } catch {
+            failQueue("\(error)")
+        }
+    }
+
+    private func failQueue(_ message: String) {
+        let all = queue[queueHead...]
+        queue.removeAll(keepingCapacity: true)
+        queueHead = 0
+        for p in all { complete(p, .transportFailure(message)) }
+    }
+
+    /// Starts queued pushes while the current connection has room under the server's limit.
+    private func submitQueued() {
+        while queueHead < queue.count, let c = current, c.hasStreamCapacity {
+            let p = queue[queueHead]
+            if reconnectNext {
+                reconnectNext = false
+                shared.tokens?.connectionReset(slot: index)
+                if c.requestsCarried > 0 {
+                    retireCurrent()
+                    openConnection()
+                    return
+                }
+            }
+            var generation: Int? = nil
+            var auth: String? = nil
+            if let tokens = shared.tokens {
+                do {
+                    let t = try tokens.token(slot: index, now: shared.clock.now())
+                    // A token change this soon on this connection would earn a 429: new connection.
+                    if t.freshConnection && c.requestsCarried > 0 {
+                        retireCurrent()
+                        openConnection()
+                        return
+                    }
+                    generation = t.generation
+                    if authorization?.generation != t.generation { authorization = (t.generation, "bearer " + t.jwt) }
+                    auth = authorization!.value
+                } catch {
+                    queueHead += 1
+                    complete(p, .transportFailure("cannot sign provider token: \(error)"))
+                    continue
+                }
+            }
+            queueHead += 1
+            let st = ClientStream(push: p, tokenGeneration: generation)
+            do {
+                try c.session.submit(st, scheme: scheme, authority: shared.endpoint.authority, head: Self.head(p.request, authorization: auth))
+            } catch {
+                complete(p, .transportFailure("\(error)"))
+                continue
+            }
+            if c.requestsCarried == 0, let generation, let tokens = shared.tokens {
+                // The token's first use on this connection is now, not when the policy chose it.
+                tokens.connectionOpened(slot: index, generation: generation, now: shared.clock.now())
+            }
+            c.requestsCarried += 1
+            if c.streamCount > stats.maxStreamsInFlight.load(ordering: .relaxed) {
+                stats.maxStreamsInFlight.store(c.streamCount, ordering: .relaxed)
+            }
+            if p.deadline < earliestStreamDeadline { earliestStreamDeadline = p.deadline }
+        }
+        if queueHead > 0 && queueHead == queue.count {
+            queue.removeAll(keepingCapacity: true)
+            queueHead = 0
+        }
+    }
+
+    /// The request headers after the pseudo-headers, in a fixed order.
+    static func head(_ r: PushRequest, authorization: String?) -> RequestHead {
+        var fields: [(name: StaticString, value: String)] = [
+            ("apns-push-type", "accessory"),
+            ("apns-topic", r.topic),
+            ("apns-id", r.apnsIDString),
+        ]
+        if let e = r.expiration { fields.append(("apns-expiration", String(e))) }
+        if let p = r.priority { fields.append(("apns-priority", String(p))) }
+        if let authorization { fields.append(("authorization", authorization)) }
+        fields.append(("content-type", "application/json"))
+        return RequestHead(path: "/3/device/" + r.deviceToken.lowercased(), fields: fields)
+    }
+
+    private func reapAll() {
+        if let c = current { reap(c) }
+        for d in draining { reap(d) }
+        if let c = current, c.state == .closed { retireCurrent() }
+    }
+
+    /// Handles streams that ended, PING ACKs, GOAWAY, and a connection that closed.
+    private func reap(_ c: H2Connection) {
+        if c.takePingAcks() > 0 {
+            c.pingSentAt = nil
+            stats.pingAcks.add(1, ordering: .relaxed)
+        }
+        if c.session.goAway != nil { c.retired = true }
+        if !c.session.finished.isEmpty {
+            let done = c.session.finished
+            c.session.finished.removeAll(keepingCapacity: true)
+            for st in done { finish(st) }
+        }
+        if c.state == .closed {
+            let reason = c.failure ?? "connection closed"
+            // A connection that never opened failed its setup: the pushes waiting for it get
+            // that error now rather than a timeout later.
+            if !c.wasOpen && c === current { failQueue(reason) }
+            for st in c.session.abandonAll() where !st.done { lost(st, reason: reason) }
+        }
+    }
+
+    private func finish(_ st: ClientStream) {
+        guard !st.done else { return }
+        st.done = true
+        if st.responseComplete && st.status > 0 { return respond(st) }
+        if st.refused { return retryRefused(st.push) }
+        lost(st, reason: "stream \(st.id) reset by server (\(H2ClientSession.errorName(st.closeCode ?? 0)))")
+    }
+
+    /// The stream never completed. Send it again only when APNs cannot have acted on it.
+    private func lost(_ st: ClientStream, reason: String) {
+        st.done = true
+        if st.refused || !st.headersSent { return retryRefused(st.push) }
+        if st.bodyBytesSent == 0 && st.push.attempt == 0 {
+            var again = st.push
+            again.attempt += 1
+            reconnectNext = true
+            return requeue(again)
+        }
+        complete(st.push, .transportFailure(reason))
+    }
+
+    private func retryRefused(_ p: PendingPush) {
+        guard p.refusals < 5 else { return complete(p, .transportFailure("refused by the server 5 times (GOAWAY or REFUSED_STREAM)")) }
         var again = p
-        again.attempt += 1
-        retries.append(again)
+        again.refusals += 1
+        stats.refusedRetries.add(1, ordering: .relaxed)
+        requeue(again)
     }
 
-    private func failAll(in m: CurlMulti?, _ message: String) {
-        guard let m else { return }
-        for t in m.abandonAll() {
-            if let ctx = t.context as? TransferContext { complete(ctx.push, .transportFailure(message)) }
+    private func requeue(_ p: PendingPush) {
+        if stopping { return complete(p, .transportFailure("shutdown")) }
+        if queueHead > 0 {
+            queueHead -= 1
+            queue[queueHead] = p
+        } else {
+            queue.insert(p, at: 0)
         }
+    }
+
+    private func respond(_ st: ClientStream) {
+        let p = st.push
+        let result = Self.result(status: st.status, apnsID: st.apnsID, uniqueID: st.uniqueID, body: st.responseBody, sentID: p.request.apnsIDString)
+        if case .rejected(_, let reason, _) = result, let gen = st.tokenGeneration, let tokens = shared.tokens {
+            let now = shared.clock.now()
+            if reason == .expiredProviderToken {
+                tokens.expired(generation: gen, now: now)
+                // Rejected, so never delivered: one retry with the new token is safe.
+                if p.attempt == 0 {
+                    var again = p
+                    again.attempt += 1
+                    return requeue(again)
+                }
+            } else if reason == .invalidProviderToken {
+                tokens.requestRefresh(now: now)
+            }
+        }
+        complete(p, result)
     }
 
     private func complete(_ p: PendingPush, _ result: PushResult) {
@@ -438,36 +630,79 @@ final class ConnectionSlot: @unchecked Sendable {
         p.completion(result)
     }
 
-    private func drainForShutdown() {
+    private func pollTimeoutMS(now: ContinuousClock.Instant) -> Int32 {
+        var wake = now + .seconds(1)
+        if queueHead < queue.count {
+            for p in queue[queueHead...] where p.deadline < wake { wake = p.deadline }
+        }
+        if earliestStreamDeadline < wake { wake = earliestStreamDeadline }
+        if let c = current {
+            if c.state == .connecting || c.state == .handshaking { wake = min(wake, c.connectDeadline) }
+            if c.isOpen {
+                if let sent = c.pingSentAt { wake = min(wake, sent + shared.pingTimeout) }
+                else if c.streamCount == 0 { wake = min(wake, c.lastActivity + shared.pingInterval) }
+            }
+        }
+        guard wake > now else { return 0 }
+        // Round up: waking a hair early would spin until the deadline.
+        let (s, atto) = (wake - now).components
+        return Int32(clamping: s * 1000 + (atto + 999_999_999_999_999) / 1_000_000_000_000_000)
+    }
+
+    private func shutdownSlot(_ batch: [PendingPush]) {
+        stopping = true
+        for p in batch { complete(p, p.local ?? .transportFailure("shutdown")) }
+        failQueue("shutdown")
         let grace = min(shared.requestTimeout, .seconds(2))
         let end = ContinuousClock.now + grace
-        while ContinuousClock.now < end, (multi?.count ?? 0) > 0 || !draining.isEmpty {
-            performAll()
-            if let m = multi { try? m.poll(wakeFD: wakeRead, timeoutMS: 10) } else { Thread.sleep(forTimeInterval: 0.005) }
-            drainWakePipe()
+        var fds: [pollfd] = []
+        var polled: [H2Connection] = []
+        while ContinuousClock.now < end {
+            let conns = [current].compactMap { $0 } + draining
+            guard conns.contains(where: { $0.state != .closed && $0.streamCount > 0 }) else { break }
+            fds.removeAll(keepingCapacity: true)
+            polled.removeAll(keepingCapacity: true)
+            for c in conns where c.fd >= 0 && c.pollEvents != 0 {
+                c.flush()
+                fds.append(pollfd(fd: c.fd, events: c.pollEvents, revents: 0))
+                polled.append(c)
+            }
+            if fds.isEmpty { break }
+            if poll(&fds, nfds_t(fds.count), 10) > 0 {
+                for (i, c) in polled.enumerated() where fds[i].revents != 0 { c.handle(revents: fds[i].revents) }
+            }
+            for c in conns { reap(c) }
+            failQueue("shutdown")
         }
-        failAll(in: multi, "shutdown")
-        for d in draining { failAll(in: d, "shutdown") }
-        for p in retries { complete(p, .transportFailure("shutdown")) }
-        retries.removeAll()
-        multi = nil
+        for c in [current].compactMap({ $0 }) + draining {
+            for st in c.session.abandonAll() where !st.done {
+                st.done = true
+                complete(st.push, .transportFailure("shutdown"))
+            }
+            c.closeGracefully()
+        }
+        failQueue("shutdown")
+        current = nil
         draining.removeAll()
-        pool.removeAll()
     }
 
     /// Maps an HTTP response to a PushResult (pure; unit tested).
-    static func result(status: Int, headers: [String: String], body: [UInt8], sentID: String) -> PushResult {
+    static func result(status: Int, apnsID: String?, uniqueID: String?, body: [UInt8], sentID: String) -> PushResult {
         if status == 200 {
-            return .delivered(apnsID: headers["apns-id"] ?? sentID, uniqueID: headers["apns-unique-id"])
+            return .delivered(apnsID: apnsID ?? sentID, uniqueID: uniqueID)
         }
         var reason = APNsReason.unknown("")
         var timestamp: Date? = nil
-        if let obj = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any] {
-            if let r = obj["reason"] as? String { reason = APNsReason(rawValue: r) }
-            if status == 410, let ms = obj["timestamp"] as? NSNumber {
-                timestamp = Date(timeIntervalSince1970: ms.doubleValue / 1000)
-            }
+        if let parsed = try? JSONDecoder().decode(ErrorBody.self, from: Data(body)) {
+            if let r = parsed.reason { reason = APNsReason(rawValue: r) }
+            if status == 410, let ms = parsed.timestamp { timestamp = Date(timeIntervalSince1970: ms / 1000) }
         }
         return .rejected(status: status, reason: reason, timestamp: timestamp)
     }
+}
+
+/// APNs' error body: {"reason": "...", "timestamp": <ms since 1970, 410 only>}.
+private struct ErrorBody: Decodable {
+    var reason: String?
+    var timestamp: Double?
 }

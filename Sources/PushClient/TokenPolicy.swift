@@ -9,14 +9,14 @@
 // - Mint when there is no token, when it is >= 50 min old, or when APNs called it expired
 //   (at most once a minute, so a wrong system clock cannot turn into a mint per request).
 //   `requestRefresh` (e.g. after InvalidProviderToken) mints only if the token is >= 20 min old.
-// - Connections are identified by the client's connection slot (one curl multi handle holding
-//   one HTTP/2 connection): libcurl 7.88 has no CURLINFO_CONN_ID and picks connections after the
-//   headers are fixed, so a slot is the finest identity we can name before sending.
+// - Connections are identified by the client's connection slot (one thread holding one HTTP/2
+//   connection at a time): the slot tells the policy when it replaces its connection
+//   (`connectionReset`) and when a new connection first carries a token (`connectionOpened`).
 // - A slot that first used its token >= 20 min ago switches to a newer token in place. A slot
 //   that would switch sooner (it connected late in the old token's life) gets a fresh
 //   connection instead: a new connection's first token is not an "update".
 // - After ExpiredProviderToken every slot that used the dead token gets a fresh connection.
-import Foundation
+import FoundationEssentials
 
 public struct TokenPolicy: Sendable, Equatable {
     public static let refreshAge: TimeInterval = 50 * 60
@@ -96,8 +96,7 @@ public struct TokenPolicy: Sendable, Equatable {
         freshNeeded.remove(connection)
     }
 
-    /// libcurl opened a new connection for the slot by itself; a request carrying `generation`
-    /// went out on it by `now`. Restart the slot's clock for that token (later is the safe
+    /// The slot's new connection first carried a request with `generation` at `now`. Restart the slot's clock for that token (later is the safe
     /// side: it can only turn an in-place swap into a fresh connection).
     public mutating func connectionOpened(connection: Int, generation: Int, now: Date) {
         guard var slot = slots[connection], slot.generation == generation, slot.firstUse < now else { return }

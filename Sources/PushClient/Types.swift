@@ -1,5 +1,5 @@
 // Public value types of the APNs client: where to connect, how to authenticate, what to send.
-import Foundation
+import FoundationEssentials
 
 public enum APNsEnvironment: Sendable, Equatable {
     case production, sandbox
@@ -21,8 +21,10 @@ public enum PushClientError: Error, Equatable, CustomStringConvertible {
     case invalidKey(String)
     /// A configuration value is out of range; the message names the field.
     case invalidConfiguration(String)
-    /// libcurl refused a setup call; carries curl's own message.
-    case curl(String)
+    /// OpenSSL could not set up TLS; carries OpenSSL's message.
+    case tls(String)
+    /// Resolving or connecting failed (surfaces as `.transportFailure` of the pushes concerned).
+    case transport(String)
     /// OpenSSL failed while signing; carries OpenSSL's message.
     case crypto(String)
 
@@ -30,7 +32,8 @@ public enum PushClientError: Error, Equatable, CustomStringConvertible {
         switch self {
         case .invalidKey(let m): "invalid APNs signing key: \(m)"
         case .invalidConfiguration(let m): "invalid push client configuration: \(m)"
-        case .curl(let m): "libcurl: \(m)"
+        case .tls(let m): "TLS: \(m)"
+        case .transport(let m): m
         case .crypto(let m): "OpenSSL: \(m)"
         }
     }
@@ -53,7 +56,7 @@ public struct TokenKey: Sendable {
     public init(p8Path: String, keyID: String, teamID: String) throws {
         let pem: String
         do { pem = try String(contentsOfFile: p8Path, encoding: .utf8) } catch {
-            throw PushClientError.invalidKey("cannot read \(p8Path): \(error.localizedDescription)")
+            throw PushClientError.invalidKey("cannot read \(p8Path): \(error)")
         }
         try self.init(p8PEM: pem, keyID: keyID, teamID: teamID)
     }
@@ -61,7 +64,7 @@ public struct TokenKey: Sendable {
     /// Key and team IDs go verbatim into JSON: Apple's are 10 alphanumerics; we accept any
     /// non-empty alphanumeric string so mocks can use their own.
     private static func checkIdentifier(_ s: String, field: String) throws {
-        guard !s.isEmpty, s.count <= 64, s.unicodeScalars.allSatisfy({ $0.isASCII && (CharacterSet.alphanumerics.contains($0)) }) else {
+        guard !s.isEmpty, s.count <= 64, s.unicodeScalars.allSatisfy({ $0.isASCII && ($0.properties.isAlphabetic || ("0"..."9").contains($0)) }) else {
             throw PushClientError.invalidKey("\(field) must be 1...64 ASCII letters or digits")
         }
     }
@@ -69,8 +72,8 @@ public struct TokenKey: Sendable {
 
 public enum APNsCredentials: Sendable {
     case token(TokenKey)
-    /// PEM certificate and key files; a `.p12`/`.pfx` certificatePath is read as PKCS#12
-    /// (then privateKeyPath may be empty and passphrase unlocks the bundle).
+    /// PEM certificate (chain) and key files; `passphrase` unlocks an encrypted key. PKCS#12
+    /// (`.p12`/`.pfx`) is refused with a message saying how to convert it to PEM.
     case certificate(certificatePath: String, privateKeyPath: String, passphrase: String?)
 }
 
@@ -89,12 +92,13 @@ public struct PushClientConfiguration: Sendable {
     public var credentials: APNsCredentials
     /// PEM bundle of CAs to trust instead of the system store (mock-apns writes one).
     public var caFile: String?
-    /// Number of HTTP/2 connections; each is owned by its own thread and curl multi handle.
+    /// Number of HTTP/2 connections; each is owned by its own thread (docs/pushclient.md).
     public var connections: Int
-    /// Whole-request budget from hand-over to libcurl until the response is complete.
+    /// Whole-request budget from `send` until the response is complete (queueing and retries included).
     public var requestTimeout: Duration
     public var connectTimeout: Duration
-    /// Idle-connection probe interval (TCP keepalive; see docs/pushclient.md for why not PING).
+    /// A connection idle this long gets an HTTP/2 PING; no ACK within min(max(pingInterval, 1 s), 10 s)
+    /// and it is replaced.
     public var pingInterval: Duration
     public var clock: any PushClock
 

@@ -109,7 +109,7 @@ func tokenCredentials(_ dir: TempDir) throws -> APNsCredentials {
         var timeouts = 0
         for r in results.all {
             // Streams sharing the timed-out stream's never-established connection may instead
-            // fail when libcurl drops it; either way they are reported, never left hanging.
+            // fail when the connection attempt is abandoned; either way they are reported, never left hanging.
             guard case .transportFailure(let m) = r else { Issue.record("expected timeout, got \(r)"); continue }
             if m.hasPrefix("timeout") { timeouts += 1 }
             #expect(classify(r) == .backOff)

@@ -80,7 +80,7 @@ import Testing
     }
 
     @Test func gone410KeepsTimestampAndIsTerminal() {
-        let r = ConnectionSlot.result(status: 410, headers: [:], body: Array(#"{"reason":"Unregistered","timestamp":1700000000123}"#.utf8), sentID: "id")
+        let r = ConnectionSlot.result(status: 410, apnsID: nil, uniqueID: nil, body: Array(#"{"reason":"Unregistered","timestamp":1700000000123}"#.utf8), sentID: "id")
         #expect(r == .rejected(status: 410, reason: .unregistered, timestamp: Date(timeIntervalSince1970: 1_700_000_000.123)))
         #expect(classify(r) == .terminal(.unregistered))
     }
@@ -88,19 +88,19 @@ import Testing
 
 @Suite struct ResponseParsingTests {
     @Test func deliveredUsesEchoedIDAndUniqueID() {
-        let r = ConnectionSlot.result(status: 200, headers: ["apns-id": "abc", "apns-unique-id": "u-1"], body: [], sentID: "mine")
+        let r = ConnectionSlot.result(status: 200, apnsID: "abc", uniqueID: "u-1", body: [], sentID: "mine")
         #expect(r == .delivered(apnsID: "abc", uniqueID: "u-1"))
-        #expect(ConnectionSlot.result(status: 200, headers: [:], body: [], sentID: "mine") == .delivered(apnsID: "mine", uniqueID: nil))
+        #expect(ConnectionSlot.result(status: 200, apnsID: nil, uniqueID: nil, body: [], sentID: "mine") == .delivered(apnsID: "mine", uniqueID: nil))
     }
 
     @Test func errorBodies() {
-        #expect(ConnectionSlot.result(status: 400, headers: [:], body: Array(#"{"reason":"BadDeviceToken"}"#.utf8), sentID: "")
+        #expect(ConnectionSlot.result(status: 400, apnsID: nil, uniqueID: nil, body: Array(#"{"reason":"BadDeviceToken"}"#.utf8), sentID: "")
                 == .rejected(status: 400, reason: .badDeviceToken, timestamp: nil))
         // Timestamps count only on 410.
-        #expect(ConnectionSlot.result(status: 429, headers: [:], body: Array(#"{"reason":"TooManyRequests","timestamp":5}"#.utf8), sentID: "")
+        #expect(ConnectionSlot.result(status: 429, apnsID: nil, uniqueID: nil, body: Array(#"{"reason":"TooManyRequests","timestamp":5}"#.utf8), sentID: "")
                 == .rejected(status: 429, reason: .tooManyRequests, timestamp: nil))
         // No or garbage body: the status still tells the story.
-        #expect(ConnectionSlot.result(status: 503, headers: [:], body: Array("<html>".utf8), sentID: "")
+        #expect(ConnectionSlot.result(status: 503, apnsID: nil, uniqueID: nil, body: Array("<html>".utf8), sentID: "")
                 == .rejected(status: 503, reason: .unknown(""), timestamp: nil))
     }
 }
@@ -127,19 +127,34 @@ import Testing
         }
     }
 
-    @Test func responseHeaderLinesParsedByteWise() {
-        func parse(_ s: String) -> (String, String)? {
-            Array(s.utf8).withUnsafeBytes { line in
-                CurlTransfer.keptHeaderName(line).map { ($0, CurlTransfer.headerValue(line, nameLength: $0.utf8.count)) }
-            }
+    @Test func endpointParsing() throws {
+        let prod = try Endpoint(url: APNsEnvironment.production.baseURL)
+        #expect(prod == Endpoint(tls: true, host: "api.push.apple.com", port: 443, authority: "api.push.apple.com"))
+        let alt = try Endpoint(url: "https://api.sandbox.push.apple.com:2197")
+        #expect(alt.port == 2197 && alt.authority == "api.sandbox.push.apple.com:2197" && alt.tls)
+        let v6 = try Endpoint(url: "http://[::1]:8080")
+        #expect(v6 == Endpoint(tls: false, host: "::1", port: 8080, authority: "[::1]:8080"))
+        #expect(try Endpoint(url: "http://127.0.0.1").authority == "127.0.0.1")
+        for bad in ["ftp://x", "https://", "https://host:0", "https://host:99999", "https://host:x", "https://[::1", "https://host/path"] {
+            #expect(throws: PushClientError.self, "\(bad)") { try Endpoint(url: bad) }
         }
-        #expect(parse("apns-id: 0E3A4C8B-1111-4222-8333-444455556666\r\n")! == ("apns-id", "0E3A4C8B-1111-4222-8333-444455556666"))
-        #expect(parse("APNs-Unique-ID:\t abc \r\n")! == ("apns-unique-id", "abc"))
-        #expect(parse("apns-id:\r\n")! == ("apns-id", ""))
-        #expect(parse("apns-idx: 1\r\n") == nil)
-        #expect(parse("content-type: application/json\r\n") == nil)
-        #expect(parse("HTTP/2 200\r\n") == nil)
-        #expect(parse("\r\n") == nil)
+    }
+
+    /// The header block after the pseudo-headers, exactly as documented (docs/pushclient.md).
+    @Test func requestHeaderBlock() {
+        let id = UUID(uuidString: "A0B1C2D3-E4F5-4677-8899-AABBCCDDEEFF")!
+        func fields(_ h: RequestHead) -> [String] { h.fields.map { "\($0.name): \($0.value)" } }
+        let plain = ConnectionSlot.head(PushRequest(deviceToken: "ABcd", bundleID: "com.example.app", apnsID: id, payload: samplePayload()),
+                                        authorization: "bearer x.y.z")
+        #expect(plain.path == "/3/device/abcd")
+        #expect(fields(plain) == ["apns-push-type: accessory", "apns-topic: com.example.app.push-type.accessory",
+                                  "apns-id: a0b1c2d3-e4f5-4677-8899-aabbccddeeff", "authorization: bearer x.y.z",
+                                  "content-type: application/json"])
+        let full = ConnectionSlot.head(PushRequest(deviceToken: "ab", bundleID: "com.example.app", apnsID: id, payload: samplePayload(),
+                                                   expiration: 0, priority: 5), authorization: nil)
+        #expect(fields(full) == ["apns-push-type: accessory", "apns-topic: com.example.app.push-type.accessory",
+                                 "apns-id: a0b1c2d3-e4f5-4677-8899-aabbccddeeff", "apns-expiration: 0", "apns-priority: 5",
+                                 "content-type: application/json"])
     }
 
     @Test func requestHeadersValues() {

@@ -190,3 +190,149 @@ final class ManualClock: PushClock, @unchecked Sendable {
     func now() -> Date { lock.lock(); defer { lock.unlock() }; return current }
     func advance(minutes: Double) { lock.lock(); current += minutes * 60; lock.unlock() }
 }
+
+/// A loopback TCP relay in front of a server whose existing connections can be frozen: bytes
+/// stop flowing both ways but the sockets stay open (a black-holed connection, as after a
+/// NAT or middlebox dropped its state). Connections accepted after `freezeExisting()` flow.
+final class FreezableProxy: @unchecked Sendable {
+    // @unchecked: `listener` and `target` are immutable; `frozenBefore`, `accepted` and `fds`
+    // are guarded by `lock`.
+    private let listener: SilentListenerSocket
+    private let target: Int
+    private let lock = NSLock()
+    private var accepted = 0
+    private var frozenBefore = 0
+    private var fds: [Int32] = []
+    private var stopped = false
+    var port: Int { listener.port }
+
+    init(targetPort: Int) throws {
+        listener = try SilentListenerSocket()
+        target = targetPort
+        Thread { [self] in acceptLoop() }.start()
+    }
+
+    func freezeExisting() { lock.lock(); frozenBefore = accepted; lock.unlock() }
+
+    var connectionCount: Int { lock.lock(); defer { lock.unlock() }; return accepted }
+
+    func close() {
+        lock.lock(); stopped = true; let all = fds; fds.removeAll(); lock.unlock()
+        listener.close()
+        for fd in all { Glibc.close(fd) }
+    }
+
+    private func acceptLoop() {
+        while true {
+            let c = accept(listener.fd, nil, nil)
+            if c < 0 { return }
+            let upstream = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var addr = sockaddr_in()
+            addr.sin_family = sa_family_t(AF_INET)
+            addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+            addr.sin_port = UInt16(target).bigEndian
+            let ok = withUnsafePointer(to: &addr) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(upstream, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+            }
+            lock.lock()
+            if stopped || !ok { lock.unlock(); Glibc.close(c); Glibc.close(upstream); continue }
+            accepted += 1
+            let serial = accepted
+            fds += [c, upstream]
+            lock.unlock()
+            Thread { [self] in pump(c, upstream, serial: serial) }.start()
+        }
+    }
+
+    private func pump(_ a: Int32, _ b: Int32, serial: Int) {
+        var buf = [UInt8](repeating: 0, count: 16384)
+        var fds = [pollfd(fd: a, events: Int16(POLLIN), revents: 0), pollfd(fd: b, events: Int16(POLLIN), revents: 0)]
+        while true {
+            lock.lock(); let frozen = serial <= frozenBefore; let stop = stopped; lock.unlock()
+            if stop { return }
+            if frozen { usleep(20_000); continue }   // hold the bytes: nothing is read or written
+            fds[0].revents = 0; fds[1].revents = 0
+            if poll(&fds, 2, 50) <= 0 { continue }
+            for (from, to) in [(0, 1), (1, 0)] where fds[from].revents != 0 {
+                let n = read(fds[from].fd, &buf, buf.count)
+                if n <= 0 { shutdown(fds[to].fd, Int32(SHUT_WR)); return }
+                var off = 0
+                while off < n {
+                    let w = buf.withUnsafeBytes { write(fds[to].fd, $0.baseAddress! + off, n - off) }
+                    if w <= 0 { return }
+                    off += w
+                }
+            }
+        }
+    }
+}
+
+/// A bound, listening loopback socket (the part of SilentListener without the accept thread).
+final class SilentListenerSocket: @unchecked Sendable {
+    // @unchecked: immutable after init.
+    let fd: Int32
+    let port: Int
+    init() throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.fd = fd
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = 0
+        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let ok = withUnsafeMutablePointer(to: &addr) { p in
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { sp -> Bool in
+                bind(fd, sp, len) == 0 && listen(fd, 16) == 0 && getsockname(fd, sp, &len) == 0
+            }
+        }
+        guard ok else { throw ToolError(description: "cannot listen: \(errno)") }
+        port = Int(UInt16(bigEndian: addr.sin_port))
+    }
+    func close() {
+        shutdown(fd, Int32(SHUT_RDWR))
+        Glibc.close(fd)
+    }
+}
+
+/// `openssl s_server` with a certificate for 127.0.0.1 and no ALPN: a TLS server that cannot
+/// speak HTTP/2.
+final class NoALPNServer {
+    let process = Process()
+    let port: Int
+    let caFile: String
+    private let dir: TempDir
+
+    init() throws {
+        dir = try TempDir()
+        let (cert, key) = try makeServerCert(in: dir)
+        caFile = cert
+        port = try freePort()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        process.arguments = ["s_server", "-accept", "127.0.0.1:\(port)", "-cert", cert, "-key", key, "-quiet"]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        process.standardInput = Pipe()
+        try process.run()
+        for _ in 0..<500 {
+            if canConnect(port: port) { return }
+            usleep(10_000)
+        }
+        stop()
+        throw ToolError(description: "openssl s_server did not start on \(port)")
+    }
+
+    func stop() {
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+}
+
+/// Polls `condition` every 10 ms for up to `seconds`; true as soon as it holds.
+func eventually(upTo seconds: Double = 15, _ condition: () -> Bool) -> Bool {
+    let end = Date() + seconds
+    while Date() < end {
+        if condition() { return true }
+        usleep(10_000)
+    }
+    return condition()
+}
