@@ -215,15 +215,24 @@ final class SlotStats: Sendable {
     let maxStreamsInFlight = Atomic<Int>(0)
 }
 
-/// Runs `body` on a new POSIX thread (no Foundation Thread needed). Not named: Glibc's
-/// pthread_setname_np is GNU-only and does not import without _GNU_SOURCE (INTEROP.md).
+/// Runs `body` on a new joinable POSIX thread (no Foundation Thread needed).
 private final class ThreadBody {
     let run: () -> Void
     init(_ run: @escaping () -> Void) { self.run = run }
 }
 
-private func spawnThread(_ body: @escaping () -> Void) throws -> pthread_t {
-    let box = Unmanaged.passRetained(ThreadBody(body)).toOpaque()
+private func spawnThread(name: String, _ body: @escaping () -> Void) throws -> pthread_t {
+    let box = Unmanaged.passRetained(ThreadBody {
+        // pthread_setname_np is GNU-only and does not import; the kernel's per-thread comm
+        // file is the same thing (shown by top -H / ps -L). Best effort.
+        let fd = open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC)
+        if fd >= 0 {
+            let bytes = Array(name.utf8.prefix(15))
+            _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            close(fd)
+        }
+        body()
+    }).toOpaque()
     var tid = pthread_t()
     let rc = pthread_create(&tid, nil, { arg in
         Unmanaged<ThreadBody>.fromOpaque(arg!).takeRetainedValue().run()
@@ -294,7 +303,7 @@ final class ConnectionSlot: @unchecked Sendable {
     }
 
     func start() throws {
-        let tid = try spawnThread { [self] in run() }
+        let tid = try spawnThread(name: "apns-slot-\(index)") { [self] in run() }
         inbox.withLock { $0.thread = tid }
     }
 
