@@ -143,14 +143,14 @@ All clients share the machine's cores with the mock, so the mock's ceiling (h2lo
 
 | client | 1 connection | 4 connections |
 |---|---|---|
-| PushClient (libcurl $(curl --version | awk 'NR==1{print $2}'), push-bench) | $O1 | $O4 |
+| PushClient (nghttp2 $(pkg-config --modversion libnghttp2 2>/dev/null || echo '?') client, push-bench) | $O1 | $O4 |
 | h2load (same request) | $H1 | $H4 |
 | aioapns ${AIO_VERSION:-(not installed)} | $A1 | $A4 |
 | **PushClient / h2load** | $(ratio "$O1" "$H1") | $(ratio "$O4" "$H4") |
 | **PushClient / aioapns** | $(ratio "$O1" "$A1") | $(ratio "$O4" "$A4") |
 
 Targets (issue 4): >= 0.8x h2load, >= 10x aioapns. Reproduce: \`make bench\` or
-\`scripts/bench-push.sh\` (COUNT, AIO_COUNT, INFLIGHT, ROUNDS). See docs/pushclient.md for why
-PushClient opens a new connection every ~900 streams at these rates (libcurl 7.88 resets each
-POST stream; the mock's nghttp2 counts resets).
+\`scripts/bench-push.sh\` (COUNT, AIO_COUNT, INFLIGHT, ROUNDS). Every round's figures:
+PushClient 1: ${o1[*]}; 4: ${o4[*]}; h2load 1: ${h1[*]}; 4: ${h4[*]}; aioapns 1: ${a1[*]:-}; 4: ${a4[*]:-}.
+See docs/pushclient.md for the engine and the analysis.
 MD

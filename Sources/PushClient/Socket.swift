@@ -129,16 +129,14 @@ final class TCPConnector {
         var hints = addrinfo()
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
         hints.ai_family = AF_UNSPEC
-        hints.ai_flags = AI_ADDRCONFIG
+        // No AI_ADDRCONFIG: glibc implements it with an AF_NETLINK socket, which the systemd
+        // unit's RestrictAddressFamilies forbids (and it hides ::1 on IPv4-only hosts). An
+        // address family the host lacks just fails its connect and the next address is tried.
+        hints.ai_flags = 0
         var list: UnsafeMutablePointer<addrinfo>?
         let rc = getaddrinfo(endpoint.host, String(endpoint.port), &hints, &list)
-        if rc != 0 {
-            // AI_ADDRCONFIG hides loopback-only families on hosts without a global address.
-            hints.ai_flags = 0
-            let again = getaddrinfo(endpoint.host, String(endpoint.port), &hints, &list)
-            guard again == 0 else {
-                throw PushClientError.transport("cannot resolve \(endpoint.host): \(String(cString: gai_strerror(again)))")
-            }
+        guard rc == 0 else {
+            throw PushClientError.transport("cannot resolve \(endpoint.host): \(String(cString: gai_strerror(rc)))")
         }
         defer { freeaddrinfo(list) }
         var p = list

@@ -153,11 +153,17 @@ func sendAll(_ client: PushClient, _ requests: [PushRequest], upTo seconds: Doub
                                        FaultRule(deviceToken: "1500", latencyMs: 1500)])
         let client = try rig.client(requestTimeout: .milliseconds(800))
         defer { client.shutdown() }
-        #expect(isDelivered(await client.send(push("0200"))))
+        // Connect (TCP, TLS, SETTINGS, the first token check) outside the 800 ms budgets below:
+        // on a loaded machine that alone can take most of it.
+        let warm = await client.send(push())
+        #expect(isDelivered(warm), "\(warm)")
+        let within = await client.send(push("0200"))
+        #expect(isDelivered(within), "\(within)")
         let late = await client.send(push("1500"))
         guard case .transportFailure(let m) = late else { Issue.record("expected a timeout, got \(late)"); return }
         #expect(m.hasPrefix("timeout"), "\(m)")
-        #expect(isDelivered(await client.send(push("0200"))))   // the client recovers
+        let after = await client.send(push("0200"))
+        #expect(isDelivered(after), "\(after)")   // the client recovers
     }
 
     @Test func stalledStreamTimesOutAndOthersStillFlow() async throws {
