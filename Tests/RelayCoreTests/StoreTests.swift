@@ -428,7 +428,128 @@ import Testing
         let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
         defer { s.close() }
         let db = try SQLiteDatabase(path: dir.db, readOnly: true)
-        #expect(try db.scalar("PRAGMA user_version").int == 2)
+        #expect(try db.scalar("PRAGMA user_version").int == Int64(SQLiteOutboxStore.schemaVersion))
         #expect(try db.scalar("SELECT pending FROM outbox_stats").int == 2)
+    }
+}
+
+/// v2 -> v3 rebuilds `responses` (CHECK without an ephemeral table, partial responses_done
+/// index). A v2 file with rows in every state must come through with nothing lost or changed,
+/// and dedupe, GET, claim, recovery and purge must work on the migrated rows.
+@Suite struct MigrationV3Tests {
+    let dir = TempDir()
+    let clock = TestClock()
+    static let states = ["queued", "inflight", "retry", "delivered", "failed"]
+    static let columns = "rowid, id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id, state, attempts, next_attempt_at, created_at, expires_at, last_status, last_reason, updated_at"
+
+    /// A v2 database (as relay-server v2 left it): one credential, one row per state (the
+    /// retry row already due), an attempt for each answered row, outbox_stats = 3 pending.
+    func makeV2(secret: String) throws -> [[SQLValue]] {
+        let db = try SQLiteDatabase(path: dir.db)
+        try db.execute("PRAGMA journal_mode=WAL")
+        try db.transaction {
+            try db.execute(SQLiteOutboxStore.migrations[0])
+            try db.execute(SQLiteOutboxStore.migrations[1])
+            try db.execute("PRAGMA user_version = 2")
+        }
+        let now = clock.nowMillis()
+        try db.run("INSERT INTO credentials (id, name, hash, apps, created_at) VALUES ('cred_v2', 'v2', ?, 'com.example.app', 0)",
+                   [.blob(Credentials.hash(secret: secret))])
+        for (i, state) in Self.states.enumerated() {
+            let terminal = state == "delivered" || state == "failed"
+            try db.run("""
+                INSERT INTO responses (rowid, id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
+                    state, attempts, next_attempt_at, created_at, expires_at, last_status, last_reason, updated_at)
+                VALUES (?, ?, 'com.example.app', ?, '6F9619FF-8B86-D011-B42D-00C04FC964FF', X'01020304', ?, ?, 'cred_v2',
+                        ?, ?, ?, ?, ?, ?, ?, ?)
+                """, [.integer(Int64(100 + i)), .text(RelayCrypto.uuidV4()), .text(String(repeating: "ab", count: 32)), .integer(Int64(i)),
+                      .blob([UInt8](repeating: UInt8(i), count: 40)), .text(state), .integer(state == "queued" ? 0 : 1),
+                      .integer(now - 1000), .integer(now - 5000), .integer(now + 86_400_000),
+                      state == "queued" ? .null : .integer(terminal && state == "failed" ? 400 : 200),
+                      state == "failed" ? .text("BadDeviceToken") : .null, .integer(now - 4000 + Int64(i))])
+            if state != "queued" {
+                try db.run("INSERT INTO attempts (response_id, attempted_at, status, reason) SELECT id, ?, 200, NULL FROM responses WHERE rowid = ?",
+                           [.integer(now - 4000), .integer(Int64(100 + i))])
+            }
+        }
+        try db.run("UPDATE outbox_stats SET pending = 3")
+        return try db.query("SELECT \(Self.columns) FROM responses ORDER BY rowid")
+    }
+
+    @Test func v2RowsInEveryStateSurviveAndStillWork() throws {
+        let secret = Credentials.generateSecret()
+        let before = try makeV2(secret: secret)
+        #expect(before.count == 5)
+        let store = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        defer { store.close() }
+
+        let db = try SQLiteDatabase(path: dir.db, readOnly: true)
+        #expect(try db.scalar("PRAGMA user_version").int == 3)
+        // Every column of every row, rowids included, unchanged; attempts and counter kept.
+        #expect(try db.query("SELECT \(Self.columns) FROM responses ORDER BY rowid") == before)
+        #expect(try db.scalar("SELECT count(*) FROM attempts").int == 4)
+        #expect(try db.scalar("SELECT pending FROM outbox_stats").int == 3)
+        #expect(try db.scalar("SELECT count(*) FROM sqlite_master WHERE name = 'responses_v2'").int == 0)
+        let indexes = try db.query("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'responses' ORDER BY name").compactMap { $0[0].string }
+        #expect(indexes.contains("responses_claim") && indexes.contains("responses_done") && !indexes.contains("responses_updated"))
+
+        // GET: every migrated row by its id (any case), with its state.
+        for row in before {
+            let id = try #require(row[1].string)
+            let got = try #require(try store.response(id: id.uppercased()))
+            #expect(got.state.rawValue == row[9].string)
+            #expect(got.encryptedData == row[7].bytes)
+        }
+        // Dedupe: the same (token, session, keyID, index) as each migrated row answers with its id and state.
+        for (i, row) in before.enumerated() {
+            let outcome = try store.ingestNow(sample(index: UInt32(i)), secret: secret)
+            #expect(outcome == .duplicate(id: row[1].string!, state: ResponseState(rawValue: row[9].string!)!))
+        }
+        // A new response is accepted with a time-ordered id after the migrated ones.
+        guard case .accepted(let newID) = try store.ingestNow(sample(index: 99), secret: secret) else {
+            Issue.record("new ingest not accepted")
+            return
+        }
+        #expect(newID.utf8.count == 36 && Array(newID.utf8)[14] == UInt8(ascii: "7"))
+
+        // Crash recovery puts the migrated inflight row back; the claim finds queued, recovered and due retry rows.
+        #expect(try store.recoverInflight() == 1)
+        let claimed = try store.claimDue(limit: 10)
+        #expect(Set(claimed.map(\.id)) == Set([before[0][1].string!, before[1][1].string!, before[2][1].string!, newID]))
+        #expect(try db.scalar("SELECT pending FROM outbox_stats").int == 4)
+
+        // Purge and "recent outcomes" use the partial index on terminal rows.
+        let plan = try db.query("EXPLAIN QUERY PLAN SELECT count(*) FROM responses WHERE state = 'delivered' AND updated_at < 5")
+            .compactMap { $0.last?.string }.joined(separator: " ")
+        #expect(plan.contains("responses_done"))
+        #expect(try store.recentOutcomes(since: 0).map { "\($0.state.rawValue)/\($0.reason ?? "")/\($0.count)" } == ["delivered//1", "failed/BadDeviceToken/1"])
+        #expect(try store.purge(state: .delivered, olderThan: clock.nowMillis(), dryRun: true) == 1)
+        #expect(try store.purge(state: .delivered, olderThan: clock.nowMillis(), dryRun: false) == 1)
+        #expect(try store.response(id: before[3][1].string!) == nil)
+        #expect(try db.scalar("SELECT count(*) FROM attempts WHERE response_id = ?", [before[3][1]]).int == 0)
+    }
+}
+
+@Suite struct TimeOrderedIDTests {
+    @Test func idsAreVersion7AndStrictlyIncreasingEvenWhenTheClockStallsOrStepsBack() throws {
+        var gen = TimeOrderedIDs()
+        let random: [UInt8] = [0xff, 1, 2, 3, 4, 5, 6, 7]
+        var ids: [String] = []
+        // Same millisecond 5000 times (counter overflows into the next ms), then the clock steps back.
+        for _ in 0..<5000 { ids.append(gen.next(nowMillis: 1_800_000_000_000, random: random)) }
+        ids.append(gen.next(nowMillis: 1_700_000_000_000, random: random))
+        ids.append(gen.next(nowMillis: 1_900_000_000_000, random: random))
+        #expect(zip(ids, ids.dropFirst()).allSatisfy { $0 < $1 })
+        #expect(Set(ids).count == ids.count)
+        for id in ids {
+            let b = try #require(UUIDText.parse(id))
+            #expect(b[6] >> 4 == 7)            // version 7
+            #expect(b[8] >> 6 == 0b10)         // RFC 9562 variant
+            #expect(id == id.lowercased())
+        }
+        // The first id's leading 48 bits are the millisecond timestamp.
+        let first = try #require(UUIDText.parse(ids[0]))
+        #expect(first[0..<6].reduce(Int64(0)) { $0 << 8 | Int64($1) } == 1_800_000_000_000)
+        #expect(Array(first[9..<16]) == Array(random[1..<8]))
     }
 }

@@ -11,12 +11,16 @@ enum HTTPGlue {
            given.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D || $0 == 0x5F || $0 == 0x2E }) {
             return given
         }
-        return RelayCrypto.idBytes(8).hexString
+        return RelayCrypto.requestID()
     }
+
+    /// Headers the services read. Only these are copied into APIRequest: building a dictionary
+    /// of every header cost ~10k instructions per request.
+    static let serviceHeaders = ["authorization", "content-type"]
 
     static func apiRequest(_ r: HTTPRequest) -> APIRequest {
         var headers: [String: String] = [:]
-        for (name, value) in r.headers where headers[name] == nil { headers[name] = value }
+        for name in serviceHeaders { if let v = r.headers[name] { headers[name] = v } }
         return APIRequest(method: r.method, path: r.path, headers: headers, body: r.body, requestID: requestID(r.headers))
     }
 

@@ -119,11 +119,12 @@ final class GroupCommitWriter: @unchecked Sendable {
         var failure: StoreError?
         beforeBatch?()
         do {
-            try db.execute("BEGIN IMMEDIATE")
+            // Prepared once and reused: sqlite3_exec re-parsed both on every batch.
+            try db.runPrepared("BEGIN IMMEDIATE")
             try afterBegin?(db)
             for job in batch { try job.run(db) }
             try beforeCommit?(db)
-            try db.execute("COMMIT")
+            try db.runPrepared("COMMIT")
         } catch {
             failure = (error as? StoreError) ?? .invalid("\(error)")
             if !db.isAutocommit { try? db.execute("ROLLBACK") }

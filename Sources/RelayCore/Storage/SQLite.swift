@@ -127,6 +127,16 @@ public final class SQLiteDatabase {
         try query(sql, binds).first?.first ?? .null
     }
 
+    /// Runs a cached prepared statement without bindings or result rows (BEGIN IMMEDIATE,
+    /// COMMIT in the group-commit writer: `execute` would re-parse the SQL on every batch).
+    public func runPrepared(_ sql: String) throws {
+        let s = try statement(sql)
+        try s.stepOnce()
+    }
+
+    /// Rows changed by the last INSERT/UPDATE/DELETE on this connection.
+    public var changes: Int { Int(sqlite3_changes(handle)) }
+
     /// Runs `body` in a transaction (BEGIN IMMEDIATE takes the write lock up front, so a
     /// concurrent writer such as relayctl waits on busy_timeout instead of failing mid-way).
     public func transaction<T>(_ body: () throws -> T) throws -> T {
@@ -182,6 +192,65 @@ public final class SQLiteStatement {
             }
             guard rc == SQLITE_OK else { throw db.error(rc, "bind \(index): \(sql.prefix(60))") }
         }
+    }
+
+    // Typed access for the hot paths (ingest insert, outcome updates): no [SQLValue] array, no
+    // per-row [[SQLValue]] materialisation. Use: bind(...), then step() until false, read
+    // columns while it is true; reset() (also done by stepOnce) before the next use.
+
+    func bind(_ index: Int32, _ v: Int64) throws {
+        let rc = sqlite3_bind_int64(stmt, index, v)
+        guard rc == SQLITE_OK else { throw db.error(rc, "bind \(index): \(sql.prefix(60))") }
+    }
+
+    func bind(_ index: Int32, _ v: String) throws {
+        var v = v
+        let rc = v.withUTF8 { buf in
+            // A zero-length string needs a non-nil pointer or SQLite binds NULL.
+            buf.withMemoryRebound(to: CChar.self) {
+                sqlite3_bind_text(stmt, index, $0.baseAddress ?? UnsafePointer(bitPattern: 1), Int32($0.count), csqlite_transient())
+            }
+        }
+        guard rc == SQLITE_OK else { throw db.error(rc, "bind \(index): \(sql.prefix(60))") }
+    }
+
+    func bind(_ index: Int32, _ v: [UInt8]) throws {
+        let rc = v.withUnsafeBytes { buf in
+            sqlite3_bind_blob(stmt, index, buf.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32(buf.count), csqlite_transient())
+        }
+        guard rc == SQLITE_OK else { throw db.error(rc, "bind \(index): \(sql.prefix(60))") }
+    }
+
+    func bindNull(_ index: Int32) throws {
+        let rc = sqlite3_bind_null(stmt, index)
+        guard rc == SQLITE_OK else { throw db.error(rc, "bind \(index): \(sql.prefix(60))") }
+    }
+
+    /// One step: true = a row is available, false = done. A failure resets the statement.
+    func step() throws -> Bool {
+        let rc = sqlite3_step(stmt)
+        if rc == SQLITE_ROW { return true }
+        if rc == SQLITE_DONE { return false }
+        let e = db.error(rc, "step: \(sql.prefix(60))")
+        sqlite3_reset(stmt)
+        throw e
+    }
+
+    /// Runs a statement that returns no rows to completion, then resets it for reuse.
+    func stepOnce() throws {
+        defer { sqlite3_reset(stmt) }
+        while try step() {}
+    }
+
+    /// Resets for the next use. Bindings are overwritten by the next bind of every parameter.
+    func reset() { sqlite3_reset(stmt) }
+
+    func int(_ column: Int32) -> Int64 { sqlite3_column_int64(stmt, column) }
+    func isNull(_ column: Int32) -> Bool { sqlite3_column_type(stmt, column) == SQLITE_NULL }
+    func text(_ column: Int32) -> String {
+        guard let p = sqlite3_column_text(stmt, column) else { return "" }
+        let n = Int(sqlite3_column_bytes(stmt, column))
+        return String(decoding: UnsafeBufferPointer(start: p, count: n), as: UTF8.self)
     }
 
     func rows(_ binds: [SQLValue]) throws -> [[SQLValue]] {
