@@ -193,3 +193,99 @@ func invalidBodiesAreRefusedNamingTheField(_ c: Case) {
     #expect(ASCII.lowercased("AbC-é") == "abc-é")
     #expect(ASCII.uppercased("abc-1") == "ABC-1")
 }
+
+/// The one-pass fast path must never accept what the general path refuses, and must return
+/// exactly the general path's result when it accepts; for the body shape accessories send it
+/// must actually be taken.
+@Suite struct FastValidationTests {
+    static let token = String(repeating: "ab", count: 32)
+    static let session = "6f9619ff-8b86-d011-b42d-00c04fc964ff"
+    static let data = Data(repeating: 7, count: 40).base64EncodedString()
+
+    static func object(_ members: [(String, String)], separator: String = ",") -> String {
+        "{" + members.map { "\"\($0.0)\":\($0.1)" }.joined(separator: separator) + "}"
+    }
+
+    static let good: [(String, String)] = [("pushToken", "\"\(token)\""), ("sessionIdentifier", "\"\(session)\""), ("keyID", "\"AQIDBA==\""),
+                                           ("messageIndex", "7"), ("encryptedData", "\"\(data)\"")]
+
+    static func replacing(_ name: String, with value: String?) -> [(String, String)] {
+        var m = good.filter { $0.0 != name }
+        if let value { m.append((name, value)) }
+        return m
+    }
+
+    /// Bodies the fast path must take (and agree on).
+    static var common: [String] {
+        [object(good), object(good.reversed()), object(good, separator: " ,\n\t"), " \r\n" + object(good) + "\n ",
+         object(replacing("messageIndex", with: "\"7\"")), object(replacing("messageIndex", with: "0")),
+         object(replacing("messageIndex", with: "4294967295")), object(replacing("messageIndex", with: "\"0042\"")),
+         object(replacing("pushToken", with: "\"" + String(repeating: "AB", count: 32) + "\"")),
+         object(replacing("sessionIdentifier", with: "\"" + session.uppercased() + "\"")),
+         object(good + [("app", "\"com.example.app\"")]), object(replacing("pushToken", with: "\"0a\""))]
+    }
+
+    /// Bodies with something unusual or wrong: the fast path may only decline or agree.
+    static var unusual: [String] {
+        var out: [String] = []
+        for f in ["pushToken", "sessionIdentifier", "keyID", "messageIndex", "encryptedData"] {
+            out.append(object(replacing(f, with: nil)))                 // missing
+            out.append(object(replacing(f, with: "null")))
+            out.append(object(replacing(f, with: "true")))
+            out.append(object(replacing(f, with: "{\"a\":1}")))
+            out.append(object(replacing(f, with: "[1]")))
+            out.append(object(replacing(f, with: "\"\"")))
+            out.append(object(replacing(f, with: "12")))
+            out.append(object(good + [(f, "\"x\"")]))                    // duplicate
+        }
+        for v in ["01", "-1", "1.0", "1e3", "4294967296", "\"4294967296\"", "\"12345678901\"", "\"1 \"", "\"-1\"", "\"\\u0031\"", "1,"] {
+            out.append(object(replacing("messageIndex", with: v)))
+        }
+        for v in ["\"abc\"", "\"zz\"", "\"" + String(repeating: "ab", count: 101) + "\"", "\"\\u0061b\"", "\"ab\u{7f}\"", "\"é\""] {
+            out.append(object(replacing("pushToken", with: v)))
+        }
+        for v in ["\"6f9619ff8b86d011b42d00c04fc964ff\"", "\"6f9619ff-8b86-d011-b42d-00c04fc964fz\"", "\"{6f9619ff-8b86-d011-b42d-00c04fc964ff}\""] {
+            out.append(object(replacing("sessionIdentifier", with: v)))
+        }
+        for v in ["\"AQID\"", "\"AQIDBAU=\"", "\"AQIDBA\"", "\"AQID BA==\"", "\"AQIDBA=\""] {
+            out.append(object(replacing("keyID", with: v)))
+        }
+        let big = Data(repeating: 1, count: 3000).base64EncodedString()
+        for v in ["\"" + Data(repeating: 1, count: 27).base64EncodedString() + "\"", "\"" + Data(repeating: 1, count: 28).base64EncodedString() + "\"",
+                  "\"\(big)\"", "\"AAAA*AAA\"", "\"" + data.replacingOccurrences(of: "=", with: "") + "\""] {
+            out.append(object(replacing("encryptedData", with: v)))
+        }
+        for v in ["\"\"", "\"" + String(repeating: "a", count: 256) + "\"", "\"" + String(repeating: "a", count: 255) + "\"", "\"caf\\u00e9\"", "\"café\"", "7"] {
+            out.append(object(good + [("app", v)]))
+        }
+        out += [object(good + [("extra", "1")]), object(good) + "x", object(good) + ",", "{" + object(good).dropFirst().dropLast() + ",}",
+                "{}", "[]", "", "  ", "{\"pushT\\u006fken\":\"ab\"}", object(good).replacingOccurrences(of: ":", with: " : "),
+                String(object(good).dropLast())]
+        return out
+    }
+
+    func check(_ text: String) -> (fast: NewResponse?, full: Result<NewResponse, ClientError>) {
+        let bytes = Array(text.utf8)
+        let limits = IngestLimits()
+        return (bytes.withUnsafeBufferPointer { IngestValidation.fastValidate($0, limits: limits) },
+                IngestValidation.validateInFull(body: bytes, limits: limits))
+    }
+
+    @Test func theFastPathTakesTheCommonShapeAndAgrees() {
+        for text in Self.common {
+            let (fast, full) = check(text)
+            #expect(fast != nil, "fast path declined: \(text)")
+            if let fast { #expect(full == .success(fast), "paths disagree on: \(text)") }
+        }
+    }
+
+    @Test func theFastPathNeverAcceptsWhatTheGeneralPathRefuses() {
+        var declined = 0
+        for text in Self.unusual {
+            let (fast, full) = check(text)
+            if let fast { #expect(full == .success(fast), "paths disagree on: \(text)") } else { declined += 1 }
+        }
+        // Most of these are errors; the general path must have been left to name them.
+        #expect(declined > Self.unusual.count / 2)
+    }
+}

@@ -255,7 +255,11 @@ enum Base64 {
     }()
 
     static func decode(_ s: String) -> [UInt8]? {
-        let b = Array(s.utf8)
+        var s = s
+        return s.withUTF8 { decode($0) }
+    }
+
+    static func decode(_ b: UnsafeBufferPointer<UInt8>) -> [UInt8]? {
         guard b.count % 4 == 0 else { return nil }
         if b.isEmpty { return [] }
         var pad = 0

@@ -86,6 +86,13 @@ public enum IngestValidation {
         guard body.count <= limits.maxBodyBytes else {
             return .failure(ClientError(status: 413, code: "body_too_large", field: "body", message: "body exceeds \(limits.maxBodyBytes) bytes"))
         }
+        if let fast = body.withUnsafeBufferPointer({ fastValidate($0, limits: limits) }) { return .success(fast) }
+        return validateInFull(body: body, limits: limits)
+    }
+
+    /// The general path: any JSON, every check in order, the first failure named. Also the
+    /// reference the fast path (FastValidation.swift) is tested against.
+    static func validateInFull(body: [UInt8], limits: IngestLimits) -> Result<NewResponse, ClientError> {
         let members: [(String, JSONMember)]
         do {
             members = try JSONReader.readObject(body)
