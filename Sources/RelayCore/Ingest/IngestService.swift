@@ -85,6 +85,7 @@ public final class IngestService: Sendable {
         let start = monotonicMicros()
         let finish: @Sendable (APIResponse, String?) -> Void = { [metrics, logger] response, note in
             var r = response
+            r.headers.reserveCapacity(r.headers.count + 2)
             r.headers.append(("x-request-id", request.requestID))
             if !r.headers.contains(where: { $0.0 == "content-type" }) { r.headers.append(("content-type", "application/json")) }
             metrics.ingest(status: r.status)
@@ -178,7 +179,7 @@ public final class IngestService: Sendable {
                 switch outcome {
                 case .accepted(let id):
                     onAccepted()
-                    finish(APIResponse(status: 202, body: "{\"id\":\"\(id)\",\"state\":\"queued\"}"), id)
+                    finish(APIResponse(status: 202, body: "{\"id\":\"" + id + "\",\"state\":\"queued\"}"), id)
                 case .duplicate(let id, let state):
                     finish(APIResponse(status: 200, body: "{\"id\":\"\(id)\",\"state\":\"\(state.rawValue)\"}"), "duplicate \(id)")
                 case .unauthorized:
