@@ -31,7 +31,7 @@ public final class PushClientTransport: PushTransport {
                 guard let d = FileManager.default.contents(atPath: passFile) else {
                     throw ConfigError(key: "apps[\(app.bundleID)].certificate.passphraseFile", message: "cannot read \(passFile)")
                 }
-                pass = String(decoding: d, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+                pass = ASCII.trimLines(String(decoding: d, as: UTF8.self))
             }
             creds = .certificate(certificatePath: cert, privateKeyPath: key, passphrase: pass)
         }

@@ -36,7 +36,12 @@ public func jsonString(_ s: String) -> String {
         case "\r": out += "\\r"
         case "\t": out += "\\t"
         default:
-            if u.value < 0x20 { out += String(format: "\\u%04x", u.value) } else { out.unicodeScalars.append(u) }
+            if u.value < 0x20 {
+                out += u.value < 0x10 ? "\\u000" : "\\u00"
+                out += String(u.value, radix: 16)
+            } else {
+                out.unicodeScalars.append(u)
+            }
         }
     }
     return out + "\""
@@ -213,6 +218,6 @@ public enum IngestValidation {
         for c in camel {
             if c.isUppercase { out += "_" + c.lowercased() } else { out.append(c) }
         }
-        return out.replacingOccurrences(of: "i_d", with: "id")
+        return out.replacing("i_d", with: "id")
     }
 }

@@ -83,7 +83,7 @@ final class PostgresConnection {
 
     private static func clean(_ p: UnsafePointer<CChar>?) -> String {
         guard let p else { return "unknown libpq error" }
-        return String(cString: p).trimmingCharacters(in: .whitespacesAndNewlines)
+        return ASCII.trimLines(String(cString: p))
     }
 
     private func failure(_ result: OpaquePointer?, _ context: String) -> StoreError {
@@ -118,7 +118,7 @@ final class PostgresConnection {
         let encoded = params.map(Self.encode)
         let types = encoded.map(\.type)
         let key = sql + "\u{0}" + types.map(String.init).joined(separator: ",")
-        let context = String(sql.trimmingCharacters(in: .whitespacesAndNewlines).prefix(60))
+        let context = String(ASCII.trimLines(sql).prefix(60))
         let name: String
         if let n = prepared[key] {
             name = n
@@ -171,7 +171,7 @@ final class PostgresConnection {
     }
 
     private static func quoteElement(_ s: String) -> String {
-        "\"" + s.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\""
+        "\"" + s.replacing("\\", with: "\\\\").replacing("\"", with: "\\\"") + "\""
     }
 
     /// Hands libpq C arrays of value pointers, lengths and formats that stay valid for the call.
@@ -259,7 +259,7 @@ private func withCStrings<R>(_ strings: [String], _ body: (UnsafePointer<UnsafeP
 
 /// Removes the password from a connection URL for logs and error messages.
 func redactPostgresURL(_ url: String) -> String {
-    guard let schemeEnd = url.range(of: "://"), let at = url.range(of: "@", range: schemeEnd.upperBound..<url.endIndex) else {
+    guard let schemeEnd = url.firstRange(of: "://"), let at = url[schemeEnd.upperBound...].firstRange(of: "@") else {
         // key=value form: drop any password=... pair.
         return url.split(separator: " ").map { $0.hasPrefix("password=") ? "password=***" : String($0) }.joined(separator: " ")
     }

@@ -153,10 +153,14 @@ public struct TimeOrderedIDs: Sendable {
 extension Array where Element == UInt8 {
     /// base64url without padding (credential secrets travel in headers and shells).
     var base64URLString: String {
-        Data(self).base64EncodedString()
-            .replacingOccurrences(of: "+", with: "-")
-            .replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
+        String(Data(self).base64EncodedString().compactMap { c -> Character? in
+            switch c {
+            case "+": return "-"
+            case "/": return "_"
+            case "=": return nil
+            default: return c
+            }
+        })
     }
 }
 
@@ -221,6 +225,12 @@ public enum UUIDText {
 
 /// ASCII-only helpers for header values (Foundation's trimmingCharacters bridges to NSString).
 enum ASCII {
+    /// Without spaces, tabs, CR and LF at either end (files read for secrets end in a newline).
+    static func trimLines(_ s: some StringProtocol) -> String {
+        let isSpace: (Character) -> Bool = { $0 == " " || $0 == "\t" || $0 == "\n" || $0 == "\r" || $0 == "\r\n" }
+        return String(s.drop(while: isSpace).reversed().drop(while: isSpace).reversed())
+    }
+
     static func trim(_ s: Substring) -> Substring {
         var a = s.startIndex, b = s.endIndex
         while a < b, s[a] == " " || s[a] == "\t" { a = s.index(after: a) }
