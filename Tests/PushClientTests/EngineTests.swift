@@ -127,4 +127,32 @@ import Testing
         #expect(isDelivered(r), "\(r)")
         #expect(v6.mock.deliveries.count == 1)
     }
+
+    /// Certificate auth: the mock asks for a client certificate (UID = bundle ID) and then needs
+    /// no provider token; the client presents the PEM chain and key, also when the key is
+    /// encrypted (passphrase).
+    @Test func certificateAuthWithPlainAndEncryptedKey() async throws {
+        let rig = try MockRig(clientCertificateFor: bundle)
+        let cert = rig.dir.file("client.pem"), key = rig.dir.file("client.key")
+        func client(key: String, passphrase: String?) throws -> PushClient {
+            try PushClient(configuration: .init(environment: .custom(url: rig.url),
+                                                credentials: .certificate(certificatePath: cert, privateKeyPath: key, passphrase: passphrase),
+                                                caFile: rig.dir.file("ca.pem")))
+        }
+        let plain = try client(key: key, passphrase: nil)
+        defer { plain.shutdown() }
+        let r = await plain.send(push())
+        #expect(isDelivered(r), "\(r)")
+        #expect(rig.mock.deliveries.count == 1)
+
+        let encrypted = rig.dir.file("client-enc.key")
+        let out = try run("openssl", ["pkey", "-in", key, "-aes256", "-passout", "pass:s3cret", "-out", encrypted])
+        #expect(out.status == 0, "\(out.output)")
+        let locked = try client(key: encrypted, passphrase: "s3cret")
+        defer { locked.shutdown() }
+        let r2 = await locked.send(push())
+        #expect(isDelivered(r2), "\(r2)")
+        #expect(throws: PushClientError.self) { try client(key: encrypted, passphrase: "wrong") }
+        #expect(throws: PushClientError.self) { try client(key: rig.dir.file("missing.key"), passphrase: nil) }
+    }
 }

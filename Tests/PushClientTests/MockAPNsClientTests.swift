@@ -19,7 +19,8 @@ final class MockRig {
     let cleartext: Bool
 
     init(faults: [FaultRule] = [], clock: ManualClock = ManualClock(), host: String = "127.0.0.1", cleartext: Bool = false,
-         tlsFault: TLSCertificateFault? = nil, streams: (initial: UInt32, max: UInt32)? = nil) throws {
+         tlsFault: TLSCertificateFault? = nil, streams: (initial: UInt32, max: UInt32)? = nil,
+         clientCertificateFor clientBundle: String? = nil) throws {
         dir = try TempDir()
         self.cleartext = cleartext
         let (p8, _) = try makeP8(in: dir)
@@ -29,6 +30,10 @@ final class MockRig {
         c.host = host
         c.tls = cleartext ? .cleartextH2 : .generate(caOutputPath: dir.file("ca.pem"))
         c.tlsFault = tlsFault
+        if let clientBundle {
+            c.generatedClientCertificate = GeneratedClientCertificate(bundleID: clientBundle, certificatePath: dir.file("client.pem"),
+                                                                      privateKeyPath: dir.file("client.key"))
+        }
         if let streams {
             c.initialMaxConcurrentStreams = streams.initial
             c.maxConcurrentStreams = streams.max
