@@ -81,7 +81,7 @@ nonisolated(unsafe) private let sharedCallbacks: OpaquePointer = {
             if status >= 200 { st.status = status }
         } else if bytesEqual(n, "apns-id") {
             // Usually the id we sent: reuse that String instead of allocating a new one.
-            let sent = st.push.request.apnsIDString
+            let sent = st.push.apnsID
             var sentBytes = sent
             let same = sentBytes.withUTF8 { $0.count == v.count && memcmp($0.baseAddress!, v.baseAddress!, v.count) == 0 }
             st.apnsID = same ? sent : String(decoding: v, as: UTF8.self)
@@ -215,10 +215,16 @@ final class H2ClientSession {
             let vp = scratch + offset
             let vl = UnsafeMutableBufferPointer(start: vp, count: total - offset).initialize(from: value.utf8).1
             offset += vl
-            // Names are immortal static strings: nghttp2 may keep pointing at them.
+            // Names are immortal static strings: nghttp2 may keep pointing at them. A value
+            // that differs on every request (apns-id) stays out of the HPACK dynamic table:
+            // indexing it would evict the entries that do repeat (authorization, topic, path)
+            // and make both sides re-encode them.
+            var flags = NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue
+            if bytesEqual(UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount), "apns-id") {
+                flags |= NGHTTP2_NV_FLAG_NO_INDEX.rawValue
+            }
             (nva + count).initialize(to: nghttp2_nv(name: UnsafeMutablePointer(mutating: name.utf8Start), value: vp,
-                                                    namelen: name.utf8CodeUnitCount, valuelen: vl,
-                                                    flags: UInt8(NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue)))
+                                                    namelen: name.utf8CodeUnitCount, valuelen: vl, flags: UInt8(flags)))
             count += 1
         }
         for (n, v) in pseudo { field(n, v) }

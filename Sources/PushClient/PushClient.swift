@@ -55,7 +55,7 @@ public final class PushClient: Sendable {
     /// Thread-safe and never blocks. `completion` runs exactly once, on a client thread: keep
     /// it short (it delays other pushes on that connection).
     public func send(_ request: PushRequest, completion: @escaping @Sendable (PushResult) -> Void) {
-        var push = PendingPush(request: request, completion: completion,
+        var push = PendingPush(request: request, apnsID: request.apnsIDString, completion: completion,
                                deadline: .now + shared.requestTimeout, attempt: 0, refusals: 0, body: [], local: nil)
         if let refusal = Self.validate(request) {
             push.local = refusal
@@ -160,6 +160,8 @@ final class ClientShared: Sendable {
 
 struct PendingPush: Sendable {
     let request: PushRequest
+    /// `request.apnsIDString`, formatted once.
+    let apnsID: String
     let completion: @Sendable (PushResult) -> Void
     /// Monotonic: queueing, retries and the wait for the response all fit inside it.
     let deadline: ContinuousClock.Instant
@@ -513,7 +515,7 @@ final class ConnectionSlot: @unchecked Sendable {
             queueHead += 1
             let st = ClientStream(push: p, tokenGeneration: generation)
             do {
-                try c.session.submit(st, scheme: scheme, authority: shared.endpoint.authority, head: Self.head(p.request, authorization: auth))
+                try c.session.submit(st, scheme: scheme, authority: shared.endpoint.authority, head: Self.head(p.request, apnsID: p.apnsID, authorization: auth))
             } catch {
                 complete(p, .transportFailure("\(error)"))
                 continue
@@ -535,11 +537,11 @@ final class ConnectionSlot: @unchecked Sendable {
     }
 
     /// The request headers after the pseudo-headers, in a fixed order.
-    static func head(_ r: PushRequest, authorization: String?) -> RequestHead {
+    static func head(_ r: PushRequest, apnsID: String, authorization: String?) -> RequestHead {
         var fields: [(name: StaticString, value: String)] = [
             ("apns-push-type", "accessory"),
             ("apns-topic", r.topic),
-            ("apns-id", r.apnsIDString),
+            ("apns-id", apnsID),
         ]
         if let e = r.expiration { fields.append(("apns-expiration", String(e))) }
         if let p = r.priority { fields.append(("apns-priority", String(p))) }
@@ -616,7 +618,7 @@ final class ConnectionSlot: @unchecked Sendable {
 
     private func respond(_ st: ClientStream) {
         let p = st.push
-        let result = Self.result(status: st.status, apnsID: st.apnsID, uniqueID: st.uniqueID, body: st.responseBody, sentID: p.request.apnsIDString)
+        let result = Self.result(status: st.status, apnsID: st.apnsID, uniqueID: st.uniqueID, body: st.responseBody, sentID: p.apnsID)
         if case .rejected(_, let reason, _) = result, let gen = st.tokenGeneration, let tokens = shared.tokens {
             let now = shared.clock.now()
             if reason == .expiredProviderToken {

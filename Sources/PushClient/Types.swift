@@ -208,7 +208,24 @@ public struct PushRequest: Sendable {
     }
 
     public var topic: String { bundleID + ".push-type.accessory" }
-    public var apnsIDString: String { apnsID.uuidString.lowercased() }
+    /// Lowercase canonical form, formatted by hand: `UUID.uuidString` goes through snprintf
+    /// (~10k instructions), and this runs for every push.
+    public var apnsIDString: String {
+        withUnsafeBytes(of: apnsID.uuid) { u in
+            String(unsafeUninitializedCapacity: 36) { out in
+                let hex: StaticString = "0123456789abcdef"
+                let h = hex.utf8Start
+                var o = 0
+                for i in 0..<16 {
+                    if i == 4 || i == 6 || i == 8 || i == 10 { out[o] = UInt8(ascii: "-"); o += 1 }
+                    out[o] = h[Int(u[i] >> 4)]
+                    out[o + 1] = h[Int(u[i] & 0x0F)]
+                    o += 2
+                }
+                return o
+            }
+        }
+    }
 }
 
 /// APNs' documented payload limit for everything except VoIP.
