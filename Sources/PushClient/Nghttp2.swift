@@ -8,7 +8,7 @@ import Glibc
 
 /// One request stream: the push it carries and what came back. Slot-thread only.
 final class ClientStream {
-    var push: PendingPush
+    let push: PendingPush
     let tokenGeneration: Int?
     var id: Int32 = 0
     /// Body bytes handed to nghttp2 (may not have reached the socket yet: counting them as
@@ -152,6 +152,10 @@ final class H2ClientSession {
     fileprivate(set) var settingsReceived = false
     fileprivate(set) var pingAcks = 0
     fileprivate(set) var goAway: (lastStreamID: Int32, errorCode: UInt32, debug: String)?
+    private var scratch = UnsafeMutablePointer<UInt8>.allocate(capacity: 1024)
+    private var scratchCapacity = 1024
+    private var nva = UnsafeMutablePointer<nghttp2_nv>.allocate(capacity: 16)
+    private var nvaCapacity = 16
 
     init() throws {
         var s: OpaquePointer?
@@ -169,7 +173,11 @@ final class H2ClientSession {
         guard src == 0 else { throw Nghttp2Error(description: "SETTINGS: \(h2Message(Int(src)))") }
     }
 
-    deinit { nghttp2_session_del(session) }
+    deinit {
+        nghttp2_session_del(session)
+        scratch.deallocate()
+        nva.deallocate()
+    }
 
     /// The server's SETTINGS_MAX_CONCURRENT_STREAMS (meaningful once `settingsReceived`).
     var remoteMaxConcurrentStreams: Int {
@@ -202,18 +210,31 @@ final class H2ClientSession {
     /// header block during this call; the body is read from the stream by the data provider.
     func submit(_ st: ClientStream, scheme: String, authority: String, head: RequestHead) throws {
         var total = 0
-        var count = 4 + head.fields.count
-        let pseudo: [(StaticString, String)] = [(":method", "POST"), (":scheme", scheme), (":authority", authority), (":path", head.path)]
-        for (n, v) in pseudo { total += n.utf8CodeUnitCount + v.utf8.count }
+        let fieldCount = 4 + head.fields.count
+        total += 7 + 4 + 7 + scheme.utf8.count + 10 + authority.utf8.count + 5 + head.path.utf8.count
         for (n, v) in head.fields { total += n.utf8CodeUnitCount + v.utf8.count }
-        let scratch = UnsafeMutablePointer<UInt8>.allocate(capacity: max(total, 1))
-        let nva = UnsafeMutablePointer<nghttp2_nv>.allocate(capacity: count)
-        defer { scratch.deallocate(); nva.deallocate() }
+        // One scratch block and nv array per session, grown when needed: nghttp2 copies the
+        // values during nghttp2_submit_request.
+        if total > scratchCapacity {
+            scratch.deallocate()
+            scratchCapacity = max(total, scratchCapacity * 2)
+            scratch = .allocate(capacity: scratchCapacity)
+        }
+        if fieldCount > nvaCapacity {
+            nva.deallocate()
+            nvaCapacity = max(fieldCount, nvaCapacity * 2)
+            nva = .allocate(capacity: nvaCapacity)
+        }
+        let scratch = self.scratch, nva = self.nva
         var offset = 0
-        count = 0
+        var count = 0
         func field(_ name: StaticString, _ value: String) {
             let vp = scratch + offset
-            let vl = UnsafeMutableBufferPointer(start: vp, count: total - offset).initialize(from: value.utf8).1
+            var v = value
+            let vl = v.withUTF8 { u -> Int in
+                if let b = u.baseAddress { vp.update(from: b, count: u.count) }
+                return u.count
+            }
             offset += vl
             // Names are immortal static strings: nghttp2 may keep pointing at them. A value
             // that differs on every request (apns-id) stays out of the HPACK dynamic table:
@@ -227,7 +248,10 @@ final class H2ClientSession {
                                                     namelen: name.utf8CodeUnitCount, valuelen: vl, flags: UInt8(flags)))
             count += 1
         }
-        for (n, v) in pseudo { field(n, v) }
+        field(":method", "POST")
+        field(":scheme", scheme)
+        field(":authority", authority)
+        field(":path", head.path)
         for (n, v) in head.fields { field(n, v) }
         var provider = nghttp2_data_provider(
             source: nghttp2_data_source(ptr: nil),

@@ -55,8 +55,7 @@ public final class PushClient: Sendable {
     /// Thread-safe and never blocks. `completion` runs exactly once, on a client thread: keep
     /// it short (it delays other pushes on that connection).
     public func send(_ request: PushRequest, completion: @escaping @Sendable (PushResult) -> Void) {
-        var push = PendingPush(request: request, apnsID: request.apnsIDString, completion: completion,
-                               deadline: .now + shared.requestTimeout, attempt: 0, refusals: 0, body: [], local: nil)
+        let push = PendingPush(request: request, completion: completion, deadline: .now + shared.requestTimeout)
         if let refusal = Self.validate(request) {
             push.local = refusal
         } else {
@@ -158,20 +157,34 @@ final class ClientShared: Sendable {
     }
 }
 
-struct PendingPush: Sendable {
+/// One push on its way: created by `send`, then owned by one slot thread until completed.
+/// A class: it moves through the inbox, the queue and a stream, and retries mutate it, all
+/// without copying the request.
+///
+/// `@unchecked Sendable`: `body` and `local` are set by `send` before the push is handed over
+/// through the inbox's Mutex; after that only the slot thread reads or writes it.
+final class PendingPush: @unchecked Sendable {
     let request: PushRequest
     /// `request.apnsIDString`, formatted once.
     let apnsID: String
     let completion: @Sendable (PushResult) -> Void
     /// Monotonic: queueing, retries and the wait for the response all fit inside it.
     let deadline: ContinuousClock.Instant
-    /// Retries after a connection was lost before any body byte left (at most one).
-    var attempt: Int
+    /// Retries after a connection was lost before any body byte left (at most one), or after
+    /// ExpiredProviderToken (at most one).
+    var attempt = 0
     /// Retries after the server refused the stream unprocessed (bounded, inside the deadline).
-    var refusals: Int
-    var body: [UInt8]
+    var refusals = 0
+    var body: [UInt8] = []
     /// Refused before any I/O; completed on the slot thread like everything else.
     var local: PushResult?
+
+    init(request: PushRequest, completion: @escaping @Sendable (PushResult) -> Void, deadline: ContinuousClock.Instant) {
+        self.request = request
+        self.apnsID = request.apnsIDString
+        self.completion = completion
+        self.deadline = deadline
+    }
 }
 
 /// The one shared provider token of a key: TokenPolicy decides, this signs and caches.
@@ -394,11 +407,11 @@ final class ConnectionSlot: @unchecked Sendable {
 
     /// Pushes whose deadline passed: queued ones complete, in-flight ones are reset.
     private func expire(_ now: ContinuousClock.Instant) {
-        if queueHead < queue.count {
+        if queueHead < queue.count, queue[queueHead...].contains(where: { $0.deadline <= now }) {
             var kept: [PendingPush] = []
             var expired: [PendingPush] = []
             for p in queue[queueHead...] { if p.deadline <= now { expired.append(p) } else { kept.append(p) } }
-            if !expired.isEmpty {
+            do {
                 queue = kept
                 queueHead = 0
                 let why = current.map { $0.isOpen ? "waiting for a free stream" : "still connecting to \(shared.endpoint.authority)" }
@@ -590,20 +603,18 @@ final class ConnectionSlot: @unchecked Sendable {
         st.done = true
         if st.refused || !st.headersSent { return retryRefused(st.push) }
         if st.bodyBytesSent == 0 && st.push.attempt == 0 {
-            var again = st.push
-            again.attempt += 1
+            st.push.attempt += 1
             reconnectNext = true
-            return requeue(again)
+            return requeue(st.push)
         }
         complete(st.push, .transportFailure(reason))
     }
 
     private func retryRefused(_ p: PendingPush) {
         guard p.refusals < 5 else { return complete(p, .transportFailure("refused by the server 5 times (GOAWAY or REFUSED_STREAM)")) }
-        var again = p
-        again.refusals += 1
+        p.refusals += 1
         stats.refusedRetries.add(1, ordering: .relaxed)
-        requeue(again)
+        requeue(p)
     }
 
     private func requeue(_ p: PendingPush) {
@@ -625,9 +636,8 @@ final class ConnectionSlot: @unchecked Sendable {
                 tokens.expired(generation: gen, now: now)
                 // Rejected, so never delivered: one retry with the new token is safe.
                 if p.attempt == 0 {
-                    var again = p
-                    again.attempt += 1
-                    return requeue(again)
+                    p.attempt += 1
+                    return requeue(p)
                 }
             } else if reason == .invalidProviderToken {
                 tokens.requestRefresh(now: now)
