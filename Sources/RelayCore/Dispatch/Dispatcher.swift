@@ -103,6 +103,8 @@ public final class Dispatcher: DispatchHandoff, @unchecked Sendable {
         condition.unlock()
     }
 
+    public func queuedRowsCommitted() { wake() }
+
     public func accept(_ row: OutboxRow) {
         condition.lock()
         reserved = max(0, reserved - 1)

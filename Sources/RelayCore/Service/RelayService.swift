@@ -64,8 +64,12 @@ public final class RelayService: @unchecked Sendable {
         settings.perCredential = c.ingest.perCredential
         settings.perPushToken = c.ingest.perPushToken
         settings.apps = Set(c.apps.map(\.bundleID))
+        // A store with hand-off wakes the dispatcher itself, once per committed batch that queued
+        // rows (DispatchHandoff.queuedRowsCommitted); waking it per accepted response made it run
+        // an empty claim transaction for every ingest. Other stores: wake per accepted response.
+        let wakePerResponse = !(store is any HandoffCapableStore)
         let ingest = IngestService(store: store, settings: settings, metrics: metrics, logger: logger, workers: workers,
-                                   onAccepted: { [weak dispatcher] in dispatcher?.wake() })
+                                   onAccepted: { [weak dispatcher] in if wakePerResponse { dispatcher?.wake() } })
 
         var limits = HTTPLimits()
         // Twice the ingest limit: bodies just over it get the API's JSON 413 naming the field;

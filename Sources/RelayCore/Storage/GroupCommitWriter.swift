@@ -28,6 +28,8 @@ final class GroupCommitWriter: @unchecked Sendable {
     var afterRollback: ((SQLiteDatabase) -> Void)?
     /// Called on the writer thread after every successful COMMIT (e.g. to wake the dispatcher).
     var afterCommit: (@Sendable () -> Void)?
+    /// The store's own per-batch step after a successful COMMIT and the jobs' completions.
+    var afterBatchCommitted: (() -> Void)?
     /// Called on the writer thread before each batch's BEGIN (per-batch caches reset here).
     var beforeBatch: (() -> Void)?
     /// Run inside the transaction right after BEGIN and right before COMMIT (state kept in the
@@ -135,7 +137,10 @@ final class GroupCommitWriter: @unchecked Sendable {
             jobCounter.add(batch.count, ordering: .relaxed)
         }
         for job in batch { job.finish(failure) }
-        if failure == nil { afterCommit?() }
+        if failure == nil {
+            afterBatchCommitted?()
+            afterCommit?()
+        }
     }
 }
 

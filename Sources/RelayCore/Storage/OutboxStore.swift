@@ -234,6 +234,11 @@ public protocol DispatchHandoff: AnyObject, Sendable {
     func release(_ count: Int)
     /// The committed inflight row for a reservation. Must not block.
     func accept(_ row: OutboxRow)
+    /// A committed batch inserted rows `queued` (no free slot, or a paced token): claim or
+    /// reschedule. Called once per batch on the writer thread, never per row, and not at all
+    /// for batches whose rows were all handed off, so the dispatcher is not woken into an empty
+    /// claim transaction for each ingest. Must not block.
+    func queuedRowsCommitted()
 }
 
 /// A store that can hand freshly committed rows straight to a dispatcher.

@@ -54,12 +54,18 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         var watchedTokens: Set<String> = []
         var handoff: (any DispatchHandoff)?
         var reservedInBatch = 0
+        /// Rows this batch inserted `queued` (not handed off): the dispatcher is woken once
+        /// after COMMIT when there are any.
+        var queuedInBatch = 0
         /// Response ids, minted on the writer thread in commit order.
         var ids = TimeOrderedIDs()
         /// The two ingest INSERTs, held here so the hot path skips the connection's statement
         /// cache (a dictionary keyed by the SQL text: hashing it cost ~2k instructions a row).
         var insertQueued: SQLiteStatement?
         var insertInflight: SQLiteStatement?
+        /// The two statements every delivered push runs (apply), held for the same reason.
+        var insertAttempt: SQLiteStatement?
+        var markDelivered: SQLiteStatement?
     }
 
     /// A credentials row as the ingest path needs it, apps already split (once per batch, not
@@ -95,6 +101,10 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         w.beforeBatch = {
             state.credentials.removeAll(keepingCapacity: true)
             state.reservedInBatch = 0
+            state.queuedInBatch = 0
+        }
+        w.afterBatchCommitted = {
+            if state.queuedInBatch > 0 { state.handoff?.queuedRowsCommitted() }
         }
         w.afterBegin = { db in
             state.pending = Int(try db.scalar("SELECT pending FROM outbox_stats WHERE id = 1").int ?? 0)
@@ -362,7 +372,10 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             return (dup, nil)
         }
         state.pending += 1
-        guard handOff else { return (.accepted(id: id), nil) }
+        guard handOff else {
+            state.queuedInBatch += 1
+            return (.accepted(id: id), nil)
+        }
         let row = OutboxRow(id: id, app: app, pushToken: r.pushToken, sessionIdentifier: r.sessionIdentifier, keyID: r.keyID,
                             messageIndex: r.messageIndex, encryptedData: r.encryptedData, credentialID: credID, state: .inflight,
                             attempts: 0, nextAttemptAt: due, createdAt: now, expiresAt: expires, lastStatus: nil, lastReason: nil, updatedAt: now)
@@ -460,11 +473,19 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         try write { db in
             for u in updates {
                 if let a = u.attempt {
-                    try db.run(
-                        "INSERT INTO attempts (response_id, attempted_at, status, reason, apns_timestamp, latency_us) VALUES (?, ?, ?, ?, ?, ?)",
-                        [.text(a.responseID), .integer(a.attemptedAt), a.status.map { .integer(Int64($0)) } ?? .null,
-                         a.reason.map { .text($0) } ?? .null, a.apnsTimestamp.map { .integer($0) } ?? .null,
-                         a.latencyMicros.map { .integer($0) } ?? .null])
+                    // Typed binds on held statements: this and the delivered UPDATE run once per push.
+                    if state.insertAttempt == nil {
+                        state.insertAttempt = try db.statement(
+                            "INSERT INTO attempts (response_id, attempted_at, status, reason, apns_timestamp, latency_us) VALUES (?, ?, ?, ?, ?, ?)")
+                    }
+                    let st = state.insertAttempt!
+                    try st.bind(1, a.responseID)
+                    try st.bind(2, a.attemptedAt)
+                    if let v = a.status { try st.bind(3, Int64(v)) } else { try st.bindNull(3) }
+                    if let v = a.reason { try st.bind(4, v) } else { try st.bindNull(4) }
+                    if let v = a.apnsTimestamp { try st.bind(5, v) } else { try st.bindNull(5) }
+                    if let v = a.latencyMicros { try st.bind(6, v) } else { try st.bindNull(6) }
+                    try st.stepOnce()
                 }
                 let status: SQLValue = u.attempt?.status.map { .integer(Int64($0)) } ?? .null
                 let reason: SQLValue = u.attempt?.reason.map { .text($0) } ?? .null
@@ -472,9 +493,17 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
                 var changed = 0
                 switch u.outcome {
                 case .delivered:
-                    changed = try db.run(
-                        "UPDATE responses SET state = 'delivered', attempts = attempts + ?, last_status = ?, last_reason = NULL, updated_at = ? WHERE id = ? AND state = 'inflight'",
-                        [.integer(Int64(counted)), status, .integer(now), .text(u.id)])
+                    if state.markDelivered == nil {
+                        state.markDelivered = try db.statement(
+                            "UPDATE responses SET state = 'delivered', attempts = attempts + ?, last_status = ?, last_reason = NULL, updated_at = ? WHERE id = ? AND state = 'inflight'")
+                    }
+                    let st = state.markDelivered!
+                    try st.bind(1, Int64(counted))
+                    if let v = u.attempt?.status { try st.bind(2, Int64(v)) } else { try st.bindNull(2) }
+                    try st.bind(3, now)
+                    try st.bind(4, u.id)
+                    try st.stepOnce()
+                    changed = db.changes
                     state.pending -= changed
                 case .failed(let why):
                     changed = try db.run(

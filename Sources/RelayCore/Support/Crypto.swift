@@ -140,13 +140,11 @@ public struct TimeOrderedIDs: Sendable {
             counter = 0
         }
         let t = UInt64(lastMillis) & 0xffff_ffff_ffff
-        var b = [UInt8](repeating: 0, count: 16)
-        for i in 0..<6 { b[i] = UInt8(truncatingIfNeeded: t >> (40 - 8 * UInt64(i))) }
-        b[6] = 0x70 | UInt8(counter >> 8)
-        b[7] = UInt8(truncatingIfNeeded: counter)
-        b[8] = 0x80 | (random[0] & 0x3f)
-        for i in 1..<8 { b[8 + i] = random[i] }
-        return UUIDText.format(b)
+        // 16 bytes as two big-endian words, formatted straight into the String (no byte arrays).
+        let high = t << 16 | 0x7000 | UInt64(counter)
+        var low = UInt64(0x80 | (random[0] & 0x3f)) << 56
+        for i in 1..<8 { low |= UInt64(random[i]) << (56 - 8 * UInt64(i)) }
+        return UUIDText.format(high: high, low: low)
     }
 }
 
@@ -181,6 +179,26 @@ public enum UUIDText {
             out.append(digits[Int(b[i] & 0x0f)])
         }
         return String(decoding: out, as: UTF8.self)
+    }
+
+    /// 8-4-4-4-12 lowercase text of a UUID given as its big-endian high and low 64 bits.
+    static func format(high: UInt64, low: UInt64) -> String {
+        String(unsafeUninitializedCapacity: 36) { out in
+            let digits: StaticString = "0123456789abcdef"
+            let d = digits.utf8Start
+            var o = 0
+            for k in 0..<32 {
+                if k == 8 || k == 12 || k == 16 || k == 20 {
+                    out[o] = UInt8(ascii: "-")
+                    o += 1
+                }
+                let word = k < 16 ? high : low
+                let shift = UInt64(60 - 4 * (k % 16))
+                out[o] = d[Int((word >> shift) & 0xf)]
+                o += 1
+            }
+            return 36
+        }
     }
 
     /// The 16 bytes of an 8-4-4-4-12 hex UUID (either case), or nil.
