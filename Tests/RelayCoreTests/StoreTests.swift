@@ -434,9 +434,10 @@ import Testing
 }
 
 /// v2 -> v3 rebuilds `responses` (CHECK without an ephemeral table, partial responses_done
-/// index). A v2 file with rows in every state must come through with nothing lost or changed,
-/// and dedupe, GET, claim, recovery and purge must work on the migrated rows.
-@Suite struct MigrationV3Tests {
+/// index), v3 -> v4 makes responses_claim partial. A v2 file with rows in every state must come
+/// through with nothing lost or changed, and dedupe, GET, claim, recovery, counts and purge must
+/// work on the migrated rows through the new indexes.
+@Suite struct MigrationFromV2Tests {
     let dir = TempDir()
     let clock = TestClock()
     static let states = ["queued", "inflight", "retry", "delivered", "failed"]
@@ -484,7 +485,7 @@ import Testing
         defer { store.close() }
 
         let db = try SQLiteDatabase(path: dir.db, readOnly: true)
-        #expect(try db.scalar("PRAGMA user_version").int == 3)
+        #expect(try db.scalar("PRAGMA user_version").int == Int64(SQLiteOutboxStore.schemaVersion))
         // Every column of every row, rowids included, unchanged; attempts and counter kept.
         #expect(try db.query("SELECT \(Self.columns) FROM responses ORDER BY rowid") == before)
         #expect(try db.scalar("SELECT count(*) FROM attempts").int == 4)
@@ -518,10 +519,17 @@ import Testing
         #expect(Set(claimed.map(\.id)) == Set([before[0][1].string!, before[1][1].string!, before[2][1].string!, newID]))
         #expect(try db.scalar("SELECT pending FROM outbox_stats").int == 4)
 
-        // Purge and "recent outcomes" use the partial index on terminal rows.
-        let plan = try db.query("EXPLAIN QUERY PLAN SELECT count(*) FROM responses WHERE state = 'delivered' AND updated_at < 5")
-            .compactMap { $0.last?.string }.joined(separator: " ")
-        #expect(plan.contains("responses_done"))
+        // Purge and "recent outcomes" use the partial index on terminal rows; claims and counts
+        // of pending states the partial claim index (no full scan for either).
+        func plan(_ sql: String) throws -> String {
+            try db.query("EXPLAIN QUERY PLAN " + sql).compactMap { $0.last?.string }.joined(separator: " ")
+        }
+        #expect(try plan("SELECT count(*) FROM responses WHERE state = 'delivered' AND updated_at < 5").contains("responses_done"))
+        #expect(try plan("SELECT count(*) FROM responses WHERE state = 'failed'").contains("responses_done"))
+        #expect(try plan("SELECT id FROM responses WHERE state = 'retry' AND next_attempt_at <= 5 ORDER BY next_attempt_at LIMIT 3").contains("responses_claim"))
+        #expect(try plan("SELECT count(*) FROM responses WHERE state = 'inflight'").contains("responses_claim"))
+        #expect(try db.scalar("SELECT count(*) FROM responses INDEXED BY responses_claim WHERE state = 'queued' OR state = 'inflight' OR state = 'retry'").int == 4)
+        #expect(try store.counts().byState == [.queued: 0, .inflight: 4, .retry: 0, .delivered: 1, .failed: 1])
         #expect(try store.recentOutcomes(since: 0).map { "\($0.state.rawValue)/\($0.reason ?? "")/\($0.count)" } == ["delivered//1", "failed/BadDeviceToken/1"])
         #expect(try store.purge(state: .delivered, olderThan: clock.nowMillis(), dryRun: true) == 1)
         #expect(try store.purge(state: .delivered, olderThan: clock.nowMillis(), dryRun: false) == 1)

@@ -149,6 +149,11 @@ public final class Dispatcher: DispatchHandoff, @unchecked Sendable {
     }
 
     private func loop() {
+        // Whether a claim could find anything. Cleared when a claim came back short; set again
+        // by a wake (queued rows committed, stop) or when nextDueAt says a row is due. With
+        // every ingest handed off, pushes completing no longer each cost an empty claim
+        // transaction on the writer.
+        var mayHaveDue = true
         while true {
             // 1. Write back finished pushes.
             condition.lock()
@@ -156,6 +161,10 @@ public final class Dispatcher: DispatchHandoff, @unchecked Sendable {
             finished.removeAll()
             let isStopping = stopping
             let capacity = options.maxInflight - inflight.count - reserved
+            if woken {
+                mayHaveDue = true
+                woken = false
+            }
             condition.unlock()
             if !done.isEmpty {
                 do { try store.apply(done) } catch {
@@ -173,9 +182,10 @@ public final class Dispatcher: DispatchHandoff, @unchecked Sendable {
             }
             // 2. Claim and send.
             var claimed: [OutboxRow] = []
-            if capacity > 0 {
+            if capacity > 0 && mayHaveDue {
                 do {
                     claimed = try store.claimDue(limit: min(capacity, options.claimBatch))
+                    if claimed.count < min(capacity, options.claimBatch) { mayHaveDue = false }
                 } catch {
                     logger.error("claim failed", ["error": "\(error)"])
                 }
@@ -184,13 +194,19 @@ public final class Dispatcher: DispatchHandoff, @unchecked Sendable {
             if claimed.count == min(capacity, options.claimBatch) && capacity > 0 { continue }  // more may be due
             // 3. Sleep until woken, a completion arrives, or the next row is due.
             var wakeAt = clock.nowMillis() + options.idlePollMillis
-            if capacity > 0, let next = try? store.nextDueAt() { wakeAt = min(wakeAt, max(next, clock.nowMillis())) }
+            if capacity > 0, let next = try? store.nextDueAt() {
+                if next <= clock.nowMillis() { mayHaveDue = true }
+                wakeAt = min(wakeAt, max(next, clock.nowMillis()))
+            }
             let sleepMillis = max(0, wakeAt - clock.nowMillis())
             condition.lock()
             if !woken && finished.isEmpty && !stopping && sleepMillis > 0 {
                 _ = condition.wait(until: Date().addingTimeInterval(Double(sleepMillis) / 1000))
             }
-            woken = false
+            if woken {
+                mayHaveDue = true
+                woken = false
+            }
             condition.unlock()
         }
         exited.signal()

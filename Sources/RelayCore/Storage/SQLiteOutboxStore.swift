@@ -24,7 +24,7 @@ public struct SQLiteStoreOptions: Sendable {
 public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     // @unchecked Sendable: `writer` serialises every write on its own thread; `reader` is only
     // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread).
-    public static let schemaVersion = 3
+    public static let schemaVersion = 4
 
     let writer: GroupCommitWriter?
     private let reader: SQLiteDatabase
@@ -235,6 +235,14 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         CREATE INDEX responses_claim ON responses (state, next_attempt_at);
         CREATE INDEX responses_done ON responses (state, updated_at) WHERE state = 'delivered' OR state = 'failed';
         """,
+        // v4: responses_claim keeps only rows that can still be claimed or are being sent, so a
+        // delivery (inflight -> delivered) only deletes its entry instead of moving it, and the
+        // index does not grow with the delivered history. Terminal rows are counted through
+        // responses_done. Queries name the state as a literal so the planner can use them.
+        """
+        DROP INDEX responses_claim;
+        CREATE INDEX responses_claim ON responses (state, next_attempt_at) WHERE state = 'queued' OR state = 'inflight' OR state = 'retry';
+        """,
     ]
 
     /// Applies every migration above the file's user_version, each in its own transaction.
@@ -431,10 +439,11 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         return try write { db in
             // One query per state so each walks (state, next_attempt_at) in order without a sort.
             var rows: [OutboxRow] = []
+            // The state is a literal so the partial index responses_claim applies.
             for s in ["queued", "retry"] where rows.count < limit {
                 let found = try db.query(
-                    "SELECT \(Self.rowColumns) FROM responses WHERE state = ? AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
-                    [.text(s), .integer(now), .integer(Int64(limit - rows.count))])
+                    "SELECT \(Self.rowColumns) FROM responses WHERE state = '\(s)' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
+                    [.integer(now), .integer(Int64(limit - rows.count))])
                 rows += try found.map(Self.decodeRow)
             }
             var claimed: [OutboxRow] = []
@@ -593,7 +602,8 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         try read { db in
             var by: [ResponseState: Int] = [:]
             for s in ResponseState.allCases {
-                by[s] = Int(try db.scalar("SELECT count(*) FROM responses WHERE state = ?", [.text(s.rawValue)]).int ?? 0)
+                // A literal state: responses_claim (pending states) or responses_done (terminal) covers it.
+                by[s] = Int(try db.scalar("SELECT count(*) FROM responses WHERE state = '\(s.rawValue)'").int ?? 0)
             }
             let q = try db.scalar("SELECT min(created_at) FROM responses WHERE state = 'queued'").int
             let r = try db.scalar("SELECT min(created_at) FROM responses WHERE state = 'retry'").int
