@@ -9,8 +9,6 @@ final class H2Connection {
     private(set) var state: State = .connecting
     /// Why the connection closed (nil while it is usable).
     private(set) var failure: String?
-    /// It was ever fully open (SETTINGS exchanged): a failure before that is a setup failure.
-    private(set) var wasOpen = false
     private let endpoint: Endpoint
     private let tlsContext: TLSClientContext?
     private var connector: TCPConnector?
@@ -46,6 +44,9 @@ final class H2Connection {
 
     var fd: Int32 { socket?.fd ?? -1 }
     var isOpen: Bool { state == .open }
+    /// The server's SETTINGS arrived: the connection is set up. It stays true after a close,
+    /// so a failure before it is a setup failure (refused, TLS, ALPN, silent server).
+    var wasReady: Bool { session.settingsReceived }
     var streamCount: Int { session.streams.count }
 
     /// May a new stream start here now? Waits for the server's SETTINGS first: APNs allows one
@@ -111,7 +112,6 @@ final class H2Connection {
 
     private func becomeOpen() {
         state = .open
-        wasOpen = true
         lastActivity = .now
         needsWritable = true
     }

@@ -414,7 +414,7 @@ final class ConnectionSlot: @unchecked Sendable {
             do {
                 queue = kept
                 queueHead = 0
-                let why = current.map { $0.isOpen ? "waiting for a free stream" : "still connecting to \(shared.endpoint.authority)" }
+                let why = current.map { $0.wasReady ? "waiting for a free stream" : "still connecting to \(shared.endpoint.authority)" }
                     ?? "no connection"
                 for p in expired { complete(p, .transportFailure("timeout: request timed out before it could be sent (\(why))")) }
             }
@@ -440,10 +440,11 @@ final class ConnectionSlot: @unchecked Sendable {
     /// Connection upkeep: replace dead or retired connections, PING idle ones, close drained ones.
     private func maintain(_ now: ContinuousClock.Instant) {
         if let c = current {
-            if c.state != .open && c.state != .closed && now >= c.connectDeadline {
-                c.fail("timeout: connecting to \(shared.endpoint.authority) took longer than connectTimeout")
+            if !c.wasReady && c.state != .closed && now >= c.connectDeadline {
+                c.fail("timeout: no HTTP/2 connection to \(shared.endpoint.authority) within connectTimeout ("
+                       + (c.isOpen ? "no SETTINGS from the server" : c.state == .handshaking ? "TLS handshake" : "TCP connect") + ")")
                 reap(c)
-            } else if c.isOpen {
+            } else if c.isOpen && c.wasReady {
                 if let sent = c.pingSentAt {
                     if now - sent >= shared.pingTimeout {
                         stats.deadConnections.add(1, ordering: .relaxed)
@@ -462,6 +463,13 @@ final class ConnectionSlot: @unchecked Sendable {
             if d.state == .closed { return true }
             if d.isOpen && d.streamCount == 0 {
                 d.closeGracefully()
+                return true
+            }
+            // Only streams we already gave up on (timed out, RST_STREAM not yet written, maybe
+            // never: the connection may be black-holed): nothing left to wait for.
+            if d.session.streams.values.allSatisfy({ $0.done }) {
+                d.fail("abandoned after its remaining streams timed out")
+                reap(d)
                 return true
             }
             return false
@@ -585,7 +593,7 @@ final class ConnectionSlot: @unchecked Sendable {
             let reason = c.failure ?? "connection closed"
             // A connection that never opened failed its setup: the pushes waiting for it get
             // that error now rather than a timeout later.
-            if !c.wasOpen && c === current { failQueue(reason) }
+            if !c.wasReady && c === current { failQueue(reason) }
             for st in c.session.abandonAll() where !st.done { lost(st, reason: reason) }
         }
     }
@@ -658,8 +666,8 @@ final class ConnectionSlot: @unchecked Sendable {
         }
         if earliestStreamDeadline < wake { wake = earliestStreamDeadline }
         if let c = current {
-            if c.state == .connecting || c.state == .handshaking { wake = min(wake, c.connectDeadline) }
-            if c.isOpen {
+            if !c.wasReady { wake = min(wake, c.connectDeadline) }
+            if c.isOpen && c.wasReady {
                 if let sent = c.pingSentAt { wake = min(wake, sent + shared.pingTimeout) }
                 else if c.streamCount == 0 { wake = min(wake, c.lastActivity + shared.pingInterval) }
             }

@@ -118,6 +118,23 @@ func tokenCredentials(_ dir: TempDir) throws -> APNsCredentials {
         #expect(silent.acceptedCount >= 1)
     }
 
+    /// connectTimeout covers TCP, TLS and the server's first SETTINGS: a listener that accepts
+    /// and never speaks fails the waiting pushes with a message naming the stage, long before
+    /// their own 10 s budget.
+    @Test(arguments: [("https", "TLS handshake"), ("http", "no SETTINGS from the server")])
+    func silentServerFailsTheConnectTimeout(scheme: String, stage: String) async throws {
+        let silent = try SilentListener()
+        defer { silent.close() }
+        let dir = try TempDir()
+        let client = try PushClient(configuration: .init(environment: .custom(url: "\(scheme)://127.0.0.1:\(silent.port)"),
+                                                         credentials: try tokenCredentials(dir), connections: 1,
+                                                         requestTimeout: .seconds(10), connectTimeout: .milliseconds(300)))
+        defer { client.shutdown() }
+        let r = await client.send(PushRequest(deviceToken: "aa", bundleID: "com.example.app", payload: samplePayload()))
+        guard case .transportFailure(let m) = r else { Issue.record("got \(r)"); return }
+        #expect(m.hasPrefix("timeout: no HTTP/2 connection") && m.contains(stage), "\(m)")
+    }
+
     @Test func refusedConnectionIsReported() async throws {
         let port = try freePort()
         let dir = try TempDir()
