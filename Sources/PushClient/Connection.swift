@@ -132,7 +132,7 @@ final class H2Connection {
                     if w { needsWritable = true }
                     return
                 case .closed:
-                    return fail(session.goAway != nil ? "connection closed by server after GOAWAY" : "connection closed by server")
+                    return fail(closedMessage)
                 case .failed(let m):
                     return fail(m)
                 }
@@ -160,10 +160,17 @@ final class H2Connection {
             case .wouldBlock:
                 needsWritable = true
                 return
-            case .closed: return fail("connection closed by server")
+            case .closed: return fail(closedMessage)
             case .failed(let m): return fail(m)
             }
         }
+    }
+
+    /// APNs explains a GOAWAY in its debug data ({"reason":"..."}): keep it in the message.
+    private var closedMessage: String {
+        guard let g = session.goAway else { return "connection closed by server" }
+        return "connection closed by server after GOAWAY(\(H2ClientSession.errorName(g.errorCode))"
+            + (g.debug.isEmpty ? ")" : ", \(g.debug))")
     }
 
     /// Closes now; the slot collects the streams still open via `session.abandonAll()`.
