@@ -274,16 +274,20 @@ final class H2ClientSession {
         streams[id] = st
     }
 
-    /// RST_STREAM(CANCEL): we gave up on the stream (its push timed out).
+    /// RST_STREAM(CANCEL): we gave up on the stream (its push timed out). It can only fail for
+    /// a stream nghttp2 already closed, which needs no reset.
     func cancel(_ st: ClientStream) {
         _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), st.id, NGHTTP2_CANCEL.rawValue)
     }
 
-    func ping() {
-        _ = nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil)
+    /// Queues a PING; nil on success, else nghttp2's message (out of memory only).
+    func ping() -> String? {
+        let rc = nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil)
+        return rc == 0 ? nil : "cannot send PING: \(h2Message(Int(rc)))"
     }
 
-    /// GOAWAY(NO_ERROR) before we close a connection that has no stream left.
+    /// GOAWAY(NO_ERROR) before we close a connection that has no stream left (best effort: the
+    /// socket closes right after either way).
     func terminate() {
         _ = nghttp2_session_terminate_session(session, NGHTTP2_NO_ERROR.rawValue)
     }

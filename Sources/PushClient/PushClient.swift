@@ -44,6 +44,10 @@ public final class PushClient: Sendable {
         shared = ClientShared(endpoint: endpoint, tls: tls, tokens: tokens, clock: configuration.clock,
                               requestTimeout: configuration.requestTimeout, connectTimeout: configuration.connectTimeout,
                               pingInterval: configuration.pingInterval)
+        // OpenSSL's socket BIO writes with plain write(2): a server that closed its end would
+        // raise SIGPIPE, whose default action kills the process. Ignore it process-wide (as
+        // HTTPServer does for libuv); the write then fails with EPIPE and the connection closes.
+        signal(SIGPIPE, SIG_IGN)
         var slots: [ConnectionSlot] = []
         for i in 0..<configuration.connections { slots.append(try ConnectionSlot(index: i, shared: shared)) }
         self.slots = slots
@@ -452,9 +456,13 @@ final class ConnectionSlot: @unchecked Sendable {
                         reap(c)
                     }
                 } else if c.streamCount == 0 && now - c.lastActivity >= shared.pingInterval {
-                    c.session.ping()
-                    c.pingSentAt = now
-                    stats.pingsSent.add(1, ordering: .relaxed)
+                    if let error = c.session.ping() {
+                        c.fail(error)
+                        reap(c)
+                    } else {
+                        c.pingSentAt = now
+                        stats.pingsSent.add(1, ordering: .relaxed)
+                    }
                 }
             }
             if let c = current, c.retired || c.state == .closed { retireCurrent() }
