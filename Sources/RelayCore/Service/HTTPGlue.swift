@@ -7,21 +7,37 @@ import HTTPServer
 enum HTTPGlue {
     /// Honours a client's X-Request-Id when it is short and plain; otherwise mints one.
     static func requestID(_ headers: HTTPHeaders) -> String {
-        if let given = headers["x-request-id"], (1...64).contains(given.utf8.count),
+        requestID(given: headers["x-request-id"])
+    }
+
+    static func requestID(given: String?) -> String {
+        if let given, (1...64).contains(given.utf8.count),
            given.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D || $0 == 0x5F || $0 == 0x2E }) {
             return given
         }
         return RelayCrypto.requestID()
     }
 
-    /// Headers the services read. Only these are copied into APIRequest: building a dictionary
-    /// of every header cost ~10k instructions per request.
-    static let serviceHeaders = ["authorization", "content-type"]
-
+    /// Only the headers the services read (authorization, content-type) are copied into
+    /// APIRequest: a dictionary of every header cost ~10k instructions per request.
     static func apiRequest(_ r: HTTPRequest) -> APIRequest {
+        // One pass over the (already lowercased) names instead of a lookup per header, each of
+        // which lowercased its argument; the first value of a name wins, as HTTPHeaders' subscript.
+        var authorization: String?
+        var contentType: String?
+        var givenID: String?
+        for (name, value) in r.headers {
+            switch name {
+            case "authorization": if authorization == nil { authorization = value }
+            case "content-type": if contentType == nil { contentType = value }
+            case "x-request-id": if givenID == nil { givenID = value }
+            default: break
+            }
+        }
         var headers: [String: String] = [:]
-        for name in serviceHeaders { if let v = r.headers[name] { headers[name] = v } }
-        return APIRequest(method: r.method, path: r.path, headers: headers, body: r.body, requestID: requestID(r.headers))
+        if let authorization { headers["authorization"] = authorization }
+        if let contentType { headers["content-type"] = contentType }
+        return APIRequest(method: r.method, path: r.path, headers: headers, body: r.body, requestID: requestID(given: givenID))
     }
 
     /// The full body even for HEAD: HTTPServer sends a HEAD answer's headers only, with the
