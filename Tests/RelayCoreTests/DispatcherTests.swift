@@ -192,3 +192,66 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         d.stop()
     }
 }
+
+/// Counts what the store tells its hand-off target, to check that wake-ups are per batch.
+final class CountingHandoff: DispatchHandoff, @unchecked Sendable {
+    // @unchecked Sendable: every field is a Mutex.
+    let slots: Mutex<Int>
+    let accepted = Mutex<[String]>([])
+    let queuedWakes = Mutex(0)
+    init(slots: Int) { self.slots = Mutex(slots) }
+    func reserve() -> Bool { slots.withLock { s in guard s > 0 else { return false }; s -= 1; return true } }
+    func release(_ count: Int) { slots.withLock { $0 += count } }
+    func accept(_ row: OutboxRow) { accepted.withLock { $0.append(row.id) } }
+    func queuedRowsCommitted() { queuedWakes.withLock { $0 += 1 } }
+}
+
+@Suite struct BatchWakeTests {
+    let dir = TempDir()
+    let clock = TestClock()
+
+    /// Holds the writer, queues `count` ingests behind it so they commit in one batch, releases it.
+    func ingestInOneBatch(_ s: SQLiteOutboxStore, secret: String, from first: UInt32, count: Int) throws -> [IngestOutcome] {
+        let writer = try #require(s.writer)
+        let gate = DispatchSemaphore(value: 0)
+        let entered = DispatchSemaphore(value: 0)
+        writer.enqueue({ _ in entered.signal(); gate.wait() }, completion: { _ in })
+        entered.wait()
+        let done = DispatchSemaphore(value: 0)
+        let results = Mutex<[IngestOutcome]>([])
+        for i in 0..<count {
+            s.submit(IngestRequest(response: sample(index: first + UInt32(i)), credentialHash: Credentials.hash(secret: secret),
+                                   configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)) { r in
+                if case .success(let o) = r { results.withLock { $0.append(o) } }
+                done.signal()
+            }
+        }
+        let batchesBefore = s.writerStats.batches
+        gate.signal()
+        for _ in 0..<count { done.wait() }
+        // The gate job's batch and the ingests' batch: the ingests did commit together.
+        #expect(s.writerStats.batches - batchesBefore <= 2)
+        return results.withLock { $0 }
+    }
+
+    @Test func aBatchOfQueuedRowsWakesTheDispatcherOnceAndHandedOffRowsNotAtAll() throws {
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        defer { s.close() }
+        let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
+        let h = CountingHandoff(slots: 3)
+        s.setHandoff(h)
+        // 3 free slots, 8 rows in one batch: 3 handed off (inflight), 5 queued, one wake.
+        let first = try ingestInOneBatch(s, secret: secret, from: 0, count: 8)
+        #expect(first.count == 8 && first.allSatisfy { if case .accepted = $0 { true } else { false } })
+        #expect(h.accepted.withLock { $0.count } == 3)
+        #expect(h.queuedWakes.withLock { $0 } == 1)
+        #expect(try s.counts().byState[.queued] == 5)
+        #expect(try s.counts().byState[.inflight] == 3)
+        // Slots free again, 4 rows in one batch: all handed off, nobody woken.
+        h.release(4)
+        _ = try ingestInOneBatch(s, secret: secret, from: 100, count: 4)
+        #expect(h.accepted.withLock { $0.count } == 7)
+        #expect(h.queuedWakes.withLock { $0 } == 1)
+        s.setHandoff(nil)
+    }
+}
