@@ -241,7 +241,9 @@ public protocol DispatchHandoff: AnyObject, Sendable {
     func queuedRowsCommitted()
 }
 
-/// A store that can hand freshly committed rows straight to a dispatcher.
+/// A store that can hand freshly committed rows straight to a dispatcher. It also wakes the
+/// dispatcher for the rows it queues instead (`queuedRowsCommitted`, once per batch), so
+/// RelayService does not wake it per accepted response.
 public protocol HandoffCapableStore: OutboxStore {
     func setHandoff(_ handoff: (any DispatchHandoff)?)
 }

@@ -194,9 +194,9 @@ public final class SQLiteStatement {
         }
     }
 
-    // Typed access for the hot paths (ingest insert, outcome updates): no [SQLValue] array, no
-    // per-row [[SQLValue]] materialisation. Use: bind(...), then step() until false, read
-    // columns while it is true; reset() (also done by stepOnce) before the next use.
+    // Typed binding for the hot paths (ingest INSERT, outcome writes): no [SQLValue] array, no
+    // [[SQLValue]] result. Use: bind every parameter, then stepOnce() (which resets). Bindings
+    // are not cleared: the next use binds every parameter again.
 
     func bind(_ index: Int32, _ v: Int64) throws {
         let rc = sqlite3_bind_int64(stmt, index, v)
@@ -227,7 +227,7 @@ public final class SQLiteStatement {
     }
 
     /// One step: true = a row is available, false = done. A failure resets the statement.
-    func step() throws -> Bool {
+    private func step() throws -> Bool {
         let rc = sqlite3_step(stmt)
         if rc == SQLITE_ROW { return true }
         if rc == SQLITE_DONE { return false }
@@ -240,17 +240,6 @@ public final class SQLiteStatement {
     func stepOnce() throws {
         defer { sqlite3_reset(stmt) }
         while try step() {}
-    }
-
-    /// Resets for the next use. Bindings are overwritten by the next bind of every parameter.
-    func reset() { sqlite3_reset(stmt) }
-
-    func int(_ column: Int32) -> Int64 { sqlite3_column_int64(stmt, column) }
-    func isNull(_ column: Int32) -> Bool { sqlite3_column_type(stmt, column) == SQLITE_NULL }
-    func text(_ column: Int32) -> String {
-        guard let p = sqlite3_column_text(stmt, column) else { return "" }
-        let n = Int(sqlite3_column_bytes(stmt, column))
-        return String(decoding: UnsafeBufferPointer(start: p, count: n), as: UTF8.self)
     }
 
     func rows(_ binds: [SQLValue]) throws -> [[SQLValue]] {
