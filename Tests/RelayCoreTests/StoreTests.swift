@@ -477,6 +477,26 @@ import Testing
         return try db.query("SELECT \(Self.columns) FROM responses ORDER BY rowid")
     }
 
+    /// The v3 rebuild copies the whole outbox; while it runs the store reports the stage
+    /// (relay-server turns that into systemd EXTEND_TIMEOUT_USEC and a log line).
+    @Test func aLongMigrationReportsItsStageWhileRunning() throws {
+        _ = try makeV2(secret: Credentials.generateSecret())
+        let db = try SQLiteDatabase(path: dir.db)
+        try db.execute("""
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000)
+            INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
+                state, attempts, next_attempt_at, created_at, expires_at, updated_at)
+            SELECT printf('00000000-0000-4000-8000-%012d', i), 'com.example.app', 'abcd', '6F9619FF-8B86-D011-B42D-00C04FC964FF',
+                   X'01020304', i + 100, zeroblob(40), 'cred_v2', 'delivered', 1, 0, 0, 0, 0 FROM n
+            """)
+        let stages = Mutex<[String]>([])
+        try SQLiteOutboxStore.migrate(db, onSlowStart: { stage in stages.withLock { $0.append(stage) } }, reportEveryMicros: 0)
+        let seen = stages.withLock { $0 }
+        #expect(seen.contains("migrating the database to schema v3"), "\(Set(seen))")
+        #expect(try db.scalar("PRAGMA user_version").int == Int64(SQLiteOutboxStore.schemaVersion))
+        #expect(try db.scalar("SELECT count(*) FROM responses").int == 3005)
+    }
+
     @Test func v2RowsInEveryStateSurviveAndStillWork() throws {
         let secret = Credentials.generateSecret()
         let before = try makeV2(secret: secret)

@@ -6,6 +6,7 @@ import Dispatch
 import FoundationEssentials
 import Glibc
 import POSIXThreads
+import Synchronization
 import HTTPServer
 
 public final class RelayService: @unchecked Sendable {
@@ -41,7 +42,19 @@ public final class RelayService: @unchecked Sendable {
     public func start() throws {
         let c = config
         // SQLite or PostgreSQL, as configured (docs/postgres.md).
-        let store = try OutboxStores.open(c.store, logger: logger)
+        // A schema migration can take a while (the v3 rebuild: ~16 s per million rows): keep
+        // systemd's start timeout moving (EXTEND_TIMEOUT_USEC, systemd >= 236) and say so in
+        // the log every 10 s, instead of being killed and rolled back mid-way.
+        let slowStartLog = Mutex<Int64>(0)
+        let store = try OutboxStores.open(c.store, logger: logger, onSlowStart: { [logger] stage in
+            SystemdNotifier.notify("EXTEND_TIMEOUT_USEC=15000000\nSTATUS=\(stage)")
+            let now = monotonicMicros()
+            if slowStartLog.withLock({ last in
+                guard now - last >= 10_000_000 else { return false }
+                last = now
+                return true
+            }) { logger.info("still starting", ["stage": stage]) }
+        })
         self.store = store
         var transports: [String: any PushTransport] = [:]
         for app in c.apps {

@@ -49,6 +49,12 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
 
 /// One SQLite connection. Not thread-safe: exactly one thread uses it at a time (the group
 /// commit writer owns the write connection; readers are each owned by one thread or a lock).
+/// Carries withProgress's closure through sqlite3_progress_handler's context pointer.
+private final class ProgressTick {
+    let tick: () -> Void
+    init(_ tick: @escaping () -> Void) { self.tick = tick }
+}
+
 public final class SQLiteDatabase {
     private let handle: OpaquePointer
     private var statements: [String: SQLiteStatement] = [:]
@@ -84,6 +90,23 @@ public final class SQLiteDatabase {
 
     fileprivate func error(_ code: Int32, _ context: String) -> StoreError {
         .sqlite(code: code, message: String(cString: sqlite3_errmsg(handle)), context: context)
+    }
+
+    /// Runs `body` with `tick` called from inside SQLite about every `steps` virtual-machine
+    /// instructions (sqlite3_progress_handler), so a statement that runs for seconds (a table
+    /// rebuild during migration) can report that it is alive. `tick` must not use this
+    /// connection; it cannot interrupt the statement.
+    public func withProgress<R>(everySteps steps: Int32, _ tick: @escaping () -> Void, _ body: () throws -> R) rethrows -> R {
+        let box = Unmanaged.passRetained(ProgressTick(tick))
+        sqlite3_progress_handler(handle, steps, { context in
+            Unmanaged<ProgressTick>.fromOpaque(context!).takeUnretainedValue().tick()
+            return 0   // non-zero would abort the statement
+        }, box.toOpaque())
+        defer {
+            sqlite3_progress_handler(handle, 0, nil, nil)
+            box.release()
+        }
+        return try body()
     }
 
     /// Runs one or more statements without bindings (schema, pragmas, BEGIN/COMMIT).

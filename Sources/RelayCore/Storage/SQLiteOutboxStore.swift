@@ -13,6 +13,10 @@ public struct SQLiteStoreOptions: Sendable {
     public var maxBatch: Int = 1024
     /// Open only a read connection (relayctl status/list while the server runs).
     public var readOnly: Bool = false
+    /// Called about once a second while opening the store takes long (a schema migration that
+    /// rebuilds the outbox: ~16 s per million rows), with a human-readable stage. relay-server
+    /// uses it to extend systemd's start timeout (EXTEND_TIMEOUT_USEC) and to log progress.
+    public var onSlowStart: (@Sendable (String) -> Void)?
     public init(synchronous: Synchronous = .full, busyTimeoutMillis: Int32 = 5000, maxBatch: Int = 1024, readOnly: Bool = false) {
         self.synchronous = synchronous
         self.busyTimeoutMillis = busyTimeoutMillis
@@ -94,7 +98,7 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         let db = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis)
         try db.execute("PRAGMA journal_mode=WAL")
         try db.execute("PRAGMA synchronous=\(options.synchronous.rawValue)")
-        try Self.migrate(db)
+        try Self.migrate(db, onSlowStart: options.onSlowStart)
         for row in try db.query("SELECT token FROM unregistered_tokens UNION SELECT token FROM token_pacing") {
             if let t = row[0].string { writerState.watchedTokens.insert(t) }
         }
@@ -250,14 +254,24 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
 
     /// Applies every migration above the file's user_version, each in its own transaction.
     /// Refuses a database written by a newer relay.
-    static func migrate(_ db: SQLiteDatabase) throws {
+    static func migrate(_ db: SQLiteDatabase, onSlowStart: (@Sendable (String) -> Void)? = nil,
+                        reportEveryMicros: Int64 = 1_000_000) throws {
         try db.transaction {
             let current = Int(try db.scalar("PRAGMA user_version").int ?? 0)
             guard current <= migrations.count else {
                 throw StoreError.invalid("database schema version \(current) is newer than this relay (\(migrations.count))")
             }
             for v in current..<migrations.count {
-                try db.execute(migrations[v])
+                var lastReport = monotonicMicros()
+                let stage = "migrating the database to schema v\(v + 1)"
+                try db.withProgress(everySteps: 100_000, {
+                    let now = monotonicMicros()
+                    guard let onSlowStart, now - lastReport >= reportEveryMicros else { return }
+                    lastReport = now
+                    onSlowStart(stage)
+                }) {
+                    try db.execute(migrations[v])
+                }
                 try db.execute("PRAGMA user_version = \(v + 1)")
             }
         }
