@@ -28,7 +28,7 @@ final class GroupCommitWriter: @unchecked Sendable {
     var afterRollback: ((SQLiteDatabase) -> Void)?
     /// Called on the writer thread after every successful COMMIT (e.g. to wake the dispatcher).
     var afterCommit: (@Sendable () -> Void)?
-    /// The store's own per-batch step after a successful COMMIT and the jobs' completions.
+    /// The store's own per-batch step after a successful COMMIT, before the jobs' completions.
     var afterBatchCommitted: (() -> Void)?
     /// Called on the writer thread before each batch's BEGIN (per-batch caches reset here).
     var beforeBatch: (() -> Void)?
@@ -136,11 +136,11 @@ final class GroupCommitWriter: @unchecked Sendable {
             batchCounter.add(1, ordering: .relaxed)
             jobCounter.add(batch.count, ordering: .relaxed)
         }
+        // The store's step first: the dispatcher is woken before the jobs' completions send
+        // their 202s, and whoever sees a completion also sees the wake-up.
+        if failure == nil { afterBatchCommitted?() }
         for job in batch { job.finish(failure) }
-        if failure == nil {
-            afterBatchCommitted?()
-            afterCommit?()
-        }
+        if failure == nil { afterCommit?() }
     }
 }
 
