@@ -269,7 +269,8 @@ release builds on loopback; SQLite \`synchronous=FULL\`; rate limits disabled).
 Latency is measured per response from the client's send time to mock-apns' \`receivedAt\`
 (millisecond resolution) on the same clock. Load average during the run: $(cut -d' ' -f1-3 /proc/loadavg)
 (other processes share these $(nproc) cores). Most of the RSS is file-backed pages of shared
-libraries (Foundation with its ICU data, the Swift runtime, libcrypto): the anonymous part does
+libraries (the Swift runtime, libcrypto, FoundationEssentials; relay-server links neither
+Foundation/ICU nor libcurl, docs/architecture.md "Memory"): the anonymous part does
 not grow with the number of queued rows, which are never loaded into memory.
 
 EOF
