@@ -13,6 +13,7 @@
 #include <openssl/kdf.h>
 #include <openssl/params.h>
 #include <openssl/pem.h>
+#include <openssl/pkcs12.h>
 #include <openssl/rand.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -83,4 +84,55 @@ static inline void cossl_ctx_harden_server(SSL_CTX *ctx) {
     SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
 }
 // ---- HTTPServer (issue 3) shims: end ----
+// ---- PKCS#12 client certificates (PushClient, relayctl check-config) ----------------------------
+// The extra CA certificates come back as a STACK_OF(X509), whose accessors (sk_X509_shift,
+// sk_X509_pop_free) are macro-generated inline functions Swift cannot call; these two keep the
+// stack on the C side.
+
+// Reads a .p12/.pfx file: its certificate and private key (caller frees both) and, if `chain` is
+// not NULL, the other certificates (caller frees with sk_X509_pop_free via the function below).
+// Returns 1 on success, 0 on a parse/password failure (details on the OpenSSL error queue),
+// -1 if the file cannot be opened.
+static inline int cossl_pkcs12_read(const char *path, const char *passphrase, X509 **cert, EVP_PKEY **key,
+                                    STACK_OF(X509) **chain) {
+    *cert = NULL; *key = NULL;
+    BIO *bio = BIO_new_file(path, "rb");
+    if (bio == NULL) return -1;
+    PKCS12 *p12 = d2i_PKCS12_bio(bio, NULL);
+    BIO_free(bio);
+    if (p12 == NULL) return 0;
+    STACK_OF(X509) *extra = NULL;
+    int ok = PKCS12_parse(p12, passphrase ? passphrase : "", key, cert, &extra);
+    PKCS12_free(p12);
+    if (ok == 1 && (*cert == NULL || *key == NULL)) ok = 0;
+    if (ok != 1 || chain == NULL) {
+        sk_X509_pop_free(extra, X509_free);
+        extra = NULL;
+    }
+    if (ok != 1) {
+        X509_free(*cert); EVP_PKEY_free(*key);
+        *cert = NULL; *key = NULL;
+        return 0;
+    }
+    if (chain) *chain = extra;
+    return 1;
+}
+
+// Loads a .p12/.pfx file into `ctx`: certificate, private key and chain. Same return values.
+static inline int cossl_ctx_use_pkcs12_file(SSL_CTX *ctx, const char *path, const char *passphrase) {
+    X509 *cert; EVP_PKEY *key; STACK_OF(X509) *chain = NULL;
+    int rc = cossl_pkcs12_read(path, passphrase, &cert, &key, &chain);
+    if (rc != 1) return rc;
+    int ok = SSL_CTX_use_certificate(ctx, cert) == 1 && SSL_CTX_use_PrivateKey(ctx, key) == 1;
+    X509 *extra;
+    // add0 takes ownership of each certificate shifted off the stack.
+    while (ok && chain != NULL && (extra = sk_X509_shift(chain)) != NULL) {
+        if (SSL_CTX_add0_chain_cert(ctx, extra) != 1) { X509_free(extra); ok = 0; }
+    }
+    sk_X509_pop_free(chain, X509_free);
+    X509_free(cert);
+    EVP_PKEY_free(key);
+    return ok ? 1 : 0;
+}
+
 #endif

@@ -127,10 +127,18 @@ final class TLSClientContext: @unchecked Sendable {
     }
 
     private func loadClientCertificate(_ c: (cert: String, key: String, passphrase: String?)) throws {
-        let lower = c.cert.lowercased()
-        if lower.hasSuffix(".p12") || lower.hasSuffix(".pfx") {
-            throw PushClientError.invalidConfiguration(
-                "certificatePath \(c.cert): PKCS#12 is not supported; convert it to PEM (openssl pkcs12 -in \(c.cert) -out cert.pem)")
+        if isPKCS12(c.cert) {
+            switch cossl_ctx_use_pkcs12_file(ctx, c.cert, c.passphrase) {
+            case 1: break
+            case -1: throw PushClientError.invalidConfiguration("certificatePath \(c.cert): cannot read the file")
+            default:
+                throw PushClientError.invalidConfiguration(
+                    "certificatePath \(c.cert): not a PKCS#12 file with a certificate and key, or wrong passphrase: \(opensslErrors())")
+            }
+            guard SSL_CTX_check_private_key(ctx) == 1 else {
+                throw PushClientError.invalidConfiguration("certificatePath \(c.cert): the key does not match the certificate: \(opensslErrors())")
+            }
+            return
         }
         guard SSL_CTX_use_certificate_chain_file(ctx, c.cert) == 1 else {
             throw PushClientError.invalidConfiguration("certificatePath \(c.cert): \(opensslErrors())")
@@ -252,4 +260,10 @@ final class TLSClientTransport: ByteTransport {
         ERR_clear_error()
         _ = SSL_shutdown(ssl)
     }
+}
+
+/// `.p12` / `.pfx` (any case): read as PKCS#12 rather than PEM.
+func isPKCS12(_ path: String) -> Bool {
+    let lower = path.lowercased()
+    return lower.hasSuffix(".p12") || lower.hasSuffix(".pfx")
 }

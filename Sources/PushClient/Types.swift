@@ -72,8 +72,10 @@ public struct TokenKey: Sendable {
 
 public enum APNsCredentials: Sendable {
     case token(TokenKey)
-    /// PEM certificate (chain) and key files; `passphrase` unlocks an encrypted key. PKCS#12
-    /// (`.p12`/`.pfx`) is refused with a message saying how to convert it to PEM.
+    /// PEM certificate (chain) and key files; `passphrase` unlocks an encrypted key. A
+    /// `certificatePath` ending in `.p12`/`.pfx` is read as PKCS#12 (certificate, key and chain
+    /// in one file, as Keychain Access exports them): `privateKeyPath` is then ignored and
+    /// `passphrase` is the file's password (empty when nil).
     case certificate(certificatePath: String, privateKeyPath: String, passphrase: String?)
 }
 

@@ -93,6 +93,27 @@ struct RelayctlCheckConfigTests {
         #expect(all.filter { $0.subject.hasSuffix("port") }.count == 2)
     }
 
+    /// A PKCS#12 push certificate (.p12 with its password in a file, no privateKeyPath): the
+    /// certificate's validity and the key inside it are checked; a wrong password is named.
+    @Test func aPKCS12CertificateIsChecked() throws {
+        try openssl(["pkcs12", "-export", "-in", "good.pem", "-inkey", "good.key", "-passout", "pass:p12-pass", "-out", "push.p12"], in: dir)
+        try "p12-pass\n".write(to: dir.appendingPathComponent("p12.pass"), atomically: true, encoding: .utf8)
+        try "nope\n".write(to: dir.appendingPathComponent("wrong.pass"), atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(at: dir) }
+        func config(passFile: String) throws -> String {
+            try write("""
+            {"admin": {"enabled": false}, "store": {"path": "relay.db"},
+             "apps": [{"bundleID": "com.example.companion", "environment": "sandbox",
+                       "certificate": {"certificatePath": "push.p12", "passphraseFile": "\(passFile)"}}]}
+            """)
+        }
+        let good = try checks(try Relayctl.run(["check-config", try config(passFile: "p12.pass"), "--json", "--skip-ports"]))
+        #expect(good.contains { $0.status == "ok" && $0.subject.hasSuffix("certificate") && $0.detail.contains("relay.example") }, "\(good)")
+        #expect(good.contains { $0.status == "ok" && $0.subject.hasSuffix("certificate key") && $0.detail.contains("inside") }, "\(good)")
+        let bad = try checks(try Relayctl.run(["check-config", try config(passFile: "wrong.pass"), "--json", "--skip-ports"]))
+        #expect(bad.contains { $0.status == "fail" && $0.subject.hasSuffix("certificate") && $0.detail.contains("wrong passphrase") }, "\(bad)")
+    }
+
     @Test func everyProblemIsNamed() throws {
         let busy = try BusyPort()
         let config = try write("""

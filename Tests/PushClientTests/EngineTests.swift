@@ -155,4 +155,30 @@ import Testing
         #expect(throws: PushClientError.self) { try client(key: encrypted, passphrase: "wrong") }
         #expect(throws: PushClientError.self) { try client(key: rig.dir.file("missing.key"), passphrase: nil) }
     }
+
+    /// PKCS#12 (.p12, as Keychain Access exports a push certificate): certificate and key from
+    /// one file, its password as the passphrase; a wrong password fails at init, naming the file.
+    @Test func certificateAuthFromAPKCS12File() async throws {
+        let rig = try MockRig(clientCertificateFor: bundle)
+        let p12 = rig.dir.file("push.p12")
+        let out = try run("openssl", ["pkcs12", "-export", "-in", rig.dir.file("client.pem"), "-inkey", rig.dir.file("client.key"),
+                                      "-passout", "pass:p12-pass", "-out", p12])
+        #expect(out.status == 0, "\(out.output)")
+        func client(_ passphrase: String?) throws -> PushClient {
+            try PushClient(configuration: .init(environment: .custom(url: rig.url),
+                                                credentials: .certificate(certificatePath: p12, privateKeyPath: "", passphrase: passphrase),
+                                                caFile: rig.dir.file("ca.pem")))
+        }
+        let c = try client("p12-pass")
+        defer { c.shutdown() }
+        let r = await c.send(push())
+        #expect(isDelivered(r), "\(r)")
+        #expect(rig.mock.deliveries.count == 1)
+        do {
+            _ = try client("wrong")
+            Issue.record("a wrong PKCS#12 password was accepted")
+        } catch let e as PushClientError {
+            #expect("\(e)".contains("push.p12") && "\(e)".contains("PKCS#12"), "\(e)")
+        }
+    }
 }

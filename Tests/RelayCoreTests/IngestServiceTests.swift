@@ -198,6 +198,17 @@ import Testing
         }
     }
 
+    @Test func aPKCS12CertificateNeedsNoPrivateKeyPath() throws {
+        let json = #"{"apps":[{"bundleID":"a","certificate":{"certificatePath":"push.P12","passphraseFile":"p12.pass"}}]}"#
+        let c = try RelayConfig.parse(Array(json.utf8), baseDirectory: "/etc/relay")
+        #expect(c.apps[0].credentials == .certificate(certificatePath: "/etc/relay/push.P12", privateKeyPath: "/etc/relay/push.P12",
+                                                      passphraseFile: "/etc/relay/p12.pass"))
+        let pem = #"{"apps":[{"bundleID":"a","certificate":{"certificatePath":"push.pem"}}]}"#
+        #expect(throws: ConfigError(key: "apps[0].certificate.privateKeyPath", message: "required (unless certificatePath is a .p12/.pfx file)")) {
+            try RelayConfig.parse(Array(pem.utf8))
+        }
+    }
+
     @Test func commentKeysAreIgnoredAndEnvOverridesSecretPaths() throws {
         let json = #"{"_comment":"x","listen":{"_comment":"y","port":1},"apps":[{"_comment":"z","bundleID":"a","token":{"p8Path":"k","keyID":"ABCDEFGHIJ","teamID":"TEAM123456"}}]}"#
         var c = try RelayConfig.parse(Array(json.utf8))

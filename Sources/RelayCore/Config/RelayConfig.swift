@@ -233,8 +233,13 @@ public struct RelayConfig: Sendable, Equatable {
             case (nil, var cert?):
                 try cert.object(allowed: ["certificatePath", "privateKeyPath", "passphraseFile"])
                 guard let cp = try cert.path("certificatePath") else { throw ConfigError(key: cert.key("certificatePath"), message: "required") }
-                guard let kp = try cert.path("privateKeyPath") else { throw ConfigError(key: cert.key("privateKeyPath"), message: "required") }
-                creds = .certificate(certificatePath: cp, privateKeyPath: kp, passphraseFile: try cert.path("passphraseFile"))
+                // A .p12/.pfx certificatePath holds the key too (PushClient reads it as PKCS#12).
+                let pkcs12 = cp.lowercased().hasSuffix(".p12") || cp.lowercased().hasSuffix(".pfx")
+                let kp = try cert.path("privateKeyPath")
+                guard kp != nil || pkcs12 else {
+                    throw ConfigError(key: cert.key("privateKeyPath"), message: "required (unless certificatePath is a .p12/.pfx file)")
+                }
+                creds = .certificate(certificatePath: cp, privateKeyPath: kp ?? cp, passphraseFile: try cert.path("passphraseFile"))
             case (nil, nil): throw ConfigError(key: a.key("token"), message: "an app needs \"token\" or \"certificate\" credentials")
             default: throw ConfigError(key: a.key("certificate"), message: "give either \"token\" or \"certificate\", not both")
             }

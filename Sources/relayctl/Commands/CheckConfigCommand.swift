@@ -174,7 +174,7 @@ enum CheckConfigCommand {
     static func certificateAndKey(_ subject: String, certificate: String, key: String, passphrase: String?,
                                   threshold: Date, expiryDays: Int, into checks: Checks) {
         do {
-            let cert = try KeyMaterial.certificate(atPath: certificate)
+            let cert = try KeyMaterial.certificate(atPath: certificate, passphrase: passphrase)
             let now = Date()
             if cert.notBefore > now {
                 checks.fail(subject, "\(certificate) is not valid before \(isoDay(cert.notBefore))")
@@ -190,6 +190,14 @@ enum CheckConfigCommand {
             return
         }
         do {
+            if isPKCS12Path(certificate) {
+                if try KeyMaterial.keyMatchesCertificate(certificatePath: certificate, keyPath: key, passphrase: passphrase) {
+                    checks.ok("\(subject) key", "the key inside \(certificate) matches its certificate")
+                } else {
+                    checks.fail("\(subject) key", "the key inside \(certificate) is not its certificate's private key")
+                }
+                return
+            }
             _ = try KeyMaterial.privateKey(atPath: key, passphrase: passphrase)
             if try KeyMaterial.keyMatchesCertificate(certificatePath: certificate, keyPath: key, passphrase: passphrase) {
                 checks.ok("\(subject) key", "\(key) matches the certificate")

@@ -43,6 +43,7 @@ private final class BIOHandle {
 
 private final class X509Handle {
     let x509: OpaquePointer
+    init(owning x509: OpaquePointer) { self.x509 = x509 }
     init(pemFile path: String) throws {
         let file = try BIOHandle(readingFile: path)
         guard let x = PEM_read_bio_X509(file.bio, nil, nil, nil) else {
@@ -55,6 +56,7 @@ private final class X509Handle {
 
 private final class PKeyHandle {
     let pkey: OpaquePointer
+    init(owning pkey: OpaquePointer) { self.pkey = pkey }
     init(pemFile path: String, passphrase: String?) throws {
         let file = try BIOHandle(readingFile: path)
         // With no callback, OpenSSL takes `u` as a NUL-terminated passphrase. An empty one keeps
@@ -69,8 +71,19 @@ private final class PKeyHandle {
 }
 
 enum KeyMaterial {
-    static func certificate(atPath path: String) throws -> CertificateSummary {
-        let cert = try X509Handle(pemFile: path)
+    /// A .p12/.pfx file's certificate and key (PKCS#12, as Keychain Access exports them).
+    private static func pkcs12(atPath path: String, passphrase: String?) throws -> (X509Handle, PKeyHandle) {
+        var cert: OpaquePointer?, key: OpaquePointer?
+        switch cossl_pkcs12_read(path, passphrase, &cert, &key, nil) {
+        case 1: return (X509Handle(owning: cert!), PKeyHandle(owning: key!))
+        case -1: throw KeyMaterialError(description: "\(path): cannot open the file")
+        default: throw KeyMaterialError.openssl("\(path): not a PKCS#12 file with a certificate and key, or wrong passphrase")
+        }
+    }
+
+    /// Summary of a PEM certificate, or of the certificate inside a .p12/.pfx file.
+    static func certificate(atPath path: String, passphrase: String? = nil) throws -> CertificateSummary {
+        let cert = isPKCS12Path(path) ? try pkcs12(atPath: path, passphrase: passphrase).0 : try X509Handle(pemFile: path)
         guard let nameLine = X509_NAME_oneline(X509_get_subject_name(cert.x509), nil, 0) else {
             throw KeyMaterialError.openssl("\(path): cannot read the subject")
         }
@@ -103,9 +116,11 @@ enum KeyMaterial {
     }
 
     /// True when the private key is the certificate's.
+    /// For a .p12/.pfx `certificatePath` the key is the one inside it (`keyPath` is ignored).
     static func keyMatchesCertificate(certificatePath: String, keyPath: String, passphrase: String? = nil) throws -> Bool {
-        let cert = try X509Handle(pemFile: certificatePath)
-        let key = try PKeyHandle(pemFile: keyPath, passphrase: passphrase)
+        let (cert, key) = isPKCS12Path(certificatePath)
+            ? try pkcs12(atPath: certificatePath, passphrase: passphrase)
+            : (try X509Handle(pemFile: certificatePath), try PKeyHandle(pemFile: keyPath, passphrase: passphrase))
         let matches = X509_check_private_key(cert.x509, key.pkey) == 1
         ERR_clear_error()
         return matches
@@ -121,4 +136,10 @@ enum KeyMaterial {
 /// A NUL-terminated C buffer as a String.
 private func string(_ buffer: [CChar]) -> String {
     String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
+/// `.p12` / `.pfx` (any case), read as PKCS#12 like PushClient does.
+func isPKCS12Path(_ path: String) -> Bool {
+    let lower = path.lowercased()
+    return lower.hasSuffix(".p12") || lower.hasSuffix(".pfx")
 }
