@@ -77,28 +77,17 @@ func derSignature(raw: [UInt8]) -> [UInt8] {
 
 /// A TCP listener that accepts connections and never writes a byte: the "dead server".
 final class SilentListener: @unchecked Sendable {
-    // @unchecked: `fd` is immutable; accepted fds are only touched by the accept thread
+    // @unchecked: `socket` is immutable; accepted fds are only touched by the accept thread
     // until `close()`, which runs after the test has finished with the listener.
-    let fd: Int32
-    let port: Int
+    private let socket: SilentListenerSocket
+    var fd: Int32 { socket.fd }
+    var port: Int { socket.port }
     private var accepted: [Int32] = []
     private let lock = NSLock()
 
     init() throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        self.fd = fd
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        addr.sin_port = 0
-        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let ok = withUnsafeMutablePointer(to: &addr) { p in
-            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { sp -> Bool in
-                bind(fd, sp, len) == 0 && listen(fd, 16) == 0 && getsockname(fd, sp, &len) == 0
-            }
-        }
-        guard ok else { throw ToolError(description: "cannot listen: \(errno)") }
-        port = Int(UInt16(bigEndian: addr.sin_port))
+        socket = try SilentListenerSocket()
+        let fd = socket.fd
         Thread { [self] in
             while true {
                 let c = accept(fd, nil, nil)
