@@ -2,6 +2,7 @@
 // into Swift; the static inline wrappers below exist only for those cases. Prefix: cossl_.
 #ifndef COPENSSL_SHIM_H
 #define COPENSSL_SHIM_H
+#include <string.h>
 #include <openssl/bio.h>
 #include <openssl/bn.h>
 #include <openssl/core_names.h>
@@ -21,6 +22,23 @@
 
 // OPENSSL_free is a macro around CRYPTO_free with file/line.
 static inline void cossl_free(void *p) { OPENSSL_free(p); }
+
+// Drains this thread's OpenSSL error queue into `buf` as "error; error; ..." (NUL-terminated,
+// cut at `len`). Returns how many errors there were (0: `buf` is ""). One copy of the loop for
+// every module that reports OpenSSL failures (HTTPServer, PushClient, MockAPNs, relayctl).
+static inline int cossl_drain_errors(char *buf, size_t len) {
+    int count = 0;
+    size_t used = 0;
+    unsigned long code;
+    if (len == 0) return 0;
+    buf[0] = 0;
+    while ((code = ERR_get_error()) != 0) {
+        if (count > 0 && used + 2 < len) { buf[used++] = ';'; buf[used++] = ' '; buf[used] = 0; }
+        if (used + 1 < len) { ERR_error_string_n(code, buf + used, len - used); used += strlen(buf + used); }
+        count++;
+    }
+    return count;
+}
 // ---- Ratchet (HKDF via EVP_KDF) -------------------------------------------------------------
 // OSSL_PARAM_construct_* return structs that keep pointers to their arguments, so a params array
 // built in Swift could point at temporaries that are gone by the time OpenSSL reads them. These

@@ -4,15 +4,8 @@
 internal import COpenSSL
 
 private func opensslErrors() -> String {
-    var parts: [String] = []
-    while true {
-        let e = ERR_get_error()
-        if e == 0 { break }
-        var buf = [CChar](repeating: 0, count: 256)
-        ERR_error_string_n(e, &buf, buf.count)
-        parts.append(cArrayString(buf))
-    }
-    return parts.isEmpty ? "unknown OpenSSL error" : parts.joined(separator: "; ")
+    var buf = [CChar](repeating: 0, count: 1024)
+    return cossl_drain_errors(&buf, buf.count) == 0 ? "unknown OpenSSL error" : cArrayString(buf)
 }
 
 // @unchecked Sendable: the SSL_CTX is fully configured in init and only read afterwards

@@ -11,11 +11,8 @@ public struct MockCryptoError: Error, CustomStringConvertible, Equatable {
     public var description: String { "\(operation): \(message)" }
 
     static func openssl(_ operation: String) -> MockCryptoError {
-        let code = ERR_get_error()
-        ERR_clear_error()
-        guard code != 0 else { return MockCryptoError(operation: operation, message: "failed") }
-        var buffer = [CChar](repeating: 0, count: 256)
-        ERR_error_string_n(code, &buffer, buffer.count)
+        var buffer = [CChar](repeating: 0, count: 1024)
+        guard cossl_drain_errors(&buffer, buffer.count) > 0 else { return MockCryptoError(operation: operation, message: "failed") }
         let text = buffer.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
         return MockCryptoError(operation: operation, message: text)
     }

@@ -65,27 +65,18 @@ final class ES256SigningKey: @unchecked Sendable {
     }
 
     private static func lastError() -> String {
-        let code = ERR_get_error()
-        guard code != 0 else { return "unknown OpenSSL error" }
-        var buf = [CChar](repeating: 0, count: 256)
-        ERR_error_string_n(code, &buf, buf.count)
-        ERR_clear_error()
-        return String(decoding: buf.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        let text = opensslErrors()
+        return text.isEmpty ? "unknown OpenSSL error" : text
     }
 }
 
 // MARK: - TLS client
 
+/// Every queued OpenSSL error, "; "-separated ("" when none).
 private func opensslErrors() -> String {
-    var parts: [String] = []
-    while true {
-        let e = ERR_get_error()
-        if e == 0 { break }
-        var buf = [CChar](repeating: 0, count: 256)
-        ERR_error_string_n(e, &buf, buf.count)
-        parts.append(String(decoding: buf.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self))
-    }
-    return parts.isEmpty ? "" : parts.joined(separator: "; ")
+    var buf = [CChar](repeating: 0, count: 1024)
+    cossl_drain_errors(&buf, buf.count)
+    return String(decoding: buf.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 
 /// The client's SSL_CTX: TLS 1.2+, peer verification against `caFile` or the system store,

@@ -9,11 +9,8 @@ struct KeyMaterialError: Error, CustomStringConvertible {
     var description: String
 
     static func openssl(_ what: String) -> KeyMaterialError {
-        let code = ERR_get_error()
-        ERR_clear_error()
-        guard code != 0 else { return KeyMaterialError(description: what) }
-        var buffer = [CChar](repeating: 0, count: 256)
-        ERR_error_string_n(code, &buffer, buffer.count)
+        var buffer = [CChar](repeating: 0, count: 1024)
+        guard cossl_drain_errors(&buffer, buffer.count) > 0 else { return KeyMaterialError(description: what) }
         return KeyMaterialError(description: "\(what): \(string(buffer))")
     }
 }
