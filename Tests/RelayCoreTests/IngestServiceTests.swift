@@ -29,13 +29,15 @@ import Testing
             workers.shutdown()
             store.close()
         }
-        func call(_ method: String = "POST", _ path: String = "/v1/responses", secret: String? = nil, contentType: String? = "application/json", body: String = "") -> APIResponse {
+        func call(_ method: String = "POST", _ path: String = "/v1/responses", secret: String? = nil, contentType: String? = "application/json", body: String = "",
+                  from remoteAddress: String = "192.0.2.1:40000") -> APIResponse {
             var headers: [String: String] = [:]
             if let secret { headers["authorization"] = "Bearer \(secret)" }
             if let contentType { headers["content-type"] = contentType }
             let slot = ResultBox<APIResponse>()
             let done = DispatchSemaphore(value: 0)
-            service.handle(APIRequest(method: method, path: path, headers: headers, body: Array(body.utf8), requestID: "r1")) {
+            service.handle(APIRequest(method: method, path: path, headers: headers, body: Array(body.utf8), requestID: "r1",
+                                      remoteAddress: remoteAddress)) {
                 slot.value = $0
                 done.signal()
             }
@@ -112,6 +114,39 @@ import Testing
         #expect(h.call(secret: h.secret, body: Self.body(index: 3, token: "cdcd")).status == 202)
     }
 
+    /// Failed authentications are budgeted per client address: once spent, that address gets 429
+    /// before any work (even with a valid credential) until the bucket refills; others are
+    /// unaffected, and successes cost nothing.
+    @Test func failedAuthenticationsPerAddressAnswer429() throws {
+        let h = try Harness(dir: dir, clock: clock) { s in s.authFailuresPerAddress = RateLimit(perSecond: 0.01, burst: 3) }
+        let attacker = "198.51.100.9:5000"
+        for i in 0..<10 { #expect(h.call(secret: h.secret, body: Self.body(index: 100 + i), from: attacker).status == 202) }
+        let bogus = "rk_" + String(repeating: "A", count: 43)
+        #expect(h.call(secret: bogus, body: Self.body(index: 1), from: attacker).status == 401)   // unknown credential
+        #expect(h.call(secret: nil, body: Self.body(index: 2), from: "198.51.100.9:5001").status == 401)  // no bearer
+        #expect(h.call("GET", "/v1/responses/6f9619ff-8b86-4011-b42d-00c04fc964ff", secret: bogus, from: attacker).status == 401)
+        let limited = h.call(secret: h.secret, body: Self.body(index: 3), from: attacker)
+        #expect(limited.status == 429, "\(limited.body)")
+        #expect(json(limited)["error"] as? String == "too_many_auth_failures" && json(limited)["field"] as? String == "authorization")
+        #expect(Int(limited.header("retry-after") ?? "") ?? 0 >= 1)
+        #expect(h.call("GET", "/v1/responses/6f9619ff-8b86-4011-b42d-00c04fc964ff", secret: h.secret, from: attacker).status == 429)
+        // Another address, and the attacker's neighbour in IPv4, are not affected.
+        #expect(h.call(secret: h.secret, body: Self.body(index: 4), from: "198.51.100.10:5000").status == 202)
+        // IPv6: one /64 shares a budget, the next /64 does not.
+        for port in 1...3 { #expect(h.call(secret: bogus, body: Self.body(index: 5), from: "[2001:db8:0:1::\(port)]:443").status == 401) }
+        #expect(h.call(secret: h.secret, body: Self.body(index: 6), from: "[2001:db8:0:1::ffff]:443").status == 429)
+        #expect(h.call(secret: h.secret, body: Self.body(index: 7), from: "[2001:db8:0:2::1]:443").status == 202)
+    }
+
+    @Test func clientKeysAreTheIPv4AddressOrTheIPv6Slash64() {
+        #expect(IngestService.clientKey("192.0.2.7:51234") == "192.0.2.7")
+        #expect(IngestService.clientKey("[2001:db8::1]:443") == IngestService.clientKey("[2001:db8:0:0:ffff::2]:80"))
+        #expect(IngestService.clientKey("[2001:db8::1]:443") == "20010db800000000/64")
+        #expect(IngestService.clientKey("[2001:db8:0:1::1]:443") != IngestService.clientKey("[2001:db8::1]:443"))
+        #expect(IngestService.clientKey("") == "")
+        #expect(IngestService.clientKey("unknown") == "unknown")
+    }
+
     @Test func credentialRateLimit() throws {
         let h = try Harness(dir: dir, clock: clock) { s in s.perCredential = RateLimit(perSecond: 1, burst: 1) }
         #expect(h.call(secret: h.secret, body: Self.body(index: 1)).status == 202)
@@ -171,6 +206,7 @@ import Testing
         (#"{"store":{"kind":"mysql"},"apps":[]}"#, "store.kind"),
         (#"{"dispatch":{"maxInflight":0},"apps":[]}"#, "dispatch.maxInflight"),
         (#"{"ingest":{"rateLimits":{"perPushToken":{"perSecond":-1}}},"apps":[]}"#, "ingest.rateLimits.perPushToken.perSecond"),
+        (#"{"ingest":{"rateLimits":{"authFailuresPerAddress":{"burst":0}}},"apps":[]}"#, "ingest.rateLimits.authFailuresPerAddress.burst"),
         (#"{"admin":{"enabled":1},"apps":[]}"#, "admin.enabled"),
         (#"{"listen":{"port":true},"apps":[]}"#, "listen.port"),
         (#"{"listen":{"port":80.5},"apps":[]}"#, "listen.port"),

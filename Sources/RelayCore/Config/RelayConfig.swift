@@ -38,6 +38,7 @@ public struct RelayConfig: Sendable, Equatable {
         public var ttlSeconds = 86_400
         public var perCredential = RateLimit(perSecond: 1000, burst: 2000)
         public var perPushToken = RateLimit(perSecond: 10, burst: 20)
+        public var authFailuresPerAddress = RateLimit(perSecond: 1, burst: 20)
         public var maxConnections = 10_000
         public var loopThreads = 1
     }
@@ -166,8 +167,9 @@ public struct RelayConfig: Sendable, Equatable {
             c.ingest.maxConnections = try i.int("maxConnections", 1...1_000_000) ?? c.ingest.maxConnections
             c.ingest.loopThreads = try i.int("loopThreads", 1...64) ?? c.ingest.loopThreads
             if var rl = try i.child("rateLimits") {
-                try rl.object(allowed: ["perCredential", "perPushToken"])
-                for (key, keyPath) in [("perCredential", \Ingest.perCredential), ("perPushToken", \Ingest.perPushToken)] {
+                try rl.object(allowed: ["perCredential", "perPushToken", "authFailuresPerAddress"])
+                for (key, keyPath) in [("perCredential", \Ingest.perCredential), ("perPushToken", \Ingest.perPushToken),
+                                       ("authFailuresPerAddress", \Ingest.authFailuresPerAddress)] {
                     if var x = try rl.child(key) {
                         try x.object(allowed: ["perSecond", "burst"])
                         let perSecond = try x.double("perSecond", 0...1_000_000) ?? c.ingest[keyPath: keyPath].perSecond

@@ -5,6 +5,7 @@
 //   in one store transaction: 401 unknown/revoked, 400 unknown/ambiguous app, 403 scope,
 //   200 duplicate, 410 unregistered token, 503 outbox bound, 202 after COMMIT.
 import FoundationEssentials
+import Glibc
 import Ratchet
 
 public struct APIRequest: Sendable {
@@ -14,13 +15,17 @@ public struct APIRequest: Sendable {
     public var headers: [String: String]
     public var body: [UInt8]
     public var requestID: String
+    /// The peer as HTTPServer reports it ("192.0.2.7:51234", "[2001:db8::1]:51234"); "" unknown.
+    public var remoteAddress: String
 
-    public init(method: String, path: String, headers: [String: String], body: [UInt8], requestID: String) {
+    public init(method: String, path: String, headers: [String: String], body: [UInt8], requestID: String,
+                remoteAddress: String = "") {
         self.method = method
         self.path = path
         self.headers = headers
         self.body = body
         self.requestID = requestID
+        self.remoteAddress = remoteAddress
     }
 }
 
@@ -52,6 +57,9 @@ public struct IngestSettings: Sendable {
     public var maxPending: Int = 1_000_000
     public var perCredential = RateLimit(perSecond: 1000, burst: 2000)
     public var perPushToken = RateLimit(perSecond: 10, burst: 20)
+    /// Failed authentications (401) per client address (IPv4 address or IPv6 /64): once the
+    /// bucket is empty, that address gets 429 before any work until it refills.
+    public var authFailuresPerAddress = RateLimit(perSecond: 1, burst: 20)
     /// Retry-After (seconds) sent with 503.
     public var unavailableRetryAfterSeconds = 5
     public var apps: Set<String> = []
@@ -63,6 +71,7 @@ public final class IngestService: Sendable {
     private let settings: IngestSettings
     private let credentialLimiter: RateLimiter
     private let tokenLimiter: RateLimiter
+    private let authFailureLimiter: RateLimiter
     private let metrics: RelayMetrics
     private let logger: RelayLogger
     private let workers: WorkerPool
@@ -74,6 +83,7 @@ public final class IngestService: Sendable {
         self.settings = settings
         self.credentialLimiter = RateLimiter(limit: settings.perCredential)
         self.tokenLimiter = RateLimiter(limit: settings.perPushToken)
+        self.authFailureLimiter = RateLimiter(limit: settings.authFailuresPerAddress)
         self.metrics = metrics
         self.logger = logger
         self.workers = workers
@@ -113,6 +123,38 @@ public final class IngestService: Sendable {
         }
     }
 
+    /// The rate-limit key of a peer: the IPv4 address, or the /64 of an IPv6 one (a single host
+    /// usually owns a whole /64, so counting addresses inside it would be pointless).
+    static func clientKey(_ remoteAddress: String) -> String {
+        var host = Substring(remoteAddress)
+        if host.hasPrefix("["), let close = host.firstIndex(of: "]") {
+            host = host[host.index(after: host.startIndex)..<close]
+            var v6 = in6_addr()
+            guard inet_pton(AF_INET6, String(host), &v6) == 1 else { return String(host) }
+            return withUnsafeBytes(of: &v6) { Array($0.prefix(8)) }.hexString + "/64"
+        }
+        if let colon = host.lastIndex(of: ":") { host = host[..<colon] }
+        return String(host)
+    }
+
+    /// Answers 429 before any work when this peer has used up its failed-authentication budget.
+    private func refuseAfterAuthFailures(_ request: APIRequest, _ finish: @Sendable (APIResponse, String?) -> Void) -> Bool {
+        guard authFailureLimiter.limit.perSecond > 0 else { return false }
+        let gate = authFailureLimiter.wouldAllow(Self.clientKey(request.remoteAddress))
+        guard !gate.allowed else { return false }
+        metrics.rateLimited(scope: "auth_failures")
+        finish(.error(ClientError(status: 429, code: "too_many_auth_failures", field: "authorization",
+                                  message: "too many failed authentications from this address"),
+                      headers: [("retry-after", String(gate.retryAfterSeconds))]), "auth failure rate")
+        return true
+    }
+
+    /// Counts a 401 against the peer's failed-authentication budget.
+    private func chargeAuthFailure(_ request: APIRequest) {
+        guard authFailureLimiter.limit.perSecond > 0 else { return }
+        _ = authFailureLimiter.take(Self.clientKey(request.remoteAddress))
+    }
+
     static let unauthorized = ClientError(status: 401, code: "unauthorized", field: "authorization", message: "a valid bearer credential is required")
 
     /// The bearer secret if the header is well-formed: `Bearer` (any case), one or more
@@ -145,7 +187,9 @@ public final class IngestService: Sendable {
 
     private func post(_ request: APIRequest, _ finish: @escaping @Sendable (APIResponse, String?) -> Void) {
         let authHeaders = [("www-authenticate", "Bearer")]
+        if refuseAfterAuthFailures(request, finish) { return }
         guard let secret = Self.bearer(request.headers) else {
+            chargeAuthFailure(request)
             return finish(.error(Self.unauthorized, headers: authHeaders), "no bearer")
         }
         let hash = Credentials.hash(secret: secret)
@@ -170,7 +214,7 @@ public final class IngestService: Sendable {
         let ingest = IngestRequest(response: response, credentialHash: hash, configuredApps: settings.apps,
                                    ttlMillis: settings.ttlMillis, maxPending: settings.maxPending)
         let retryAfter = [("retry-after", String(settings.unavailableRetryAfterSeconds))]
-        store.submit(ingest) { [onAccepted, logger] result in
+        store.submit(ingest) { [self, onAccepted, logger] result in
             switch result {
             case .failure(let error):
                 logger.error("storage error on ingest", ["request_id": request.requestID, "error": "\(error)"])
@@ -183,6 +227,7 @@ public final class IngestService: Sendable {
                 case .duplicate(let id, let state):
                     finish(APIResponse(status: 200, body: "{\"id\":\"\(id)\",\"state\":\"\(state.rawValue)\"}"), "duplicate \(id)")
                 case .unauthorized:
+                    chargeAuthFailure(request)
                     finish(.error(Self.unauthorized, headers: authHeaders), "unknown or revoked")
                 case .forbidden(let app):
                     finish(.error(ClientError(status: 403, code: "forbidden", field: "app", message: "this credential may not send for \(app)")), nil)
@@ -200,14 +245,17 @@ public final class IngestService: Sendable {
     }
 
     private func get(_ request: APIRequest, id: String, _ finish: @escaping @Sendable (APIResponse, String?) -> Void) {
+        if refuseAfterAuthFailures(request, finish) { return }
         guard let secret = Self.bearer(request.headers) else {
+            chargeAuthFailure(request)
             return finish(.error(Self.unauthorized, headers: [("www-authenticate", "Bearer")]), "no bearer")
         }
         let notFound = ClientError(status: 404, code: "not_found", field: "id", message: "no response with this id for this credential")
         guard UUIDText.parse(id) != nil else { return finish(.error(notFound), nil) }
-        workers.submit { [store, logger] in
+        workers.submit { [self, store, logger] in
             do {
                 guard let cred = try store.authenticate(secret: secret) else {
+                    chargeAuthFailure(request)
                     return finish(.error(Self.unauthorized, headers: [("www-authenticate", "Bearer")]), "unknown or revoked")
                 }
                 // Another credential's row is reported as absent, not forbidden: ids do not leak.

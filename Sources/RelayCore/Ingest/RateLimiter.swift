@@ -47,6 +47,15 @@ public final class RateLimiter: Sendable {
         self.maxKeys = maxKeys
     }
 
+    /// Whether `take` would succeed now, without taking (a key never charged always may).
+    public func wouldAllow(_ key: String, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
+        guard limit.perSecond > 0 else { return (true, 0) }
+        return buckets.withLock { b in
+            guard var copy = b[key] else { return (true, 0) }
+            return copy.take(limit: limit, nowMicros: nowMicros)
+        }
+    }
+
     public func take(_ key: String, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
         guard limit.perSecond > 0 else { return (true, 0) }
         return buckets.withLock { b in

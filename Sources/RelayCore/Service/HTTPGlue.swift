@@ -37,7 +37,8 @@ enum HTTPGlue {
         var headers: [String: String] = [:]
         if let authorization { headers["authorization"] = authorization }
         if let contentType { headers["content-type"] = contentType }
-        return APIRequest(method: r.method, path: r.path, headers: headers, body: r.body, requestID: requestID(given: givenID))
+        return APIRequest(method: r.method, path: r.path, headers: headers, body: r.body, requestID: requestID(given: givenID),
+                          remoteAddress: r.remoteAddress)
     }
 
     /// The full body even for HEAD: HTTPServer sends a HEAD answer's headers only, with the

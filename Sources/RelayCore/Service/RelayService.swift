@@ -76,6 +76,7 @@ public final class RelayService: @unchecked Sendable {
         settings.maxPending = c.store.maxPending
         settings.perCredential = c.ingest.perCredential
         settings.perPushToken = c.ingest.perPushToken
+        settings.authFailuresPerAddress = c.ingest.authFailuresPerAddress
         settings.apps = Set(c.apps.map(\.bundleID))
         // A store with hand-off wakes the dispatcher itself, once per committed batch that queued
         // rows (DispatchHandoff.queuedRowsCommitted); waking it per accepted response made it run
