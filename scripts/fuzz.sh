@@ -31,16 +31,29 @@ status=0
 for target in "${targets[@]}"; do
   conf="Fuzz/$target/fuzz.conf"
   [ -f "$conf" ] || { echo "fuzz: $conf not found" >&2; exit 64; }
-  SOURCES="" CORPUS="" DICT="" SWIFTC_FLAGS=""
+  SOURCES="" CORPUS="" DICT="" SWIFTC_FLAGS="" MODULES=""
   # shellcheck source=/dev/null
   . "$conf"
   mkdir -p "$OUT/corpus/$target" "$OUT/artifacts/$target"
   binary="$OUT/$target"
   echo "== $target: building"
+  # MODULES: package modules the SOURCES import ("Name=glob ..."), each compiled (instrumented
+  # too) into its own module + object first, in order, so `import Name` resolves.
+  mods="$OUT/modules/$target"
+  rm -rf "$mods"; mkdir -p "$mods"
+  objects=()
+  for module in $MODULES; do
+    name=${module%%=*}
+    # shellcheck disable=SC2086
+    swiftc -O -g -parse-as-library -sanitize=fuzzer,address -wmo -package-name fuzz -module-name "$name" \
+      -I "$mods" $SWIFTC_FLAGS -emit-module -emit-module-path "$mods/$name.swiftmodule" \
+      -c ${module#*=} -o "$mods/$name.o"
+    objects+=("$mods/$name.o")
+  done
   # shellcheck disable=SC2086  # SOURCES holds globs and SWIFTC_FLAGS several words on purpose
   swiftc -O -g -parse-as-library -sanitize=fuzzer,address -use-ld=lld \
-    -package-name fuzz -module-name "$target" $SWIFTC_FLAGS \
-    $SOURCES "Fuzz/$target/main.swift" -o "$binary"
+    -package-name fuzz -module-name "$target" -I "$mods" $SWIFTC_FLAGS \
+    $SOURCES "Fuzz/$target/main.swift" "${objects[@]}" -o "$binary"
 
   args=(-max_total_time="$FUZZ_SECONDS" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048
         -artifact_prefix="$OUT/artifacts/$target/")

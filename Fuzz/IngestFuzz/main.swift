@@ -38,6 +38,8 @@ private final class Fixture: Sendable {
         settings.apps = [app]
         settings.perCredential = RateLimit(perSecond: 0, burst: 1)
         settings.perPushToken = RateLimit(perSecond: 0, burst: 1)
+        // Every fuzz input comes "from" one address: a 401 budget would turn later inputs into 429s.
+        settings.authFailuresPerAddress = RateLimit(perSecond: 0, burst: 1)
         service = IngestService(store: store, settings: settings, metrics: RelayMetrics(),
                                 logger: RelayLogger(minimum: .error, capture: true),
                                 workers: WorkerPool(name: "fuzz", threads: 1), onAccepted: {})
