@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs every libFuzzer target under Fuzz/ (one directory per target holding main.swift
-# and fuzz.conf) for FUZZ_SECONDS each. Not part of `make test`.
+# and fuzz.conf) for FUZZ_SECONDS each. `make test` only builds them (FUZZ_BUILD_ONLY=1), so a
+# source change that breaks a fuzz target fails the suite instead of the next fuzzing session.
 #
 # Targets are built without SwiftPM: swiftc compiles the sources listed in fuzz.conf (plus its
 # optional SWIFTC_FLAGS, e.g. -I for a system-library module map) together with the target's
@@ -11,6 +12,7 @@
 #   scripts/fuzz.sh                      # all targets, 60 s each
 #   FUZZ_SECONDS=600 scripts/fuzz.sh HTTP1ParserFuzz
 #   FUZZ_JOBS=2 scripts/fuzz.sh          # libFuzzer -fork=2 (parallel workers)
+#   FUZZ_BUILD_ONLY=1 scripts/fuzz.sh    # build every target, run none
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/opt/swift/usr/bin:$PATH"
@@ -54,6 +56,7 @@ for target in "${targets[@]}"; do
   swiftc -O -g -parse-as-library -sanitize=fuzzer,address -use-ld=lld \
     -package-name fuzz -module-name "$target" -I "$mods" $SWIFTC_FLAGS \
     $SOURCES "Fuzz/$target/main.swift" "${objects[@]}" -o "$binary"
+  if [ -n "${FUZZ_BUILD_ONLY:-}" ]; then echo "== $target: built $binary"; continue; fi
 
   args=(-max_total_time="$FUZZ_SECONDS" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048
         -artifact_prefix="$OUT/artifacts/$target/")
