@@ -42,22 +42,14 @@ H=scripts/bench_pipeline.py
 
 . scripts/lib-bench.sh
 
-openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null | openssl pkcs8 -topk8 -nocrypt -out "$WORK/apns.p8"
-MOCK_PORT=$(free_port); CONTROL_PORT=$(free_port)
-"$BIN/mock-apns" --listen "127.0.0.1:$MOCK_PORT" --control "127.0.0.1:$CONTROL_PORT" --generate-tls --ca-out "$WORK/ca.pem" \
-  --token-key "BENCHKEY01:BENCHTEAM1:$WORK/apns.p8" --bundle-id com.example.bench \
-  --deliveries-log "$WORK/deliveries.jsonl" 2>"$WORK/mock.log" &
-PIDS+=($!)
-wait_url "http://127.0.0.1:$CONTROL_PORT/stats"
+start_bench_mock --deliveries-log "$WORK/deliveries.jsonl"
 
 RELAY_PORT=$(free_port); ADMIN_PORT=$(free_port)
 write_config() {  # db path [synchronous]
   cat > "$WORK/relay.json" <<EOF
 {"listen":{"host":"127.0.0.1","port":$RELAY_PORT},"admin":{"host":"127.0.0.1","port":$ADMIN_PORT},
  "store":{"path":"$1","synchronous":"${2:-FULL}","maxPending":5000000},
- "ingest":{"rateLimits":{"perCredential":{"perSecond":0,"burst":1},"perPushToken":{"perSecond":0,"burst":1}}},
- "apps":[{"bundleID":"com.example.bench","environment":"custom","url":"https://127.0.0.1:$MOCK_PORT","caFile":"$WORK/ca.pem",
-          "token":{"p8Path":"$WORK/apns.p8","keyID":"BENCHKEY01","teamID":"BENCHTEAM1"}}],
+ $(bench_relay_members),
  "log":{"format":"json","level":"warning"}}
 EOF
 }

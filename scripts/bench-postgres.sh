@@ -52,12 +52,7 @@ EOF
 }
 pg_pids() { pgrep -u postgres -f "$WORK/pg" | tr '\n' ' '; pgrep -u postgres -P "$(head -1 "$WORK/pg/data/postmaster.pid")" | tr '\n' ' '; }
 
-openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null | openssl pkcs8 -topk8 -nocrypt -out "$WORK/apns.p8"
-MOCK_PORT=$(free_port); CONTROL_PORT=$(free_port)
-"$BIN/mock-apns" --listen "127.0.0.1:$MOCK_PORT" --control "127.0.0.1:$CONTROL_PORT" --generate-tls --ca-out "$WORK/ca.pem" \
-  --token-key "BENCHKEY01:BENCHTEAM1:$WORK/apns.p8" --bundle-id com.example.bench 2>"$WORK/mock.log" &
-PIDS+=($!)
-wait_url "http://127.0.0.1:$CONTROL_PORT/stats"
+start_bench_mock
 
 echo "== starting PostgreSQL (scripts/pg-test.sh)" >&2
 PG_URL=$(scripts/pg-test.sh start "$WORK/pg" 2>"$WORK/pg-start.log" </dev/null | tail -1)
@@ -74,9 +69,7 @@ write_config() {
   cat > "$WORK/$name.json" <<EOF
 {"listen":{"host":"127.0.0.1","port":$port},"admin":{"host":"127.0.0.1","port":$admin},
  "store":$store,
- "ingest":{"rateLimits":{"perCredential":{"perSecond":0,"burst":1},"perPushToken":{"perSecond":0,"burst":1}}},
- "apps":[{"bundleID":"com.example.bench","environment":"custom","url":"https://127.0.0.1:$MOCK_PORT","caFile":"$WORK/ca.pem",
-          "token":{"p8Path":"$WORK/apns.p8","keyID":"BENCHKEY01","teamID":"BENCHTEAM1"}}],
+ $(bench_relay_members),
  "watchdog":false,"log":{"format":"json","level":"warning"}}
 EOF
 }
@@ -106,34 +99,7 @@ commits_of() {
   echo "$total"
 }
 
-cat > "$WORK/post.lua" <<'EOF'
-local threads = {}
-function setup(thread) thread:set("tid", #threads) table.insert(threads, thread) end
-function init(args)
-  math.randomseed(os.time() * 1000 + tid * 7919 + tonumber(os.getenv("WRK_SEED") or "0"))
-  local t = {}
-  for i = 1, 32 do t[i] = string.format("%02x", math.random(0, 255)) end
-  token = table.concat(t)
-  session = string.format("%08X-%04X-4%03X-8%03X-%012X", math.random(0, 0x7fffffff), math.random(0, 0xffff),
-                          math.random(0, 0xfff), math.random(0, 0xfff), math.random(0, 0x7fffffff))
-  n = 0
-  bad = 0
-  data = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7"
-  hdrs = { ["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. os.getenv("RELAY_CRED") }
-end
-function request()
-  n = n + 1
-  local body = '{"pushToken":"' .. token .. '","sessionIdentifier":"' .. session ..
-    '","keyID":"AQIDBA==","messageIndex":' .. n .. ',"encryptedData":"' .. data .. '"}'
-  return wrk.format("POST", "/v1/responses", hdrs, body)
-end
-function response(status, headers, body) if status ~= 202 then bad = bad + 1 end end
-function done(summary, latency, requests)
-  local b = 0
-  for _, t in ipairs(threads) do b = b + t:get("bad") end
-  io.write(string.format("NON202 %d\n", b))
-end
-EOF
+write_post_lua "$WORK/post.lua"
 
 # ingest LABEL names... : one wrk per node, CONNECTIONS split evenly; prints "rps non202 relay_cpu pg_cpu wrk_cpu"
 ingest() {

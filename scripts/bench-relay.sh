@@ -32,22 +32,14 @@ trap cleanup EXIT
 
 . scripts/lib-bench.sh
 
-openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null | openssl pkcs8 -topk8 -nocrypt -out "$WORK/apns.p8"
-MOCK_PORT=$(free_port); CONTROL_PORT=$(free_port)
-"$BIN/mock-apns" --listen "127.0.0.1:$MOCK_PORT" --control "127.0.0.1:$CONTROL_PORT" --generate-tls --ca-out "$WORK/ca.pem" \
-  --token-key "BENCHKEY01:BENCHTEAM1:$WORK/apns.p8" --bundle-id com.example.bench 2>"$WORK/mock.log" &
-MOCK_PID=$!
-PIDS+=($MOCK_PID)
-wait_url "http://127.0.0.1:$CONTROL_PORT/stats"
+start_bench_mock
 
 RELAY_PORT=$(free_port); ADMIN_PORT=$(free_port)
 write_config() {  # db path
   cat > "$WORK/relay.json" <<EOF
 {"listen":{"host":"127.0.0.1","port":$RELAY_PORT},"admin":{"host":"127.0.0.1","port":$ADMIN_PORT},
  "store":{"path":"$1","synchronous":"FULL","maxPending":5000000},
- "ingest":{"rateLimits":{"perCredential":{"perSecond":0,"burst":1},"perPushToken":{"perSecond":0,"burst":1}}},
- "apps":[{"bundleID":"com.example.bench","environment":"custom","url":"https://127.0.0.1:$MOCK_PORT","caFile":"$WORK/ca.pem",
-          "token":{"p8Path":"$WORK/apns.p8","keyID":"BENCHKEY01","teamID":"BENCHTEAM1"}}],
+ $(bench_relay_members),
  "log":{"format":"json","level":"warning"}}
 EOF
 }
@@ -71,34 +63,7 @@ write_config "$WORK/ingest.db"
 start_relay
 wait_url "http://127.0.0.1:$ADMIN_PORT/readyz"
 CRED=$(new_credential "$WORK/ingest.db")
-cat > "$WORK/post.lua" <<'EOF'
-local threads = {}
-function setup(thread) thread:set("tid", #threads) table.insert(threads, thread) end
-function init(args)
-  math.randomseed(os.time() * 1000 + tid)
-  local t = {}
-  for i = 1, 32 do t[i] = string.format("%02x", math.random(0, 255)) end
-  token = table.concat(t)
-  session = string.format("%08X-%04X-4%03X-8%03X-%012X", math.random(0, 0x7fffffff), math.random(0, 0xffff),
-                          math.random(0, 0xfff), math.random(0, 0xfff), math.random(0, 0x7fffffff))
-  n = 0
-  bad = 0
-  data = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7"
-  hdrs = { ["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. os.getenv("RELAY_CRED") }
-end
-function request()
-  n = n + 1
-  local body = '{"pushToken":"' .. token .. '","sessionIdentifier":"' .. session ..
-    '","keyID":"AQIDBA==","messageIndex":' .. n .. ',"encryptedData":"' .. data .. '"}'
-  return wrk.format("POST", "/v1/responses", hdrs, body)
-end
-function response(status, headers, body) if status ~= 202 then bad = bad + 1 end end
-function done(summary, latency, requests)
-  local b = 0
-  for _, t in ipairs(threads) do b = b + t:get("bad") end
-  io.write(string.format("NON202 %d\n", b))
-end
-EOF
+write_post_lua "$WORK/post.lua"
 echo "== wrk relay-server POST (durable, synchronous=FULL)" >&2
 # CPU accounting, to say where the 2 cores go: CPU time of each process over a run divided by
 # the requests it completed. /proc/PID/stat utime+stime (after the command name, which may hold

@@ -1,6 +1,7 @@
-# Shared by the benchmark scripts that run relay-server beside an nginx anchor
-# (bench-relay.sh, bench-pipeline.sh, bench-postgres.sh). Source it after setting WORK (a temp
-# dir the caller removes) and PIDS=() (killed by the caller's EXIT trap).
+# Shared by the benchmark scripts that run relay-server beside mock-apns and an nginx anchor
+# (bench-relay.sh, bench-pipeline.sh, bench-postgres.sh, relay-callgrind.sh). Source it after
+# setting WORK (a temp dir the caller removes), BIN (release binaries) and PIDS=() (killed by the
+# caller's EXIT trap).
 
 # An unused loopback port.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
@@ -37,3 +38,60 @@ CONF
 }
 
 stop_nginx_anchor() { kill -TERM "$NGINX_PID" 2>/dev/null || true; wait "$NGINX_PID" 2>/dev/null || true; }
+
+# mock-apns on free loopback ports with a fresh token key ($WORK/apns.p8, BENCHKEY01/BENCHTEAM1)
+# for com.example.bench and its CA in $WORK/ca.pem; extra arguments go to mock-apns. Sets
+# MOCK_PORT, CONTROL_PORT and MOCK_PID.
+start_bench_mock() {
+  openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null | openssl pkcs8 -topk8 -nocrypt -out "$WORK/apns.p8"
+  MOCK_PORT=$(free_port); CONTROL_PORT=$(free_port)
+  "$BIN/mock-apns" --listen "127.0.0.1:$MOCK_PORT" --control "127.0.0.1:$CONTROL_PORT" --generate-tls --ca-out "$WORK/ca.pem" \
+    --token-key "BENCHKEY01:BENCHTEAM1:$WORK/apns.p8" --bundle-id com.example.bench "$@" 2>"$WORK/mock.log" &
+  MOCK_PID=$!
+  PIDS+=("$MOCK_PID")
+  wait_url "http://127.0.0.1:$CONTROL_PORT/stats"
+}
+
+# The "ingest" (rate limits off: the benchmark is one credential, one push token per wrk thread)
+# and "apps" (com.example.bench on the mock above) members of a benchmark relay config.
+bench_relay_members() {
+  cat <<JSON
+"ingest":{"rateLimits":{"perCredential":{"perSecond":0,"burst":1},"perPushToken":{"perSecond":0,"burst":1}}},
+ "apps":[{"bundleID":"com.example.bench","environment":"custom","url":"https://127.0.0.1:$MOCK_PORT","caFile":"$WORK/ca.pem",
+          "token":{"p8Path":"$WORK/apns.p8","keyID":"BENCHKEY01","teamID":"BENCHTEAM1"}}]
+JSON
+}
+
+# The wrk script that POSTs unique responses (one push token and session per wrk thread, the
+# message index counting up) with the credential in $RELAY_CRED, and prints "NON202 <n>" at the
+# end. WRK_SEED (optional) separates concurrent wrk processes.
+write_post_lua() {
+  cat > "$1" <<'LUA'
+local threads = {}
+function setup(thread) thread:set("tid", #threads) table.insert(threads, thread) end
+function init(args)
+  math.randomseed(os.time() * 1000 + tid * 7919 + tonumber(os.getenv("WRK_SEED") or "0"))
+  local t = {}
+  for i = 1, 32 do t[i] = string.format("%02x", math.random(0, 255)) end
+  token = table.concat(t)
+  session = string.format("%08X-%04X-4%03X-8%03X-%012X", math.random(0, 0x7fffffff), math.random(0, 0xffff),
+                          math.random(0, 0xfff), math.random(0, 0xfff), math.random(0, 0x7fffffff))
+  n = 0
+  bad = 0
+  data = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7"
+  hdrs = { ["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. os.getenv("RELAY_CRED") }
+end
+function request()
+  n = n + 1
+  local body = '{"pushToken":"' .. token .. '","sessionIdentifier":"' .. session ..
+    '","keyID":"AQIDBA==","messageIndex":' .. n .. ',"encryptedData":"' .. data .. '"}'
+  return wrk.format("POST", "/v1/responses", hdrs, body)
+end
+function response(status, headers, body) if status ~= 202 then bad = bad + 1 end end
+function done(summary, latency, requests)
+  local b = 0
+  for _, t in ipairs(threads) do b = b + t:get("bad") end
+  io.write(string.format("NON202 %d\n", b))
+end
+LUA
+}

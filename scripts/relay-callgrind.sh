@@ -12,27 +12,19 @@ swift build -c release --product mock-apns >&2
 BIN=$(swift build -c release --show-bin-path)
 WORK=$(mktemp -d /tmp/relay-callgrind.XXXXXX)
 LUA="$WORK/post.lua"
-sed -n '/^cat > "\$WORK\/post.lua"/,/^EOF$/p' scripts/bench-relay.sh | sed '1d;$d' > "$LUA"
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-wait_url() { for _ in $(seq 1 1200); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.05; done; echo "$1 never came up" >&2; exit 1; }
+. scripts/lib-bench.sh
+write_post_lua "$LUA"
 objcopy --strip-debug "$BIN/relay-server" "$WORK/relay-server"
-openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null | openssl pkcs8 -topk8 -nocrypt -out "$WORK/apns.p8"
-MOCK_PORT=$(free_port); CONTROL_PORT=$(free_port)
-"$BIN/mock-apns" --listen "127.0.0.1:$MOCK_PORT" --control "127.0.0.1:$CONTROL_PORT" --generate-tls --ca-out "$WORK/ca.pem" \
-  --token-key "BENCHKEY01:BENCHTEAM1:$WORK/apns.p8" --bundle-id com.example.bench 2>"$WORK/mock.log" &
-PIDS+=($!)
-wait_url "http://127.0.0.1:$CONTROL_PORT/stats"
+start_bench_mock
 [ "$STALL" = 1 ] && curl -fsS -X POST "http://127.0.0.1:$CONTROL_PORT/faults" -H 'Content-Type: application/json' -d '{"stall":true}' >/dev/null
 RELAY_PORT=$(free_port); ADMIN_PORT=$(free_port)
 cat > "$WORK/relay.json" <<EOF
 {"listen":{"host":"127.0.0.1","port":$RELAY_PORT},"admin":{"host":"127.0.0.1","port":$ADMIN_PORT},
  "store":{"path":"$WORK/ingest.db","synchronous":"FULL","maxPending":5000000},
- "ingest":{"rateLimits":{"perCredential":{"perSecond":0,"burst":1},"perPushToken":{"perSecond":0,"burst":1}}},
- "apps":[{"bundleID":"com.example.bench","environment":"custom","url":"https://127.0.0.1:$MOCK_PORT","caFile":"$WORK/ca.pem",
-          "token":{"p8Path":"$WORK/apns.p8","keyID":"BENCHKEY01","teamID":"BENCHTEAM1"}}],
+ $(bench_relay_members),
  "log":{"format":"json","level":"warning"}}
 EOF
 valgrind --tool=callgrind --callgrind-out-file="$OUT.cg" --separate-threads=no "$WORK/relay-server" --config "$WORK/relay.json" 2>"$WORK/relay.log" &

@@ -100,3 +100,90 @@ public final class Condition: @unchecked Sendable {
         return try body()
     }
 }
+
+/// A closable FIFO of jobs served by threads of its own: the one mechanism behind the relay's
+/// group-commit writer, its PostgreSQL workers and its reader pool. Each thread waits for work,
+/// lets `take` choose how many jobs from the head of the queue go together (under the lock),
+/// and runs `serve` on them without the lock. `close()` refuses new jobs, lets the threads
+/// serve everything already queued, and returns when they have exited.
+///
+/// `@unchecked Sendable`: `queue`, `closed` and `serve` are only touched under `condition`
+/// (serve is read there and called after unlocking); `threads` is written once by `start`.
+public final class JobQueue<Job>: @unchecked Sendable {
+    private let condition = Condition()
+    private var queue: [Job] = []
+    private var closed = false
+    private var running = 0
+    private var serve: (([Job]) -> Void)?
+    private let take: ([Job]) -> Int
+    private let name: String
+    private let threadCount: Int
+
+    /// `take` gets the (non-empty) queue and returns how many head jobs one `serve` call gets,
+    /// 1...queue.count; the default serves jobs one at a time.
+    public init(name: String, threads: Int = 1, take: @escaping ([Job]) -> Int = { _ in 1 }) {
+        self.name = name
+        self.threadCount = max(1, threads)
+        self.take = take
+    }
+
+    /// Starts the threads ("name" for one thread, "name-i" for several). `serve` is kept until
+    /// the threads have exited, then released (it may capture the queue's owner).
+    public func start(_ serve: @escaping ([Job]) -> Void) {
+        condition.withLock {
+            self.serve = serve
+            running = threadCount
+        }
+        for i in 0..<threadCount {
+            let t = OSThread { [self] in loop() }
+            t.name = threadCount == 1 ? name : "\(name)-\(i)"
+            t.start()
+        }
+    }
+
+    /// Queues `job`; false (job not queued) once `close()` has been called.
+    @discardableResult
+    public func enqueue(_ job: Job) -> Bool {
+        condition.withLock {
+            guard !closed else { return false }
+            queue.append(job)
+            condition.signal()
+            return true
+        }
+    }
+
+    /// Refuses new jobs, waits until the threads have served the queue and exited (at once if
+    /// they were never started). Safe to call more than once.
+    public func close() {
+        condition.lock()
+        closed = true
+        condition.broadcast()
+        while running > 0 { condition.wait() }
+        condition.unlock()
+    }
+
+    private func loop() {
+        while true {
+            condition.lock()
+            while queue.isEmpty && !closed { condition.wait() }
+            guard !queue.isEmpty, let serve else {
+                running -= 1
+                if running == 0 { self.serve = nil }
+                condition.broadcast()
+                condition.unlock()
+                return
+            }
+            let n = min(max(1, take(queue)), queue.count)
+            let jobs: [Job]
+            if n == queue.count {
+                jobs = queue
+                queue = []
+            } else {
+                jobs = Array(queue.prefix(n))
+                queue.removeFirst(n)
+            }
+            condition.unlock()
+            serve(jobs)
+        }
+    }
+}

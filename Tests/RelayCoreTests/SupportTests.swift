@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import POSIXThreads
 @testable import RelayCore
 import Testing
@@ -47,6 +48,46 @@ import Testing
         #expect(Date() >= deadline.addingTimeInterval(-0.002))
         // A deadline in the past returns at once instead of waiting forever.
         condition.withLock { #expect(!condition.wait(until: Date(timeIntervalSince1970: 0))) }
+    }
+
+    /// `take` decides the batches; close() serves what is queued, refuses more, returns after
+    /// the threads exit and releases `serve` (and what it captured).
+    @Test func jobQueueServesBatchesDrainsOnCloseAndReleasesItsHandler() {
+        let gate = DispatchSemaphore(value: 0)
+        let entered = DispatchSemaphore(value: 0)
+        let batches = Mutex<[[Int]]>([])
+        final class Owner: Sendable {}
+        weak var weakOwner: Owner?
+        let queue = JobQueue<Int>(name: "test-jobs") { q in min(q.count, 3) }
+        do {
+            let owner = Owner()
+            weakOwner = owner
+            queue.start { jobs in
+                _ = owner
+                if jobs == [0] { entered.signal(); gate.wait() }   // hold the thread while 1...7 queue up
+                batches.withLock { $0.append(jobs) }
+            }
+        }
+        #expect(queue.enqueue(0))
+        entered.wait()
+        for i in 1..<8 { #expect(queue.enqueue(i)) }
+        gate.signal()
+        queue.close()
+        #expect(batches.withLock { $0 } == [[0], [1, 2, 3], [4, 5, 6], [7]])
+        #expect(!queue.enqueue(8))
+        queue.close()   // again: returns at once
+        #expect(weakOwner == nil)
+    }
+
+    @Test func workerPoolRunsJobsOnItsThreadsAndInlineAfterShutdown() {
+        let pool = WorkerPool(name: "test-pool", threads: 2)
+        let ran = Mutex(0)
+        let done = DispatchSemaphore(value: 0)
+        for _ in 0..<10 { pool.submit { ran.withLock { $0 += 1 }; done.signal() } }
+        for _ in 0..<10 { done.wait() }
+        pool.shutdown()
+        pool.submit { ran.withLock { $0 += 100 } }   // inline, not dropped
+        #expect(ran.withLock { $0 } == 110)
     }
 
     /// Written and read only under the test's condition lock.

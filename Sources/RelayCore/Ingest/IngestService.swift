@@ -93,7 +93,9 @@ public final class IngestService: Sendable {
     /// Never blocks: storage work completes `respond` from the writer or a worker thread.
     public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIResponse) -> Void) {
         let start = monotonicMicros()
-        let finish: @Sendable (APIResponse, String?) -> Void = { [metrics, logger] response, note in
+        let finish: @Sendable (APIResponse, String?) -> Void = { [self, metrics, logger] response, note in
+            // Every 401, wherever it was decided, counts against the peer's budget.
+            if response.status == 401 { chargeAuthFailure(request) }
             var r = response
             r.headers.reserveCapacity(r.headers.count + 2)
             r.headers.append(("x-request-id", request.requestID))
@@ -108,6 +110,7 @@ public final class IngestService: Sendable {
             }
             respond(r)
         }
+        if refuseAfterAuthFailures(request, finish) { return }
         if request.path == "/v1/responses" {
             guard request.method == "POST" else {
                 return finish(APIResponse(status: 405, headers: [("allow", "POST")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use POST").jsonBody), nil)
@@ -137,7 +140,7 @@ public final class IngestService: Sendable {
         return String(host)
     }
 
-    /// Answers 429 before any work when this peer has used up its failed-authentication budget.
+    /// Answers 429 before any work (any path) when this peer has used up its failed-authentication budget.
     private func refuseAfterAuthFailures(_ request: APIRequest, _ finish: @Sendable (APIResponse, String?) -> Void) -> Bool {
         guard authFailureLimiter.limit.perSecond > 0 else { return false }
         let gate = authFailureLimiter.wouldAllow(Self.clientKey(request.remoteAddress))
@@ -187,9 +190,7 @@ public final class IngestService: Sendable {
 
     private func post(_ request: APIRequest, _ finish: @escaping @Sendable (APIResponse, String?) -> Void) {
         let authHeaders = [("www-authenticate", "Bearer")]
-        if refuseAfterAuthFailures(request, finish) { return }
         guard let secret = Self.bearer(request.headers) else {
-            chargeAuthFailure(request)
             return finish(.error(Self.unauthorized, headers: authHeaders), "no bearer")
         }
         let hash = Credentials.hash(secret: secret)
@@ -214,7 +215,7 @@ public final class IngestService: Sendable {
         let ingest = IngestRequest(response: response, credentialHash: hash, configuredApps: settings.apps,
                                    ttlMillis: settings.ttlMillis, maxPending: settings.maxPending)
         let retryAfter = [("retry-after", String(settings.unavailableRetryAfterSeconds))]
-        store.submit(ingest) { [self, onAccepted, logger] result in
+        store.submit(ingest) { [onAccepted, logger] result in
             switch result {
             case .failure(let error):
                 logger.error("storage error on ingest", ["request_id": request.requestID, "error": "\(error)"])
@@ -227,7 +228,6 @@ public final class IngestService: Sendable {
                 case .duplicate(let id, let state):
                     finish(APIResponse(status: 200, body: "{\"id\":\"\(id)\",\"state\":\"\(state.rawValue)\"}"), "duplicate \(id)")
                 case .unauthorized:
-                    chargeAuthFailure(request)
                     finish(.error(Self.unauthorized, headers: authHeaders), "unknown or revoked")
                 case .forbidden(let app):
                     finish(.error(ClientError(status: 403, code: "forbidden", field: "app", message: "this credential may not send for \(app)")), nil)
@@ -245,17 +245,14 @@ public final class IngestService: Sendable {
     }
 
     private func get(_ request: APIRequest, id: String, _ finish: @escaping @Sendable (APIResponse, String?) -> Void) {
-        if refuseAfterAuthFailures(request, finish) { return }
         guard let secret = Self.bearer(request.headers) else {
-            chargeAuthFailure(request)
             return finish(.error(Self.unauthorized, headers: [("www-authenticate", "Bearer")]), "no bearer")
         }
         let notFound = ClientError(status: 404, code: "not_found", field: "id", message: "no response with this id for this credential")
         guard UUIDText.parse(id) != nil else { return finish(.error(notFound), nil) }
-        workers.submit { [self, store, logger] in
+        workers.submit { [store, logger] in
             do {
                 guard let cred = try store.authenticate(secret: secret) else {
-                    chargeAuthFailure(request)
                     return finish(.error(Self.unauthorized, headers: [("www-authenticate", "Bearer")]), "unknown or revoked")
                 }
                 // Another credential's row is reported as absent, not forbidden: ids do not leak.

@@ -51,7 +51,8 @@ public final class RateLimiter: Sendable {
     public func wouldAllow(_ key: String, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
         guard limit.perSecond > 0 else { return (true, 0) }
         return buckets.withLock { b in
-            guard var copy = b[key] else { return (true, 0) }
+            // isEmpty first: the usual case (nobody charged) then costs no hashing of `key`.
+            guard !b.isEmpty, var copy = b[key] else { return (true, 0) }
             return copy.take(limit: limit, nowMicros: nowMicros)
         }
     }

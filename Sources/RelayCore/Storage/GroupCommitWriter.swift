@@ -9,20 +9,15 @@ import POSIXThreads
 import Synchronization
 
 final class GroupCommitWriter: @unchecked Sendable {
-    // @unchecked Sendable: `db` and `afterRollback` are touched only by the writer thread after
-    // `start()`; `queue`/`closed` only under `condition`.
+    // @unchecked Sendable: `db` and the hooks are touched only by the writer thread after
+    // `start()`; the job queue is its own lock.
     private struct Job {
         let run: (SQLiteDatabase) throws -> Void
         let finish: (StoreError?) -> Void
     }
 
     private let db: SQLiteDatabase
-    private let condition = Condition()
-    private var queue: [Job] = []
-    private var closed = false
-    private var thread: OSThread?
-    private let finishedSemaphore = DispatchSemaphore(value: 0)
-    private let maxBatch: Int
+    private let jobs: JobQueue<Job>
     /// Called on the writer thread after a batch rolled back, so in-memory state derived from
     /// the database can be recomputed.
     var afterRollback: ((SQLiteDatabase) -> Void)?
@@ -43,18 +38,14 @@ final class GroupCommitWriter: @unchecked Sendable {
     var batchesCommitted: Int { batchCounter.load(ordering: .relaxed) }
     var jobsCommitted: Int { jobCounter.load(ordering: .relaxed) }
 
-    init(db: SQLiteDatabase, maxBatch: Int = 1024) {
+    init(db: SQLiteDatabase, maxBatch: Int = 1024, name: String = "relay-sqlite-writer") {
         self.db = db
-        self.maxBatch = maxBatch
+        // Everything queued (up to maxBatch) goes into one transaction.
+        jobs = JobQueue(name: name) { queue in min(queue.count, maxBatch) }
     }
 
-    func start(name: String = "relay-sqlite-writer") {
-        let t = OSThread { [self] in
-            self.loop()
-        }
-        t.name = name
-        thread = t
-        t.start()
+    func start() {
+        jobs.start { [self] batch in runBatch(batch) }
     }
 
     /// Runs `work` inside the next batch; `completion` runs on the writer thread after COMMIT
@@ -67,15 +58,7 @@ final class GroupCommitWriter: @unchecked Sendable {
                 if let error { completion(.failure(error)) } else if let v = box.value { completion(.success(v)) }
                 else { completion(.failure(.invalid("job produced no value"))) }
             })
-        condition.lock()
-        if closed {
-            condition.unlock()
-            completion(.failure(.closed))
-            return
-        }
-        queue.append(job)
-        condition.signal()
-        condition.unlock()
+        if !jobs.enqueue(job) { completion(.failure(.closed)) }
     }
 
     /// Blocking variant for threads the caller owns.
@@ -91,31 +74,7 @@ final class GroupCommitWriter: @unchecked Sendable {
     }
 
     /// Stops accepting jobs, commits what is queued, then stops the thread.
-    func close() {
-        condition.lock()
-        let wasClosed = closed
-        closed = true
-        condition.broadcast()
-        condition.unlock()
-        if !wasClosed, thread != nil { finishedSemaphore.wait() }
-    }
-
-    private func loop() {
-        while true {
-            condition.lock()
-            while queue.isEmpty && !closed { condition.wait() }
-            if queue.isEmpty && closed {
-                condition.unlock()
-                break
-            }
-            let take = min(queue.count, maxBatch)
-            let batch = Array(queue.prefix(take))
-            queue.removeFirst(take)
-            condition.unlock()
-            runBatch(batch)
-        }
-        finishedSemaphore.signal()
-    }
+    func close() { jobs.close() }
 
     private func runBatch(_ batch: [Job]) {
         var failure: StoreError?

@@ -12,7 +12,7 @@ import Glibc
 import POSIXThreads
 
 final class PostgresWorker<Item>: @unchecked Sendable {
-    // @unchecked Sendable: `queue` and `closed` are only touched under `condition`; `connection`,
+    // @unchecked Sendable: the job queue is its own lock; `connection`,
     // the back-off fields and `lostLogged` only on the worker thread (inside jobs and the batch
     // handler, which run on it).
     private enum Job {
@@ -23,15 +23,7 @@ final class PostgresWorker<Item>: @unchecked Sendable {
     let name: String
     private let url: String
     private let logger: RelayLogger?
-    private let maxBatch: Int
-    private let condition = Condition()
-    private var queue: [Job] = []
-    private var closed = false
-    private var thread: OSThread?
-    private let finished = DispatchSemaphore(value: 0)
-    /// Runs on the worker thread with consecutive submitted items (at most `maxBatch`). Set once
-    /// by `start` before the thread exists.
-    private var batchHandler: (PostgresWorker<Item>, [Item]) -> Void = { _, _ in }
+    private let jobs: JobQueue<Job>
 
     private var connection_: PostgresConnection?
     private var nextConnectAt: Int64 = 0
@@ -47,16 +39,22 @@ final class PostgresWorker<Item>: @unchecked Sendable {
         self.name = name
         self.url = url
         self.logger = logger
-        self.maxBatch = maxBatch
+        // One call alone, or the run of items at the head of the queue (up to maxBatch).
+        jobs = JobQueue(name: name) { queue in
+            guard case .item = queue[0] else { return 1 }
+            var n = 1
+            while n < queue.count, n < maxBatch, case .item = queue[n] { n += 1 }
+            return n
+        }
     }
 
-    /// Starts the thread. Nothing touches the database before this.
+    /// Starts the thread. Nothing touches the database before this. `batchHandler` runs on the
+    /// worker thread with consecutive submitted items (at most `maxBatch`).
     func start(batchHandler: @escaping (PostgresWorker<Item>, [Item]) -> Void = { _, _ in }) {
-        self.batchHandler = batchHandler
-        let t = OSThread { [self] in self.loop() }
-        t.name = name
-        thread = t
-        t.start()
+        jobs.start { [self] taken in
+            if case .call(let call) = taken[0] { return call() }
+            batchHandler(self, taken.compactMap { if case .item(let i) = $0 { i } else { nil } })
+        }
     }
 
     deinit { close() }
@@ -190,52 +188,11 @@ final class PostgresWorker<Item>: @unchecked Sendable {
     /// Queues an item for the batch handler. Returns false when the worker is closed.
     func submit(_ item: Item) -> Bool { enqueue(.item(item)) }
 
-    private func enqueue(_ job: Job) -> Bool {
-        condition.lock()
-        defer { condition.unlock() }
-        if closed { return false }
-        queue.append(job)
-        condition.signal()
-        return true
-    }
+    private func enqueue(_ job: Job) -> Bool { jobs.enqueue(job) }
 
     /// Stops accepting jobs, runs what is queued, joins the thread and closes the connection.
     func close() {
-        condition.lock()
-        let wasClosed = closed
-        closed = true
-        condition.broadcast()
-        condition.unlock()
-        if !wasClosed, thread != nil { finished.wait() }
-    }
-
-    private func loop() {
-        while true {
-            condition.lock()
-            while queue.isEmpty && !closed { condition.wait() }
-            if queue.isEmpty && closed {
-                condition.unlock()
-                break
-            }
-            // Take one call, or the run of items at the head of the queue (up to maxBatch).
-            var items: [Item] = []
-            var call: (() -> Void)?
-            var taken = 0
-            if case .call(let c) = queue[0] {
-                call = c
-                taken = 1
-            } else {
-                while taken < queue.count, items.count < maxBatch, case .item(let i) = queue[taken] {
-                    items.append(i)
-                    taken += 1
-                }
-            }
-            queue.removeFirst(taken)
-            condition.unlock()
-            if let call { call() }
-            if !items.isEmpty { batchHandler(self, items) }
-        }
+        jobs.close()
         connection_ = nil
-        finished.signal()
     }
 }
