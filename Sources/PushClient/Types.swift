@@ -146,14 +146,9 @@ public struct AccessoryPayload: Sendable, Equatable {
         out.append(contentsOf: #"{"aps":{"encryptedData":""#.utf8)
         Self.appendBase64(encryptedData, to: &out)
         out.append(contentsOf: #"","sessionIdentifier":""#.utf8)
-        let hex = Array("0123456789ABCDEF".utf8)
-        withUnsafeBytes(of: sessionIdentifier.uuid) { u in
-            for (i, b) in u.enumerated() {
-                if i == 4 || i == 6 || i == 8 || i == 10 { out.append(UInt8(ascii: "-")) }
-                out.append(hex[Int(b >> 4)])
-                out.append(hex[Int(b & 0x0F)])
-            }
-        }
+        let at = out.count
+        out.append(contentsOf: repeatElement(0, count: 36))
+        out.withUnsafeMutableBufferPointer { writeUUIDText(sessionIdentifier, uppercase: true, into: UnsafeMutableBufferPointer(rebasing: $0[at..<at + 36])) }
         out.append(contentsOf: #"","keyID":""#.utf8)
         Self.appendBase64(keyID, to: &out)
         out.append(contentsOf: #"","messageIndex":""#.utf8)
@@ -222,19 +217,23 @@ public struct PushRequest: Sendable {
     /// Lowercase canonical form, formatted by hand: `UUID.uuidString` goes through snprintf
     /// (~10k instructions), and this runs for every push.
     public var apnsIDString: String {
-        withUnsafeBytes(of: apnsID.uuid) { u in
-            String(unsafeUninitializedCapacity: 36) { out in
-                let hex: StaticString = "0123456789abcdef"
-                let h = hex.utf8Start
-                var o = 0
-                for i in 0..<16 {
-                    if i == 4 || i == 6 || i == 8 || i == 10 { out[o] = UInt8(ascii: "-"); o += 1 }
-                    out[o] = h[Int(u[i] >> 4)]
-                    out[o + 1] = h[Int(u[i] & 0x0F)]
-                    o += 2
-                }
-                return o
-            }
+        String(unsafeUninitializedCapacity: 36) { writeUUIDText(apnsID, uppercase: false, into: $0); return 36 }
+    }
+}
+
+/// The 36 bytes of `uuid`'s 8-4-4-4-12 hex form written to `out` (at least 36 bytes long): the
+/// one formatter for both UUIDs a push carries, written through a pointer because it runs twice
+/// per push.
+func writeUUIDText(_ uuid: UUID, uppercase: Bool, into out: UnsafeMutableBufferPointer<UInt8>) {
+    let hex: StaticString = uppercase ? "0123456789ABCDEF" : "0123456789abcdef"
+    let h = hex.utf8Start
+    withUnsafeBytes(of: uuid.uuid) { u in
+        var o = 0
+        for i in 0..<16 {
+            if i == 4 || i == 6 || i == 8 || i == 10 { out[o] = UInt8(ascii: "-"); o += 1 }
+            out[o] = h[Int(u[i] >> 4)]
+            out[o + 1] = h[Int(u[i] & 0x0F)]
+            o += 2
         }
     }
 }

@@ -48,11 +48,12 @@ public final class RateLimiter: Sendable {
     }
 
     /// Whether `take` would succeed now, without taking (a key never charged always may).
-    public func wouldAllow(_ key: String, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
+    /// `key` is only built when some key has been charged: in the usual case (nobody charged)
+    /// this costs a lock and no string work.
+    public func wouldAllow(_ key: @autoclosure () -> String, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
         guard limit.perSecond > 0 else { return (true, 0) }
         return buckets.withLock { b in
-            // isEmpty first: the usual case (nobody charged) then costs no hashing of `key`.
-            guard !b.isEmpty, var copy = b[key] else { return (true, 0) }
+            guard !b.isEmpty, var copy = b[key()] else { return (true, 0) }
             return copy.take(limit: limit, nowMicros: nowMicros)
         }
     }
