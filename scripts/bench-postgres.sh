@@ -99,7 +99,7 @@ commits_of() {
   echo "$total"
 }
 
-write_post_lua "$WORK/post.lua"
+write_post_lua "$WORK/post.lua" count
 
 # ingest LABEL names... : one wrk per node, CONNECTIONS split evenly; prints "rps non202 relay_cpu pg_cpu wrk_cpu"
 ingest() {
