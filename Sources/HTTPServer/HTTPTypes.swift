@@ -33,9 +33,17 @@ public struct HTTPHeaders: Sendable, Sequence {
     }
 
     public mutating func add(_ name: String, _ value: String) {
-        let key = lowercasedASCII(name)
-        if !isSafeHeader(name: key, value: value) { hasUnsafeField = true }
-        storage.append((name: key, value: value))
+        // One pass over the name for both its case and its token check (the name is safe iff
+        // its lowercased form is: lowercasing only touches A-Z).
+        var name = name
+        let (isToken, hasUpper) = name.withUTF8 { scanHeaderName($0) }
+        if !isToken || !isSafeHeaderValue(value) { hasUnsafeField = true }
+        storage.append((name: hasUpper ? lowercasedASCII(name) : name, value: value))
+    }
+
+    /// Room for `n` fields in total without regrowing.
+    public mutating func reserveCapacity(_ n: Int) {
+        storage.reserveCapacity(n)
     }
 
     /// Replaces the first header of that name (dropping later duplicates) or appends it.
@@ -76,10 +84,14 @@ public struct HTTPHeaders: Sendable, Sequence {
 /// in valid field names.
 @inline(__always)
 func lowercasedASCII(_ s: String) -> String {
-    for b in s.utf8 where b >= UInt8(ascii: "A") && b <= UInt8(ascii: "Z") {
-        return String(decoding: s.utf8.map { $0 >= 65 && $0 <= 90 ? $0 | 0x20 : $0 }, as: UTF8.self)
+    var s = s
+    // withUTF8: a pointer loop instead of the UTF8View iterator (several times cheaper per byte).
+    let hasUpper = s.withUTF8 { u in
+        for b in u where b &- 0x41 < 26 { return true }
+        return false
     }
-    return s
+    guard hasUpper else { return s }
+    return String(decoding: s.utf8.map { $0 &- 0x41 < 26 ? $0 | 0x20 : $0 }, as: UTF8.self)
 }
 
 /// What the TLS layer negotiated for the connection a request arrived on.

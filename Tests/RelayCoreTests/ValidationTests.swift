@@ -289,3 +289,149 @@ func invalidBodiesAreRefusedNamingTheField(_ c: Case) {
         #expect(declined > Self.unusual.count / 2)
     }
 }
+
+/// The fast path delimits strings with memchr and leaves backslashes to each field's check; these
+/// bodies put escapes and stray bytes exactly where that could go wrong, then random mutations of
+/// a good body check the same property broadly (seeded: the same bodies every run).
+@Suite struct FastValidationMutationTests {
+    func agree(_ bytes: [UInt8]) -> Bool {
+        let limits = IngestLimits()
+        let fast = bytes.withUnsafeBufferPointer { IngestValidation.fastValidate($0, limits: limits) }
+        guard let fast else { return true }
+        return IngestValidation.validateInFull(body: bytes, limits: limits) == .success(fast)
+    }
+
+    @Test func escapesNeverSlipThroughTheFastPath() {
+        let o: ([(String, String)]) -> String = { FastValidationTests.object($0) }
+        let g = FastValidationTests.good
+        let bodies: [String] = [
+            o(g + [("app", #""com.example\"x""#)]),
+            o(g + [("app", #""com.example\\""#)]),
+            o(g + [("app", #""a\u0062""#)]),
+            o(g + [("app", "\"a\u{7f}b\"")]),
+            o(g + [("app", "\"a\u{1f}b\"")]),
+            o(FastValidationTests.replacing("pushToken", with: #""ab\"cd""#)),
+            o(FastValidationTests.replacing("keyID", with: #""AQID\"A==""#)),
+            o(FastValidationTests.replacing("encryptedData", with: #""\/AAA""#)),
+            o(FastValidationTests.replacing("messageIndex", with: #""1\"2""#)),
+            #"{"push\"Token":"ab"}"#,
+            #"{"app":"x\",\"pushToken\":\"ab\"}"#,
+        ]
+        for text in bodies {
+            #expect(agree(Array(text.utf8)), "paths disagree on: \(text)")
+        }
+        // The first body is valid JSON with an escaped quote in app: the general path takes it.
+        let first = Array(bodies[0].utf8)
+        #expect(first.withUnsafeBufferPointer { IngestValidation.fastValidate($0, limits: IngestLimits()) } == nil)
+        #expect((try? IngestValidation.validateInFull(body: first, limits: IngestLimits()).get())?.app == "com.example\"x")
+    }
+
+    @Test func randomMutationsOfAGoodBodyNeverMakeThePathsDisagree() {
+        var rng = SplitMix64(seed: 0x5eed)
+        let base = Array(FastValidationTests.object(FastValidationTests.good + [("app", "\"com.example.app\"")]).utf8)
+        let interesting: [UInt8] = Array(#"\"{}[],:0123456789aAfFzZ-=+/ "#.utf8) + [0, 0x09, 0x0A, 0x0D, 0x7F, 0x80, 0xC3, 0xFF]
+        var taken = 0
+        for _ in 0..<4000 {
+            var b = base
+            for _ in 0..<Int(rng.next() % 3 + 1) {
+                let pos = Int(rng.next() % UInt64(b.count))
+                switch rng.next() % 3 {
+                case 0: b[pos] = interesting[Int(rng.next() % UInt64(interesting.count))]
+                case 1: b.insert(interesting[Int(rng.next() % UInt64(interesting.count))], at: pos)
+                default: b.remove(at: pos)
+                }
+            }
+            let fast = b.withUnsafeBufferPointer { IngestValidation.fastValidate($0, limits: IngestLimits()) }
+            if fast != nil { taken += 1 }
+            #expect(agree(b), "paths disagree on: \(String(decoding: b, as: UTF8.self))")
+        }
+        // Some mutations stay valid (a hex digit for another, whitespace): the fast path took them.
+        #expect(taken > 0)
+    }
+
+    @Test func uppercaseUUIDMatchesParseThenFormat() {
+        var rng = SplitMix64(seed: 7)
+        let alphabet = Array("0123456789abcdefABCDEF-gG{} ".utf8)
+        var samples = ["6f9619ff-8b86-d011-b42d-00c04fc964ff", "6F9619FF-8B86-D011-B42D-00C04FC964FF", "6f9619ff8b86-d011-b42d-00c04fc964ff-",
+                       "", "6f9619ff-8b86-d011-b42d-00c04fc964f", "6f9619ff-8b86-d011-b42d-00c04fc964fff"]
+        for _ in 0..<2000 {
+            var s = Array("6f9619ff-8b86-d011-b42d-00c04fc964ff".utf8)
+            s[Int(rng.next() % 36)] = alphabet[Int(rng.next() % UInt64(alphabet.count))]
+            samples.append(String(decoding: s, as: UTF8.self))
+        }
+        for s in samples {
+            let expected = UUIDText.parse(s).map { UUIDText.format($0, uppercase: true) }
+            let got = Array(s.utf8).withUnsafeBufferPointer { IngestValidation.uppercaseUUID($0.baseAddress ?? UnsafePointer(bitPattern: 1)!, $0.count) }
+            #expect(got == expected, "\(s)")
+        }
+    }
+}
+
+/// Base64.decode (comparisons, no table) against a table-driven reference decoder of the same
+/// strict rules: padding only at the end, no whitespace, length a multiple of 4.
+@Suite struct Base64Tests {
+    static func reference(_ s: [UInt8]) -> [UInt8]? {
+        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
+        guard s.count % 4 == 0 else { return nil }
+        var pad = 0
+        if s.count >= 1, s[s.count - 1] == 0x3D { pad += 1 }
+        if s.count >= 2, s[s.count - 2] == 0x3D { pad += 1 }
+        var out: [UInt8] = []
+        var i = 0
+        while i < s.count {
+            let last = i + 4 == s.count
+            var v: UInt32 = 0
+            for j in 0..<4 {
+                if s[i + j] == 0x3D {
+                    guard last && j >= 4 - pad else { return nil }
+                    v <<= 6
+                    continue
+                }
+                guard let d = alphabet.firstIndex(of: s[i + j]) else { return nil }
+                v = v << 6 | UInt32(d)
+            }
+            out.append(UInt8(v >> 16 & 0xFF))
+            if !(last && pad == 2) { out.append(UInt8(v >> 8 & 0xFF)) }
+            if !(last && pad >= 1) { out.append(UInt8(v & 0xFF)) }
+            i += 4
+        }
+        return out
+    }
+
+    @Test func decodeAgreesWithTheReference() {
+        var rng = SplitMix64(seed: 42)
+        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
+        let odd = Array("= -_.\n*".utf8) + [0, 0x80, 0xFF]
+        var samples: [[UInt8]] = ["", "AQIDBA==", "AQIDBA=", "AQID", "AQ==", "AQI=", "A===", "====", "AA=A", "=AAA", "AQ=="+"AQ==", "////", "++++"]
+            .map { Array($0.utf8) }
+        for _ in 0..<5000 {
+            let count = Int(rng.next() % 17)
+            var s = (0..<count).map { _ in alphabet[Int(rng.next() % 64)] }
+            if !s.isEmpty, rng.next() % 2 == 0 { s[s.count - 1] = 0x3D }
+            if s.count > 1, rng.next() % 3 == 0 { s[s.count - 2] = 0x3D }
+            if !s.isEmpty, rng.next() % 4 == 0 { s[Int(rng.next() % UInt64(s.count))] = odd[Int(rng.next() % UInt64(odd.count))] }
+            samples.append(s)
+        }
+        var decoded = 0
+        for s in samples {
+            let got = s.withUnsafeBufferPointer { Base64.decode($0) }
+            #expect(got == Self.reference(s), "\(String(decoding: s, as: UTF8.self))")
+            if got != nil { decoded += 1 }
+        }
+        #expect(decoded > 1000)
+        #expect(Base64.decode("AQIDBA==") == [1, 2, 3, 4])
+    }
+}
+
+/// Deterministic PRNG for reproducible test inputs.
+struct SplitMix64 {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}

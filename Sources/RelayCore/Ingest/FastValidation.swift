@@ -2,88 +2,68 @@
 // sends (a flat object of the known fields, ASCII strings without escapes, messageIndex a
 // plain integer or a string of digits). No intermediate member list, key Strings or
 // String-based checks: the general path (JSONReader + Validation.swift) cost ~30k instructions
-// per request, this one a fraction of that.
+// per request, this one ~4k.
 //
 // It only ever answers "valid, here is the NewResponse" or "not sure" (nil). Anything unusual —
 // an escape, non-ASCII, a nested value, true/false/null, a duplicate or unknown key, a missing
 // field, any value that fails a check — returns nil and the general path decides, so error
 // codes and messages come from one place. ValidationTests checks that both paths agree.
+//
+// Strings are delimited with memchr for the closing quote, without looking at their bytes on
+// the way: an escaped quote (`\"`) would end a string early, but every field's own check below
+// refuses a backslash (hex, UUID, base64 and digits cannot contain one; `app` is checked for
+// it), and key bytes are compared with the known names, none of which contains one. So a body
+// with a backslash anywhere in a string never reaches `return NewResponse`.
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 extension IngestValidation {
-    /// Field names in slot order (the same slots as `fieldSlot`).
-    private static let fieldNames: [[UInt8]] = ["pushToken", "sessionIdentifier", "keyID", "messageIndex", "encryptedData", "app"].map { Array($0.utf8) }
-
     static func fastValidate(_ body: UnsafeBufferPointer<UInt8>, limits: IngestLimits) -> NewResponse? {
+        guard let base = body.baseAddress else { return nil }
         let n = body.count
         var i = 0
-        @inline(__always) func skipWhitespace() {
-            while i < n {
-                let b = body[i]
-                guard b == 0x20 || b == 0x09 || b == 0x0A || b == 0x0D else { return }
-                i += 1
-            }
-        }
         // Value byte ranges per slot (string contents without quotes, or a number's digits).
         var starts = (-1, -1, -1, -1, -1, -1)
         var ends = (0, 0, 0, 0, 0, 0)
         var seen: UInt8 = 0
 
-        skipWhitespace()
-        guard i < n, body[i] == UInt8(ascii: "{") else { return nil }
+        while i < n, isJSONSpace(base[i]) { i += 1 }
+        guard i < n, base[i] == UInt8(ascii: "{") else { return nil }
         i += 1
         while true {
-            skipWhitespace()
-            guard i < n, body[i] == UInt8(ascii: "\"") else { return nil }
+            while i < n, isJSONSpace(base[i]) { i += 1 }
+            guard i < n, base[i] == UInt8(ascii: "\"") else { return nil }
             i += 1
-            let keyStart = i
-            while i < n, body[i] != UInt8(ascii: "\"") {
-                let b = body[i]
-                guard b >= 0x20, b < 0x7f, b != UInt8(ascii: "\\") else { return nil }
-                i += 1
-            }
-            guard i < n else { return nil }
-            let keyEnd = i
-            i += 1
-            var slot = -1
-            for (k, name) in fieldNames.enumerated() where name.count == keyEnd - keyStart {
-                var same = true
-                for j in 0..<name.count where body[keyStart + j] != name[j] {
-                    same = false
-                    break
-                }
-                if same { slot = k; break }
-            }
+            guard let keyEnd = closingQuote(base, i, n) else { return nil }
+            let slot = fieldSlot(base + i, keyEnd - i)
+            i = keyEnd + 1
             guard slot >= 0, seen & (1 << slot) == 0 else { return nil }
             seen |= 1 << slot
-            skipWhitespace()
-            guard i < n, body[i] == UInt8(ascii: ":") else { return nil }
+            while i < n, isJSONSpace(base[i]) { i += 1 }
+            guard i < n, base[i] == UInt8(ascii: ":") else { return nil }
             i += 1
-            skipWhitespace()
+            while i < n, isJSONSpace(base[i]) { i += 1 }
             guard i < n else { return nil }
             let valueStart: Int
             let valueEnd: Int
-            if body[i] == UInt8(ascii: "\"") {
-                i += 1
-                valueStart = i
-                while i < n, body[i] != UInt8(ascii: "\"") {
-                    let b = body[i]
-                    guard b >= 0x20, b < 0x80, b != UInt8(ascii: "\\") else { return nil }
-                    i += 1
-                }
-                guard i < n else { return nil }
-                valueEnd = i
-                i += 1
+            if base[i] == UInt8(ascii: "\"") {
+                valueStart = i + 1
+                guard let close = closingQuote(base, valueStart, n) else { return nil }
+                valueEnd = close
+                i = close + 1
             } else {
                 // Only messageIndex may be a number, and only a JSON integer without sign,
                 // fraction or exponent (anything else: the general path names the error).
                 guard slot == 3 else { return nil }
                 valueStart = i
-                while i < n, body[i] >= 0x30, body[i] <= 0x39 { i += 1 }
+                while i < n, base[i] &- 0x30 < 10 { i += 1 }
                 valueEnd = i
-                guard valueEnd > valueStart, body[valueStart] != 0x30 || valueEnd - valueStart == 1 else { return nil }
+                guard valueEnd > valueStart, base[valueStart] != 0x30 || valueEnd - valueStart == 1 else { return nil }
                 if i < n {
-                    let b = body[i]
-                    guard b == 0x20 || b == 0x09 || b == 0x0A || b == 0x0D || b == UInt8(ascii: ",") || b == UInt8(ascii: "}") else { return nil }
+                    let b = base[i]
+                    guard isJSONSpace(b) || b == UInt8(ascii: ",") || b == UInt8(ascii: "}") else { return nil }
                 }
             }
             switch slot {
@@ -94,56 +74,123 @@ extension IngestValidation {
             case 4: starts.4 = valueStart; ends.4 = valueEnd
             default: starts.5 = valueStart; ends.5 = valueEnd
             }
-            skipWhitespace()
+            while i < n, isJSONSpace(base[i]) { i += 1 }
             guard i < n else { return nil }
-            if body[i] == UInt8(ascii: ",") { i += 1; continue }
-            guard body[i] == UInt8(ascii: "}") else { return nil }
+            if base[i] == UInt8(ascii: ",") { i += 1; continue }
+            guard base[i] == UInt8(ascii: "}") else { return nil }
             i += 1
             break
         }
-        skipWhitespace()
+        while i < n, isJSONSpace(base[i]) { i += 1 }
         guard i == n, seen & 0b11111 == 0b11111 else { return nil }
 
-        // pushToken: non-empty, even length, hex, canonical lowercase.
-        let token = UnsafeBufferPointer(rebasing: body[starts.0..<ends.0])
-        guard !token.isEmpty, token.count % 2 == 0, token.count <= limits.maxPushTokenHexDigits else { return nil }
-        for b in token {
-            guard (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x46) || (b >= 0x61 && b <= 0x66) else { return nil }
+        // pushToken: non-empty, even length, hex, canonical lowercase. Checked and lowercased
+        // in one pass straight into the String's storage; a bad byte abandons the String.
+        let tokenStart = base + starts.0
+        let tokenCount = ends.0 - starts.0
+        guard tokenCount > 0, tokenCount % 2 == 0, tokenCount <= limits.maxPushTokenHexDigits else { return nil }
+        var tokenOK = true
+        let pushToken = String(unsafeUninitializedCapacity: tokenCount) { out in
+            for k in 0..<tokenCount {
+                let b = tokenStart[k]
+                let lower = b | 0x20   // maps A-F to a-f; digits already have the bit
+                guard b &- 0x30 < 10 || lower &- 0x61 < 6 else { tokenOK = false; return 0 }
+                out[k] = b &- 0x30 < 10 ? b : lower
+            }
+            return tokenCount
         }
-        let pushToken = String(unsafeUninitializedCapacity: token.count) { out in
-            for (k, b) in token.enumerated() { out[k] = (b >= 0x41 && b <= 0x46) ? b + 32 : b }
-            return token.count
-        }
+        guard tokenOK else { return nil }
 
-        // sessionIdentifier: a UUID, canonical uppercase.
-        guard let uuid = UUIDText.parse(UnsafeBufferPointer(rebasing: body[starts.1..<ends.1])) else { return nil }
-        let session = UUIDText.format(uuid, uppercase: true)
+        // sessionIdentifier: a UUID, canonical uppercase, checked and formatted in one pass.
+        guard let session = uppercaseUUID(base + starts.1, ends.1 - starts.1) else { return nil }
 
         // keyID: base64 of exactly 4 bytes.
-        guard let keyID = Base64.decode(UnsafeBufferPointer(rebasing: body[starts.2..<ends.2])), keyID.count == 4 else { return nil }
+        guard let keyID = Base64.decode(UnsafeBufferPointer(start: base + starts.2, count: ends.2 - starts.2)),
+              keyID.count == 4 else { return nil }
 
         // messageIndex: 1...10 decimal digits, at most UInt32.max.
-        let digits = UnsafeBufferPointer(rebasing: body[starts.3..<ends.3])
-        guard !digits.isEmpty, digits.count <= 10 else { return nil }
+        let digitCount = ends.3 - starts.3
+        guard digitCount > 0, digitCount <= 10 else { return nil }
         var value: UInt64 = 0
-        for b in digits {
-            guard b >= 0x30 && b <= 0x39 else { return nil }
-            value = value * 10 + UInt64(b - 0x30)
+        for k in starts.3..<ends.3 {
+            let d = base[k] &- 0x30
+            guard d < 10 else { return nil }
+            value = value * 10 + UInt64(d)
         }
         guard value <= UInt64(UInt32.max) else { return nil }
         let index = UInt32(value)
 
         // encryptedData: base64 of a sealed box whose APNs payload fits.
-        guard let sealed = Base64.decode(UnsafeBufferPointer(rebasing: body[starts.4..<ends.4])), sealed.count >= minimumSealedBytes,
+        guard let sealed = Base64.decode(UnsafeBufferPointer(start: base + starts.4, count: ends.4 - starts.4)),
+              sealed.count >= minimumSealedBytes,
               apnsPayloadLength(encryptedBytes: sealed.count, keyIDBytes: keyID.count, messageIndex: index) <= limits.maxAPNsPayloadBytes
         else { return nil }
 
         var app: String?
         if starts.5 >= 0 {
-            let a = UnsafeBufferPointer(rebasing: body[starts.5..<ends.5])
-            guard !a.isEmpty, a.count <= 255 else { return nil }
-            app = String(decoding: a, as: UTF8.self)
+            let count = ends.5 - starts.5
+            guard count > 0, count <= 255 else { return nil }
+            for k in starts.5..<ends.5 {
+                let b = base[k]
+                guard b >= 0x20, b < 0x80, b != UInt8(ascii: "\\") else { return nil }
+            }
+            app = String(decoding: UnsafeBufferPointer(start: base + starts.5, count: count), as: UTF8.self)
         }
         return NewResponse(app: app, pushToken: pushToken, sessionIdentifier: session, keyID: keyID, messageIndex: index, encryptedData: sealed)
+    }
+
+    @inline(__always)
+    private static func isJSONSpace(_ b: UInt8) -> Bool {
+        b == 0x20 || b == 0x09 || b == 0x0A || b == 0x0D
+    }
+
+    /// Index of the next `"` at or after `from`, or nil.
+    @inline(__always)
+    private static func closingQuote(_ base: UnsafePointer<UInt8>, _ from: Int, _ n: Int) -> Int? {
+        guard from < n, let q = memchr(base + from, 0x22, n - from) else { return nil }
+        return base.distance(to: q.assumingMemoryBound(to: UInt8.self))
+    }
+
+    /// Slot of a known field name given as bytes (the same slots as `fieldSlot(_: String)`),
+    /// -1 for anything else. Length first, then the bytes.
+    @inline(__always)
+    private static func fieldSlot(_ p: UnsafePointer<UInt8>, _ count: Int) -> Int {
+        switch count {
+        case 9: return same(p, "pushToken") ? 0 : -1
+        case 17: return same(p, "sessionIdentifier") ? 1 : -1
+        case 5: return same(p, "keyID") ? 2 : -1
+        case 12: return same(p, "messageIndex") ? 3 : -1
+        case 13: return same(p, "encryptedData") ? 4 : -1
+        case 3: return same(p, "app") ? 5 : -1
+        default: return -1
+        }
+    }
+
+    @inline(__always)
+    private static func same(_ p: UnsafePointer<UInt8>, _ name: StaticString) -> Bool {
+        memcmp(p, name.utf8Start, name.utf8CodeUnitCount) == 0
+    }
+
+    /// 8-4-4-4-12 hex digits (either case) as the canonical uppercase String, or nil. The same
+    /// rule as `UUIDText.parse` followed by `UUIDText.format(uppercase: true)`, without the
+    /// intermediate byte array.
+    static func uppercaseUUID(_ p: UnsafePointer<UInt8>, _ count: Int) -> String? {
+        guard count == 36 else { return nil }
+        var ok = true
+        let s = String(unsafeUninitializedCapacity: 36) { out in
+            for k in 0..<36 {
+                let b = p[k]
+                if k == 8 || k == 13 || k == 18 || k == 23 {
+                    guard b == UInt8(ascii: "-") else { ok = false; return 0 }
+                    out[k] = b
+                    continue
+                }
+                let upper = b & 0xDF   // maps a-f to A-F
+                guard b &- 0x30 < 10 || upper &- 0x41 < 6 else { ok = false; return 0 }
+                out[k] = b &- 0x30 < 10 ? b : upper
+            }
+            return 36
+        }
+        return ok ? s : nil
     }
 }

@@ -248,46 +248,57 @@ struct JSONReader {
 
 /// Strict standard base64 (RFC 4648 section 4, padding required, no whitespace).
 enum Base64 {
-    private static let table: [UInt8] = {
-        var t = [UInt8](repeating: 0xFF, count: 256)
-        for (i, c) in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8.enumerated() { t[Int(c)] = UInt8(i) }
-        return t
-    }()
-
     static func decode(_ s: String) -> [UInt8]? {
         var s = s
         return s.withUTF8 { decode($0) }
     }
 
+    /// The 6-bit value of a base64 character, or 0xFF. Comparisons instead of a global table:
+    /// a lazily initialised global costs a `swift_once` check per character.
+    @inline(__always)
+    private static func value(_ c: UInt8) -> UInt32 {
+        if c &- 0x41 < 26 { return UInt32(c &- 0x41) }        // A-Z
+        if c &- 0x61 < 26 { return UInt32(c &- 0x61) + 26 }   // a-z
+        if c &- 0x30 < 10 { return UInt32(c &- 0x30) + 52 }   // 0-9
+        if c == 0x2B { return 62 }                            // +
+        if c == 0x2F { return 63 }                            // /
+        return 0xFF
+    }
+
     static func decode(_ b: UnsafeBufferPointer<UInt8>) -> [UInt8]? {
         guard b.count % 4 == 0 else { return nil }
-        if b.isEmpty { return [] }
+        guard let p = b.baseAddress, !b.isEmpty else { return [] }
+        let n = b.count
         var pad = 0
-        if b[b.count - 1] == UInt8(ascii: "=") { pad += 1 }
-        if b[b.count - 2] == UInt8(ascii: "=") { pad += 1 }
-        var out = [UInt8]()
-        out.reserveCapacity(b.count / 4 * 3)
-        var i = 0
-        while i < b.count {
-            let last = i + 4 == b.count
-            var v: UInt32 = 0
-            for j in 0..<4 {
-                let c = b[i + j]
-                if c == UInt8(ascii: "=") {
-                    guard last && j >= 4 - pad else { return nil }
-                    v <<= 6
-                    continue
-                }
-                let d = table[Int(c)]
-                guard d != 0xFF else { return nil }
-                v = v << 6 | UInt32(d)
+        if p[n - 1] == UInt8(ascii: "=") { pad += 1 }
+        if p[n - 2] == UInt8(ascii: "=") { pad += 1 }
+        // Padding only at the very end: "=" anywhere else fails the value check below.
+        let fullQuads = pad == 0 ? n / 4 : n / 4 - 1
+        let outCount = n / 4 * 3 - pad
+        var ok = true
+        let out = [UInt8](unsafeUninitializedCapacity: outCount) { o, initialized in
+            var i = 0, w = 0
+            for _ in 0..<fullQuads {
+                let a = value(p[i]), c = value(p[i + 1]), d = value(p[i + 2]), e = value(p[i + 3])
+                guard a | c | d | e < 64 else { ok = false; initialized = 0; return }
+                let v = a << 18 | c << 12 | d << 6 | e
+                o[w] = UInt8(truncatingIfNeeded: v >> 16)
+                o[w + 1] = UInt8(truncatingIfNeeded: v >> 8)
+                o[w + 2] = UInt8(truncatingIfNeeded: v)
+                i += 4
+                w += 3
             }
-            out.append(UInt8(v >> 16 & 0xFF))
-            if !(last && pad == 2) { out.append(UInt8(v >> 8 & 0xFF)) }
-            if !(last && pad >= 1) { out.append(UInt8(v & 0xFF)) }
-            i += 4
+            if pad > 0 {
+                let a = value(p[i]), c = value(p[i + 1])
+                let d = pad == 1 ? value(p[i + 2]) : 0
+                guard a | c | d < 64 else { ok = false; initialized = 0; return }
+                let v = a << 18 | c << 12 | d << 6
+                o[w] = UInt8(truncatingIfNeeded: v >> 16)
+                if pad == 1 { o[w + 1] = UInt8(truncatingIfNeeded: v >> 8) }
+            }
+            initialized = outCount
         }
-        return out
+        return ok ? out : nil
     }
 
     static func encodedLength(_ byteCount: Int) -> Int { (byteCount + 2) / 3 * 4 }

@@ -70,7 +70,10 @@ public enum IngestValidation {
     /// {"aps":{"encryptedData":"<b64>","sessionIdentifier":"<UUID>","keyID":"<b64>","messageIndex":"<n>"}}
     public static func apnsPayloadLength(encryptedBytes: Int, keyIDBytes: Int = 4, messageIndex: UInt32) -> Int {
         let skeleton = #"{"aps":{"encryptedData":"","sessionIdentifier":"","keyID":"","messageIndex":""}}"#.utf8.count
-        return skeleton + Base64.encodedLength(encryptedBytes) + 36 + Base64.encodedLength(keyIDBytes) + String(messageIndex).utf8.count
+        var digits = 1
+        var rest = messageIndex
+        while rest >= 10 { rest /= 10; digits += 1 }   // String(messageIndex).utf8.count, without the String
+        return skeleton + Base64.encodedLength(encryptedBytes) + 36 + Base64.encodedLength(keyIDBytes) + digits
     }
 
     public static func checkContentType(_ value: String?) -> ClientError? {
