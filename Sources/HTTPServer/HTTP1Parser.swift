@@ -423,15 +423,17 @@ package struct HTTP1Parser: Sendable {
             }
             if continueExpected { request.expectContinue = true }
             if other { request.expectOther = true }
-        case .other:
+        case .contentType, .other:
             break
         }
-        request.headers.append((name: name, value: makeString(vs, ve)))
+        // The API's one content type comes from a literal: no allocation, no UTF-8 validation.
+        let value = role == .contentType && ve - vs == 16 && matches(vs, "application/json") ? "application/json" : makeString(vs, ve)
+        request.headers.append((name: name, value: value))
         return nil
     }
 
     /// Header fields the parser itself interprets.
-    private enum HeaderRole { case host, contentLength, transferEncoding, connection, expect, other }
+    private enum HeaderRole { case host, contentLength, transferEncoding, connection, expect, contentType, other }
 
     /// The lowercased name and its role. Common names come from literals (no allocation, no
     /// UTF-8 validation); every name with a role is among them, so roles are found by comparing
@@ -448,7 +450,7 @@ package struct HTTP1Parser: Sendable {
             if matchesLowercased(start, "connection") { return ("connection", .connection) }
             if matchesLowercased(start, "user-agent") { return ("user-agent", .other) }
         case 12:
-            if matchesLowercased(start, "content-type") { return ("content-type", .other) }
+            if matchesLowercased(start, "content-type") { return ("content-type", .contentType) }
         case 13:
             if matchesLowercased(start, "authorization") { return ("authorization", .other) }
             if matchesLowercased(start, "cache-control") { return ("cache-control", .other) }

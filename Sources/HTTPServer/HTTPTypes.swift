@@ -1,5 +1,8 @@
 // The public value types of the server API: headers, requests, responses, TLS details and the
 // configuration structs. Everything here is plain Swift; the C libraries stay in their wrappers.
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Ordered header list. Names are stored lowercased (HTTP/2 requires it, HTTP/1.1 ignores case),
 /// values as received. Lookups are case-insensitive.
@@ -132,8 +135,14 @@ public struct HTTPRequest: Sendable {
                 streamID: Int32) {
         self.method = method
         self.target = target
-        if let q = target.utf8.firstIndex(of: UInt8(ascii: "?")) {
-            self.path = String(target[..<q])
+        // memchr over the bytes instead of the UTF8View's firstIndex (~400 instructions).
+        var t = target
+        let q = t.withUTF8 { u -> Int? in
+            guard let base = u.baseAddress, let hit = memchr(base, 0x3F, u.count) else { return nil }
+            return base.distance(to: hit.assumingMemoryBound(to: UInt8.self))
+        }
+        if let q {
+            self.path = String(decoding: target.utf8.prefix(q), as: UTF8.self)
         } else {
             self.path = target
         }

@@ -254,3 +254,29 @@ import Testing
         #expect(throws: ConfigError.self) { try c.applyEnvironment(["RELAY_TLS_CERTIFICATE": "/x"]) }
     }
 }
+
+/// The hot path hashes the bearer straight from the header bytes and builds the 202 body in
+/// one allocation; both must give exactly what the general helpers give.
+@Suite struct IngestFastHelpersTests {
+    static let authorizations: [String?] = [
+        nil, "", "Bearer", "Bearer ", "Bearer rk_", "Bearer rk_abc", "bearer rk_abc", "BEARER   rk_abc \t", "  Bearer rk_abc",
+        "Bearer\trk_abc", "Basic rk_abc", "Bearer rk_ab c", "Bearer rk_ab+c", "Bearer xx_abc", "Bearer rk_" + String(repeating: "a", count: 125),
+        "Bearer rk_" + String(repeating: "a", count: 126), "Bearer rk_é", "Bearer rk_-_09AZaz", "Bearerrk_abc",
+    ]
+
+    @Test func bearerHashIsTheHashOfTheParsedSecret() {
+        var accepted = 0
+        for a in Self.authorizations {
+            let expected = IngestService.bearer(a).map { Credentials.hash(secret: $0) }
+            #expect(IngestService.bearerHash(a) == expected, "\(a ?? "nil")")
+            if expected != nil { accepted += 1 }
+        }
+        #expect(accepted >= 5)
+    }
+
+    @Test func queuedBodyIsTheJSONTheAPIDocuments() {
+        for id in ["", "0190c8a5-1b2c-7d3e-8f40-123456789abc", "x"] {
+            #expect(IngestService.queuedBody(id: id) == "{\"id\":\"" + id + "\",\"state\":\"queued\"}")
+        }
+    }
+}
