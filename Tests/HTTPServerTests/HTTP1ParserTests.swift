@@ -466,3 +466,38 @@ struct HTTP1RequestHeadTests {
         #expect(head.firstValue("x") == "a\u{FFFD}\u{FFFD}b")
     }
 }
+
+/// Field values are checked eight bytes at a time while no byte can be a CTL or DEL; every
+/// position of every word (and of the byte-by-byte tail) must give the byte loop's verdict.
+@Suite("HTTP/1.1 parser: field value bytes at every position")
+struct HTTP1ParserValueWordTests {
+    func verdict(value: [UInt8]) -> HTTP1ParseError.Kind? {
+        let head = bytes("GET / HTTP/1.1\r\nHost: a\r\nX-Test: ") + value + bytes("\r\n\r\n")
+        let events = parseEvents(head)
+        if let error = failure(events) { return error.kind }
+        return requests(events).count == 1 ? nil : .invalidRequestLine   // (never: a complete head)
+    }
+
+    @Test func everyByteClassAtEveryPositionOfValuesUpTo40Bytes() {
+        for length in 1...40 {
+            for position in 0..<length {
+                for (byte, expected) in [(UInt8(0x00), HTTP1ParseError.Kind.invalidHeaderValue), (0x01, .invalidHeaderValue),
+                                         (0x1F, .invalidHeaderValue), (0x7F, .invalidHeaderValue), (0x0D, .bareLineEnding),
+                                         (0x09, nil), (0x20, nil), (0x7E, nil), (0x80, nil), (0xFF, nil), (0x1F &+ 1, nil)] {
+                    // Interior positions only for whitespace: leading/trailing SP/HTAB is trimmed.
+                    var value = [UInt8](repeating: UInt8(ascii: "a"), count: length)
+                    value[position] = byte
+                    let got = verdict(value: value)
+                    #expect(got == expected, "length \(length), byte \(byte) at \(position): \(String(describing: got))")
+                }
+            }
+        }
+    }
+
+    @Test func valuesKeepTheirBytes() {
+        let value = bytes("Bearer rk_") + [0x80, 0xC3, 0xA9] + bytes("\tabc def-ghi_jkl~") + [0xFF]
+        let head = bytes("GET / HTTP/1.1\r\nHost: a\r\nAuthorization: ") + value + bytes("\r\n\r\n")
+        let request = requests(parseEvents(head)).first
+        #expect(request?.head.firstValue("authorization") == String(decoding: value, as: UTF8.self))
+    }
+}
