@@ -190,11 +190,11 @@ public final class IngestService: Sendable {
             let suffix: StaticString = #"","state":"queued"}"#
             let count = prefix.utf8CodeUnitCount + idBytes.count + suffix.utf8CodeUnitCount
             return String(unsafeUninitializedCapacity: count) { out in
-                var o = 0
-                for k in 0..<prefix.utf8CodeUnitCount { out[o] = prefix.utf8Start[k]; o += 1 }
-                for b in idBytes { out[o] = b; o += 1 }
-                for k in 0..<suffix.utf8CodeUnitCount { out[o] = suffix.utf8Start[k]; o += 1 }
-                return o
+                let o = out.baseAddress!
+                o.update(from: prefix.utf8Start, count: prefix.utf8CodeUnitCount)
+                if let id = idBytes.baseAddress { (o + prefix.utf8CodeUnitCount).update(from: id, count: idBytes.count) }
+                (o + prefix.utf8CodeUnitCount + idBytes.count).update(from: suffix.utf8Start, count: suffix.utf8CodeUnitCount)
+                return count
             }
         }
     }
