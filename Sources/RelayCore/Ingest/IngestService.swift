@@ -38,12 +38,18 @@ public struct APIRequest: Sendable {
                   body: body, requestID: requestID, remoteAddress: remoteAddress)
     }
 
-    /// The headers the services read, by lowercased name.
+    /// The headers the services read, by lowercased name (setting keeps only those two).
     public var headers: [String: String] {
-        var h: [String: String] = [:]
-        if let authorization { h["authorization"] = authorization }
-        if let contentType { h["content-type"] = contentType }
-        return h
+        get {
+            var h: [String: String] = [:]
+            if let authorization { h["authorization"] = authorization }
+            if let contentType { h["content-type"] = contentType }
+            return h
+        }
+        set {
+            authorization = newValue["authorization"]
+            contentType = newValue["content-type"]
+        }
     }
 }
 
