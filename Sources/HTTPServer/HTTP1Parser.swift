@@ -56,7 +56,7 @@ package struct HTTP1Parser: Sendable {
         var method = ""
         var target = ""
         var version = HTTPVersion.http1_1
-        var headers: [HTTPField] = []
+        var headers: [(name: String, value: String)] = []
         var hostCount = 0
         var contentLengthCount = 0
         var contentLength = 0
@@ -445,7 +445,7 @@ package struct HTTP1Parser: Sendable {
         }
         // The API's one content type comes from a literal: no allocation, no UTF-8 validation.
         let value = role == .contentType && ve - vs == 16 && matches(vs, "application/json") ? "application/json" : makeString(vs, ve)
-        request.headers.append(HTTPField(name: name, value: value))
+        request.headers.append((name: name, value: value))
         return nil
     }
 
@@ -580,7 +580,7 @@ package struct HTTP1Parser: Sendable {
         request.target = ""
         request.headers = []
         let head = HTTP1RequestHead(HTTP1RequestHead.Fields(
-            method: method, target: target, version: version, headerFields: headers,
+            method: method, target: target, version: version, headers: headers,
             keepAlive: keepAlive,
             // RFC 9110 10.1.1: a 100-continue expectation in an HTTP/1.0 request is ignored.
             expectContinue: request.expectContinue && version == .http1_1,

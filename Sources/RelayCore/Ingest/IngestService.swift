@@ -38,18 +38,12 @@ public struct APIRequest: Sendable {
                   body: body, requestID: requestID, remoteAddress: remoteAddress)
     }
 
-    /// The headers the services read, by lowercased name (setting keeps only those two).
+    /// The headers the services read, by lowercased name.
     public var headers: [String: String] {
-        get {
-            var h: [String: String] = [:]
-            if let authorization { h["authorization"] = authorization }
-            if let contentType { h["content-type"] = contentType }
-            return h
-        }
-        set {
-            authorization = newValue["authorization"]
-            contentType = newValue["content-type"]
-        }
+        var h: [String: String] = [:]
+        if let authorization { h["authorization"] = authorization }
+        if let contentType { h["content-type"] = contentType }
+        return h
     }
 }
 

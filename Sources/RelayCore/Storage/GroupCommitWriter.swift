@@ -9,15 +9,27 @@ import POSIXThreads
 import Synchronization
 
 final class GroupCommitWriter: @unchecked Sendable {
-    // @unchecked Sendable: `db` and the hooks are touched only by the writer thread after
-    // `start()`; the job queue is its own lock.
-    private struct Job {
-        let run: (SQLiteDatabase) throws -> Void
-        let finish: (StoreError?) -> Void
+    // @unchecked Sendable: `db`, the held statements and the hooks are touched only by the
+    // writer thread after `start()` (hooks are set before it); the job queue is its own lock.
+
+    /// One unit of work in a batch. Subclasses override both methods: `IngestJob` (the hot path:
+    /// one object per request, no closures) and `ClosureJob` (everything else).
+    class Job {
+        /// Runs inside the batch transaction on the writer thread. A throw fails the batch.
+        func run(_ db: SQLiteDatabase) throws {}
+        /// The batch ended: `error == nil` = committed (with the connection's `synchronous`
+        /// durability), otherwise rolled back or never run. Called once, on the writer thread
+        /// (or the caller's, for a job refused because the writer is closed).
+        func finish(_ error: StoreError?) {}
     }
 
     private let db: SQLiteDatabase
     private let jobs: JobQueue<Job>
+    /// BEGIN IMMEDIATE and COMMIT, prepared once (sqlite3_exec re-parsed both on every batch,
+    /// and the connection's statement cache hashes the SQL text on every lookup).
+    private var begin: SQLiteStatement?
+    private var commit: SQLiteStatement?
+
     /// Called on the writer thread after a batch rolled back, so in-memory state derived from
     /// the database can be recomputed.
     var afterRollback: ((SQLiteDatabase) -> Void)?
@@ -48,17 +60,15 @@ final class GroupCommitWriter: @unchecked Sendable {
         jobs.start { [self] batch in runBatch(batch) }
     }
 
+    /// Queues a job; it finishes with `.closed` when the writer no longer accepts jobs.
+    func enqueue(_ job: Job) {
+        if !jobs.enqueue(job) { job.finish(.closed) }
+    }
+
     /// Runs `work` inside the next batch; `completion` runs on the writer thread after COMMIT
     /// (success) or ROLLBACK (failure).
     func enqueue<T>(_ work: @escaping (SQLiteDatabase) throws -> T, completion: @escaping (Result<T, StoreError>) -> Void) {
-        let box = ResultBox<T>()  // written and read on the writer thread only
-        let job = Job(
-            run: { db in box.value = try work(db) },
-            finish: { error in
-                if let error { completion(.failure(error)) } else if let v = box.value { completion(.success(v)) }
-                else { completion(.failure(.invalid("job produced no value"))) }
-            })
-        if !jobs.enqueue(job) { completion(.failure(.closed)) }
+        enqueue(ClosureJob(work, completion))
     }
 
     /// Blocking variant for threads the caller owns.
@@ -80,12 +90,15 @@ final class GroupCommitWriter: @unchecked Sendable {
         var failure: StoreError?
         beforeBatch?()
         do {
-            // Prepared once and reused: sqlite3_exec re-parsed both on every batch.
-            try db.runPrepared("BEGIN IMMEDIATE")
+            if begin == nil {
+                begin = try db.statement("BEGIN IMMEDIATE")
+                commit = try db.statement("COMMIT")
+            }
+            try begin!.stepOnce()
             try afterBegin?(db)
             for job in batch { try job.run(db) }
             try beforeCommit?(db)
-            try db.runPrepared("COMMIT")
+            try commit!.stepOnce()
         } catch {
             failure = (error as? StoreError) ?? .invalid("\(error)")
             if !db.isAutocommit { try? db.execute("ROLLBACK") }
@@ -94,12 +107,32 @@ final class GroupCommitWriter: @unchecked Sendable {
         if failure == nil {
             batchCounter.add(1, ordering: .relaxed)
             jobCounter.add(batch.count, ordering: .relaxed)
+            // The store's step first: the dispatcher is woken before the jobs' completions send
+            // their 202s, and whoever sees a completion also sees the wake-up.
+            afterBatchCommitted?()
         }
-        // The store's step first: the dispatcher is woken before the jobs' completions send
-        // their 202s, and whoever sees a completion also sees the wake-up.
-        if failure == nil { afterBatchCommitted?() }
         for job in batch { job.finish(failure) }
         if failure == nil { afterCommit?() }
+    }
+}
+
+/// A job made of two closures: for operator actions, the dispatcher's claims and outcome writes
+/// and tests. The ingest hot path uses its own subclass instead (no closures, no boxing).
+private final class ClosureJob<T>: GroupCommitWriter.Job {
+    private let work: (SQLiteDatabase) throws -> T
+    private let completion: (Result<T, StoreError>) -> Void
+    private var value: T?
+
+    init(_ work: @escaping (SQLiteDatabase) throws -> T, _ completion: @escaping (Result<T, StoreError>) -> Void) {
+        self.work = work
+        self.completion = completion
+    }
+
+    override func run(_ db: SQLiteDatabase) throws { value = try work(db) }
+
+    override func finish(_ error: StoreError?) {
+        if let error { completion(.failure(error)) } else if let value { completion(.success(value)) }
+        else { completion(.failure(.invalid("job produced no value"))) }
     }
 }
 

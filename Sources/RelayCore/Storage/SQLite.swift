@@ -150,13 +150,6 @@ public final class SQLiteDatabase {
         try query(sql, binds).first?.first ?? .null
     }
 
-    /// Runs a cached prepared statement without bindings or result rows (BEGIN IMMEDIATE,
-    /// COMMIT in the group-commit writer: `execute` would re-parse the SQL on every batch).
-    public func runPrepared(_ sql: String) throws {
-        let s = try statement(sql)
-        try s.stepOnce()
-    }
-
     /// Rows changed by the last INSERT/UPDATE/DELETE on this connection.
     public var changes: Int { Int(sqlite3_changes(handle)) }
 
@@ -184,6 +177,14 @@ public final class SQLiteStatement {
     private let stmt: OpaquePointer
     private unowned let db: SQLiteDatabase
     let sql: String
+    /// Where the typed binders copy text and blobs so SQLite can take them with SQLITE_STATIC:
+    /// with SQLITE_TRANSIENT it malloc'd, copied and later freed every value (~500 instructions
+    /// per bind, seven binds per ingest). The bytes must not change until the statement has
+    /// stepped, so the arena is only rewound after a step (stepOnce, reset); values that do not
+    /// fit are bound TRANSIENT as before. Allocated on first use.
+    private var arena: UnsafeMutableRawPointer?
+    private var arenaUsed = 0
+    private static let arenaSize = 4096
 
     fileprivate init(stmt: OpaquePointer, db: SQLiteDatabase, sql: String) {
         self.stmt = stmt
@@ -191,7 +192,10 @@ public final class SQLiteStatement {
         self.sql = sql
     }
 
-    deinit { sqlite3_finalize(stmt) }
+    deinit {
+        sqlite3_finalize(stmt)  // first: the statement may still point into the arena
+        arena?.deallocate()
+    }
 
     private func bind(_ binds: [SQLValue]) throws {
         let expected = Int(sqlite3_bind_parameter_count(stmt))
@@ -229,19 +233,37 @@ public final class SQLiteStatement {
     func bind(_ index: Int32, _ v: String) throws {
         var v = v
         let rc = v.withUTF8 { buf in
-            // A zero-length string needs a non-nil pointer or SQLite binds NULL.
-            buf.withMemoryRebound(to: CChar.self) {
-                sqlite3_bind_text(stmt, index, $0.baseAddress ?? UnsafePointer(bitPattern: 1), Int32($0.count), csqlite_transient())
+            let bytes = UnsafeRawBufferPointer(buf)
+            if let kept = keep(bytes) {
+                return sqlite3_bind_text(stmt, index, kept.assumingMemoryBound(to: CChar.self), Int32(bytes.count), nil)  // nil = SQLITE_STATIC
             }
+            // A zero-length string needs a non-nil pointer or SQLite binds NULL.
+            return sqlite3_bind_text(stmt, index, bytes.baseAddress?.assumingMemoryBound(to: CChar.self) ?? UnsafePointer(bitPattern: 1),
+                                     Int32(bytes.count), csqlite_transient())
         }
         guard rc == SQLITE_OK else { throw db.error(rc, "bind \(index): \(sql.prefix(60))") }
     }
 
     func bind(_ index: Int32, _ v: [UInt8]) throws {
         let rc = v.withUnsafeBytes { buf in
-            sqlite3_bind_blob(stmt, index, buf.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32(buf.count), csqlite_transient())
+            if let kept = keep(buf) {
+                return sqlite3_bind_blob(stmt, index, kept, Int32(buf.count), nil)  // nil = SQLITE_STATIC
+            }
+            return sqlite3_bind_blob(stmt, index, buf.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32(buf.count), csqlite_transient())
         }
         guard rc == SQLITE_OK else { throw db.error(rc, "bind \(index): \(sql.prefix(60))") }
+    }
+
+    /// A copy of `bytes` in the arena that stays valid until the next step's rewind, or nil
+    /// when it does not fit (or is empty: SQLite needs a non-nil pointer, which the arena start
+    /// would be, but the TRANSIENT path handles that case already).
+    private func keep(_ bytes: UnsafeRawBufferPointer) -> UnsafeRawPointer? {
+        guard let base = bytes.baseAddress, bytes.count > 0, arenaUsed + bytes.count <= Self.arenaSize else { return nil }
+        if arena == nil { arena = .allocate(byteCount: Self.arenaSize, alignment: 16) }
+        let at = arena! + arenaUsed
+        at.copyMemory(from: base, byteCount: bytes.count)
+        arenaUsed += bytes.count
+        return UnsafeRawPointer(at)
     }
 
     func bindNull(_ index: Int32) throws {
@@ -261,13 +283,41 @@ public final class SQLiteStatement {
 
     /// Runs a statement that returns no rows to completion, then resets it for reuse.
     func stepOnce() throws {
-        defer { sqlite3_reset(stmt) }
+        defer { reset() }
         while try step() {}
+    }
+
+    // Typed reads for the hot paths, without a [[SQLValue]] per result:
+    //   bind..., then `while try s.next() { s.int64(0) ... }`, then `s.reset()`.
+
+    /// Steps to the next row: true = a row is available. A failure resets the statement.
+    func next() throws -> Bool { try step() }
+
+    /// Ends the current execution so the statement can run again (bindings are kept).
+    func reset() {
+        sqlite3_reset(stmt)
+        arenaUsed = 0   // the step that used the arena's bytes is over
+    }
+
+    func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(stmt, column) }
+
+    func isNull(_ column: Int32) -> Bool { sqlite3_column_type(stmt, column) == SQLITE_NULL }
+
+    func text(_ column: Int32) -> String {
+        guard let p = sqlite3_column_text(stmt, column) else { return "" }
+        let n = Int(sqlite3_column_bytes(stmt, column))
+        return String(decoding: UnsafeBufferPointer(start: p, count: n), as: UTF8.self)
+    }
+
+    func blob(_ column: Int32) -> [UInt8] {
+        let n = Int(sqlite3_column_bytes(stmt, column))
+        guard n > 0, let p = sqlite3_column_blob(stmt, column) else { return [] }
+        return Array(UnsafeRawBufferPointer(start: p, count: n))
     }
 
     func rows(_ binds: [SQLValue]) throws -> [[SQLValue]] {
         defer {
-            sqlite3_reset(stmt)
+            reset()
             sqlite3_clear_bindings(stmt)
         }
         try bind(binds)

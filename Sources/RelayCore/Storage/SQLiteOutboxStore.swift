@@ -53,8 +53,9 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         /// Credential lookups within the current transaction (a revocation by another process
         /// cannot commit while we hold the write lock, so this is exact).
         var credentials: [[UInt8]: CachedCredential?] = [:]
-        /// The credential looked up last in this batch (same lifetime as `credentials`).
-        var lastCredential: (hash: [UInt8], credential: CachedCredential?)?
+        /// The credential looked up last in this batch (same lifetime as `credentials`), and
+        /// whether its last_used_at was already checked in this batch.
+        var lastCredential: (hash: [UInt8], credential: CachedCredential?, touchChecked: Bool)?
         /// Tokens present in unregistered_tokens or token_pacing. Only this process inserts
         /// there (relayctl only deletes), so a token outside the set needs no lookup.
         var watchedTokens: Set<String> = []
@@ -72,6 +73,9 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         /// The two statements every delivered push runs (apply), held for the same reason.
         var insertAttempt: SQLiteStatement?
         var markDelivered: SQLiteStatement?
+        /// The pending counter's read and write, once per batch.
+        var readPending: SQLiteStatement?
+        var writePending: SQLiteStatement?
     }
 
     /// A credentials row as the ingest path needs it, apps already split (once per batch, not
@@ -114,12 +118,17 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             if state.queuedInBatch > 0 { state.handoff?.queuedRowsCommitted() }
         }
         w.afterBegin = { db in
-            state.pending = Int(try db.scalar("SELECT pending FROM outbox_stats WHERE id = 1").int ?? 0)
+            if state.readPending == nil { state.readPending = try db.statement("SELECT pending FROM outbox_stats WHERE id = 1") }
+            let read = state.readPending!
+            state.pending = try read.next() ? Int(read.int64(0)) : 0
+            read.reset()
             state.pendingAtBatchStart = state.pending
         }
         w.beforeCommit = { db in
             if state.pending != state.pendingAtBatchStart {
-                try db.run("UPDATE outbox_stats SET pending = ? WHERE id = 1", [.integer(Int64(state.pending))])
+                if state.writePending == nil { state.writePending = try db.statement("UPDATE outbox_stats SET pending = ? WHERE id = 1") }
+                try state.writePending!.bind(1, Int64(state.pending))
+                try state.writePending!.stepOnce()
             }
         }
         w.afterRollback = { _ in
@@ -281,17 +290,37 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
 
     public func submit(_ request: IngestRequest, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
         guard let writer else { return completion(.failure(.invalid("store opened read-only"))) }
-        let now = clock.nowMillis()
-        let state = writerState
-        writer.enqueue({ db in try Self.ingest(request, now: now, db: db, state: state) }, completion: { result in
-            switch result {
-            case .success(let (outcome, handedOff)):
-                if let row = handedOff { state.handoff?.accept(row) }
-                completion(.success(outcome))
-            case .failure(let error):
-                completion(.failure(error))
-            }
-        })
+        writer.enqueue(IngestJob(request, now: clock.nowMillis(), state: writerState, completion: completion))
+    }
+
+    /// One submit in the writer's queue: the request in, the outcome (and the row to hand to
+    /// the dispatcher) out. One object per request instead of four closure contexts, a result
+    /// box and a Result per job.
+    private final class IngestJob: GroupCommitWriter.Job {
+        let request: IngestRequest
+        let now: Int64
+        let state: WriterState
+        let completion: @Sendable (Result<IngestOutcome, StoreError>) -> Void
+        var outcome: IngestOutcome?
+        var handedOff: OutboxRow?
+
+        init(_ request: IngestRequest, now: Int64, state: WriterState, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
+            self.request = request
+            self.now = now
+            self.state = state
+            self.completion = completion
+        }
+
+        override func run(_ db: SQLiteDatabase) throws {
+            (outcome, handedOff) = try SQLiteOutboxStore.ingest(request, now: now, db: db, state: state)
+        }
+
+        override func finish(_ error: StoreError?) {
+            // A rolled-back batch gave its dispatcher reservations back in afterRollback.
+            if let error { return completion(.failure(error)) }
+            if let row = handedOff { state.handoff?.accept(row) }
+            if let outcome { completion(.success(outcome)) } else { completion(.failure(.invalid("ingest produced no outcome"))) }
+        }
     }
 
     public func setHandoff(_ handoff: (any DispatchHandoff)?) {
@@ -317,11 +346,13 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         // Credential: looked up in the same transaction, so a revocation committed by relayctl
         // takes effect for the very next batch.
         let cred: CachedCredential?
+        var touchChecked = false
         if let last = state.lastCredential, last.hash == request.credentialHash {
             cred = last.credential   // the common case: a batch from one credential, no hashing
+            touchChecked = last.touchChecked
         } else if let cached = state.credentials[request.credentialHash] {
             cred = cached
-            state.lastCredential = (request.credentialHash, cached)
+            state.lastCredential = (request.credentialHash, cached, false)
         } else {
             cred = try db.query("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?", [.blob(request.credentialHash)]).first
                 .flatMap { row -> CachedCredential? in
@@ -329,7 +360,7 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
                     return CachedCredential(id: id, hash: hash, apps: splitApps(row[2].string ?? ""), revoked: row[3] != .null)
                 }
             state.credentials[request.credentialHash] = .some(cred)
-            state.lastCredential = (request.credentialHash, cred)
+            state.lastCredential = (request.credentialHash, cred, false)
         }
         guard let cred, RelayCrypto.constantTimeEqual(cred.hash, request.credentialHash), !cred.revoked
         else { return (.unauthorized, nil) }
@@ -345,9 +376,13 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             app = apps[0]
             guard request.configuredApps.contains(app) else { return (.unknownApp(app), nil) }
         }
-        if (state.credentialTouched[credID] ?? 0) < now - 60_000 {
-            try db.run("UPDATE credentials SET last_used_at = ? WHERE id = ?", [.integer(now), .text(credID)])
-            state.credentialTouched[credID] = now
+        // last_used_at is kept to the minute: checked once per credential and batch, not per row.
+        if !touchChecked {
+            if (state.credentialTouched[credID] ?? 0) < now - 60_000 {
+                try db.run("UPDATE credentials SET last_used_at = ? WHERE id = ?", [.integer(now), .text(credID)])
+                state.credentialTouched[credID] = now
+            }
+            state.lastCredential?.touchChecked = true
         }
         let r = request.response
         var due = now
