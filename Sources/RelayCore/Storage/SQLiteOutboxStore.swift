@@ -76,6 +76,12 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         /// The pending counter's read and write, once per batch.
         var readPending: SQLiteStatement?
         var writePending: SQLiteStatement?
+        /// The claim's statements (one SELECT per claimable state, the two row updates) and
+        /// the credential lookup, held for the same reason as the INSERTs.
+        var claimSelect: [ResponseState: SQLiteStatement] = [:]
+        var markInflight: SQLiteStatement?
+        var markExpired: SQLiteStatement?
+        var lookupCredential: SQLiteStatement?
     }
 
     /// A credentials row as the ingest path needs it, apps already split (once per batch, not
@@ -354,11 +360,17 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             cred = cached
             state.lastCredential = (request.credentialHash, cached, false)
         } else {
-            cred = try db.query("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?", [.blob(request.credentialHash)]).first
-                .flatMap { row -> CachedCredential? in
-                    guard let id = row[0].string, let hash = row[1].bytes else { return nil }
-                    return CachedCredential(id: id, hash: hash, apps: splitApps(row[2].string ?? ""), revoked: row[3] != .null)
-                }
+            if state.lookupCredential == nil {
+                state.lookupCredential = try db.statement("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?")
+            }
+            let lookup = state.lookupCredential!
+            defer { lookup.reset() }
+            try lookup.bind(1, request.credentialHash)
+            if try lookup.next(), !lookup.isNull(0), !lookup.isNull(1) {
+                cred = CachedCredential(id: lookup.text(0), hash: lookup.blob(1), apps: splitApps(lookup.text(2)), revoked: !lookup.isNull(3))
+            } else {
+                cred = nil
+            }
             state.credentials[request.credentialHash] = .some(cred)
             state.lastCredential = (request.credentialHash, cred, false)
         }
@@ -490,29 +502,58 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             updatedAt: c[15].int ?? 0)
     }
 
+    /// A `rowColumns` result row read column by column (no [SQLValue] per row).
+    static func readRow(_ s: SQLiteStatement) throws -> OutboxRow {
+        guard !s.isNull(0), let state = ResponseState(rawValue: s.text(8)) else { throw StoreError.invalid("malformed responses row") }
+        return OutboxRow(
+            id: s.text(0), app: s.text(1), pushToken: s.text(2), sessionIdentifier: s.text(3), keyID: s.blob(4),
+            messageIndex: UInt32(truncatingIfNeeded: s.int64(5)), encryptedData: s.blob(6), credentialID: s.text(7), state: state,
+            attempts: Int(s.int64(9)), nextAttemptAt: s.int64(10), createdAt: s.int64(11), expiresAt: s.int64(12),
+            lastStatus: s.isNull(13) ? nil : Int(s.int64(13)), lastReason: s.isNull(14) ? nil : s.text(14), updatedAt: s.int64(15))
+    }
+
     public func claimDue(limit: Int) throws -> [OutboxRow] {
         let now = clock.nowMillis()
         let state = writerState
         return try write { db in
             // One query per state so each walks (state, next_attempt_at) in order without a sort.
             var rows: [OutboxRow] = []
+            var rowids: [Int64] = []
+            rows.reserveCapacity(limit)
+            rowids.reserveCapacity(limit)
             // The state is a literal so the partial index responses_claim applies.
-            for s in ["queued", "retry"] where rows.count < limit {
-                let found = try db.query(
-                    "SELECT \(Self.rowColumns) FROM responses WHERE state = '\(s)' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
-                    [.integer(now), .integer(Int64(limit - rows.count))])
-                rows += try found.map(Self.decodeRow)
+            for s in [ResponseState.queued, .retry] where rows.count < limit {
+                if state.claimSelect[s] == nil {
+                    state.claimSelect[s] = try db.statement(
+                        "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = '\(s.rawValue)' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?")
+                }
+                let select = state.claimSelect[s]!
+                defer { select.reset() }
+                try select.bind(1, now)
+                try select.bind(2, Int64(limit - rows.count))
+                while try select.next() {
+                    rows.append(try Self.readRow(select))
+                    rowids.append(select.int64(16))
+                }
+            }
+            if state.markInflight == nil {
+                // By rowid (read with the row, same transaction): no descent of the id index.
+                state.markInflight = try db.statement("UPDATE responses SET state = 'inflight', updated_at = ? WHERE rowid = ?")
+                state.markExpired = try db.statement("UPDATE responses SET state = 'failed', last_reason = 'expired', updated_at = ? WHERE rowid = ?")
             }
             var claimed: [OutboxRow] = []
-            for var row in rows {
+            claimed.reserveCapacity(rows.count)
+            for (var row, rowid) in zip(rows, rowids) {
                 if row.expiresAt <= now {
-                    try db.run(
-                        "UPDATE responses SET state = 'failed', last_reason = 'expired', updated_at = ? WHERE id = ?",
-                        [.integer(now), .text(row.id)])
+                    try state.markExpired!.bind(1, now)
+                    try state.markExpired!.bind(2, rowid)
+                    try state.markExpired!.stepOnce()
                     state.pending -= 1
                     continue
                 }
-                try db.run("UPDATE responses SET state = 'inflight', updated_at = ? WHERE id = ?", [.integer(now), .text(row.id)])
+                try state.markInflight!.bind(1, now)
+                try state.markInflight!.bind(2, rowid)
+                try state.markInflight!.stepOnce()
                 row.state = .inflight
                 row.updatedAt = now
                 claimed.append(row)
