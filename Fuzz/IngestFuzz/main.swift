@@ -13,7 +13,9 @@
 //      valid credential, and a validation failure is answered with exactly its status/code;
 //   3. a 202 row reads back from the store with the canonical fields the validator produced
 //      (a 200 names a row with the same dedupe key);
-//   4. the same request again is 200 with the same id (never a second row).
+//   4. the same request again is 200 with the same id (never a second row);
+//   5. the validation fast path accepts only what the general path accepts, with the same result,
+//      and the bearer hash taken from the header bytes equals the hash of the parsed secret.
 // A violated check calls fatalError, which libFuzzer reports as a crash with the input saved.
 import Foundation
 
@@ -124,6 +126,15 @@ private func check(_ r: APIResponse, headers: [String: String], contentType: Str
         if r.status == 401 && r.header("www-authenticate") == nil { fatalError("401 without WWW-Authenticate") }
     }
     let validated = IngestValidation.validate(contentType: contentType, body: body)
+    // The one-pass fast path may only decline or agree with the general path exactly.
+    if let fast = body.withUnsafeBufferPointer({ IngestValidation.fastValidate($0, limits: IngestLimits()) }),
+       IngestValidation.validateInFull(body: body, limits: IngestLimits()) != .success(fast) {
+        fatalError("fast path accepted \(fast), the general path answers \(IngestValidation.validateInFull(body: body, limits: IngestLimits()))")
+    }
+    // The header-bytes hash is the hash of the parsed secret.
+    if IngestService.bearerHash(headers["authorization"]) != IngestService.bearer(headers["authorization"]).map({ Credentials.hash(secret: $0) }) {
+        fatalError("bearerHash disagrees with bearer for \(headers["authorization"] ?? "<none>")")
+    }
     let validCredential = headers["authorization"] == "Bearer \(fixture.secret)"
     switch validated {
     case .failure(let e):

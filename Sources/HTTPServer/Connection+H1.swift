@@ -192,7 +192,7 @@ extension Connection {
                 slots.append(H1Slot(response: nil, keepAlive: keepAlive, isHEAD: isHEAD, version: head.version))
                 let responder = HTTPResponder(connection: self, sequence: sequence, streamID: 0, isHEAD: isHEAD)
                 let req = HTTPRequest(method: head.method, target: head.target, version: head.version,
-                                      headers: HTTPHeaders(lowercased: head.headers), body: request.body,
+                                      headers: HTTPHeaders(lowercasedFields: head.headerFields), body: request.body,
                                       remoteAddress: remoteAddress, tls: tlsInfo, connectionID: id, streamID: 0)
                 core.handler(req, responder)
             case .failure(let error):
@@ -285,7 +285,7 @@ extension Connection {
         o.append(contentsOf: statusLines[r.status])
         var hasDate = false
         var hasServer = false
-        for h in r.headers {
+        for h in r.headers.storage {
             switch classifyResponseHeader(h.name) {
             case .framing: continue   // framing is the server's job
             case .date: hasDate = true

@@ -10,7 +10,7 @@ final class H2Stream {
     var method = ""
     var path = ""
     var authority: String?
-    var headers: [(name: String, value: String)] = []
+    var headers: [HTTPField] = []
     var headerBytes = 0
     var body: [UInt8] = []
     /// Refused (too large): further data is dropped and the handler is never called.
@@ -198,7 +198,7 @@ final class H2Session {
             default: break   // :scheme (validated by nghttp2), :protocol
             }
         } else {
-            st.headers.append((name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
+            st.headers.append(HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
         }
         return 0
     }
@@ -218,9 +218,9 @@ final class H2Session {
         guard !st.rejected, !st.dispatched else { return }
         st.dispatched = true
         if let a = st.authority, !st.headers.contains(where: { $0.name == "host" }) {
-            st.headers.append((name: "host", value: a))   // nghttp2 validated the value
+            st.headers.append(HTTPField(name: "host", value: a))   // nghttp2 validated the value
         }
-        let headers = HTTPHeaders(lowercased: st.headers)
+        let headers = HTTPHeaders(lowercasedFields: st.headers)
         st.headers = []
         let req = HTTPRequest(method: st.method, target: st.path, version: .http2, headers: headers,
                               body: st.body, remoteAddress: connection.remoteAddress, tls: connection.tlsInfo,

@@ -56,7 +56,7 @@ package struct HTTP1Parser: Sendable {
         var method = ""
         var target = ""
         var version = HTTPVersion.http1_1
-        var headers: [(name: String, value: String)] = []
+        var headers: [HTTPField] = []
         var hostCount = 0
         var contentLengthCount = 0
         var contentLength = 0
@@ -445,7 +445,7 @@ package struct HTTP1Parser: Sendable {
         }
         // The API's one content type comes from a literal: no allocation, no UTF-8 validation.
         let value = role == .contentType && ve - vs == 16 && matches(vs, "application/json") ? "application/json" : makeString(vs, ve)
-        request.headers.append((name: name, value: value))
+        request.headers.append(HTTPField(name: name, value: value))
         return nil
     }
 
@@ -458,26 +458,26 @@ package struct HTTP1Parser: Sendable {
     private func headerName(_ start: Int, _ end: Int) -> (String, HeaderRole) {
         switch end - start {
         case 4:
-            if matchesLowercased(start, "host") { return ("host", .host) }
+            if nameIs(start, "host") { return ("host", .host) }
         case 6:
-            if matchesLowercased(start, "accept") { return ("accept", .other) }
-            if matchesLowercased(start, "expect") { return ("expect", .expect) }
-            if matchesLowercased(start, "cookie") { return ("cookie", .other) }
+            if nameIs(start, "accept") { return ("accept", .other) }
+            if nameIs(start, "expect") { return ("expect", .expect) }
+            if nameIs(start, "cookie") { return ("cookie", .other) }
         case 10:
-            if matchesLowercased(start, "connection") { return ("connection", .connection) }
-            if matchesLowercased(start, "user-agent") { return ("user-agent", .other) }
+            if nameIs(start, "connection") { return ("connection", .connection) }
+            if nameIs(start, "user-agent") { return ("user-agent", .other) }
         case 12:
-            if matchesLowercased(start, "content-type") { return ("content-type", .contentType) }
+            if nameIs(start, "content-type") { return ("content-type", .contentType) }
         case 13:
-            if matchesLowercased(start, "authorization") { return ("authorization", .other) }
-            if matchesLowercased(start, "cache-control") { return ("cache-control", .other) }
+            if nameIs(start, "authorization") { return ("authorization", .other) }
+            if nameIs(start, "cache-control") { return ("cache-control", .other) }
         case 14:
-            if matchesLowercased(start, "content-length") { return ("content-length", .contentLength) }
+            if nameIs(start, "content-length") { return ("content-length", .contentLength) }
         case 15:
-            if matchesLowercased(start, "accept-encoding") { return ("accept-encoding", .other) }
-            if matchesLowercased(start, "accept-language") { return ("accept-language", .other) }
+            if nameIs(start, "accept-encoding") { return ("accept-encoding", .other) }
+            if nameIs(start, "accept-language") { return ("accept-language", .other) }
         case 17:
-            if matchesLowercased(start, "transfer-encoding") { return ("transfer-encoding", .transferEncoding) }
+            if nameIs(start, "transfer-encoding") { return ("transfer-encoding", .transferEncoding) }
         default:
             break
         }
@@ -580,7 +580,7 @@ package struct HTTP1Parser: Sendable {
         request.target = ""
         request.headers = []
         let head = HTTP1RequestHead(HTTP1RequestHead.Fields(
-            method: method, target: target, version: version, headers: headers,
+            method: method, target: target, version: version, headerFields: headers,
             keepAlive: keepAlive,
             // RFC 9110 10.1.1: a 100-continue expectation in an HTTP/1.0 request is ignored.
             expectContinue: request.expectContinue && version == .http1_1,
@@ -745,6 +745,34 @@ package struct HTTP1Parser: Sendable {
         let text = literal.utf8Start
         for k in 0..<literal.utf8CodeUnitCount where bytes[start + k] != text[k] { return false }
         return true
+    }
+
+    /// `matchesLowercased` for a field name, a word at a time. Exact only because the name is
+    /// already known to be a token and the literal holds only lowercase letters and `-`: OR-ing
+    /// 0x20 into a token byte gives a lowercase letter only from that letter in either case,
+    /// and `-` only from `-` (0x0D is not a token byte). `literal` has at least 4 bytes.
+    @inline(__always)
+    private func nameIs(_ start: Int, _ literal: StaticString) -> Bool {
+        let n = literal.utf8CodeUnitCount
+        let name = UnsafeRawPointer(storage.bytes + start)
+        let text = UnsafeRawPointer(literal.utf8Start)
+        if n < 8 {
+            // Two overlapping 4-byte words cover 4...7 bytes.
+            let fold: UInt32 = 0x2020_2020
+            return name.loadUnaligned(as: UInt32.self) | fold == text.loadUnaligned(as: UInt32.self)
+                && name.loadUnaligned(fromByteOffset: n - 4, as: UInt32.self) | fold
+                    == text.loadUnaligned(fromByteOffset: n - 4, as: UInt32.self)
+        }
+        let fold: UInt64 = 0x2020_2020_2020_2020
+        var offset = 0
+        while offset + 8 < n {
+            if name.loadUnaligned(fromByteOffset: offset, as: UInt64.self) | fold
+                != text.loadUnaligned(fromByteOffset: offset, as: UInt64.self) { return false }
+            offset += 8
+        }
+        // The last word ends at the last byte (it may overlap the previous one).
+        return name.loadUnaligned(fromByteOffset: n - 8, as: UInt64.self) | fold
+            == text.loadUnaligned(fromByteOffset: n - 8, as: UInt64.self)
     }
 
     /// Compares bytes at `start` with a lowercase ASCII literal, ignoring the case of the input.

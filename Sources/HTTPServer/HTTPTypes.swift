@@ -8,20 +8,20 @@ import Glibc
 /// values as received. Lookups are case-insensitive.
 public struct HTTPHeaders: Sendable, Sequence {
     public typealias Element = (name: String, value: String)
-    @usableFromInline var storage: [(name: String, value: String)]
+    var storage: [HTTPField]
     /// Some field could split a response (name not a token, CR/LF/NUL in a value). Kept up to
     /// date by every mutator so serialising a response does not rescan fields it already saw.
     private(set) var hasUnsafeField = false
 
     public init(_ pairs: [(String, String)] = []) {
-        storage = pairs.map { (name: $0.0.lowercased(), value: $0.1) }
+        storage = pairs.map { HTTPField(name: $0.0.lowercased(), value: $0.1) }
         hasUnsafeField = storage.contains { !isSafeHeader(name: $0.name, value: $0.value) }
     }
 
     /// Names already lowercased and fields already validated (the HTTP/1 parser and nghttp2
     /// refuse the bytes `hasUnsafeField` looks for): skips the copy and the scan.
-    init(lowercased pairs: [(name: String, value: String)]) {
-        storage = pairs
+    init(lowercasedFields fields: [HTTPField]) {
+        storage = fields
     }
 
     public subscript(name: String) -> String? {
@@ -41,7 +41,7 @@ public struct HTTPHeaders: Sendable, Sequence {
         var name = name
         let (isToken, hasUpper) = name.withUTF8 { scanHeaderName($0) }
         if !isToken || !isSafeHeaderValue(value) { hasUnsafeField = true }
-        storage.append((name: hasUpper ? lowercasedASCII(name) : name, value: value))
+        storage.append(HTTPField(name: hasUpper ? lowercasedASCII(name) : name, value: value))
     }
 
     /// Room for `n` fields in total without regrowing.
@@ -62,7 +62,7 @@ public struct HTTPHeaders: Sendable, Sequence {
             hasUnsafeField = storage.contains { !isSafeHeader(name: $0.name, value: $0.value) }
         } else {
             if !isSafeHeader(name: key, value: value) { hasUnsafeField = true }
-            storage.append((name: key, value: value))
+            storage.append(HTTPField(name: key, value: value))
         }
     }
 
@@ -74,11 +74,23 @@ public struct HTTPHeaders: Sendable, Sequence {
         }
     }
 
+    /// The fields themselves, for package code that walks them on a hot path (the public
+    /// iterator is not specialised across the module boundary).
+    package var fields: [HTTPField] { storage }
+
     public var count: Int { storage.count }
     public var isEmpty: Bool { storage.isEmpty }
 
-    public func makeIterator() -> IndexingIterator<[(name: String, value: String)]> {
-        storage.makeIterator()
+    public func makeIterator() -> Iterator { Iterator(base: storage.makeIterator()) }
+
+    /// Yields `(name, value)` pairs in order.
+    public struct Iterator: IteratorProtocol {
+        var base: IndexingIterator<[HTTPField]>
+
+        public mutating func next() -> (name: String, value: String)? {
+            guard let field = base.next() else { return nil }
+            return (field.name, field.value)
+        }
     }
 }
 

@@ -501,3 +501,51 @@ struct HTTP1ParserValueWordTests {
         #expect(request?.head.firstValue("authorization") == String(decoding: value, as: UTF8.self))
     }
 }
+
+/// Known field names are recognised a word at a time (OR 0x20 against the lowercase literal);
+/// that is exact only for token bytes. Every single-byte change of every known name, to every
+/// token byte, must come out as exactly that name lowercased, never as the literal.
+@Suite("HTTP/1.1 parser: field names recognised by words")
+struct HTTP1ParserNameWordTests {
+    static let known = ["host", "accept", "expect", "cookie", "connection", "user-agent", "content-type", "authorization",
+                        "cache-control", "content-length", "accept-encoding", "accept-language", "transfer-encoding"]
+    static let tokenBytes: [UInt8] = Array("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz".utf8)
+
+    func parsedName(_ name: [UInt8]) -> String? {
+        // A value every interpreted header accepts, so the name alone decides.
+        let value: String
+        switch String(decoding: name, as: UTF8.self).lowercased() {
+        case "content-length": value = "0"
+        case "transfer-encoding": value = "chunked"
+        case "expect": value = "100-continue"
+        default: value = "a"
+        }
+        let hostLine = String(decoding: name, as: UTF8.self).lowercased() == "host" ? "" : "Host: a\r\n"
+        let text = "POST / HTTP/1.1\r\n" + hostLine + String(decoding: name, as: UTF8.self) + ": " + value + "\r\n"
+            + (String(decoding: name, as: UTF8.self).lowercased() == "transfer-encoding" ? "\r\n0\r\n\r\n" : "\r\n")
+        guard let head = requests(parseEvents(bytes(text))).first?.head else { return nil }
+        return head.headers.first { $0.name != "host" || hostLine.isEmpty }?.name
+    }
+
+    @Test func everyOneByteVariantOfAKnownNameKeepsItsOwnSpelling() {
+        var checked = 0
+        for name in Self.known {
+            let original = Array(name.utf8)
+            #expect(parsedName(Array(name.uppercased().utf8)) == name)
+            for position in 0..<original.count {
+                for b in Self.tokenBytes {
+                    var variant = original
+                    variant[position] = b
+                    let expected = String(decoding: variant, as: UTF8.self).lowercased()
+                    // A variant that turned into another interpreted name (none do at one byte,
+                    // but the request would then need its own value) is skipped.
+                    guard expected == name || !Self.known.contains(expected) else { continue }
+                    let got = parsedName(variant)
+                    if got != expected { Issue.record("\(String(decoding: variant, as: UTF8.self)): parsed as \(got ?? "nil")") }
+                    checked += 1
+                }
+            }
+        }
+        #expect(checked > 10_000)
+    }
+}

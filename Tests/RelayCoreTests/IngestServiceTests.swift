@@ -274,6 +274,18 @@ import Testing
         #expect(accepted >= 5)
     }
 
+    @Test func apiRequestKeepsTheTwoHeadersTheServicesRead() {
+        var r = APIRequest(method: "POST", path: "/v1/responses",
+                           headers: ["authorization": "Bearer rk_x", "content-type": "application/json", "x-other": "1"],
+                           body: [], requestID: "r")
+        #expect(r.authorization == "Bearer rk_x")
+        #expect(r.contentType == "application/json")
+        #expect(r.headers == ["authorization": "Bearer rk_x", "content-type": "application/json"])
+        r.headers = ["content-type": "text/plain"]
+        #expect(r.authorization == nil)
+        #expect(r.contentType == "text/plain")
+    }
+
     @Test func queuedBodyIsTheJSONTheAPIDocuments() {
         for id in ["", "0190c8a5-1b2c-7d3e-8f40-123456789abc", "x"] {
             #expect(IngestService.queuedBody(id: id) == "{\"id\":\"" + id + "\",\"state\":\"queued\"}")

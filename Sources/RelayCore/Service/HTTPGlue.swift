@@ -27,11 +27,11 @@ enum HTTPGlue {
         var authorization: String?
         var contentType: String?
         var givenID: String?
-        for (name, value) in r.headers {
-            switch name {
-            case "authorization": if authorization == nil { authorization = value }
-            case "content-type": if contentType == nil { contentType = value }
-            case "x-request-id": if givenID == nil { givenID = value }
+        for field in r.headers.fields {
+            switch field.name {
+            case "authorization": if authorization == nil { authorization = field.value }
+            case "content-type": if contentType == nil { contentType = field.value }
+            case "x-request-id": if givenID == nil { givenID = field.value }
             default: break
             }
         }
