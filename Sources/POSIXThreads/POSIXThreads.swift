@@ -118,25 +118,13 @@ public final class JobQueue<Job>: @unchecked Sendable {
     private let take: ([Job]) -> Int
     private let name: String
     private let threadCount: Int
-    /// Gathering: called (under the lock) with the number of queued jobs when a thread found
-    /// work; returns how many jobs are worth waiting for and until when, or nil to serve now.
-    private let gather: ((Int) -> (count: Int, until: Date)?)?
-    /// Queue length at which `enqueue` wakes a thread: 1, or a gathering thread's goal (so it is
-    /// not woken, and put back to sleep, by every job on the way).
-    private var wakeAt = 1
 
     /// `take` gets the (non-empty) queue and returns how many head jobs one `serve` call gets,
     /// 1...queue.count; the default serves jobs one at a time.
-    /// `gather` lets a thread wait a little for more jobs before serving (a group commit under
-    /// load): it gets the queue's length and returns (count, deadline) to wait until `count`
-    /// jobs are queued or the deadline passed, or nil to serve at once. It is asked again after
-    /// every wake-up, so it sees the queue grow.
-    public init(name: String, threads: Int = 1, take: @escaping ([Job]) -> Int = { _ in 1 },
-                gather: ((Int) -> (count: Int, until: Date)?)? = nil) {
+    public init(name: String, threads: Int = 1, take: @escaping ([Job]) -> Int = { _ in 1 }) {
         self.name = name
         self.threadCount = max(1, threads)
         self.take = take
-        self.gather = gather
     }
 
     /// Starts the threads ("name" for one thread, "name-i" for several). `serve` is kept until
@@ -159,7 +147,7 @@ public final class JobQueue<Job>: @unchecked Sendable {
         condition.withLock {
             guard !closed else { return false }
             queue.append(job)
-            if queue.count >= wakeAt { condition.signal() }
+            condition.signal()
             return true
         }
     }
@@ -178,12 +166,6 @@ public final class JobQueue<Job>: @unchecked Sendable {
         while true {
             condition.lock()
             while queue.isEmpty && !closed { condition.wait() }
-            if let gather, !closed, let goal = gather(queue.count) {
-                // Until the goal, the deadline or close() (which broadcasts).
-                wakeAt = goal.count
-                while queue.count < goal.count && !closed && condition.wait(until: goal.until) {}
-                wakeAt = 1
-            }
             guard !queue.isEmpty, let serve else {
                 running -= 1
                 if running == 0 { self.serve = nil }

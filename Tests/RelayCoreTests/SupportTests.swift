@@ -79,55 +79,6 @@ import Testing
         #expect(weakOwner == nil)
     }
 
-    @Test func gatheringWaitsForItsGoalThenServesTheJobsTogether() {
-        // gather asks for 3 jobs when fewer are queued; the deadline is far away, so only the
-        // goal (or close) ends the wait.
-        let gathering = DispatchSemaphore(value: 0)
-        let served = DispatchSemaphore(value: 0)
-        let batches = Mutex<[[Int]]>([])
-        let queue = JobQueue<Int>(name: "test-gather", take: { $0.count }, gather: { queued in
-            guard queued < 3 else { return nil }
-            gathering.signal()
-            return (3, Date().addingTimeInterval(600))
-        })
-        queue.start { jobs in
-            batches.withLock { $0.append(jobs) }
-            served.signal()
-        }
-        #expect(queue.enqueue(1))
-        gathering.wait()          // the thread found job 1 and waits for more
-        #expect(queue.enqueue(2))  // below the goal: it keeps waiting
-        #expect(queue.enqueue(3))
-        served.wait()
-        #expect(batches.withLock { $0 } == [[1, 2, 3]])
-
-        // close() ends a gathering wait at once and the queued job is still served.
-        #expect(queue.enqueue(4))
-        gathering.wait()
-        queue.close()
-        #expect(batches.withLock { $0 } == [[1, 2, 3], [4]])
-    }
-
-    @Test func gatheringStopsAtItsDeadline() {
-        let gathered = Mutex(0)
-        let served = DispatchSemaphore(value: 0)
-        let batches = Mutex<[[Int]]>([])
-        let queue = JobQueue<Int>(name: "test-gather-deadline", take: { $0.count }, gather: { queued in
-            // Ask once for more jobs than will ever come, with a deadline already passed.
-            gathered.withLock { $0 += 1 }
-            return queued < 5 ? (5, Date().addingTimeInterval(-1)) : nil
-        })
-        queue.start { jobs in
-            batches.withLock { $0.append(jobs) }
-            served.signal()
-        }
-        #expect(queue.enqueue(1))
-        served.wait()
-        #expect(batches.withLock { $0 } == [[1]])
-        #expect(gathered.withLock { $0 } == 1)
-        queue.close()
-    }
-
     @Test func workerPoolRunsJobsOnItsThreadsAndInlineAfterShutdown() {
         let pool = WorkerPool(name: "test-pool", threads: 2)
         let ran = Mutex(0)

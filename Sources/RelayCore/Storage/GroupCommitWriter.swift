@@ -50,27 +50,10 @@ final class GroupCommitWriter: @unchecked Sendable {
     var batchesCommitted: Int { batchCounter.load(ordering: .relaxed) }
     var jobsCommitted: Int { jobCounter.load(ordering: .relaxed) }
 
-    /// The last batch's size, read by the queue's gather step (both on the writer thread).
-    private final class Pace { var lastBatch = 0 }
-    private let pace = Pace()
-
-    /// Under load, wait for a full batch before the next BEGIN. When the last batch held at
-    /// least `gatherMinBatch` jobs and fewer are queued now, the writer waits until as many as
-    /// last time are queued, at most `gatherMicros` (0 = never wait). The batch is what makes a
-    /// durable ingest cheap: fewer COMMITs write fewer WAL pages per row and pay BEGIN/COMMIT and
-    /// the counter row less often, and the loop thread is woken once per batch. Light load
-    /// (batches below the threshold) never waits.
-    init(db: SQLiteDatabase, maxBatch: Int = 1024, name: String = "relay-sqlite-writer",
-         gatherMicros: Int = 0, gatherMinBatch: Int = 8) {
+    init(db: SQLiteDatabase, maxBatch: Int = 1024, name: String = "relay-sqlite-writer") {
         self.db = db
-        let pace = self.pace
-        let window = Double(gatherMicros) / 1e6
         // Everything queued (up to maxBatch) goes into one transaction.
-        jobs = JobQueue(name: name, take: { queue in min(queue.count, maxBatch) }, gather: gatherMicros <= 0 ? nil : { queued in
-            let want = min(pace.lastBatch, maxBatch)
-            guard want >= max(2, gatherMinBatch), queued < want else { return nil }
-            return (want, Date().addingTimeInterval(window))
-        })
+        jobs = JobQueue(name: name) { queue in min(queue.count, maxBatch) }
     }
 
     func start() {
@@ -104,7 +87,6 @@ final class GroupCommitWriter: @unchecked Sendable {
     func close() { jobs.close() }
 
     private func runBatch(_ batch: [Job]) {
-        pace.lastBatch = batch.count
         var failure: StoreError?
         beforeBatch?()
         do {

@@ -11,11 +11,6 @@ public struct SQLiteStoreOptions: Sendable {
     public var synchronous: Synchronous = .full
     public var busyTimeoutMillis: Int32 = 5000
     public var maxBatch: Int = 1024
-    /// Group commit under load: when the last batch held at least `gatherMinBatch` jobs, the
-    /// writer waits up to this long for as many again before its next BEGIN (0 = never).
-    /// Bigger batches cost less CPU per row (docs/architecture.md, "Why a single writer").
-    public var gatherMicros: Int = 1_000
-    public var gatherMinBatch: Int = 8
     /// Open only a read connection (relayctl status/list while the server runs).
     public var readOnly: Bool = false
     /// Called about once a second while opening the store takes long (a schema migration that
@@ -117,8 +112,7 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         for row in try db.query("SELECT token FROM unregistered_tokens UNION SELECT token FROM token_pacing") {
             if let t = row[0].string { writerState.watchedTokens.insert(t) }
         }
-        let w = GroupCommitWriter(db: db, maxBatch: options.maxBatch, gatherMicros: options.gatherMicros,
-                                  gatherMinBatch: options.gatherMinBatch)
+        let w = GroupCommitWriter(db: db, maxBatch: options.maxBatch)
         let state = writerState
         w.beforeBatch = {
             state.credentials.removeAll(keepingCapacity: true)
