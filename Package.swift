@@ -53,12 +53,14 @@ let package = Package(
         .executableTarget(name: "push-bench", dependencies: ["PushClient"]),
 
         // MARK: Tests (mirror the source targets; integration tests drive the real binaries)
-        .testTarget(name: "RatchetTests", dependencies: ["Ratchet"], exclude: ["Vectors"]),
-        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
-        .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs"]),
+        // Helpers shared by the test targets (seeded PRNG, loopback sockets); Glibc only.
+        .target(name: "TestSupport", path: "Tests/TestSupport"),
+        .testTarget(name: "RatchetTests", dependencies: ["Ratchet", "TestSupport"], exclude: ["Vectors"]),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
+        .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs", "TestSupport"]),
         .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs"]),
-        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "Ratchet", "POSIXThreads"]),
-        .testTarget(name: "IntegrationTests", dependencies: ["Ratchet", "RelayCore"], exclude: ["Golden"]),
+        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "Ratchet", "POSIXThreads", "TestSupport"]),
+        .testTarget(name: "IntegrationTests", dependencies: ["Ratchet", "RelayCore", "TestSupport"], exclude: ["Golden"]),
     ],
     swiftLanguageModes: [.v6]
 )

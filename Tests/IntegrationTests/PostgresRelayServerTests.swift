@@ -5,6 +5,7 @@ import Foundation
 import RelayCore
 import Synchronization
 import Testing
+import TestSupport
 
 private let env = ProcessInfo.processInfo.environment
 
@@ -141,20 +142,4 @@ struct PostgresRelayServerTests {
         try waitFor("outbox empty", timeout: 30) { (try? store.counts().pending) == 0 }
         for id in ids.prefix(50) { #expect(try store.response(id: id)?.state == .delivered) }
     }
-}
-
-/// A loopback port that was free a moment ago (bound to 0, read back, closed).
-private func freeLoopbackPort() throws -> Int {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    guard fd >= 0 else { throw StoreError.invalid("socket failed") }
-    defer { close(fd) }
-    var addr = sockaddr_in()
-    addr.sin_family = sa_family_t(AF_INET)
-    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-    let ok = withUnsafeMutablePointer(to: &addr) { p in
-        p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 }
-    }
-    guard ok else { throw StoreError.invalid("bind failed") }
-    return Int(UInt16(bigEndian: addr.sin_port))
 }

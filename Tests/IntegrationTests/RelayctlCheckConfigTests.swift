@@ -6,6 +6,7 @@ import Testing
 #if canImport(Glibc)
 import Glibc
 #endif
+import TestSupport
 
 private func openssl(_ arguments: [String], in directory: URL) throws {
     let process = Process()
@@ -18,29 +19,6 @@ private func openssl(_ arguments: [String], in directory: URL) throws {
     process.waitUntilExit()
     try #require(process.terminationStatus == 0, "openssl \(arguments.joined(separator: " "))")
 }
-
-/// A listening TCP socket on 127.0.0.1 (ephemeral port), closed on deinit.
-private final class BusyPort {
-    let fd: Int32
-    let port: Int
-    init() throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        self.fd = fd
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        addr.sin_port = 0
-        let bound = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
-        try #require(bound == 0 && listen(fd, 1) == 0)
-        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
-        self.port = Int(UInt16(bigEndian: addr.sin_port))
-    }
-    deinit { close(fd) }
-}
-
-/// A port that was free a moment ago (bound to 0 and released).
-private func freePort() throws -> Int { try BusyPort().port }
 
 private let opensslAvailable = FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl")
 
@@ -73,8 +51,8 @@ struct RelayctlCheckConfigTests {
 
     @Test func aGoodConfigPasses() throws {
         let config = try write("""
-        {"listen": {"host": "127.0.0.1", "port": \(try freePort()), "tls": {"certificate": "good.pem", "privateKey": "good.key"}},
-         "admin": {"host": "127.0.0.1", "port": \(try freePort())},
+        {"listen": {"host": "127.0.0.1", "port": \(try freeLoopbackPort()), "tls": {"certificate": "good.pem", "privateKey": "good.key"}},
+         "admin": {"host": "127.0.0.1", "port": \(try freeLoopbackPort())},
          "store": {"path": "relay.db"},
          "apps": [{"bundleID": "com.example.companion", "environment": "sandbox",
                    "token": {"p8Path": "AuthKey.p8", "keyID": "ABC123DEFG", "teamID": "DEF123GHIJ"}}]}
@@ -115,9 +93,9 @@ struct RelayctlCheckConfigTests {
     }
 
     @Test func everyProblemIsNamed() throws {
-        let busy = try BusyPort()
+        let busy = try LoopbackListener(backlog: 1)
         let config = try write("""
-        {"listen": {"host": "127.0.0.1", "port": \(try freePort())},
+        {"listen": {"host": "127.0.0.1", "port": \(try freeLoopbackPort())},
          "admin": {"host": "127.0.0.1", "port": \(busy.port)},
          "store": {"path": "missing-dir/relay.db"},
          "apps": [{"bundleID": "com.example.a", "environment": "sandbox",

@@ -5,6 +5,7 @@
 import Foundation
 import Synchronization
 import Testing
+import TestSupport
 @testable import PushClient
 
 /// A loopback h2c server that answers requests by script. Each accepted connection runs on its
@@ -26,14 +27,14 @@ final class ScriptedH2Server: @unchecked Sendable {
         var afterGoAway = 0
         var refused = 0
     }
-    private let listener: SilentListenerSocket
+    private let listener: LoopbackListener
     private let script: Script
     let log = Mutex(Log())
     var port: Int { listener.port }
 
     init(_ script: Script) throws {
         self.script = script
-        listener = try SilentListenerSocket()
+        listener = try LoopbackListener()
         Thread { [self] in
             var index = 0
             while true {

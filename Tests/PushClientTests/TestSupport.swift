@@ -1,6 +1,7 @@
 // Helpers shared by the PushClient tests: temp dirs, running CLI tools, throwaway keys/certs,
 // loopback listeners. Everything binds 127.0.0.1 on ephemeral ports.
 import Foundation
+import TestSupport
 @testable import PushClient
 
 struct ToolError: Error, CustomStringConvertible {
@@ -79,14 +80,14 @@ func derSignature(raw: [UInt8]) -> [UInt8] {
 final class SilentListener: @unchecked Sendable {
     // @unchecked: `socket` is immutable; accepted fds are only touched by the accept thread
     // until `close()`, which runs after the test has finished with the listener.
-    private let socket: SilentListenerSocket
+    private let socket: LoopbackListener
     var fd: Int32 { socket.fd }
     var port: Int { socket.port }
     private var accepted: [Int32] = []
     private let lock = NSLock()
 
     init() throws {
-        socket = try SilentListenerSocket()
+        socket = try LoopbackListener()
         let fd = socket.fd
         Thread { [self] in
             while true {
@@ -100,19 +101,13 @@ final class SilentListener: @unchecked Sendable {
     var acceptedCount: Int { lock.lock(); defer { lock.unlock() }; return accepted.count }
 
     func close() {
-        shutdown(fd, Int32(SHUT_RDWR))
-        Glibc.close(fd)
+        socket.close()
         lock.lock(); for c in accepted { Glibc.close(c) }; accepted.removeAll(); lock.unlock()
     }
 }
 
 /// Picks a free loopback port for tools that cannot bind port 0 themselves (nghttpd).
-func freePort() throws -> Int {
-    let l = try SilentListener()
-    let p = l.port
-    l.close()
-    return p
-}
+func freePort() throws -> Int { try freeLoopbackPort() }
 
 /// `nghttpd` serving a docroot in which POST /3/device/<token> answers 200 when the file
 /// exists and 404 otherwise.
@@ -186,7 +181,7 @@ final class ManualClock: PushClock, @unchecked Sendable {
 final class FreezableProxy: @unchecked Sendable {
     // @unchecked: `listener` and `target` are immutable; `frozenBefore`, `accepted` and `fds`
     // are guarded by `lock`.
-    private let listener: SilentListenerSocket
+    private let listener: LoopbackListener
     private let target: Int
     private let lock = NSLock()
     private var accepted = 0
@@ -196,7 +191,7 @@ final class FreezableProxy: @unchecked Sendable {
     var port: Int { listener.port }
 
     init(targetPort: Int) throws {
-        listener = try SilentListenerSocket()
+        listener = try LoopbackListener()
         target = targetPort
         Thread { [self] in acceptLoop() }.start()
     }
@@ -256,32 +251,6 @@ final class FreezableProxy: @unchecked Sendable {
     }
 }
 
-/// A bound, listening loopback socket (the part of SilentListener without the accept thread).
-final class SilentListenerSocket: @unchecked Sendable {
-    // @unchecked: immutable after init.
-    let fd: Int32
-    let port: Int
-    init() throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        self.fd = fd
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        addr.sin_port = 0
-        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let ok = withUnsafeMutablePointer(to: &addr) { p in
-            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { sp -> Bool in
-                bind(fd, sp, len) == 0 && listen(fd, 16) == 0 && getsockname(fd, sp, &len) == 0
-            }
-        }
-        guard ok else { throw ToolError(description: "cannot listen: \(errno)") }
-        port = Int(UInt16(bigEndian: addr.sin_port))
-    }
-    func close() {
-        shutdown(fd, Int32(SHUT_RDWR))
-        Glibc.close(fd)
-    }
-}
 
 /// `openssl s_server` with a certificate for 127.0.0.1 and no ALPN: a TLS server that cannot
 /// speak HTTP/2.

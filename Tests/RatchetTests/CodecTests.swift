@@ -1,5 +1,6 @@
 import Testing
 import Ratchet
+import TestSupport
 
 @Suite("Wire codecs")
 struct CodecTests {

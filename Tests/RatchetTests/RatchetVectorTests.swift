@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import Ratchet
+import TestSupport
 
 @Suite("Ratchet step, keyID and the frozen vectors")
 struct RatchetVectorTests {

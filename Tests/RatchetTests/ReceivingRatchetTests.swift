@@ -1,5 +1,6 @@
 import Testing
 import Ratchet
+import TestSupport
 
 /// A sender's keys for indices 0..<count, derived straight from ratchetStep (not the receiver).
 private func senderKeys(root: SecretKey, count: Int) -> [SecretKey] {

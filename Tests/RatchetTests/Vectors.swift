@@ -41,15 +41,3 @@ struct RatchetVectorFile: Decodable {
 
 /// Hex that must parse: a malformed vector file is a test failure, reported by the caller's #require.
 func hex(_ s: String) -> [UInt8]? { [UInt8](hex: s) }
-
-/// Deterministic generator for shuffles (SplitMix64), so failures reproduce.
-struct SeededGenerator: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}

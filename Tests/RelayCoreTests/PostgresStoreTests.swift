@@ -4,6 +4,7 @@
 import Foundation
 import Synchronization
 import Testing
+import TestSupport
 @testable import RelayCore
 
 @Suite struct PostgresSetupTests {
@@ -277,20 +278,4 @@ func terminateStoreConnections(_ f: StoreFixture) throws -> Int {
         usleep(10_000)
     }
     throw StoreError.invalid("store connections did not go away")
-}
-
-func freeLoopbackPort() throws -> Int {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    guard fd >= 0 else { throw StoreError.invalid("socket failed") }
-    defer { close(fd) }
-    var addr = sockaddr_in()
-    addr.sin_family = sa_family_t(AF_INET)
-    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-    addr.sin_port = 0
-    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-    let ok = withUnsafeMutablePointer(to: &addr) { p in
-        p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 }
-    }
-    guard ok else { throw StoreError.invalid("bind failed") }
-    return Int(UInt16(bigEndian: addr.sin_port))
 }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 @testable import RelayCore
 
 private let goodToken = String(repeating: "ab", count: 32)
@@ -327,7 +328,7 @@ func invalidBodiesAreRefusedNamingTheField(_ c: Case) {
     }
 
     @Test func randomMutationsOfAGoodBodyNeverMakeThePathsDisagree() {
-        var rng = SplitMix64(seed: 0x5eed)
+        var rng = SeededGenerator(seed: 0x5eed)
         let base = Array(FastValidationTests.object(FastValidationTests.good + [("app", "\"com.example.app\"")]).utf8)
         let interesting: [UInt8] = Array(#"\"{}[],:0123456789aAfFzZ-=+/ "#.utf8) + [0, 0x09, 0x0A, 0x0D, 0x7F, 0x80, 0xC3, 0xFF]
         var taken = 0
@@ -350,7 +351,7 @@ func invalidBodiesAreRefusedNamingTheField(_ c: Case) {
     }
 
     @Test func uppercaseUUIDMatchesParseThenFormat() {
-        var rng = SplitMix64(seed: 7)
+        var rng = SeededGenerator(seed: 7)
         let alphabet = Array("0123456789abcdefABCDEF-gG{} ".utf8)
         var samples = ["6f9619ff-8b86-d011-b42d-00c04fc964ff", "6F9619FF-8B86-D011-B42D-00C04FC964FF", "6f9619ff8b86-d011-b42d-00c04fc964ff-",
                        "", "6f9619ff-8b86-d011-b42d-00c04fc964f", "6f9619ff-8b86-d011-b42d-00c04fc964fff"]
@@ -399,7 +400,7 @@ func invalidBodiesAreRefusedNamingTheField(_ c: Case) {
     }
 
     @Test func decodeAgreesWithTheReference() {
-        var rng = SplitMix64(seed: 42)
+        var rng = SeededGenerator(seed: 42)
         let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
         let odd = Array("= -_.\n*".utf8) + [0, 0x80, 0xFF]
         var samples: [[UInt8]] = ["", "AQIDBA==", "AQIDBA=", "AQID", "AQ==", "AQI=", "A===", "====", "AA=A", "=AAA", "AQ=="+"AQ==", "////", "++++"]
@@ -420,18 +421,5 @@ func invalidBodiesAreRefusedNamingTheField(_ c: Case) {
         }
         #expect(decoded > 1000)
         #expect(Base64.decode("AQIDBA==") == [1, 2, 3, 4])
-    }
-}
-
-/// Deterministic PRNG for reproducible test inputs.
-struct SplitMix64 {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
