@@ -45,4 +45,25 @@ import Testing
             count.reset()
         }
     }
+
+    /// The arena is rewound after each step and overwritten by the next binds: a text parameter
+    /// that is not bound again must read NULL, not the bytes of whatever was bound after it.
+    @Test func aParameterNotBoundAgainReadsNullNotStaleArenaBytes() throws {
+        let dir = TempDir()
+        let db = try SQLiteDatabase(path: dir.db)
+        try db.execute("CREATE TABLE t (a TEXT, b TEXT)")
+        let insert = try db.statement("INSERT INTO t VALUES (?, ?)")
+        try insert.bind(1, "first-a")
+        try insert.bind(2, "first-b")
+        try insert.stepOnce()
+        try insert.bind(2, "second-b")   // parameter 1 not bound again
+        try insert.stepOnce()
+        let read = try db.statement("SELECT a, b FROM t ORDER BY rowid")
+        var got: [(String?, String)] = []
+        while try read.next() { got.append((read.isNull(0) ? nil : read.text(0), read.text(1))) }
+        read.reset()
+        #expect(got.count == 2)
+        #expect(got.first?.0 == "first-a" && got.first?.1 == "first-b")
+        #expect(got.last?.0 == nil && got.last?.1 == "second-b")
+    }
 }

@@ -181,7 +181,10 @@ public final class SQLiteStatement {
     /// with SQLITE_TRANSIENT it malloc'd, copied and later freed every value (~500 instructions
     /// per bind, seven binds per ingest). The bytes must not change until the statement has
     /// stepped, so the arena is only rewound after a step (stepOnce, reset); values that do not
-    /// fit are bound TRANSIENT as before. Allocated on first use.
+    /// fit are bound TRANSIENT as before. Allocated on first use. sqlite3_reset keeps bindings,
+    /// but the rewound arena is overwritten by the next binds, so `reset()` also clears the
+    /// bindings of a statement that used the arena: a parameter not bound again reads NULL
+    /// (a NOT NULL error in our tables), never another value's bytes.
     private var arena: UnsafeMutableRawPointer?
     private var arenaUsed = 0
     private static let arenaSize = 4096
@@ -293,10 +296,14 @@ public final class SQLiteStatement {
     /// Steps to the next row: true = a row is available. A failure resets the statement.
     func next() throws -> Bool { try step() }
 
-    /// Ends the current execution so the statement can run again (bindings are kept).
+    /// Ends the current execution so the statement can run again. Bindings are kept, unless
+    /// text or blobs were bound into the arena: then every binding is cleared (see `arena`).
     func reset() {
         sqlite3_reset(stmt)
-        arenaUsed = 0   // the step that used the arena's bytes is over
+        if arenaUsed > 0 {
+            sqlite3_clear_bindings(stmt)
+            arenaUsed = 0   // the step that used the arena's bytes is over
+        }
     }
 
     func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(stmt, column) }
