@@ -101,13 +101,15 @@ public final class PushClient: Sendable {
     /// Local refusals use the status and reason APNs itself would return, without any I/O.
     static func validate(_ r: PushRequest) -> PushResult? {
         if r.deviceToken.isEmpty { return .rejected(status: 400, reason: .missingDeviceToken, timestamp: nil) }
-        if r.deviceToken.utf8.count > 400 || !r.deviceToken.utf8.allSatisfy({ $0.isHexDigit }) {
-            return .rejected(status: 400, reason: .badDeviceToken, timestamp: nil)
-        }
+        // Checked through withUTF8 pointer loops: `utf8.allSatisfy` walked String.UTF8View's
+        // index machinery, ~2.3k instructions per push for a 64-character token (callgrind).
+        var token = r.deviceToken
+        let tokenOK = token.withUTF8 { b in b.count <= 400 && b.allSatisfy { $0.isHexDigit } }
+        if !tokenOK { return .rejected(status: 400, reason: .badDeviceToken, timestamp: nil) }
         if r.bundleID.isEmpty { return .rejected(status: 400, reason: .missingTopic, timestamp: nil) }
-        if !r.bundleID.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7f && $0 != UInt8(ascii: ":") }) {
-            return .rejected(status: 400, reason: .badTopic, timestamp: nil)
-        }
+        var topic = r.bundleID
+        let topicOK = topic.withUTF8 { b in b.allSatisfy { $0 > 0x20 && $0 < 0x7f && $0 != UInt8(ascii: ":") } }
+        if !topicOK { return .rejected(status: 400, reason: .badTopic, timestamp: nil) }
         if let p = r.priority, ![10, 5, 1].contains(p) { return .rejected(status: 400, reason: .badPriority, timestamp: nil) }
         if let e = r.expiration, e < 0 { return .rejected(status: 400, reason: .badExpirationDate, timestamp: nil) }
         return nil

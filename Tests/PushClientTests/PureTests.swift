@@ -181,6 +181,11 @@ import Testing
         #expect(check("ab/../x") == .rejected(status: 400, reason: .badDeviceToken, timestamp: nil))
         #expect(check("ab", "") == .rejected(status: 400, reason: .missingTopic, timestamp: nil))
         #expect(check("ab", "com.x\r\nevil: 1") == .rejected(status: 400, reason: .badTopic, timestamp: nil))
+        #expect(check("00FFaB") == nil)                                          // either case of hex
+        #expect(check(String(repeating: "a", count: 400)) == nil)                 // the longest accepted
+        #expect(check(String(repeating: "a", count: 402)) == .rejected(status: 400, reason: .badDeviceToken, timestamp: nil))
+        #expect(check("ab", "com.example:app") == .rejected(status: 400, reason: .badTopic, timestamp: nil))
+        #expect(check("ab", "com.exämple") == .rejected(status: 400, reason: .badTopic, timestamp: nil))  // non-ASCII
         #expect(check("ab", priority: 7) == .rejected(status: 400, reason: .badPriority, timestamp: nil))
         #expect(check("ab", priority: 5) == nil)
         #expect(check("ab", expiration: -1) == .rejected(status: 400, reason: .badExpirationDate, timestamp: nil))
