@@ -208,36 +208,50 @@ public enum UUIDText {
     }
 
     static func parse(_ utf8: UnsafeBufferPointer<UInt8>) -> [UInt8]? {
-        guard utf8.count == 36 else { return nil }
-        var out = [UInt8]()
-        out.reserveCapacity(16)
-        var high: UInt8?
-        var i = 0
-        for c in utf8 {
-            defer { i += 1 }
-            if i == 8 || i == 13 || i == 18 || i == 23 {
-                guard c == UInt8(ascii: "-") else { return nil }
-                continue
-            }
-            let v: UInt8
-            switch c {
-            case 0x30...0x39: v = c - 0x30
-            case 0x41...0x46: v = c - 0x41 + 10
-            case 0x61...0x66: v = c - 0x61 + 10
-            default: return nil
-            }
-            if let h = high {
-                out.append(h << 4 | v)
-                high = nil
-            } else { high = v }
-        }
-        guard i == 36, out.count == 16 else { return nil }
-        return out
+        var out = [UInt8](repeating: 0, count: 16)
+        let ok = out.withUnsafeMutableBytes { parse(utf8, into: $0) }
+        return ok ? out : nil
     }
 
+    /// Writes the 16 bytes of an 8-4-4-4-12 hex UUID (either case) into `out` (16 bytes);
+    /// false, with `out` unspecified, when the text is not one.
+    static func parse(_ utf8: UnsafeBufferPointer<UInt8>, into out: UnsafeMutableRawBufferPointer) -> Bool {
+        guard utf8.count == 36, out.count == 16 else { return false }
+        var o = 0
+        var i = 0
+        while i < 36 {
+            if i == 8 || i == 13 || i == 18 || i == 23 {
+                guard utf8[i] == UInt8(ascii: "-") else { return false }
+                i += 1
+                continue
+            }
+            guard let h = hexValue(utf8[i]), let l = hexValue(utf8[i + 1]) else { return false }
+            out[o] = h << 4 | l
+            o += 1
+            i += 2
+        }
+        return true
+    }
+
+    @inline(__always)
+    private static func hexValue(_ c: UInt8) -> UInt8? {
+        switch c {
+        case 0x30...0x39: return c - 0x30
+        case 0x41...0x46: return c - 0x41 + 10
+        case 0x61...0x66: return c - 0x61 + 10
+        default: return nil
+        }
+    }
+
+    /// The UUID of an 8-4-4-4-12 hex text (either case), or nil; parsed straight into the
+    /// UUID's bytes (the dispatcher parses two per push).
     public static func uuid(_ s: String) -> UUID? {
-        guard let b = parse(s) else { return nil }
-        return UUID(uuid: (b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]))
+        var s = s
+        return s.withUTF8 { utf8 -> UUID? in
+            var t: uuid_t = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+            guard withUnsafeMutableBytes(of: &t, { parse(utf8, into: $0) }) else { return nil }
+            return UUID(uuid: t)
+        }
     }
 }
 
