@@ -107,8 +107,8 @@ public final class Condition: @unchecked Sendable {
 /// and runs `serve` on them without the lock. `close()` refuses new jobs, lets the threads
 /// serve everything already queued, and returns when they have exited.
 ///
-/// `@unchecked Sendable`: `queue`, `closed` and `serve` are only touched under `condition`
-/// (serve is read there and called after unlocking); `threads` is written once by `start`.
+/// `@unchecked Sendable`: `queue`, `closed`, `running` and `serve` are only touched under
+/// `condition` (serve is read there and called after unlocking).
 public final class JobQueue<Job>: @unchecked Sendable {
     private let condition = Condition()
     private var queue: [Job] = []

@@ -174,10 +174,7 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         let d = Dispatcher(store: s, transports: ["com.example.app": t], options: DispatcherOptions(maxInflight: 1, idlePollMillis: 60_000), clock: clock)
         try d.start()
         let writer = try #require(s.writer)
-        let gate = DispatchSemaphore(value: 0)
-        let entered = DispatchSemaphore(value: 0)
-        writer.enqueue({ _ in entered.signal(); gate.wait() }, completion: { _ in })
-        entered.wait()
+        let gate = try holdWriter(s)
         let done = DispatchSemaphore(value: 0)
         let result = ResultBox<Result<IngestOutcome, StoreError>>()
         s.submit(IngestRequest(response: sample(), credentialHash: Credentials.hash(secret: secret), configuredApps: ["com.example.app"],
@@ -191,6 +188,17 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         d.release(1)
         d.stop()
     }
+}
+
+/// Parks the store's writer thread inside a job until the returned gate is signalled, so that
+/// everything submitted meanwhile is committed together in the next batch.
+func holdWriter(_ s: SQLiteOutboxStore) throws -> DispatchSemaphore {
+    let writer = try #require(s.writer)
+    let gate = DispatchSemaphore(value: 0)
+    let entered = DispatchSemaphore(value: 0)
+    writer.enqueue({ _ in entered.signal(); gate.wait() }, completion: { _ in })
+    entered.wait()
+    return gate
 }
 
 /// Counts what the store tells its hand-off target, to check that wake-ups are per batch.
@@ -212,11 +220,7 @@ final class CountingHandoff: DispatchHandoff, @unchecked Sendable {
 
     /// Holds the writer, queues `count` ingests behind it so they commit in one batch, releases it.
     func ingestInOneBatch(_ s: SQLiteOutboxStore, secret: String, from first: UInt32, count: Int) throws -> [IngestOutcome] {
-        let writer = try #require(s.writer)
-        let gate = DispatchSemaphore(value: 0)
-        let entered = DispatchSemaphore(value: 0)
-        writer.enqueue({ _ in entered.signal(); gate.wait() }, completion: { _ in })
-        entered.wait()
+        let gate = try holdWriter(s)
         let done = DispatchSemaphore(value: 0)
         let results = Mutex<[IngestOutcome]>([])
         for i in 0..<count {

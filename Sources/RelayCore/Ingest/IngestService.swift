@@ -37,20 +37,6 @@ public struct APIRequest: Sendable {
         self.init(method: method, path: path, authorization: headers["authorization"], contentType: headers["content-type"],
                   body: body, requestID: requestID, remoteAddress: remoteAddress)
     }
-
-    /// The headers the services read, by lowercased name (setting keeps only those two).
-    public var headers: [String: String] {
-        get {
-            var h: [String: String] = [:]
-            if let authorization { h["authorization"] = authorization }
-            if let contentType { h["content-type"] = contentType }
-            return h
-        }
-        set {
-            authorization = newValue["authorization"]
-            contentType = newValue["content-type"]
-        }
-    }
 }
 
 public struct APIResponse: Sendable, Equatable {
@@ -311,14 +297,14 @@ public final class IngestService: Sendable {
 
     private func get(_ request: APIRequest, id: String, _ finish: @escaping @Sendable (APIResponse, String?) -> Void) {
         guard let secret = Self.bearer(request.authorization) else {
-            return finish(.error(Self.unauthorized, headers: [("www-authenticate", "Bearer")]), "no bearer")
+            return finish(.error(Self.unauthorized, headers: Self.authenticateHeaders), "no bearer")
         }
         let notFound = ClientError(status: 404, code: "not_found", field: "id", message: "no response with this id for this credential")
         guard UUIDText.parse(id) != nil else { return finish(.error(notFound), nil) }
         workers.submit { [store, logger] in
             do {
                 guard let cred = try store.authenticate(secret: secret) else {
-                    return finish(.error(Self.unauthorized, headers: [("www-authenticate", "Bearer")]), "unknown or revoked")
+                    return finish(.error(Self.unauthorized, headers: Self.authenticateHeaders), "unknown or revoked")
                 }
                 // Another credential's row is reported as absent, not forbidden: ids do not leak.
                 guard let row = try store.response(id: id), row.credentialID == cred.id else { return finish(.error(notFound), nil) }

@@ -6,10 +6,6 @@ import HTTPServer
 
 enum HTTPGlue {
     /// Honours a client's X-Request-Id when it is short and plain; otherwise mints one.
-    static func requestID(_ headers: HTTPHeaders) -> String {
-        requestID(given: headers["x-request-id"])
-    }
-
     static func requestID(given: String?) -> String {
         if let given, (1...64).contains(given.utf8.count),
            given.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D || $0 == 0x5F || $0 == 0x2E }) {

@@ -90,15 +90,11 @@ final class GroupCommitWriter: @unchecked Sendable {
         var failure: StoreError?
         beforeBatch?()
         do {
-            if begin == nil {
-                begin = try db.statement("BEGIN IMMEDIATE")
-                commit = try db.statement("COMMIT")
-            }
-            try begin!.stepOnce()
+            try db.held(&begin, "BEGIN IMMEDIATE").stepOnce()
             try afterBegin?(db)
             for job in batch { try job.run(db) }
             try beforeCommit?(db)
-            try commit!.stepOnce()
+            try db.held(&commit, "COMMIT").stepOnce()
         } catch {
             failure = (error as? StoreError) ?? .invalid("\(error)")
             if !db.isAutocommit { try? db.execute("ROLLBACK") }

@@ -121,6 +121,16 @@ public final class SQLiteDatabase {
     }
 
     /// A cached prepared statement for `sql`.
+    /// The statement in `slot`, prepared into it on first use. Hot paths keep their statements
+    /// in such slots: the cache behind `statement(_:)` is a dictionary keyed by the SQL text,
+    /// and hashing that text cost ~2k instructions per lookup.
+    func held(_ slot: inout SQLiteStatement?, _ sql: @autoclosure () -> String) throws -> SQLiteStatement {
+        if let s = slot { return s }
+        let s = try statement(sql())
+        slot = s
+        return s
+    }
+
     public func statement(_ sql: String) throws -> SQLiteStatement {
         if let cached = statements[sql] { return cached }
         var stmt: OpaquePointer?
@@ -225,8 +235,9 @@ public final class SQLiteStatement {
     }
 
     // Typed binding for the hot paths (ingest INSERT, outcome writes): no [SQLValue] array, no
-    // [[SQLValue]] result. Use: bind every parameter, then stepOnce() (which resets). Bindings
-    // are not cleared: the next use binds every parameter again.
+    // [[SQLValue]] result. Use: bind every parameter, then stepOnce() (which resets). Bind every
+    // parameter again before the next use: `reset()` clears the bindings of a statement that
+    // bound text or blobs (see `arena`).
 
     func bind(_ index: Int32, _ v: Int64) throws {
         let rc = sqlite3_bind_int64(stmt, index, v)
@@ -267,6 +278,16 @@ public final class SQLiteStatement {
         at.copyMemory(from: base, byteCount: bytes.count)
         arenaUsed += bytes.count
         return UnsafeRawPointer(at)
+    }
+
+    /// `v`, or NULL for nil.
+    func bind(_ index: Int32, _ v: Int64?) throws {
+        if let v { try bind(index, v) } else { try bindNull(index) }
+    }
+
+    /// `v`, or NULL for nil.
+    func bind(_ index: Int32, _ v: String?) throws {
+        if let v { try bind(index, v) } else { try bindNull(index) }
     }
 
     func bindNull(_ index: Int32) throws {

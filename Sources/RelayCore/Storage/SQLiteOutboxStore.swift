@@ -124,17 +124,16 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             if state.queuedInBatch > 0 { state.handoff?.queuedRowsCommitted() }
         }
         w.afterBegin = { db in
-            if state.readPending == nil { state.readPending = try db.statement("SELECT pending FROM outbox_stats WHERE id = 1") }
-            let read = state.readPending!
+            let read = try db.held(&state.readPending, "SELECT pending FROM outbox_stats WHERE id = 1")
             state.pending = try read.next() ? Int(read.int64(0)) : 0
             read.reset()
             state.pendingAtBatchStart = state.pending
         }
         w.beforeCommit = { db in
             if state.pending != state.pendingAtBatchStart {
-                if state.writePending == nil { state.writePending = try db.statement("UPDATE outbox_stats SET pending = ? WHERE id = 1") }
-                try state.writePending!.bind(1, Int64(state.pending))
-                try state.writePending!.stepOnce()
+                let write = try db.held(&state.writePending, "UPDATE outbox_stats SET pending = ? WHERE id = 1")
+                try write.bind(1, Int64(state.pending))
+                try write.stepOnce()
             }
         }
         w.afterRollback = { _ in
@@ -360,10 +359,7 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             cred = cached
             state.lastCredential = (request.credentialHash, cached, false)
         } else {
-            if state.lookupCredential == nil {
-                state.lookupCredential = try db.statement("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?")
-            }
-            let lookup = state.lookupCredential!
+            let lookup = try db.held(&state.lookupCredential, "SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?")
             defer { lookup.reset() }
             try lookup.bind(1, request.credentialHash)
             if try lookup.next(), !lookup.isNull(0), !lookup.isNull(1) {
@@ -418,14 +414,7 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         let id = state.ids.next(nowMillis: now)
         let expires = now + request.ttlMillis
         // Two statements with the state as a literal, bound without [SQLValue] arrays.
-        let insert: SQLiteStatement
-        if handOff {
-            if state.insertInflight == nil { state.insertInflight = try db.statement(insertInflightSQL) }
-            insert = state.insertInflight!
-        } else {
-            if state.insertQueued == nil { state.insertQueued = try db.statement(insertQueuedSQL) }
-            insert = state.insertQueued!
-        }
+        let insert = handOff ? try db.held(&state.insertInflight, insertInflightSQL) : try db.held(&state.insertQueued, insertQueuedSQL)
         try insert.bind(1, id)
         try insert.bind(2, app)
         try insert.bind(3, r.pushToken)
@@ -523,11 +512,8 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             rowids.reserveCapacity(limit)
             // The state is a literal so the partial index responses_claim applies.
             for s in [ResponseState.queued, .retry] where rows.count < limit {
-                if state.claimSelect[s] == nil {
-                    state.claimSelect[s] = try db.statement(
-                        "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = '\(s.rawValue)' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?")
-                }
-                let select = state.claimSelect[s]!
+                let select = try db.held(&state.claimSelect[s],
+                    "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = '\(s.rawValue)' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?")
                 defer { select.reset() }
                 try select.bind(1, now)
                 try select.bind(2, Int64(limit - rows.count))
@@ -536,24 +522,22 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
                     rowids.append(select.int64(16))
                 }
             }
-            if state.markInflight == nil {
-                // By rowid (read with the row, same transaction): no descent of the id index.
-                state.markInflight = try db.statement("UPDATE responses SET state = 'inflight', updated_at = ? WHERE rowid = ?")
-                state.markExpired = try db.statement("UPDATE responses SET state = 'failed', last_reason = 'expired', updated_at = ? WHERE rowid = ?")
-            }
+            // By rowid (read with the row, same transaction): no descent of the id index.
+            let markInflight = try db.held(&state.markInflight, "UPDATE responses SET state = 'inflight', updated_at = ? WHERE rowid = ?")
+            let markExpired = try db.held(&state.markExpired, "UPDATE responses SET state = 'failed', last_reason = 'expired', updated_at = ? WHERE rowid = ?")
             var claimed: [OutboxRow] = []
             claimed.reserveCapacity(rows.count)
             for (var row, rowid) in zip(rows, rowids) {
                 if row.expiresAt <= now {
-                    try state.markExpired!.bind(1, now)
-                    try state.markExpired!.bind(2, rowid)
-                    try state.markExpired!.stepOnce()
+                    try markExpired.bind(1, now)
+                    try markExpired.bind(2, rowid)
+                    try markExpired.stepOnce()
                     state.pending -= 1
                     continue
                 }
-                try state.markInflight!.bind(1, now)
-                try state.markInflight!.bind(2, rowid)
-                try state.markInflight!.stepOnce()
+                try markInflight.bind(1, now)
+                try markInflight.bind(2, rowid)
+                try markInflight.stepOnce()
                 row.state = .inflight
                 row.updatedAt = now
                 claimed.append(row)
@@ -581,17 +565,14 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             for u in updates {
                 if let a = u.attempt {
                     // Typed binds on held statements: this and the delivered UPDATE run once per push.
-                    if state.insertAttempt == nil {
-                        state.insertAttempt = try db.statement(
-                            "INSERT INTO attempts (response_id, attempted_at, status, reason, apns_timestamp, latency_us) VALUES (?, ?, ?, ?, ?, ?)")
-                    }
-                    let st = state.insertAttempt!
+                    let st = try db.held(&state.insertAttempt,
+                        "INSERT INTO attempts (response_id, attempted_at, status, reason, apns_timestamp, latency_us) VALUES (?, ?, ?, ?, ?, ?)")
                     try st.bind(1, a.responseID)
                     try st.bind(2, a.attemptedAt)
-                    if let v = a.status { try st.bind(3, Int64(v)) } else { try st.bindNull(3) }
-                    if let v = a.reason { try st.bind(4, v) } else { try st.bindNull(4) }
-                    if let v = a.apnsTimestamp { try st.bind(5, v) } else { try st.bindNull(5) }
-                    if let v = a.latencyMicros { try st.bind(6, v) } else { try st.bindNull(6) }
+                    try st.bind(3, a.status.map(Int64.init))
+                    try st.bind(4, a.reason)
+                    try st.bind(5, a.apnsTimestamp)
+                    try st.bind(6, a.latencyMicros)
                     try st.stepOnce()
                 }
                 let status: SQLValue = u.attempt?.status.map { .integer(Int64($0)) } ?? .null
@@ -600,13 +581,10 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
                 var changed = 0
                 switch u.outcome {
                 case .delivered:
-                    if state.markDelivered == nil {
-                        state.markDelivered = try db.statement(
-                            "UPDATE responses SET state = 'delivered', attempts = attempts + ?, last_status = ?, last_reason = NULL, updated_at = ? WHERE id = ? AND state = 'inflight'")
-                    }
-                    let st = state.markDelivered!
+                    let st = try db.held(&state.markDelivered,
+                        "UPDATE responses SET state = 'delivered', attempts = attempts + ?, last_status = ?, last_reason = NULL, updated_at = ? WHERE id = ? AND state = 'inflight'")
                     try st.bind(1, Int64(counted))
-                    if let v = u.attempt?.status { try st.bind(2, Int64(v)) } else { try st.bindNull(2) }
+                    try st.bind(2, u.attempt?.status.map(Int64.init))
                     try st.bind(3, now)
                     try st.bind(4, u.id)
                     try st.stepOnce()
