@@ -13,6 +13,7 @@ enum LoopTask {
     case respond(Connection, HTTPResponder, HTTPResponse, ConnectionAction)
     case abort(Connection)
     case setMaxConcurrentStreams(Connection, UInt32)
+    case run(@Sendable () -> Void)
     case beginShutdown
     case forceClose
 }
@@ -28,7 +29,7 @@ private func uvMessage(_ code: Int32) -> String { String(cString: uv_strerror(co
 // date cache) is touched only on the loop thread once `start` has created it. Other threads
 // use only `enqueue` (a Mutex-protected queue plus uv_async_send, which libuv documents as
 // thread-safe), `isCurrentThread` (an Atomic) and `connectionCount` (an Atomic).
-final class EventLoop: @unchecked Sendable {
+final class EventLoop: EventLoopExecutor, @unchecked Sendable {
     let core: ServerCore
     let loop: UnsafeMutablePointer<uv_loop_t>
     private let async: UnsafeMutablePointer<uv_async_t>
@@ -207,6 +208,9 @@ final class EventLoop: @unchecked Sendable {
         }
     }
 
+    @discardableResult
+    func execute(_ work: @escaping @Sendable () -> Void) -> Bool { enqueue(.run(work)) }
+
     private func runTasks() {
         let items = tasks.withLock { q -> [LoopTask] in
             let items = q.items
@@ -218,6 +222,7 @@ final class EventLoop: @unchecked Sendable {
             case .respond(let c, let r, let resp, let action): c.complete(r, resp, action)
             case .abort(let c): c.close()
             case .setMaxConcurrentStreams(let c, let n): c.setMaxConcurrentStreams(n)
+            case .run(let work): work()
             case .beginShutdown: beginShutdown()
             case .forceClose: forceClose()
             }

@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import POSIXThreads
+import Ratchet
 @testable import RelayCore
 import Testing
 
@@ -92,4 +93,31 @@ import Testing
 
     /// Written and read only under the test's condition lock.
     final class Box: @unchecked Sendable { var value = 0 }
+}
+
+@Suite struct SHA256Tests {
+    // FIPS 180-2 appendix B vectors and the empty string.
+    static let vectors: [(String, String)] = [
+        ("", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"),
+        ("abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
+        ("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"),
+    ]
+
+    @Test(arguments: vectors) func knownDigests(input: String, hex: String) {
+        #expect(RelayCrypto.sha256(Array(input.utf8)).hexString == hex)
+        #expect(Array(input.utf8).withUnsafeBytes { RelayCrypto.sha256($0) }.hexString == hex)
+    }
+
+    @Test func aMillionAsAcrossNonContiguousAndContiguousInput() {
+        // FIPS 180-2 B.3; a lazy collection (no contiguous storage) takes the copying path.
+        let hex = "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"
+        #expect(RelayCrypto.sha256(repeatElement(UInt8(ascii: "a"), count: 1_000_000)).hexString == hex)
+        #expect(RelayCrypto.sha256([UInt8](repeating: UInt8(ascii: "a"), count: 1_000_000)).hexString == hex)
+    }
+
+    @Test func theIngestBearerHashIsTheStoredCredentialHash() {
+        let secret = "rk_" + String(repeating: "x", count: 43)
+        #expect(IngestService.bearerHash("Bearer \(secret)") == Credentials.hash(secret: secret))
+        #expect(IngestService.bearerHash("Basic \(secret)") == nil)
+    }
 }

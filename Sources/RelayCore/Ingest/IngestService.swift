@@ -6,6 +6,7 @@
 //   200 duplicate, 410 unregistered token, 503 outbox bound, 202 after COMMIT.
 import FoundationEssentials
 import Glibc
+import HTTPServer
 import Ratchet
 
 public struct APIRequest: Sendable {
@@ -19,9 +20,12 @@ public struct APIRequest: Sendable {
     public var requestID: String
     /// The peer as HTTPServer reports it ("192.0.2.7:51234", "[2001:db8::1]:51234"); "" unknown.
     public var remoteAddress: String
+    /// The HTTP loop that answers this request, when known: the store completes a committed
+    /// batch's ingests there in one task (see IngestRequest.executor).
+    public var executor: (any EventLoopExecutor)?
 
     public init(method: String, path: String, authorization: String?, contentType: String?, body: [UInt8],
-                requestID: String, remoteAddress: String = "") {
+                requestID: String, remoteAddress: String = "", executor: (any EventLoopExecutor)? = nil) {
         self.method = method
         self.path = path
         self.authorization = authorization
@@ -29,6 +33,7 @@ public struct APIRequest: Sendable {
         self.body = body
         self.requestID = requestID
         self.remoteAddress = remoteAddress
+        self.executor = executor
     }
 
     /// `headers` has lowercased names; only authorization and content-type are kept.
@@ -210,7 +215,7 @@ public final class IngestService: Sendable {
         guard var h = authorization else { return nil }
         return h.withUTF8 { u -> [UInt8]? in
             guard let r = bearerRange(u) else { return nil }
-            return RelayCrypto.sha256(UnsafeBufferPointer(rebasing: u[r]))
+            return RelayCrypto.sha256(UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: u[r])))
         }
     }
 
@@ -262,7 +267,7 @@ public final class IngestService: Sendable {
                                  headers: [("retry-after", String(t.retryAfterSeconds))]), "token rate")
         }
         let ingest = IngestRequest(response: response, credentialHash: hash, configuredApps: settings.apps,
-                                   ttlMillis: settings.ttlMillis, maxPending: settings.maxPending)
+                                   ttlMillis: settings.ttlMillis, maxPending: settings.maxPending, executor: request.executor)
         let retryAfterSeconds = settings.unavailableRetryAfterSeconds
         // Captures the request id, not the request: the closure lives until the writer ran it.
         let requestID = request.requestID

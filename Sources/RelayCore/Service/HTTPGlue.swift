@@ -17,7 +17,7 @@ enum HTTPGlue {
     /// Only the headers the services read (authorization, content-type) are copied into
     /// APIRequest, as plain fields: a dictionary of every header cost ~10k instructions per
     /// request, a dictionary of those two still ~2k.
-    static func apiRequest(_ r: HTTPRequest) -> APIRequest {
+    static func apiRequest(_ r: HTTPRequest, executor: (any EventLoopExecutor)? = nil) -> APIRequest {
         // One pass over the (already lowercased) names instead of a lookup per header, each of
         // which lowercased its argument; the first value of a name wins, as HTTPHeaders' subscript.
         var authorization: String?
@@ -32,7 +32,7 @@ enum HTTPGlue {
             }
         }
         return APIRequest(method: r.method, path: r.path, authorization: authorization, contentType: contentType, body: r.body,
-                          requestID: requestID(given: givenID), remoteAddress: r.remoteAddress)
+                          requestID: requestID(given: givenID), remoteAddress: r.remoteAddress, executor: executor)
     }
 
     /// The full body even for HEAD: HTTPServer sends a HEAD answer's headers only, with the
@@ -46,7 +46,7 @@ enum HTTPGlue {
 
     static func handler(_ service: @escaping @Sendable (APIRequest, @escaping @Sendable (APIResponse) -> Void) -> Void) -> HTTPHandler {
         { request, responder in
-            service(apiRequest(request)) { responder.respond(httpResponse($0)) }
+            service(apiRequest(request, executor: responder.executor)) { responder.respond(httpResponse($0)) }
         }
     }
 

@@ -21,6 +21,9 @@ final class GroupCommitWriter: @unchecked Sendable {
         /// durability), otherwise rolled back or never run. Called once, on the writer thread
         /// (or the caller's, for a job refused because the writer is closed).
         func finish(_ error: StoreError?) {}
+        /// The writer no longer accepts jobs: called on the caller's thread instead of `run`
+        /// and `finish`.
+        func refuse(_ error: StoreError) { finish(error) }
     }
 
     private let db: SQLiteDatabase
@@ -37,6 +40,8 @@ final class GroupCommitWriter: @unchecked Sendable {
     var afterCommit: (@Sendable () -> Void)?
     /// The store's own per-batch step after a successful COMMIT, before the jobs' completions.
     var afterBatchCommitted: (() -> Void)?
+    /// Called on the writer thread after every job of a batch finished, committed or not.
+    var afterBatch: (() -> Void)?
     /// Called on the writer thread before each batch's BEGIN (per-batch caches reset here).
     var beforeBatch: (() -> Void)?
     /// Run inside the transaction right after BEGIN and right before COMMIT (state kept in the
@@ -62,7 +67,7 @@ final class GroupCommitWriter: @unchecked Sendable {
 
     /// Queues a job; it finishes with `.closed` when the writer no longer accepts jobs.
     func enqueue(_ job: Job) {
-        if !jobs.enqueue(job) { job.finish(.closed) }
+        if !jobs.enqueue(job) { job.refuse(.closed) }
     }
 
     /// Runs `work` inside the next batch; `completion` runs on the writer thread after COMMIT
@@ -108,6 +113,7 @@ final class GroupCommitWriter: @unchecked Sendable {
             afterBatchCommitted?()
         }
         for job in batch { job.finish(failure) }
+        afterBatch?()
         if failure == nil { afterCommit?() }
     }
 }

@@ -2,6 +2,7 @@
 // connection); reads use a second connection behind a lock. Schema: docs/architecture.md.
 import FoundationEssentials
 import Glibc
+import HTTPServer
 import POSIXThreads
 import Ratchet
 
@@ -64,6 +65,8 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         /// Rows this batch inserted `queued` (not handed off): the dispatcher is woken once
         /// after COMMIT when there are any.
         var queuedInBatch = 0
+        /// Ingest jobs of the current batch whose completion runs on their HTTP loop.
+        fileprivate var deferred: [IngestJob] = []
         /// Response ids, minted on the writer thread in commit order.
         var ids = TimeOrderedIDs()
         /// The two ingest INSERTs, held here so the hot path skips the connection's statement
@@ -120,6 +123,7 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             state.reservedInBatch = 0
             state.queuedInBatch = 0
         }
+        w.afterBatch = { Self.completeDeferred(state) }
         w.afterBatchCommitted = {
             if state.queuedInBatch > 0 { state.handoff?.queuedRowsCommitted() }
         }
@@ -301,13 +305,17 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     /// One submit in the writer's queue: the request in, the outcome (and the row to hand to
     /// the dispatcher) out. One object per request instead of four closure contexts, a result
     /// box and a Result per job.
-    private final class IngestJob: GroupCommitWriter.Job {
+    // @unchecked Sendable: a job is touched by one thread at a time. The writer thread runs and
+    // finishes it; a deferred job is then handed, inside one executor task, to the HTTP loop,
+    // which calls `complete()` once. The hand-over goes through the executor's locked queue.
+    fileprivate final class IngestJob: GroupCommitWriter.Job, @unchecked Sendable {
         let request: IngestRequest
         let now: Int64
         let state: WriterState
         let completion: @Sendable (Result<IngestOutcome, StoreError>) -> Void
         var outcome: IngestOutcome?
         var handedOff: OutboxRow?
+        var error: StoreError?
 
         init(_ request: IngestRequest, now: Int64, state: WriterState, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
             self.request = request
@@ -322,9 +330,41 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
 
         override func finish(_ error: StoreError?) {
             // A rolled-back batch gave its dispatcher reservations back in afterRollback.
+            self.error = error
+            if error == nil, let row = handedOff { state.handoff?.accept(row) }
+            // The answer is built and sent on the request's loop (afterBatch hands them over).
+            if request.executor != nil { state.deferred.append(self) } else { complete() }
+        }
+
+        override func refuse(_ error: StoreError) {
+            self.error = error
+            complete()
+        }
+
+        func complete() {
             if let error { return completion(.failure(error)) }
-            if let row = handedOff { state.handoff?.accept(row) }
             if let outcome { completion(.success(outcome)) } else { completion(.failure(.invalid("ingest produced no outcome"))) }
+        }
+    }
+
+    /// Hands the batch's deferred completions to their loops: one task per loop (one loop
+    /// in the default configuration), in commit order within each loop.
+    private static func completeDeferred(_ state: WriterState) {
+        guard !state.deferred.isEmpty else { return }
+        let jobs = state.deferred
+        state.deferred.removeAll(keepingCapacity: true)
+        var groups: [(executor: any EventLoopExecutor, jobs: [IngestJob])] = []
+        for job in jobs {
+            guard let executor = job.request.executor else { continue }
+            if let i = groups.firstIndex(where: { $0.executor === executor }) {
+                groups[i].jobs.append(job)
+            } else {
+                groups.append((executor, [job]))
+            }
+        }
+        for group in groups {
+            let batch = group.jobs
+            group.executor.execute { for job in batch { job.complete() } }
         }
     }
 

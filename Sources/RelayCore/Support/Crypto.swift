@@ -6,18 +6,16 @@ internal import COpenSSL
 
 public enum RelayCrypto {
     public static func sha256(_ bytes: some Collection<UInt8>) -> [UInt8] {
-        let input = Array(bytes)
-        var out = [UInt8](repeating: 0, count: 32)
-        var size: UInt32 = 0
-        let rc = input.withUnsafeBytes { inp in
-            out.withUnsafeMutableBytes { o in
-                EVP_Digest(inp.baseAddress, inp.count, o.baseAddress?.assumingMemoryBound(to: UInt8.self), &size, sha256MD.md, nil)
-            }
+        if let digest = bytes.withContiguousStorageIfAvailable({ sha256(UnsafeRawBufferPointer($0)) }) { return digest }
+        return Array(bytes).withUnsafeBytes { sha256($0) }
+    }
+
+    /// The ingest path hashes every request's bearer straight from the header bytes.
+    public static func sha256(_ bytes: UnsafeRawBufferPointer) -> [UInt8] {
+        [UInt8](unsafeUninitializedCapacity: 32) { out, count in
+            cossl_sha256(bytes.baseAddress, bytes.count, out.baseAddress)
+            count = 32
         }
-        // EVP_Digest with a built-in digest only fails on allocation failure: treat as fatal
-        // rather than hand out an all-zero hash.
-        precondition(rc == 1 && size == 32, "EVP_Digest(SHA-256) failed")
-        return out
     }
 
     /// Cryptographically random bytes (RAND_bytes); traps if the CSPRNG is unavailable,
@@ -92,23 +90,6 @@ public enum RelayCrypto {
         return UUIDText.format(b)
     }
 }
-
-/// SHA-256 fetched from the default provider once. `EVP_sha256()` hands EVP_Digest a legacy
-/// descriptor that OpenSSL 3 resolves with a provider fetch (name lookup, locks) on every call.
-final class FetchedDigest: Sendable {
-    // nonisolated(unsafe): written once in init, only read afterwards; EVP_MD objects are
-    // immutable and safe to share between threads once fetched (OpenSSL 3 threading docs).
-    nonisolated(unsafe) let md: OpaquePointer?
-
-    init(_ name: String) {
-        md = EVP_MD_fetch(nil, name, nil)
-        precondition(md != nil, "EVP_MD_fetch(\(name)) failed")
-    }
-
-    deinit { EVP_MD_free(md) }
-}
-
-let sha256MD = FetchedDigest("SHA256")
 
 /// Response ids as UUIDv7 (RFC 9562): 48-bit Unix milliseconds, version 7, a 12-bit counter
 /// (RFC 9562 6.2 method 1) and 62 random bits. Minted on the store's single writer thread, so
