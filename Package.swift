@@ -28,7 +28,7 @@ let package = Package(
         // Apple's Symmetric Key Ratchet, HKDF, AES-GCM, wire codecs.
         .target(name: "Ratchet", dependencies: ["COpenSSL"]),
         // Event-loop HTTP/1.1 + HTTP/2 server core (libuv, OpenSSL, nghttp2).
-        .target(name: "HTTPServer", dependencies: ["CUV", "COpenSSL", "CNghttp2"], 
+        .target(name: "HTTPServer", dependencies: ["CUV", "COpenSSL", "CNghttp2", "POSIXThreads"], 
                 // Release only: runtime exclusivity checks on class properties cost ~1.7k instructions
                 // per request on the hot path (measured with callgrind); debug builds and tests keep them.
                 swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
@@ -56,7 +56,7 @@ let package = Package(
         // Helpers shared by the test targets (seeded PRNG, loopback sockets); Glibc only.
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         .testTarget(name: "RatchetTests", dependencies: ["Ratchet", "TestSupport"], exclude: ["Vectors"]),
-        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "POSIXThreads", "TestSupport"]),
         .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs", "TestSupport"]),
         .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs"]),
         .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "Ratchet", "POSIXThreads", "TestSupport"]),

@@ -3,6 +3,7 @@
 // stay in this file. Handles are heap-allocated so they never move while libuv holds them; the
 // Swift object a handle points back to is retained until that handle's close callback ran.
 internal import CUV
+import POSIXThreads
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -29,7 +30,7 @@ private func uvMessage(_ code: Int32) -> String { String(cString: uv_strerror(co
 // date cache) is touched only on the loop thread once `start` has created it. Other threads
 // use only `enqueue` (a Mutex-protected queue plus uv_async_send, which libuv documents as
 // thread-safe), `isCurrentThread` (an Atomic) and `connectionCount` (an Atomic).
-final class EventLoop: EventLoopExecutor, @unchecked Sendable {
+final class EventLoop: ThreadExecutor, @unchecked Sendable {
     let core: ServerCore
     let loop: UnsafeMutablePointer<uv_loop_t>
     private let async: UnsafeMutablePointer<uv_async_t>

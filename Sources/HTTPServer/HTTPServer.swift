@@ -1,4 +1,5 @@
 // The public server object, the responder handed to handlers, and the state every loop shares.
+import POSIXThreads
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -101,17 +102,6 @@ final class ServerCore: Sendable {
 
 /// Answers one request. Callable from any thread; the first `respond` or `abortConnection`
 /// wins and later calls are ignored.
-/// The event-loop thread a responder answers on. A caller that completes many requests at once
-/// (the relay's group commit finishes every request of a transaction together) hands each loop
-/// all of its completions in one task, instead of one cross-thread hop per response; `respond`
-/// called on the loop's own thread then writes directly.
-public protocol EventLoopExecutor: AnyObject, Sendable {
-    /// Runs `work` on the loop thread, after the tasks queued before it. Returns false once the
-    /// loop stopped: `work` is dropped (as a response to a closed connection would be).
-    @discardableResult
-    func execute(_ work: @escaping @Sendable () -> Void) -> Bool
-}
-
 public final class HTTPResponder: Sendable {
     let connection: Connection
     /// HTTP/1: the request's position on its connection; HTTP/2: the stream identifier.
@@ -155,8 +145,11 @@ public final class HTTPResponder: Sendable {
         }
     }
 
-    /// The loop this responder's connection belongs to.
-    public var executor: any EventLoopExecutor { connection.loop }
+    /// The event-loop thread this responder answers on. A caller that completes many requests
+    /// at once (the relay's group commit finishes every request of a transaction together)
+    /// hands each loop all of its completions in one task instead of one cross-thread hop per
+    /// response; `respond` called on the loop's own thread then writes directly.
+    public var executor: any ThreadExecutor { connection.loop }
 
     /// Whether `respond` or `abortConnection` was already called.
     public var hasResponded: Bool { answered.load(ordering: .acquiring) }

@@ -2,6 +2,7 @@
 // 100-continue, malformed requests, limits, timeouts, responder actions and metrics.
 import Foundation
 import HTTPServer
+import POSIXThreads
 import Synchronization
 import Testing
 
@@ -25,7 +26,7 @@ import Testing
 
     @Test func executorRunsWorkOnTheLoopThreadAndRefusesOnceStopped() throws {
         // The handler runs on the loop thread; another thread hands work back to that loop.
-        let captured = Mutex<(any EventLoopExecutor)?>(nil)
+        let captured = Mutex<(any ThreadExecutor)?>(nil)
         let handler: HTTPHandler = { _, res in
             let loopThread = UInt(pthread_self())
             captured.withLock { $0 = res.executor }

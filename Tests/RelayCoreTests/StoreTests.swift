@@ -1,5 +1,5 @@
 import Foundation
-import HTTPServer
+import POSIXThreads
 import Ratchet
 import Synchronization
 import Testing
@@ -584,7 +584,7 @@ import Testing
 }
 
 /// Stands in for an HTTP event loop: keeps the tasks it is given until the test runs them.
-final class RecordingExecutor: EventLoopExecutor, @unchecked Sendable {
+final class RecordingExecutor: ThreadExecutor, @unchecked Sendable {
     // @unchecked Sendable: the only state is a Mutex.
     private let tasks = Mutex<[@Sendable () -> Void]>([])
     var queued: Int { tasks.withLock { $0.count } }

@@ -6,7 +6,7 @@
 //   200 duplicate, 410 unregistered token, 503 outbox bound, 202 after COMMIT.
 import FoundationEssentials
 import Glibc
-import HTTPServer
+import POSIXThreads
 import Ratchet
 
 public struct APIRequest: Sendable {
@@ -22,10 +22,10 @@ public struct APIRequest: Sendable {
     public var remoteAddress: String
     /// The HTTP loop that answers this request, when known: the store completes a committed
     /// batch's ingests there in one task (see IngestRequest.executor).
-    public var executor: (any EventLoopExecutor)?
+    public var executor: (any ThreadExecutor)?
 
     public init(method: String, path: String, authorization: String?, contentType: String?, body: [UInt8],
-                requestID: String, remoteAddress: String = "", executor: (any EventLoopExecutor)? = nil) {
+                requestID: String, remoteAddress: String = "", executor: (any ThreadExecutor)? = nil) {
         self.method = method
         self.path = path
         self.authorization = authorization

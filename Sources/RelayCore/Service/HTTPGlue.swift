@@ -3,6 +3,7 @@
 import FoundationEssentials
 import Ratchet
 import HTTPServer
+import POSIXThreads
 
 enum HTTPGlue {
     /// Honours a client's X-Request-Id when it is short and plain; otherwise mints one.
@@ -17,7 +18,7 @@ enum HTTPGlue {
     /// Only the headers the services read (authorization, content-type) are copied into
     /// APIRequest, as plain fields: a dictionary of every header cost ~10k instructions per
     /// request, a dictionary of those two still ~2k.
-    static func apiRequest(_ r: HTTPRequest, executor: (any EventLoopExecutor)? = nil) -> APIRequest {
+    static func apiRequest(_ r: HTTPRequest, executor: (any ThreadExecutor)? = nil) -> APIRequest {
         // One pass over the (already lowercased) names instead of a lookup per header, each of
         // which lowercased its argument; the first value of a name wins, as HTTPHeaders' subscript.
         var authorization: String?

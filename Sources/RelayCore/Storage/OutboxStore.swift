@@ -1,7 +1,7 @@
 // The store boundary. relay-server, relayctl and tests talk to an `OutboxStore`; SQLite
 // implements it now (SQLiteOutboxStore), PostgreSQL later (issue 8) as an added backend.
 // All times are integer milliseconds since 1970 (UTC), so both backends store plain integers.
-import HTTPServer
+import POSIXThreads
 import FoundationEssentials
 
 /// Lifecycle of one accepted response. queued -> inflight -> delivered | failed, with
@@ -48,10 +48,10 @@ public struct IngestRequest: Sendable {
     /// run every completion of one executor in one task there, after COMMIT, instead of on its
     /// writer thread: building and sending the answer then costs the writer (the critical path
     /// of durable ingest) nothing. nil: the store calls the completion on a thread of its own.
-    public var executor: (any EventLoopExecutor)?
+    public var executor: (any ThreadExecutor)?
 
     public init(response: NewResponse, credentialHash: [UInt8], configuredApps: Set<String>, ttlMillis: Int64, maxPending: Int,
-                executor: (any EventLoopExecutor)? = nil) {
+                executor: (any ThreadExecutor)? = nil) {
         self.response = response
         self.credentialHash = credentialHash
         self.configuredApps = configuredApps

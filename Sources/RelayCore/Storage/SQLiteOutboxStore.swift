@@ -2,7 +2,6 @@
 // connection); reads use a second connection behind a lock. Schema: docs/architecture.md.
 import FoundationEssentials
 import Glibc
-import HTTPServer
 import POSIXThreads
 import Ratchet
 
@@ -353,7 +352,7 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         guard !state.deferred.isEmpty else { return }
         let jobs = state.deferred
         state.deferred.removeAll(keepingCapacity: true)
-        var groups: [(executor: any EventLoopExecutor, jobs: [IngestJob])] = []
+        var groups: [(executor: any ThreadExecutor, jobs: [IngestJob])] = []
         for job in jobs {
             guard let executor = job.request.executor else { continue }
             if let i = groups.firstIndex(where: { $0.executor === executor }) {
