@@ -423,7 +423,7 @@ import Testing
                     INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
                         state, attempts, next_attempt_at, created_at, expires_at, updated_at)
                     VALUES (?, 'a', 'ab', 'S', X'01020304', ?, X'00', 'c', ?, 0, 0, 0, 1, 0)
-                    """, [.text("id\(i)"), .integer(Int64(i)), .text(state)])
+                    """, [.text(RelayCrypto.uuidV4()), .integer(Int64(i)), .text(state)])
             }
         }
         let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
@@ -435,7 +435,7 @@ import Testing
 }
 
 /// v2 -> v3 rebuilds `responses` (CHECK without an ephemeral table, partial responses_done
-/// index), v3 -> v4 makes responses_claim partial. A v2 file with rows in every state must come
+/// index), v3 -> v4 makes responses_claim partial, v4 -> v5 keys rows by their id. A v2 file with rows in every state must come
 /// through with nothing lost or changed, and dedupe, GET, claim, recovery, counts and purge must
 /// work on the migrated rows through the new indexes.
 @Suite struct MigrationFromV2Tests {
@@ -487,13 +487,14 @@ import Testing
             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000)
             INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
                 state, attempts, next_attempt_at, created_at, expires_at, updated_at)
-            SELECT printf('00000000-0000-4000-8000-%012d', i), 'com.example.app', 'abcd', '6F9619FF-8B86-D011-B42D-00C04FC964FF',
+            SELECT printf('%08x-0000-4000-8000-%012d', i, i), 'com.example.app', 'abcd', '6F9619FF-8B86-D011-B42D-00C04FC964FF',
                    X'01020304', i + 100, zeroblob(40), 'cred_v2', 'delivered', 1, 0, 0, 0, 0 FROM n
             """)
         let stages = Mutex<[String]>([])
         try SQLiteOutboxStore.migrate(db, onSlowStart: { stage in stages.withLock { $0.append(stage) } }, reportEveryMicros: 0)
         let seen = stages.withLock { $0 }
         #expect(seen.contains("migrating the database to schema v3"), "\(Set(seen))")
+        #expect(seen.contains("migrating the database to schema v5"), "\(Set(seen))")
         #expect(try db.scalar("PRAGMA user_version").int == Int64(SQLiteOutboxStore.schemaVersion))
         #expect(try db.scalar("SELECT count(*) FROM responses").int == 3005)
     }
@@ -507,8 +508,11 @@ import Testing
 
         let db = try SQLiteDatabase(path: dir.db, readOnly: true)
         #expect(try db.scalar("PRAGMA user_version").int == Int64(SQLiteOutboxStore.schemaVersion))
-        // Every column of every row, rowids included, unchanged; attempts and counter kept.
-        #expect(try db.query("SELECT \(Self.columns) FROM responses ORDER BY rowid") == before)
+        // Every column of every row unchanged (v5 re-keys rows by their id's first 64 bits, so
+        // compare in id order, without the rowid); attempts and counter kept.
+        func byID(_ rows: [[SQLValue]]) -> [[SQLValue]] { rows.map { Array($0.dropFirst()) }.sorted { $0[0].string! < $1[0].string! } }
+        #expect(byID(try db.query("SELECT \(Self.columns) FROM responses")) == byID(before))
+        #expect(try db.query("SELECT rowid, id FROM responses").allSatisfy { $0[0].int != nil && $0[0].int == UUIDText.high64($0[1].string!) })
         #expect(try db.scalar("SELECT count(*) FROM attempts").int == 4)
         #expect(try db.scalar("SELECT pending FROM outbox_stats").int == 3)
         #expect(try db.scalar("SELECT count(*) FROM sqlite_master WHERE name = 'responses_v2'").int == 0)

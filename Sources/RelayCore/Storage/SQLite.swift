@@ -47,12 +47,28 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     }
 }
 
+extension StoreError {
+    /// A duplicate rowid / INTEGER PRIMARY KEY (SQLITE_CONSTRAINT_PRIMARYKEY; extended result
+    /// codes are on for every connection). The extended codes are macros Swift cannot import.
+    var isPrimaryKeyConflict: Bool {
+        if case .sqlite(let code, _, _) = self { return code == SQLITE_CONSTRAINT | (6 << 8) }
+        return false
+    }
+}
+
 /// One SQLite connection. Not thread-safe: exactly one thread uses it at a time (the group
 /// commit writer owns the write connection; readers are each owned by one thread or a lock).
 /// Carries withProgress's closure through sqlite3_progress_handler's context pointer.
 private final class ProgressTick {
     let tick: () -> Void
     init(_ tick: @escaping () -> Void) { self.tick = tick }
+}
+
+/// Carries defineFunction's closure through sqlite3_create_function_v2's user-data pointer;
+/// released by SQLite's destructor callback when the function is replaced or the connection closes.
+private final class ScalarFunction {
+    let body: (UnsafeBufferPointer<UInt8>?) throws -> Int64?
+    init(_ body: @escaping (UnsafeBufferPointer<UInt8>?) throws -> Int64?) { self.body = body }
 }
 
 public final class SQLiteDatabase {
@@ -107,6 +123,35 @@ public final class SQLiteDatabase {
             box.release()
         }
         return try body()
+    }
+
+    /// Registers `name(x)` on this connection as a deterministic SQL function of one argument:
+    /// `body` gets x's UTF-8 text (nil for NULL) and returns an integer or NULL; what it throws
+    /// fails the calling statement with the error's description as SQLite's message. Used by
+    /// migrations that compute a column SQL cannot (schema v5's rowid from the id text).
+    func defineFunction(_ name: String, _ body: @escaping (UnsafeBufferPointer<UInt8>?) throws -> Int64?) throws {
+        let box = Unmanaged.passRetained(ScalarFunction(body)).toOpaque()
+        // On failure SQLite calls the destructor itself, so the box is released either way.
+        let rc = sqlite3_create_function_v2(handle, name, 1, SQLITE_UTF8 | SQLITE_DETERMINISTIC, box, { ctx, _, argv in
+            let f = Unmanaged<ScalarFunction>.fromOpaque(sqlite3_user_data(ctx)!).takeUnretainedValue()
+            let arg = argv![0]
+            do {
+                let value: Int64?
+                if sqlite3_value_type(arg) == SQLITE_NULL {
+                    value = try f.body(nil)
+                } else {
+                    let text = sqlite3_value_text(arg)   // before _bytes: the length of the UTF-8 form
+                    let n = Int(sqlite3_value_bytes(arg))
+                    value = try f.body(UnsafeBufferPointer(start: text, count: text == nil ? 0 : n))
+                }
+                if let value { sqlite3_result_int64(ctx, value) } else { sqlite3_result_null(ctx) }
+            } catch {
+                sqlite3_result_error(ctx, "\(error)", -1)
+            }
+        }, nil, nil, { box in
+            if let box { Unmanaged<ScalarFunction>.fromOpaque(box).release() }
+        })
+        guard rc == SQLITE_OK else { throw self.error(rc, "define function \(name)") }
     }
 
     /// Runs one or more statements without bindings (schema, pragmas, BEGIN/COMMIT).

@@ -28,7 +28,7 @@ public struct SQLiteStoreOptions: Sendable {
 public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     // @unchecked Sendable: `writer` serialises every write on its own thread; `reader` is only
     // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread).
-    public static let schemaVersion = 4
+    public static let schemaVersion = 5
 
     let writer: GroupCommitWriter?
     private let reader: SQLiteDatabase
@@ -267,12 +267,69 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         DROP INDEX responses_claim;
         CREATE INDEX responses_claim ON responses (state, next_attempt_at) WHERE state = 'queued' OR state = 'inflight' OR state = 'retry';
         """,
+        // v5: the id's first 64 bits are the row's key (`id_high`, the rowid), and the `id`
+        // primary-key index goes: an ingest INSERT writes three B-trees instead of four, and a
+        // lookup by id is a rowid descent (`WHERE id_high = ? AND id = ?`, id_high computed in
+        // Swift by UUIDText.high64). UUIDv7 high words (timestamp, version 7, counter) increase
+        // in commit order, so rows are appended at the table's right edge; v4 ids (version 4)
+        // can never share a high word with a v7 id. The column is declared INTEGER PRIMARY KEY,
+        // not left as the bare rowid: VACUUM (and relayctl backup's VACUUM INTO) may renumber
+        // the rowids of a table without one, and `sqlite3 .dump` does not write them.
+        // relay_id_rowid() is defined by migrate(); it refuses ids that are not UUIDs, and two
+        // v4 ids sharing their first 64 bits (~2^-60 per pair) fail the INSERT, which migrate()
+        // turns into an error naming them. Rows are copied in key order (appends, full pages).
+        """
+        DROP INDEX responses_claim;
+        DROP INDEX responses_done;
+        ALTER TABLE responses RENAME TO responses_v4;
+        CREATE TABLE responses (
+            id_high INTEGER PRIMARY KEY,
+            id TEXT NOT NULL,
+            app TEXT NOT NULL,
+            push_token TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            key_id BLOB NOT NULL,
+            message_index INTEGER NOT NULL,
+            encrypted_data BLOB NOT NULL,
+            credential_id TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state = 'queued' OR state = 'inflight' OR state = 'retry' OR state = 'delivered' OR state = 'failed'),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            last_status INTEGER,
+            last_reason TEXT,
+            updated_at INTEGER NOT NULL,
+            UNIQUE (push_token, session_id, key_id, message_index)
+        );
+        INSERT INTO responses (id_high, id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id, state,
+                               attempts, next_attempt_at, created_at, expires_at, last_status, last_reason, updated_at)
+            SELECT relay_id_rowid(id), id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id, state,
+                   attempts, next_attempt_at, created_at, expires_at, last_status, last_reason, updated_at
+            FROM responses_v4 ORDER BY 1;
+        DROP TABLE responses_v4;
+        CREATE INDEX responses_claim ON responses (state, next_attempt_at) WHERE state = 'queued' OR state = 'inflight' OR state = 'retry';
+        CREATE INDEX responses_done ON responses (state, updated_at) WHERE state = 'delivered' OR state = 'failed';
+        """,
     ]
+
+    /// Schema v5's key of a stored id (its first 64 bits), for the migration's copy.
+    struct NotAUUID: Error, CustomStringConvertible {
+        var id: String
+        var description: String {
+            "response id '\(id)' is not a UUID: schema v5 keys each row by its id's first 64 bits, and a relay never minted such an id; delete or correct that row, then start again"
+        }
+    }
 
     /// Applies every migration above the file's user_version, each in its own transaction.
     /// Refuses a database written by a newer relay.
     static func migrate(_ db: SQLiteDatabase, onSlowStart: (@Sendable (String) -> Void)? = nil,
                         reportEveryMicros: Int64 = 1_000_000) throws {
+        try db.defineFunction("relay_id_rowid") { text in
+            guard let text else { throw NotAUUID(id: "NULL") }
+            guard let high = UUIDText.high64(text) else { throw NotAUUID(id: String(decoding: text.prefix(64), as: UTF8.self)) }
+            return high
+        }
         try db.transaction {
             let current = Int(try db.scalar("PRAGMA user_version").int ?? 0)
             guard current <= migrations.count else {
@@ -287,11 +344,25 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
                     lastReport = now
                     onSlowStart(stage)
                 }) {
-                    try db.execute(migrations[v])
+                    do {
+                        try db.execute(migrations[v])
+                    } catch let error as StoreError where v == 4 && error.isPrimaryKeyConflict {
+                        throw try v5KeyClash(db)
+                    }
                 }
                 try db.execute("PRAGMA user_version = \(v + 1)")
             }
         }
+    }
+
+    /// The v5 copy hit two ids with the same first 64 bits (only random v4 ids can: ~2^-60 per
+    /// pair). The INSERT was rolled back, responses_v4 is still there (the transaction rolls
+    /// back after this): name the ids so an operator can decide which row to delete.
+    private static func v5KeyClash(_ db: SQLiteDatabase) throws -> StoreError {
+        let groups = try db.query("""
+            SELECT group_concat(id, ', ') FROM responses_v4 GROUP BY relay_id_rowid(id) HAVING count(*) > 1 LIMIT 5
+            """).compactMap { $0[0].string }
+        return .invalid("schema v5 migration: response ids share their first 64 bits, the row key from v5 on (\(groups.map { "{\($0)}" }.joined(separator: " "))); delete all but one of each group, then start again")
     }
 
     // MARK: ingest
@@ -375,10 +446,10 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
 
     private static func insertSQL(state: ResponseState) -> String {
         """
-        INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
+        INSERT INTO responses (id_high, id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
             state, attempts, next_attempt_at, created_at, expires_at, updated_at)
-        VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, '\(state.rawValue)', 0, ?9, ?10, ?11, ?10)
-        ON CONFLICT DO NOTHING
+        VALUES (?12, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, '\(state.rawValue)', 0, ?9, ?10, ?11, ?10)
+        ON CONFLICT (push_token, session_id, key_id, message_index) DO NOTHING
         """
     }
     private static let insertQueuedSQL = insertSQL(state: .queued)
@@ -450,22 +521,41 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         }
         let handOff = due <= now && (state.handoff?.reserve() ?? false)
         if handOff { state.reservedInBatch += 1 }
-        let id = state.ids.next(nowMillis: now)
+        var (id, high) = state.ids.mint(nowMillis: now)
         let expires = now + request.ttlMillis
         // Two statements with the state as a literal, bound without [SQLValue] arrays.
         let insert = handOff ? try db.held(&state.insertInflight, insertInflightSQL) : try db.held(&state.insertQueued, insertQueuedSQL)
-        try insert.bind(1, id)
-        try insert.bind(2, app)
-        try insert.bind(3, r.pushToken)
-        try insert.bind(4, r.sessionIdentifier)
-        try insert.bind(5, r.keyID)
-        try insert.bind(6, Int64(r.messageIndex))
-        try insert.bind(7, r.encryptedData)
-        try insert.bind(8, credID)
-        try insert.bind(9, due)
-        try insert.bind(10, now)
-        try insert.bind(11, expires)
-        try insert.stepOnce()
+        var clashes = 0
+        while true {
+            try insert.bind(1, id)
+            try insert.bind(2, app)
+            try insert.bind(3, r.pushToken)
+            try insert.bind(4, r.sessionIdentifier)
+            try insert.bind(5, r.keyID)
+            try insert.bind(6, Int64(r.messageIndex))
+            try insert.bind(7, r.encryptedData)
+            try insert.bind(8, credID)
+            try insert.bind(9, due)
+            try insert.bind(10, now)
+            try insert.bind(11, expires)
+            try insert.bind(12, high)
+            do {
+                try insert.stepOnce()
+                break
+            } catch let error as StoreError where error.isPrimaryKeyConflict && clashes < maxKeyClashes {
+                // The id's high word is taken: another process on this file minted it in the
+                // same millisecond, or this one restarted after the clock stepped back. Only
+                // this statement failed (the dedupe conflict target does not cover the key, so
+                // it is not taken for a duplicate); move past the highest key of that
+                // millisecond (exact: we hold the write lock) and mint again.
+                clashes += 1
+                let bucket = high & ~0xfff   // same ms, version 7, counter 0
+                let top = try db.scalar("SELECT max(id_high) FROM responses WHERE id_high BETWEEN ? AND ?",
+                                        [.integer(bucket), .integer(bucket | 0xfff)]).int
+                state.ids.advance(pastHigh: top ?? high)
+                (id, high) = state.ids.mint(nowMillis: now)
+            }
+        }
         let inserted = db.changes
         if inserted == 0 {
             // The dedupe key exists: answer with the stored row.
@@ -486,6 +576,10 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
                             attempts: 0, nextAttemptAt: due, createdAt: now, expiresAt: expires, lastStatus: nil, lastReason: nil, updatedAt: now)
         return (.accepted(id: id), row)
     }
+
+    /// Ingest attempts per row whose id's high word was taken (each moves past a whole
+    /// millisecond's keys, so one is almost always enough).
+    static let maxKeyClashes = 16
 
     private static func existing(_ r: NewResponse, db: SQLiteDatabase) throws -> IngestOutcome? {
         let rows = try db.query(
@@ -602,6 +696,8 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         let state = writerState
         try write { db in
             for u in updates {
+                // A row is found by its key and id (schema v5); an id that is not a UUID has no row.
+                guard let high = UUIDText.high64(u.id) else { continue }
                 if let a = u.attempt {
                     // Typed binds on held statements: this and the delivered UPDATE run once per push.
                     let st = try db.held(&state.insertAttempt,
@@ -621,23 +717,24 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
                 switch u.outcome {
                 case .delivered:
                     let st = try db.held(&state.markDelivered,
-                        "UPDATE responses SET state = 'delivered', attempts = attempts + ?, last_status = ?, last_reason = NULL, updated_at = ? WHERE id = ? AND state = 'inflight'")
+                        "UPDATE responses SET state = 'delivered', attempts = attempts + ?, last_status = ?, last_reason = NULL, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'")
                     try st.bind(1, Int64(counted))
                     try st.bind(2, u.attempt?.status.map(Int64.init))
                     try st.bind(3, now)
-                    try st.bind(4, u.id)
+                    try st.bind(4, high)
+                    try st.bind(5, u.id)
                     try st.stepOnce()
                     changed = db.changes
                     state.pending -= changed
                 case .failed(let why):
                     changed = try db.run(
-                        "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id = ? AND state = 'inflight'",
-                        [.integer(Int64(counted)), status, .text(why), .integer(now), .text(u.id)])
+                        "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
+                        [.integer(Int64(counted)), status, .text(why), .integer(now), .integer(high), .text(u.id)])
                     state.pending -= changed
                 case .unregistered(let why, let ts):
                     changed = try db.run(
-                        "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id = ? AND state = 'inflight'",
-                        [.integer(Int64(counted)), status, .text(why), .integer(now), .text(u.id)])
+                        "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
+                        [.integer(Int64(counted)), status, .text(why), .integer(now), .integer(high), .text(u.id)])
                     state.pending -= changed
                     state.watchedTokens.insert(u.pushToken)
                     try db.run(
@@ -647,8 +744,8 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
                         """, [.text(u.pushToken), .integer(ts), .integer(now)])
                 case .retry(let at, let paceUntil):
                     try db.run(
-                        "UPDATE responses SET state = 'retry', attempts = attempts + ?, next_attempt_at = ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id = ? AND state = 'inflight'",
-                        [.integer(Int64(counted)), .integer(at), status, reason, .integer(now), .text(u.id)])
+                        "UPDATE responses SET state = 'retry', attempts = attempts + ?, next_attempt_at = ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
+                        [.integer(Int64(counted)), .integer(at), status, reason, .integer(now), .integer(high), .text(u.id)])
                     if let until = paceUntil {
                         state.watchedTokens.insert(u.pushToken)
                         try db.run(
@@ -662,8 +759,8 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
                     }
                 case .requeue:
                     try db.run(
-                        "UPDATE responses SET state = 'queued', updated_at = ? WHERE id = ? AND state = 'inflight'",
-                        [.integer(now), .text(u.id)])
+                        "UPDATE responses SET state = 'queued', updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
+                        [.integer(now), .integer(high), .text(u.id)])
                 }
             }
         }
@@ -678,8 +775,10 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     }
 
     public func response(id: String) throws -> OutboxRow? {
-        try read { db in
-            try db.query("SELECT \(Self.rowColumns) FROM responses WHERE id = ?", [.text(id.lowercased())]).first.map(Self.decodeRow)
+        let id = id.lowercased()
+        guard let high = UUIDText.high64(id) else { return nil }
+        return try read { db in
+            try db.query("SELECT \(Self.rowColumns) FROM responses WHERE id_high = ? AND id = ?", [.integer(high), .text(id)]).first.map(Self.decodeRow)
         }
     }
 
@@ -747,12 +846,14 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         return try write { db in
             var n = 0
             for id in ids {
-                let wasTerminal = try db.scalar("SELECT state = 'failed' FROM responses WHERE id = ?", [.text(id.lowercased())]).int == 1
+                let id = id.lowercased()
+                guard let high = UUIDText.high64(id) else { continue }   // not a UUID: no such row
+                let wasTerminal = try db.scalar("SELECT state = 'failed' FROM responses WHERE id_high = ? AND id = ?", [.integer(high), .text(id)]).int == 1
                 // Only failed and retry rows: inflight belongs to the dispatcher, and a delivered
                 // row requeued would be pushed twice (checked here, in the same transaction).
                 let changed = try db.run(
-                    "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE id = ? AND state IN ('failed','retry')",
-                    [.integer(now), .integer(now + 3_600_000), .integer(now), .text(id.lowercased())])
+                    "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE id_high = ? AND id = ? AND state IN ('failed','retry')",
+                    [.integer(now), .integer(now + 3_600_000), .integer(now), .integer(high), .text(id)])
                 if changed > 0 && wasTerminal { state.pending += 1 }
                 n += changed
             }

@@ -96,7 +96,10 @@ public enum RelayCrypto {
 /// ids increase in insertion order and the `id` primary-key index grows at its right edge
 /// instead of dirtying a random leaf page per row (random v4 ids did). Strictly increasing
 /// within a process even when the clock stalls or steps back (the counter, then the timestamp,
-/// moves on); unique across processes by the random bits (the primary key enforces it).
+/// moves on). The high 64 bits (timestamp, version, counter) are the SQLite rowid since schema
+/// v5, so they are handed out with the text: two processes (or one restarted after the clock
+/// stepped back) can mint the same high word, which the rowid refuses; the store then calls
+/// `advance(pastRowid:)` and mints again (SQLiteOutboxStore.ingest).
 /// The id reveals its creation millisecond to whoever holds it (the submitting accessory and APNs).
 public struct TimeOrderedIDs: Sendable {
     private var lastMillis: Int64 = 0
@@ -105,11 +108,21 @@ public struct TimeOrderedIDs: Sendable {
     public init() {}
 
     public mutating func next(nowMillis: Int64) -> String {
-        next(nowMillis: nowMillis, random: RelayCrypto.idBytes(8))
+        mint(nowMillis: nowMillis).id
     }
 
     /// `random` supplies the 8 low bytes (62 bits used); injectable for tests.
     public mutating func next(nowMillis: Int64, random: [UInt8]) -> String {
+        mint(nowMillis: nowMillis, random: random).id
+    }
+
+    /// The next id and its high 64 bits as a signed bit pattern (`UUIDText.high64(id)`, the
+    /// row's rowid), without formatting and parsing the text again.
+    public mutating func mint(nowMillis: Int64) -> (id: String, high: Int64) {
+        mint(nowMillis: nowMillis, random: RelayCrypto.idBytes(8))
+    }
+
+    public mutating func mint(nowMillis: Int64, random: [UInt8]) -> (id: String, high: Int64) {
         precondition(random.count == 8)
         if nowMillis > lastMillis {
             lastMillis = nowMillis
@@ -125,7 +138,20 @@ public struct TimeOrderedIDs: Sendable {
         let high = t << 16 | 0x7000 | UInt64(counter)
         var low = UInt64(0x80 | (random[0] & 0x3f)) << 56
         for i in 1..<8 { low |= UInt64(random[i]) << (56 - 8 * UInt64(i)) }
-        return UUIDText.format(high: high, low: low)
+        return (UUIDText.format(high: high, low: low), Int64(bitPattern: high))
+    }
+
+    /// Moves on so the next id's high word is above `high`, when `high` is a version-7 high
+    /// word at or beyond the last one minted (an id another writer or an earlier process
+    /// minted). Other values (v4 ids, older words) change nothing: they cannot be minted again.
+    public mutating func advance(pastHigh high: Int64) {
+        let h = UInt64(bitPattern: high)
+        guard (h >> 12) & 0xf == 7 else { return }
+        let millis = Int64(h >> 16)
+        let count = UInt16(h & 0xfff)
+        guard millis > lastMillis || (millis == lastMillis && count >= counter) else { return }
+        lastMillis = millis
+        counter = count
     }
 }
 
@@ -221,6 +247,24 @@ public enum UUIDText {
         case 0x41...0x46: return c - 0x41 + 10
         case 0x61...0x66: return c - 0x61 + 10
         default: return nil
+        }
+    }
+
+    /// The first 8 bytes of an 8-4-4-4-12 hex UUID (either case) read big-endian, as a signed
+    /// bit pattern: the SQLite rowid of the response with this id (schema v5). Nil when the
+    /// text is not a UUID (such an id is simply not found).
+    public static func high64(_ s: String) -> Int64? {
+        var s = s
+        return s.withUTF8 { high64($0) }
+    }
+
+    static func high64(_ utf8: UnsafeBufferPointer<UInt8>) -> Int64? {
+        var t: uuid_t = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        return withUnsafeMutableBytes(of: &t) { b -> Int64? in
+            guard parse(utf8, into: b) else { return nil }
+            var h: UInt64 = 0
+            for i in 0..<8 { h = h << 8 | UInt64(b[i]) }
+            return Int64(bitPattern: h)
         }
     }
 
