@@ -199,10 +199,10 @@ NOW_MS=$(($(date +%s) * 1000))
 sqlite3 "$WORK/million.db" <<EOF
 PRAGMA synchronous=OFF;
 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $ROWS)
-INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id, state,
+-- id_high is the id's first 64 bits (schema v5): v4-shaped ids whose first 64 bits are (i << 16) | 0x4000
+INSERT INTO responses (id_high, id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id, state,
                        attempts, next_attempt_at, created_at, expires_at, updated_at)
-SELECT lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || substr(hex(randomblob(2)),2) || '-8' ||
-             substr(hex(randomblob(2)),2) || '-' || hex(randomblob(6))),
+SELECT (i << 16) | 16384, printf('%08x-%04x-4000-8%03x-%012x', i >> 16, i & 65535, random() & 4095, random() & 281474976710655),
        'com.example.bench', printf('%064x', i), 'B1D0C8A4-1111-4222-8333-444455556666', X'01020304', i, randomblob(48), 'cred_bench',
        'queued', 0, $NOW_MS, $NOW_MS, $NOW_MS + 86400000, $NOW_MS FROM n;
 EOF

@@ -655,7 +655,7 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
                     rowids.append(select.int64(16))
                 }
             }
-            // By rowid (read with the row, same transaction): no descent of the id index.
+            // By rowid (id_high, read with the row in the same transaction): no id text to parse or compare.
             let markInflight = try db.held(&state.markInflight, "UPDATE responses SET state = 'inflight', updated_at = ? WHERE rowid = ?")
             let markExpired = try db.held(&state.markExpired, "UPDATE responses SET state = 'failed', last_reason = 'expired', updated_at = ? WHERE rowid = ?")
             var claimed: [OutboxRow] = []

@@ -93,8 +93,9 @@ public enum RelayCrypto {
 
 /// Response ids as UUIDv7 (RFC 9562): 48-bit Unix milliseconds, version 7, a 12-bit counter
 /// (RFC 9562 6.2 method 1) and 62 random bits. Minted on the store's single writer thread, so
-/// ids increase in insertion order and the `id` primary-key index grows at its right edge
-/// instead of dirtying a random leaf page per row (random v4 ids did). Strictly increasing
+/// ids increase in insertion order and the outbox table, keyed by the id's high word since
+/// schema v5, grows at its right edge instead of dirtying a random leaf page per row (random
+/// v4 ids did that to the v3/v4 `id` index). Strictly increasing
 /// within a process even when the clock stalls or steps back (the counter, then the timestamp,
 /// moves on). The high 64 bits (timestamp, version, counter) are the SQLite rowid since schema
 /// v5, so they are handed out with the text: two processes (or one restarted after the clock
