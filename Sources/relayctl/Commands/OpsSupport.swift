@@ -141,7 +141,8 @@ func openStore(_ location: RelayConfig.Store, readOnly: Bool) throws -> any Outb
         }
     }
     do {
-        return try OutboxStores.open(location, readOnly: readOnly)
+        // Stock SQLite for relayctl's few small writes (no WAL-batching VFS, SQLiteStoreOptions).
+        return try OutboxStores.open(location, readOnly: readOnly, coalesceWALWrites: false)
     } catch {
         throw RuntimeFailure("cannot open \(OutboxStores.describe(location)): \(error)")
     }
