@@ -16,7 +16,10 @@
 // xSync, xRead, xTruncate, xFileSize, xLock, xUnlock, xFileControl or xClose of the WAL, before
 // a write that does not continue the buffer, and when the buffer would pass CAP bytes. So the
 // WAL file receives exactly the bytes SQLite wrote, in the order SQLite wrote them, only later
-// -- and never later than the next sync, read, size query, truncation or close.
+// -- and never later than the next sync, read, size query, truncation or close. Every other
+// file (the database, journals, temp files) forwards every method unchanged, including the
+// shared-memory methods (iVersion 2) and xFetch/xUnfetch (iVersion 3) the main database file
+// needs for the wal-index and mmap.
 //
 // The flush cannot go through the default VFS's xWrite: the unix VFS masks every write to 17
 // bits (seekAndWriteFd: nBuf &= 0x1ffff, SQLite never writes more than a 64 KiB page + header),
@@ -31,9 +34,7 @@
 // and the WAL is only deleted under an EXCLUSIVE one. xSync still goes to the default VFS's
 // descriptor: fdatasync writes back the file's (inode's) dirty data, whichever descriptor
 // wrote it. If that second open fails, the flush falls back to the default VFS's xWrite in
-// pieces below its limit (still far fewer writes than two per frame). Every other file (the database, journals, temp files) forwards
-// every method unchanged, including the shared-memory methods (iVersion 2) and xFetch/xUnfetch
-// (iVersion 3) the main database file needs for the wal-index and mmap.
+// pieces below its limit (still far fewer writes than two per frame).
 //
 // WHY IT IS SAFE (with synchronous=FULL or EXTRA only; checked against sqlite3WalFrames in
 // SQLite's wal.c). At a commit, walFrames() writes the frames, then -- when WAL_SYNC_FLAGS is
@@ -52,7 +53,8 @@
 // FULL or EXTRA (SQLiteOutboxStore). As a second line of defence, the main database file's
 // xShmBarrier flushes its WAL's buffer first: walIndexWriteHdr() calls the barrier between
 // writing the two copies of the wal-index header, before the copy readers trust. At FULL the
-// buffer is always empty there; it matters only if the writer's synchronous were ever lowered.
+// buffer is already empty whenever a commit gets there; the barrier flush matters only if the
+// writer's synchronous were ever lowered.
 //
 // FAILURES. A failed flush is returned by the call that triggered it (xSync at COMMIT: the
 // COMMIT fails and SQLite rolls the transaction back; the relay answers 503, never a false 202).
