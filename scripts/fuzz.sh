@@ -33,7 +33,7 @@ status=0
 for target in "${targets[@]}"; do
   conf="Fuzz/$target/fuzz.conf"
   [ -f "$conf" ] || { echo "fuzz: $conf not found" >&2; exit 64; }
-  SOURCES="" CORPUS="" DICT="" SWIFTC_FLAGS="" MODULES=""
+  SOURCES="" CORPUS="" DICT="" SWIFTC_FLAGS="" MODULES="" CSOURCES="" CFLAGS=""
   # shellcheck source=/dev/null
   . "$conf"
   mkdir -p "$OUT/corpus/$target" "$OUT/artifacts/$target"
@@ -51,6 +51,12 @@ for target in "${targets[@]}"; do
       -I "$mods" $SWIFTC_FLAGS -emit-module -emit-module-path "$mods/$name.swiftmodule" \
       -c ${module#*=} -o "$mods/$name.o"
     objects+=("$mods/$name.o")
+  done
+  # CSOURCES: package C targets' .c files the modules call (instrumented too), with CFLAGS.
+  for csrc in $CSOURCES; do
+    # shellcheck disable=SC2086
+    clang -O1 -g -fsanitize=fuzzer-no-link,address $CFLAGS -c "$csrc" -o "$mods/$(basename "$csrc" .c).o"
+    objects+=("$mods/$(basename "$csrc" .c).o")
   done
   # shellcheck disable=SC2086  # SOURCES holds globs and SWIFTC_FLAGS several words on purpose
   swiftc -O -g -parse-as-library -sanitize=fuzzer,address -use-ld=lld \
