@@ -79,6 +79,9 @@
 // A flush is forced when the buffer would grow past this (one transaction with more than
 // ~1000 dirty pages); the relay's batches are ~20-100 frames.
 #define CAP (4 * 1024 * 1024)
+// A buffer grown past this (a migration's or a very large batch's transaction) is freed at the
+// next sync instead of staying allocated for the life of the connection.
+#define KEEP (1024 * 1024)
 // The fallback flush's piece size: below the unix VFS's 17-bit write limit.
 #define PIECE (64 * 1024)
 
@@ -172,6 +175,7 @@ static int reserve(WalBatchFile *p, size_t need) {
     if (!b) return 0;
     p->buf = b;
     p->cap = cap;
+    __atomic_store_n(&p->stats.buffer_capacity, (int64_t)cap, __ATOMIC_RELAXED);
     return 1;
 }
 
@@ -243,6 +247,12 @@ static int wbSync(sqlite3_file *f, int flags) {
     if (p->isWal) {
         int rc = flush(p);
         if (rc != SQLITE_OK) return rc;
+        if (p->cap > KEEP) {
+            free(p->buf);
+            p->buf = NULL;
+            p->cap = 0;
+        }
+        __atomic_store_n(&p->stats.buffer_capacity, (int64_t)p->cap, __ATOMIC_RELAXED);
     }
     return p->inner->pMethods->xSync(p->inner, flags);
 }
@@ -536,6 +546,7 @@ int csqlitewal_stats_get(struct sqlite3 *db, csqlitewal_stats *out) {
     out->flushes = __atomic_load_n(&p->stats.flushes, __ATOMIC_RELAXED);
     out->flush_failures = __atomic_load_n(&p->stats.flush_failures, __ATOMIC_RELAXED);
     out->header_writes = __atomic_load_n(&p->stats.header_writes, __ATOMIC_RELAXED);
+    out->buffer_capacity = __atomic_load_n(&p->stats.buffer_capacity, __ATOMIC_RELAXED);
     return SQLITE_OK;
 }
 

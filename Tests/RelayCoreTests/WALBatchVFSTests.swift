@@ -109,8 +109,13 @@ import Testing
                 // cache: SQLite spills frames mid-transaction, rewrites them in place and reads
                 // them back for the checksums, all through the buffer.
                 if i % 100 == 0 {
-                    try db.transaction { try Self.insertRows(db, total ..< total + 1200, size: size) }
+                    try db.transaction {
+                        try Self.insertRows(db, total ..< total + 1200, size: size)
+                        #expect(try #require(db.walBatchStats).bufferCapacity > 1 << 20, "spilled frames are buffered")
+                    }
                     total += 1200
+                    // The buffer that transaction grew is not kept after its commit.
+                    #expect(try #require(db.walBatchStats).bufferCapacity <= 1 << 20)
                 }
             }
             let after = try #require(db.walBatchStats)

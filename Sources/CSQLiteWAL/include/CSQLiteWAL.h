@@ -18,7 +18,8 @@ struct sqlite3;
 // first (only) registration attempt.
 int csqlitewal_register(void);
 
-// Counters of one connection's WAL file (the "main" schema). Monotonic, per open WAL file.
+// Counters of one connection's WAL file (the "main" schema). Monotonic, per open WAL file,
+// except buffer_capacity.
 typedef struct csqlitewal_stats {
     int64_t writes_received;   // xWrite calls SQLite made to the WAL
     int64_t writes_forwarded;  // writes passed on to the default VFS (one pwrite each)
@@ -26,6 +27,7 @@ typedef struct csqlitewal_stats {
     int64_t flushes;           // buffer flushes that succeeded
     int64_t flush_failures;    // buffer flushes that failed (the triggering call returned the error)
     int64_t header_writes;     // writes at offset 0: the WAL header, once per WAL (re)start
+    int64_t buffer_capacity;   // bytes allocated for the buffer now (not a counter)
 } csqlitewal_stats;
 
 // Fills `out` for `db`'s main WAL. Returns 0 (SQLITE_OK), or 12 (SQLITE_NOTFOUND) when the

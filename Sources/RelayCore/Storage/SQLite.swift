@@ -257,7 +257,8 @@ public final class SQLiteDatabase {
         guard csqlitewal_stats_get(handle, &s) == SQLITE_OK else { return nil }
         return WALBatchStats(writesReceived: Int(s.writes_received), writesForwarded: Int(s.writes_forwarded),
                              bytesForwarded: Int(s.bytes_forwarded), flushes: Int(s.flushes),
-                             flushFailures: Int(s.flush_failures), headerWrites: Int(s.header_writes))
+                             flushFailures: Int(s.flush_failures), headerWrites: Int(s.header_writes),
+                             bufferCapacity: Int(s.buffer_capacity))
     }
 
     /// Test hook: the next flush of this connection's WAL buffer fails as a full disk
@@ -292,6 +293,8 @@ struct WALBatchStats: Equatable {
     var flushFailures: Int
     /// Writes at offset 0 (the WAL header): one per WAL start or restart.
     var headerWrites: Int
+    /// Bytes the buffer holds allocated now (freed at a sync once it grew past 1 MiB).
+    var bufferCapacity: Int
 }
 
 enum WALFlushFailure { case diskFull, ioError }
