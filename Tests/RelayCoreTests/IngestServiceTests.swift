@@ -287,7 +287,7 @@ import Testing
 
     @Test func queuedBodyIsTheJSONTheAPIDocuments() {
         for id in ["", "0190c8a5-1b2c-7d3e-8f40-123456789abc", "x"] {
-            #expect(IngestService.queuedBody(id: id) == "{\"id\":\"" + id + "\",\"state\":\"queued\"}")
+            #expect(IngestService.queuedBody(id: id) == Array(("{\"id\":\"" + id + "\",\"state\":\"queued\"}").utf8))
         }
     }
 }

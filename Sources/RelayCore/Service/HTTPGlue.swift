@@ -42,7 +42,7 @@ enum HTTPGlue {
         var h = HTTPHeaders()
         h.reserveCapacity(r.headers.count)
         for (n, v) in r.headers { h.add(n, v) }
-        return HTTPResponse(status: r.status, headers: h, body: Array(r.body.utf8))
+        return HTTPResponse(status: r.status, headers: h, body: r.bodyBytes)
     }
 
     static func handler(_ service: @escaping @Sendable (APIRequest, @escaping @Sendable (APIResponse) -> Void) -> Void) -> HTTPHandler {
