@@ -238,9 +238,10 @@ extension Connection {
 
     /// Serializes every leading answered slot.
     func h1Drain() {
-        while slotsHead < slots.count, let response = slots[slotsHead].response {
+        // take(): the response moves out of its slot (reading it, then the slot, then clearing
+        // it copied the response twice, ~200 instructions).
+        while slotsHead < slots.count, let response = slots[slotsHead].response.take() {
             let slot = slots[slotsHead]
-            slots[slotsHead].response = nil
             slotsHead += 1
             let last = slotsHead == slots.count
             var keepAlive = slot.keepAlive && slot.action == .keep
@@ -278,67 +279,120 @@ extension Connection {
     func h1Serialize(_ response: HTTPResponse, keepAlive: Bool, isHEAD: Bool, version: HTTPVersion) {
         let r = responseIsSafe(response) ? response : invalidResponse
         core.recordStatus(r.status)
+        let bodyless = r.status < 200 || r.status == 204 || r.status == 304
+        let dateLine = loop.dateHeaderLine
         // Build in a local buffer: one exclusive access to `out` instead of one per append.
         var o: [UInt8] = []
         swap(&o, &out)
         defer { swap(&o, &out) }
-        o.append(contentsOf: statusLines[r.status])
-        var hasDate = false
-        var hasServer = false
-        for h in r.headers.storage {
-            switch classifyResponseHeader(h.name) {
-            case .framing: continue   // framing is the server's job
-            case .date: hasDate = true
-            case .server: hasServer = true
-            case .none: break
+        // The head's dozen pieces go through the loop's scratch memory and reach `o` in one
+        // append (see HeadWriter). Relay 202s, callgrind: h1Drain with this inlined cost 2,690
+        // instructions per response, now 1,870 (with the take() in h1Drain).
+        loop.headScratch.withUnsafeMutableBufferPointer { scratch in
+            var head = HeadWriter(scratch)
+            head.put(statusLines[r.status], &o)
+            var hasDate = false
+            var hasServer = false
+            for h in r.headers.storage {
+                switch classifyResponseHeader(h.name) {
+                case .framing: continue   // framing is the server's job
+                case .date: hasDate = true
+                case .server: hasServer = true
+                case .none: break
+                }
+                head.put(h.name, &o)
+                head.put(58, 32, &o)   // ": "
+                head.put(h.value, &o)
+                head.put(13, 10, &o)
             }
-            // Through withUTF8: appending a String's UTF8View costs about twice a buffer's.
-            var name = h.name, value = h.value
-            name.withUTF8 { o.append(contentsOf: $0) }
-            o.append(contentsOf: colonSpace)
-            value.withUTF8 { o.append(contentsOf: $0) }
-            o.append(contentsOf: crlf)
-        }
-        if !hasDate { o.append(contentsOf: loop.dateHeaderLine) }
-        if !hasServer, let line = core.serverHeaderLine {
-            o.append(contentsOf: line)
-        }
-        let bodyless = r.status < 200 || r.status == 204 || r.status == 304
-        if !bodyless {
-            if r.body.count < contentLengthLines.count {
-                o.append(contentsOf: contentLengthLines[r.body.count])
-            } else {
-                o.append(contentsOf: contentLengthPrefix)
-                appendDecimal(r.body.count, to: &o)
-                o.append(contentsOf: crlf)
+            if !hasDate { head.put(dateLine, &o) }
+            if !hasServer, let line = core.serverHeaderLine {
+                head.put(line, &o)
             }
+            if !bodyless {
+                if r.body.count < contentLengthLines.count {
+                    head.put(contentLengthLines[r.body.count], &o)
+                } else {
+                    head.put(contentLengthPrefix, &o)
+                    head.putDecimal(r.body.count, &o)
+                    head.put(13, 10, &o)
+                }
+            }
+            if !keepAlive {
+                head.put(connectionCloseLine, &o)
+            } else if version == .http1_0 {
+                head.put(connectionKeepAliveLine, &o)
+            }
+            head.put(13, 10, &o)
+            head.flush(into: &o)
         }
-        if !keepAlive {
-            o.append(contentsOf: connectionCloseLine)
-        } else if version == .http1_0 {
-            o.append(contentsOf: connectionKeepAliveLine)
-        }
-        o.append(contentsOf: crlf)
         if !bodyless && !isHEAD { o.append(contentsOf: r.body) }
     }
+}
 
-    private func appendDecimal(_ n: Int, to out: inout [UInt8]) {
-        if n < 10 {
-            out.append(UInt8(48 + n))
-            return
+/// Builds a response head in scratch memory and appends it to the output in one call: the
+/// head is a dozen short pieces, and `Array.append(contentsOf:)` costs ~90 instructions a
+/// call where a copy into the scratch costs ~25. A head larger than the scratch spills into
+/// the output as it goes, so any size gives the same bytes.
+struct HeadWriter {
+    private let base: UnsafeMutablePointer<UInt8>
+    private let capacity: Int
+    private var count = 0
+
+    init(_ scratch: UnsafeMutableBufferPointer<UInt8>) {
+        base = scratch.baseAddress!
+        capacity = scratch.count
+    }
+
+    mutating func put(_ bytes: UnsafeBufferPointer<UInt8>, _ out: inout [UInt8]) {
+        if count + bytes.count > capacity {
+            flush(into: &out)
+            if bytes.count > capacity {
+                out.append(contentsOf: bytes)
+                return
+            }
         }
+        if let b = bytes.baseAddress { (base + count).update(from: b, count: bytes.count) }
+        count += bytes.count
+    }
+
+    mutating func put(_ bytes: [UInt8], _ out: inout [UInt8]) {
+        bytes.withUnsafeBufferPointer { put($0, &out) }
+    }
+
+    mutating func put(_ text: String, _ out: inout [UInt8]) {
+        // Through withUTF8: a String's UTF8View is about twice as slow to copy from.
+        var text = text
+        text.withUTF8 { put($0, &out) }
+    }
+
+    mutating func put(_ a: UInt8, _ b: UInt8, _ out: inout [UInt8]) {
+        if count + 2 > capacity { flush(into: &out) }
+        base[count] = a
+        base[count + 1] = b
+        count += 2
+    }
+
+    mutating func putDecimal(_ n: Int, _ out: inout [UInt8]) {
         var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
                      UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
             (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        var count = 0
-        var v = n
         withUnsafeMutableBytes(of: &digits) { d in
-            while v > 0 {
-                d[count] = UInt8(48 + v % 10)
+            var start = d.count
+            var v = n
+            repeat {
+                start -= 1
+                d[start] = UInt8(48 + v % 10)
                 v /= 10
-                count += 1
-            }
-            for i in stride(from: count - 1, through: 0, by: -1) { out.append(d[i]) }
+            } while v > 0
+            put(UnsafeBufferPointer(start: d.baseAddress!.assumingMemoryBound(to: UInt8.self) + start, count: d.count - start), &out)
         }
+    }
+
+    /// Appends what is buffered to `out`.
+    mutating func flush(into out: inout [UInt8]) {
+        guard count > 0 else { return }
+        out.append(contentsOf: UnsafeBufferPointer(start: base, count: count))
+        count = 0
     }
 }

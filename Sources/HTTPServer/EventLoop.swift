@@ -49,6 +49,9 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
     let plainBuffer: UnsafeMutableRawPointer
     static let plainBufferSize = 65536
 
+    /// Where HTTP/1 response heads are assembled (HeadWriter); larger heads spill past it.
+    var headScratch = [UInt8](repeating: 0, count: 4096)
+
     private var dateLine: [UInt8] = []
     private var dateString = ""
     private var dateRefreshedAt: UInt64 = 0

@@ -25,6 +25,12 @@ import Testing
         var own = HTTPHeaders()
         own.add("date", "Mon, 01 Jan 2001 00:00:00 GMT")
         own.add("server", "handler")
+        // Heads larger than the serialiser's 4 KiB scratch: spilled part-way and past it whole.
+        var big = HTTPHeaders()
+        big.add("x-a", String(repeating: "a", count: 3000))
+        big.add("x-b", String(repeating: "b", count: 3000))
+        big.add("x-c", String(repeating: "c", count: 5000))
+        big.add("content-type", "text/plain")
         let queued = Array(#"{"id":"0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b","state":"queued"}"#.utf8)
         return [
             HTTPResponse(status: 202, headers: std, body: queued),
@@ -36,6 +42,8 @@ import Testing
             HTTPResponse(status: 304, headers: own, body: []),
             HTTPResponse(status: 429, headers: own, body: Array(repeating: 0x62, count: 1023)),
             HTTPResponse(status: 200, headers: HTTPHeaders(), body: Array(repeating: 0x63, count: 1024)),
+            HTTPResponse(status: 200, headers: big, body: Array(repeating: 0x64, count: 123_456)),
+            HTTPResponse(status: 404, headers: big, body: []),
         ]
     }()
 
