@@ -274,6 +274,27 @@ import Testing
         #expect(accepted >= 5)
     }
 
+    /// Every byte value in every position of a secret is accepted exactly when it is one of
+    /// `0-9A-Za-z-_` (or trailing whitespace, which is trimmed).
+    @Test func everySecretByteIsCheckedAgainstTheBase64URLSet() {
+        let allowed = Set(Array("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz-_".utf8))
+        var accepted = 0
+        for position in 0..<5 {
+            for b in 0...255 {
+                var secret = Array("rk_abcde".utf8)
+                secret[3 + position] = UInt8(b)
+                let header = Array("Bearer ".utf8) + secret
+                // Tabs and spaces at the end are trimmed; the rest decide by the set.
+                let trimmed = position == 4 && (b == 0x20 || b == 0x09)
+                let got = IngestService.bearerHash(String(decoding: header, as: UTF8.self))
+                // A byte >= 0x80 alone is not UTF-8: the header String holds U+FFFD, also refused.
+                #expect((got != nil) == (allowed.contains(UInt8(b)) || trimmed), "byte \(b) at \(position)")
+                if got != nil { accepted += 1 }
+            }
+        }
+        #expect(accepted == 5 * allowed.count + 2)
+    }
+
     @Test func apiRequestKeepsTheTwoHeadersTheServicesRead() {
         let r = APIRequest(method: "POST", path: "/v1/responses",
                            headers: ["authorization": "Bearer rk_x", "content-type": "application/json", "x-other": "1"],
