@@ -71,25 +71,9 @@ schema_db() {  # path: an empty database with the relay's schema
   stop_relay
 }
 
-cat > "$WORK/post.lua" <<'EOF'
-local threads = {}
-function setup(thread) thread:set("tid", #threads) table.insert(threads, thread) end
-function init(args)
-  math.randomseed(os.time() * 1000 + tid)
-  local t = {}
-  for i = 1, 32 do t[i] = string.format("%02x", math.random(0, 255)) end
-  token = table.concat(t)
-  session = string.format("%08X-%04X-4%03X-8%03X-%012X", math.random(0, 0x7fffffff), math.random(0, 0xffff),
-                          math.random(0, 0xfff), math.random(0, 0xfff), math.random(0, 0x7fffffff))
-  n = 0
-  hdrs = { ["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. os.getenv("RELAY_CRED") }
-end
-function request()
-  n = n + 1
-  return wrk.format("POST", "/v1/responses", hdrs, '{"pushToken":"' .. token .. '","sessionIdentifier":"' .. session ..
-    '","keyID":"AQIDBA==","messageIndex":' .. n .. ',"encryptedData":"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIj"}')
-end
-EOF
+# The same request script as bench-relay.sh (one request formatted per wrk thread, the message
+# index spliced in; unique push token and session per thread and run).
+write_post_lua "$WORK/post.lua"
 wrk_rps() { awk '/Requests\/sec/{print $2}' "$1"; }
 
 # --- 1. latency at several offered loads ---------------------------------------------------
