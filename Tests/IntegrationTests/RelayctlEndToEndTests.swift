@@ -20,7 +20,7 @@ private final class Child {
 
     init(_ executable: String, _ arguments: [String], log: URL, environment: [String: String] = [:]) throws {
         self.log = log
-        FileManager.default.createFile(atPath: log.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: log.path, contents: nil)  // a failure surfaces as FileHandle(forWritingTo:) throwing below
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
         process.standardOutput = try FileHandle(forWritingTo: log)

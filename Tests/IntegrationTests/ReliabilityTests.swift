@@ -47,7 +47,7 @@ enum Reliability {
                        "--bin", binDirectory.path, "--work", dir.appendingPathComponent("work").path,
                        "--json-out", json.path, "--quick"] + arguments
         let log = dir.appendingPathComponent("harness.log")
-        FileManager.default.createFile(atPath: log.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: log.path, contents: nil)  // a failure surfaces as FileHandle(forWritingTo:) throwing below
         let handle = try FileHandle(forWritingTo: log)
         p.standardOutput = handle
         p.standardError = handle
