@@ -78,13 +78,7 @@ private extension Array where Element == UInt8 {
     }
 
     @Test func ingestAnswersAreTheDocumentedBytes() throws {
-        var c = try RelayConfig.parse(Array(ConfigTests.minimal.utf8))
-        c.apps[0].bundleID = "com.example.app"
-        c.listen.port = 0
-        c.admin.port = 0
-        c.store.path = dir.db
-        c.watchdog = false
-        let service = RelayService(config: c, logger: RelayLogger(capture: true)) { _, _ in
+        let service = RelayService(config: try serviceTestConfig(db: dir.db), logger: RelayLogger(capture: true)) { _, _ in
             FakeTransport { _, _ in PushAnswer(status: 200, reason: nil, classification: .done) }
         }
         try service.start()

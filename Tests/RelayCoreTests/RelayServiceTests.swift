@@ -17,18 +17,22 @@ private func curl(_ args: [String]) throws -> (Int, String) {
     return (Int(lines.last ?? "") ?? 0, lines.dropLast().joined(separator: "\n"))
 }
 
+/// The minimal config with one app (com.example.app), ephemeral loopback ports, the database at
+/// `db` and no systemd watchdog: what every in-process RelayService test starts from.
+func serviceTestConfig(db: String) throws -> RelayConfig {
+    var c = try RelayConfig.parse(Array(ConfigTests.minimal.utf8))
+    c.apps[0].bundleID = "com.example.app"
+    c.listen.port = 0
+    c.admin.port = 0
+    c.store.path = db
+    c.watchdog = false
+    return c
+}
+
 @Suite struct RelayServiceTests {
     let dir = TempDir()
 
-    func config() throws -> RelayConfig {
-        var c = try RelayConfig.parse(Array(ConfigTests.minimal.utf8))
-        c.apps[0].bundleID = "com.example.app"
-        c.listen.port = 0
-        c.admin.port = 0
-        c.store.path = dir.db
-        c.watchdog = false
-        return c
-    }
+    func config() throws -> RelayConfig { try serviceTestConfig(db: dir.db) }
 
     @Test func postOverHTTPThenDeliveredThroughTheTransportThenDrain() throws {
         let transport = FakeTransport { _, _ in PushAnswer(status: 200, reason: nil, classification: .done) }
