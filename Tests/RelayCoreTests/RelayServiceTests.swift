@@ -59,6 +59,11 @@ func serviceTestConfig(db: String) throws -> RelayConfig {
         #expect(metrics.contains("relay_ingest_requests_total{status=\"202\"} 1"))
         #expect(metrics.contains("relay_outbox_responses{state=\"delivered\"} 1"))
         #expect(metrics.contains("relay_http_connections_total{listener=\"ingest\"}"))
+        // The POST is timed; the two GETs are not.
+        #expect(metrics.contains("relay_ingest_duration_seconds_count 1\n"))
+        #expect(metrics.contains("relay_ingest_duration_seconds_bucket{le=\"+Inf\"} 1\n"))
+        let transaction = metrics.split(separator: "\n").first { $0.hasPrefix("relay_store_transaction_seconds_total ") }
+        #expect((transaction?.split(separator: " ").last).flatMap { Double($0) }.map { $0 > 0 } == true, "\(String(describing: transaction))")
         let (rs, ready) = try curl(["http://127.0.0.1:\(service.adminPort)/readyz"])
         #expect(rs == 200, "\(ready)")
         #expect(try curl(["http://127.0.0.1:\(service.adminPort)/healthz"]).0 == 200)

@@ -121,3 +121,25 @@ import Testing
         #expect(IngestService.bearerHash("Basic \(secret)") == nil)
     }
 }
+
+@Suite struct MetricsTests {
+    @Test func ingestDurationIsACumulativeHistogramOfTimedRequestsOnly() {
+        let m = RelayMetrics()
+        m.ingest(status: 202, seconds: 0.0003)
+        m.ingest(status: 202, seconds: 0.002)
+        m.ingest(status: 400)   // not timed (e.g. another path)
+        let text = m.render(extra: "")
+        #expect(text.contains("relay_ingest_requests_total{status=\"202\"} 2\n"))
+        #expect(text.contains("relay_ingest_requests_total{status=\"400\"} 1\n"))
+        #expect(text.contains("relay_ingest_duration_seconds_bucket{le=\"0.00025\"} 0\n"))
+        #expect(text.contains("relay_ingest_duration_seconds_bucket{le=\"0.0005\"} 1\n"))
+        #expect(text.contains("relay_ingest_duration_seconds_bucket{le=\"0.001\"} 1\n"))
+        #expect(text.contains("relay_ingest_duration_seconds_bucket{le=\"0.0025\"} 2\n"))
+        #expect(text.contains("relay_ingest_duration_seconds_bucket{le=\"+Inf\"} 2\n"))
+        #expect(text.contains("relay_ingest_duration_seconds_count 2\n"))
+        #expect(text.contains("# TYPE relay_ingest_duration_seconds histogram\n"))
+        // The push histogram keeps its own (millisecond) buckets.
+        #expect(text.contains("relay_push_duration_seconds_bucket{le=\"0.001\"} 0\n"))
+        #expect(!text.contains("relay_push_duration_seconds_bucket{le=\"0.0001\"}"))
+    }
+}

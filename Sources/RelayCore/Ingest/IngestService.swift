@@ -151,14 +151,15 @@ public final class IngestService: Sendable {
             r.headers.reserveCapacity(r.headers.count + 2)
             r.headers.append(("x-request-id", requestID))
             if !r.headers.contains(where: { $0.0 == "content-type" }) { r.headers.append(("content-type", "application/json")) }
-            service.metrics.ingest(status: r.status)
+            let micros = monotonicMicros() - start
+            service.metrics.ingest(status: r.status, seconds: path == "/v1/responses" ? Double(micros) / 1e6 : nil)
             let level: RelayLogger.Level = r.status >= 500 ? .warning : .debug
             // Checked here so the field list (and its Strings) is not built for a line that is
             // dropped: at the default level every 2xx would pay for it.
             let logger = service.logger
             if level >= logger.minimum {
                 logger.log(level, "request", ["request_id": requestID, "method": method, "path": path,
-                                              "status": r.status, "duration_us": monotonicMicros() - start, "note": note ?? ""])
+                                              "status": r.status, "duration_us": micros, "note": note ?? ""])
             }
             respond(r)
         }

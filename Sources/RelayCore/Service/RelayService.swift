@@ -133,6 +133,10 @@ public final class RelayService: @unchecked Sendable {
             out += "# HELP relay_store_commits_total Group-commit transactions committed.\n# TYPE relay_store_commits_total counter\nrelay_store_commits_total \(w.batches)\n"
             out += "# HELP relay_store_jobs_total Jobs (ingests and dispatcher writes) committed.\n# TYPE relay_store_jobs_total counter\nrelay_store_jobs_total \(w.jobs)\n"
         }
+        if let s = store as? SQLiteOutboxStore {
+            // Against wall-clock time: the share of it the single writer spends in transactions.
+            out += "# HELP relay_store_transaction_seconds_total Time the SQLite writer spent in transactions, BEGIN to the end of COMMIT (its fsync included).\n# TYPE relay_store_transaction_seconds_total counter\nrelay_store_transaction_seconds_total \(Double(s.writerTransactionMicros) / 1e6)\n"
+        }
         return out
     }
 

@@ -52,8 +52,12 @@ final class GroupCommitWriter: @unchecked Sendable {
     // Read by /metrics from other threads.
     private let batchCounter = Atomic<Int>(0)
     private let jobCounter = Atomic<Int>(0)
+    private let transactionMicros = Atomic<Int>(0)
     var batchesCommitted: Int { batchCounter.load(ordering: .relaxed) }
     var jobsCommitted: Int { jobCounter.load(ordering: .relaxed) }
+    /// Time spent inside transactions, BEGIN to the end of COMMIT (its fsync included), over
+    /// every batch, committed or not: against wall-clock time, how busy the one writer is.
+    var transactionTime: Int { transactionMicros.load(ordering: .relaxed) }
 
     init(db: SQLiteDatabase, maxBatch: Int = 1024, name: String = "relay-sqlite-writer") {
         self.db = db
@@ -94,6 +98,7 @@ final class GroupCommitWriter: @unchecked Sendable {
     private func runBatch(_ batch: [Job]) {
         var failure: StoreError?
         beforeBatch?()
+        let started = monotonicMicros()
         do {
             try db.held(&begin, "BEGIN IMMEDIATE").stepOnce()
             try afterBegin?(db)
@@ -105,6 +110,7 @@ final class GroupCommitWriter: @unchecked Sendable {
             if !db.isAutocommit { try? db.execute("ROLLBACK") }
             afterRollback?(db)
         }
+        transactionMicros.add(Int(monotonicMicros() - started), ordering: .relaxed)
         if failure == nil {
             batchCounter.add(1, ordering: .relaxed)
             jobCounter.add(batch.count, ordering: .relaxed)

@@ -1000,6 +1000,9 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     public var writerStats: (batches: Int, jobs: Int) {
         (writer?.batchesCommitted ?? 0, writer?.jobsCommitted ?? 0)
     }
+
+    /// Microseconds the writer spent inside transactions (BEGIN to the end of COMMIT) so far.
+    public var writerTransactionMicros: Int { writer?.transactionTime ?? 0 }
 }
 
 /// Bearer credentials: `rk_` + base64url of 32 random bytes; stored as SHA-256 only.

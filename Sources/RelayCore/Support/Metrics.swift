@@ -7,12 +7,21 @@ public final class RelayMetrics: Sendable {
     /// the same buckets).
     public static let latencyBuckets: [Double] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
 
+    /// Upper bounds (seconds) of the ingest duration histogram: a durable 202 waits for a group
+    /// commit and its fsync, typically a few hundred microseconds.
+    public static let ingestBuckets: [Double] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1]
+
     struct Histogram {
-        var counts = [Int](repeating: 0, count: RelayMetrics.latencyBuckets.count)
+        let bounds: [Double]
+        var counts: [Int]
         var sum: Double = 0
         var total = 0
+        init(bounds: [Double] = RelayMetrics.latencyBuckets) {
+            self.bounds = bounds
+            counts = [Int](repeating: 0, count: bounds.count)
+        }
         mutating func observe(_ seconds: Double) {
-            for (i, b) in RelayMetrics.latencyBuckets.enumerated() where seconds <= b { counts[i] += 1 }
+            for (i, b) in bounds.enumerated() where seconds <= b { counts[i] += 1 }
             sum += seconds
             total += 1
         }
@@ -24,6 +33,7 @@ public final class RelayMetrics: Sendable {
         var retries = 0
         var pushLatency = Histogram()
         var ingestToAnswer = Histogram()
+        var ingestDuration = Histogram(bounds: RelayMetrics.ingestBuckets)
         var rateLimited: [String: Int] = [:]
     }
 
@@ -31,7 +41,14 @@ public final class RelayMetrics: Sendable {
 
     public init() {}
 
-    public func ingest(status: Int) { state.withLock { $0.ingestByStatus[status, default: 0] += 1 } }
+    /// One answered ingest request; `seconds` (POST /v1/responses only) from the request reaching
+    /// the ingest API to its answer going to the HTTP server.
+    public func ingest(status: Int, seconds: Double? = nil) {
+        state.withLock {
+            $0.ingestByStatus[status, default: 0] += 1
+            if let seconds { $0.ingestDuration.observe(seconds) }
+        }
+    }
     public func rateLimited(scope: String) { state.withLock { $0.rateLimited[scope, default: 0] += 1 } }
     public func retry() { state.withLock { $0.retries += 1 } }
 
@@ -66,12 +83,13 @@ public final class RelayMetrics: Sendable {
         out += "relay_push_retries_total \(s.retries)\n"
         out += histogram("relay_push_duration_seconds", "Time from sending to APNs to its answer.", s.pushLatency)
         out += histogram("relay_ingest_to_answer_seconds", "Time from ingest commit to the APNs answer (first attempt).", s.ingestToAnswer)
+        out += histogram("relay_ingest_duration_seconds", "POST /v1/responses: time from the request reaching the ingest API to its answer (a 202 after the group commit and its fsync).", s.ingestDuration)
         return out + extra
     }
 
     private func histogram(_ name: String, _ help: String, _ h: Histogram) -> String {
         var out = "# HELP \(name) \(help)\n# TYPE \(name) histogram\n"
-        for (i, b) in Self.latencyBuckets.enumerated() {
+        for (i, b) in h.bounds.enumerated() {
             out += "\(name)_bucket{le=\"\(b)\"} \(h.counts[i])\n"
         }
         out += "\(name)_bucket{le=\"+Inf\"} \(h.total)\n\(name)_sum \(h.sum)\n\(name)_count \(h.total)\n"
