@@ -32,6 +32,11 @@ trap cleanup EXIT
 
 . scripts/lib-bench.sh
 
+# Earlier benchmarks in `make bench` leave hundreds of MB of dirty pages (bench-pipeline's
+# million-row databases); their writeback would compete with the relay's fsyncs (not with
+# nginx, which writes nothing). Flush them first, so every run here starts from a quiet disk.
+sync
+
 start_bench_mock
 
 RELAY_PORT=$(free_port); ADMIN_PORT=$(free_port)
@@ -79,7 +84,16 @@ wrk_cpu_us() {  # /usr/bin/time output file, requests -> wrk CPU microseconds pe
 wrk_requests() { awk '/requests in/{print $1}' "$1"; }
 # Group-commit counters (relay_store_commits_total / relay_store_jobs_total on /metrics) around
 # each run: jobs per COMMIT is the batch size the writer reached under this load.
-store_counters() { curl -fsS "http://127.0.0.1:$ADMIN_PORT/metrics" | awk '/^relay_store_commits_total /{c=$2} /^relay_store_jobs_total /{j=$2} END{print c+0, j+0}'; }
+# "commits jobs writer-transaction-seconds ingest-duration-sum ingest-duration-count"
+store_counters() {
+  curl -fsS "http://127.0.0.1:$ADMIN_PORT/metrics" | awk '/^relay_store_commits_total /{c=$2} /^relay_store_jobs_total /{j=$2}
+    /^relay_store_transaction_seconds_total /{t=$2} /^relay_ingest_duration_seconds_sum /{ds=$2} /^relay_ingest_duration_seconds_count /{dn=$2}
+    END{printf "%d %d %.6f %.6f %d\n", c, j, t, ds, dn}'
+}
+# Between two store_counters: mean time in the relay's service per POST (ms) and the writer's
+# share of the run's wall time inside transactions (%).
+service_ms() { awk -v a="$1" -v b="$2" 'BEGIN{split(a,x," "); split(b,y," "); n=y[5]-x[5]; printf "%.2f", (n > 0 ? (y[4]-x[4])/n*1000 : 0)}'; }
+writer_duty() { awk -v a="$1" -v b="$2" -v d="$3" 'BEGIN{split(a,x," "); split(b,y," "); printf "%.0f", (y[3]-x[3])/d*100}'; }
 # Answers the relay counted as 202 (the wrk script does not look at responses, see lib-bench.sh).
 accepted_202() { curl -fsS "http://127.0.0.1:$ADMIN_PORT/metrics" | awk '/^relay_ingest_requests_total\{status="202"\} /{n=$2} END{print n+0}'; }
 jobs_per_commit() {  # "c0 j0" "c1 j1" -> jobs per commit between the two
@@ -106,12 +120,13 @@ curl -fsS -X POST "http://127.0.0.1:$CONTROL_PORT/faults" -H 'Content-Type: appl
 echo "== wrk relay-server POST, APNs stalled" >&2
 S2=$(store_counters); R2=$(proc_ticks "$RELAY_PID"); A2=$(accepted_202)
 RELAY_CRED="$CRED" /usr/bin/time -f "%U %S" -o "$WORK/time-stalled.txt" \
-  wrk -t2 -c"$CONNECTIONS" -d"${DURATION}s" -s "$WORK/post.lua" "http://127.0.0.1:$RELAY_PORT" > "$WORK/wrk-relay-stalled.txt"
+  wrk --latency -t2 -c"$CONNECTIONS" -d"${DURATION}s" -s "$WORK/post.lua" "http://127.0.0.1:$RELAY_PORT" > "$WORK/wrk-relay-stalled.txt"
 S3=$(store_counters); R3=$(proc_ticks "$RELAY_PID"); A3=$(accepted_202)
 N_STALLED=$(wrk_requests "$WORK/wrk-relay-stalled.txt")
 CPU_STALLED="relay $(us_per_req $((R3 - R2)) "$N_STALLED") µs, wrk+Lua $(wrk_cpu_us "$WORK/time-stalled.txt" "$N_STALLED") µs"
 STALLED_RPS=$(awk '/Requests\/sec/{print $2}' "$WORK/wrk-relay-stalled.txt")
 STALLED_NON202=$(non202 "$N_STALLED" $((A3 - A2)))
+STALLED_WRK_MEAN=$(awk '/Latency/ && !/Distribution/{print $2; exit}' "$WORK/wrk-relay-stalled.txt")
 curl -fsS -X DELETE "http://127.0.0.1:$CONTROL_PORT/faults" >/dev/null
 stop_relay
 
@@ -233,6 +248,7 @@ release builds on loopback; SQLite \`synchronous=FULL\`; rate limits disabled).
 | nginx answering the relay's POSTs (client cost) | $NGINX_LUA_RPS/s | nginx static GET: $NGINX_RPS/s | $(ratio "$NGINX_LUA_RPS" "$NGINX_RPS") x nginx | – |
 | CPU per request: relay live / stalled / nginx | $CPU_LIVE / $CPU_STALLED / $CPU_NGINX; nginx with the POST script: $CPU_NGINX_LUA | – | – | – |
 | group commit: jobs per COMMIT (live / stalled) | $(jobs_per_commit "$S0" "$S1") / $(jobs_per_commit "$S2" "$S3") (ingests + dispatcher writes per transaction) | – | – | – |
+| stalled run: where a round trip goes | wrk mean latency $STALLED_WRK_MEAN; in the relay's service (parsed request -> answer, \`relay_ingest_duration_seconds\`) $(service_ms "$S2" "$S3") ms; the writer inside transactions $(writer_duty "$S2" "$S3" "$DURATION") % of the run | – | – | – |
 | ingest -> APNs (mock) latency at ${LAT_RATE}/s offered | p50 ${LAT_P50} ms, p99 ${LAT_P99} ms ($LAT_MATCHED of $LAT_SENT matched) | – | – | p99 < 5 ms |
 | start to ready with $ROWS queued rows (DB ${DB_MB} MB) | ${READY_MS} ms (process start to /readyz 200) | – | – | < 300 ms |
 | peak RSS with $ROWS queued rows, 5 s into draining | $((RSS_KB / 1024)) MB peak; now $((ANON_KB / 1024)) MB anonymous, PSS $((PSS_KB / 1024)) MB (delivered so far: ${DRAINED:-?}) | – | – | < 40 MB |
