@@ -53,7 +53,7 @@ import Testing
     /// v7 ids minted as a v4 relay would have (earlier milliseconds), v4 ids as before v3.
     func mixedIDs() -> [(String, String)] {
         var gen = TimeOrderedIDs()
-        let v7 = (0..<4).map { gen.next(nowMillis: clock.nowMillis() - 60_000 + Int64($0) / 2) }
+        let v7 = (0..<4).map { gen.mint(nowMillis: clock.nowMillis() - 60_000 + Int64($0) / 2).id }
         let v4 = (0..<4).map { _ in RelayCrypto.uuidV4() }
         // Interleaved so the old rowid order is neither id order nor "all v4 first".
         return [(v7[2], "queued"), (v4[0], "queued"), (v4[1], "inflight"), (v7[0], "retry"),

@@ -569,9 +569,9 @@ import Testing
         let random: [UInt8] = [0xff, 1, 2, 3, 4, 5, 6, 7]
         var ids: [String] = []
         // Same millisecond 5000 times (counter overflows into the next ms), then the clock steps back.
-        for _ in 0..<5000 { ids.append(gen.next(nowMillis: 1_800_000_000_000, random: random)) }
-        ids.append(gen.next(nowMillis: 1_700_000_000_000, random: random))
-        ids.append(gen.next(nowMillis: 1_900_000_000_000, random: random))
+        for _ in 0..<5000 { ids.append(gen.mint(nowMillis: 1_800_000_000_000, random: random).id) }
+        ids.append(gen.mint(nowMillis: 1_700_000_000_000, random: random).id)
+        ids.append(gen.mint(nowMillis: 1_900_000_000_000, random: random).id)
         #expect(zip(ids, ids.dropFirst()).allSatisfy { $0 < $1 })
         #expect(Set(ids).count == ids.count)
         for id in ids {

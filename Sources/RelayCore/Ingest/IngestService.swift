@@ -152,7 +152,7 @@ public final class IngestService: Sendable {
             r.headers.append(("x-request-id", requestID))
             if !r.headers.contains(where: { $0.0 == "content-type" }) { r.headers.append(("content-type", "application/json")) }
             let micros = monotonicMicros() - start
-            service.metrics.ingest(status: r.status, seconds: path == "/v1/responses" ? Double(micros) / 1e6 : nil)
+            service.metrics.ingest(status: r.status, seconds: method == "POST" && path == "/v1/responses" ? Double(micros) / 1e6 : nil)
             let level: RelayLogger.Level = r.status >= 500 ? .warning : .debug
             // Checked here so the field list (and its Strings) is not built for a line that is
             // dropped: at the default level every 2xx would pay for it.

@@ -445,12 +445,18 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     /// Hands the batch's deferred completions to their loops: one task per loop (one loop
     /// in the default configuration), in commit order within each loop.
     private static func completeDeferred(_ state: WriterState) {
-        guard !state.deferred.isEmpty else { return }
+        guard let first = state.deferred.first?.request.executor else { return }
+        // The array itself is handed over (emptying it in place would copy a shared buffer).
         let jobs = state.deferred
-        state.deferred.removeAll(keepingCapacity: true)
+        state.deferred = []
+        // One loop (the default): the batch's array as it is, no grouping.
+        if jobs.allSatisfy({ $0.request.executor === first }) {
+            first.execute { for job in jobs { job.complete() } }
+            return
+        }
         var groups: [(executor: any ThreadExecutor, jobs: [IngestJob])] = []
         for job in jobs {
-            guard let executor = job.request.executor else { continue }
+            guard let executor = job.request.executor else { continue }   // only deferred with one
             if let i = groups.firstIndex(where: { $0.executor === executor }) {
                 groups[i].jobs.append(job)
             } else {

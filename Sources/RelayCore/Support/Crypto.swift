@@ -100,7 +100,7 @@ public enum RelayCrypto {
 /// moves on). The high 64 bits (timestamp, version, counter) are the SQLite rowid since schema
 /// v5, so they are handed out with the text: two processes (or one restarted after the clock
 /// stepped back) can mint the same high word, which the rowid refuses; the store then calls
-/// `advance(pastRowid:)` and mints again (SQLiteOutboxStore.ingest).
+/// `advance(pastHigh:)` and mints again (SQLiteOutboxStore.ingest).
 /// The id reveals its creation millisecond to whoever holds it (the submitting accessory and APNs).
 public struct TimeOrderedIDs: Sendable {
     private var lastMillis: Int64 = 0
@@ -108,21 +108,13 @@ public struct TimeOrderedIDs: Sendable {
 
     public init() {}
 
-    public mutating func next(nowMillis: Int64) -> String {
-        mint(nowMillis: nowMillis).id
-    }
-
-    /// `random` supplies the 8 low bytes (62 bits used); injectable for tests.
-    public mutating func next(nowMillis: Int64, random: [UInt8]) -> String {
-        mint(nowMillis: nowMillis, random: random).id
-    }
-
     /// The next id and its high 64 bits as a signed bit pattern (`UUIDText.high64(id)`, the
     /// row's rowid), without formatting and parsing the text again.
     public mutating func mint(nowMillis: Int64) -> (id: String, high: Int64) {
         mint(nowMillis: nowMillis, random: RelayCrypto.idBytes(8))
     }
 
+    /// `random` supplies the 8 low bytes (62 bits used); injectable for tests.
     public mutating func mint(nowMillis: Int64, random: [UInt8]) -> (id: String, high: Int64) {
         precondition(random.count == 8)
         if nowMillis > lastMillis {
@@ -173,26 +165,22 @@ extension Array where Element == UInt8 {
 /// UUID text without Foundation's formatter and parser (which cost ~30k instructions each,
 /// via sscanf, on every ingest).
 public enum UUIDText {
-    private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
-
-    /// 8-4-4-4-12 lowercase text of 16 bytes.
+    /// 8-4-4-4-12 text of 16 bytes (lowercase unless `uppercase`).
     public static func format(_ b: [UInt8], uppercase: Bool = false) -> String {
         precondition(b.count == 16)
-        let digits: [UInt8] = uppercase ? Array("0123456789ABCDEF".utf8) : hexDigits
-        var out = [UInt8]()
-        out.reserveCapacity(36)
-        for i in 0..<16 {
-            if i == 4 || i == 6 || i == 8 || i == 10 { out.append(UInt8(ascii: "-")) }
-            out.append(digits[Int(b[i] >> 4)])
-            out.append(digits[Int(b[i] & 0x0f)])
+        var high: UInt64 = 0, low: UInt64 = 0
+        for i in 0..<8 {
+            high = high << 8 | UInt64(b[i])
+            low = low << 8 | UInt64(b[i + 8])
         }
-        return String(decoding: out, as: UTF8.self)
+        return format(high: high, low: low, uppercase: uppercase)
     }
 
-    /// 8-4-4-4-12 lowercase text of a UUID given as its big-endian high and low 64 bits.
-    static func format(high: UInt64, low: UInt64) -> String {
+    /// 8-4-4-4-12 text of a UUID given as its big-endian high and low 64 bits, formatted
+    /// straight into the String (no byte arrays).
+    static func format(high: UInt64, low: UInt64, uppercase: Bool = false) -> String {
         String(unsafeUninitializedCapacity: 36) { out in
-            let digits: StaticString = "0123456789abcdef"
+            let digits: StaticString = uppercase ? "0123456789ABCDEF" : "0123456789abcdef"
             let d = digits.utf8Start
             var o = 0
             for k in 0..<32 {
