@@ -171,8 +171,8 @@ final class ClientShared: Sendable {
 /// through the inbox's Mutex; after that only the slot thread reads or writes it.
 final class PendingPush: @unchecked Sendable {
     let request: PushRequest
-    /// `request.apnsIDString`, formatted once.
-    let apnsID: String
+    /// The `apns-id` sent: the response callbacks compare the echoed one with it.
+    var apnsID: String { request.apnsID.text }
     let completion: @Sendable (PushResult) -> Void
     /// Monotonic: queueing, retries and the wait for the response all fit inside it.
     let deadline: ContinuousClock.Instant
@@ -187,7 +187,6 @@ final class PendingPush: @unchecked Sendable {
 
     init(request: PushRequest, completion: @escaping @Sendable (PushResult) -> Void, deadline: ContinuousClock.Instant) {
         self.request = request
-        self.apnsID = request.apnsIDString
         self.completion = completion
         self.deadline = deadline
     }
@@ -546,7 +545,7 @@ final class ConnectionSlot: @unchecked Sendable {
             queueHead += 1
             let st = ClientStream(push: p, tokenGeneration: generation)
             do {
-                try c.session.submit(st, scheme: scheme, authority: shared.endpoint.authority, head: Self.head(p.request, apnsID: p.apnsID, authorization: auth))
+                try c.session.submit(st, scheme: scheme, authority: shared.endpoint.authority, head: Self.head(p.request, authorization: auth))
             } catch {
                 complete(p, .transportFailure("\(error)"))
                 continue
@@ -568,11 +567,11 @@ final class ConnectionSlot: @unchecked Sendable {
     }
 
     /// The request headers after the pseudo-headers, in a fixed order.
-    static func head(_ r: PushRequest, apnsID: String, authorization: String?) -> RequestHead {
+    static func head(_ r: PushRequest, authorization: String?) -> RequestHead {
         var fields: [(name: StaticString, value: String)] = [
             ("apns-push-type", "accessory"),
             ("apns-topic", r.topic),
-            ("apns-id", apnsID),
+            ("apns-id", r.apnsID.text),
         ]
         if let e = r.expiration { fields.append(("apns-expiration", String(e))) }
         if let p = r.priority { fields.append(("apns-priority", String(p))) }

@@ -27,6 +27,9 @@ public enum PushClientError: Error, Equatable, CustomStringConvertible {
     case transport(String)
     /// OpenSSL failed while signing; carries OpenSSL's message.
     case crypto(String)
+    /// An `apns-id` or session identifier given as text is not a UUID; the message names the
+    /// field and what is wrong (never the whole text).
+    case invalidIdentifier(String)
 
     public var description: String {
         switch self {
@@ -35,6 +38,7 @@ public enum PushClientError: Error, Equatable, CustomStringConvertible {
         case .tls(let m): "TLS: \(m)"
         case .transport(let m): m
         case .crypto(let m): "OpenSSL: \(m)"
+        case .invalidIdentifier(let m): m
         }
     }
 }
@@ -122,22 +126,29 @@ public struct PushClientConfiguration: Sendable {
 /// The `aps` dictionary of an accessory push, exactly as Apple documents it.
 public struct AccessoryPayload: Sendable, Equatable {
     public var encryptedData: [UInt8]
-    public var sessionIdentifier: UUID
+    public var sessionIdentifier: SessionIdentifier
     public var keyID: [UInt8]
     public var messageIndex: UInt32
 
-    public init(encryptedData: [UInt8], sessionIdentifier: UUID, keyID: [UInt8], messageIndex: UInt32) {
+    /// With the session identifier as checked text (`SessionIdentifier("...")`): what the relay
+    /// uses, its rows keep the identifier as text.
+    public init(encryptedData: [UInt8], sessionIdentifier: SessionIdentifier, keyID: [UInt8], messageIndex: UInt32) {
         self.encryptedData = encryptedData
         self.sessionIdentifier = sessionIdentifier
         self.keyID = keyID
         self.messageIndex = messageIndex
     }
 
+    public init(encryptedData: [UInt8], sessionIdentifier: UUID, keyID: [UInt8], messageIndex: UInt32) {
+        self.init(encryptedData: encryptedData, sessionIdentifier: SessionIdentifier(sessionIdentifier),
+                  keyID: keyID, messageIndex: messageIndex)
+    }
+
     /// `{"aps":{"encryptedData":"<base64>","sessionIdentifier":"<UUID>","keyID":"<base64>","messageIndex":"<decimal>"}}`
     /// Built by hand: every value is base64, a UUID or digits, so nothing needs JSON escaping,
     /// and the key order is fixed (byte-identical bodies make logs and tests comparable).
-    /// sessionIdentifier uses Foundation's canonical (uppercase) UUID form, as the iPhone's
-    /// `UUID.uuidString` would.
+    /// sessionIdentifier is `SessionIdentifier.text`: Foundation's canonical (uppercase) UUID
+    /// form, as the iPhone's `UUID.uuidString` would give it.
     /// Written straight into one byte buffer (no Foundation Data/base64 Strings, no
     /// interpolation): this runs once per push, and the String version cost ~19k instructions.
     public func jsonBody() -> [UInt8] {
@@ -146,9 +157,7 @@ public struct AccessoryPayload: Sendable, Equatable {
         out.append(contentsOf: #"{"aps":{"encryptedData":""#.utf8)
         Self.appendBase64(encryptedData, to: &out)
         out.append(contentsOf: #"","sessionIdentifier":""#.utf8)
-        let at = out.count
-        out.append(contentsOf: repeatElement(0, count: 36))
-        out.withUnsafeMutableBufferPointer { writeUUIDText(sessionIdentifier, uppercase: true, into: UnsafeMutableBufferPointer(rebasing: $0[at..<at + 36])) }
+        out.append(contentsOf: sessionIdentifier.text.utf8)
         out.append(contentsOf: #"","keyID":""#.utf8)
         Self.appendBase64(keyID, to: &out)
         out.append(contentsOf: #"","messageIndex":""#.utf8)
@@ -195,15 +204,17 @@ public struct PushRequest: Sendable {
     public var deviceToken: String
     /// The companion app's bundle ID; the topic sent is `bundleID + ".push-type.accessory"`.
     public var bundleID: String
-    /// Sent lowercase as `apns-id`; APNs echoes it back.
-    public var apnsID: UUID
+    /// Sent as `apns-id` (lowercase text); APNs echoes it back.
+    public var apnsID: APNsID
     public var payload: AccessoryPayload
     /// `apns-expiration` (UNIX seconds, 0 = deliver once); omitted when nil.
     public var expiration: Int?
     /// `apns-priority` (10, 5 or 1); omitted when nil.
     public var priority: Int?
 
-    public init(deviceToken: String, bundleID: String, apnsID: UUID = UUID(), payload: AccessoryPayload,
+    /// With the apns-id as checked text (`APNsID("...")`): what the relay uses, its outbox row
+    /// ids are the apns-ids, kept as text.
+    public init(deviceToken: String, bundleID: String, apnsID: APNsID, payload: AccessoryPayload,
                 expiration: Int? = nil, priority: Int? = nil) {
         self.deviceToken = deviceToken
         self.bundleID = bundleID
@@ -213,29 +224,15 @@ public struct PushRequest: Sendable {
         self.priority = priority
     }
 
-    public var topic: String { bundleID + ".push-type.accessory" }
-    /// Lowercase canonical form, formatted by hand: `UUID.uuidString` goes through snprintf
-    /// (~10k instructions), and this runs for every push.
-    public var apnsIDString: String {
-        String(unsafeUninitializedCapacity: 36) { writeUUIDText(apnsID, uppercase: false, into: $0); return 36 }
+    public init(deviceToken: String, bundleID: String, apnsID: UUID = UUID(), payload: AccessoryPayload,
+                expiration: Int? = nil, priority: Int? = nil) {
+        self.init(deviceToken: deviceToken, bundleID: bundleID, apnsID: APNsID(apnsID), payload: payload,
+                  expiration: expiration, priority: priority)
     }
-}
 
-/// The 36 bytes of `uuid`'s 8-4-4-4-12 hex form written to `out` (at least 36 bytes long): the
-/// one formatter for both UUIDs a push carries, written through a pointer because it runs twice
-/// per push.
-func writeUUIDText(_ uuid: UUID, uppercase: Bool, into out: UnsafeMutableBufferPointer<UInt8>) {
-    let hex: StaticString = uppercase ? "0123456789ABCDEF" : "0123456789abcdef"
-    let h = hex.utf8Start
-    withUnsafeBytes(of: uuid.uuid) { u in
-        var o = 0
-        for i in 0..<16 {
-            if i == 4 || i == 6 || i == 8 || i == 10 { out[o] = UInt8(ascii: "-"); o += 1 }
-            out[o] = h[Int(u[i] >> 4)]
-            out[o + 1] = h[Int(u[i] & 0x0F)]
-            o += 2
-        }
-    }
+    public var topic: String { bundleID + ".push-type.accessory" }
+    /// The `apns-id` header's value: `apnsID.text`.
+    public var apnsIDString: String { apnsID.text }
 }
 
 /// APNs' documented payload limit for everything except VoIP.

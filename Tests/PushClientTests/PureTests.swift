@@ -145,14 +145,14 @@ import Testing
         let id = UUID(uuidString: "A0B1C2D3-E4F5-4677-8899-AABBCCDDEEFF")!
         func fields(_ h: RequestHead) -> [String] { h.fields.map { "\($0.name): \($0.value)" } }
         let plain = ConnectionSlot.head(PushRequest(deviceToken: "ABcd", bundleID: "com.example.app", apnsID: id, payload: samplePayload()),
-                                        apnsID: "a0b1c2d3-e4f5-4677-8899-aabbccddeeff", authorization: "bearer x.y.z")
+                                        authorization: "bearer x.y.z")
         #expect(plain.path == "/3/device/abcd")
         #expect(fields(plain) == ["apns-push-type: accessory", "apns-topic: com.example.app.push-type.accessory",
                                   "apns-id: a0b1c2d3-e4f5-4677-8899-aabbccddeeff", "authorization: bearer x.y.z",
                                   "content-type: application/json"])
         let full = ConnectionSlot.head(PushRequest(deviceToken: "ab", bundleID: "com.example.app", apnsID: id, payload: samplePayload(),
                                                    expiration: 0, priority: 5),
-                                        apnsID: "a0b1c2d3-e4f5-4677-8899-aabbccddeeff", authorization: nil)
+                                        authorization: nil)
         #expect(fields(full) == ["apns-push-type: accessory", "apns-topic: com.example.app.push-type.accessory",
                                  "apns-id: a0b1c2d3-e4f5-4677-8899-aabbccddeeff", "apns-expiration: 0", "apns-priority: 5",
                                  "content-type: application/json"])
