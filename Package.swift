@@ -62,7 +62,7 @@ let package = Package(
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "POSIXThreads", "TestSupport"]),
         .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs", "TestSupport"]),
         .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs"]),
-        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "Ratchet", "POSIXThreads", "TestSupport"]),
+        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "MockAPNs", "Ratchet", "POSIXThreads", "TestSupport"]),
         .testTarget(name: "IntegrationTests", dependencies: ["Ratchet", "RelayCore", "TestSupport"], exclude: ["Golden"]),
     ],
     swiftLanguageModes: [.v6]

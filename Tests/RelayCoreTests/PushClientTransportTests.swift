@@ -1,5 +1,7 @@
 import Foundation
+import MockAPNs
 import PushClient
+import Synchronization
 import Testing
 @testable import RelayCore
 
@@ -18,5 +20,95 @@ import Testing
         #expect(down.classification == .backOff)
         let reset = PushClientTransport.answer(.transportFailure("connection reset"))
         #expect(reset.status == nil && reset.reason == "connection reset" && reset.classification == .backOff)
+    }
+
+    /// A row's id and session identifier go to PushClient as text: a row whose text is not a
+    /// UUID is answered terminal corrupt_row at once and nothing reaches APNs; the others go out.
+    @Test func corruptRowsAreTerminalAndSendNothing() throws {
+        let rig = try TransportRig()
+        let session = "6F9619FF-8B86-D011-B42D-00C04FC964FF", id = "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"
+        let corrupt = PushAnswer(status: nil, reason: "corrupt_row", classification: .terminal("corrupt_row"))
+        for (badID, badSession) in [("not-a-uuid", session), ("", session), ("0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5g", session),
+                                    (id, "6F9619FF8B86D011B42D00C04FC964FF"), (id, "{6F9619FF-8B86-D011-B42D-00C04FC964F}"),
+                                    (id, ""), ("x", "y")] {
+            #expect(try rig.send(transportRow(id: badID, session: badSession)) == corrupt, "\(badID) \(badSession)")
+        }
+        #expect(try rig.send(transportRow(id: id, session: session)) == PushAnswer(status: 200, reason: nil, classification: .done))
+        #expect(rig.mock.deliveries.map(\.apnsID) == [id])
+    }
+
+    /// The row's text, in whatever case it was stored, puts the bytes on the wire that the UUID
+    /// path (UUIDs parsed from the same text) would: apns-id lowercase, the body byte for byte.
+    @Test func rowTextReachesTheWireAsTheUUIDPathWouldSendIt() throws {
+        let rig = try TransportRig()
+        let rows = [transportRow(id: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", session: "6F9619FF-8B86-D011-B42D-00C04FC964FF", index: 1),
+                    transportRow(id: "0193A1B2-c3d4-7E5F-8a9B-0C1D2E3F4A5C", session: "6f9619ff-8B86-d011-B42D-00c04fc964ff", index: 2)]
+        for row in rows {
+            #expect(try rig.send(row) == PushAnswer(status: 200, reason: nil, classification: .done))
+        }
+        let deliveries = rig.mock.deliveries
+        #expect(deliveries.count == rows.count)
+        for row in rows {
+            let viaUUID = AccessoryPayload(encryptedData: row.encryptedData, sessionIdentifier: UUID(uuidString: row.sessionIdentifier)!,
+                                           keyID: row.keyID, messageIndex: row.messageIndex)
+            let d = try #require(deliveries.first { $0.apnsID == row.id.lowercased() }, "\(row.id)")
+            #expect(d.push.payload == viaUUID.jsonBody())
+            #expect(d.push.expiration == row.expiresAt / 1000)
+        }
+    }
+}
+
+func transportRow(id: String, session: String, index: UInt32 = 3) -> OutboxRow {
+    OutboxRow(id: id, app: "com.example.app", pushToken: "a1b2c3d4e5f6", sessionIdentifier: session, keyID: [1, 2, 3, 4],
+              messageIndex: index, encryptedData: [UInt8](repeating: 0x5a, count: 41), credentialID: "c", state: .inflight,
+              attempts: 0, nextAttemptAt: 0, createdAt: 0, expiresAt: 1_900_000_000_123, lastStatus: nil, lastReason: nil, updatedAt: 0)
+}
+
+struct RigError: Error, CustomStringConvertible {
+    let message: String
+    var description: String { message }
+}
+
+/// A PushClientTransport over a real PushClient to an in-process mock-apns on loopback
+/// (cleartext HTTP/2; token auth off in the mock, so a throwaway key will do).
+final class TransportRig {
+    let dir = TempDir()
+    let mock: MockAPNsServer
+    let transport: PushClientTransport
+
+    init() throws {
+        let p8 = dir.path + "/AuthKey.p8"
+        let openssl = Process()
+        openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        openssl.arguments = ["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", p8]
+        try openssl.run()
+        openssl.waitUntilExit()
+        guard openssl.terminationStatus == 0 else { throw RigError(message: "openssl genpkey exited \(openssl.terminationStatus)") }
+        var c = MockAPNsConfiguration()
+        c.tls = .cleartextH2
+        c.controlPort = nil
+        c.allowedBundleIDs = ["com.example.app"]
+        mock = try MockAPNsServer(configuration: c)
+        try mock.start()
+        let key = try TokenKey(p8Path: p8, keyID: "ABC123DEFG", teamID: "DEF123GHIJ")
+        let client = try PushClient(configuration: .init(environment: .custom(url: "http://127.0.0.1:\(mock.port)"), credentials: .token(key)))
+        transport = PushClientTransport(client: client, bundleID: "com.example.app")
+    }
+
+    /// Sends one row and waits (at most 10 s) for its answer.
+    func send(_ row: OutboxRow) throws -> PushAnswer {
+        let box = Mutex<PushAnswer?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        transport.send(row) { answer in
+            box.withLock { $0 = answer }
+            done.signal()
+        }
+        _ = done.wait(timeout: .now() + 10)
+        return try #require(box.withLock { $0 })
+    }
+
+    deinit {
+        transport.shutdown()
+        mock.shutdown()
     }
 }

@@ -63,7 +63,9 @@ public final class PushClientTransport: PushTransport {
     }
 
     public func send(_ row: OutboxRow, completion: @escaping @Sendable (PushAnswer) -> Void) {
-        guard let session = UUIDText.uuid(row.sessionIdentifier), let id = UUIDText.uuid(row.id) else {
+        // The row's text goes to PushClient as it is (checked there, recased only if needed):
+        // no UUID parse and format back per push.
+        guard let session = try? SessionIdentifier(row.sessionIdentifier), let id = try? APNsID(row.id) else {
             completion(PushAnswer(status: nil, reason: "corrupt_row", classification: .terminal("corrupt_row")))
             return
         }
