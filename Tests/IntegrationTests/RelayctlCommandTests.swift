@@ -2,6 +2,7 @@
 // with rows in every state: text and --json output, exit codes (0 / 1 runtime / 64 usage), and
 // the safety rules (inflight and delivered rows are never requeued, secrets printed only once).
 import Foundation
+import RelayCore
 import Testing
 
 @Suite("relayctl operational commands")
@@ -265,6 +266,38 @@ struct RelayctlCommandTests {
         let r = try Relayctl.run(["credentials", "create", "--name", "x", "--apps", "a.b", "--db", path])
         #expect(r.status == 1)
         #expect(!FileManager.default.fileExists(atPath: path))
+    }
+
+    /// Writers used to open the store writable straight away, which migrates: a mistyped --db
+    /// got the relay's tables, and a database of an older relay-server was rebuilt under it.
+    @Test func writersNeverMigrateAnUnknownSchema() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relayctl-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        // An empty file (what `touch` leaves), another program's database, and one claiming an
+        // older relay schema.
+        let empty = dir.appendingPathComponent("empty.db").path
+        #expect(FileManager.default.createFile(atPath: empty, contents: Data()))
+        let foreign = dir.appendingPathComponent("other.db").path
+        let older = dir.appendingPathComponent("older.db").path
+        for (path, version) in [(foreign, 0), (older, 4)] {
+            let db = try SQLiteDatabase(path: path)
+            try db.execute("CREATE TABLE t (x)")
+            try db.execute("PRAGMA user_version = \(version)")
+        }
+        let writers: [[String]] = [["credentials", "create", "--name", "x", "--apps", "a.b"], ["credentials", "revoke", "cred_0"],
+                                   ["purge", "--delivered", "--older-than", "1d"], ["retry", "--failed"], ["tokens", "forget", "ab"]]
+        for (path, version) in [(empty, 0), (foreign, 0), (older, 4)] {
+            for args in writers {
+                let r = try Relayctl.run(args + ["--db", path])
+                #expect(r.status == 1, "\(args) on \(path): \(r.stdout)")
+                #expect(r.stderr.contains("schema version \(version), expected"), "\(args): \(r.stderr)")
+                #expect(!r.stdout.contains("rk_"))
+            }
+            let check = try SQLiteDatabase(path: path, readOnly: true)
+            #expect(try check.scalar("PRAGMA user_version").int == Int64(version))
+            #expect(try check.query("SELECT name FROM sqlite_master WHERE name IN ('responses', 'credentials')").isEmpty, "\(path)")
+        }
     }
 
     // MARK: backup
