@@ -393,7 +393,10 @@ final class Connection: @unchecked Sendable {
             case .body: return bodyStartedAt + core.bodyTimeoutMs
             }
         case .http2:
-            if let h2, h2.openStreams > 0 { return nil }
+            if let h2 {
+                if let d = h2.receiveDeadline(timeoutMs: core.headerTimeoutMs + core.bodyTimeoutMs) { return d }
+                if h2.openStreams > 0 { return nil }   // handlers are working
+            }
             return lastActivity + core.idleTimeoutMs
         }
     }
@@ -419,6 +422,16 @@ final class Connection: @unchecked Sendable {
             armedDeadline = d
             socket.armTimer(milliseconds: d - now)
             return
+        }
+        if mode == .http2, let h2, socket.writesInFlight == 0 {
+            // Streams whose request did not arrive in time are reset; the connection and its
+            // other streams carry on.
+            let reset = h2.resetExpiredStreams(now: now, timeoutMs: core.headerTimeoutMs + core.bodyTimeoutMs)
+            if reset > 0 {
+                for _ in 0..<reset { core.recordTimeout() }
+                flush()
+                return
+            }
         }
         core.recordTimeout()
         if mode == .http1 && socket.writesInFlight == 0 && slotsHead == slots.count && h1State != .idle {

@@ -7,6 +7,11 @@ internal import CNghttp2
 /// A request stream being received, then answered.
 final class H2Stream {
     let id: Int32
+    /// Loop time of its first HEADERS frame: the request must be complete (END_STREAM) within
+    /// headerTimeout + bodyTimeout of it, or the stream is reset (H2Session.resetExpiredStreams).
+    let openedAt: UInt64
+    /// Until END_STREAM arrives, or the stream is closed or reset.
+    var receiving = true
     var method = ""
     var path = ""
     var authority: String?
@@ -20,7 +25,10 @@ final class H2Stream {
     var responseBody: [UInt8] = []
     var responseOffset = 0
 
-    init(id: Int32) { self.id = id }
+    init(id: Int32, openedAt: UInt64) {
+        self.id = id
+        self.openedAt = openedAt
+    }
 }
 
 private func h2Message(_ rc: Int) -> String { String(cString: nghttp2_strerror(Int32(truncatingIfNeeded: rc))) }
@@ -63,7 +71,10 @@ nonisolated(unsafe) private let sharedCallbacks: OpaquePointer = {
         let endStream = (frame.pointee.hd.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue)) != 0
         if endStream && (type == UInt8(NGHTTP2_HEADERS.rawValue) || type == UInt8(NGHTTP2_DATA.rawValue)) {
             let s = sessionFrom(userData)
-            if let st = s.stream(frame.pointee.hd.stream_id) { s.dispatch(st) }
+            if let st = s.stream(frame.pointee.hd.stream_id) {
+                st.receiving = false
+                s.dispatch(st)
+            }
         }
         return 0
     }
@@ -90,6 +101,10 @@ final class H2Session {
     /// led to it was fully processed (see `submitGoAway`).
     private var goAwayPending: Int32?
     private let maxHeaderListSize: Int
+    /// Streams still receiving their request, in the order they opened, so by deadline. Those
+    /// that stopped receiving are dropped lazily from the front (receiveDeadline).
+    private var receivingQueue: [H2Stream] = []
+    private var receivingHead = 0
 
     init(connection: Connection, settings: HTTP2Settings) throws {
         self.connection = connection
@@ -126,9 +141,10 @@ final class H2Session {
     var openStreams: Int { streams.count }
 
     fileprivate func open(_ id: Int32) {
-        let st = H2Stream(id: id)
+        let st = H2Stream(id: id, openedAt: connection.loop.now)
         st.headers.reserveCapacity(8)
         streams[id] = st
+        receivingQueue.append(st)
         if let session {
             _ = nghttp2_session_set_stream_user_data(session, id, Unmanaged.passUnretained(st).toOpaque())
         }
@@ -140,7 +156,46 @@ final class H2Session {
     }
 
     fileprivate func closed(_ id: Int32) {
-        streams.removeValue(forKey: id)
+        streams.removeValue(forKey: id)?.receiving = false
+    }
+
+    /// When the oldest stream still receiving its request runs out of time (nil: none is).
+    /// Without it a client could hold streams half-sent for ever, each with up to maxBodyBytes
+    /// buffered, since no other timeout runs while a stream is open.
+    func receiveDeadline(timeoutMs: UInt64) -> UInt64? {
+        while receivingHead < receivingQueue.count, !receivingQueue[receivingHead].receiving { receivingHead += 1 }
+        if receivingHead == receivingQueue.count {
+            if receivingHead > 0 {
+                receivingQueue.removeAll(keepingCapacity: true)
+                receivingHead = 0
+            }
+            return nil
+        }
+        if receivingHead >= 64 {
+            receivingQueue.removeFirst(receivingHead)
+            receivingHead = 0
+        }
+        return receivingQueue[receivingHead].openedAt + timeoutMs
+    }
+
+    /// Resets (RST_STREAM CANCEL) every stream whose request is not complete by `now`, dropping
+    /// what it buffered; the handler never sees them. Returns how many.
+    func resetExpiredStreams(now: UInt64, timeoutMs: UInt64) -> Int {
+        guard let session else { return 0 }
+        var count = 0
+        while receivingHead < receivingQueue.count {
+            let st = receivingQueue[receivingHead]
+            if st.receiving {
+                guard st.openedAt + timeoutMs <= now else { break }
+                st.receiving = false
+                st.rejected = true
+                st.body = []
+                _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), st.id, NGHTTP2_CANCEL.rawValue)
+                count += 1
+            }
+            receivingHead += 1
+        }
+        return count
     }
 
     /// False once the session is finished (GOAWAY exchanged and no stream left, or a fatal error).

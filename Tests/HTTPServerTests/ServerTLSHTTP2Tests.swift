@@ -346,6 +346,49 @@ extension RawClient {
         }
     }
 
+    /// A stream whose request never completes used to stay open, with its body buffered, for as
+    /// long as the client liked: no timeout ran while any stream was open (10 such connections
+    /// of 100 streams held 32 MB of the relay). Now it is reset once headerTimeout + bodyTimeout
+    /// have passed since its HEADERS; a stream a handler is working on is not, and the
+    /// connection carries on.
+    @Test func halfSentStreamIsResetAfterTheRequestTimeouts() throws {
+        var config = HTTPServerConfiguration()
+        config.limits.headerTimeout = .milliseconds(100)
+        config.limits.bodyTimeout = .milliseconds(200)
+        let gate = DispatchSemaphore(value: 0)
+        let entered = DispatchSemaphore(value: 0)
+        let handler: HTTPHandler = { req, res in
+            guard req.path == "/slow" else { return echoHandler(req, res) }
+            entered.signal()
+            DispatchQueue.global().async {
+                gate.wait()
+                res.respond(HTTPResponse(status: 200))
+            }
+        }
+        try withServer(config, handler: handler) { server in
+            let c = try RawH2Client(port: server.localPort)
+            try c.get("/slow", stream: 1)
+            #expect(entered.wait(timeout: .now() + 5) == .success)
+            // POST /echo on stream 3: HEADERS (END_HEADERS only), part of a body, then nothing.
+            let block: [UInt8] = [0x83, 0x86, 0x04, 5] + Array("/echo".utf8) + [0x01, 0x01, UInt8(ascii: "t")]
+            try c.socket.send(RawH2Client.frame(type: 1, flags: 0x4, stream: 3, block)
+                              + RawH2Client.frame(type: 0, flags: 0, stream: 3, [UInt8](repeating: 0x61, count: 1000)))
+            let reset = c.read { $0.type == 3 }
+            #expect(reset?.stream == 3, "stream 3 was not reset")
+            #expect(reset?.payload == [0, 0, 0, 8])   // CANCEL
+            #expect(server.metrics.timeouts == 1)
+            // The handler's stream is still answered, and the connection takes new streams.
+            gate.signal()
+            let slow = c.read { $0.type == 1 }
+            #expect(slow?.stream == 1)
+            #expect(slow?.payload.first == 0x88)   // :status 200
+            try c.get("/after", stream: 5)
+            let after = c.read { $0.type == 0 && $0.stream == 5 }
+            #expect(after.map { String(decoding: $0.payload, as: UTF8.self) } == "GET /after 0")
+            #expect(server.metrics.timeouts == 1)
+        }
+    }
+
     @Test func ipv6LoopbackListenerReportsBracketedAddress() throws {
         guard findTool("curl") != nil else { print(missingToolMessage("curl")); return }
         var config = HTTPServerConfiguration()
