@@ -141,11 +141,14 @@ func openStore(_ location: RelayConfig.Store, readOnly: Bool) throws -> any Outb
         }
     }
     do {
-        // A writable open migrates, and relayctl must never migrate: not a file given by mistake
-        // (it would get the relay's tables), not a database an older relay-server still runs on
-        // (v5 rebuilds `responses` under it). The read-only open refuses any schema version but
-        // the current one, so writers go through it first.
-        if !readOnly { try OutboxStores.open(location, readOnly: true, coalesceWALWrites: false).close() }
+        // A writable open migrates, and relayctl must never migrate an SQLite file: not one given
+        // by mistake (it would get the relay's tables), not one an older relay-server still runs
+        // on (v5 rebuilds `responses` under it). The read-only open refuses any schema version
+        // but the current one, so writers go through it first. (PostgreSQL: the first writer
+        // creates and migrates the shared schema under its advisory lock, as a node would.)
+        if !readOnly && location.kind == "sqlite" {
+            try OutboxStores.open(location, readOnly: true, coalesceWALWrites: false).close()
+        }
         // Stock SQLite for relayctl's few small writes (no WAL-batching VFS, SQLiteStoreOptions).
         return try OutboxStores.open(location, readOnly: readOnly, coalesceWALWrites: false)
     } catch {
