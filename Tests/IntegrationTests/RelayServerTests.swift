@@ -226,6 +226,41 @@ import Glibc
         #expect(Set(ids).isSubset(of: delivered))
     }
 
+    /// At the open-file limit accept() fails on every listener: ingest connections used to take
+    /// the admin listener (health checks, metrics) down with them, and nothing was logged. Now
+    /// ingest stops below the limit, says so at start, and /healthz keeps answering.
+    @Test func ingestStopsBelowTheOpenFileLimitSoAdminKeepsServing() throws {
+        let h = try RelayHarness()
+        // Soft and hard limit 256: ingest keeps 256 - (64 admin + 64 + 4 per loop thread + 2 per
+        // APNs connection) = 120 of its default 10,000.
+        h.relay = try RelayChild("/bin/sh", ["-c", #"ulimit -n 256 && exec "$0" --config "$1""#, relayBinary("relay-server"), h.dir + "/relay.json"],
+                                 name: "relay-server")
+        try relayEventually("relay-server ready") {
+            guard h.relay?.isRunning == true else { throw RelayITError("relay-server exited: \(h.relay?.stderr ?? "")") }
+            return try relayHTTP(h.adminPort, "GET", "/readyz").status == 200
+        }
+        let log = h.relay?.stderr ?? ""
+        #expect(log.contains("open-file limit below ingest.maxConnections"), "\(log)")
+        #expect(log.contains(#""accepting":120"#), "\(log)")
+        var fds: [Int32] = []
+        defer { for fd in fds { close(fd) } }
+        for _ in 0..<300 {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var addr = sockaddr_in()
+            addr.sin_family = sa_family_t(AF_INET)
+            addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+            addr.sin_port = UInt16(h.relayPort).bigEndian
+            let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+            try #require(fd >= 0 && rc == 0)
+            fds.append(fd)
+        }
+        try relayEventually("180 connections over the cap refused") {
+            try relayHTTP(h.adminPort, "GET", "/metrics", timeout: 2).text.contains(#"relay_http_connections_refused_total{listener="ingest"} 180"#)
+        }
+        #expect(try relayHTTP(h.adminPort, "GET", "/healthz").status == 200)
+        #expect(try relayHTTP(h.adminPort, "GET", "/metrics").text.contains(#"relay_http_connections_open{listener="ingest"} 120"#))
+    }
+
     @Test func startupRefusesAnInvalidConfigNamingTheKey() throws {
         let dir = NSTemporaryDirectory() + "relay-cfg-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)

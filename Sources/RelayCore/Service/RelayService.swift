@@ -89,7 +89,17 @@ public final class RelayService: @unchecked Sendable {
         // Twice the ingest limit: bodies just over it get the API's JSON 413 naming the field;
         // far larger ones are cut off by the server before being buffered.
         limits.maxBodyBytes = c.ingest.maxBodyBytes * 2
-        limits.maxConnections = c.ingest.maxConnections
+        // Below the open-file limit, so the admin listener, APNs and the database keep working
+        // when ingest is full (OpenFileLimit.swift).
+        let openFiles = OpenFileLimit.raiseToHard()
+        let reserved = OpenFileLimit.reserved(loopThreads: c.ingest.loopThreads, apnsConnections: c.dispatch.connectionsPerApp * c.apps.count)
+        limits.maxConnections = OpenFileLimit.ingestConnections(configured: c.ingest.maxConnections, limit: openFiles, reserved: reserved)
+        if limits.maxConnections < c.ingest.maxConnections {
+            logger.warning("open-file limit below ingest.maxConnections: accepting fewer connections",
+                           ["ingest.maxConnections": c.ingest.maxConnections, "open_file_limit": openFiles ?? 0,
+                            "accepting": limits.maxConnections, "reserved": reserved,
+                            "fix": "raise LimitNOFILE (ulimit -n) above ingest.maxConnections + \(reserved), or lower ingest.maxConnections"])
+        }
         let tls = c.listen.tls.map { TLSConfiguration(certificatePath: $0.certificatePath, privateKeyPath: $0.privateKeyPath) }
         var serverConfig = HTTPServerConfiguration(host: c.listen.host, port: c.listen.port, tls: tls)
         serverConfig.limits = limits
@@ -109,6 +119,7 @@ public final class RelayService: @unchecked Sendable {
                 extraMetrics: { [weak self] in self?.serverMetrics() ?? "" })
             var adminConfig = HTTPServerConfiguration(host: c.admin.host, port: c.admin.port)
             adminConfig.limits.maxBodyBytes = 1024
+            adminConfig.limits.maxConnections = OpenFileLimit.adminConnections
             adminConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: 1024)
             let adminServer = try HTTPServer(configuration: adminConfig, handler: HTTPGlue.handler { admin.handle($0, respond: $1) })
             try adminServer.start()
