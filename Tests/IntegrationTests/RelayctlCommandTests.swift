@@ -258,6 +258,23 @@ struct RelayctlCommandTests {
         }
     }
 
+    /// A credential for a bundle ID the relay does not serve gets 400 unknown_app on every
+    /// request; create used to print its secret without a word. Now it warns (and still creates).
+    @Test func createWarnsAboutAppsTheConfigDoesNotServe() async throws {
+        let db = try await SeededDatabase.make()
+        defer { db.remove() }
+        let config = db.directory.appendingPathComponent("relay.json")
+        let app = #""apps": [{"bundleID": "com.example.companion", "environment": "sandbox", "token": {"p8Path": "k.p8", "keyID": "ABC123DEFG", "teamID": "DEF123GHIJ"}}]"#
+        try #"{"store": {"path": "relay.db"}, \#(app)}"#.write(to: config, atomically: true, encoding: .utf8)
+        let typo = try Relayctl.run(["credentials", "create", "--name", "a", "--apps", "com.example.companion,com.example.compainon", "--config", config.path])
+        #expect(typo.status == 0, "\(typo.stderr)")
+        #expect(typo.stdout.contains("secret: rk_"))
+        #expect(typo.stderr.contains("warning: com.example.compainon not configured in this relay (apps: com.example.companion)"), "\(typo.stderr)")
+        #expect(!typo.stderr.contains("rk_"))
+        let fine = try Relayctl.run(["credentials", "create", "--name", "b", "--apps", "com.example.companion", "--config", config.path])
+        #expect(fine.status == 0 && fine.stderr.isEmpty, "\(fine.stderr)")
+    }
+
     @Test func writersNeverCreateAMissingDatabase() throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("relayctl-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: dir) }

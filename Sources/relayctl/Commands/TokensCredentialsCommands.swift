@@ -108,6 +108,16 @@ enum CredentialsCommand {
         let store = try openStore(args, readOnly: false)
         defer { store.close() }
         let created = try storeCall("creating credential") { try store.createCredential(name: name, apps: apps) }
+        // A bundle ID the relay does not serve (a typo, most likely) makes every request with the
+        // credential a 400 unknown_app. Created anyway (the app may be added to the config next),
+        // but said, on stderr, when a config is at hand to compare with.
+        if args.optionalString("db") == nil || args.optionalString("config") != nil,
+           let config = try? loadConfig(args.optionalString("config") ?? defaultConfigPath) {
+            let unknown = apps.filter { app in !config.apps.contains { $0.bundleID == app } }
+            if !unknown.isEmpty {
+                console.error("warning: \(unknown.joined(separator: ", ")) not configured in this relay (apps: \(config.apps.map(\.bundleID).joined(separator: ", "))): requests with this credential for \(unknown.count == 1 ? "it" : "them") get 400 unknown_app until added")
+            }
+        }
         if args.flag("json") {
             return emit(console, try renderJSON(CreatedJSON(credential: CredentialJSON(created.record), secret: created.secret)))
         }
