@@ -220,6 +220,13 @@ import Testing
         (#"{"apps":[{"bundleID":"a","environment":"custom","token":{"p8Path":"k","keyID":"ABCDEFGHIJ","teamID":"TEAM123456"}}]}"#, "apps[0].url"),
         (#"{"apps":[{"bundleID":"a"}]}"#, "apps[0].token"),
         (#"{"apps":[{"bundleID":"a","token":{"p8Path":"k","keyID":"ABCDEFGHIJ","teamID":"TEAM123456","x":1}}]}"#, "apps[0].token.x"),
+        // A key given twice in one object: JSONDecoder would keep the last without a word.
+        (#"{"store":{"path":"a.db"},"listen":{"port":1},"store":{"path":"b.db"},"apps":[]}"#, "store"),
+        (#"{"listen":{"port":1,"host":"::1","port":2},"apps":[]}"#, "listen.port"),
+        (#"{"listen":{"p\u006frt":1,"port":2},"apps":[]}"#, "listen.port"),
+        (#"{"apps":[{"bundleID":"a","token":{}},{"bundleID":"b","token":{"keyID":"x","p8Path":"k","keyID":"y"}}]}"#, "apps[1].token.keyID"),
+        (#"{"apps":[{"bundleID":"com.example app","token":{"p8Path":"k","keyID":"ABCDEFGHIJ","teamID":"TEAM123456"}}]}"#, "apps[0].bundleID"),
+        (#"{"apps":[{"bundleID":"com.example/app","token":{"p8Path":"k","keyID":"ABCDEFGHIJ","teamID":"TEAM123456"}}]}"#, "apps[0].bundleID"),
     ]
 
     @Test func invalidConfigsNameTheKey() {
@@ -246,7 +253,7 @@ import Testing
     }
 
     @Test func commentKeysAreIgnoredAndEnvOverridesSecretPaths() throws {
-        let json = #"{"_comment":"x","listen":{"_comment":"y","port":1},"apps":[{"_comment":"z","bundleID":"a","token":{"p8Path":"k","keyID":"ABCDEFGHIJ","teamID":"TEAM123456"}}]}"#
+        let json = #"{"_comment":"x","listen":{"_comment":"y","port":1,"_comment":"y2"},"apps":[{"_comment":"z","bundleID":"a","token":{"p8Path":"k","keyID":"ABCDEFGHIJ","teamID":"TEAM123456"}}],"_comment":"x2"}"#
         var c = try RelayConfig.parse(Array(json.utf8))
         try c.applyEnvironment(["RELAY_APP_0_P8_PATH": "/run/secrets/k.p8", "RELAY_DB_PATH": "/var/lib/relay/x.db"])
         #expect(c.apps[0].credentials == .token(p8Path: "/run/secrets/k.p8", keyID: "ABCDEFGHIJ", teamID: "TEAM123456"))

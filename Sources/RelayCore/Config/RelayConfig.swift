@@ -102,6 +102,9 @@ public struct RelayConfig: Sendable, Equatable {
         do { root = try JSONDecoder().decode(ConfigJSON.self, from: Data(bytes)) } catch {
             throw ConfigError(key: "", message: "config is not valid JSON: \(Self.describe(error))")
         }
+        if let key = firstDuplicateKey(bytes) {
+            throw ConfigError(key: key, message: "given twice in the same object (only the last would count): remove one")
+        }
         var r = Reader(root, path: "", base: baseDirectory)
         var c = RelayConfig()
         try r.object(allowed: ["listen", "admin", "store", "ingest", "dispatch", "apps", "log", "watchdog"])
@@ -208,6 +211,10 @@ public struct RelayConfig: Sendable, Equatable {
             guard let bundle = try a.string("bundleID"), !bundle.isEmpty, !bundle.contains(",") else {
                 throw ConfigError(key: a.key("bundleID"), message: "required: the companion app's bundle ID")
             }
+            // Apple's bundle ID alphabet; anything else makes every push fail (the topic is built from it).
+            guard bundle.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 | 0x20 >= 0x61 && $0 | 0x20 <= 0x7A) || $0 == 0x2D || $0 == 0x2E }) else {
+                throw ConfigError(key: a.key("bundleID"), message: "\(bundle) is not a bundle ID (letters, digits, '-' and '.' only)")
+            }
             guard seen.insert(bundle).inserted else { throw ConfigError(key: a.key("bundleID"), message: "\(bundle) is configured twice") }
             let env: Environment
             switch try a.string("environment") ?? "production" {
@@ -292,6 +299,55 @@ public struct RelayConfig: Sendable, Equatable {
 extension RelayConfig {
     /// DecodingError's text without Foundation's NSError plumbing: the parser's own message
     /// (it names the line and column) when there is one.
+    /// The key path of the first member named twice in one object ("listen", "apps[0].token"),
+    /// nil if none. JSONDecoder keeps the last silently, so a block pasted and edited in the
+    /// wrong place would win unnoticed. `_` comment keys may repeat. Only called on bytes
+    /// JSONDecoder accepted (so nesting is balanced and bounded).
+    static func firstDuplicateKey(_ bytes: [UInt8]) -> String? {
+        struct Frame {
+            var isObject: Bool
+            var path: String
+            var keys: Set<String> = []
+            var key = ""
+            var expectingKey = true
+            var index = 0
+        }
+        var stack: [Frame] = []
+        func childPath() -> String {
+            guard let top = stack.last else { return "" }
+            if top.isObject { return top.path.isEmpty ? top.key : "\(top.path).\(top.key)" }
+            return "\(top.path)[\(top.index)]"
+        }
+        var i = 0
+        while i < bytes.count {
+            switch bytes[i] {
+            case UInt8(ascii: "\""):
+                var end = i + 1
+                while end < bytes.count && bytes[end] != UInt8(ascii: "\"") { end += bytes[end] == UInt8(ascii: "\\") ? 2 : 1 }
+                if let top = stack.last, top.isObject, top.expectingKey {
+                    // Decoded, so an escaped spelling of a name is the same name.
+                    let name = (try? JSONDecoder().decode([String].self, from: Data([UInt8(ascii: "[")] + bytes[i...min(end, bytes.count - 1)] + [UInt8(ascii: "]")])))?.first ?? ""
+                    if !name.hasPrefix("_") && !stack[stack.count - 1].keys.insert(name).inserted {
+                        return top.path.isEmpty ? name : "\(top.path).\(name)"
+                    }
+                    stack[stack.count - 1].key = name
+                    stack[stack.count - 1].expectingKey = false
+                }
+                i = end
+            case UInt8(ascii: "{"): stack.append(Frame(isObject: true, path: childPath()))
+            case UInt8(ascii: "["): stack.append(Frame(isObject: false, path: childPath()))
+            case UInt8(ascii: "}"), UInt8(ascii: "]"): if !stack.isEmpty { stack.removeLast() }
+            case UInt8(ascii: ","):
+                if !stack.isEmpty {
+                    if stack[stack.count - 1].isObject { stack[stack.count - 1].expectingKey = true } else { stack[stack.count - 1].index += 1 }
+                }
+            default: break
+            }
+            i += 1
+        }
+        return nil
+    }
+
     static func describe(_ error: any Error) -> String {
         guard case DecodingError.dataCorrupted(let context) = error else { return "\(error)" }
         if let underlying = context.underlyingError { return "\(underlying)" }
