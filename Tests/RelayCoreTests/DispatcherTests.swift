@@ -190,6 +190,36 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
     }
 }
 
+@Suite struct SaturatedDispatcherTests {
+    let dir = TempDir()
+    let clock = TestClock()
+
+    /// With every slot taken, a committed batch of queued rows does not wake the dispatcher
+    /// thread (it could not send them); the next finishing push makes it claim them.
+    @Test func queuedRowsWaitForAFreeSlotWithoutWakeUps() throws {
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        defer { s.close() }
+        let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
+        let t = FakeTransport { _, _ in nil }   // APNs never answers: slots stay taken
+        let d = Dispatcher(store: s, transports: ["com.example.app": t],
+                           options: DispatcherOptions(maxInflight: 2, idlePollMillis: 60_000), clock: clock)
+        try d.start()
+        defer { d.stop(grace: .milliseconds(10)) }
+        for i in 0..<2 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: secret) }
+        try waitUntil("both slots sending") { t.sent.withLock { $0.count } == 2 }
+        let signalsBefore = d.queuedWakeSignals
+        for i in 2..<5 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: secret) }
+        #expect(try s.counts().byState[.queued] == 3)
+        #expect(d.queuedWakeSignals == signalsBefore)   // three queued batches, no wake-up
+        // One push finishes: the freed slot takes a queued row at once (not at the 60 s poll).
+        let first = t.held.withLock { $0.removeFirst() }
+        first(PushAnswer(status: 200, reason: nil, classification: .done))
+        try waitUntil("a queued row claimed") { t.sent.withLock { $0.count } == 3 }
+        #expect(t.sent.withLock { $0.map(\.messageIndex) }.sorted() == [0, 1, 2])
+        #expect(try s.counts().byState[.queued] == 2)
+    }
+}
+
 /// Parks the store's writer thread inside a job until the returned gate is signalled, so that
 /// everything submitted meanwhile is committed together in the next batch.
 func holdWriter(_ s: SQLiteOutboxStore) throws -> DispatchSemaphore {

@@ -44,6 +44,7 @@ public final class Dispatcher: DispatchHandoff, @unchecked Sendable {
     private var running = false
     /// Slots promised to the store for rows handed off at ingest (see DispatchHandoff).
     private var reserved = 0
+    private var wakeSignals = 0
 
     public init(store: any OutboxStore, transports: [String: any PushTransport], options: DispatcherOptions = .init(),
                 clock: any RelayClock = SystemRelayClock(), random: any RandomSource = SystemRandom(),
@@ -103,7 +104,22 @@ public final class Dispatcher: DispatchHandoff, @unchecked Sendable {
         condition.unlock()
     }
 
-    public func queuedRowsCommitted() { wake() }
+    /// Once per committed batch that queued rows. With every slot taken (APNs slower than
+    /// ingest, or stalled) waking the thread would find nothing to do: the flag is set and the
+    /// next finishing push (which signals anyway) makes it claim. This saved a futex wake and
+    /// a context switch per COMMIT while the outbox drains a backlog.
+    public func queuedRowsCommitted() {
+        condition.lock()
+        woken = true
+        if stopping || inflight.count + reserved < options.maxInflight {
+            condition.signal()
+            wakeSignals += 1
+        }
+        condition.unlock()
+    }
+
+    /// How many times `queuedRowsCommitted` signalled the thread (for tests).
+    var queuedWakeSignals: Int { condition.withLock { wakeSignals } }
 
     public func accept(_ row: OutboxRow) {
         condition.lock()
