@@ -143,6 +143,14 @@ import Testing
         #expect(IngestService.clientKey("[2001:db8::1]:443") == IngestService.clientKey("[2001:db8:0:0:ffff::2]:80"))
         #expect(IngestService.clientKey("[2001:db8::1]:443") == "20010db800000000/64")
         #expect(IngestService.clientKey("[2001:db8:0:1::1]:443") != IngestService.clientKey("[2001:db8::1]:443"))
+        // IPv4 peers of a dual-stack listener: keyed by their IPv4 address, like on an IPv4
+        // listener. Their /64 (all zeros) used to be one key for every IPv4 client and ::1, so
+        // 20 bad credentials from one address got every IPv4 accessory 429 (seen on relay-server
+        // listening on "::": 127.0.0.2 and ::1 refused after 127.0.0.1's failures).
+        #expect(IngestService.clientKey("[::ffff:192.0.2.7]:51234") == "192.0.2.7")
+        #expect(IngestService.clientKey("[::ffff:192.0.2.7]:1") != IngestService.clientKey("[::ffff:198.51.100.1]:1"))
+        #expect(IngestService.clientKey("[::ffff:127.0.0.1]:1") != IngestService.clientKey("[::1]:1"))
+        #expect(IngestService.clientKey("[::1]:1") == "0000000000000000/64")
         #expect(IngestService.clientKey("") == "")
         #expect(IngestService.clientKey("unknown") == "unknown")
     }

@@ -192,7 +192,12 @@ public final class IngestService: Sendable {
             host = host[host.index(after: host.startIndex)..<close]
             var v6 = in6_addr()
             guard inet_pton(AF_INET6, String(host), &v6) == 1 else { return String(host) }
-            return withUnsafeBytes(of: &v6) { Array($0.prefix(8)) }.hexString + "/64"
+            return withUnsafeBytes(of: &v6) { b in
+                // An IPv4 peer of a dual-stack ("::") listener arrives as ::ffff:a.b.c.d, whose
+                // /64 every IPv4 peer (and ::1) shares: one of them could lock all out.
+                if b.prefix(10).allSatisfy({ $0 == 0 }) && b[10] == 0xFF && b[11] == 0xFF { return "\(b[12]).\(b[13]).\(b[14]).\(b[15])" }
+                return Array(b.prefix(8)).hexString + "/64"
+            }
         }
         if let colon = host.lastIndex(of: ":") { host = host[..<colon] }
         return String(host)
