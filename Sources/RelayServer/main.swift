@@ -12,7 +12,8 @@ let usage = """
     Options:
       --config <file>   JSON configuration (default: \(RelayConfig.defaultPath)).
                         Every key is documented in config/relay.example.json.
-      --check-config    Load and validate the configuration, then exit.
+      --check-config    Load and validate the configuration (and that the files it names
+                        are readable), then exit.
       -h, --help        Show this help.
 
     Signals: SIGTERM/SIGINT drain and stop (exit 0). Exit codes: 64 usage, 1 runtime failure.
@@ -60,6 +61,9 @@ do {
     config = try RelayConfig.load(path: configPath)
 } catch {
     fail("invalid configuration \(configPath): \(error)", code: 1)
+}
+if let unreadable = config.unreadableFile() {
+    fail("invalid configuration \(configPath): \(unreadable)", code: 1)
 }
 if checkOnly {
     output("configuration \(configPath) is valid\n", to: 1)

@@ -261,6 +261,37 @@ import Glibc
         #expect(try relayHTTP(h.adminPort, "GET", "/metrics").text.contains(#"relay_http_connections_open{listener="ingest"} 120"#))
     }
 
+    /// Start-up failures used to name a path or a port but not the key: a missing .p8 came out
+    /// as a CocoaError dump, a taken port as "libuv bind ...: Address already in use" (which
+    /// listener?), and --check-config passed a config whose key file did not exist.
+    @Test func startupFailuresNameTheKey() throws {
+        let h = try RelayHarness()
+        func start(_ extra: [String] = []) throws -> (status: Int32?, stderr: String) {
+            let p = try RelayChild(relayBinary("relay-server"), ["--config", h.dir + "/relay.json"] + extra, name: "relay-server")
+            let status = p.wait(seconds: 15)
+            return (status, p.stderr)
+        }
+        let good = try String(contentsOfFile: h.dir + "/relay.json", encoding: .utf8)
+        try FileManager.default.createDirectory(atPath: h.dir + "/keys", withIntermediateDirectories: true)
+        for (p8, reason) in [("missing.p8", "No such file or directory"), ("keys", "is a directory")] {
+            try good.replacingOccurrences(of: #""p8Path":"apns.p8""#, with: #""p8Path":"\#(p8)""#)
+                .write(toFile: h.dir + "/relay.json", atomically: true, encoding: .utf8)
+            for extra in [["--check-config"], []] {
+                let r = try start(extra)
+                #expect(r.status == 1, "\(extra): \(r.stderr)")
+                #expect(r.stderr.contains("apps[0].token.p8Path: "), "\(extra): \(r.stderr)")
+                #expect(r.stderr.contains(reason) && r.stderr.contains(h.dir + "/" + p8), "\(extra): \(r.stderr)")
+                #expect(!r.stderr.contains("CocoaError"))
+            }
+        }
+        // The admin listener on the ingest port: the bind error says which listener.
+        h.adminPort = h.relayPort
+        try h.writeConfig()
+        let busy = try start()
+        #expect(busy.status == 1)
+        #expect(busy.stderr.contains("startup failed: admin: ") && busy.stderr.contains("Address already in use"), "\(busy.stderr)")
+    }
+
     @Test func startupRefusesAnInvalidConfigNamingTheKey() throws {
         let dir = NSTemporaryDirectory() + "relay-cfg-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)

@@ -2,6 +2,7 @@
 // docs/configuration.md has the table). Unknown keys and invalid values are startup errors that
 // name the key path. Keys starting with "_" (e.g. "_comment") are ignored everywhere.
 import FoundationEssentials
+import Glibc
 
 public struct ConfigError: Error, Equatable, CustomStringConvertible {
     public var key: String
@@ -272,6 +273,39 @@ public struct RelayConfig: Sendable, Equatable {
     /// Environment overrides for secret paths (so a secrets manager can mount files anywhere):
     /// RELAY_DB_PATH, RELAY_DB_URL (postgres, may carry a password), RELAY_TLS_CERTIFICATE, RELAY_TLS_PRIVATE_KEY, and per app (index i from 0)
     /// RELAY_APP_<i>_P8_PATH, RELAY_APP_<i>_CERTIFICATE_PATH, RELAY_APP_<i>_PRIVATE_KEY_PATH.
+    /// The first file the config names that this process cannot open for reading, as an error
+    /// naming the key, the path and the system's reason ("apps[0].token.p8Path: cannot read
+    /// /etc/accessory-relay/keys/k.p8: Permission denied"). relay-server checks this before
+    /// starting (and with --check-config), so the message names the key instead of a
+    /// library's error dump; relayctl check-config also checks the files' contents.
+    public func unreadableFile() -> ConfigError? {
+        var files: [(key: String, path: String)] = []
+        if let tls = listen.tls {
+            files += [("listen.tls.certificate", tls.certificatePath), ("listen.tls.privateKey", tls.privateKeyPath)]
+        }
+        for (i, app) in apps.enumerated() {
+            if let ca = app.caFile { files.append(("apps[\(i)].caFile", ca)) }
+            switch app.credentials {
+            case .token(let p8, _, _):
+                files.append(("apps[\(i)].token.p8Path", p8))
+            case .certificate(let certificate, let key, let passphrase):
+                files += [("apps[\(i)].certificate.certificatePath", certificate), ("apps[\(i)].certificate.privateKeyPath", key)]
+                if let passphrase { files.append(("apps[\(i)].certificate.passphraseFile", passphrase)) }
+            }
+        }
+        for file in files {
+            let fd = open(file.path, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else {
+                return ConfigError(key: file.key, message: "cannot read \(file.path): \(String(cString: strerror(errno)))")
+            }
+            var info = stat()
+            let isDirectory = fstat(fd, &info) == 0 && (info.st_mode & S_IFMT) == S_IFDIR
+            close(fd)
+            if isDirectory { return ConfigError(key: file.key, message: "\(file.path) is a directory, not a file") }
+        }
+        return nil
+    }
+
     public mutating func applyEnvironment(_ env: [String: String]) throws {
         if let p = env["RELAY_DB_PATH"], !p.isEmpty { store.path = p }
         if let u = env["RELAY_DB_URL"], !u.isEmpty {

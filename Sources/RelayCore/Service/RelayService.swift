@@ -46,7 +46,7 @@ public final class RelayService: @unchecked Sendable {
         // systemd's start timeout moving (EXTEND_TIMEOUT_USEC, systemd >= 236) and say so in
         // the log every 10 s, instead of being killed and rolled back mid-way.
         let slowStartLog = Mutex<Int64>(0)
-        let store = try OutboxStores.open(c.store, logger: logger, onSlowStart: { [logger] stage in
+        let store = try naming("store") { try OutboxStores.open(c.store, logger: logger, onSlowStart: { [logger] stage in
             SystemdNotifier.notify("EXTEND_TIMEOUT_USEC=15000000\nSTATUS=\(stage)")
             let now = monotonicMicros()
             if slowStartLog.withLock({ last in
@@ -54,11 +54,11 @@ public final class RelayService: @unchecked Sendable {
                 last = now
                 return true
             }) { logger.info("still starting", ["stage": stage]) }
-        })
+        }) }
         self.store = store
         var transports: [String: any PushTransport] = [:]
-        for app in c.apps {
-            transports[app.bundleID] = try makeTransport(app, c)
+        for (i, app) in c.apps.enumerated() {
+            transports[app.bundleID] = try naming("apps[\(i)] (\(app.bundleID))") { try makeTransport(app, c) }
         }
         let policy = DeliveryPolicy(backoffBaseMillis: Int64(c.dispatch.backoffBaseMillis), backoffCapMillis: Int64(c.dispatch.backoffCapMillis),
                                     tooManyRequestsDelayMillis: Int64(c.dispatch.tooManyRequestsDelayMillis))
@@ -105,8 +105,8 @@ public final class RelayService: @unchecked Sendable {
         serverConfig.limits = limits
         serverConfig.loopThreads = c.ingest.loopThreads
         serverConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: c.ingest.maxBodyBytes)
-        let ingestServer = try HTTPServer(configuration: serverConfig, handler: HTTPGlue.handler { ingest.handle($0, respond: $1) })
-        try ingestServer.start()
+        let ingestServer = try naming("listen") { try HTTPServer(configuration: serverConfig, handler: HTTPGlue.handler { ingest.handle($0, respond: $1) }) }
+        try naming("listen") { try ingestServer.start() }
         self.ingestServer = ingestServer
 
         let credentialsLoaded = transports.count == c.apps.count
@@ -121,8 +121,8 @@ public final class RelayService: @unchecked Sendable {
             adminConfig.limits.maxBodyBytes = 1024
             adminConfig.limits.maxConnections = OpenFileLimit.adminConnections
             adminConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: 1024)
-            let adminServer = try HTTPServer(configuration: adminConfig, handler: HTTPGlue.handler { admin.handle($0, respond: $1) })
-            try adminServer.start()
+            let adminServer = try naming("admin") { try HTTPServer(configuration: adminConfig, handler: HTTPGlue.handler { admin.handle($0, respond: $1) }) }
+            try naming("admin") { try adminServer.start() }
             self.adminServer = adminServer
         }
         let elapsedMs = Double(monotonicMicros() - startedAt) / 1000
@@ -134,6 +134,19 @@ public final class RelayService: @unchecked Sendable {
                 (dispatcher?.isRunning ?? false) && store != nil
             }
         }
+    }
+
+    /// A start-up failure, prefixed with the config key it comes from: "admin: libuv bind
+    /// 127.0.0.1:9090: Address already in use" tells the operator which listener (or store, or
+    /// app) to look at.
+    struct StartupError: Error, CustomStringConvertible {
+        var key: String
+        var underlying: any Error
+        var description: String { "\(key): \(underlying)" }
+    }
+
+    private func naming<T>(_ key: String, _ body: () throws -> T) throws -> T {
+        do { return try body() } catch { throw StartupError(key: key, underlying: error) }
     }
 
     private func serverMetrics() -> String {
