@@ -105,10 +105,16 @@ final class H2Session {
     /// that stopped receiving are dropped lazily from the front (receiveDeadline).
     private var receivingQueue: [H2Stream] = []
     private var receivingHead = 0
+    /// Body bytes held by streams not yet handed to the handler, and their cap: without it a
+    /// client could park maxConcurrentStreams half-sent bodies of up to maxBodyBytes each on one
+    /// connection (100 x 32 KiB on relay-server), where HTTP/1 holds at most one.
+    private var bufferedBodyBytes = 0
+    private let maxBufferedBodyBytes: Int
 
     init(connection: Connection, settings: HTTP2Settings) throws {
         self.connection = connection
         self.maxHeaderListSize = Int(settings.maxHeaderListSize)
+        self.maxBufferedBodyBytes = max(2 * connection.core.maxBodyBytes, 64 << 10)
         var s: OpaquePointer?
         let rc = nghttp2_session_server_new(&s, sharedCallbacks, Unmanaged.passUnretained(self).toOpaque())
         guard rc == 0, let s else { throw HTTPServerError.http2("nghttp2_session_server_new: \(h2Message(Int(rc)))") }
@@ -156,7 +162,15 @@ final class H2Session {
     }
 
     fileprivate func closed(_ id: Int32) {
-        streams.removeValue(forKey: id)?.receiving = false
+        guard let st = streams.removeValue(forKey: id) else { return }
+        st.receiving = false
+        dropBody(st)
+    }
+
+    /// Frees a stream's partial body (refused, reset or closed before the handler got it).
+    private func dropBody(_ st: H2Stream) {
+        bufferedBodyBytes -= st.body.count
+        st.body = []
     }
 
     /// When the oldest stream still receiving its request runs out of time (nil: none is).
@@ -189,7 +203,7 @@ final class H2Session {
                 guard st.openedAt + timeoutMs <= now else { break }
                 st.receiving = false
                 st.rejected = true
-                st.body = []
+                dropBody(st)
                 _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), st.id, NGHTTP2_CANCEL.rawValue)
                 count += 1
             }
@@ -261,12 +275,22 @@ final class H2Session {
     fileprivate func onData(_ st: H2Stream, _ data: UnsafeBufferPointer<UInt8>) {
         if st.body.count + data.count > connection.core.maxBodyBytes {
             st.rejected = true
-            st.body = []
+            dropBody(st)
             connection.core.recordParseError("h2_body_too_large")
             respond(streamID: st.id, response: connection.core.errorResponse(413, "body_too_large"), isHEAD: false, action: .keep)
             return
         }
+        if bufferedBodyBytes + data.count > maxBufferedBodyBytes, let session {
+            // Over the connection's share: refuse this stream (REFUSED_STREAM: not processed, a
+            // client may retry it) rather than buffer more.
+            st.rejected = true
+            dropBody(st)
+            connection.core.recordParseError("h2_buffered_body_limit")
+            _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), st.id, NGHTTP2_REFUSED_STREAM.rawValue)
+            return
+        }
         st.body.append(contentsOf: data)
+        bufferedBodyBytes += data.count
     }
 
     fileprivate func dispatch(_ st: H2Stream) {
@@ -280,7 +304,7 @@ final class H2Session {
         let req = HTTPRequest(method: st.method, target: st.path, version: .http2, headers: headers,
                               body: st.body, remoteAddress: connection.remoteAddress, tls: connection.tlsInfo,
                               connectionID: connection.id, streamID: st.id)
-        st.body = []
+        dropBody(st)
         let responder = HTTPResponder(connection: connection, sequence: 0, streamID: st.id,
                                       isHEAD: st.method == "HEAD")
         connection.core.handler(req, responder)

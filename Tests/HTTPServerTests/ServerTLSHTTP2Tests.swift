@@ -389,6 +389,48 @@ extension RawClient {
         }
     }
 
+    /// Bodies of streams not yet handed to the handler are capped per connection at twice
+    /// maxBodyBytes (HTTP/1 holds one body per connection; h2 held up to 100): the stream that
+    /// would pass the cap is refused (REFUSED_STREAM), the others go on, and the count drops
+    /// again as bodies reach the handler.
+    @Test func bufferedBodiesAreCappedPerConnection() throws {
+        var config = HTTPServerConfiguration()
+        config.limits.maxBodyBytes = 32 * 1024   // cap 64 KiB
+        try withServer(config) { server in
+            let c = try RawH2Client(port: server.localPort)
+            func post(_ stream: UInt32) -> [UInt8] {
+                RawH2Client.frame(type: 1, flags: 0x4, stream: stream, [0x83, 0x86, 0x04, 5] + Array("/echo".utf8) + [0x01, 0x01, UInt8(ascii: "t")])
+            }
+            // 30,000 bytes in two DATA frames (the frame size limit is 16 KiB).
+            func part(_ stream: UInt32, end: Bool = false) -> [UInt8] {
+                RawH2Client.frame(type: 0, flags: 0, stream: stream, [UInt8](repeating: 0x61, count: 15_000))
+                    + RawH2Client.frame(type: 0, flags: end ? 1 : 0, stream: stream, [UInt8](repeating: 0x61, count: 15_000))
+            }
+            // Three half-sent bodies of 30,000 bytes: the third would hold 90,000.
+            try c.socket.send(post(1) + part(1) + post(3) + part(3) + post(5) + part(5))
+            let refused = c.read { $0.type == 3 }
+            #expect(refused?.stream == 5)
+            #expect(refused?.payload == [0, 0, 0, 7])   // REFUSED_STREAM
+            #expect(server.metrics.parseErrorsByKind["h2_buffered_body_limit"] == 1)
+            // Stream 1 ends: its body reaches the handler whole, and its share is free again.
+            try c.socket.send(RawH2Client.frame(type: 0, flags: 1, stream: 1, []))
+            var echoed = 0
+            _ = c.read { f in
+                if f.type == 0 && f.stream == 1 { echoed += f.payload.count }
+                return f.type == 0 && f.stream == 1 && f.flags & 1 != 0
+            }
+            #expect(echoed == 30_000)
+            try c.socket.send(post(7) + part(7, end: true))
+            var echoed7 = 0
+            let end = c.read { f in
+                if f.type == 0 && f.stream == 7 { echoed7 += f.payload.count }
+                return (f.type == 0 && f.stream == 7 && f.flags & 1 != 0) || (f.type == 3 && f.stream == 7)
+            }
+            #expect(end?.type == 0 && echoed7 == 30_000)
+            #expect(server.metrics.parseErrorsByKind["h2_buffered_body_limit"] == 1)
+        }
+    }
+
     @Test func ipv6LoopbackListenerReportsBracketedAddress() throws {
         guard findTool("curl") != nil else { print(missingToolMessage("curl")); return }
         var config = HTTPServerConfiguration()
