@@ -120,6 +120,12 @@ private extension Array where Element == UInt8 {
             "HTTP/1.1 401 Unauthorized\r\nwww-authenticate: Bearer\r\nx-request-id: req-aa02\r\ncontent-type: application/json\r\n"
                 + "date: \(date)\r\ncontent-length: \(unauthorized.utf8.count)\r\n\r\n\(unauthorized)"
         }
+        // Two Authorization fields, even both valid: ambiguous, so no credential (401).
+        k.send(post("aa08", extra: "Authorization: Bearer \(secret)\r\n"))
+        expectBytes(k.response()) { date in
+            "HTTP/1.1 401 Unauthorized\r\nwww-authenticate: Bearer\r\nx-request-id: req-aa08\r\ncontent-type: application/json\r\n"
+                + "date: \(date)\r\ncontent-length: \(unauthorized.utf8.count)\r\n\r\n\(unauthorized)"
+        }
         // Pipelined: two 202s answered in request order.
         k.send(post("aa03") + post("aa04"))
         try accepted(k.response(), "aa03")

@@ -24,14 +24,20 @@ enum HTTPGlue {
         var authorization: String?
         var contentType: String?
         var givenID: String?
+        var authorizations = 0
         for field in r.headers.fields {
             switch field.name {
-            case "authorization": if authorization == nil { authorization = field.value }
+            case "authorization":
+                authorizations += 1
+                if authorization == nil { authorization = field.value }
             case "content-type": if contentType == nil { contentType = field.value }
             case "x-request-id": if givenID == nil { givenID = field.value }
             default: break
             }
         }
+        // Two Authorization fields are ambiguous (a proxy may have checked the other one): no
+        // credential, so a 401, as the parser refuses two Content-Length or Host fields.
+        if authorizations > 1 { authorization = nil }
         return APIRequest(method: r.method, path: r.path, authorization: authorization, contentType: contentType, body: r.body,
                           requestID: requestID(given: givenID), remoteAddress: r.remoteAddress, executor: executor)
     }
