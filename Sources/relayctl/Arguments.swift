@@ -85,7 +85,11 @@ struct ParsedArguments {
             } else if let inlineValue {
                 values[name] = inlineValue
             } else {
-                guard i < arguments.count else { throw UsageError("option '--\(name)' needs a value <\(spec.valueName!)>") }
+                // "--reason --config x" is a missing value, not the reason "--config" (then "x" a
+                // stray argument): a value that looks like an option needs the --name=value form.
+                guard i < arguments.count, !arguments[i].hasPrefix("--") else {
+                    throw UsageError("option '--\(name)' needs a value <\(spec.valueName!)>")
+                }
                 values[name] = arguments[i]
                 i += 1
             }

@@ -103,6 +103,11 @@ struct RelayctlCommandTests {
             #expect(r.status == 64, "list \(args): \(r.status) \(r.stderr)")
             #expect(r.stderr.hasPrefix("error: "), "\(r.stderr)")
         }
+        // An option's value left out before the next option: said so, not read as the value
+        // (which used to make "retry --failed --reason --db x" complain about ids and --failed).
+        let r = try Relayctl.run(["retry", "--failed", "--reason", "--db", "/nonexistent"])
+        #expect(r.status == 64)
+        #expect(r.stderr.hasPrefix("error: option '--reason' needs a value"), "\(r.stderr)")
     }
 
     @Test func showPrintsEveryFieldAndAttempt() async throws {
