@@ -395,7 +395,7 @@ final class Connection: @unchecked Sendable {
         case .http2:
             if let h2 {
                 if let d = h2.receiveDeadline(timeoutMs: core.headerTimeoutMs + core.bodyTimeoutMs) { return d }
-                if h2.openStreams > 0 { return nil }   // handlers are working
+                if h2.handlersWorking > 0 { return nil }   // the handler owns that time
             }
             return lastActivity + core.idleTimeoutMs
         }

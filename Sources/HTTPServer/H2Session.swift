@@ -109,6 +109,10 @@ final class H2Session {
     /// client could park maxConcurrentStreams half-sent bodies of up to maxBodyBytes each on one
     /// connection (100 x 32 KiB on relay-server), where HTTP/1 holds at most one.
     private var bufferedBodyBytes = 0
+    /// Streams handed to the handler and not answered yet: while there are none, open streams
+    /// only wait on the peer (its flow-control window, or its end of a stream), which the idle
+    /// timeout covers; a client that opened no window used to hold the connection for ever.
+    private(set) var handlersWorking = 0
     private let maxBufferedBodyBytes: Int
 
     init(connection: Connection, settings: HTTP2Settings) throws {
@@ -164,6 +168,10 @@ final class H2Session {
     fileprivate func closed(_ id: Int32) {
         guard let st = streams.removeValue(forKey: id) else { return }
         st.receiving = false
+        if st.dispatched && !st.responded {
+            st.responded = true   // reset by the client: its answer is dropped
+            handlersWorking -= 1
+        }
         dropBody(st)
     }
 
@@ -296,6 +304,7 @@ final class H2Session {
     fileprivate func dispatch(_ st: H2Stream) {
         guard !st.rejected, !st.dispatched else { return }
         st.dispatched = true
+        handlersWorking += 1
         if let a = st.authority, !st.headers.contains(where: { $0.name == "host" }) {
             st.headers.append(HTTPField(name: "host", value: a))   // nghttp2 validated the value
         }
@@ -315,6 +324,7 @@ final class H2Session {
     func respond(streamID: Int32, response: HTTPResponse, isHEAD: Bool, action: ConnectionAction) {
         guard let session, let st = stream(streamID), !st.responded else { return }
         st.responded = true
+        if st.dispatched { handlersWorking -= 1 }
         let r = responseIsSafe(response) ? response : invalidResponse
         connection.core.recordStatus(r.status)
 

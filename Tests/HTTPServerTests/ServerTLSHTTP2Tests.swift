@@ -431,6 +431,24 @@ extension RawClient {
         }
     }
 
+    /// A client that opens no flow-control window gets its response's HEADERS but never its
+    /// DATA; the stream stayed open, and an open stream switched the idle timeout off, so the
+    /// connection was held for ever (90 s+ on relay-server). Answered streams waiting on the
+    /// peer now leave the idle timeout running.
+    @Test func streamStalledByTheClientsWindowDoesNotHoldTheConnection() throws {
+        var config = HTTPServerConfiguration()
+        config.limits.idleTimeout = .milliseconds(300)
+        try withServer(config) { server in
+            let c = try RawH2Client(port: server.localPort)
+            try c.socket.send(RawH2Client.frame(type: 4, flags: 0, stream: 0, [0, 4, 0, 0, 0, 0]))   // INITIAL_WINDOW_SIZE 0
+            try c.get("/x", stream: 1)
+            let headers = c.read { $0.type == 1 }
+            #expect(headers?.stream == 1)
+            #expect(c.read { $0.type == 0 } == nil, "DATA sent through a zero window, or the connection was not closed")
+            #expect(server.metrics.timeouts == 1)
+        }
+    }
+
     @Test func ipv6LoopbackListenerReportsBracketedAddress() throws {
         guard findTool("curl") != nil else { print(missingToolMessage("curl")); return }
         var config = HTTPServerConfiguration()
