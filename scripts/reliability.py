@@ -140,8 +140,13 @@ class Env:
             "listen": {"host": "127.0.0.1", "port": self.relay_port},
             "admin": {"host": "127.0.0.1", "port": self.admin_port},
             "store": {"path": self.db_path, "synchronous": "FULL", "busyTimeoutMs": 1000, "maxPending": 5000000},
+            # Rate limits off, the per-address 401 budget too: every client here is 127.0.0.1,
+            # so after the bad-credential floods the budget would answer the good load and the
+            # revocation check 429 instead of exercising the 401 path (the worst case: an
+            # attacker spread over many addresses). The budget has its own tests.
             "ingest": {"rateLimits": {"perCredential": {"perSecond": 0, "burst": 1},
-                                      "perPushToken": {"perSecond": 0, "burst": 1}}},
+                                      "perPushToken": {"perSecond": 0, "burst": 1},
+                                      "authFailuresPerAddress": {"perSecond": 0, "burst": 1}}},
             # Short timeouts and a low back-off cap so a recovery is measured in seconds, not in
             # the production cap of 5 minutes (the same code paths, smaller constants).
             "dispatch": {"maxInflight": 256, "backoffBaseMs": 200, "backoffCapMs": 2000,

@@ -1,8 +1,14 @@
 // Accepted pushes: kept in memory (for GET /deliveries and in-process tests) and appended as
-// JSON lines to a file. The file is written on the recorder's own serial queue so the HTTP
-// loop thread never waits on the disk.
+// JSON lines to a file. A push's line is written (write(2), O_APPEND) before its 200 is sent:
+// a mock-apns killed with -9 has logged every push it answered, since the page cache outlives
+// the process. Lines are encoded by hand (~1-2 us), not through JSONSerialization: when they
+// were encoded and written on a background queue, a relay draining a backlog at ~20k pushes/s
+// outran that queue, and a kill -9 lost thousands of answered pushes' lines.
 import Foundation
 import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// What decrypting an accessory push as the iPhone would gave.
 public struct DeliveryVerification: Sendable, Equatable {
@@ -41,7 +47,7 @@ public struct MockDelivery: Sendable, Equatable {
             "pushType": push.pushType,
             "payload": (try? JSONSerialization.jsonObject(with: Data(push.payload))) ?? String(decoding: push.payload, as: UTF8.self),
             "verified": verification.verified.map { $0 as Any } ?? NSNull(),
-            "receivedAt": iso8601(receivedAt),
+            "receivedAt": iso8601Millis(receivedAt),
             "connectionId": connectionID,
             "streamId": Int(streamID),
         ]
@@ -68,12 +74,6 @@ public struct MockDelivery: Sendable, Equatable {
     }
 }
 
-func iso8601(_ date: Date) -> String {
-    let formatter = ISO8601DateFormatter()
-    formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-    return formatter.string(from: date)
-}
-
 func jsonData(_ object: Any) -> Data {
     (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data("null".utf8)
 }
@@ -85,8 +85,8 @@ public final class DeliveryRecorder: Sendable {
         var dropped = 0
     }
     private let state = Mutex(State())
-    private let file: FileHandle?
-    private let queue = DispatchQueue(label: "mock-apns.deliveries-log")
+    /// The log's descriptor (O_APPEND), -1 without a log. The Mutex keeps each line one write.
+    private let file: Mutex<Int32>
     /// Memory keeps at least the newest `memoryLimit` deliveries (at most 25% more); older ones
     /// are dropped from memory (the log file keeps everything).
     public let memoryLimit: Int
@@ -94,22 +94,17 @@ public final class DeliveryRecorder: Sendable {
     public init(logPath: String?, memoryLimit: Int = 100_000) throws {
         self.memoryLimit = memoryLimit
         if let logPath {
-            if !FileManager.default.fileExists(atPath: logPath) {
-                guard FileManager.default.createFile(atPath: logPath, contents: nil) else {
-                    throw MockConfigurationError("--deliveries-log: cannot create \(logPath)")
-                }
+            let fd = open(logPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
+            guard fd >= 0 else {
+                throw MockConfigurationError("--deliveries-log: cannot open \(logPath) for appending: \(String(cString: strerror(errno)))")
             }
-            guard let handle = FileHandle(forWritingAtPath: logPath) else {
-                throw MockConfigurationError("--deliveries-log: cannot open \(logPath) for writing")
-            }
-            handle.seekToEndOfFile()
-            file = handle
+            file = Mutex(fd)
         } else {
-            file = nil
+            file = Mutex(-1)
         }
     }
 
-    deinit { try? file?.close() }
+    deinit { file.withLock { if $0 >= 0 { _ = close($0) } } }
 
     public func record(_ delivery: MockDelivery) {
         state.withLock { s in
@@ -122,12 +117,19 @@ public final class DeliveryRecorder: Sendable {
                 s.dropped += excess
             }
         }
-        if let file {
-            // Encoding happens on the writer's queue too: the loop thread only appends.
-            queue.async {
-                var line = jsonData(delivery.jsonObject())
-                line.append(0x0A)
-                file.write(line)
+        guard file.withLock({ $0 }) >= 0 else { return }
+        let line = delivery.logLine()
+        file.withLock { fd in
+            line.withUnsafeBytes { raw in
+                var done = 0
+                while done < raw.count {
+                    let n = Glibc.write(fd, raw.baseAddress! + done, raw.count - done)
+                    if n > 0 { done += n } else if n < 0 && errno == EINTR { continue } else {
+                        // Disk full or the file gone: the push is still answered; say so once per failure.
+                        FileHandle.standardError.write(Data("mock-apns: --deliveries-log write failed: \(String(cString: strerror(errno)))\n".utf8))
+                        return
+                    }
+                }
             }
         }
     }
@@ -138,10 +140,117 @@ public final class DeliveryRecorder: Sendable {
     /// Clears memory (the log file is left alone: it is the run's history).
     public func reset() { state.withLock { $0 = State() } }
 
-    /// Waits until queued log lines are written.
+    /// Syncs the log to disk (lines are already written when `record` returns).
     public func flush() {
-        queue.sync { try? file?.synchronize() }
+        file.withLock { if $0 >= 0 { _ = fdatasync($0) } }
     }
+}
+
+/// `2026-11-30T13:19:35.123Z`: what ISO8601DateFormatter gives with fractional seconds, without
+/// creating a formatter per call (rounded to the millisecond, as the formatter does).
+func iso8601Millis(_ date: Date) -> String {
+    let ms = Int64((date.timeIntervalSince1970 * 1000).rounded())
+    var t = time_t(ms >= 0 ? ms / 1000 : (ms - 999) / 1000)
+    let milli = Int(ms - Int64(t) * 1000)
+    var parts = tm()
+    gmtime_r(&t, &parts)
+    func pad(_ v: Int32, _ width: Int) -> String {
+        let d = String(v)
+        return String(repeating: "0", count: max(0, width - d.count)) + d
+    }
+    return "\(pad(parts.tm_year + 1900, 4))-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
+        + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2)).\(pad(Int32(milli), 3))Z"
+}
+
+extension MockDelivery {
+    /// `jsonObject()` as one JSON line (keys sorted, as JSONSerialization's `.sortedKeys` wrote
+    /// them), encoded by hand. The payload, a JSON object mock-apns validated, is copied as it
+    /// came unless it holds control bytes (which may sit in strings): then it is re-encoded.
+    func logLine() -> [UInt8] {
+        var o: [UInt8] = []
+        o.reserveCapacity(512 + push.payload.count)
+        var first = true
+        func key(_ k: String) {
+            o.append(first ? UInt8(ascii: "{") : UInt8(ascii: ","))
+            first = false
+            appendJSONString(k, to: &o)
+            o.append(UInt8(ascii: ":"))
+        }
+        func string(_ k: String, _ v: String) { key(k); appendJSONString(v, to: &o) }
+        func number<N: BinaryInteger>(_ k: String, _ v: N) { key(k); o.append(contentsOf: String(v).utf8) }
+        string("apnsId", push.apnsID)
+        if let c = push.collapseID { string("collapseId", c) }
+        number("connectionId", connectionID)
+        string("deviceToken", push.deviceToken)
+        if let a = push.accessory { number("encryptedBytes", a.encryptedData.count) }
+        if let e = push.expiration { number("expiration", e) }
+        if let c = push.claims { number("iat", c.issuedAt); string("keyId", c.keyID) }
+        if let a = push.accessory { number("messageIndex", a.messageIndex) }
+        key("payload")
+        if push.payload.allSatisfy({ $0 >= 0x20 }) {
+            o.append(contentsOf: push.payload)
+        } else if let object = try? JSONSerialization.jsonObject(with: Data(push.payload)),
+                  let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) {
+            o.append(contentsOf: data)
+        } else {
+            appendJSONString(String(decoding: push.payload, as: UTF8.self), to: &o)
+        }
+        if let p = push.priority { number("priority", p) }
+        string("pushType", push.pushType)
+        if let a = push.accessory { string("ratchetKeyId", Data(a.keyID).base64EncodedString()) }
+        string("receivedAt", iso8601Millis(receivedAt))
+        if verification.verified == true {
+            key("response")
+            var fields: [(String, String?)] = [("actionIdentifier", verification.actionIdentifier),
+                                               ("notificationIdentifier", verification.notificationIdentifier),
+                                               ("sourceIdentifier", verification.sourceIdentifier)]
+            fields.append(("userText", verification.userText))
+            var firstField = true
+            o.append(UInt8(ascii: "{"))
+            for (k, v) in fields {
+                // jsonObject() leaves out nil identifiers but writes userText: null.
+                guard v != nil || k == "userText" else { continue }
+                if !firstField { o.append(UInt8(ascii: ",")) }
+                firstField = false
+                appendJSONString(k, to: &o)
+                o.append(UInt8(ascii: ":"))
+                if let v { appendJSONString(v, to: &o) } else { o.append(contentsOf: "null".utf8) }
+            }
+            o.append(UInt8(ascii: "}"))
+        }
+        if let a = push.accessory { string("sessionIdentifier", lowercaseString(a.sessionIdentifier)) }
+        number("streamId", Int(streamID))
+        if let c = push.claims { string("teamId", c.teamID) }
+        string("topic", push.topic)
+        key("verified")
+        switch verification.verified {
+        case .some(true): o.append(contentsOf: "true".utf8)
+        case .some(false): o.append(contentsOf: "false".utf8)
+        case .none: o.append(contentsOf: "null".utf8)
+        }
+        if let e = verification.error { string("verifyError", e) }
+        o.append(UInt8(ascii: "}"))
+        o.append(0x0A)
+        return o
+    }
+}
+
+/// A JSON string literal: quotes, backslashes and control bytes escaped, other UTF-8 as is.
+func appendJSONString(_ s: String, to o: inout [UInt8]) {
+    let hex: [UInt8] = Array("0123456789abcdef".utf8)
+    o.append(UInt8(ascii: "\""))
+    for b in s.utf8 {
+        switch b {
+        case UInt8(ascii: "\""): o.append(contentsOf: [0x5C, 0x22])
+        case 0x5C: o.append(contentsOf: [0x5C, 0x5C])
+        case 0x0A: o.append(contentsOf: [0x5C, UInt8(ascii: "n")])
+        case 0x0D: o.append(contentsOf: [0x5C, UInt8(ascii: "r")])
+        case 0x09: o.append(contentsOf: [0x5C, UInt8(ascii: "t")])
+        case 0..<0x20: o.append(contentsOf: [0x5C, UInt8(ascii: "u"), 0x30, 0x30, hex[Int(b >> 4)], hex[Int(b & 0xF)]])
+        default: o.append(b)
+        }
+    }
+    o.append(UInt8(ascii: "\""))
 }
 
 /// Counters for GET /stats.
