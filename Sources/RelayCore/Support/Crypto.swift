@@ -256,17 +256,6 @@ public enum UUIDText {
             return Int64(bitPattern: h)
         }
     }
-
-    /// The UUID of an 8-4-4-4-12 hex text (either case), or nil; parsed straight into the
-    /// UUID's bytes (the dispatcher parses two per push).
-    public static func uuid(_ s: String) -> UUID? {
-        var s = s
-        return s.withUTF8 { utf8 -> UUID? in
-            var t: uuid_t = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-            guard withUnsafeMutableBytes(of: &t, { parse(utf8, into: $0) }) else { return nil }
-            return UUID(uuid: t)
-        }
-    }
 }
 
 /// ASCII-only helpers for header values (Foundation's trimmingCharacters bridges to NSString).
