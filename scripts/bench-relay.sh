@@ -4,7 +4,8 @@
 #  1. Durable ingest: 202/s at 64 keep-alive connections (wrk, unique bodies, synchronous=FULL)
 #     vs nginx answering a tiny static response, same wrk settings, same run; also nginx answering
 #     the same POSTs (the relay's wrk script: a second anchor), CPU microseconds per request of
-#     relay-server, mock-apns, nginx and wrk, and the group-commit batch size (jobs per COMMIT).
+#     relay-server, mock-apns, nginx and wrk (with their kernel share), the CPUs left idle, and the
+#     group-commit batch size (jobs per COMMIT).
 #  2. Ingest -> APNs latency p50/p99 at ~1000 responses/s against mock-apns.
 #  3. Start-to-ready and peak RSS with 1,000,000 queued rows.
 # Leaves no processes behind (trap kills what it started, by pid).
@@ -75,6 +76,14 @@ echo "== wrk relay-server POST (durable, synchronous=FULL)" >&2
 # spaces) in clock ticks; wrk's own CPU from /usr/bin/time.
 TICK=$(getconf CLK_TCK)
 proc_ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}'))); done; echo "$t"; }
+# The kernel's share alone (stime): socket reads and writes, epoll, fsync. nginx spends most of
+# its time there, in the same calls the relay's loop makes (docs/benchmarks-analysis.md).
+proc_sys_ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $13}'))); done; echo "$t"; }
+# Share of both CPUs left idle between two /proc/stat readings ("idle total" in ticks): how well
+# a run keeps the cores busy (nginx: ~0; the relay's commit pipeline leaves some).
+cpu_ticks() { awk '/^cpu /{t=0; for (i=2; i<=NF; i++) t+=$i; print $5 + $6, t}' /proc/stat; }
+idle_pct() { awk -v a="$1" -v b="$2" 'BEGIN{split(a,x," "); split(b,y," "); d=y[2]-x[2]; printf "%.0f", (d > 0 ? (y[1]-x[1])/d*100 : 0)}'; }
+wrk_sys_us() { awk -v n="$2" 'NF==2{printf "%.0f", (n > 0 ? $2 * 1e6 / n : 0)}' "$1"; }
 us_per_req() {  # ticks requests -> CPU microseconds per request
   awk -v t="$1" -v n="$2" -v hz="$TICK" 'BEGIN{printf "%.0f", (n > 0 ? t / hz * 1e6 / n : 0)}'
 }
@@ -118,12 +127,12 @@ RSS_INGEST=$(awk '/VmHWM/{print $2}' "/proc/$RELAY_PID/status")
 # PushClient and mock-apns use on these same cores.
 curl -fsS -X POST "http://127.0.0.1:$CONTROL_PORT/faults" -H 'Content-Type: application/json' -d '{"stall":true}' >/dev/null
 echo "== wrk relay-server POST, APNs stalled" >&2
-S2=$(store_counters); R2=$(proc_ticks "$RELAY_PID"); A2=$(accepted_202)
+S2=$(store_counters); R2=$(proc_ticks "$RELAY_PID"); K2=$(proc_sys_ticks "$RELAY_PID"); I2=$(cpu_ticks); A2=$(accepted_202)
 RELAY_CRED="$CRED" /usr/bin/time -f "%U %S" -o "$WORK/time-stalled.txt" \
   wrk --latency -t2 -c"$CONNECTIONS" -d"${DURATION}s" -s "$WORK/post.lua" "http://127.0.0.1:$RELAY_PORT" > "$WORK/wrk-relay-stalled.txt"
-S3=$(store_counters); R3=$(proc_ticks "$RELAY_PID"); A3=$(accepted_202)
+S3=$(store_counters); R3=$(proc_ticks "$RELAY_PID"); K3=$(proc_sys_ticks "$RELAY_PID"); I3=$(cpu_ticks); A3=$(accepted_202)
 N_STALLED=$(wrk_requests "$WORK/wrk-relay-stalled.txt")
-CPU_STALLED="relay $(us_per_req $((R3 - R2)) "$N_STALLED") µs, wrk+Lua $(wrk_cpu_us "$WORK/time-stalled.txt" "$N_STALLED") µs"
+CPU_STALLED="relay $(us_per_req $((R3 - R2)) "$N_STALLED") µs (kernel $(us_per_req $((K3 - K2)) "$N_STALLED")), wrk+Lua $(wrk_cpu_us "$WORK/time-stalled.txt" "$N_STALLED") µs (kernel $(wrk_sys_us "$WORK/time-stalled.txt" "$N_STALLED"))"
 STALLED_RPS=$(awk '/Requests\/sec/{print $2}' "$WORK/wrk-relay-stalled.txt")
 STALLED_NON202=$(non202 "$N_STALLED" $((A3 - A2)))
 STALLED_WRK_MEAN=$(awk '/Latency/ && !/Distribution/{print $2; exit}' "$WORK/wrk-relay-stalled.txt")
@@ -133,12 +142,12 @@ stop_relay
 start_nginx_anchor
 NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | tr '\n' ' ')
 echo "== wrk nginx static" >&2
-X0=$(proc_ticks $NGINX_WORKERS)
+X0=$(proc_ticks $NGINX_WORKERS); XK0=$(proc_sys_ticks $NGINX_WORKERS); XI0=$(cpu_ticks)
 /usr/bin/time -f "%U %S" -o "$WORK/time-nginx.txt" wrk -t2 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:$NGINX_PORT/" > "$WORK/wrk-nginx.txt"
-X1=$(proc_ticks $NGINX_WORKERS)
+X1=$(proc_ticks $NGINX_WORKERS); XK1=$(proc_sys_ticks $NGINX_WORKERS); XI1=$(cpu_ticks)
 NGINX_RPS=$(awk '/Requests\/sec/{print $2}' "$WORK/wrk-nginx.txt")
 N_NGINX=$(wrk_requests "$WORK/wrk-nginx.txt")
-CPU_NGINX="nginx $(us_per_req $((X1 - X0)) "$N_NGINX") µs, wrk $(wrk_cpu_us "$WORK/time-nginx.txt" "$N_NGINX") µs"
+CPU_NGINX="nginx $(us_per_req $((X1 - X0)) "$N_NGINX") µs (kernel $(us_per_req $((XK1 - XK0)) "$N_NGINX")), wrk $(wrk_cpu_us "$WORK/time-nginx.txt" "$N_NGINX") µs (kernel $(wrk_sys_us "$WORK/time-nginx.txt" "$N_NGINX"))"
 # The same nginx answering the very requests the relay gets (the relay's wrk script: same
 # bytes, same client cost), as a second anchor. The plain GET above stays the primary one.
 echo "== wrk nginx, relay POST script" >&2
@@ -247,6 +256,7 @@ release builds on loopback; SQLite \`synchronous=FULL\`; rate limits disabled).
 | durable ingest with APNs stalled (ingest path only) | $STALLED_RPS/s (non-202: $STALLED_NON202) | nginx static GET: $NGINX_RPS/s; nginx, same POSTs: $NGINX_LUA_RPS/s | $(ratio "$STALLED_RPS" "$NGINX_RPS")x static GET / $(ratio "$STALLED_RPS" "$NGINX_LUA_RPS")x same POSTs | >= 0.5x |
 | nginx answering the relay's POSTs (client cost) | $NGINX_LUA_RPS/s | nginx static GET: $NGINX_RPS/s | $(ratio "$NGINX_LUA_RPS" "$NGINX_RPS") x nginx | – |
 | CPU per request: relay live / stalled / nginx | $CPU_LIVE / $CPU_STALLED / $CPU_NGINX; nginx with the POST script: $CPU_NGINX_LUA | – | – | – |
+| CPUs idle during the run (both cores, /proc/stat): relay stalled / nginx static GET | $(idle_pct "$I2" "$I3") % / $(idle_pct "$XI0" "$XI1") % | – | – | – |
 | group commit: jobs per COMMIT (live / stalled) | $(jobs_per_commit "$S0" "$S1") / $(jobs_per_commit "$S2" "$S3") (ingests + dispatcher writes per transaction) | – | – | – |
 | stalled run: where a round trip goes | wrk mean latency $STALLED_WRK_MEAN; in the relay's service (parsed request -> answer, \`relay_ingest_duration_seconds\`) $(service_ms "$S2" "$S3") ms; the writer inside transactions $(writer_duty "$S2" "$S3" "$DURATION") % of the run | – | – | – |
 | ingest -> APNs (mock) latency at ${LAT_RATE}/s offered | p50 ${LAT_P50} ms, p99 ${LAT_P99} ms ($LAT_MATCHED of $LAT_SENT matched) | – | – | p99 < 5 ms |
