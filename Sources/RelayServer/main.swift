@@ -1,4 +1,4 @@
-// relay-server: parse arguments, load the config, run the service until SIGTERM/SIGINT.
+// relay-server: parse arguments, load the config, run the service until SIGTERM/SIGINT/SIGHUP.
 // Everything else lives in RelayCore (RelayService.swift), including the signal handling.
 import Glibc
 import RelayCore
@@ -16,7 +16,8 @@ let usage = """
                         are readable), then exit.
       -h, --help        Show this help.
 
-    Signals: SIGTERM/SIGINT drain and stop (exit 0). Exit codes: 64 usage, 1 runtime failure.
+    Signals: SIGTERM/SIGINT/SIGHUP drain and stop (exit 0; there is no reload: restart to
+    apply a changed configuration). Exit codes: 64 usage, 1 runtime failure.
 
     """
 

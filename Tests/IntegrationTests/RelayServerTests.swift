@@ -264,6 +264,18 @@ import Glibc
     /// Start-up failures used to name a path or a port but not the key: a missing .p8 came out
     /// as a CocoaError dump, a taken port as "libuv bind ...: Address already in use" (which
     /// listener?), and --check-config passed a config whose key file did not exist.
+    /// SIGHUP's default action killed relay-server on the spot (exit by signal, no drain, no
+    /// "stopped" line): a closed terminal or a `kill -HUP` meant as a reload. It drains now.
+    @Test func sighupDrainsLikeSigterm() throws {
+        let h = try RelayHarness()
+        try h.startRelay()
+        #expect(try h.post(try h.accessory.nextBody().body).status == 202)
+        h.relay?.signal(SIGHUP)
+        #expect(h.relay?.wait(seconds: 15) == 0, "\(h.relay?.stderr ?? "")")
+        let log = h.relay?.stderr ?? ""
+        #expect(log.contains(#""signal":"SIGHUP""#) && log.contains("draining") && log.contains(#""msg":"stopped""#), "\(log)")
+    }
+
     @Test func startupFailuresNameTheKey() throws {
         let h = try RelayHarness()
         func start(_ extra: [String] = []) throws -> (status: Int32?, stderr: String) {

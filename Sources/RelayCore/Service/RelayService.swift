@@ -186,15 +186,20 @@ public final class RelayService: @unchecked Sendable {
                                 "inflight": counts?.byState[.inflight] ?? -1])
     }
 
-    /// Blocks the calling thread until SIGTERM or SIGINT, then drains. Returns the exit status.
+    /// Blocks the calling thread until SIGTERM, SIGINT or SIGHUP, then drains. Returns the exit
+    /// status. SIGHUP too: its default action killed the process on the spot (a closed terminal,
+    /// a `kill -HUP` meant as a reload), without the drain; there is no reload to map it to.
     public func runUntilSignal() -> Int32 {
         let received = DispatchSemaphore(value: 0)
         let queue = DispatchQueue(label: "relay-signals")
         var sources: [DispatchSourceSignal] = []
-        for sig in [SIGTERM, SIGINT] {
+        for (sig, name) in [(SIGTERM, "SIGTERM"), (SIGINT, "SIGINT"), (SIGHUP, "SIGHUP")] {
             signal(sig, SIG_IGN)  // let the dispatch source see it instead of the default action
             let s = DispatchSource.makeSignalSource(signal: sig, queue: queue)
-            s.setEventHandler { received.signal() }
+            s.setEventHandler { [logger] in
+                logger.info("signal received", ["signal": name])
+                received.signal()
+            }
             s.resume()
             sources.append(s)
         }
