@@ -396,6 +396,7 @@ final class Connection: @unchecked Sendable {
             if let h2 {
                 if let d = h2.receiveDeadline(timeoutMs: core.headerTimeoutMs + core.bodyTimeoutMs) { return d }
                 if h2.handlersWorking > 0 { return nil }   // the handler owns that time
+                return h2.lastStreamActivity + core.idleTimeoutMs   // frames without a stream do not count
             }
             return lastActivity + core.idleTimeoutMs
         }

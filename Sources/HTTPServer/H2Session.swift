@@ -115,8 +115,14 @@ final class H2Session {
     private(set) var handlersWorking = 0
     private let maxBufferedBodyBytes: Int
 
+    /// When a stream last opened or closed: the idle timeout counts from here, so PING,
+    /// SETTINGS or WINDOW_UPDATE frames alone do not keep a connection (as Go's http2 server:
+    /// "PING frames are not considered activity for the purposes of IdleTimeout").
+    private(set) var lastStreamActivity: UInt64
+
     init(connection: Connection, settings: HTTP2Settings) throws {
         self.connection = connection
+        self.lastStreamActivity = connection.loop.now
         self.maxHeaderListSize = Int(settings.maxHeaderListSize)
         self.maxBufferedBodyBytes = max(2 * connection.core.maxBodyBytes, 64 << 10)
         var s: OpaquePointer?
@@ -152,6 +158,7 @@ final class H2Session {
 
     fileprivate func open(_ id: Int32) {
         let st = H2Stream(id: id, openedAt: connection.loop.now)
+        lastStreamActivity = st.openedAt
         st.headers.reserveCapacity(8)
         streams[id] = st
         receivingQueue.append(st)
@@ -167,6 +174,7 @@ final class H2Session {
 
     fileprivate func closed(_ id: Int32) {
         guard let st = streams.removeValue(forKey: id) else { return }
+        lastStreamActivity = connection.loop.now
         st.receiving = false
         if st.dispatched && !st.responded {
             st.responded = true   // reset by the client: its answer is dropped

@@ -449,6 +449,31 @@ extension RawClient {
         }
     }
 
+    /// PING (or SETTINGS, WINDOW_UPDATE) without requests is not activity: a client pinging
+    /// every 100 ms is closed by a 300 ms idle timeout, while one sending a request as often
+    /// keeps its connection.
+    @Test func pingsAloneDoNotHoldAnIdleConnection() throws {
+        var config = HTTPServerConfiguration()
+        config.limits.idleTimeout = .milliseconds(300)
+        try withServer(config) { server in
+            let pinger = try RawH2Client(port: server.localPort)
+            let requester = try RawH2Client(port: server.localPort)
+            var closedAfter: Int?
+            for i in 1...12 {   // 1.2 s: four idle timeouts
+                try? pinger.socket.send(RawH2Client.frame(type: 6, flags: 0, stream: 0, [UInt8](repeating: UInt8(i), count: 8)))
+                try? pinger.socket.send(RawH2Client.frame(type: 8, flags: 0, stream: 0, [0, 0, 0, 1]))   // WINDOW_UPDATE
+                let answer = pinger.read { $0.type == 6 && $0.flags & 1 != 0 || $0.type == 7 }   // PING ACK or GOAWAY
+                if answer == nil || answer?.type == 7 { closedAfter = i; break }
+                try requester.get("/x", stream: UInt32(2 * i - 1))
+                let done = requester.read { $0.stream == UInt32(2 * i - 1) && $0.flags & 1 != 0 }
+                #expect(done != nil, "request \(i): the requesting connection was closed")
+                usleep(100_000)
+            }
+            #expect(closedAfter != nil, "the pinging connection outlived four idle timeouts")
+            #expect(server.metrics.timeouts >= 1)
+        }
+    }
+
     @Test func ipv6LoopbackListenerReportsBracketedAddress() throws {
         guard findTool("curl") != nil else { print(missingToolMessage("curl")); return }
         var config = HTTPServerConfiguration()
