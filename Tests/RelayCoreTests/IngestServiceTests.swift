@@ -97,7 +97,11 @@ import Testing
         let r = h.call(secret: h.secret, body: "{}")
         #expect(r.status == 400 && json(r)["error"] as? String == "missing_field" && json(r)["field"] as? String == "pushToken")
         #expect(h.call(secret: h.secret, contentType: "text/plain", body: Self.body()).status == 415)
-        #expect(h.call("PUT", secret: h.secret, body: Self.body()).status == 405)
+        let put = h.call("PUT", secret: h.secret, body: Self.body())
+        #expect(put.status == 405 && put.headers.first { $0.0 == "allow" }?.1 == "POST")
+        // The read path answers HEAD too, and says so.
+        let delete = h.call("DELETE", "/v1/responses/6f9619ff-8b86-d011-b42d-00c04fc964ff", secret: h.secret)
+        #expect(delete.status == 405 && delete.headers.first { $0.0 == "allow" }?.1 == "GET, HEAD")
         #expect(h.call("GET", "/nope", secret: h.secret).status == 404)
     }
 

@@ -176,7 +176,7 @@ public final class IngestService: Sendable {
             post(request, finish)
         } else if request.path.hasPrefix("/v1/responses/") {
             guard request.method == "GET" || request.method == "HEAD" else {
-                return finish(APIResponse(status: 405, headers: [("allow", "GET")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody), nil)
+                return finish(APIResponse(status: 405, headers: [("allow", "GET, HEAD")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody), nil)
             }
             get(request, id: String(request.path.dropFirst("/v1/responses/".count)), finish)
         } else {
@@ -413,7 +413,7 @@ public final class AdminService: Sendable {
 
     public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIResponse) -> Void) {
         guard request.method == "GET" || request.method == "HEAD" else {
-            return respond(APIResponse(status: 405, headers: [("allow", "GET"), ("content-type", "application/json")],
+            return respond(APIResponse(status: 405, headers: [("allow", "GET, HEAD"), ("content-type", "application/json")],
                                        body: "{\"error\":\"method_not_allowed\"}"))
         }
         switch request.path {
