@@ -73,6 +73,8 @@ final class Connection: @unchecked Sendable {
     var headStartedAt: UInt64 = 0
     var bodyStartedAt: UInt64 = 0
     var lastActivity: UInt64
+    /// Set when the per-address limit counted this connection (released when it goes).
+    var perAddressKey: PeerKey?
     private var writeStartedAt: UInt64 = 0
     private var armedDeadline: UInt64 = 0   // 0 = not armed
 

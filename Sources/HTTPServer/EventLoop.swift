@@ -260,13 +260,26 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
             socket.close()
             return
         }
+        let peer = socket.peer()
         if shuttingDown || !core.reserveConnection() {
             core.recordRefused()
             socket.close()
             return
         }
+        // The per-address share, after the global one (which is released if this refuses).
+        var perAddressKey: PeerKey?
+        if core.maxConnectionsPerAddress > 0, let key = peer.key {
+            guard core.reserveConnection(for: key) else {
+                core.releaseConnection()
+                core.recordRefused(perAddress: true)
+                socket.close()
+                return
+            }
+            perAddressKey = key
+        }
         socket.setNoDelay()
-        let conn = Connection(loop: self, socket: socket, id: core.nextConnectionID(), remoteAddress: socket.peerAddress())
+        let conn = Connection(loop: self, socket: socket, id: core.nextConnectionID(), remoteAddress: peer.address)
+        conn.perAddressKey = perAddressKey
         socket.owner = conn
         connections[ObjectIdentifier(conn)] = conn
         connectionCount.add(1, ordering: .relaxed)
@@ -279,6 +292,7 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
         if connections.removeValue(forKey: ObjectIdentifier(conn)) != nil {
             connectionCount.subtract(1, ordering: .relaxed)
             core.releaseConnection()
+            if let key = conn.perAddressKey { core.releaseConnection(for: key) }
         }
     }
 
@@ -350,13 +364,28 @@ final class TCPSocket {
 
     func setNoDelay() { uv_tcp_nodelay(tcp, 1) }
 
-    func peerAddress() -> String {
+    /// The peer as text ("1.2.3.4:5", "[::1]:5") and its per-address key (nil if unknown).
+    func peer() -> (address: String, key: PeerKey?) {
         var storage = sockaddr_storage()
         var len = Int32(MemoryLayout<sockaddr_storage>.size)
         let rc = withUnsafeMutablePointer(to: &storage) { p in
             p.withMemoryRebound(to: sockaddr.self, capacity: 1) { uv_tcp_getpeername(tcp, $0, &len) }
         }
-        guard rc == 0 else { return "unknown" }
+        guard rc == 0 else { return ("unknown", nil) }
+        let key = withUnsafePointer(to: &storage) { p -> PeerKey? in
+            if Int32(p.pointee.ss_family) == AF_INET6 {
+                return p.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { a in
+                    withUnsafeBytes(of: a.pointee.sin6_addr) { PeerKey(ipv6: $0) }
+                }
+            }
+            return p.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { a in
+                PeerKey(ipv4: UInt32(bigEndian: a.pointee.sin_addr.s_addr))
+            }
+        }
+        return (peerText(&storage), key)
+    }
+
+    private func peerText(_ storage: inout sockaddr_storage) -> String {
         var name = [CChar](repeating: 0, count: 64)
         return withUnsafePointer(to: &storage) { p -> String in
             if Int32(p.pointee.ss_family) == AF_INET6 {
@@ -496,4 +525,34 @@ final class TCPSocket {
 /// A NUL-terminated C string held in a Swift array.
 func cArrayString(_ chars: [CChar]) -> String {
     String(decoding: chars.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
+/// A client address as the per-address connection limit counts it: an IPv4 address (also
+/// when it arrives IPv4-mapped on a dual-stack listener) or an IPv6 /64 (one subscriber's
+/// prefix: a host picks any address in it).
+package struct PeerKey: Hashable, Sendable {
+    let high: UInt64   // IPv6: the first 64 bits; IPv4: 0
+    let low: UInt32    // IPv4: the address; IPv6: 0
+    let isIPv4: Bool   // keeps 0.0.0.0 apart from the IPv6 prefix ::/64
+
+    package init(ipv4: UInt32) {
+        high = 0
+        low = ipv4
+        isIPv4 = true
+    }
+
+    private init(ipv6Prefix: UInt64) {
+        high = ipv6Prefix
+        low = 0
+        isIPv4 = false
+    }
+
+    package init(ipv6 bytes: UnsafeRawBufferPointer) {
+        // ::ffff:a.b.c.d is an IPv4 client of a dual-stack listener.
+        if bytes.prefix(10).allSatisfy({ $0 == 0 }) && bytes[10] == 0xff && bytes[11] == 0xff {
+            self.init(ipv4: UInt32(bytes[12]) << 24 | UInt32(bytes[13]) << 16 | UInt32(bytes[14]) << 8 | UInt32(bytes[15]))
+        } else {
+            self.init(ipv6Prefix: bytes.prefix(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) })
+        }
+    }
 }

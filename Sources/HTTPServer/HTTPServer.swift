@@ -25,6 +25,8 @@ final class ServerCore: Sendable {
     let errorResponse: @Sendable (Int, String) -> HTTPResponse
     private let connectionIDs = Atomic<UInt64>(0)
     private let openConnections = Atomic<Int>(0)
+    /// Open connections per client address, when `maxConnectionsPerAddress` is set.
+    private let perAddress = Mutex<[PeerKey: Int]>([:])
     private let counters = Mutex(HTTPServerMetrics())
     // Per-response counters as atomics: one locked add instead of a lock round trip.
     private let status1xx = Atomic<Int>(0)
@@ -76,7 +78,32 @@ final class ServerCore: Sendable {
         counters.withLock { $0.connectionsOpen -= 1 }
     }
 
-    func recordRefused() { counters.withLock { $0.connectionsRefused += 1 } }
+    var maxConnectionsPerAddress: Int { configuration.limits.maxConnectionsPerAddress }
+
+    /// Counts a connection from `key` unless it already holds `maxConnectionsPerAddress`.
+    /// Per accepted connection, not per request: one lock shared by the loops.
+    func reserveConnection(for key: PeerKey) -> Bool {
+        perAddress.withLock { counts in
+            let n = counts[key, default: 0]
+            guard n < maxConnectionsPerAddress else { return false }
+            counts[key] = n + 1
+            return true
+        }
+    }
+
+    func releaseConnection(for key: PeerKey) {
+        perAddress.withLock { counts in
+            let n = (counts[key] ?? 1) - 1
+            counts[key] = n > 0 ? n : nil
+        }
+    }
+
+    func recordRefused(perAddress: Bool = false) {
+        counters.withLock {
+            $0.connectionsRefused += 1
+            if perAddress { $0.connectionsRefusedPerAddress += 1 }
+        }
+    }
     func recordTimeout() { counters.withLock { $0.timeouts += 1 } }
     func recordHandshakeFailure() { counters.withLock { $0.tlsHandshakeFailures += 1 } }
     func recordParseError(_ kind: String) { counters.withLock { $0.parseErrorsByKind[kind, default: 0] += 1 } }

@@ -241,6 +241,10 @@ public struct HTTPLimits: Sendable {
     public var maxHeaderCount: Int
     public var maxBodyBytes: Int
     public var maxConnections: Int
+    /// Open connections one client address may hold (an IPv4 address, an IPv4-mapped IPv6
+    /// address as that IPv4 address, or an IPv6 /64); further ones are closed at accept and
+    /// counted in `connectionsRefused`. 0 = no per-address limit.
+    public var maxConnectionsPerAddress: Int = 0
     public var maxRequestsPerConnection: Int
     /// A keep-alive connection with nothing in flight is closed after this long.
     public var idleTimeout: Duration
@@ -317,8 +321,10 @@ public struct HTTPServerMetrics: Sendable, Equatable {
     /// HTTP/1.1 parse failures by the parser's error kind.
     public var parseErrorsByKind: [String: Int] = [:]
     public var tlsHandshakeFailures: Int = 0
-    /// Connections refused because `maxConnections` were open.
+    /// Connections refused because `maxConnections` were open, or (also counted in
+    /// `connectionsRefusedPerAddress`) their address held `maxConnectionsPerAddress`.
     public var connectionsRefused: Int = 0
+    public var connectionsRefusedPerAddress: Int = 0
     /// Connections closed by a header, body, idle or write timeout.
     public var timeouts: Int = 0
 

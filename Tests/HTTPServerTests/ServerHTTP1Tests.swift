@@ -239,6 +239,52 @@ import Testing
         }
     }
 
+    @Test func addressSharesAreIPv4AddressesAndIPv6Slash64s() {
+        func v6(_ text: String) -> PeerKey {
+            var a = in6_addr()
+            inet_pton(AF_INET6, text, &a)
+            return withUnsafeBytes(of: a) { PeerKey(ipv6: $0) }
+        }
+        #expect(v6("::ffff:192.0.2.7") == PeerKey(ipv4: 0xC000_0207))   // IPv4 on a dual-stack listener
+        #expect(v6("2001:db8:1:2::1") == v6("2001:db8:1:2:ffff:ffff:ffff:ffff"))   // one /64
+        #expect(v6("2001:db8:1:2::1") != v6("2001:db8:1:3::1"))
+        #expect(PeerKey(ipv4: 0) != v6("::1"))   // 0.0.0.0 is not the ::/64 prefix
+        #expect(PeerKey(ipv4: 0x7F00_0001) != PeerKey(ipv4: 0x7F00_0002))
+    }
+
+    @Test func connectionsBeyondTheAddressShareAreRefusedOthersServed() throws {
+        var config = HTTPServerConfiguration()
+        config.limits.maxConnectionsPerAddress = 2
+        try withServer(config) { server in
+            let a = try RawClient(port: server.localPort, from: "127.0.0.1")
+            let b = try RawClient(port: server.localPort, from: "127.0.0.1")
+            for c in [a, b] {
+                try c.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                #expect(c.readResponse()?.status == 200)
+            }
+            // A third from the same address is closed at accept; another address is served.
+            let third = try RawClient(port: server.localPort, from: "127.0.0.1")
+            #expect(third.waitForClose(), "third connection from one address was not refused")
+            let other = try RawClient(port: server.localPort, from: "127.0.0.2")
+            try other.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(other.readResponse()?.status == 200)
+            #expect(server.metrics.connectionsRefused == 1 && server.metrics.connectionsRefusedPerAddress == 1)
+            // A closed connection gives its share back.
+            try a.send("GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            #expect(a.readResponse()?.status == 200)
+            #expect(a.waitForClose())
+            shutdown(a.fd, Int32(SHUT_WR))   // our FIN ends the server's lingering close
+            var served = false
+            for _ in 0..<100 where !served {   // the server notices the close on its loop
+                let again = try RawClient(port: server.localPort, from: "127.0.0.1")
+                try? again.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                served = again.readResponse()?.status == 200
+                if !served { usleep(10_000) }
+            }
+            #expect(served, "the freed share was not given back")
+        }
+    }
+
     @Test func maxRequestsPerConnectionClosesAfterTheLast() throws {
         var config = HTTPServerConfiguration()
         config.limits.maxRequestsPerConnection = 2

@@ -201,6 +201,9 @@ import Testing
         #expect(c.store.synchronous == .full)
         #expect(c.apps[0].credentials == .token(p8Path: "/etc/relay/k.p8", keyID: "ABCDEFGHIJ", teamID: "TEAM123456"))
         #expect(c.apps[0].environment == .sandbox)
+        #expect(c.ingest.maxConnectionsPerAddress == 0)   // off unless set
+        let capped = try RelayConfig.parse(Array(Self.minimal.replacingOccurrences(of: #"{"apps""#, with: #"{"ingest":{"maxConnectionsPerAddress":64},"apps""#).utf8))
+        #expect(capped.ingest.maxConnectionsPerAddress == 64)
     }
 
     @Test func exampleConfigParses() throws {
@@ -217,6 +220,7 @@ import Testing
         (#"{"store":{"synchronous":"OFF"},"apps":[]}"#, "store.synchronous"),
         (#"{"store":{"kind":"mysql"},"apps":[]}"#, "store.kind"),
         (#"{"dispatch":{"maxInflight":0},"apps":[]}"#, "dispatch.maxInflight"),
+        (#"{"ingest":{"maxConnectionsPerAddress":-1},"apps":[]}"#, "ingest.maxConnectionsPerAddress"),
         (#"{"ingest":{"rateLimits":{"perPushToken":{"perSecond":-1}}},"apps":[]}"#, "ingest.rateLimits.perPushToken.perSecond"),
         (#"{"ingest":{"rateLimits":{"authFailuresPerAddress":{"burst":0}}},"apps":[]}"#, "ingest.rateLimits.authFailuresPerAddress.burst"),
         (#"{"admin":{"enabled":1},"apps":[]}"#, "admin.enabled"),

@@ -41,6 +41,8 @@ public struct RelayConfig: Sendable, Equatable {
         public var perPushToken = RateLimit(perSecond: 10, burst: 20)
         public var authFailuresPerAddress = RateLimit(perSecond: 1, burst: 20)
         public var maxConnections = 10_000
+        /// 0 = no per-address limit (HTTPLimits.maxConnectionsPerAddress).
+        public var maxConnectionsPerAddress = 0
         public var loopThreads = 1
     }
     public struct Dispatch: Sendable, Equatable {
@@ -165,10 +167,11 @@ public struct RelayConfig: Sendable, Equatable {
             c.store.path = r.resolve(c.store.path)
         }
         if var i = try r.child("ingest") {
-            try i.object(allowed: ["maxBodyBytes", "ttlSeconds", "rateLimits", "maxConnections", "loopThreads"])
+            try i.object(allowed: ["maxBodyBytes", "ttlSeconds", "rateLimits", "maxConnections", "maxConnectionsPerAddress", "loopThreads"])
             c.ingest.maxBodyBytes = try i.int("maxBodyBytes", 1024...1_048_576) ?? c.ingest.maxBodyBytes
             c.ingest.ttlSeconds = try i.int("ttlSeconds", 1...(30 * 86_400)) ?? c.ingest.ttlSeconds
             c.ingest.maxConnections = try i.int("maxConnections", 1...1_000_000) ?? c.ingest.maxConnections
+            c.ingest.maxConnectionsPerAddress = try i.int("maxConnectionsPerAddress", 0...1_000_000) ?? c.ingest.maxConnectionsPerAddress
             c.ingest.loopThreads = try i.int("loopThreads", 1...64) ?? c.ingest.loopThreads
             if var rl = try i.child("rateLimits") {
                 try rl.object(allowed: ["perCredential", "perPushToken", "authFailuresPerAddress"])

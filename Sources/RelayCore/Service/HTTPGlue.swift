@@ -86,6 +86,7 @@ enum HTTPGlue {
         out += "relay_http_connections_open{\(l)} \(m.connectionsOpen)\n"
         out += "relay_http_connections_total{\(l)} \(m.connectionsTotal)\n"
         out += "relay_http_connections_refused_total{\(l)} \(m.connectionsRefused)\n"
+        out += "relay_http_connections_refused_per_address_total{\(l)} \(m.connectionsRefusedPerAddress)\n"
         for cls in 1...5 where cls < m.requestsByStatusClass.count {
             out += "relay_http_responses_total{\(l),class=\"\(cls)xx\"} \(m.requestsByStatusClass[cls])\n"
         }
@@ -102,8 +103,10 @@ enum HTTPGlue {
         # TYPE relay_http_connections_open gauge
         # HELP relay_http_connections_total Accepted client connections.
         # TYPE relay_http_connections_total counter
-        # HELP relay_http_connections_refused_total Connections refused over the connection limit.
+        # HELP relay_http_connections_refused_total Connections refused over the connection limit (total or per address).
         # TYPE relay_http_connections_refused_total counter
+        # HELP relay_http_connections_refused_per_address_total Connections refused because their address held ingest.maxConnectionsPerAddress.
+        # TYPE relay_http_connections_refused_per_address_total counter
         # HELP relay_http_responses_total Responses by status class.
         # TYPE relay_http_responses_total counter
         # HELP relay_http_parse_errors_total Malformed requests by kind.

@@ -94,6 +94,7 @@ public final class RelayService: @unchecked Sendable {
         let openFiles = OpenFileLimit.raiseToHard()
         let reserved = OpenFileLimit.reserved(loopThreads: c.ingest.loopThreads, apnsConnections: c.dispatch.connectionsPerApp * c.apps.count)
         limits.maxConnections = OpenFileLimit.ingestConnections(configured: c.ingest.maxConnections, limit: openFiles, reserved: reserved)
+        limits.maxConnectionsPerAddress = c.ingest.maxConnectionsPerAddress
         if limits.maxConnections < c.ingest.maxConnections {
             logger.warning("open-file limit below ingest.maxConnections: accepting fewer connections",
                            ["ingest.maxConnections": c.ingest.maxConnections, "open_file_limit": openFiles ?? 0,
