@@ -118,6 +118,21 @@ import Testing
         #expect(h.call(secret: h.secret, body: Self.body(index: 3, token: "cdcd")).status == 202)
     }
 
+    /// Reads (GET /v1/responses/<id>) draw on the credential's bucket too: a poller that spent it
+    /// gets 429 with Retry-After on GET and on POST, and another credential is not affected.
+    @Test func readsShareTheCredentialsBucket() throws {
+        let h = try Harness(dir: dir, clock: clock) { s in s.perCredential = RateLimit(perSecond: 0.5, burst: 3) }
+        let posted = h.call(secret: h.secret, body: Self.body(index: 1))
+        #expect(posted.status == 202)
+        let id = try #require(json(posted)["id"] as? String)
+        #expect(h.call("GET", "/v1/responses/\(id)", secret: h.secret).status == 200)
+        #expect(h.call("GET", "/v1/responses/\(id)", secret: h.secret).status == 200)
+        let read = h.call("GET", "/v1/responses/\(id)", secret: h.secret)
+        #expect(read.status == 429 && json(read)["error"] as? String == "rate_limited" && read.header("retry-after") != nil)
+        #expect(h.call(secret: h.secret, body: Self.body(index: 2)).status == 429)
+        #expect(h.call("GET", "/v1/responses/\(id)", secret: h.otherSecret).status == 404)   // its own bucket; not its row
+    }
+
     /// Failed authentications are budgeted per client address: once spent, that address gets 429
     /// before any work (even with a valid credential) until the bucket refills; others are
     /// unaffected, and successes cost nothing.

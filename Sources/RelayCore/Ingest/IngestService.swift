@@ -353,6 +353,16 @@ public final class IngestService: Sendable {
         guard let secret = Self.bearer(request.authorization) else {
             return finish(.error(Self.unauthorized, headers: Self.authenticateHeaders), "no bearer")
         }
+        // Reads share the credential's bucket with its POSTs (a database read on a worker each):
+        // a looping status poller cannot take the workers from everyone else.
+        if credentialLimiter.limit.perSecond > 0, let hash = Self.bearerHash(request.authorization) {
+            let c = credentialLimiter.take(Array(hash.prefix(16)).hexString)
+            guard c.allowed else {
+                metrics.rateLimited(scope: "credential")
+                return finish(.error(ClientError(status: 429, code: "rate_limited", field: "authorization", message: "too many requests for this credential"),
+                                     headers: [("retry-after", String(c.retryAfterSeconds))]), "credential rate")
+            }
+        }
         let notFound = ClientError(status: 404, code: "not_found", field: "id", message: "no response with this id for this credential")
         guard UUIDText.parse(id) != nil else { return finish(.error(notFound), nil) }
         workers.submit { [store, logger] in
