@@ -247,7 +247,8 @@ extension Connection {
                 let responder = HTTPResponder(connection: self, sequence: sequence, streamID: 0, isHEAD: isHEAD)
                 let req = HTTPRequest(method: head.method, target: head.target, version: head.version,
                                       headers: HTTPHeaders(lowercasedFields: head.headerFields), body: request.body,
-                                      remoteAddress: remoteAddress, tls: tlsInfo, connectionID: id, streamID: 0)
+                                      remoteAddress: remoteAddress, tls: tlsInfo, connectionID: id, streamID: 0,
+                                      clientKey: clientKey)
                 core.handler(req, responder)
             case .failure(let error):
                 let kind = "\(error.kind.rawValue)"

@@ -75,6 +75,8 @@ final class Connection: @unchecked Sendable {
     var lastActivity: UInt64
     /// Set when the per-address limit counted this connection (released when it goes).
     var perAddressKey: PeerKey?
+    /// The peer's `PeerKey.text`, handed to every request of this connection.
+    var clientKey = ""
     private var writeStartedAt: UInt64 = 0
     private var armedDeadline: UInt64 = 0   // 0 = not armed
 

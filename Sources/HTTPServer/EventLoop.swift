@@ -280,6 +280,7 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
         socket.setNoDelay()
         let conn = Connection(loop: self, socket: socket, id: core.nextConnectionID(), remoteAddress: peer.address)
         conn.perAddressKey = perAddressKey
+        conn.clientKey = peer.key?.text ?? ""
         socket.owner = conn
         connections[ObjectIdentifier(conn)] = conn
         connectionCount.add(1, ordering: .relaxed)
@@ -525,34 +526,4 @@ final class TCPSocket {
 /// A NUL-terminated C string held in a Swift array.
 func cArrayString(_ chars: [CChar]) -> String {
     String(decoding: chars.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
-}
-
-/// A client address as the per-address connection limit counts it: an IPv4 address (also
-/// when it arrives IPv4-mapped on a dual-stack listener) or an IPv6 /64 (one subscriber's
-/// prefix: a host picks any address in it).
-package struct PeerKey: Hashable, Sendable {
-    let high: UInt64   // IPv6: the first 64 bits; IPv4: 0
-    let low: UInt32    // IPv4: the address; IPv6: 0
-    let isIPv4: Bool   // keeps 0.0.0.0 apart from the IPv6 prefix ::/64
-
-    package init(ipv4: UInt32) {
-        high = 0
-        low = ipv4
-        isIPv4 = true
-    }
-
-    private init(ipv6Prefix: UInt64) {
-        high = ipv6Prefix
-        low = 0
-        isIPv4 = false
-    }
-
-    package init(ipv6 bytes: UnsafeRawBufferPointer) {
-        // ::ffff:a.b.c.d is an IPv4 client of a dual-stack listener.
-        if bytes.prefix(10).allSatisfy({ $0 == 0 }) && bytes[10] == 0xff && bytes[11] == 0xff {
-            self.init(ipv4: UInt32(bytes[12]) << 24 | UInt32(bytes[13]) << 16 | UInt32(bytes[14]) << 8 | UInt32(bytes[15]))
-        } else {
-            self.init(ipv6Prefix: bytes.prefix(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) })
-        }
-    }
 }

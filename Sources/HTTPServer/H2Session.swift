@@ -320,7 +320,7 @@ final class H2Session {
         st.headers = []
         let req = HTTPRequest(method: st.method, target: st.path, version: .http2, headers: headers,
                               body: st.body, remoteAddress: connection.remoteAddress, tls: connection.tlsInfo,
-                              connectionID: connection.id, streamID: st.id)
+                              connectionID: connection.id, streamID: st.id, clientKey: connection.clientKey)
         dropBody(st)
         let responder = HTTPResponder(connection: connection, sequence: 0, streamID: st.id,
                                       isHEAD: st.method == "HEAD")

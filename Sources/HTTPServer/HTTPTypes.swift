@@ -124,6 +124,64 @@ public struct TLSInfo: Sendable, Equatable {
     }
 }
 
+/// A client address as per-address limits count it: an IPv4 address (also when it arrives
+/// IPv4-mapped, ::ffff:a.b.c.d, on a dual-stack listener) or an IPv6 /64 (one subscriber's
+/// prefix: a host may pick any address in it). The server's per-address connection cap and the
+/// relay's per-address 401 budget both use it.
+public struct PeerKey: Hashable, Sendable {
+    let high: UInt64   // IPv6: the first 64 bits; IPv4: 0
+    let low: UInt32    // IPv4: the address; IPv6: 0
+    let isIPv4: Bool   // keeps 0.0.0.0 apart from the IPv6 prefix ::/64
+
+    public init(ipv4: UInt32) {
+        high = 0
+        low = ipv4
+        isIPv4 = true
+    }
+
+    private init(ipv6Prefix: UInt64) {
+        high = ipv6Prefix
+        low = 0
+        isIPv4 = false
+    }
+
+    /// From the 16 bytes of an IPv6 address.
+    public init(ipv6 bytes: UnsafeRawBufferPointer) {
+        if bytes.prefix(10).allSatisfy({ $0 == 0 }) && bytes[10] == 0xff && bytes[11] == 0xff {
+            self.init(ipv4: UInt32(bytes[12]) << 24 | UInt32(bytes[13]) << 16 | UInt32(bytes[14]) << 8 | UInt32(bytes[15]))
+        } else {
+            self.init(ipv6Prefix: bytes.prefix(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) })
+        }
+    }
+
+    /// From an address as `HTTPRequest.remoteAddress` writes it ("192.0.2.7:51234",
+    /// "[2001:db8::1]:443"), a port being optional; nil when it is neither.
+    public init?(address: String) {
+        var host = Substring(address)
+        if host.hasPrefix("[") {
+            guard let close = host.firstIndex(of: "]") else { return nil }
+            host = host[host.index(after: host.startIndex)..<close]
+        } else if let colon = host.firstIndex(of: ":"), colon == host.lastIndex(of: ":") {
+            host = host[..<colon]   // IPv4 with a port (a bare IPv6 address has several colons)
+        }
+        var v4 = in_addr()
+        if inet_pton(AF_INET, String(host), &v4) == 1 {
+            self.init(ipv4: UInt32(bigEndian: v4.s_addr))
+            return
+        }
+        var v6 = in6_addr()
+        guard inet_pton(AF_INET6, String(host), &v6) == 1 else { return nil }
+        self = withUnsafeBytes(of: &v6) { PeerKey(ipv6: $0) }
+    }
+
+    /// "192.0.2.7", or the /64 as 16 hex digits and "/64" ("20010db800000000/64").
+    public var text: String {
+        if isIPv4 { return "\(low >> 24).\(low >> 16 & 0xff).\(low >> 8 & 0xff).\(low & 0xff)" }
+        let hex = String(high, radix: 16)
+        return String(repeating: "0", count: 16 - hex.count) + hex + "/64"
+    }
+}
+
 public struct HTTPRequest: Sendable {
     public var method: String
     /// As sent: `path?query` (HTTP/2: the `:path` pseudo header).
@@ -141,11 +199,15 @@ public struct HTTPRequest: Sendable {
     public var connectionID: UInt64
     /// HTTP/2 stream identifier, 0 for HTTP/1.
     public var streamID: Int32
+    /// `remoteAddress` as per-address limits count it (`PeerKey.text`), worked out once per
+    /// connection; empty when the address is unknown.
+    public var clientKey: String
 
     public init(method: String, target: String, version: HTTPVersion, headers: HTTPHeaders,
                 body: [UInt8], remoteAddress: String, tls: TLSInfo?, connectionID: UInt64,
-                streamID: Int32) {
+                streamID: Int32, clientKey: String = "") {
         self.method = method
+        self.clientKey = clientKey
         self.target = target
         // memchr over the bytes instead of the UTF8View's firstIndex (~400 instructions).
         var t = target

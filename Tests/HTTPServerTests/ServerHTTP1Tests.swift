@@ -250,6 +250,21 @@ import Testing
         #expect(v6("2001:db8:1:2::1") != v6("2001:db8:1:3::1"))
         #expect(PeerKey(ipv4: 0) != v6("::1"))   // 0.0.0.0 is not the ::/64 prefix
         #expect(PeerKey(ipv4: 0x7F00_0001) != PeerKey(ipv4: 0x7F00_0002))
+        // From remoteAddress text, and as text.
+        #expect(PeerKey(address: "192.0.2.7:51234") == PeerKey(ipv4: 0xC000_0207))
+        #expect(PeerKey(address: "[::ffff:192.0.2.7]:1")?.text == "192.0.2.7")
+        #expect(PeerKey(address: "[2001:db8::1]:443")?.text == "20010db800000000/64")
+        #expect(PeerKey(address: "2001:db8::1") == v6("2001:db8::1"))   // bare IPv6: no port to cut
+        #expect(PeerKey(address: "unknown") == nil && PeerKey(address: "[nope]:1") == nil)
+    }
+
+    @Test func requestsCarryTheirConnectionsClientKey() throws {
+        let handler: HTTPHandler = { req, res in res.respond(HTTPResponse(status: 200, body: Array(req.clientKey.utf8))) }
+        try withServer(handler: handler) { server in
+            let c = try RawClient(port: server.localPort, from: "127.0.0.2")
+            try c.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(c.readResponse()?.text == "127.0.0.2")
+        }
     }
 
     @Test func connectionsBeyondTheAddressShareAreRefusedOthersServed() throws {

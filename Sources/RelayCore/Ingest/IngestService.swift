@@ -6,6 +6,7 @@
 //   200 duplicate, 410 unregistered token, 503 outbox bound, 202 after COMMIT.
 import FoundationEssentials
 import Glibc
+import HTTPServer
 import POSIXThreads
 import Ratchet
 
@@ -20,13 +21,18 @@ public struct APIRequest: Sendable {
     public var requestID: String
     /// The peer as HTTPServer reports it ("192.0.2.7:51234", "[2001:db8::1]:51234"); "" unknown.
     public var remoteAddress: String
+    /// The peer's key for the per-address 401 budget (`HTTPRequest.clientKey`: its IPv4
+    /// address or IPv6 /64, worked out once per connection by the server).
+    public var clientKey: String
     /// The HTTP loop that answers this request, when known: the store completes a committed
     /// batch's ingests there in one task (see IngestRequest.executor).
     public var executor: (any ThreadExecutor)?
 
     public init(method: String, path: String, authorization: String?, contentType: String?, body: [UInt8],
-                requestID: String, remoteAddress: String = "", executor: (any ThreadExecutor)? = nil) {
+                requestID: String, remoteAddress: String = "", clientKey: String? = nil,
+                executor: (any ThreadExecutor)? = nil) {
         self.method = method
+        self.clientKey = clientKey ?? IngestService.clientKey(remoteAddress)
         self.path = path
         self.authorization = authorization
         self.contentType = contentType
@@ -130,7 +136,7 @@ public final class IngestService: Sendable {
         let requestID: String
         let method: String
         let path: String
-        let remoteAddress: String
+        let clientKey: String
         let start: Int64
         let respond: @Sendable (APIResponse) -> Void
 
@@ -139,14 +145,14 @@ public final class IngestService: Sendable {
             requestID = request.requestID
             method = request.method
             path = request.path
-            remoteAddress = request.remoteAddress
+            clientKey = request.clientKey
             self.start = start
             self.respond = respond
         }
 
         func callAsFunction(_ response: APIResponse, _ note: String?) {
             // Every 401, wherever it was decided, counts against the peer's budget.
-            if response.status == 401 { service.chargeAuthFailure(remoteAddress) }
+            if response.status == 401 { service.chargeAuthFailure(clientKey) }
             var r = response
             r.headers.reserveCapacity(r.headers.count + 2)
             r.headers.append(("x-request-id", requestID))
@@ -184,29 +190,17 @@ public final class IngestService: Sendable {
         }
     }
 
-    /// The rate-limit key of a peer: the IPv4 address, or the /64 of an IPv6 one (a single host
-    /// usually owns a whole /64, so counting addresses inside it would be pointless).
+    /// The rate-limit key of a peer address given as text: `PeerKey.text` (the IPv4 address,
+    /// also IPv4-mapped, or the IPv6 /64), or the text itself when it is no address. Requests
+    /// from HTTPServer carry the key already (`APIRequest.clientKey`).
     static func clientKey(_ remoteAddress: String) -> String {
-        var host = Substring(remoteAddress)
-        if host.hasPrefix("["), let close = host.firstIndex(of: "]") {
-            host = host[host.index(after: host.startIndex)..<close]
-            var v6 = in6_addr()
-            guard inet_pton(AF_INET6, String(host), &v6) == 1 else { return String(host) }
-            return withUnsafeBytes(of: &v6) { b in
-                // An IPv4 peer of a dual-stack ("::") listener arrives as ::ffff:a.b.c.d, whose
-                // /64 every IPv4 peer (and ::1) shares: one of them could lock all out.
-                if b.prefix(10).allSatisfy({ $0 == 0 }) && b[10] == 0xFF && b[11] == 0xFF { return "\(b[12]).\(b[13]).\(b[14]).\(b[15])" }
-                return Array(b.prefix(8)).hexString + "/64"
-            }
-        }
-        if let colon = host.lastIndex(of: ":") { host = host[..<colon] }
-        return String(host)
+        PeerKey(address: remoteAddress)?.text ?? remoteAddress
     }
 
     /// Answers 429 before any work (any path) when this peer has used up its failed-authentication budget.
     private func refuseAfterAuthFailures(_ request: APIRequest, _ finish: Exchange) -> Bool {
         guard authFailureLimiter.limit.perSecond > 0 else { return false }
-        let gate = authFailureLimiter.wouldAllow(Self.clientKey(request.remoteAddress))
+        let gate = authFailureLimiter.wouldAllow(request.clientKey)
         guard !gate.allowed else { return false }
         metrics.rateLimited(scope: "auth_failures")
         finish(.error(ClientError(status: 429, code: "too_many_auth_failures", field: "authorization",
@@ -216,9 +210,9 @@ public final class IngestService: Sendable {
     }
 
     /// Counts a 401 against the peer's failed-authentication budget.
-    private func chargeAuthFailure(_ remoteAddress: String) {
+    private func chargeAuthFailure(_ clientKey: String) {
         guard authFailureLimiter.limit.perSecond > 0 else { return }
-        _ = authFailureLimiter.take(Self.clientKey(remoteAddress))
+        _ = authFailureLimiter.take(clientKey)
     }
 
     static let authenticateHeaders = [("www-authenticate", "Bearer")]
@@ -288,18 +282,24 @@ public final class IngestService: Sendable {
         return i..<end
     }
 
+    /// Takes one request from the bucket of the credential whose bearer hashes to `hash`;
+    /// false when it was empty and `finish` got the 429. The key is only built when the limit is on.
+    private func withinCredentialRate(_ hash: [UInt8], _ finish: Exchange) -> Bool {
+        guard credentialLimiter.limit.perSecond > 0 else { return true }
+        let c = credentialLimiter.take(Array(hash.prefix(16)).hexString)
+        guard !c.allowed else { return true }
+        metrics.rateLimited(scope: "credential")
+        finish(.error(ClientError(status: 429, code: "rate_limited", field: "authorization", message: "too many requests for this credential"),
+                      headers: [("retry-after", String(c.retryAfterSeconds))]), "credential rate")
+        return false
+    }
+
     private func post(_ request: APIRequest, _ finish: Exchange) {
         // Header arrays for the refusals are built only when one is sent.
         guard let hash = Self.bearerHash(request.authorization) else {
             return finish(.error(Self.unauthorized, headers: Self.authenticateHeaders), "no bearer")
         }
-        // The limiter key is only built when the limit is on.
-        let c = credentialLimiter.limit.perSecond > 0 ? credentialLimiter.take(Array(hash.prefix(16)).hexString) : (allowed: true, retryAfterSeconds: 0)
-        guard c.allowed else {
-            metrics.rateLimited(scope: "credential")
-            return finish(.error(ClientError(status: 429, code: "rate_limited", field: "authorization", message: "too many requests for this credential"),
-                                 headers: [("retry-after", String(c.retryAfterSeconds))]), "credential rate")
-        }
+        guard withinCredentialRate(hash, finish) else { return }
         // The IngestRequest is built where the validated value is bound: binding it to a local
         // first copied the Result twice and the request once more (~1k instructions).
         let ingest: IngestRequest
@@ -355,14 +355,8 @@ public final class IngestService: Sendable {
         }
         // Reads share the credential's bucket with its POSTs (a database read on a worker each):
         // a looping status poller cannot take the workers from everyone else.
-        if credentialLimiter.limit.perSecond > 0, let hash = Self.bearerHash(request.authorization) {
-            let c = credentialLimiter.take(Array(hash.prefix(16)).hexString)
-            guard c.allowed else {
-                metrics.rateLimited(scope: "credential")
-                return finish(.error(ClientError(status: 429, code: "rate_limited", field: "authorization", message: "too many requests for this credential"),
-                                     headers: [("retry-after", String(c.retryAfterSeconds))]), "credential rate")
-            }
-        }
+        if credentialLimiter.limit.perSecond > 0, let hash = Self.bearerHash(request.authorization),
+           !withinCredentialRate(hash, finish) { return }
         let notFound = ClientError(status: 404, code: "not_found", field: "id", message: "no response with this id for this credential")
         guard UUIDText.parse(id) != nil else { return finish(.error(notFound), nil) }
         workers.submit { [store, logger] in

@@ -168,7 +168,6 @@ public final class SQLiteDatabase {
         }
     }
 
-    /// A cached prepared statement for `sql`.
     /// The statement in `slot`, prepared into it on first use. Hot paths keep their statements
     /// in such slots: the cache behind `statement(_:)` is a dictionary keyed by the SQL text,
     /// and hashing that text cost ~2k instructions per lookup.
@@ -179,6 +178,7 @@ public final class SQLiteDatabase {
         return s
     }
 
+    /// A cached prepared statement for `sql`.
     public func statement(_ sql: String) throws -> SQLiteStatement {
         if let cached = statements[sql] { return cached }
         var stmt: OpaquePointer?
