@@ -85,8 +85,10 @@ public final class DeliveryRecorder: Sendable {
         var dropped = 0
     }
     private let state = Mutex(State())
-    /// The log's descriptor (O_APPEND), -1 without a log. The Mutex keeps each line one write.
-    private let file: Mutex<Int32>
+    /// The log's descriptor (O_APPEND), -1 without a log.
+    private let fd: Int32
+    /// Held around each line's write, so concurrent loops never interleave parts of lines.
+    private let writing = Mutex(())
     /// Memory keeps at least the newest `memoryLimit` deliveries (at most 25% more); older ones
     /// are dropped from memory (the log file keeps everything).
     public let memoryLimit: Int
@@ -98,13 +100,13 @@ public final class DeliveryRecorder: Sendable {
             guard fd >= 0 else {
                 throw MockConfigurationError("--deliveries-log: cannot open \(logPath) for appending: \(String(cString: strerror(errno)))")
             }
-            file = Mutex(fd)
+            self.fd = fd
         } else {
-            file = Mutex(-1)
+            fd = -1
         }
     }
 
-    deinit { file.withLock { if $0 >= 0 { _ = close($0) } } }
+    deinit { if fd >= 0 { close(fd) } }
 
     public func record(_ delivery: MockDelivery) {
         state.withLock { s in
@@ -117,9 +119,9 @@ public final class DeliveryRecorder: Sendable {
                 s.dropped += excess
             }
         }
-        guard file.withLock({ $0 }) >= 0 else { return }
+        guard fd >= 0 else { return }
         let line = delivery.logLine()
-        file.withLock { fd in
+        writing.withLock { _ in
             line.withUnsafeBytes { raw in
                 var done = 0
                 while done < raw.count {
@@ -142,7 +144,7 @@ public final class DeliveryRecorder: Sendable {
 
     /// Syncs the log to disk (lines are already written when `record` returns).
     public func flush() {
-        file.withLock { if $0 >= 0 { _ = fdatasync($0) } }
+        if fd >= 0 { writing.withLock { _ in _ = fdatasync(fd) } }
     }
 }
 
