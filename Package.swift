@@ -14,6 +14,7 @@ let package = Package(
         .executable(name: "mock-apns", targets: ["mock-apns"]),
         .library(name: "Ratchet", targets: ["Ratchet"]),
         .library(name: "PushClient", targets: ["PushClient"]),
+        .library(name: "KeyExchange", targets: ["KeyExchange"]),
     ],
     targets: [
         // MARK: C libraries from Debian apt (see ../shared/INTEROP.md and each shim.h)
@@ -27,6 +28,8 @@ let package = Package(
         // MARK: Libraries
         // Apple's Symmetric Key Ratchet, HKDF, AES-GCM, wire codecs.
         .target(name: "Ratchet", dependencies: ["COpenSSL"]),
+        // Apple's accessory key exchange: ML-KEM-768 (Swift), X-Wing, HPKE (RFC 9180), the derivations.
+        .target(name: "KeyExchange", dependencies: ["Ratchet", "COpenSSL"]),
         // Event-loop HTTP/1.1 + HTTP/2 server core (libuv, OpenSSL, nghttp2).
         .target(name: "HTTPServer", dependencies: ["CUV", "COpenSSL", "CNghttp2", "POSIXThreads"], 
                 // Release only: runtime exclusivity checks on class properties cost ~1.7k instructions
@@ -59,6 +62,7 @@ let package = Package(
         // Helpers shared by the test targets (seeded PRNG, loopback sockets); Glibc only.
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         .testTarget(name: "RatchetTests", dependencies: ["Ratchet", "TestSupport"], exclude: ["Vectors"]),
+        .testTarget(name: "KeyExchangeTests", dependencies: ["KeyExchange", "Ratchet", "COpenSSL"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "POSIXThreads", "TestSupport"]),
         .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs", "TestSupport"]),
         .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs"]),

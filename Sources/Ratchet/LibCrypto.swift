@@ -87,16 +87,17 @@ enum LibCrypto {
                  salt: UnsafeRawBufferPointer(start: nil, count: 0), info: info, output: output)
     }
 
-    // MARK: AES-256-GCM (EVP_CIPHER "AES-256-GCM")
+    // MARK: AEADs (EVP_CIPHER "AES-256-GCM"; HPKE's AES-128-GCM and ChaCha20-Poly1305 share the code)
 
     /// Encrypts `plaintext` and writes ciphertext || tag into `output` (plaintext.count + 16 bytes).
+    /// The three ciphers take a 12-byte nonce and a 16-byte tag through the same EVP_CTRL_AEAD_* calls.
     static func aesGCMSeal(key: UnsafeRawBufferPointer, nonce: UnsafeRawBufferPointer,
                            aad: UnsafeRawBufferPointer, plaintext: UnsafeRawBufferPointer,
-                           output: UnsafeMutableRawBufferPointer) throws(RatchetError) {
-        precondition(key.count == 32 && nonce.count == gcmNonceLength && output.count == plaintext.count + gcmTagLength)
+                           output: UnsafeMutableRawBufferPointer, cipher algorithm: AEADCipher = .aes256GCM) throws(RatchetError) {
+        precondition(key.count == algorithm.keyLength && nonce.count == gcmNonceLength && output.count == plaintext.count + gcmTagLength)
         guard plaintext.count <= Int(Int32.max), aad.count <= Int(Int32.max) else { throw .openSSL("AES-GCM: input too large") }
         let ctx = try CipherContext()
-        let cipher = try CipherContext.aes256gcm.fetched()
+        let cipher = try CipherContext.fetched(algorithm)
         let out = output.baseAddress!.assumingMemoryBound(to: UInt8.self)
         guard EVP_EncryptInit_ex2(ctx.handle, cipher, u8(key), u8(nonce), nil) == 1 else {
             throw error("EVP_EncryptInit_ex2(AES-256-GCM)")
@@ -117,7 +118,7 @@ enum LibCrypto {
         guard EVP_EncryptFinal_ex(ctx.handle, out + written, &length) == 1 else { throw error("EVP_EncryptFinal_ex") }
         written += Int(length)
         guard written == plaintext.count else { throw .openSSL("AES-GCM: unexpected ciphertext length \(written)") }
-        guard EVP_CIPHER_CTX_ctrl(ctx.handle, EVP_CTRL_GCM_GET_TAG, Int32(gcmTagLength), out + written) == 1 else {
+        guard EVP_CIPHER_CTX_ctrl(ctx.handle, EVP_CTRL_AEAD_GET_TAG, Int32(gcmTagLength), out + written) == 1 else {
             throw error("EVP_CIPHER_CTX_ctrl(GET_TAG)")
         }
     }
@@ -126,11 +127,12 @@ enum LibCrypto {
     /// in constant time (CRYPTO_memcmp in EVP_DecryptFinal_ex). Returns false on a mismatch.
     static func aesGCMOpen(key: UnsafeRawBufferPointer, nonce: UnsafeRawBufferPointer,
                            aad: UnsafeRawBufferPointer, ciphertext: UnsafeRawBufferPointer,
-                           tag: UnsafeRawBufferPointer, output: UnsafeMutableRawBufferPointer) throws(RatchetError) -> Bool {
-        precondition(key.count == 32 && nonce.count == gcmNonceLength && tag.count == gcmTagLength && output.count == ciphertext.count)
+                           tag: UnsafeRawBufferPointer, output: UnsafeMutableRawBufferPointer,
+                           cipher algorithm: AEADCipher = .aes256GCM) throws(RatchetError) -> Bool {
+        precondition(key.count == algorithm.keyLength && nonce.count == gcmNonceLength && tag.count == gcmTagLength && output.count == ciphertext.count)
         guard ciphertext.count <= Int(Int32.max), aad.count <= Int(Int32.max) else { throw .openSSL("AES-GCM: input too large") }
         let ctx = try CipherContext()
-        let cipher = try CipherContext.aes256gcm.fetched()
+        let cipher = try CipherContext.fetched(algorithm)
         guard EVP_DecryptInit_ex2(ctx.handle, cipher, u8(key), u8(nonce), nil) == 1 else {
             throw error("EVP_DecryptInit_ex2(AES-256-GCM)")
         }
@@ -151,7 +153,7 @@ enum LibCrypto {
             written = Int(length)
         }
         var tagCopy = [UInt8](tag)  // EVP_CIPHER_CTX_ctrl takes a non-const pointer
-        let tagOK = tagCopy.withUnsafeMutableBytes { EVP_CIPHER_CTX_ctrl(ctx.handle, EVP_CTRL_GCM_SET_TAG, Int32(gcmTagLength), $0.baseAddress) }
+        let tagOK = tagCopy.withUnsafeMutableBytes { EVP_CIPHER_CTX_ctrl(ctx.handle, EVP_CTRL_AEAD_SET_TAG, Int32(gcmTagLength), $0.baseAddress) }
         guard tagOK == 1 else { throw error("EVP_CIPHER_CTX_ctrl(SET_TAG)") }
         let final = EVP_DecryptFinal_ex(ctx.handle, out.map { $0 + written }, &length)
         guard final > 0 else {
@@ -204,12 +206,23 @@ private final class CipherContext {
     /// @unchecked Sendable: immutable after init; OpenSSL documents fetched algorithms as shareable across threads.
     final class Cipher: @unchecked Sendable {
         let handle: OpaquePointer?
-        init() { handle = EVP_CIPHER_fetch(nil, "AES-256-GCM", nil) }
+        let name: String
+        init(_ name: String) { self.name = name; handle = EVP_CIPHER_fetch(nil, name, nil) }
         deinit { EVP_CIPHER_free(handle) }
         func fetched() throws(RatchetError) -> OpaquePointer {
-            guard let handle else { throw LibCrypto.error("EVP_CIPHER_fetch(AES-256-GCM)") }
+            guard let handle else { throw LibCrypto.error("EVP_CIPHER_fetch(\(name))") }
             return handle
         }
     }
-    static let aes256gcm = Cipher()
+    static let aes256gcm = Cipher("AES-256-GCM")
+    static let aes128gcm = Cipher("AES-128-GCM")
+    static let chacha20poly1305 = Cipher("ChaCha20-Poly1305")
+
+    static func fetched(_ algorithm: AEADCipher) throws(RatchetError) -> OpaquePointer {
+        switch algorithm {
+        case .aes256GCM: return try aes256gcm.fetched()
+        case .aes128GCM: return try aes128gcm.fetched()
+        case .chaCha20Poly1305: return try chacha20poly1305.fetched()
+        }
+    }
 }
