@@ -53,6 +53,8 @@ let package = Package(
         .executableTarget(name: "mock-apns", dependencies: ["MockAPNs"]),
         // Release-built micro-benchmark of the Ratchet module for scripts/bench-ratchet.sh.
         .executableTarget(name: "ratchet-bench", dependencies: ["Ratchet"]),
+        // KeyExchange driven by scripts: scripts/kex-crosscheck.py (make test) and scripts/bench-kex.sh.
+        .executableTarget(name: "kex-tool", dependencies: ["KeyExchange", "Ratchet"]),
         // Tiny echo server for scripts/bench-http.sh (HTTPServer vs nginx / nghttpd).
         .executableTarget(name: "http-bench-server", dependencies: ["HTTPServer"]),
         // Release-built PushClient load driver for scripts/bench-push.sh (vs h2load, aioapns).
