@@ -14,7 +14,7 @@ import Testing
         let woken = Counter()
         let secret: String
         let otherSecret: String
-        init(dir: TempDir, clock: TestClock, settings: (inout IngestSettings) -> Void = { _ in }) throws {
+        init(dir: TempDir, clock: TestClock, metrics: RelayMetrics = RelayMetrics(), settings: (inout IngestSettings) -> Void = { _ in }) throws {
             store = try SQLiteOutboxStore(path: dir.db, clock: clock)
             secret = try store.createCredential(name: "a", apps: ["com.example.app"]).secret
             otherSecret = try store.createCredential(name: "b", apps: ["com.example.app", "com.example.other"]).secret
@@ -22,7 +22,7 @@ import Testing
             s.apps = ["com.example.app", "com.example.other"]
             settings(&s)
             let w = woken
-            service = IngestService(store: store, settings: s, metrics: RelayMetrics(), logger: RelayLogger(capture: true), workers: workers,
+            service = IngestService(store: store, settings: s, metrics: metrics, logger: RelayLogger(capture: true), workers: workers,
                                     onAccepted: { w.add() })
         }
         deinit {

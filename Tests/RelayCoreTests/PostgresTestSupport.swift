@@ -106,6 +106,15 @@ final class StoreFixture: @unchecked Sendable {
         }
     }
 
+    /// Column names of one table.
+    func columns(_ table: String) throws -> Set<String> {
+        switch backend {
+        case .sqlite: return Set(try sql("SELECT name FROM pragma_table_info('\(table)')").compactMap { $0[0] })
+        case .postgres:
+            return Set(try sql("SELECT column_name::text FROM information_schema.columns WHERE table_schema = '\(schema)' AND table_name = '\(table)'").compactMap { $0[0] })
+        }
+    }
+
     var tables: [String] {
         get throws {
             switch backend {

@@ -298,6 +298,125 @@ import Testing
     }
 
     @Test(arguments: StoreBackend.available)
+    func requeueOfADeliveredIdIsRefused(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        for i in 0..<3 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: c.secret) }
+        let rows = try s.claimDue(limit: 2)
+        try s.apply([DeliveryUpdate(id: rows[0].id, pushToken: rows[0].pushToken, outcome: .delivered, attempt: nil),
+                     DeliveryUpdate(id: rows[1].id, pushToken: rows[1].pushToken, outcome: .failed(reason: "BadTopic"), attempt: nil)])
+        let queued = try #require(try s.list(OutboxFilter(state: .queued)).first)
+        // A delivered row requeued would be pushed twice; a queued one is already due.
+        #expect(try s.requeue(ids: [rows[0].id, rows[0].id.uppercased(), queued.id, "not-an-id"]) == 0)
+        let delivered = try #require(try s.response(id: rows[0].id))
+        #expect(delivered.state == .delivered && delivered.updatedAt == rows[0].updatedAt)
+        #expect(try s.response(id: queued.id)?.updatedAt == queued.updatedAt)
+        #expect(try s.claimDue(limit: 5).map(\.id) == [queued.id])
+        // The failed one next to it is requeued, and the bound counts it as pending again.
+        f.clock.advance(1000)
+        #expect(try s.requeue(ids: [rows[0].id, rows[1].id]) == 1)
+        #expect(try s.response(id: rows[1].id)?.state == .queued)
+        #expect(try s.ingestNow(sample(index: 9), secret: c.secret, maxPending: 2) == .overCapacity)
+    }
+
+    @Test(arguments: StoreBackend.available)
+    func requeueExtendsAnExpiredRowsTTLByOneHour(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        guard case .accepted(let id) = try s.ingestNow(sample(), secret: c.secret, ttl: 1000) else { Issue.record("not accepted"); return }
+        f.clock.advance(5000)
+        #expect(try s.claimDue(limit: 1).isEmpty)   // expired at claim
+        #expect(try s.requeue(ids: [id]) == 1)
+        #expect(try s.response(id: id)?.expiresAt == f.clock.nowMillis() + 3_600_000)
+        #expect(try s.claimDue(limit: 1).map(\.id) == [id])
+    }
+
+    @Test(arguments: StoreBackend.available)
+    func idsAreTimeOrderedUUIDv7(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        var ids: [String] = []
+        for i in 0..<5 {
+            guard case .accepted(let id) = try s.ingestNow(sample(index: UInt32(i)), secret: c.secret) else { Issue.record("not accepted"); return }
+            ids.append(id)
+            f.clock.advance(1)
+        }
+        #expect(zip(ids, ids.dropFirst()).allSatisfy { $0 < $1 })
+        for id in ids {
+            let b = try #require(UUIDText.parse(id))
+            #expect(b[6] >> 4 == 7 && b[8] >> 6 == 0b10 && id == id.lowercased())
+            let row = try #require(try s.response(id: id))
+            // The leading 48 bits are the acceptance millisecond.
+            #expect(b[0..<6].reduce(Int64(0)) { $0 << 8 | Int64($1) } == row.createdAt)
+        }
+    }
+
+    @Test(arguments: StoreBackend.available)
+    func dedupeIsScopedToTheCredential(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let a = try s.createCredential(name: "a", apps: ["com.example.app"])
+        let b = try s.createCredential(name: "b", apps: ["com.example.app"])
+        guard case .accepted(let idB) = try s.ingestNow(sample(index: 7), secret: b.secret) else { Issue.record("not accepted"); return }
+        let before = try #require(try s.response(id: idB))
+        // The same four fields from A: a conflict that carries nothing of B's row.
+        #expect(try s.ingestNow(sample(index: 7), secret: a.secret) == .conflict)
+        // B's retry still gets its id; B's row is untouched.
+        #expect(try s.ingestNow(sample(index: 7), secret: b.secret) == .duplicate(id: idB, state: .queued))
+        #expect(try s.response(id: idB) == before)
+        #expect(try s.list(OutboxFilter()).count == 1)
+        // Also when the other credential's row is finished, and on the slow path (watched token).
+        let row = try s.claimDue(limit: 1)[0]
+        try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: row.createdAt + 1), attempt: nil)])
+        #expect(try s.ingestNow(sample(index: 7), secret: a.secret) == .conflict)
+        #expect(try s.ingestNow(sample(index: 7), secret: b.secret) == .duplicate(id: idB, state: .failed))
+        // Two credentials in one batch: one stores the row, the other gets the conflict.
+        let results = Mutex<[String: IngestOutcome]>([:])
+        let done = DispatchGroup()
+        for (name, secret) in [("a", a.secret), ("b", b.secret)] {
+            done.enter()
+            s.submit(IngestRequest(response: sample(token: String(repeating: "cd", count: 32), index: 1), credentialHash: Credentials.hash(secret: secret),
+                                   configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)) { r in
+                if case .success(let o) = r { results.withLock { $0[name] = o } }
+                done.leave()
+            }
+        }
+        done.wait()
+        let outcomes = results.withLock { $0 }
+        #expect(outcomes.count == 2)
+        #expect(outcomes.values.filter { $0 == .conflict }.count == 1)
+        #expect(outcomes.values.filter { if case .accepted = $0 { true } else { false } }.count == 1)
+    }
+
+    @Test(arguments: StoreBackend.available)
+    func bothBackendsHoldTheSameColumns(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        try f.open().close()
+        let shared: [String: Set<String>] = [
+            "responses": ["id", "app", "push_token", "session_id", "key_id", "message_index", "encrypted_data", "credential_id", "state",
+                          "attempts", "next_attempt_at", "created_at", "expires_at", "last_status", "last_reason", "updated_at"],
+            "attempts": ["id", "response_id", "attempted_at", "status", "reason", "apns_timestamp", "latency_us"],
+            "credentials": ["id", "name", "hash", "apps", "created_at", "last_used_at", "revoked_at"],
+            "unregistered_tokens": ["token", "apns_timestamp", "recorded_at"],
+            "token_pacing": ["token", "paced_until", "updated_at"],
+        ]
+        // What each backend adds for itself: SQLite's row key, PostgreSQL's leases.
+        let own: [String: Set<String>] = backend == .sqlite ? ["responses": ["id_high"]] : ["responses": ["lease_owner", "lease_expires_at"], "attempts": ["node"]]
+        for (table, columns) in shared {
+            #expect(try f.columns(table) == columns.union(own[table] ?? []), "\(table)")
+        }
+        // Each backend numbers its own migrations; the stored version is that backend's latest.
+        #expect(try f.schemaVersion == (backend == .sqlite ? SQLiteOutboxStore.migrations.count : PostgresOutboxStore.migrations.count))
+    }
+
+    @Test(arguments: StoreBackend.available)
     func readOnlyStoreReadsButRefusesWrites(_ backend: StoreBackend) throws {
         let f = try StoreFixture(backend)
         let w = try f.open()

@@ -333,6 +333,9 @@ public final class IngestService: Sendable {
                 finish(APIResponse(status: 202, bodyBytes: Self.queuedBody(id: id)), id)
             case .duplicate(let id, let state):
                 finish(APIResponse(status: 200, body: "{\"id\":\"\(id)\",\"state\":\"\(state.rawValue)\"}"), "duplicate \(id)")
+            case .conflict:
+                metrics.storeRefusal("conflict")
+                finish(.error(ClientError(status: 409, code: "conflict", field: "messageIndex", message: "another credential already sent this messageIndex for this push token, session and key")), "conflict")
             case .unauthorized:
                 finish(.error(Self.unauthorized, headers: Self.authenticateHeaders), "unknown or revoked")
             case .forbidden(let app):

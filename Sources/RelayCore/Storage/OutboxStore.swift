@@ -63,7 +63,10 @@ public struct IngestRequest: Sendable {
 
 public enum IngestOutcome: Sendable, Equatable {
     case accepted(id: String)
+    /// The credential's own earlier request with the same key: its row's id and state.
     case duplicate(id: String, state: ResponseState)
+    /// The same key was stored by another credential (nothing of that row is revealed).
+    case conflict
     case unauthorized
     case forbidden(app: String)
     /// The credential may use several apps and the body named none.

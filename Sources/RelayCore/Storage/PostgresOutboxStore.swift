@@ -77,6 +77,8 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     private let commitHook = Mutex<(@Sendable () -> Void)?>(nil)
     private let stats = Mutex((batches: 0, jobs: 0))
     private var touchedAt: [String: Int64] = [:]
+    /// Response ids (UUIDv7, as SQLiteOutboxStore mints them), minted on the ingest thread only.
+    private var ids = TimeOrderedIDs()
 
     public var nodeID: String { options.nodeID }
 
@@ -129,9 +131,11 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
 
     // MARK: schema
 
-    /// Index i is the migration to version i+1, matching SQLiteOutboxStore.migrations version
-    /// for version (same tables and columns; PostgreSQL adds the lease columns and partial
-    /// indexes for the claim).
+    /// Index i is the migration to version i+1. Each backend numbers its own migrations: this
+    /// v1 creates what SQLite reached in five steps (its v2-v5 changed only SQLite storage: the
+    /// pending counter, CHECK and index forms, the id_high row key), so version numbers are not
+    /// comparable across backends. Both hold the same tables and columns; PostgreSQL adds the
+    /// lease columns and partial indexes for the claim (StoreContractTests compare them).
     static let migrations: [String] = [
         // v1
         """
@@ -311,22 +315,22 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     }
 
     private static let existingSQL = """
-        SELECT r.id, r.state, r.push_token, r.session_id, r.key_id, r.message_index FROM responses r
+        SELECT r.id, r.state, r.push_token, r.session_id, r.key_id, r.message_index, r.credential_id FROM responses r
         JOIN unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[]) AS k(t, s, kid, mi)
           ON r.push_token = k.t AND r.session_id = k.s AND r.key_id = k.kid AND r.message_index = k.mi
         """
 
-    private static func existing(_ keys: [Key], _ c: PostgresConnection) throws -> [Key: (id: String, state: ResponseState)] {
+    private static func existing(_ keys: [Key], _ c: PostgresConnection) throws -> [Key: ExistingRow] {
         guard !keys.isEmpty else { return [:] }
         let rows = try c.query(existingSQL, [
             .textArray(keys.map(\.token)), .textArray(keys.map(\.session)), .bytesArray(keys.map(\.keyID)), .intArray(keys.map(\.index)),
         ])
-        var out: [Key: (String, ResponseState)] = [:]
+        var out: [Key: ExistingRow] = [:]
         for r in rows {
             guard let id = r[0].string, let state = r[1].string.flatMap(ResponseState.init(rawValue:)),
-                  let t = r[2].string, let s = r[3].string, let k = r[4].bytes, let i = r[5].int
+                  let t = r[2].string, let s = r[3].string, let k = r[4].bytes, let i = r[5].int, let cred = r[6].string
             else { throw StoreError.invalid("malformed responses row") }
-            out[Key(token: t, session: s, keyID: k, index: i)] = (id, state)
+            out[Key(token: t, session: s, keyID: k, index: i)] = ExistingRow(id: id, state: state, credentialID: cred)
         }
         return out
     }
@@ -335,30 +339,24 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         // 1. Credentials, in the same transaction: a revocation committed by relayctl (on any
         //    node) takes effect for the very next batch.
         let hashes = Array(Set(items.map(\.request.credentialHash)))
-        var creds: [[UInt8]: (id: String, apps: [String], revoked: Bool, hash: [UInt8])] = [:]
+        var creds: [[UInt8]: CredentialFacts] = [:]
         for r in try c.query("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ANY($1)", [.bytesArray(hashes)]) {
             guard let id = r[0].string, let h = r[1].bytes else { continue }
-            creds[h] = (id, SQLiteOutboxStore.splitApps(r[2].string ?? ""), !r[3].isNull, h)
+            creds[h] = CredentialFacts(id: id, hash: h, apps: SQLiteOutboxStore.splitApps(r[2].string ?? ""), revoked: !r[3].isNull)
         }
         var outcomes = [IngestOutcome?](repeating: nil, count: items.count)
         var candidates: [(index: Int, credID: String, app: String)] = []
         var touched: [String: Int64] = [:]
         for (n, item) in items.enumerated() {
             let req = item.request
-            guard let cred = creds[req.credentialHash], RelayCrypto.constantTimeEqual(cred.hash, req.credentialHash), !cred.revoked else {
-                outcomes[n] = .unauthorized
-                continue
+            switch StoreRules.admit(credential: creds[req.credentialHash], presentedHash: req.credentialHash, requestedApp: req.response.app,
+                                    configuredApps: req.configuredApps) {
+            case .refused(let outcome):
+                outcomes[n] = outcome
+            case .admitted(let credID, let app):
+                candidates.append((n, credID, app))
+                if (touchedAt[credID] ?? 0) < item.now - 60_000 { touched[credID] = max(touched[credID] ?? 0, item.now) }
             }
-            if let named = req.response.app {
-                guard req.configuredApps.contains(named) else { outcomes[n] = .unknownApp(named); continue }
-                guard cred.apps.contains(named) else { outcomes[n] = .forbidden(app: named); continue }
-                candidates.append((n, cred.id, named))
-            } else {
-                guard cred.apps.count == 1 else { outcomes[n] = .appRequired; continue }
-                guard req.configuredApps.contains(cred.apps[0]) else { outcomes[n] = .unknownApp(cred.apps[0]); continue }
-                candidates.append((n, cred.id, cred.apps[0]))
-            }
-            if (touchedAt[cred.id] ?? 0) < item.now - 60_000 { touched[cred.id] = max(touched[cred.id] ?? 0, item.now) }
         }
 
         // 2. Dedupe against stored rows, then the token checks for what is left.
@@ -383,21 +381,22 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         // 3. Decide each candidate in arrival order, as SQLiteOutboxStore does one by one.
         var capacityUsed = pendingEstimate()
         var firstInBatch: [Key: Int] = [:]  // key -> position in the insert arrays
-        var duplicateOf: [Int: Int] = [:]   // item index -> position in the insert arrays
+        var duplicateOf: [Int: (pos: Int, credID: String)] = [:]   // item index -> position in the insert arrays
+        var storedAs: [Int: ExistingRow] = [:]  // position -> the row holding its key after the INSERT
         var insertItem: [Int] = []          // position -> item index
         var ids: [String] = [], apps: [String] = [], credIDs: [String] = [], dues: [Int64] = []
         for (cand, key) in zip(candidates, keys) {
             let item = items[cand.index]
             let r = item.request.response
             if let e = found[key] {
-                outcomes[cand.index] = .duplicate(id: e.id, state: e.state)
+                outcomes[cand.index] = StoreRules.dedupe(e, credentialID: cand.credID)
                 continue
             }
             if let pos = firstInBatch[key] {
-                duplicateOf[cand.index] = pos
+                duplicateOf[cand.index] = (pos, cand.credID)
                 continue
             }
-            if let u = unregistered[r.pushToken], u.lastSeen == nil || u.reportedAt > u.lastSeen! {
+            if let u = unregistered[r.pushToken], StoreRules.isUnregistered(reportedAt: u.reportedAt, lastSeen: u.lastSeen) {
                 outcomes[cand.index] = .unregistered
                 continue
             }
@@ -408,7 +407,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
             capacityUsed += 1
             firstInBatch[key] = insertItem.count
             insertItem.append(cand.index)
-            ids.append(RelayCrypto.uuidV4())
+            ids.append(self.ids.mint(nowMillis: item.now).id)
             apps.append(cand.app)
             credIDs.append(cand.credID)
             dues.append(max(item.now, pacedUntil[r.pushToken] ?? 0))
@@ -439,7 +438,12 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
             inserted = stored.count
             var lost: [Int] = []
             for (pos, n) in insertItem.enumerated() {
-                if stored.contains(ids[pos]) { outcomes[n] = .accepted(id: ids[pos]) } else { lost.append(pos) }
+                if stored.contains(ids[pos]) {
+                    outcomes[n] = .accepted(id: ids[pos])
+                    storedAs[pos] = ExistingRow(id: ids[pos], state: .queued, credentialID: credIDs[pos])
+                } else {
+                    lost.append(pos)
+                }
             }
             if !lost.isEmpty {
                 let lostKeys = lost.map { Key(items[insertItem[$0]].request.response) }
@@ -449,16 +453,13 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
                         // Inserted and gone again within our statement: let the batch retry.
                         throw StoreError.postgres(sqlState: PGState.serializationFailure, message: "conflicting row vanished", context: "ingest")
                     }
-                    outcomes[insertItem[pos]] = .duplicate(id: e.id, state: e.state)
+                    outcomes[insertItem[pos]] = StoreRules.dedupe(e, credentialID: credIDs[pos])
+                    storedAs[pos] = e
                 }
             }
         }
-        for (n, pos) in duplicateOf {
-            switch outcomes[insertItem[pos]] {
-            case .accepted(let id)?: outcomes[n] = .duplicate(id: id, state: .queued)
-            case let o?: outcomes[n] = o
-            case nil: break
-            }
+        for (n, dup) in duplicateOf {
+            if let row = storedAs[dup.pos] { outcomes[n] = StoreRules.dedupe(row, credentialID: dup.credID) }
         }
 
         // 5. last_used_at, at most once a minute per credential and node; in id order so two
@@ -740,15 +741,15 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         let previous: [String] = try write { c in
             try c.query(
                 """
-                WITH old AS (SELECT id, state FROM responses WHERE id = ANY($1) AND state <> 'inflight' FOR UPDATE)
+                WITH old AS (SELECT id, state FROM responses WHERE id = ANY($1) AND state IN \(StoreRules.requeueableSQL) FOR UPDATE)
                 UPDATE responses r SET state = 'queued', next_attempt_at = $2, expires_at = GREATEST(r.expires_at, $3), updated_at = $2,
                     lease_owner = NULL, lease_expires_at = NULL
                 FROM old WHERE r.id = old.id
                 RETURNING old.state
-                """, [.textArray(wanted), .int(now), .int(now + 3_600_000)]
+                """, [.textArray(wanted), .int(now), .int(StoreRules.requeueExpiryFloor(now: now))]
             ).compactMap { $0.first?.string }
         }
-        adjustPending(previous.filter { $0 == "delivered" || $0 == "failed" }.count)
+        adjustPending(previous.filter { $0 == "failed" }.count)
         return previous.count
     }
 
@@ -758,9 +759,9 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
             let set = "state = 'queued', next_attempt_at = $1, expires_at = GREATEST(expires_at, $2), updated_at = $1"
             if let reason {
                 return try c.run("UPDATE responses SET \(set) WHERE state = 'failed' AND last_reason = $3",
-                                 [.int(now), .int(now + 3_600_000), .text(reason)]).affected
+                                 [.int(now), .int(StoreRules.requeueExpiryFloor(now: now)), .text(reason)]).affected
             }
-            return try c.run("UPDATE responses SET \(set) WHERE state = 'failed'", [.int(now), .int(now + 3_600_000)]).affected
+            return try c.run("UPDATE responses SET \(set) WHERE state = 'failed'", [.int(now), .int(StoreRules.requeueExpiryFloor(now: now))]).affected
         }
         adjustPending(n)
         return n

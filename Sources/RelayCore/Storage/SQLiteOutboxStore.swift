@@ -105,12 +105,7 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
 
     /// A credentials row as the ingest path needs it, apps already split (once per batch, not
     /// once per request).
-    struct CachedCredential {
-        var id: String
-        var hash: [UInt8]
-        var apps: [String]
-        var revoked: Bool
-    }
+    typealias CachedCredential = CredentialFacts
 
     public init(path: String, options: SQLiteStoreOptions = .init(), clock: any RelayClock = SystemRelayClock()) throws {
         self.path = path
@@ -511,19 +506,11 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             state.credentials[request.credentialHash] = .some(cred)
             state.lastCredential = (request.credentialHash, cred, false)
         }
-        guard let cred, RelayCrypto.constantTimeEqual(cred.hash, request.credentialHash), !cred.revoked
-        else { return (.unauthorized, nil) }
-        let credID = cred.id
-        let apps = cred.apps
-        let app: String
-        if let named = request.response.app {
-            guard request.configuredApps.contains(named) else { return (.unknownApp(named), nil) }
-            guard apps.contains(named) else { return (.forbidden(app: named), nil) }
-            app = named
-        } else {
-            guard apps.count == 1 else { return (.appRequired, nil) }
-            app = apps[0]
-            guard request.configuredApps.contains(app) else { return (.unknownApp(app), nil) }
+        let credID: String, app: String
+        switch StoreRules.admit(credential: cred, presentedHash: request.credentialHash, requestedApp: request.response.app,
+                                configuredApps: request.configuredApps) {
+        case .refused(let outcome): return (outcome, nil)
+        case .admitted(let c, let a): (credID, app) = (c, a)
         }
         // last_used_at is kept to the minute: checked once per credential and batch, not per row.
         if !touchChecked {
@@ -539,11 +526,11 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         // at its bound: check duplicates first so a retried POST still gets its 200.
         // isEmpty first: hashing the token for an empty set cost ~1k instructions a row.
         if (!state.watchedTokens.isEmpty && state.watchedTokens.contains(r.pushToken)) || state.pending >= request.maxPending {
-            if let dup = try existing(r, db: db) { return (dup, nil) }
+            if let dup = try existing(r, db: db) { return (StoreRules.dedupe(dup, credentialID: credID), nil) }
             if let unreg = try db.query("SELECT apns_timestamp FROM unregistered_tokens WHERE token = ?", [.text(r.pushToken)]).first,
                let reportedAt = unreg[0].int {
                 let lastSeen = try db.scalar("SELECT max(created_at) FROM responses WHERE push_token = ?", [.text(r.pushToken)]).int
-                if lastSeen == nil || reportedAt > lastSeen! { return (.unregistered, nil) }
+                if StoreRules.isUnregistered(reportedAt: reportedAt, lastSeen: lastSeen) { return (.unregistered, nil) }
             }
             guard state.pending < request.maxPending else { return (.overCapacity, nil) }
             if let paced = try db.query("SELECT paced_until FROM token_pacing WHERE token = ?", [.text(r.pushToken)]).first?[0].int, paced > now {
@@ -595,7 +582,7 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
                 state.reservedInBatch -= 1
             }
             guard let dup = try existing(r, db: db) else { throw StoreError.invalid("insert ignored but no duplicate found") }
-            return (dup, nil)
+            return (StoreRules.dedupe(dup, credentialID: credID), nil)
         }
         state.pending += 1
         guard handOff else {
@@ -612,12 +599,13 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     /// millisecond's keys, so one is almost always enough).
     static let maxKeyClashes = 16
 
-    private static func existing(_ r: NewResponse, db: SQLiteDatabase) throws -> IngestOutcome? {
+    private static func existing(_ r: NewResponse, db: SQLiteDatabase) throws -> ExistingRow? {
         let rows = try db.query(
-            "SELECT id, state FROM responses WHERE push_token = ? AND session_id = ? AND key_id = ? AND message_index = ?",
+            "SELECT id, state, credential_id FROM responses WHERE push_token = ? AND session_id = ? AND key_id = ? AND message_index = ?",
             [.text(r.pushToken), .text(r.sessionIdentifier), .blob(r.keyID), .integer(Int64(r.messageIndex))])
-        guard let row = rows.first, let id = row[0].string, let s = row[1].string.flatMap(ResponseState.init(rawValue:)) else { return nil }
-        return .duplicate(id: id, state: s)
+        guard let row = rows.first, let id = row[0].string, let s = row[1].string.flatMap(ResponseState.init(rawValue:)),
+              let cred = row[2].string else { return nil }
+        return ExistingRow(id: id, state: s, credentialID: cred)
     }
 
     static func splitApps(_ s: String) -> [String] {
@@ -880,11 +868,10 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
                 let id = id.lowercased()
                 guard let high = UUIDText.high64(id) else { continue }   // not a UUID: no such row
                 let wasTerminal = try db.scalar("SELECT state = 'failed' FROM responses WHERE id_high = ? AND id = ?", [.integer(high), .text(id)]).int == 1
-                // Only failed and retry rows: inflight belongs to the dispatcher, and a delivered
-                // row requeued would be pushed twice (checked here, in the same transaction).
+                // StoreRules.requeueableStates, checked in the same transaction as the update.
                 let changed = try db.run(
-                    "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE id_high = ? AND id = ? AND state IN ('failed','retry')",
-                    [.integer(now), .integer(now + 3_600_000), .integer(now), .integer(high), .text(id)])
+                    "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE id_high = ? AND id = ? AND state IN \(StoreRules.requeueableSQL)",
+                    [.integer(now), .integer(StoreRules.requeueExpiryFloor(now: now)), .integer(now), .integer(high), .text(id)])
                 if changed > 0 && wasTerminal { state.pending += 1 }
                 n += changed
             }
@@ -900,11 +887,11 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             if let reason {
                 n = try db.run(
                     "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE state = 'failed' AND last_reason = ?",
-                    [.integer(now), .integer(now + 3_600_000), .integer(now), .text(reason)])
+                    [.integer(now), .integer(StoreRules.requeueExpiryFloor(now: now)), .integer(now), .text(reason)])
             } else {
                 n = try db.run(
                     "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE state = 'failed'",
-                    [.integer(now), .integer(now + 3_600_000), .integer(now)])
+                    [.integer(now), .integer(StoreRules.requeueExpiryFloor(now: now)), .integer(now)])
             }
             state.pending += n
             return n

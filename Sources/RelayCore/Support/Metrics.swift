@@ -35,6 +35,7 @@ public final class RelayMetrics: Sendable {
         var ingestToAnswer = Histogram()
         var ingestDuration = Histogram(bounds: RelayMetrics.ingestBuckets)
         var rateLimited: [String: Int] = [:]
+        var storeRefusals: [String: Int] = [:]
     }
 
     private let state = Mutex(State())
@@ -51,6 +52,8 @@ public final class RelayMetrics: Sendable {
     }
     public func rateLimited(scope: String) { state.withLock { $0.rateLimited[scope, default: 0] += 1 } }
     public func retry() { state.withLock { $0.retries += 1 } }
+    /// An ingest the store refused for a reason worth alerting on ("conflict", "storage_full").
+    public func storeRefusal(_ code: String) { state.withLock { $0.storeRefusals[code, default: 0] += 1 } }
 
     public func push(status: Int?, reason: String?, latencySeconds: Double, sinceIngestSeconds: Double?) {
         let key = "\(status.map(String.init) ?? "transport")|\(status == nil ? "transport" : (reason ?? ""))"
@@ -73,6 +76,10 @@ public final class RelayMetrics: Sendable {
         out += "# HELP relay_rate_limited_total Requests refused with 429, by limit.\n# TYPE relay_rate_limited_total counter\n"
         for (scope, n) in s.rateLimited.sorted(by: { $0.key < $1.key }) {
             out += "relay_rate_limited_total{scope=\"\(scope)\"} \(n)\n"
+        }
+        out += "# HELP relay_ingest_refused_total Ingests the store refused: conflict (the key belongs to another credential), storage_full (store.minFreeBytes).\n# TYPE relay_ingest_refused_total counter\n"
+        for code in ["conflict", "storage_full"] {
+            out += "relay_ingest_refused_total{code=\"\(code)\"} \(s.storeRefusals[code] ?? 0)\n"
         }
         out += "# HELP relay_pushes_total APNs answers by status and reason (status=\"transport\" when none arrived).\n# TYPE relay_pushes_total counter\n"
         for (key, n) in s.pushesByStatusReason.sorted(by: { $0.key < $1.key }) {

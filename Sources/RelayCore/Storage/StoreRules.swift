@@ -1,0 +1,65 @@
+// The rules both OutboxStore backends apply, as pure functions over facts each store reads in
+// its own transaction: SQLite and PostgreSQL call these instead of writing the rule twice, so
+// they cannot drift (StoreRulesTests test the rules; StoreContractTests test both stores).
+
+/// A credentials row as ingest needs it.
+struct CredentialFacts: Sendable, Equatable {
+    var id: String
+    var hash: [UInt8]
+    var apps: [String]
+    var revoked: Bool
+}
+
+/// An existing row with the same (pushToken, sessionIdentifier, keyID, messageIndex).
+struct ExistingRow: Sendable, Equatable {
+    var id: String
+    var state: ResponseState
+    var credentialID: String
+}
+
+enum StoreRules {
+    /// Credential and app scope: either the refusal, or who stores the row under which app.
+    enum Admission: Equatable {
+        case refused(IngestOutcome)
+        case admitted(credentialID: String, app: String)
+    }
+
+    /// `credential`: the row found by the presented hash (nil: none). The stored hash is
+    /// compared again in constant time so a lookup index never decides alone.
+    static func admit(credential: CredentialFacts?, presentedHash: [UInt8], requestedApp: String?, configuredApps: Set<String>) -> Admission {
+        guard let c = credential, RelayCrypto.constantTimeEqual(c.hash, presentedHash), !c.revoked else { return .refused(.unauthorized) }
+        if let named = requestedApp {
+            guard configuredApps.contains(named) else { return .refused(.unknownApp(named)) }
+            guard c.apps.contains(named) else { return .refused(.forbidden(app: named)) }
+            return .admitted(credentialID: c.id, app: named)
+        }
+        guard c.apps.count == 1 else { return .refused(.appRequired) }
+        guard configuredApps.contains(c.apps[0]) else { return .refused(.unknownApp(c.apps[0])) }
+        return .admitted(credentialID: c.id, app: c.apps[0])
+    }
+
+    /// Dedupe is scoped to the credential: its own retry gets the stored id and state; the same
+    /// key from another credential is a conflict that says nothing about the other row.
+    static func dedupe(_ existing: ExistingRow, credentialID: String) -> IngestOutcome {
+        existing.credentialID == credentialID ? .duplicate(id: existing.id, state: existing.state) : .conflict
+    }
+
+    /// APNs reported the token unregistered at `reportedAt`; `lastSeen` is the newest created_at
+    /// of the token's rows. Refused unless a response was accepted after APNs' timestamp.
+    static func isUnregistered(reportedAt: Int64, lastSeen: Int64?) -> Bool {
+        guard let lastSeen else { return true }
+        return reportedAt > lastSeen
+    }
+
+    /// An operator requeue (relayctl retry) moves only these: inflight belongs to the
+    /// dispatcher, a delivered row requeued would be pushed twice, a queued row is already due.
+    static let requeueableStates: [ResponseState] = [.failed, .retry]
+    /// `requeueableStates` as an SQL list of literals (both dialects; literals let SQLite's
+    /// planner prove a partial index).
+    static let requeueableSQL = "(" + requeueableStates.map { "'\($0.rawValue)'" }.joined(separator: ",") + ")"
+
+    /// A requeued row lives at least this long from the requeue, so an operator's retry of an
+    /// old failed row is not expired again at once.
+    static let requeueTTLExtensionMillis: Int64 = 3_600_000
+    static func requeueExpiryFloor(now: Int64) -> Int64 { now + requeueTTLExtensionMillis }
+}

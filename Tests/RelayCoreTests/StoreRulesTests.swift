@@ -1,0 +1,43 @@
+import Testing
+@testable import RelayCore
+
+/// The rules both stores call (StoreRules); StoreContractTests check each store applies them.
+@Suite struct StoreRulesTests {
+    let hash: [UInt8] = Array(repeating: 7, count: 32)
+    func cred(apps: [String], revoked: Bool = false) -> CredentialFacts {
+        CredentialFacts(id: "cred_1", hash: hash, apps: apps, revoked: revoked)
+    }
+
+    @Test func admission() {
+        let apps: Set<String> = ["a", "b"]
+        #expect(StoreRules.admit(credential: nil, presentedHash: hash, requestedApp: nil, configuredApps: apps) == .refused(.unauthorized))
+        #expect(StoreRules.admit(credential: cred(apps: ["a"], revoked: true), presentedHash: hash, requestedApp: nil, configuredApps: apps) == .refused(.unauthorized))
+        // A row found under another hash (never by the index, but the rule does not trust it).
+        #expect(StoreRules.admit(credential: cred(apps: ["a"]), presentedHash: Array(repeating: 8, count: 32), requestedApp: nil, configuredApps: apps) == .refused(.unauthorized))
+        #expect(StoreRules.admit(credential: cred(apps: ["a"]), presentedHash: hash, requestedApp: nil, configuredApps: apps) == .admitted(credentialID: "cred_1", app: "a"))
+        #expect(StoreRules.admit(credential: cred(apps: ["c"]), presentedHash: hash, requestedApp: nil, configuredApps: apps) == .refused(.unknownApp("c")))
+        #expect(StoreRules.admit(credential: cred(apps: ["a", "b"]), presentedHash: hash, requestedApp: nil, configuredApps: apps) == .refused(.appRequired))
+        #expect(StoreRules.admit(credential: cred(apps: ["a", "b"]), presentedHash: hash, requestedApp: "b", configuredApps: apps) == .admitted(credentialID: "cred_1", app: "b"))
+        #expect(StoreRules.admit(credential: cred(apps: ["a"]), presentedHash: hash, requestedApp: "b", configuredApps: apps) == .refused(.forbidden(app: "b")))
+        #expect(StoreRules.admit(credential: cred(apps: ["a"]), presentedHash: hash, requestedApp: "z", configuredApps: apps) == .refused(.unknownApp("z")))
+    }
+
+    @Test func dedupeAnswersOnlyTheOwnCredential() {
+        let row = ExistingRow(id: "0190", state: .delivered, credentialID: "cred_b")
+        #expect(StoreRules.dedupe(row, credentialID: "cred_b") == .duplicate(id: "0190", state: .delivered))
+        #expect(StoreRules.dedupe(row, credentialID: "cred_a") == .conflict)
+    }
+
+    @Test func unregisteredUnlessSeenAfterAPNsTimestamp() {
+        #expect(StoreRules.isUnregistered(reportedAt: 10, lastSeen: nil))
+        #expect(StoreRules.isUnregistered(reportedAt: 10, lastSeen: 9))
+        #expect(!StoreRules.isUnregistered(reportedAt: 10, lastSeen: 10))
+        #expect(!StoreRules.isUnregistered(reportedAt: 10, lastSeen: 11))
+    }
+
+    @Test func requeueRules() {
+        #expect(StoreRules.requeueableStates == [.failed, .retry])
+        #expect(StoreRules.requeueableSQL == "('failed','retry')")
+        #expect(StoreRules.requeueExpiryFloor(now: 1000) == 3_601_000)
+    }
+}
