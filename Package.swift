@@ -49,7 +49,7 @@ let package = Package(
 
         // MARK: Executables (thin: parse arguments, start a service)
         .executableTarget(name: "relay-server", dependencies: ["RelayCore"], path: "Sources/RelayServer"),
-        .executableTarget(name: "relayctl", dependencies: ["RelayCore", "Ratchet", "COpenSSL"]),
+        .executableTarget(name: "relayctl", dependencies: ["RelayCore", "Ratchet", "KeyExchange", "COpenSSL"]),
         .executableTarget(name: "mock-apns", dependencies: ["MockAPNs"]),
         // Release-built micro-benchmark of the Ratchet module for scripts/bench-ratchet.sh.
         .executableTarget(name: "ratchet-bench", dependencies: ["Ratchet"]),

@@ -99,3 +99,30 @@ public enum XWing {
         return SecretKey(bytes: ss)
     }
 }
+
+extension XWing {
+    /// Every intermediate value of decapsulation, named as the draft names them, for
+    /// `relayctl accessory derive` and docs/key-exchange.md. Secret values: diagnostics only.
+    public static func trace(privateKey: PrivateKey, ciphertext ct: [UInt8]) throws(KeyExchangeError) -> [(name: String, value: [UInt8])] {
+        try checkLength(ct, ciphertextLength, "encapsulatedKey")
+        let expanded = Keccak.shake256(privateKey.seed.exportedBytes, count: 96)
+        let ctM = Array(ct[0..<MLKEM768.ciphertextLength]), ctX = Array(ct[MLKEM768.ciphertextLength...])
+        let pkX = Array(privateKey.publicKey[MLKEM768.encapsulationKeyLength...])
+        let ssM = try MLKEM768.decapsulate(decapsulationKey: privateKey.mlkem, ciphertext: ctM).exportedBytes
+        let ssX = try X25519.sharedSecret(privateKey: privateKey.x25519.exportedBytes, peer: ctX, peerField: "encapsulatedKey")
+        return [
+            ("expanded = SHAKE256(seed, 96)", expanded),
+            ("ML-KEM d = expanded[0:32]", Array(expanded[0..<32])),
+            ("ML-KEM z = expanded[32:64]", Array(expanded[32..<64])),
+            ("sk_X = expanded[64:96]", Array(expanded[64..<96])),
+            ("pk_M = publicKey[0:1184]", Array(privateKey.publicKey[0..<MLKEM768.encapsulationKeyLength])),
+            ("pk_X = publicKey[1184:1216]", pkX),
+            ("ct_M = encapsulatedKey[0:1088]", ctM),
+            ("ct_X = encapsulatedKey[1088:1120]", ctX),
+            ("ss_M = ML-KEM-768.Decaps(sk_M, ct_M)", ssM),
+            ("ss_X = X25519(sk_X, ct_X)", ssX),
+            ("label", label),
+            ("ss = SHA3-256(ss_M || ss_X || ct_X || pk_X || label)", Keccak.sha3_256(ssM, ssX, ctX, pkX, label)),
+        ]
+    }
+}

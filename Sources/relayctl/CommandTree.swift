@@ -38,7 +38,7 @@ enum RelayCtl {
     static var root: Command {
         .group("relayctl", "Operate the accessory notification relay and check its cryptography.", [
             status, list, show, retry, purge, tokens, credentials, backup, sendTest, checkConfig,
-            ratchet,
+            ratchet, accessory,
         ])
     }
 

@@ -1,0 +1,374 @@
+// `relayctl accessory ...`: Apple's accessory key exchange (docs/key-exchange.md). `pair` simulates
+// a pairing and writes the accessory's state file, `derive` prints every intermediate value from
+// given key material (for firmware teams checking their implementation), `send` posts responses
+// from a state file over libcurl the way firmware will.
+import Foundation
+import KeyExchange
+import Ratchet
+
+extension RelayCtl {
+    static var accessory: Command {
+        .group("accessory", "Simulate an accessory: key exchange (X-Wing or P-256 HPKE) and responses (docs/key-exchange.md).", [
+            accessoryPair, accessoryDerive,
+        ])
+    }
+
+    /// Options that choose protocolInfo's spelling (Apple's pages disagree; docs/key-exchange.md).
+    static let protocolInfoOptions: [OptionSpec] = [
+        .value("suite-name", "text", "protocolInfo's ciphersuite part (default: XWing or P256).", required: false),
+        .value("version", "text", "protocolInfo's version part (default: v1).", required: false),
+        .value("identifier", "text", "protocolInfo's identifier part verbatim (default: the device UUID).", required: false),
+        .value("uuid-case", "upper|lower", "How UUIDs are written in protocolInfo and the contexts (default: upper, as Swift prints a UUID).", required: false),
+    ]
+
+    static var accessoryPair: Command {
+        .leaf("pair", "Simulate a pairing: make the accessory key pair, encapsulate as the iPhone, derive both sides, write the state file.",
+              discussion: """
+              The accessory's private key (X-Wing: 32-byte seed; P-256: 32-byte scalar) is random unless
+              --private-key is given; --ephemeral makes the iPhone's encapsulation reproducible (X-Wing:
+              64-byte eseed; P-256: the ephemeral private key). The state file (mode 0600) holds the key
+              material, both internet ratchet roots, the keyID and the accessory's sending ratchet; an
+              existing file is not overwritten without --force. Prints what the iPhone side holds.
+              """,
+              options: [
+                  .value("ciphersuite", "xwing|p256", "The accessory's ciphersuite."),
+                  .value("out", "path", "Where to write the accessory state (JSON)."),
+                  .value("private-key", "hex", "The accessory private key (default: random).", required: false),
+                  .value("ephemeral", "hex", "The iPhone's encapsulation randomness (default: random).", required: false),
+                  .value("device-uuid", "uuid", "The device UUID (default: random).", required: false),
+                  .value("bluetooth-uuid", "uuid", "The Bluetooth identifier (default: random).", required: false),
+                  .flag("force", "Overwrite an existing state file."),
+              ] + protocolInfoOptions, run: AccessoryCommand.pair)
+    }
+
+    static var accessoryDerive: Command {
+        .leaf("derive", "Print every intermediate value of the accessory's derivation from given key material.",
+              discussion: """
+              Either --state FILE, or --ciphersuite with --private-key, --encapsulated-key, --device-uuid and
+              --bluetooth-uuid (--public-key is checked against the private key when given). With
+              --feature-id also the Bluetooth response key for that feature (session) ID.
+              """,
+              options: [
+                  .value("state", "path", "An accessory state file written by 'accessory pair'.", required: false),
+                  .value("ciphersuite", "xwing|p256", "The accessory's ciphersuite.", required: false),
+                  .value("private-key", "hex", "X-Wing: the 32-byte seed; P-256: the 32-byte raw scalar.", required: false),
+                  .value("public-key", "hex", "The public key's raw representation (X-Wing 1216 bytes, P-256 64).", required: false),
+                  .value("encapsulated-key", "hex", "The encapsulated key from the key material (X-Wing 1120 bytes, P-256 65).", required: false),
+                  .value("device-uuid", "uuid", "The device UUID of the key material.", required: false),
+                  .value("bluetooth-uuid", "uuid", "The Bluetooth identifier used in the internet contexts.", required: false),
+                  .value("feature-id", "text", "Also derive the Bluetooth response key for this feature ID.", required: false),
+                  .value("bluetooth-reading", "text|data-description", "How \\(protocolInfo) reads in the Bluetooth context (default: text).", required: false),
+              ] + protocolInfoOptions, run: AccessoryCommand.derive)
+    }
+}
+
+/// The accessory's state file. Everything the firmware persists after pairing, plus what the
+/// simulator needs to send (push token, session) and the sending ratchet's position.
+struct AccessoryState: Codable {
+    struct Info: Codable { var ciphersuite: String; var version: String; var identifier: String }
+    var format = 1
+    var ciphersuite: String
+    var protocolInfo: Info
+    var deviceUUID: String
+    var bluetoothUUID: String
+    var uuidCase: String
+    var privateKey: String
+    var publicKey: String
+    var encapsulatedKey: String
+    var keyID: String
+    var hostToAccessoryRoot: String
+    var accessoryToHostRoot: String
+    var pushToken: String
+    var sessionIdentifier: String
+    var sending: SendingRatchetState
+}
+
+/// Key material checked and turned into an accessory session.
+struct DerivedAccessory {
+    var suite: AccessoryCiphersuite
+    var key: AccessoryPrivateKey
+    var info: ProtocolInfo
+    var bluetooth: String
+    var encapsulatedKey: [UInt8]
+    var session: AccessorySession
+    var hostToAccessoryRoot: SecretKey { session.internetRoot(.hostToAccessory, bluetoothIdentifier: bluetooth) }
+    var accessoryToHostRoot: SecretKey { session.internetRoot(.accessoryToHost, bluetoothIdentifier: bluetooth) }
+
+    /// From a state file: derived again from the key material (never from the stored roots, which
+    /// are checked against it).
+    static func load(statePath path: String, fieldPrefix: String = "") throws -> (DerivedAccessory, AccessoryState) {
+        guard let data = FileManager.default.contents(atPath: path) else { throw RuntimeFailure("cannot read accessory state \(path)") }
+        let state: AccessoryState
+        do { state = try JSONDecoder().decode(AccessoryState.self, from: data) } catch {
+            throw UsageError("\(path): not an accessory state file: \(error)")
+        }
+        guard let suite = AccessoryCiphersuite(rawValue: state.ciphersuite) else { throw UsageError("\(path): ciphersuite: expected xwing or p256, got '\(state.ciphersuite)'") }
+        func hexField(_ name: String, _ value: String) throws -> [UInt8] {
+            guard let b = [UInt8](hex: value) else { throw UsageError("\(path): \(name): not hexadecimal") }
+            return b
+        }
+        let info = ProtocolInfo(ciphersuite: state.protocolInfo.ciphersuite, version: state.protocolInfo.version, identifier: state.protocolInfo.identifier)
+        let derived = try AccessoryCommand.build(suite: suite, privateKey: try hexField("privateKey", state.privateKey),
+                                                 publicKey: try hexField("publicKey", state.publicKey),
+                                                 encapsulatedKey: try hexField("encapsulatedKey", state.encapsulatedKey),
+                                                 info: info, bluetooth: state.bluetoothUUID, names: AccessoryCommand.stateFieldNames(path))
+        guard derived.accessoryToHostRoot.exportedBytes.hexString == state.accessoryToHostRoot.lowercased(),
+              derived.hostToAccessoryRoot.exportedBytes.hexString == state.hostToAccessoryRoot.lowercased() else {
+            throw RuntimeFailure("\(path): the stored ratchet roots do not match the key material (file corrupt or edited)")
+        }
+        return (derived, state)
+    }
+}
+
+enum AccessoryCommand {
+    /// KeyExchange's field names -> the flag (or state-file field) a user typed.
+    typealias FieldNames = [String: String]
+    static let flagNames: FieldNames = ["seed": "--private-key", "privateKey": "--private-key", "publicKey": "--public-key",
+                                        "encapsulatedKey": "--encapsulated-key", "encapsulationSeed": "--ephemeral"]
+    static func stateFieldNames(_ path: String) -> FieldNames {
+        ["seed": "\(path): privateKey", "privateKey": "\(path): privateKey", "publicKey": "\(path): publicKey", "encapsulatedKey": "\(path): encapsulatedKey"]
+    }
+
+    /// A KeyExchange error as a usage error naming the flag.
+    static func usage(_ error: KeyExchangeError, _ names: FieldNames) -> UsageError {
+        switch error {
+        case let .invalidLength(field, expected, actual):
+            return UsageError("\(names[field] ?? field): expected \(expected) bytes, got \(actual)")
+        case let .invalidPublicKey(field):
+            return UsageError("\(names[field] ?? field): not a valid public key (not on the curve, or of small order)")
+        case let .invalidPrivateKey(field):
+            return UsageError("\(names[field] ?? field): not a valid private key (P-256: must be 1...n-1)")
+        case .publicKeyMismatch:
+            return UsageError("\(names["publicKey"] ?? "publicKey"): does not belong to the private key")
+        case .invalidEncapsulationKey:
+            return UsageError("\(names["publicKey"] ?? "publicKey"): the ML-KEM part fails the FIPS 203 modulus check")
+        default:
+            return UsageError("\(error)")
+        }
+    }
+
+    static func build(suite: AccessoryCiphersuite, privateKey: [UInt8], publicKey: [UInt8]?, encapsulatedKey: [UInt8],
+                      info: ProtocolInfo, bluetooth: String, names: FieldNames = flagNames) throws -> DerivedAccessory {
+        do {
+            let key = try AccessoryPrivateKey(suite, privateKey: privateKey, publicKey: publicKey)
+            let session = try AccessorySession(privateKey: key, protocolInfo: info, encapsulatedKey: encapsulatedKey)
+            return DerivedAccessory(suite: suite, key: key, info: info, bluetooth: bluetooth, encapsulatedKey: encapsulatedKey, session: session)
+        } catch let error as KeyExchangeError {
+            throw usage(error, names)
+        }
+    }
+
+    static func ciphersuite(_ args: ParsedArguments) throws -> AccessoryCiphersuite {
+        let text = try args.string("ciphersuite")
+        guard let suite = AccessoryCiphersuite(rawValue: text.lowercased()) else {
+            throw UsageError("--ciphersuite: expected xwing or p256, got '\(text)'")
+        }
+        return suite
+    }
+
+    static func uppercaseUUIDs(_ args: ParsedArguments) throws -> Bool {
+        switch args.optionalString("uuid-case") ?? "upper" {
+        case "upper": return true
+        case "lower": return false
+        case let other: throw UsageError("--uuid-case: expected upper or lower, got '\(other)'")
+        }
+    }
+
+    /// A UUID option in canonical text (or a random one when absent and `random`).
+    static func uuid(_ args: ParsedArguments, _ name: String, upper: Bool, random: Bool) throws -> String {
+        guard let text = args.optionalString(name) else {
+            guard random else { throw UsageError("missing required option '--\(name) <uuid>'") }
+            let u = UUID().uuidString
+            return upper ? u : u.lowercased()
+        }
+        guard let u = UUID(uuidString: text) else { throw UsageError("--\(name): expected a UUID (8-4-4-4-12 hex digits), got '\(text)'") }
+        return upper ? u.uuidString : u.uuidString.lowercased()
+    }
+
+    static func protocolInfo(_ args: ParsedArguments, suite: AccessoryCiphersuite, device: String) -> ProtocolInfo {
+        ProtocolInfo(ciphersuite: args.optionalString("suite-name") ?? suite.defaultName,
+                     version: args.optionalString("version") ?? ProtocolInfo.defaultVersion,
+                     identifier: args.optionalString("identifier") ?? device)
+    }
+
+    // MARK: pair
+
+    static func pair(_ args: ParsedArguments, _ console: Console) throws {
+        let suite = try ciphersuite(args)
+        let out = try args.string("out")
+        if FileManager.default.fileExists(atPath: out), !args.flag("force") {
+            throw UsageError("--out: \(out) exists (it may hold a ratchet position); pass --force to replace it")
+        }
+        let upper = try uppercaseUUIDs(args)
+        let device = try uuid(args, "device-uuid", upper: upper, random: true)
+        let bluetooth = try uuid(args, "bluetooth-uuid", upper: upper, random: true)
+        let info = protocolInfo(args, suite: suite, device: device)
+        let key: AccessoryPrivateKey
+        do {
+            if let given = try args.optionalHex("private-key") {
+                key = try AccessoryPrivateKey(suite, privateKey: given)
+            } else {
+                key = AccessoryPrivateKey.generate(suite)
+            }
+        } catch let error as KeyExchangeError { throw usage(error, flagNames) }
+        // The iPhone: encapsulate to the accessory's public key.
+        var ephemeral: HPKE.EphemeralInput? = nil
+        if let e = try args.optionalHex("ephemeral") {
+            if suite == .xWing {
+                guard e.count == XWing.encapsulationSeedLength else { throw UsageError("--ephemeral: expected 64 bytes (m || ek_X) for xwing, got \(e.count)") }
+                ephemeral = .xWingSeed(e)
+            } else {
+                do { ephemeral = .p256(try P256PrivateKey(rawRepresentation: e)) } catch let error as KeyExchangeError {
+                    throw usage(error, ["privateKey": "--ephemeral"])
+                }
+            }
+        }
+        let encapsulatedKey: [UInt8], host: HPKE.Context
+        do {
+            (encapsulatedKey, host) = try AccessorySession.hostEncapsulate(ciphersuite: suite, accessoryPublicKey: key.publicKeyRaw,
+                                                                          protocolInfo: info, ephemeral: ephemeral)
+        } catch let error as KeyExchangeError { throw RuntimeFailure("encapsulation failed: \(error)") }
+        // The accessory: from the stored key material only.
+        let accessory = try build(suite: suite, privateKey: key.privateKeyBytes.exportedBytes, publicKey: key.publicKeyRaw,
+                                  encapsulatedKey: encapsulatedKey, info: info, bluetooth: bluetooth)
+        let hostH2A = try host.exportSecret(context: AccessorySession.internetContext(.hostToAccessory, bluetoothIdentifier: bluetooth), outputByteCount: 32)
+        let hostA2H = try host.exportSecret(context: AccessorySession.internetContext(.accessoryToHost, bluetoothIdentifier: bluetooth), outputByteCount: 32)
+        guard hostH2A == accessory.hostToAccessoryRoot, hostA2H == accessory.accessoryToHostRoot else {
+            throw RuntimeFailure("the iPhone's and the accessory's ratchet roots differ (a bug: please report)")
+        }
+        let keyID = accessory.session.keyID
+        let state = AccessoryState(
+            ciphersuite: suite.rawValue,
+            protocolInfo: .init(ciphersuite: info.ciphersuite, version: info.version, identifier: info.identifier),
+            deviceUUID: device, bluetoothUUID: bluetooth, uuidCase: upper ? "upper" : "lower",
+            privateKey: key.privateKeyBytes.exportedBytes.hexString, publicKey: key.publicKeyRaw.hexString,
+            encapsulatedKey: encapsulatedKey.hexString, keyID: Data(keyID).base64EncodedString(),
+            hostToAccessoryRoot: accessory.hostToAccessoryRoot.exportedBytes.hexString,
+            accessoryToHostRoot: accessory.accessoryToHostRoot.exportedBytes.hexString,
+            pushToken: randomHex(32), sessionIdentifier: UUID().uuidString,
+            sending: SendingRatchet(rootSecret: accessory.accessoryToHostRoot).state)
+        try writeState(state, to: out)
+        let fields: [(String, String)] = [
+            ("state", out), ("ciphersuite", suite.rawValue), ("protocolInfo", info.text),
+            ("publicKey", key.publicKeyRaw.hexString), ("encapsulatedKey", encapsulatedKey.hexString),
+            ("keyID", Data(keyID).base64EncodedString()), ("bluetoothUUID", bluetooth),
+            ("hostToAccessoryRoot", state.hostToAccessoryRoot), ("accessoryToHostRoot", state.accessoryToHostRoot),
+            ("pushToken", state.pushToken), ("sessionIdentifier", state.sessionIdentifier),
+        ]
+        printFields(fields, args, console)
+    }
+
+    // MARK: derive
+
+    static func derive(_ args: ParsedArguments, _ console: Console) throws {
+        var derived: DerivedAccessory
+        if let path = args.optionalString("state") {
+            for name in ["ciphersuite", "private-key", "public-key", "encapsulated-key", "device-uuid", "bluetooth-uuid"] where args.optionalString(name) != nil {
+                throw UsageError("--\(name): not with --state (the state file holds the key material)")
+            }
+            let upper = try uppercaseUUIDs(args)
+            let (stored, state) = try DerivedAccessory.load(statePath: path)
+            derived = stored
+            // protocolInfo and UUID spelling options re-derive the state's key material another way.
+            if ["suite-name", "version", "identifier", "uuid-case"].contains(where: { args.optionalString($0) != nil }) {
+                let info = ProtocolInfo(ciphersuite: args.optionalString("suite-name") ?? state.protocolInfo.ciphersuite,
+                                        version: args.optionalString("version") ?? state.protocolInfo.version,
+                                        identifier: args.optionalString("identifier") ?? state.protocolInfo.identifier)
+                derived = try build(suite: stored.suite, privateKey: stored.key.privateKeyBytes.exportedBytes, publicKey: nil,
+                                    encapsulatedKey: stored.encapsulatedKey, info: info,
+                                    bluetooth: upper ? state.bluetoothUUID.uppercased() : state.bluetoothUUID.lowercased(),
+                                    names: stateFieldNames(path))
+            }
+        } else {
+            let suite = try ciphersuite(args)
+            let upper = try uppercaseUUIDs(args)
+            let device = try uuid(args, "device-uuid", upper: upper, random: false)
+            let bluetooth = try uuid(args, "bluetooth-uuid", upper: upper, random: false)
+            derived = try build(suite: suite, privateKey: try args.hex("private-key"), publicKey: try args.optionalHex("public-key"),
+                                encapsulatedKey: try args.hex("encapsulated-key"),
+                                info: protocolInfo(args, suite: suite, device: device), bluetooth: bluetooth)
+        }
+        let schedule = derived.session.recipient.schedule
+        var fields: [(String, String)] = [
+            ("ciphersuite", derived.suite.hpke == .xWingSHA256AES256GCM ? "XWingMLKEM768X25519_SHA256_AES_GCM_256 (KEM 0x647a, KDF 0x0001, AEAD 0x0002)"
+                                                                          : "P256_SHA256_AES_GCM_256 (KEM 0x0010, KDF 0x0001, AEAD 0x0002)"),
+            ("privateKey", derived.key.privateKeyBytes.exportedBytes.hexString),
+            ("publicKey (raw representation)", derived.key.publicKeyRaw.hexString),
+            ("keyID = SHA-384(publicKey)[0:4]", derived.session.keyID.hexString + " (base64 " + Data(derived.session.keyID).base64EncodedString() + ")"),
+            ("encapsulatedKey", derived.encapsulatedKey.hexString),
+        ]
+        if case let .xWing(k) = derived.key {
+            for (name, value) in try XWing.trace(privateKey: k, ciphertext: derived.encapsulatedKey) { fields.append((name, value.hexString)) }
+        } else {
+            fields.append(("pkRm (publicKey, 04 || x || y)", ([0x04] + derived.key.publicKeyRaw).hexString))
+        }
+        let suiteID = derived.suite.hpke.suiteID
+        fields += [
+            ("shared_secret", schedule.sharedSecret.exportedBytes.hexString),
+            ("protocolInfo (info)", derived.info.text),
+            ("protocolInfo hex", derived.info.bytes.hexString),
+            ("suite_id", suiteID.hexString),
+            ("psk_id_hash", schedule.pskIDHash.hexString),
+            ("info_hash", schedule.infoHash.hexString),
+            ("key_schedule_context", schedule.keyScheduleContext.hexString),
+            ("secret", schedule.secret.exportedBytes.hexString),
+            ("key", schedule.key.exportedBytes.hexString),
+            ("base_nonce", schedule.baseNonce.hexString),
+            ("exporter_secret", schedule.exporterSecret.exportedBytes.hexString),
+        ]
+        for direction in [AccessorySession.Direction.hostToAccessory, .accessoryToHost] {
+            let context = AccessorySession.internetContext(direction, bluetoothIdentifier: derived.bluetooth)
+            fields.append(("context \(direction.rawValue)", String(decoding: context, as: UTF8.self)))
+            fields.append(("root \(direction.rawValue) = Export(context, 32)",
+                           derived.session.internetRoot(direction, bluetoothIdentifier: derived.bluetooth).exportedBytes.hexString))
+        }
+        let a2h = derived.accessoryToHostRoot
+        let (m0, _) = Ratchet.ratchetStep(chainKey: a2h, messageIndex: 0)
+        fields.append(("AccessoryToHost messageKey[0]", m0.exportedBytes.hexString))
+        if let feature = args.optionalString("feature-id") {
+            let reading: BluetoothContextReading
+            switch args.optionalString("bluetooth-reading") ?? "text" {
+            case "text": reading = .text
+            case "data-description": reading = .dataDescription
+            case let other: throw UsageError("--bluetooth-reading: expected text or data-description, got '\(other)'")
+            }
+            let context = AccessorySession.bluetoothContext(protocolInfo: derived.info, featureID: feature, reading: reading)
+            fields.append(("bluetooth context (\(reading.rawValue))", String(decoding: context, as: UTF8.self)))
+            fields.append(("bluetooth response key = Export(context, 32)", derived.session.bluetoothResponseSecret(featureID: feature, reading: reading).exportedBytes.hexString))
+        }
+        printFields(fields, args, console)
+    }
+
+    // MARK: helpers
+
+    static func printFields(_ fields: [(String, String)], _ args: ParsedArguments, _ console: Console) {
+        if args.flag("json") {
+            console.out(JSON.object(fields.map { ($0.0, .string($0.1)) }).rendered)
+        } else {
+            console.out(fields.map { "\($0.0): \($0.1)" }.joined(separator: "\n"))
+        }
+    }
+
+    static func randomHex(_ count: Int) -> String {
+        SecretKey(random: count).exportedBytes.hexString
+    }
+
+    /// Durable replace (temp file, fsync, rename, fsync dir) with mode 0600: the file holds the
+    /// accessory's private key and its ratchet position.
+    static func writeState(_ state: AccessoryState, to path: String) throws {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        let data = try encoder.encode(state)
+        let dir = (path as NSString).deletingLastPathComponent
+        let tmp = path + ".tmp"
+        let fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw RuntimeFailure("cannot write \(tmp): \(String(cString: strerror(errno)))") }
+        let written = data.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        let synced = fsync(fd)
+        close(fd)
+        guard written == data.count, synced == 0 else { throw RuntimeFailure("cannot write \(tmp): \(String(cString: strerror(errno)))") }
+        guard rename(tmp, path) == 0 else { throw RuntimeFailure("cannot rename \(tmp): \(String(cString: strerror(errno)))") }
+        let dfd = open(dir.isEmpty ? "." : dir, O_RDONLY | O_DIRECTORY)
+        if dfd >= 0 { _ = fsync(dfd); close(dfd) }
+    }
+}
