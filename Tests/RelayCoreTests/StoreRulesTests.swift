@@ -28,11 +28,14 @@ import Testing
         #expect(StoreRules.dedupe(row, credentialID: "cred_a") == .conflict)
     }
 
-    @Test func unregisteredUnlessSeenAfterAPNsTimestamp() {
-        #expect(StoreRules.isUnregistered(reportedAt: 10, lastSeen: nil))
-        #expect(StoreRules.isUnregistered(reportedAt: 10, lastSeen: 9))
-        #expect(!StoreRules.isUnregistered(reportedAt: 10, lastSeen: 10))
-        #expect(!StoreRules.isUnregistered(reportedAt: 10, lastSeen: 11))
+    @Test func unregisteredUnlessSeenAfterTheCutoff() {
+        #expect(StoreRules.isUnregistered(cutoff: 10, lastSeen: nil))
+        #expect(StoreRules.isUnregistered(cutoff: 10, lastSeen: 9))
+        #expect(StoreRules.isUnregistered(cutoff: 10, lastSeen: 10))   // same millisecond: not after
+        #expect(!StoreRules.isUnregistered(cutoff: 10, lastSeen: 11))
+        #expect(StoreRules.unregisteredCutoff(apnsTimestamp: 10, newestPendingCreatedAt: nil) == 10)
+        #expect(StoreRules.unregisteredCutoff(apnsTimestamp: 10, newestPendingCreatedAt: 12) == 12)
+        #expect(StoreRules.unregisteredCutoff(apnsTimestamp: 10, newestPendingCreatedAt: 3) == 10)
     }
 
     @Test func requeueRules() {

@@ -236,6 +236,30 @@ import Testing
     }
 
     @Test(arguments: StoreBackend.available)
+    func noIngestIsAcceptedAfterThe410Committed(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let clock = f.clock
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        _ = try s.ingestNow(sample(index: 1), secret: c.secret)
+        let row = try s.claimDue(limit: 1)[0]
+        clock.advance(5)
+        let apnsTimestamp = clock.nowMillis()
+        // Accepted between APNs' 410 and its commit: the relay did not know yet.
+        clock.advance(1)
+        guard case .accepted(let early) = try s.ingestNow(sample(index: 2), secret: c.secret) else { Issue.record("not accepted"); return }
+        try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: apnsTimestamp),
+                                    attempt: AttemptRecord(responseID: row.id, attemptedAt: apnsTimestamp, status: 410, reason: "Unregistered", apnsTimestamp: apnsTimestamp))])
+        // Once the failure committed, every new response for the token is refused (the early
+        // row does not pass for the token coming back), in the same millisecond and after.
+        #expect(try s.ingestNow(sample(index: 3), secret: c.secret) == .unregistered)
+        clock.advance(1)
+        #expect(try s.ingestNow(sample(index: 4), secret: c.secret) == .unregistered)
+        #expect(try s.ingestNow(sample(index: 2), secret: c.secret) == .duplicate(id: early, state: .queued))
+    }
+
+    @Test(arguments: StoreBackend.available)
     func unregisteredBeforeLastSeenDoesNotRefuse(_ backend: StoreBackend) throws {
         let f = try StoreFixture(backend)
         let s = try f.open()

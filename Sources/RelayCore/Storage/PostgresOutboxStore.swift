@@ -396,7 +396,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
                 duplicateOf[cand.index] = (pos, cand.credID)
                 continue
             }
-            if let u = unregistered[r.pushToken], StoreRules.isUnregistered(reportedAt: u.reportedAt, lastSeen: u.lastSeen) {
+            if let u = unregistered[r.pushToken], StoreRules.isUnregistered(cutoff: u.reportedAt, lastSeen: u.lastSeen) {
                 outcomes[cand.index] = .unregistered
                 continue
             }
@@ -648,13 +648,18 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
                         FOR UPDATE SKIP LOCKED)
                     """, [.int(until), .text(token)])
             }
+            // In the transaction that failed the rows (after their UPDATE): an ingest batch on any
+            // node either committed before (its rows count as waiting) or sees the record.
             for token in unreg.keys.sorted() {
+                let waiting = try c.query(
+                    "SELECT max(created_at) FROM responses WHERE push_token = $1 AND state IN ('queued','inflight','retry')",
+                    [.text(token)]).first?.first?.int
                 try c.query(
                     """
                     INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES ($1, $2, $3)
                     ON CONFLICT (token) DO UPDATE SET apns_timestamp = GREATEST(unregistered_tokens.apns_timestamp, excluded.apns_timestamp),
                         recorded_at = excluded.recorded_at
-                    """, [.text(token), .int(unreg[token]!), .int(now)])
+                    """, [.text(token), .int(StoreRules.unregisteredCutoff(apnsTimestamp: unreg[token]!, newestPendingCreatedAt: waiting)), .int(now)])
             }
             return changed.filter { $0.first?.string == "delivered" || $0.first?.string == "failed" }.count
         }

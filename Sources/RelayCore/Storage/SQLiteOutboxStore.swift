@@ -530,7 +530,7 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             if let unreg = try db.query("SELECT apns_timestamp FROM unregistered_tokens WHERE token = ?", [.text(r.pushToken)]).first,
                let reportedAt = unreg[0].int {
                 let lastSeen = try db.scalar("SELECT max(created_at) FROM responses WHERE push_token = ?", [.text(r.pushToken)]).int
-                if StoreRules.isUnregistered(reportedAt: reportedAt, lastSeen: lastSeen) { return (.unregistered, nil) }
+                if StoreRules.isUnregistered(cutoff: reportedAt, lastSeen: lastSeen) { return (.unregistered, nil) }
             }
             guard state.pending < request.maxPending else { return (.overCapacity, nil) }
             if let paced = try db.query("SELECT paced_until FROM token_pacing WHERE token = ?", [.text(r.pushToken)]).first?[0].int, paced > now {
@@ -756,11 +756,14 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
                         [.integer(Int64(counted)), status, .text(why), .integer(now), .integer(high), .text(u.id)])
                     state.pending -= changed
                     state.watchedTokens.insert(u.pushToken)
+                    // Same transaction as the row's failure: no ingest can commit in between.
+                    let waiting = try db.scalar(
+                        "SELECT max(created_at) FROM responses WHERE push_token = ? AND state IN ('queued','inflight','retry')", [.text(u.pushToken)]).int
                     try db.run(
                         """
                         INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES (?, ?, ?)
                         ON CONFLICT (token) DO UPDATE SET apns_timestamp = max(apns_timestamp, excluded.apns_timestamp), recorded_at = excluded.recorded_at
-                        """, [.text(u.pushToken), .integer(ts), .integer(now)])
+                        """, [.text(u.pushToken), .integer(StoreRules.unregisteredCutoff(apnsTimestamp: ts, newestPendingCreatedAt: waiting)), .integer(now)])
                 case .retry(let at, let paceUntil):
                     try db.run(
                         "UPDATE responses SET state = 'retry', attempts = attempts + ?, next_attempt_at = ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",

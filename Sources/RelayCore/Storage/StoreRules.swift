@@ -44,11 +44,19 @@ enum StoreRules {
         existing.credentialID == credentialID ? .duplicate(id: existing.id, state: existing.state) : .conflict
     }
 
-    /// APNs reported the token unregistered at `reportedAt`; `lastSeen` is the newest created_at
-    /// of the token's rows. Refused unless a response was accepted after APNs' timestamp.
-    static func isUnregistered(reportedAt: Int64, lastSeen: Int64?) -> Bool {
+    /// The token's record says `cutoff` (unregisteredCutoff); `lastSeen` is the newest
+    /// created_at of the token's rows. Refused unless a response was accepted after the cutoff.
+    static func isUnregistered(cutoff: Int64, lastSeen: Int64?) -> Bool {
         guard let lastSeen else { return true }
-        return reportedAt > lastSeen
+        return lastSeen <= cutoff
+    }
+
+    /// What a 410 records, in the transaction that fails its row: APNs' timestamp, raised to the
+    /// newest response of the token still waiting then. Those were accepted before the relay knew
+    /// (between APNs' answer and this commit) and must not pass for the token coming back, or
+    /// POSTs would keep getting 202 after the failure committed.
+    static func unregisteredCutoff(apnsTimestamp: Int64, newestPendingCreatedAt: Int64?) -> Int64 {
+        max(apnsTimestamp, newestPendingCreatedAt ?? .min)
     }
 
     /// An operator requeue (relayctl retry) moves only these: inflight belongs to the
