@@ -1,66 +1,138 @@
-// The OpenSSL wrapper: one `TLSContext` (SSL_CTX) per server, one `TLSSession` (SSL with two
-// memory BIOs) per connection. The loop feeds ciphertext in and takes ciphertext out; OpenSSL
+// The OpenSSL wrapper: one `TLSContext` per server (an SSL_CTX, replaced whole on reload), one
+// `TLSSession` (SSL with two memory BIOs) per connection. The loop feeds ciphertext in and takes ciphertext out; OpenSSL
 // never touches the socket. OpenSSL types stay in this file.
 internal import COpenSSL
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 
 private func opensslErrors() -> String {
     var buf = [CChar](repeating: 0, count: 1024)
     return cossl_drain_errors(&buf, buf.count) == 0 ? "unknown OpenSSL error" : cArrayString(buf)
 }
 
+/// The certificate a TLS context serves, for logs (after a start or a reload).
+public struct TLSCertificateSummary: Sendable, Equatable {
+    public var subject: String
+    /// "2027-01-31T12:00:00Z"
+    public var notAfter: String
+}
+
+/// The server's TLS settings, re-read from their files by `reload()`: each load builds a whole
+/// new SSL_CTX and swaps it in for new connections; a connection keeps the SSL_CTX it started
+/// with (its TLSSession holds it), so a reload never drops or renegotiates anything.
+final class TLSContext: Sendable {
+    let configuration: TLSConfiguration
+    private let current: Mutex<TLSContextGeneration>
+
+    init(configuration c: TLSConfiguration) throws {
+        configuration = c
+        current = Mutex(try TLSContextGeneration(configuration: c))
+    }
+
+    /// The files are read and checked in full before the swap: on any error the running
+    /// context stays and the error says which file and why.
+    func reload() throws -> TLSCertificateSummary {
+        let next = try TLSContextGeneration(configuration: configuration)
+        current.withLock { $0 = next }
+        return next.summary
+    }
+
+    var generation: TLSContextGeneration { current.withLock { $0 } }
+}
+
+extension HTTPServer {
+    /// Re-reads the listener's certificate, key and client CA (SIGHUP in relay-server). Nil
+    /// for a cleartext listener; throws, keeping the served certificate, if the new files do
+    /// not load.
+    public func reloadTLS() throws -> TLSCertificateSummary? {
+        try core.tls?.reload()
+    }
+
+    /// The certificate new connections get, nil without TLS.
+    public var tlsCertificate: TLSCertificateSummary? { core.tls?.generation.summary }
+}
+
 // @unchecked Sendable: the SSL_CTX is fully configured in init and only read afterwards
 // (SSL_new from loop threads), which OpenSSL documents as thread-safe; `alpnPrefs` is
-// immutable after init.
-final class TLSContext: @unchecked Sendable {
+// immutable after init and lives as long as any SSL made from this SSL_CTX (each TLSSession
+// holds its generation).
+final class TLSContextGeneration: @unchecked Sendable {
     fileprivate let ctx: OpaquePointer
     /// 2-byte big-endian length followed by the ALPN wire list; read by the C select callback.
     private let alpnPrefs: UnsafeMutablePointer<UInt8>
+    let summary: TLSCertificateSummary
 
     init(configuration c: TLSConfiguration) throws {
         ERR_clear_error()
         guard let ctx = SSL_CTX_new(TLS_server_method()) else {
             throw HTTPServerError.tls("SSL_CTX_new: \(opensslErrors())")
         }
-        self.ctx = ctx
         var wire: [UInt8] = []
         for p in c.alpn where !p.isEmpty && p.utf8.count < 256 {
             wire.append(UInt8(p.utf8.count))
             wire.append(contentsOf: p.utf8)
         }
-        alpnPrefs = .allocate(capacity: wire.count + 2)
+        let alpnPrefs = UnsafeMutablePointer<UInt8>.allocate(capacity: wire.count + 2)
         alpnPrefs[0] = UInt8(wire.count >> 8)
         alpnPrefs[1] = UInt8(wire.count & 0xff)
         for (i, b) in wire.enumerated() { alpnPrefs[i + 2] = b }
-
-        guard cossl_ctx_set_min_tls12(ctx) == 1 else {
-            throw HTTPServerError.tls("cannot require TLS 1.2: \(opensslErrors())")
+        func fail(_ message: String) -> HTTPServerError {
+            SSL_CTX_free(ctx)
+            alpnPrefs.deallocate()
+            return .tls(message)
         }
+
+        guard cossl_ctx_set_min_tls12(ctx) == 1 else { throw fail("cannot require TLS 1.2: \(opensslErrors())") }
         cossl_ctx_harden_server(ctx)
         guard SSL_CTX_use_certificate_chain_file(ctx, c.certificatePath) == 1 else {
-            throw HTTPServerError.tls("certificate \(c.certificatePath): \(opensslErrors())")
+            throw fail("certificate \(c.certificatePath): \(opensslErrors())")
         }
         guard SSL_CTX_use_PrivateKey_file(ctx, c.privateKeyPath, SSL_FILETYPE_PEM) == 1 else {
-            throw HTTPServerError.tls("private key \(c.privateKeyPath): \(opensslErrors())")
+            throw fail("private key \(c.privateKeyPath): \(opensslErrors())")
         }
         guard SSL_CTX_check_private_key(ctx) == 1 else {
-            throw HTTPServerError.tls("private key does not match certificate: \(opensslErrors())")
+            throw fail("private key \(c.privateKeyPath) does not match certificate \(c.certificatePath): \(opensslErrors())")
         }
         if let ca = c.clientCAPath {
-            guard SSL_CTX_load_verify_locations(ctx, ca, nil) == 1 else {
-                throw HTTPServerError.tls("client CA \(ca): \(opensslErrors())")
+            // Only this file is trusted for client certificates (a new SSL_CTX has no default
+            // store), and its names are sent in the CertificateRequest so a client picks the
+            // right certificate.
+            guard SSL_CTX_load_verify_locations(ctx, ca, nil) == 1, let names = SSL_load_client_CA_file(ca) else {
+                throw fail("client CA \(ca): \(opensslErrors())")
             }
+            SSL_CTX_set_client_CA_list(ctx, names)
             var mode = SSL_VERIFY_PEER
             if c.requireClientCertificate { mode |= SSL_VERIFY_FAIL_IF_NO_PEER_CERT }
             SSL_CTX_set_verify(ctx, mode, nil)
         } else if c.requireClientCertificate {
-            throw HTTPServerError.tls("requireClientCertificate needs clientCAPath")
+            throw fail("requireClientCertificate needs clientCAPath")
         }
         if !wire.isEmpty { cossl_ctx_set_alpn_prefs(ctx, alpnPrefs) }
+        self.ctx = ctx
+        self.alpnPrefs = alpnPrefs
+        summary = Self.summary(SSL_CTX_get0_certificate(ctx))
     }
 
     deinit {
         SSL_CTX_free(ctx)
         alpnPrefs.deallocate()
+    }
+
+    private static func summary(_ cert: OpaquePointer?) -> TLSCertificateSummary {
+        var s = TLSCertificateSummary(subject: "", notAfter: "")
+        guard let cert else { return s }
+        if let name = X509_get_subject_name(cert), let line = X509_NAME_oneline(name, nil, 0) {
+            s.subject = String(cString: line)
+            cossl_free(line)
+        }
+        var t = tm()
+        if let end = X509_get0_notAfter(cert), ASN1_TIME_to_tm(end, &t) == 1 {
+            func two(_ v: Int32) -> String { v < 10 ? "0\(v)" : "\(v)" }
+            s.notAfter = "\(t.tm_year + 1900)-\(two(t.tm_mon + 1))-\(two(t.tm_mday))T\(two(t.tm_hour)):\(two(t.tm_min)):\(two(t.tm_sec))Z"
+        }
+        return s
     }
 }
 
@@ -72,15 +144,19 @@ final class TLSSession {
     private let ssl: OpaquePointer
     private let rbio: OpaquePointer
     private let wbio: OpaquePointer
+    /// Keeps the SSL_CTX's ALPN list alive for this connection across reloads.
+    private let generation: TLSContextGeneration
     private(set) var handshakeDone = false
 
     init(context: TLSContext) throws {
-        guard let ssl = SSL_new(context.ctx) else { throw HTTPServerError.tls("SSL_new: \(opensslErrors())") }
+        let generation = context.generation
+        guard let ssl = SSL_new(generation.ctx) else { throw HTTPServerError.tls("SSL_new: \(opensslErrors())") }
         guard let r = BIO_new(BIO_s_mem()), let w = BIO_new(BIO_s_mem()) else {
             SSL_free(ssl)
             throw HTTPServerError.tls("BIO_new: \(opensslErrors())")
         }
         self.ssl = ssl
+        self.generation = generation
         rbio = r
         wbio = w
         SSL_set_bio(ssl, r, w)   // the SSL owns both BIOs from here

@@ -1,5 +1,6 @@
-// relay-server: parse arguments, load the config, run the service until SIGTERM/SIGINT/SIGHUP.
-// Everything else lives in RelayCore (RelayService.swift), including the signal handling.
+// relay-server: parse arguments, load the config, run the service until SIGTERM/SIGINT (SIGHUP
+// reloads the certificate). Everything else lives in RelayCore (RelayService.swift), including
+// the signal handling.
 import Glibc
 import RelayCore
 
@@ -13,11 +14,13 @@ let usage = """
       --config <file>   JSON configuration (default: \(RelayConfig.defaultPath)).
                         Every key is documented in config/relay.example.json.
       --check-config    Load and validate the configuration (and that the files it names
-                        are readable), then exit.
+                        are readable), print its warnings, then exit.
       -h, --help        Show this help.
 
-    Signals: SIGTERM/SIGINT/SIGHUP drain and stop (exit 0; there is no reload: restart to
-    apply a changed configuration). Exit codes: 64 usage, 1 runtime failure.
+    Signals: SIGTERM/SIGINT drain and stop (exit 0). SIGHUP reloads the ingest TLS
+    certificate, key and client CA from their files without dropping connections (a file
+    that does not load keeps the previous one); other changes need a restart.
+    Exit codes: 64 usage, 1 runtime failure.
 
     """
 
@@ -66,12 +69,15 @@ do {
 if let unreadable = config.unreadableFile() {
     fail("invalid configuration \(configPath): \(unreadable)", code: 1)
 }
+let warnings = config.warnings(configPath: configPath)
 if checkOnly {
+    for w in warnings { output("relay-server: warning: \(w)\n", to: 2) }
     output("configuration \(configPath) is valid\n", to: 1)
     exit(0)
 }
 
 let logger = RelayLogger(minimum: config.log.level, format: config.log.format)
+for w in warnings { logger.warning(w.message, ["key": w.key]) }
 let service = RelayService(config: config, logger: logger, makeTransport: PushClientTransport.make)
 do {
     try service.start()

@@ -230,6 +230,8 @@ final class RelayHarness {
     var adminPort = 0
     var credential = ""
     var extraConfig: [String: String]
+    /// Extra members of the "listen" object, e.g. `"tls":{...}` (RelayServerTLSTests).
+    var listenExtra = ""
 
     /// `dispatch`/`ingest` overrides are raw JSON object bodies merged into the config.
     init(dispatch: String = "", ingest: String = "", mockFaults: [String] = [], accessory: TestAccessory = TestAccessory()) throws {
@@ -276,7 +278,7 @@ final class RelayHarness {
 
     func writeConfig() throws {
         let config = """
-            {"listen":{"host":"127.0.0.1","port":\(relayPort)},"admin":{"host":"127.0.0.1","port":\(adminPort)},
+            {"listen":{"host":"127.0.0.1","port":\(relayPort)\(listenExtra.isEmpty ? "" : "," + listenExtra)},"admin":{"host":"127.0.0.1","port":\(adminPort)},
              "store":{"path":"relay.db","synchronous":"FULL"},
              "ingest":{\(extraConfig["ingest"] ?? "")},
              "dispatch":{\(extraConfig["dispatch"] ?? "")},

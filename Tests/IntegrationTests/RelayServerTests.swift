@@ -264,16 +264,23 @@ import Glibc
     /// Start-up failures used to name a path or a port but not the key: a missing .p8 came out
     /// as a CocoaError dump, a taken port as "libuv bind ...: Address already in use" (which
     /// listener?), and --check-config passed a config whose key file did not exist.
-    /// SIGHUP's default action killed relay-server on the spot (exit by signal, no drain, no
-    /// "stopped" line): a closed terminal or a `kill -HUP` meant as a reload. It drains now.
-    @Test func sighupDrainsLikeSigterm() throws {
+    /// SIGHUP used to drain and exit 0, which Restart=on-failure does not restart: a
+    /// `systemctl reload` (ExecReload=kill -HUP) left the relay down. It reloads the certificate
+    /// now (RelayServerTLSTests); without TLS there is nothing to reload and the relay keeps
+    /// serving. SIGTERM is still the drain.
+    @Test func sighupKeepsServingAndSigtermDrains() throws {
         let h = try RelayHarness()
         try h.startRelay()
         #expect(try h.post(try h.accessory.nextBody().body).status == 202)
         h.relay?.signal(SIGHUP)
+        try relayEventually("reload logged") { h.relay?.stderr.contains("nothing to reload") == true }
+        #expect(h.relay?.isRunning == true)
+        #expect(try h.post(try h.accessory.nextBody().body).status == 202)
+        h.relay?.signal(SIGTERM)
         #expect(h.relay?.wait(seconds: 15) == 0, "\(h.relay?.stderr ?? "")")
         let log = h.relay?.stderr ?? ""
-        #expect(log.contains(#""signal":"SIGHUP""#) && log.contains("draining") && log.contains(#""msg":"stopped""#), "\(log)")
+        #expect(log.contains(#""signal":"SIGHUP""#) && log.contains(#""signal":"SIGTERM""#) && log.contains("draining") && log.contains(#""msg":"stopped""#), "\(log)")
+        #expect(log.components(separatedBy: "draining").count == 2, "\(log)")
     }
 
     @Test func startupFailuresNameTheKey() throws {
@@ -407,6 +414,12 @@ import Glibc
         #expect(try relayHTTP(h.adminPort, "GET", "/readyz").status == 200)
         let pings = receive(until: "WATCHDOG=1")
         #expect(pings.contains { $0.contains("WATCHDOG=1") })
+        // `systemctl reload` (SIGHUP): RELOADING=1 (with the monotonic time systemd 253 wants),
+        // then READY=1 again; the relay keeps running.
+        h.relay?.signal(SIGHUP)
+        let reload = receive(until: "READY=1")
+        #expect(reload.contains { $0.contains("RELOADING=1") && $0.contains("MONOTONIC_USEC=") }, "\(reload)")
+        #expect(reload.last?.contains("READY=1") == true && h.relay?.isRunning == true, "\(reload)")
         h.relay?.signal(SIGTERM)
         let stopping = receive(until: "STOPPING=1")
         #expect(stopping.contains { $0.contains("STOPPING=1") })

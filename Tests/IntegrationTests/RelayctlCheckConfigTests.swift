@@ -58,6 +58,8 @@ struct RelayctlCheckConfigTests {
                    "token": {"p8Path": "AuthKey.p8", "keyID": "ABC123DEFG", "teamID": "DEF123GHIJ"}}]}
         """)
         defer { try? FileManager.default.removeItem(at: dir) }
+        // Secrets only their owner can read: no warning (SecretsTests and the test below).
+        for file in [config, dir.appendingPathComponent("good.key").path, dir.appendingPathComponent("AuthKey.p8").path] { chmod(file, 0o600) }
         let text = try Relayctl.run(["check-config", config])
         #expect(text.status == 0, "\(text.stdout)\(text.stderr)")
         #expect(text.stdout.contains("OK    config"))
@@ -126,6 +128,37 @@ struct RelayctlCheckConfigTests {
 
         let text = try Relayctl.run(["check-config", config])
         #expect(text.status == 1 && text.stderr.contains("6 check(s) failed"))
+    }
+
+    /// The warnings relay-server logs at start, listed by check-config too: a key file every
+    /// user can read, a PostgreSQL URL without sslmode=verify-full, cleartext to APNs. The
+    /// password in the URL shows in neither check-config, relay-server --check-config nor status.
+    @Test func exposedSecretsAreWarnedAboutAndPasswordsNeverShown() throws {
+        defer { try? FileManager.default.removeItem(at: dir) }
+        chmod(dir.appendingPathComponent("AuthKey.p8").path, 0o644)
+        let config = try write("""
+        {"admin": {"enabled": false},
+         "store": {"kind": "postgres", "url": "postgresql://relay@db.invalid:5432/relay?connect_timeout=2&password=hunter2-secret"},
+         "apps": [{"bundleID": "com.example.companion", "environment": "custom", "url": "http://apns.example:2197", "allowInsecureTransport": true,
+                   "token": {"p8Path": "AuthKey.p8", "keyID": "ABC123DEFG", "teamID": "DEF123GHIJ"}}]}
+        """)
+        chmod(config, 0o600)
+        let result = try Relayctl.run(["check-config", config, "--json", "--skip-ports"])
+        #expect(!(result.stdout + result.stderr).contains("hunter2"), "\(result.stdout)")
+        let warned = try checks(result).filter { $0.status == "warn" }
+        #expect(warned.contains { $0.subject == "apps[0].token.p8Path" && $0.detail.contains("every user") }, "\(warned)")
+        #expect(warned.contains { $0.subject == "store.url" && $0.detail.contains("verify-full") && $0.detail.contains("db.invalid") }, "\(warned)")
+        #expect(warned.contains { $0.subject == "apps[0].url" && $0.detail.contains("cleartext") }, "\(warned)")
+        #expect(!warned.contains { $0.subject == "config" }, "\(warned)")
+        #expect(try checks(result).contains { $0.subject == "store" && $0.detail.contains("password=***") })
+
+        let status = try Relayctl.run(["status", "--config", config])
+        #expect(status.status == 1 && status.stderr.contains("password=***") && !status.stderr.contains("hunter2"), "\(status.stderr)")
+
+        let server = try RelayChild(relayBinary("relay-server"), ["--config", config, "--check-config"], name: "relay-server")
+        #expect(server.wait(seconds: 15) == 0)
+        #expect(server.stderr.contains("warning: apps[0].token.p8Path: ") && server.stderr.contains("warning: store.url: "), "\(server.stderr)")
+        #expect(!server.stderr.contains("hunter2"))
     }
 
     @Test func anUnparseableConfigFailsNamingTheKey() throws {

@@ -14,6 +14,9 @@ public struct RelayConfig: Sendable, Equatable {
     public struct TLS: Sendable, Equatable {
         public var certificatePath: String
         public var privateKeyPath: String
+        /// mTLS: every client must present a certificate issued by a CA in this PEM file
+        /// (and still send its bearer credential: docs/configuration.md).
+        public var clientCAPath: String?
     }
     public struct Listener: Sendable, Equatable {
         public var host: String
@@ -65,6 +68,8 @@ public struct RelayConfig: Sendable, Equatable {
         public var environment: Environment
         public var caFile: String?
         public var credentials: Credentials
+        /// An `http://` custom URL to a host other than loopback is refused unless this is set.
+        public var allowInsecureTransport = false
     }
     public struct Log: Sendable, Equatable {
         public var format = RelayLogger.Format.json
@@ -116,11 +121,11 @@ public struct RelayConfig: Sendable, Equatable {
             c.listen.host = try l.string("host") ?? c.listen.host
             c.listen.port = try l.int("port", 0...65535) ?? c.listen.port
             if var t = try l.child("tls") {
-                try t.object(allowed: ["certificate", "privateKey"])
+                try t.object(allowed: ["certificate", "privateKey", "clientCA"])
                 guard let cert = try t.path("certificate"), let key = try t.path("privateKey") else {
                     throw ConfigError(key: "listen.tls", message: "needs certificate and privateKey")
                 }
-                c.listen.tls = TLS(certificatePath: cert, privateKeyPath: key)
+                c.listen.tls = TLS(certificatePath: cert, privateKeyPath: key, clientCAPath: try t.path("clientCA"))
             }
         }
         if var a = try r.child("admin") {
@@ -145,6 +150,7 @@ public struct RelayConfig: Sendable, Equatable {
                 guard let url = try s.string("url"), url.hasPrefix("postgresql://") || url.hasPrefix("postgres://") || url.contains("=") else {
                     throw ConfigError(key: "store.url", message: "required with store.kind \"postgres\": a libpq URI such as postgresql://relay@db.internal:5432/relay")
                 }
+                if let problem = postgresURLProblem(url) { throw ConfigError(key: "store.url", message: problem) }
                 c.store.url = url
                 if let node = try s.string("nodeId") {
                     guard !node.isEmpty, node.count <= 200 else { throw ConfigError(key: "store.nodeId", message: "must be 1 to 200 characters") }
@@ -211,7 +217,7 @@ public struct RelayConfig: Sendable, Equatable {
         }
         var seen = Set<String>()
         for var a in apps {
-            try a.object(allowed: ["bundleID", "environment", "url", "caFile", "token", "certificate"])
+            try a.object(allowed: ["bundleID", "environment", "url", "caFile", "token", "certificate", "allowInsecureTransport"])
             guard let bundle = try a.string("bundleID"), !bundle.isEmpty, !bundle.contains(",") else {
                 throw ConfigError(key: a.key("bundleID"), message: "required: the companion app's bundle ID")
             }
@@ -231,8 +237,18 @@ public struct RelayConfig: Sendable, Equatable {
                 env = .custom(url: url)
             default: throw ConfigError(key: a.key("environment"), message: "must be \"production\", \"sandbox\" or \"custom\"")
             }
-            if case .custom = env {} else if try a.string("url") != nil {
-                throw ConfigError(key: a.key("url"), message: "only allowed with environment \"custom\"")
+            let allowInsecure = try a.bool("allowInsecureTransport") ?? false
+            if case .custom(let url) = env {
+                // Cleartext carries the provider JWT (which any host on the path could replay for
+                // up to an hour) and every push: only to this host, or when the operator says so.
+                if url.hasPrefix("http://"), !allowInsecure, !Self.isLoopbackHost(Self.urlHost(url)) {
+                    throw ConfigError(key: a.key("url"), message: "\(url) is cleartext to a host other than loopback: the APNs token and every push would cross the network unencrypted; use https://, or set \"allowInsecureTransport\": true in this app")
+                }
+            } else {
+                if try a.string("url") != nil { throw ConfigError(key: a.key("url"), message: "only allowed with environment \"custom\"") }
+                if a.raw("allowInsecureTransport") != nil {
+                    throw ConfigError(key: a.key("allowInsecureTransport"), message: "only allowed with environment \"custom\"")
+                }
             }
             let ca = try a.path("caFile")
             let creds: Credentials
@@ -256,7 +272,7 @@ public struct RelayConfig: Sendable, Equatable {
             case (nil, nil): throw ConfigError(key: a.key("token"), message: "an app needs \"token\" or \"certificate\" credentials")
             default: throw ConfigError(key: a.key("certificate"), message: "give either \"token\" or \"certificate\", not both")
             }
-            c.apps.append(App(bundleID: bundle, environment: env, caFile: ca, credentials: creds))
+            c.apps.append(App(bundleID: bundle, environment: env, caFile: ca, credentials: creds, allowInsecureTransport: allowInsecure))
         }
         if var l = try r.child("log") {
             try l.object(allowed: ["format", "level"])
@@ -285,6 +301,7 @@ public struct RelayConfig: Sendable, Equatable {
         var files: [(key: String, path: String)] = []
         if let tls = listen.tls {
             files += [("listen.tls.certificate", tls.certificatePath), ("listen.tls.privateKey", tls.privateKeyPath)]
+            if let ca = tls.clientCAPath { files.append(("listen.tls.clientCA", ca)) }
         }
         for (i, app) in apps.enumerated() {
             if let ca = app.caFile { files.append(("apps[\(i)].caFile", ca)) }
@@ -313,10 +330,11 @@ public struct RelayConfig: Sendable, Equatable {
         if let p = env["RELAY_DB_PATH"], !p.isEmpty { store.path = p }
         if let u = env["RELAY_DB_URL"], !u.isEmpty {
             guard store.kind == "postgres" else { throw ConfigError(key: "RELAY_DB_URL", message: "only used with store.kind \"postgres\"") }
+            if let problem = postgresURLProblem(u) { throw ConfigError(key: "RELAY_DB_URL", message: problem) }
             store.url = u
         }
         if let cert = env["RELAY_TLS_CERTIFICATE"], let key = env["RELAY_TLS_PRIVATE_KEY"] {
-            listen.tls = TLS(certificatePath: cert, privateKeyPath: key)
+            listen.tls = TLS(certificatePath: cert, privateKeyPath: key, clientCAPath: listen.tls?.clientCAPath)
         } else if env["RELAY_TLS_CERTIFICATE"] != nil || env["RELAY_TLS_PRIVATE_KEY"] != nil {
             throw ConfigError(key: "RELAY_TLS_CERTIFICATE", message: "set both RELAY_TLS_CERTIFICATE and RELAY_TLS_PRIVATE_KEY")
         }

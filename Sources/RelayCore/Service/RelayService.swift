@@ -1,7 +1,8 @@
 // Assembles the data path from a RelayConfig:
 //   HTTPServer (ingest) -> IngestService (validate, rate limit) -> SQLiteOutboxStore (group
 //   commit) -> Dispatcher -> PushTransport (PushClient) -> APNs
-// plus the admin listener, systemd notifications and the graceful drain on SIGTERM/SIGINT.
+// plus the admin listener, systemd notifications, the graceful drain on SIGTERM/SIGINT and the
+// certificate reload on SIGHUP.
 import Dispatch
 import FoundationEssentials
 import Glibc
@@ -26,6 +27,8 @@ public final class RelayService: @unchecked Sendable {
     private let stopLock = Condition()
     private var stopped = false
     private let startedAt = monotonicMicros()
+    /// SIGHUP certificate reloads, for /metrics (a failed one needs the operator).
+    private let tlsReloads = Mutex<(ok: Int, failed: Int)>((0, 0))
 
     public init(config: RelayConfig, logger: RelayLogger,
                 makeTransport: @escaping @Sendable (RelayConfig.App, RelayConfig) throws -> any PushTransport) {
@@ -101,7 +104,12 @@ public final class RelayService: @unchecked Sendable {
                             "accepting": limits.maxConnections, "reserved": reserved,
                             "fix": "raise LimitNOFILE (ulimit -n) above ingest.maxConnections + \(reserved), or lower ingest.maxConnections"])
         }
-        let tls = c.listen.tls.map { TLSConfiguration(certificatePath: $0.certificatePath, privateKeyPath: $0.privateKeyPath) }
+        // With a client CA every client must present a certificate it issued (no optional mode:
+        // docs/configuration.md, listen.tls.clientCA).
+        let tls = c.listen.tls.map {
+            TLSConfiguration(certificatePath: $0.certificatePath, privateKeyPath: $0.privateKeyPath,
+                             clientCAPath: $0.clientCAPath, requireClientCertificate: $0.clientCAPath != nil)
+        }
         var serverConfig = HTTPServerConfiguration(host: c.listen.host, port: c.listen.port, tls: tls)
         serverConfig.limits = limits
         serverConfig.loopThreads = c.ingest.loopThreads
@@ -154,6 +162,11 @@ public final class RelayService: @unchecked Sendable {
         var out = HTTPGlue.prometheusHeader
         if let s = ingestServer { out += HTTPGlue.prometheus(s.metrics, listener: "ingest") }
         if let s = adminServer { out += HTTPGlue.prometheus(s.metrics, listener: "admin") }
+        if config.listen.tls != nil {
+            let r = tlsReloads.withLock { $0 }
+            out += "# HELP relay_tls_reloads_total SIGHUP reloads of the ingest certificate, by result (failed: the previous one is still served).\n# TYPE relay_tls_reloads_total counter\n"
+            out += "relay_tls_reloads_total{result=\"ok\"} \(r.ok)\nrelay_tls_reloads_total{result=\"failed\"} \(r.failed)\n"
+        }
         if let store, let w = OutboxStores.writerStats(store) {
             out += "# HELP relay_store_commits_total Group-commit transactions committed.\n# TYPE relay_store_commits_total counter\nrelay_store_commits_total \(w.batches)\n"
             out += "# HELP relay_store_jobs_total Jobs (ingests and dispatcher writes) committed.\n# TYPE relay_store_jobs_total counter\nrelay_store_jobs_total \(w.jobs)\n"
@@ -187,9 +200,31 @@ public final class RelayService: @unchecked Sendable {
                                 "inflight": counts?.byState[.inflight] ?? -1])
     }
 
-    /// Blocks the calling thread until SIGTERM, SIGINT or SIGHUP, then drains. Returns the exit
-    /// status. SIGHUP too: its default action killed the process on the spot (a closed terminal,
-    /// a `kill -HUP` meant as a reload), without the drain; there is no reload to map it to.
+    /// SIGHUP: re-reads the ingest certificate, private key and client CA from the paths the
+    /// config named at start. New connections get them; open connections keep the ones they
+    /// started with. If a file does not load, the running ones stay and the log says why.
+    /// Other config changes still need a restart.
+    public func reload() {
+        stopLock.lock()
+        defer { stopLock.unlock() }
+        guard !stopped, let server = ingestServer else { return }
+        SystemdNotifier.notify("RELOADING=1\nMONOTONIC_USEC=\(monotonicMicros())\nSTATUS=reloading the TLS certificate")
+        do {
+            if let cert = try server.reloadTLS() {
+                tlsReloads.withLock { $0.ok += 1 }
+                logger.info("TLS certificate reloaded", ["subject": cert.subject, "not_after": cert.notAfter])
+            } else {
+                logger.info("reload: the ingest listener has no TLS, nothing to reload")
+            }
+        } catch {
+            tlsReloads.withLock { $0.failed += 1 }
+            logger.error("TLS reload failed: still serving the previous certificate", ["error": "\(error)"])
+        }
+        SystemdNotifier.notify("READY=1\nSTATUS=accepting responses on \(config.listen.host):\(ingestPort)")
+    }
+
+    /// Blocks the calling thread until SIGTERM or SIGINT, then drains; SIGHUP reloads the
+    /// certificate (`reload()`) and keeps running. Returns the exit status.
     public func runUntilSignal() -> Int32 {
         let received = DispatchSemaphore(value: 0)
         let queue = DispatchQueue(label: "relay-signals")
@@ -197,9 +232,9 @@ public final class RelayService: @unchecked Sendable {
         for (sig, name) in [(SIGTERM, "SIGTERM"), (SIGINT, "SIGINT"), (SIGHUP, "SIGHUP")] {
             signal(sig, SIG_IGN)  // let the dispatch source see it instead of the default action
             let s = DispatchSource.makeSignalSource(signal: sig, queue: queue)
-            s.setEventHandler { [logger] in
+            s.setEventHandler { [logger, weak self] in
                 logger.info("signal received", ["signal": name])
-                received.signal()
+                if sig == SIGHUP { self?.reload() } else { received.signal() }
             }
             s.resume()
             sources.append(s)

@@ -82,7 +82,7 @@ final class PostgresWorker<Item>: @unchecked Sendable {
             // Full jitter keeps several nodes from reconnecting in lock-step after a restart.
             nextConnectAt = now + Int64.random(in: (backoffMillis / 2)...backoffMillis)
             if !lostLogged {
-                logger?.error("database unreachable; retrying with back-off", ["connection": name, "error": redactPostgresURL("\(error)")])
+                logger?.error("database unreachable; retrying with back-off", ["connection": name, "error": "\(error)"])
                 lostLogged = true
             }
             throw (error as? StoreError) ?? .unavailable("\(error)")

@@ -74,6 +74,9 @@ enum CheckConfigCommand {
             return
         }
         let threshold = Date().addingTimeInterval(Double(expiryDays) * 86_400)
+        // The same warnings relay-server logs at start: exposed secret files, an unverified
+        // PostgreSQL connection, cleartext to APNs.
+        for w in config.warnings(configPath: path) { checks.warn(w.key, w.message) }
 
         // Database.
         if config.store.kind != "sqlite" {
@@ -114,11 +117,17 @@ enum CheckConfigCommand {
         // Listeners.
         if let tls = config.listen.tls {
             certificateAndKey("listen.tls", certificate: tls.certificatePath, key: tls.privateKeyPath, passphrase: nil, threshold: threshold, expiryDays: expiryDays, into: checks)
-        } else if !isLoopback(config.listen.host) {
+            if let ca = tls.clientCAPath {
+                do {
+                    let cert = try KeyMaterial.certificate(atPath: ca)
+                    checks.ok("listen.tls.clientCA", "\(ca): \(cert.subject), until \(isoDay(cert.notAfter)); clients must present a certificate it issued")
+                } catch { checks.fail("listen.tls.clientCA", "\(error)") }
+            }
+        } else if !RelayConfig.isLoopbackHost(config.listen.host) {
             checks.warn("listen", "\(config.listen.host):\(config.listen.port) without TLS: terminate TLS in front of it")
         }
         if config.adminEnabled {
-            if !isLoopback(config.admin.host) {
+            if !RelayConfig.isLoopbackHost(config.admin.host) {
                 checks.warn("admin", "\(config.admin.host):\(config.admin.port) is not loopback: /metrics and /readyz are unauthenticated")
             }
             if config.admin.host == config.listen.host && config.admin.port == config.listen.port && config.listen.port != 0 {
@@ -133,11 +142,6 @@ enum CheckConfigCommand {
         // Apps.
         for (i, app) in config.apps.enumerated() {
             let subject = "apps[\(i)] \(app.bundleID)"
-            switch app.environment {
-            case .production, .sandbox: break
-            case .custom(let url):
-                if !url.hasPrefix("https://") { checks.warn(subject, "custom environment \(url) is not https (fine for a mock only)") }
-            }
             if let ca = app.caFile {
                 do {
                     let cert = try KeyMaterial.certificate(atPath: ca)
@@ -235,7 +239,6 @@ enum CheckConfigCommand {
         }
     }
 
-    static func isLoopback(_ host: String) -> Bool { host == "127.0.0.1" || host == "::1" || host == "localhost" || host.hasPrefix("127.") }
 
     static func isAppleID(_ s: String) -> Bool { s.count == 10 && s.allSatisfy { $0.isASCII && ($0.isUppercase || $0.isNumber) } }
 

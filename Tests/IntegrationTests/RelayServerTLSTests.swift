@@ -1,0 +1,170 @@
+// The ingest listener's TLS as an operator runs it, against the real relay-server binary on
+// loopback: SIGHUP serves a renewed certificate to new connections while an open connection
+// keeps working, a broken renewal keeps the old certificate, and listen.tls.clientCA (mTLS)
+// refuses clients without a certificate from that CA but still requires the bearer credential.
+import Foundation
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+private let tlsToolsAvailable = FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl")
+    && FileManager.default.isExecutableFile(atPath: "/usr/bin/curl")
+
+/// Runs a tool to completion; its stdout, and stderr too unless `stderr` is false.
+private func tool(_ exe: String, _ args: [String], in dir: String, stderr: Bool = true) throws -> (status: Int32, output: String) {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: exe)
+    p.arguments = args
+    p.currentDirectoryURL = URL(fileURLWithPath: dir)
+    let out = Pipe()
+    p.standardOutput = out
+    p.standardError = stderr ? out : FileHandle.nullDevice
+    p.standardInput = FileHandle.nullDevice
+    try p.run()
+    let data = out.fileHandleForReading.readDataToEndOfFile()
+    p.waitUntilExit()
+    return (p.terminationStatus, String(decoding: data, as: UTF8.self))
+}
+
+private func openssl(_ args: [String], in dir: String) throws {
+    let r = try tool("/usr/bin/openssl", args, in: dir)
+    guard r.status == 0 else { throw RelayITError("openssl \(args.joined(separator: " ")): \(r.output)") }
+}
+
+/// A self-signed P-256 certificate `<name>.pem` / `<name>.key` with the given common name.
+private func selfSigned(_ name: String, cn: String, in dir: String) throws {
+    try openssl(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "\(name).key",
+                 "-out", "\(name).pem", "-days", "30", "-subj", "/CN=\(cn)"], in: dir)
+}
+
+/// One `openssl s_client` connection held open: requests go in through stdin, everything it
+/// prints (certificate subject, responses) collects in `output`.
+private final class HeldConnection: @unchecked Sendable {
+    // @unchecked Sendable: the output buffer is behind its own Mutex; the rest is set in init.
+    let process = Process()
+    private let input = Pipe()
+    private let text = RelayLogBuffer()
+
+    init(port: Int, dir: String) throws {
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        process.arguments = ["s_client", "-connect", "127.0.0.1:\(port)", "-ign_eof"]
+        process.currentDirectoryURL = URL(fileURLWithPath: dir)
+        let out = Pipe()
+        process.standardOutput = out
+        process.standardError = out
+        process.standardInput = input
+        let text = self.text
+        out.fileHandleForReading.readabilityHandler = { h in
+            let d = h.availableData
+            if d.isEmpty { h.readabilityHandler = nil; return }
+            text.bytes.withLock { $0 += Array(d) }
+        }
+        try process.run()
+    }
+
+    deinit { if process.isRunning { process.terminate() } }
+
+    var output: String { text.bytes.withLock { String(decoding: $0, as: UTF8.self) } }
+    var responses: Int { output.components(separatedBy: "HTTP/1.1 ").count - 1 }
+
+    func send(_ request: String) { input.fileHandleForWriting.write(Data(request.utf8)) }
+}
+
+@Suite("relay-server TLS: reload and mTLS", .enabled(if: tlsToolsAvailable, "openssl or curl CLI missing"), .serialized)
+struct RelayServerTLSTests {
+    /// The subject the listener serves to a new connection.
+    static func servedSubject(_ port: Int, dir: String) throws -> String {
+        let r = try tool("/usr/bin/openssl", ["s_client", "-connect", "127.0.0.1:\(port)"], in: dir)
+        return r.output.split(separator: "\n").first { $0.hasPrefix("subject=") }.map(String.init) ?? "(no certificate: \(r.output))"
+    }
+
+    @Test func sighupServesTheNewCertificateAndOpenConnectionsKeepWorking() throws {
+        let h = try RelayHarness()
+        try selfSigned("one", cn: "relay-cert-one", in: h.dir)
+        try selfSigned("two", cn: "relay-cert-two", in: h.dir)
+        for ext in ["pem", "key"] { try FileManager.default.copyItem(atPath: "\(h.dir)/one.\(ext)", toPath: "\(h.dir)/server.\(ext)") }
+        h.listenExtra = #""tls":{"certificate":"server.pem","privateKey":"server.key"}"#
+        try h.writeConfig()
+        try h.startRelay()
+        #expect(try Self.servedSubject(h.relayPort, dir: h.dir).contains("relay-cert-one"))
+
+        // An open connection from before the reload, proven working.
+        let held = try HeldConnection(port: h.relayPort, dir: h.dir)
+        let request = "GET /v1/responses/none HTTP/1.1\r\nHost: relay\r\nAuthorization: Bearer \(h.credential)\r\n\r\n"
+        held.send(request)
+        try relayEventually("first response on the held connection") { held.responses == 1 }
+        #expect(held.output.contains("relay-cert-one"))
+
+        // Renewal: new files at the same paths (rename, as certbot and cert-manager do), then HUP.
+        for ext in ["pem", "key"] {
+            try FileManager.default.copyItem(atPath: "\(h.dir)/two.\(ext)", toPath: "\(h.dir)/new.\(ext)")
+            _ = rename("\(h.dir)/new.\(ext)", "\(h.dir)/server.\(ext)")
+        }
+        h.relay?.signal(SIGHUP)
+        try relayEventually("reload logged") { h.relay?.stderr.contains("TLS certificate reloaded") == true }
+        #expect(h.relay?.stderr.contains("relay-cert-two") == true)
+        #expect(try Self.servedSubject(h.relayPort, dir: h.dir).contains("relay-cert-two"))
+        #expect(h.relay?.isRunning == true)
+
+        // The old connection: same TLS session, still answering.
+        held.send(request)
+        try relayEventually("second response on the held connection") { held.responses == 2 }
+        #expect(held.process.isRunning)
+
+        // A broken renewal (a key that does not match, then garbage): the log says why and
+        // new connections still get the last good certificate.
+        try FileManager.default.removeItem(atPath: "\(h.dir)/server.key")
+        try FileManager.default.copyItem(atPath: "\(h.dir)/one.key", toPath: "\(h.dir)/server.key")
+        h.relay?.signal(SIGHUP)
+        try relayEventually("failed reload logged") { h.relay?.stderr.contains("TLS reload failed") == true }
+        #expect(h.relay?.stderr.contains("private key \(h.dir)/server.key") == true, "\(h.relay?.stderr ?? "")")
+        #expect(try Self.servedSubject(h.relayPort, dir: h.dir).contains("relay-cert-two"))
+        try "not a certificate\n".write(toFile: "\(h.dir)/server.pem", atomically: true, encoding: .utf8)
+        h.relay?.signal(SIGHUP)
+        try relayEventually("second failed reload logged") { (h.relay?.stderr.components(separatedBy: "TLS reload failed").count ?? 0) == 3 }
+        #expect(try Self.servedSubject(h.relayPort, dir: h.dir).contains("relay-cert-two"))
+        let metrics = try relayHTTP(h.adminPort, "GET", "/metrics").text
+        #expect(metrics.contains(#"relay_tls_reloads_total{result="ok"} 1"#) && metrics.contains(#"relay_tls_reloads_total{result="failed"} 2"#), "\(metrics)")
+
+        // SIGTERM is still the drain.
+        h.relay?.signal(SIGTERM)
+        #expect(h.relay?.wait(seconds: 15) == 0)
+    }
+
+    @Test func clientCARequiresACertificateAndStillTheBearerCredential() throws {
+        let h = try RelayHarness()
+        let dir = h.dir
+        try selfSigned("server", cn: "relay.example", in: dir)
+        try selfSigned("ca", cn: "accessory-ca", in: dir)
+        try selfSigned("other-ca", cn: "someone-else", in: dir)
+        for (name, ca) in [("client", "ca"), ("stranger", "other-ca")] {
+            try openssl(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "\(name).key",
+                         "-out", "\(name).csr", "-subj", "/CN=\(name)"], in: dir)
+            try openssl(["x509", "-req", "-in", "\(name).csr", "-CA", "\(ca).pem", "-CAkey", "\(ca).key", "-CAcreateserial",
+                         "-out", "\(name).pem", "-days", "30"], in: dir)
+        }
+        h.listenExtra = #""tls":{"certificate":"server.pem","privateKey":"server.key","clientCA":"ca.pem"}"#
+        try h.writeConfig()
+        try h.startRelay()
+
+        func post(cert: String?, bearer: Bool) throws -> (status: Int32, code: String) {
+            let body = try h.accessory.nextBody().body
+            try Data(body).write(to: URL(fileURLWithPath: "\(dir)/body.json"))
+            var args = ["-sS", "-k", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", "-X", "POST",
+                        "-H", "Content-Type: application/json", "--data-binary", "@body.json"]
+            if let cert { args += ["--cert", "\(cert).pem", "--key", "\(cert).key"] }
+            if bearer { args += ["-H", "Authorization: Bearer \(h.credential)"] }
+            let r = try tool("/usr/bin/curl", args + ["https://127.0.0.1:\(h.relayPort)/v1/responses"], in: dir, stderr: false)
+            return (r.status, String(r.output.suffix(3)))
+        }
+        let noCert = try post(cert: nil, bearer: true)
+        #expect(noCert.status != 0 && noCert.code == "000", "\(noCert)")  // refused in the handshake
+        let stranger = try post(cert: "stranger", bearer: true)
+        #expect(stranger.status != 0 && stranger.code == "000", "\(stranger)")
+        #expect(try post(cert: "client", bearer: false).code == "401")
+        #expect(try post(cert: "client", bearer: true).code == "202")
+        let metrics = try relayHTTP(h.adminPort, "GET", "/metrics").text
+        #expect(metrics.contains(#"relay_http_tls_handshake_failures_total{listener="ingest"} 2"#), "\(metrics)")
+    }
+}
