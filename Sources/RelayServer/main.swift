@@ -1,5 +1,5 @@
 // relay-server: parse arguments, load the config, run the service until SIGTERM/SIGINT (SIGHUP
-// reloads the certificate). Everything else lives in RelayCore (RelayService.swift), including
+// reloads certificates and keys). Everything else lives in RelayCore (RelayService.swift), including
 // the signal handling.
 import Glibc
 import RelayCore
@@ -18,8 +18,8 @@ let usage = """
       -h, --help        Show this help.
 
     Signals: SIGTERM/SIGINT drain and stop (exit 0). SIGHUP reloads the ingest TLS
-    certificate, key and client CA from their files without dropping connections (a file
-    that does not load keeps the previous one); other changes need a restart.
+    certificate, key and client CA and the apps' APNs key files without dropping connections
+    (a file that does not load keeps the previous one); other changes need a restart.
     Exit codes: 64 usage, 1 runtime failure.
 
     """

@@ -167,4 +167,57 @@ struct RelayServerTLSTests {
         let metrics = try relayHTTP(h.adminPort, "GET", "/metrics").text
         #expect(metrics.contains(#"relay_http_tls_handshake_failures_total{listener="ingest"} 2"#), "\(metrics)")
     }
+
+    /// The APNs key files reload on SIGHUP too, app by app and only when they changed: a broken
+    /// .p8 keeps the previous key signing; a different key takes over (the mock, which knows
+    /// only the first, refuses its tokens); the first key back, pushes are delivered again.
+    @Test func sighupReloadsChangedAPNsKeysAndKeepsTheOldOnABadFile() throws {
+        let h = try RelayHarness()
+        try h.startRelay()
+        let p8 = h.dir + "/apns.p8"
+        let original = try Data(contentsOf: URL(fileURLWithPath: p8))
+        func post() throws -> String {
+            let r = try h.post(try h.accessory.nextBody().body)
+            try #require(r.status == 202, "\(r.text)")
+            return try #require(r.json["id"] as? String)
+        }
+        func delivered(_ id: String) throws {
+            try relayEventually("\(id) delivered") { try h.deliveries().contains { ($0["apnsId"] as? String) == id } }
+        }
+        func log(_ text: String) -> Int { (h.relay?.stderr.components(separatedBy: text).count ?? 1) - 1 }
+        func replaceKey(_ data: Data) throws {
+            try data.write(to: URL(fileURLWithPath: p8 + ".new"))
+            _ = rename(p8 + ".new", p8)
+        }
+        try delivered(try post())
+
+        // Unchanged key files: the HUP leaves the APNs clients alone.
+        h.relay?.signal(SIGHUP)
+        try relayEventually("first reload") { log("nothing to reload") == 1 }
+        #expect(log("APNs credentials") == 0)
+
+        try replaceKey(Data("-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n".utf8))
+        h.relay?.signal(SIGHUP)
+        try relayEventually("failed APNs reload logged") { log("APNs credentials reload failed") == 1 }
+        #expect(h.relay?.stderr.contains(#""app":"\#(RelayHarness.bundleID)""#) == true)
+        try delivered(try post())
+
+        try openssl(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "other.p8"], in: h.dir)
+        try replaceKey(try Data(contentsOf: URL(fileURLWithPath: h.dir + "/other.p8")))
+        h.relay?.signal(SIGHUP)
+        try relayEventually("APNs reload logged") { log("APNs credentials reloaded") == 1 }
+        _ = try post()
+        try relayEventually("the mock refuses the other key's token") {
+            try relayHTTP(h.adminPort, "GET", "/metrics").text.contains(#"relay_pushes_total{status="403",reason="InvalidProviderToken"} 1"#)
+        }
+
+        try replaceKey(original)
+        h.relay?.signal(SIGHUP)
+        try relayEventually("second APNs reload logged") { log("APNs credentials reloaded") == 2 }
+        try delivered(try post())
+        let metrics = try relayHTTP(h.adminPort, "GET", "/metrics").text
+        #expect(metrics.contains(#"relay_apns_credential_reloads_total{result="ok"} 2"#)
+                && metrics.contains(#"relay_apns_credential_reloads_total{result="failed"} 1"#), "\(metrics)")
+        #expect(h.relay?.isRunning == true)
+    }
 }

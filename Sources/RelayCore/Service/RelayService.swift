@@ -29,6 +29,10 @@ public final class RelayService: @unchecked Sendable {
     private let startedAt = monotonicMicros()
     /// SIGHUP certificate reloads, for /metrics (a failed one needs the operator).
     private let tlsReloads = Mutex<(ok: Int, failed: Int)>((0, 0))
+    private let apnsReloads = Mutex<(ok: Int, failed: Int)>((0, 0))
+    /// Per app (config order): its transport and the hash of the key files it was built from.
+    /// Written in start() and reload(), both under stopLock or before any signal is handled.
+    private var appTransports: [(transport: SwappableTransport, fingerprint: [UInt8]?)] = []
 
     public init(config: RelayConfig, logger: RelayLogger,
                 makeTransport: @escaping @Sendable (RelayConfig.App, RelayConfig) throws -> any PushTransport) {
@@ -61,7 +65,9 @@ public final class RelayService: @unchecked Sendable {
         self.store = store
         var transports: [String: any PushTransport] = [:]
         for (i, app) in c.apps.enumerated() {
-            transports[app.bundleID] = try naming("apps[\(i)] (\(app.bundleID))") { try makeTransport(app, c) }
+            let transport = SwappableTransport(try naming("apps[\(i)] (\(app.bundleID))") { try makeTransport(app, c) })
+            transports[app.bundleID] = transport
+            appTransports.append((transport, Self.credentialFingerprint(app)))
         }
         let policy = DeliveryPolicy(backoffBaseMillis: Int64(c.dispatch.backoffBaseMillis), backoffCapMillis: Int64(c.dispatch.backoffCapMillis),
                                     tooManyRequestsDelayMillis: Int64(c.dispatch.tooManyRequestsDelayMillis))
@@ -167,6 +173,9 @@ public final class RelayService: @unchecked Sendable {
             out += "# HELP relay_tls_reloads_total SIGHUP reloads of the ingest certificate, by result (failed: the previous one is still served).\n# TYPE relay_tls_reloads_total counter\n"
             out += "relay_tls_reloads_total{result=\"ok\"} \(r.ok)\nrelay_tls_reloads_total{result=\"failed\"} \(r.failed)\n"
         }
+        let a = apnsReloads.withLock { $0 }
+        out += "# HELP relay_apns_credential_reloads_total SIGHUP reloads of an app's changed APNs key files, by result (failed: the previous client is still used).\n# TYPE relay_apns_credential_reloads_total counter\n"
+        out += "relay_apns_credential_reloads_total{result=\"ok\"} \(a.ok)\nrelay_apns_credential_reloads_total{result=\"failed\"} \(a.failed)\n"
         if let store, let w = OutboxStores.writerStats(store) {
             out += "# HELP relay_store_commits_total Group-commit transactions committed.\n# TYPE relay_store_commits_total counter\nrelay_store_commits_total \(w.batches)\n"
             out += "# HELP relay_store_jobs_total Jobs (ingests and dispatcher writes) committed.\n# TYPE relay_store_jobs_total counter\nrelay_store_jobs_total \(w.jobs)\n"
@@ -200,15 +209,18 @@ public final class RelayService: @unchecked Sendable {
                                 "inflight": counts?.byState[.inflight] ?? -1])
     }
 
-    /// SIGHUP: re-reads the ingest certificate, private key and client CA from the paths the
-    /// config named at start. New connections get them; open connections keep the ones they
-    /// started with. If a file does not load, the running ones stay and the log says why.
-    /// Other config changes still need a restart.
+    /// SIGHUP: re-reads the ingest certificate, private key and client CA, and each app's APNs
+    /// key files (.p8, or certificate, key and passphrase), from the paths the config named at
+    /// start. New ingest connections get the new certificate; open ones keep theirs. An app whose
+    /// files changed gets a new APNs client (new connections, a new JWT); the old one finishes
+    /// what it has in flight. If a file does not load, the running certificate or client stays
+    /// and the log says why. Other config changes (key IDs included) still need a restart.
     public func reload() {
         stopLock.lock()
         defer { stopLock.unlock() }
         guard !stopped, let server = ingestServer else { return }
-        SystemdNotifier.notify("RELOADING=1\nMONOTONIC_USEC=\(monotonicMicros())\nSTATUS=reloading the TLS certificate")
+        SystemdNotifier.notify("RELOADING=1\nMONOTONIC_USEC=\(monotonicMicros())\nSTATUS=reloading certificates and keys")
+        reloadAPNsCredentials()
         do {
             if let cert = try server.reloadTLS() {
                 tlsReloads.withLock { $0.ok += 1 }
@@ -221,6 +233,46 @@ public final class RelayService: @unchecked Sendable {
             logger.error("TLS reload failed: still serving the previous certificate", ["error": "\(error)"])
         }
         SystemdNotifier.notify("READY=1\nSTATUS=accepting responses on \(config.listen.host):\(ingestPort)")
+    }
+
+    /// Rebuilds the APNs client of each app whose key files changed since they were loaded.
+    /// Unchanged files leave the app's connections alone (a HUP for the ingest certificate
+    /// must not reconnect to APNs). Under stopLock.
+    private func reloadAPNsCredentials() {
+        for (i, app) in config.apps.enumerated() {
+            let fingerprint = Self.credentialFingerprint(app)
+            guard fingerprint == nil || fingerprint != appTransports[i].fingerprint else { continue }
+            do {
+                let fresh = try makeTransport(app, config)
+                let old = appTransports[i].transport.replace(with: fresh)
+                appTransports[i].fingerprint = fingerprint
+                // Pushes still in the old client get its shutdown grace (at most 2 s), then
+                // complete as transport failures and are retried through the new one.
+                old.shutdown()
+                apnsReloads.withLock { $0.ok += 1 }
+                logger.info("APNs credentials reloaded", ["app": app.bundleID])
+            } catch {
+                apnsReloads.withLock { $0.failed += 1 }
+                logger.error("APNs credentials reload failed: still using the previous ones",
+                             ["app": app.bundleID, "key": "apps[\(i)]", "error": "\(error)"])
+            }
+        }
+    }
+
+    /// SHA-256 over the app's credential files' contents, nil if one cannot be read.
+    static func credentialFingerprint(_ app: RelayConfig.App) -> [UInt8]? {
+        var paths: [String]
+        switch app.credentials {
+        case .token(let p8, _, _): paths = [p8]
+        case .certificate(let cert, let key, let passphrase): paths = [cert, key] + (passphrase.map { [$0] } ?? [])
+        }
+        if let ca = app.caFile { paths.append(ca) }
+        var all: [UInt8] = []
+        for p in paths {
+            guard let data = FileManager.default.contents(atPath: p) else { return nil }
+            all += RelayCrypto.sha256(data)
+        }
+        return RelayCrypto.sha256(all)
     }
 
     /// Blocks the calling thread until SIGTERM or SIGINT, then drains; SIGHUP reloads the
@@ -243,5 +295,29 @@ public final class RelayService: @unchecked Sendable {
         stop()
         for s in sources { s.cancel() }
         return 0
+    }
+}
+
+/// One app's APNs transport behind a lock, so a reload can swap in a client built from renewed
+/// key files while the dispatcher keeps its reference. A push that raced the swap and reached
+/// the old client after its shutdown completes as a transport failure and is retried.
+final class SwappableTransport: PushTransport {
+    private let current: Mutex<any PushTransport>
+
+    init(_ transport: any PushTransport) { current = Mutex(transport) }
+
+    func send(_ row: OutboxRow, completion: @escaping @Sendable (PushAnswer) -> Void) {
+        current.withLock { $0 }.send(row, completion: completion)
+    }
+
+    func shutdown() { current.withLock { $0 }.shutdown() }
+
+    /// Returns the transport it replaced (still running: the caller shuts it down).
+    func replace(with transport: any PushTransport) -> any PushTransport {
+        current.withLock { t in
+            let old = t
+            t = transport
+            return old
+        }
     }
 }
