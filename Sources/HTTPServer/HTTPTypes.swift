@@ -127,7 +127,7 @@ public struct TLSInfo: Sendable, Equatable {
 /// A client address as per-address limits count it: an IPv4 address (also when it arrives
 /// IPv4-mapped, ::ffff:a.b.c.d, on a dual-stack listener) or an IPv6 /64 (one subscriber's
 /// prefix: a host may pick any address in it). The server's per-address connection cap and the
-/// relay's per-address 401 budget both use it.
+/// relay's per-address 401 budget both use it; the budget also charges an IPv6 key's /48.
 public struct PeerKey: Hashable, Sendable {
     let high: UInt64   // IPv6: the first 64 bits; IPv4: 0
     let low: UInt32    // IPv4: the address; IPv6: 0
@@ -179,6 +179,15 @@ public struct PeerKey: Hashable, Sendable {
         if isIPv4 { return "\(low >> 24).\(low >> 16 & 0xff).\(low >> 8 & 0xff).\(low & 0xff)" }
         let hex = String(high, radix: 16)
         return String(repeating: "0", count: 16 - hex.count) + hex + "/64"
+    }
+
+    /// For an IPv6 key's `text`, the key of its /48 ("20010db80000/48"), which a limit may
+    /// charge too so that a site's 65,536 /64s do not each get a budget; nil for IPv4 (or text
+    /// that is no key).
+    public static func slash48Text(ofKeyText text: String) -> String? {
+        let u = text.utf8
+        guard u.count == 19, text.hasSuffix("/64") else { return nil }
+        return String(decoding: u.prefix(12), as: UTF8.self) + "/48"
     }
 }
 

@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import HTTPServer
 import Testing
 @testable import RelayCore
 
@@ -133,28 +134,166 @@ import Testing
         #expect(h.call("GET", "/v1/responses/\(id)", secret: h.otherSecret).status == 404)   // its own bucket; not its row
     }
 
-    /// Failed authentications are budgeted per client address: once spent, that address gets 429
-    /// before any work (even with a valid credential) until the bucket refills; others are
-    /// unaffected, and successes cost nothing.
+    static let bogus = "rk_" + String(repeating: "A", count: 43)
+
+    /// Failed authentications are budgeted per client address: once spent, that address's
+    /// failures get 429 instead of 401 until the bucket refills, while its valid credentials
+    /// are still served; others are unaffected, and successes cost nothing.
     @Test func failedAuthenticationsPerAddressAnswer429() throws {
         let h = try Harness(dir: dir, clock: clock) { s in s.authFailuresPerAddress = RateLimit(perSecond: 0.01, burst: 3) }
         let attacker = "198.51.100.9:5000"
         for i in 0..<10 { #expect(h.call(secret: h.secret, body: Self.body(index: 100 + i), from: attacker).status == 202) }
-        let bogus = "rk_" + String(repeating: "A", count: 43)
-        #expect(h.call(secret: bogus, body: Self.body(index: 1), from: attacker).status == 401)   // unknown credential
+        #expect(h.call(secret: Self.bogus, body: Self.body(index: 1), from: attacker).status == 401)   // unknown credential
         #expect(h.call(secret: nil, body: Self.body(index: 2), from: "198.51.100.9:5001").status == 401)  // no bearer
-        #expect(h.call("GET", "/v1/responses/6f9619ff-8b86-4011-b42d-00c04fc964ff", secret: bogus, from: attacker).status == 401)
-        let limited = h.call(secret: h.secret, body: Self.body(index: 3), from: attacker)
+        #expect(h.call("GET", "/v1/responses/6f9619ff-8b86-4011-b42d-00c04fc964ff", secret: Self.bogus, from: attacker).status == 401)
+        let limited = h.call(secret: Self.bogus, body: Self.body(index: 3), from: attacker)
         #expect(limited.status == 429, "\(limited.body)")
         #expect(json(limited)["error"] as? String == "too_many_auth_failures" && json(limited)["field"] as? String == "authorization")
         #expect(Int(limited.header("retry-after") ?? "") ?? 0 >= 1)
-        #expect(h.call("GET", "/v1/responses/6f9619ff-8b86-4011-b42d-00c04fc964ff", secret: h.secret, from: attacker).status == 429)
+        #expect(h.call(secret: nil, body: Self.body(index: 3), from: attacker).status == 429)
+        #expect(h.call("GET", "/v1/responses/6f9619ff-8b86-4011-b42d-00c04fc964ff", secret: Self.bogus, from: attacker).status == 429)
+        // The spent address's valid credential is served (GET and POST).
+        #expect(h.call("GET", "/v1/responses/6f9619ff-8b86-4011-b42d-00c04fc964ff", secret: h.secret, from: attacker).status == 404)
+        #expect(h.call(secret: h.secret, body: Self.body(index: 3), from: attacker).status == 202)
         // Another address, and the attacker's neighbour in IPv4, are not affected.
-        #expect(h.call(secret: h.secret, body: Self.body(index: 4), from: "198.51.100.10:5000").status == 202)
+        #expect(h.call(secret: Self.bogus, body: Self.body(index: 4), from: "198.51.100.10:5000").status == 401)
         // IPv6: one /64 shares a budget, the next /64 does not.
-        for port in 1...3 { #expect(h.call(secret: bogus, body: Self.body(index: 5), from: "[2001:db8:0:1::\(port)]:443").status == 401) }
-        #expect(h.call(secret: h.secret, body: Self.body(index: 6), from: "[2001:db8:0:1::ffff]:443").status == 429)
-        #expect(h.call(secret: h.secret, body: Self.body(index: 7), from: "[2001:db8:0:2::1]:443").status == 202)
+        for port in 1...3 { #expect(h.call(secret: Self.bogus, body: Self.body(index: 5), from: "[2001:db8:0:1::\(port)]:443").status == 401) }
+        #expect(h.call(secret: Self.bogus, body: Self.body(index: 6), from: "[2001:db8:0:1::ffff]:443").status == 429)
+        #expect(h.call(secret: h.secret, body: Self.body(index: 6), from: "[2001:db8:0:1::ffff]:443").status == 202)
+        #expect(h.call(secret: Self.bogus, body: Self.body(index: 7), from: "[2001:db8:0:2::1]:443").status == 401)
+    }
+
+    /// Finding 3 as reported: 40 bad credentials, then a valid one from the same address is
+    /// served (it got 429 too_many_auth_failures), with the default budget.
+    @Test func fortyBadCredentialsDoNotLockOutAValidOne() throws {
+        let h = try Harness(dir: dir, clock: clock)
+        let nat = "203.0.113.5:4000"
+        var statuses: [Int: Int] = [:]
+        for i in 0..<40 { statuses[h.call(secret: Self.bogus, body: Self.body(index: i), from: nat).status, default: 0] += 1 }
+        #expect(statuses[401] ?? 0 >= 20 && (statuses[401] ?? 0) + (statuses[429] ?? 0) == 40, "\(statuses)")
+        #expect(h.call(secret: h.secret, body: Self.body(index: 1), from: nat).status == 202)
+    }
+
+    /// Finding 1: an unknown credential with a bad body gets 401, not the validator's 400, and
+    /// charges no push-token bucket (a fake credential used to hold a token at 429).
+    @Test func authenticationComesBeforeValidationAndTheTokenBucket() throws {
+        let h = try Harness(dir: dir, clock: clock) { s in s.perPushToken = RateLimit(perSecond: 0.01, burst: 1) }
+        let badToken = Self.body().replacingOccurrences(of: "\"pushToken\":\"ab", with: "\"pushToken\":\"zz")
+        let probe = h.call(secret: Self.bogus, body: badToken)
+        #expect(probe.status == 401 && json(probe)["error"] as? String == "unauthorized", "\(probe.body)")
+        #expect(h.call(secret: Self.bogus, contentType: "text/plain", body: "x").status == 401)
+        for _ in 0..<3 { #expect(h.call(secret: Self.bogus, body: Self.body(index: 9)).status == 401) }
+        #expect(h.call(secret: h.secret, body: Self.body(index: 9)).status == 202)
+        // A revoked credential alike, once the revocation is read.
+        let revoked = try h.store.createCredential(name: "gone", apps: ["com.example.app"])
+        #expect(h.call(secret: revoked.secret, body: Self.body(index: 10, token: "cdcd")).status == 202)
+        #expect(try h.store.revokeCredential(id: revoked.record.id))
+        var answer = 0
+        for _ in 0..<200 {
+            answer = h.call(secret: revoked.secret, body: badToken).status
+            if answer == 401 { break }
+            usleep(20_000)
+        }
+        #expect(answer == 401)
+        #expect(h.call(secret: h.secret, body: Self.body(index: 11, token: "cdcd")).status == 429)   // its own bucket, spent by the 202 above
+    }
+
+    /// Requests that wait for a credential read are charged on admission: however many arrive
+    /// together, no more than the budget get 401 (the rest 429), and those that authenticate
+    /// get their charge back.
+    @Test func concurrentFailuresCannotOverrunTheBudget() throws {
+        let h = try Harness(dir: dir, clock: clock) { s in s.authFailuresPerAddress = RateLimit(perSecond: 0.001, burst: 5) }
+        #expect(h.call(secret: h.secret, body: Self.body(index: 1)).status == 202)   // the copy of the credentials is loaded
+        // Hold the only worker so every credential read waits behind it.
+        let release = DispatchSemaphore(value: 0)
+        h.workers.submit { release.wait() }
+        let statuses = Mutex<[Int]>([])
+        let answered = DispatchSemaphore(value: 0)
+        let service = h.service
+        @Sendable func send(_ authorization: String, index: Int) {
+            service.handle(APIRequest(method: "POST", path: "/v1/responses", authorization: authorization, contentType: "application/json",
+                                        body: Array(Self.body(index: index).utf8), requestID: "c\(index)", remoteAddress: "192.0.2.50:1")) { r in
+                statuses.withLock { $0.append(r.status) }
+                answered.signal()
+            }
+        }
+        // A credential created after the copy was read waits for the read like an unknown one
+        // (and takes one charge meanwhile).
+        let late = try h.store.createCredential(name: "late", apps: ["com.example.app"]).secret
+        send("Bearer \(late)", index: 99)
+        DispatchQueue.concurrentPerform(iterations: 40) { i in send("Bearer rk_unknown\(i)", index: i) }
+        #expect(statuses.withLock { $0.filter { $0 == 401 }.count } == 0)
+        release.signal()
+        for _ in 0..<41 { answered.wait() }
+        let all = statuses.withLock { $0 }
+        #expect(all.filter { $0 == 401 }.count == 4, "\(all)")
+        #expect(all.filter { $0 == 429 }.count == 36, "\(all)")
+        #expect(all.filter { $0 == 202 }.count == 1, "\(all)")
+        // The valid credential's charge was refunded: one more failure fits, then none.
+        #expect(h.call(secret: Self.bogus, body: Self.body(), from: "192.0.2.50:2").status == 401)
+        #expect(h.call(secret: Self.bogus, body: Self.body(), from: "192.0.2.50:3").status == 429)
+    }
+
+    /// IPv6: a /48's /64s share a budget of their own (16 times the per-address one unless set),
+    /// so a site's 65,536 /64s do not each get 20 guesses; another /48 is unaffected.
+    @Test func ipv6Slash48SharesABudget() throws {
+        let h = try Harness(dir: dir, clock: clock) { s in
+            s.authFailuresPerAddress = RateLimit(perSecond: 0.001, burst: 2)
+            s.authFailuresPerIPv6Slash48 = RateLimit(perSecond: 0.001, burst: 5)
+        }
+        for i in 1...5 { #expect(h.call(secret: Self.bogus, body: Self.body(), from: "[2001:db8:7:\(i)::1]:443").status == 401) }
+        #expect(h.call(secret: Self.bogus, body: Self.body(), from: "[2001:db8:7:99::1]:443").status == 429)
+        #expect(h.call(secret: h.secret, body: Self.body(), from: "[2001:db8:7:99::1]:443").status == 202)
+        #expect(h.call(secret: Self.bogus, body: Self.body(), from: "[2001:db8:8:1::1]:443").status == 401)
+        #expect(PeerKey.slash48Text(ofKeyText: IngestService.clientKey("[2001:db8:7:1::1]:1")) == "20010db80007/48")
+        #expect(PeerKey.slash48Text(ofKeyText: "192.0.2.1") == nil)
+    }
+
+    /// Many addresses failing do not reset an attacker's spent budget: the limiter forgets the
+    /// least recently charged address, never all of them at once.
+    @Test func manyAddressesDoNotResetASpentBudget() throws {
+        let h = try Harness(dir: dir, clock: clock) { s in
+            s.authFailuresPerAddress = RateLimit(perSecond: 0.001, burst: 2)
+            s.authFailureAddresses = 20
+        }
+        let attacker = "198.51.100.77:1"
+        for _ in 0..<2 { #expect(h.call(secret: Self.bogus, body: Self.body(), from: attacker).status == 401) }
+        for i in 0..<100 {
+            #expect(h.call(secret: Self.bogus, body: Self.body(), from: "[2001:db8:\(i):1::1]:443").status == 401)
+            if i % 5 == 0 { #expect(h.call(secret: Self.bogus, body: Self.body(), from: attacker).status == 429, "after \(i)") }
+        }
+    }
+
+    @Test func theLimiterForgetsTheLeastRecentlyUsedBucketOnly() {
+        let limiter = RateLimiter(limit: RateLimit(perSecond: 0.001, burst: 1), maxKeys: 3)
+        #expect(limiter.take("a", nowMicros: 0).allowed)
+        #expect(limiter.take("b", nowMicros: 0).allowed)
+        #expect(limiter.take("c", nowMicros: 0).allowed)
+        #expect(!limiter.take("a", nowMicros: 1).allowed)   // a is now the most recent
+        #expect(limiter.take("d", nowMicros: 2).allowed)    // b, the least recent, makes room
+        #expect(limiter.count == 3 && !limiter.contains("b") && limiter.contains("a") && limiter.contains("c"))
+        #expect(!limiter.take("a", nowMicros: 3).allowed && !limiter.take("c", nowMicros: 3).allowed)
+        for i in 0..<1000 { _ = limiter.take("k\(i)", nowMicros: 4) }
+        #expect(limiter.count == 3)
+        // A refund gives back one token, up to the burst.
+        let r = RateLimiter(limit: RateLimit(perSecond: 0.001, burst: 2), maxKeys: 10)
+        #expect(r.take("x", nowMicros: 0).allowed && r.take("x", nowMicros: 0).allowed && !r.take("x", nowMicros: 0).allowed)
+        r.refund("x")
+        r.refund("x")
+        r.refund("x")
+        #expect(r.take("x", nowMicros: 0).allowed && r.take("x", nowMicros: 0).allowed && !r.take("x", nowMicros: 0).allowed)
+    }
+
+    /// The spent-map case of the old limiter: when full it dropped every bucket at once, so
+    /// filling it with other keys reset a spent one.
+    @Test func aFullLimiterKeepsASpentBucketThatIsStillUsed() {
+        let limiter = RateLimiter(limit: RateLimit(perSecond: 0.001, burst: 1), maxKeys: 50)
+        #expect(limiter.take("victim", nowMicros: 0).allowed)
+        for i in 0..<500 {
+            _ = limiter.take("k\(i)", nowMicros: 0)
+            if i % 10 == 0 { #expect(!limiter.take("victim", nowMicros: 0).allowed, "after \(i)") }
+        }
     }
 
     @Test func clientKeysAreTheIPv4AddressOrTheIPv6Slash64() {
@@ -348,5 +487,91 @@ import Testing
         for id in ["", "0190c8a5-1b2c-7d3e-8f40-123456789abc", "x"] {
             #expect(IngestService.queuedBody(id: id) == Array(("{\"id\":\"" + id + "\",\"state\":\"queued\"}").utf8))
         }
+    }
+}
+
+/// The in-memory copy of the credentials in front of every request: trusted for its maximum age
+/// from the start of its read (the revocation bound), re-read in the background past half of
+/// it, reads coalesced, a failed read is `.unavailable` for those waiting.
+@Suite struct CredentialCacheTests {
+    final class Table: Sendable {
+        let keys = Mutex<[CredentialKey]>([])
+        let failing = Mutex(false)
+        let fullLoads = Mutex(0)
+        let jobs = Mutex<[@Sendable () -> Void]>([])
+        let now = Mutex<Int64>(0)
+
+        func load(_ known: CredentialGeneration?) throws -> (generation: CredentialGeneration, keys: [CredentialKey]?) {
+            if failing.withLock({ $0 }) { throw StoreError.invalid("down") }
+            let k = keys.withLock { $0 }
+            let g = CredentialGeneration(count: k.count, revoked: k.filter(\.revoked).count, newestCreatedAt: 0)
+            guard g != known else { return (g, nil) }
+            fullLoads.withLock { $0 += 1 }
+            return (g, k)
+        }
+
+        /// Runs the reads started so far (and any they start), returning how many ran.
+        @discardableResult func runJobs() -> Int {
+            var n = 0
+            while let job = jobs.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) {
+                job()
+                n += 1
+            }
+            return n
+        }
+
+        func cache() -> CredentialCache {
+            CredentialCache(maxAgeMicros: 1000, load: { try self.load($0) }, run: { job in self.jobs.withLock { $0.append(job) } },
+                            now: { self.now.withLock { $0 } })
+        }
+    }
+
+    static let a = [UInt8](repeating: 1, count: 32), b = [UInt8](repeating: 2, count: 32)
+
+    @Test func aCopyIsTrustedForItsMaximumAgeFromItsRead() {
+        let t = Table()
+        t.keys.withLock { $0 = [CredentialKey(id: "cred_a", hash: Self.a, revoked: false)] }
+        let cache = t.cache()
+        #expect(cache.verdict(Self.a) == .pending(knownValid: false))   // no copy yet
+        let got = Mutex<[CredentialCache.Verdict]>([])
+        cache.afterRead(Self.a) { v in got.withLock { $0.append(v) } }
+        cache.afterRead(Self.b) { v in got.withLock { $0.append(v) } }
+        #expect(t.runJobs() == 1)   // one read serves both
+        #expect(got.withLock { $0 } == [.valid(id: "cred_a"), .invalid])
+        t.now.withLock { $0 = 400 }
+        #expect(cache.verdict(Self.a) == .valid(id: "cred_a"))
+        #expect(t.jobs.withLock { $0.count } == 0)
+        t.now.withLock { $0 = 600 }
+        #expect(cache.verdict(Self.a) == .valid(id: "cred_a"))      // and a background read starts
+        #expect(t.jobs.withLock { $0.count } == 1)
+        // Revoked (by another process) before that read runs: the copy of t=0 is used until t=1000.
+        t.keys.withLock { $0[0].revoked = true }
+        t.now.withLock { $0 = 999 }
+        #expect(cache.verdict(Self.a) == .valid(id: "cred_a"))
+        t.now.withLock { $0 = 1000 }
+        #expect(cache.verdict(Self.a) == .pending(knownValid: true))
+        t.runJobs()
+        #expect(cache.verdict(Self.a) == .invalid)
+        #expect(cache.verdict(Self.b) == .pending(knownValid: false))   // unknown: may be new
+        #expect(t.fullLoads.withLock { $0 } == 2)
+        // An unchanged table is not loaded again.
+        cache.afterRead(Self.b) { _ in }
+        t.runJobs()
+        #expect(t.fullLoads.withLock { $0 } == 2)
+    }
+
+    @Test func aFailedReadIsUnavailableToItsWaiters() {
+        let t = Table()
+        let cache = t.cache()
+        t.failing.withLock { $0 = true }
+        let got = Mutex<[CredentialCache.Verdict]>([])
+        cache.afterRead(Self.a) { v in got.withLock { $0.append(v) } }
+        t.runJobs()
+        #expect(got.withLock { $0 } == [.unavailable])
+        t.failing.withLock { $0 = false }
+        t.keys.withLock { $0 = [CredentialKey(id: "cred_a", hash: Self.a, revoked: false)] }
+        cache.afterRead(Self.a) { v in got.withLock { $0.append(v) } }
+        t.runJobs()
+        #expect(got.withLock { $0 } == [.unavailable, .valid(id: "cred_a")])
     }
 }

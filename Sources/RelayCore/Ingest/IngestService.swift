@@ -1,9 +1,10 @@
 // The ingest API as plain values: request in, response out through a completion. The HTTP
 // server glue (HTTPGlue.swift) only converts types, so this file is the whole API and is unit
-// tested without sockets. Order of checks for POST /v1/responses:
-//   401 (no/malformed bearer) -> 429 credential -> 415/413/400 body -> 429 push token ->
-//   in one store transaction: 401 unknown/revoked, 400 unknown/ambiguous app, 403 scope,
-//   200 duplicate, 410 unregistered token, 503 outbox bound, 202 after COMMIT.
+// tested without sockets. Order of checks for POST /v1/responses (docs/api.md):
+//   401 (no/malformed/unknown/revoked bearer, from CredentialCache; 429 instead once the
+//   address spent its failure budget) -> 429 credential -> 415/413/400 body -> 429 push token
+//   -> in one store transaction: 401 revoked since (defence in depth), 400 unknown/ambiguous
+//   app, 403 scope, 200 duplicate, 410 unregistered token, 503 outbox bound, 202 after COMMIT.
 import FoundationEssentials
 import Glibc
 import HTTPServer
@@ -92,8 +93,17 @@ public struct IngestSettings: Sendable {
     public var perCredential = RateLimit(perSecond: 1000, burst: 2000)
     public var perPushToken = RateLimit(perSecond: 10, burst: 20)
     /// Failed authentications (401) per client address (IPv4 address or IPv6 /64): once the
-    /// bucket is empty, that address gets 429 before any work until it refills.
+    /// bucket is empty, requests from there that fail authentication get 429 instead of 401
+    /// until it refills. Requests that authenticate are never charged nor refused.
     public var authFailuresPerAddress = RateLimit(perSecond: 1, burst: 20)
+    /// The same for an IPv6 /48 as a whole; nil: 16 times `authFailuresPerAddress`.
+    public var authFailuresPerIPv6Slash48: RateLimit?
+    /// Addresses (and /48s) whose failure budgets are remembered; past it the least recently
+    /// charged is forgotten.
+    public var authFailureAddresses = 100_000
+    /// How long an in-memory copy of the credentials is trusted: a revocation by any process
+    /// or node is refused within this time.
+    public var credentialMaxAgeMicros: Int64 = 1_000_000
     /// Retry-After (seconds) sent with 503.
     public var unavailableRetryAfterSeconds = 5
     public var apps: Set<String> = []
@@ -106,6 +116,8 @@ public final class IngestService: Sendable {
     private let credentialLimiter: RateLimiter
     private let tokenLimiter: RateLimiter
     private let authFailureLimiter: RateLimiter
+    private let slash48AuthFailureLimiter: RateLimiter
+    private let credentials: CredentialCache
     private let metrics: RelayMetrics
     private let logger: RelayLogger
     private let workers: WorkerPool
@@ -117,11 +129,17 @@ public final class IngestService: Sendable {
         self.settings = settings
         self.credentialLimiter = RateLimiter(limit: settings.perCredential)
         self.tokenLimiter = RateLimiter(limit: settings.perPushToken)
-        self.authFailureLimiter = RateLimiter(limit: settings.authFailuresPerAddress)
+        let perAddress = settings.authFailuresPerAddress
+        self.authFailureLimiter = RateLimiter(limit: perAddress, maxKeys: settings.authFailureAddresses)
+        self.slash48AuthFailureLimiter = RateLimiter(
+            limit: settings.authFailuresPerIPv6Slash48 ?? RateLimit(perSecond: perAddress.perSecond * 16, burst: perAddress.burst * 16),
+            maxKeys: settings.authFailureAddresses)
+        self.credentials = CredentialCache(store: store, workers: workers, maxAgeMicros: settings.credentialMaxAgeMicros)
         self.metrics = metrics
         self.logger = logger
         self.workers = workers
         self.onAccepted = onAccepted
+        credentials.prime()
     }
 
     /// One request's way back: what the answer and its log line need, and where it goes. A
@@ -151,8 +169,6 @@ public final class IngestService: Sendable {
         }
 
         func callAsFunction(_ response: APIResponse, _ note: String?) {
-            // Every 401, wherever it was decided, counts against the peer's budget.
-            if response.status == 401 { service.chargeAuthFailure(clientKey) }
             var r = response
             r.headers.reserveCapacity(r.headers.count + 2)
             r.headers.append(("x-request-id", requestID))
@@ -174,7 +190,6 @@ public final class IngestService: Sendable {
     /// Never blocks: storage work completes `respond` from the writer or a worker thread.
     public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIResponse) -> Void) {
         let finish = Exchange(service: self, request: request, start: monotonicMicros(), respond: respond)
-        if refuseAfterAuthFailures(request, finish) { return }
         if request.path == "/v1/responses" {
             guard request.method == "POST" else {
                 return finish(APIResponse(status: 405, headers: [("allow", "POST")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use POST").jsonBody), nil)
@@ -197,22 +212,93 @@ public final class IngestService: Sendable {
         PeerKey(address: remoteAddress)?.text ?? remoteAddress
     }
 
-    /// Answers 429 before any work (any path) when this peer has used up its failed-authentication budget.
-    private func refuseAfterAuthFailures(_ request: APIRequest, _ finish: Exchange) -> Bool {
-        guard authFailureLimiter.limit.perSecond > 0 else { return false }
-        let gate = authFailureLimiter.wouldAllow(request.clientKey)
-        guard !gate.allowed else { return false }
+    /// Where authentication left a request.
+    private enum Admission {
+        case admitted(credentialID: String)
+        /// Answered (401 or 429).
+        case refused
+        /// Wait for a credential read (`CredentialCache.afterRead`), then `resumed`; `charged`:
+        /// one failure was taken from the address's budget, to be refunded if it authenticates.
+        case pending(charged: Bool)
+    }
+
+    /// Authentication, before any other check or bucket: from memory in the usual case.
+    private func admit(_ hash: [UInt8]?, _ finish: Exchange) -> Admission {
+        guard let hash else {
+            refuseAuthentication(finish, "no bearer")
+            return .refused
+        }
+        switch credentials.verdict(hash) {
+        case .valid(let id):
+            return .admitted(credentialID: id)
+        case .invalid, .unavailable:
+            refuseAuthentication(finish, "unknown or revoked")
+            return .refused
+        case .pending(let knownValid):
+            // Charged on admission (refunded if it authenticates), so requests waiting together
+            // cannot overrun the budget. With the budget spent, only a credential the old copy
+            // knew as valid may wait for the read: it may not be locked out by its neighbours.
+            let charge = chargeAuthFailure(finish.clientKey)
+            guard charge.allowed || knownValid else {
+                tooManyAuthFailures(finish, retryAfterSeconds: charge.retryAfterSeconds)
+                return .refused
+            }
+            return .pending(charged: charge.allowed)
+        }
+    }
+
+    /// After the credential read a pending request waited for: the credential's id, or nil
+    /// when the request was answered.
+    private func resumed(_ verdict: CredentialCache.Verdict, charged: Bool, _ finish: Exchange) -> String? {
+        switch verdict {
+        case .valid(let id):
+            if charged { refundAuthFailure(finish.clientKey) }
+            return id
+        case .invalid, .pending:
+            if charged {
+                finish(.error(Self.unauthorized, headers: Self.authenticateHeaders), "unknown or revoked")
+            } else {
+                refuseAuthentication(finish, "unknown or revoked")
+            }
+        case .unavailable:
+            if charged { refundAuthFailure(finish.clientKey) }
+            logger.error("storage error reading credentials", ["request_id": finish.requestID])
+            finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "credentials could not be read; retry later"),
+                          headers: [("retry-after", String(settings.unavailableRetryAfterSeconds))]), "storage")
+        }
+        return nil
+    }
+
+    /// 401, charged to the address's budget; 429 when that was already spent.
+    private func refuseAuthentication(_ finish: Exchange, _ note: String) {
+        let charge = chargeAuthFailure(finish.clientKey)
+        guard charge.allowed else { return tooManyAuthFailures(finish, retryAfterSeconds: charge.retryAfterSeconds) }
+        finish(.error(Self.unauthorized, headers: Self.authenticateHeaders), note)
+    }
+
+    private func tooManyAuthFailures(_ finish: Exchange, retryAfterSeconds: Int) {
         metrics.rateLimited(scope: "auth_failures")
         finish(.error(ClientError(status: 429, code: "too_many_auth_failures", field: "authorization",
                                   message: "too many failed authentications from this address"),
-                      headers: [("retry-after", String(gate.retryAfterSeconds))]), "auth failure rate")
-        return true
+                      headers: [("retry-after", String(retryAfterSeconds))]), "auth failure rate")
     }
 
-    /// Counts a 401 against the peer's failed-authentication budget.
-    private func chargeAuthFailure(_ clientKey: String) {
+    /// Takes one failure from the address's budget and, for IPv6, from its /48's; not allowed
+    /// (nothing taken) when either is spent.
+    private func chargeAuthFailure(_ clientKey: String) -> (allowed: Bool, retryAfterSeconds: Int) {
+        guard authFailureLimiter.limit.perSecond > 0 else { return (true, 0) }
+        let now = monotonicMicros()
+        let address = authFailureLimiter.take(clientKey, nowMicros: now)
+        guard address.allowed, let site = PeerKey.slash48Text(ofKeyText: clientKey) else { return address }
+        let wide = slash48AuthFailureLimiter.take(site, nowMicros: now)
+        if !wide.allowed { authFailureLimiter.refund(clientKey) }
+        return wide
+    }
+
+    private func refundAuthFailure(_ clientKey: String) {
         guard authFailureLimiter.limit.perSecond > 0 else { return }
-        _ = authFailureLimiter.take(clientKey)
+        authFailureLimiter.refund(clientKey)
+        if let site = PeerKey.slash48Text(ofKeyText: clientKey) { slash48AuthFailureLimiter.refund(site) }
     }
 
     static let authenticateHeaders = [("www-authenticate", "Bearer")]
@@ -295,10 +381,19 @@ public final class IngestService: Sendable {
     }
 
     private func post(_ request: APIRequest, _ finish: Exchange) {
-        // Header arrays for the refusals are built only when one is sent.
-        guard let hash = Self.bearerHash(request.authorization) else {
-            return finish(.error(Self.unauthorized, headers: Self.authenticateHeaders), "no bearer")
+        let hash = Self.bearerHash(request.authorization)
+        switch admit(hash, finish) {
+        case .refused: return
+        case .admitted: authenticatedPost(request, hash!, finish)
+        case .pending(let charged):
+            credentials.afterRead(hash!) { [self] verdict in
+                guard resumed(verdict, charged: charged, finish) != nil else { return }
+                authenticatedPost(request, hash!, finish)
+            }
         }
+    }
+
+    private func authenticatedPost(_ request: APIRequest, _ hash: [UInt8], _ finish: Exchange) {
         guard withinCredentialRate(hash, finish) else { return }
         // The IngestRequest is built where the validated value is bound: binding it to a local
         // first copied the Result twice and the request once more (~1k instructions).
@@ -337,7 +432,9 @@ public final class IngestService: Sendable {
                 metrics.storeRefusal("conflict")
                 finish(.error(ClientError(status: 409, code: "conflict", field: "messageIndex", message: "another credential already sent this messageIndex for this push token, session and key")), "conflict")
             case .unauthorized:
-                finish(.error(Self.unauthorized, headers: Self.authenticateHeaders), "unknown or revoked")
+                // Revoked between the cache's read and this transaction.
+                _ = chargeAuthFailure(finish.clientKey)
+                finish(.error(Self.unauthorized, headers: Self.authenticateHeaders), "revoked")
             case .forbidden(let app):
                 finish(.error(ClientError(status: 403, code: "forbidden", field: "app", message: "this credential may not send for \(app)")), nil)
             case .appRequired:
@@ -353,22 +450,28 @@ public final class IngestService: Sendable {
     }
 
     private func get(_ request: APIRequest, id: String, _ finish: Exchange) {
-        guard let secret = Self.bearer(request.authorization) else {
-            return finish(.error(Self.unauthorized, headers: Self.authenticateHeaders), "no bearer")
+        let hash = Self.bearerHash(request.authorization)
+        switch admit(hash, finish) {
+        case .refused: return
+        case .admitted(let credentialID): authenticatedGet(hash!, credentialID: credentialID, id: id, finish)
+        case .pending(let charged):
+            credentials.afterRead(hash!) { [self] verdict in
+                guard let credentialID = resumed(verdict, charged: charged, finish) else { return }
+                authenticatedGet(hash!, credentialID: credentialID, id: id, finish)
+            }
         }
+    }
+
+    private func authenticatedGet(_ hash: [UInt8], credentialID: String, id: String, _ finish: Exchange) {
         // Reads share the credential's bucket with its POSTs (a database read on a worker each):
         // a looping status poller cannot take the workers from everyone else.
-        if credentialLimiter.limit.perSecond > 0, let hash = Self.bearerHash(request.authorization),
-           !withinCredentialRate(hash, finish) { return }
+        guard withinCredentialRate(hash, finish) else { return }
         let notFound = ClientError(status: 404, code: "not_found", field: "id", message: "no response with this id for this credential")
         guard UUIDText.parse(id) != nil else { return finish(.error(notFound), nil) }
         workers.submit { [store, logger] in
             do {
-                guard let cred = try store.authenticate(secret: secret) else {
-                    return finish(.error(Self.unauthorized, headers: Self.authenticateHeaders), "unknown or revoked")
-                }
                 // Another credential's row is reported as absent, not forbidden: ids do not leak.
-                guard let row = try store.response(id: id), row.credentialID == cred.id else { return finish(.error(notFound), nil) }
+                guard let row = try store.response(id: id), row.credentialID == credentialID else { return finish(.error(notFound), nil) }
                 let attempts = try store.attempts(responseID: row.id)
                 finish(APIResponse(status: 200, body: Self.render(row, attempts)), nil)
             } catch {

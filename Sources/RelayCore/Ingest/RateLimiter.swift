@@ -1,5 +1,6 @@
-// Token buckets keyed by credential hash or push token. The bucket arithmetic is a pure value
-// (`TokenBucket.take`) with time passed in; the limiter only adds a lock and a bounded map.
+// Token buckets keyed by credential hash, push token or client address. The bucket arithmetic is
+// a pure value (`TokenBucket.take`) with time passed in; the limiter only adds a lock and a map
+// bounded by dropping the least recently used bucket (never all of them at once).
 import Synchronization
 
 public struct RateLimit: Sendable, Equatable {
@@ -39,41 +40,103 @@ public struct TokenBucket: Sendable, Equatable {
 
 public final class RateLimiter: Sendable {
     public let limit: RateLimit
-    private let maxKeys: Int
-    private let buckets = Mutex<[String: TokenBucket]>([:])
+    private let buckets: Mutex<RecentMap<String, TokenBucket>>
 
+    /// At most `maxKeys` buckets; past it the least recently used one is dropped (a refilled
+    /// bucket, unless `maxKeys` keys were charged since it was last used).
     public init(limit: RateLimit, maxKeys: Int = 100_000) {
         self.limit = limit
-        self.maxKeys = maxKeys
-    }
-
-    /// Whether `take` would succeed now, without taking (a key never charged always may).
-    /// `key` is only built when some key has been charged: in the usual case (nobody charged)
-    /// this costs a lock and no string work.
-    public func wouldAllow(_ key: @autoclosure () -> String, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
-        guard limit.perSecond > 0 else { return (true, 0) }
-        return buckets.withLock { b in
-            guard !b.isEmpty, var copy = b[key()] else { return (true, 0) }
-            return copy.take(limit: limit, nowMicros: nowMicros)
-        }
+        buckets = Mutex(RecentMap(capacity: maxKeys))
     }
 
     public func take(_ key: String, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
         guard limit.perSecond > 0 else { return (true, 0) }
         return buckets.withLock { b in
-            if b.count >= maxKeys, b[key] == nil {
-                // Full buckets carry no state worth keeping: drop them to bound memory.
-                let limit = self.limit
-                b = b.filter { _, v in
-                    var copy = v
-                    return copy.take(limit: limit, nowMicros: nowMicros).allowed == false || copy.tokens + 1 < limit.burst
-                }
-                if b.count >= maxKeys { b.removeAll(keepingCapacity: true) }
-            }
-            var bucket = b[key] ?? TokenBucket(limit: limit, nowMicros: nowMicros)
-            let r = bucket.take(limit: limit, nowMicros: nowMicros)
-            b[key] = bucket
-            return r
+            b.update(key, new: TokenBucket(limit: limit, nowMicros: nowMicros)) { $0.take(limit: limit, nowMicros: nowMicros) }
         }
+    }
+
+    /// Gives back a token taken by `take` (a charge that turned out not to be owed).
+    public func refund(_ key: String) {
+        guard limit.perSecond > 0 else { return }
+        buckets.withLock { b in b.updateIfPresent(key) { $0.tokens = min(limit.burst, $0.tokens + 1) } }
+    }
+
+    /// Buckets held (tests: the bound).
+    var count: Int { buckets.withLock { $0.count } }
+    func contains(_ key: String) -> Bool { buckets.withLock { $0.contains(key) } }
+}
+
+/// A map of at most `capacity` entries that drops the least recently updated one to make room:
+/// a dictionary to slots of a doubly linked list kept in arrays (no allocation per update once
+/// full; slots are reused).
+struct RecentMap<Key: Hashable, Value> {
+    private var index: [Key: Int] = [:]
+    private var keys: [Key] = []
+    private var values: [Value] = []
+    private var newer: [Int] = []   // towards the most recent; -1 at the head
+    private var older: [Int] = []   // towards the least recent; -1 at the tail
+    private var head = -1           // most recently updated
+    private var tail = -1           // least recently updated
+    let capacity: Int
+
+    init(capacity: Int) { self.capacity = max(1, capacity) }
+
+    var count: Int { index.count }
+    func contains(_ key: Key) -> Bool { index[key] != nil }
+
+    /// Runs `body` on the entry for `key` (created from `new` when absent) and makes it the most
+    /// recent. Creating one beyond `capacity` reuses the least recent's slot.
+    mutating func update<R>(_ key: Key, new: @autoclosure () -> Value, _ body: (inout Value) -> R) -> R {
+        if let i = index[key] {
+            touch(i)
+            return body(&values[i])
+        }
+        var v = new()
+        let r = body(&v)
+        let i: Int
+        if index.count >= capacity {
+            i = tail
+            unlink(i)
+            index[keys[i]] = nil
+            keys[i] = key
+            values[i] = v
+        } else {
+            i = keys.count
+            keys.append(key)
+            values.append(v)
+            newer.append(-1)
+            older.append(-1)
+        }
+        index[key] = i
+        linkAtHead(i)
+        return r
+    }
+
+    /// Runs `body` on the entry for `key` if there is one, without changing its recency.
+    mutating func updateIfPresent(_ key: Key, _ body: (inout Value) -> Void) {
+        if let i = index[key] { body(&values[i]) }
+    }
+
+    private mutating func touch(_ i: Int) {
+        guard head != i else { return }
+        unlink(i)
+        linkAtHead(i)
+    }
+
+    private mutating func unlink(_ i: Int) {
+        let n = newer[i], o = older[i]
+        if n >= 0 { older[n] = o } else { head = o }
+        if o >= 0 { newer[o] = n } else { tail = n }
+        newer[i] = -1
+        older[i] = -1
+    }
+
+    private mutating func linkAtHead(_ i: Int) {
+        older[i] = head
+        newer[i] = -1
+        if head >= 0 { newer[head] = i }
+        head = i
+        if tail < 0 { tail = i }
     }
 }

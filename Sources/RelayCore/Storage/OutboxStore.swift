@@ -153,6 +153,36 @@ public struct CredentialRecord: Sendable, Equatable {
     public var isRevoked: Bool { revokedAt != nil }
 }
 
+/// What ingest authenticates a bearer against before any other work (IngestService's
+/// credential cache): no name, apps or times.
+public struct CredentialKey: Sendable, Equatable {
+    public var id: String
+    /// SHA-256 of the secret.
+    public var hash: [UInt8]
+    public var revoked: Bool
+
+    public init(id: String, hash: [UInt8], revoked: Bool) {
+        self.id = id
+        self.hash = hash
+        self.revoked = revoked
+    }
+}
+
+/// Changes with every credential created or revoked: the table only gains rows and revoked
+/// rows (nothing deletes one or clears revoked_at), so the two counts, with the newest
+/// created_at against a delete-and-create done by hand, tell that a cached copy is current.
+public struct CredentialGeneration: Sendable, Equatable {
+    public var count: Int
+    public var revoked: Int
+    public var newestCreatedAt: Int64
+
+    public init(count: Int, revoked: Int, newestCreatedAt: Int64) {
+        self.count = count
+        self.revoked = revoked
+        self.newestCreatedAt = newestCreatedAt
+    }
+}
+
 /// Returned once by `createCredential`: the only time the secret exists outside the client.
 public struct CreatedCredential: Sendable {
     public var record: CredentialRecord
@@ -227,6 +257,10 @@ public protocol OutboxStore: AnyObject, Sendable {
     func revokeCredential(id: String) throws -> Bool
     /// The live (not revoked) credential for a presented secret, or nil.
     func authenticate(secret: String) throws -> CredentialRecord?
+    /// The credentials table's generation, and every credential's key when it differs from
+    /// `known` (nil keys: unchanged). A read, not a transaction; ingest calls it a few times a
+    /// second per node at most.
+    func credentialKeys(unlessAt known: CredentialGeneration?) throws -> (generation: CredentialGeneration, keys: [CredentialKey]?)
 
     // MARK: health
     /// True when a write transaction can be taken (readyz).

@@ -978,6 +978,18 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         }
     }
 
+    public func credentialKeys(unlessAt known: CredentialGeneration?) throws -> (generation: CredentialGeneration, keys: [CredentialKey]?) {
+        try read { db in
+            let g = try db.query("SELECT count(*), count(revoked_at), coalesce(max(created_at), 0) FROM credentials")[0]
+            let generation = CredentialGeneration(count: Int(g[0].int ?? 0), revoked: Int(g[1].int ?? 0), newestCreatedAt: g[2].int ?? 0)
+            guard generation != known else { return (generation, nil) }
+            let keys = try db.query("SELECT id, hash, revoked_at FROM credentials").map {
+                CredentialKey(id: $0[0].string ?? "", hash: $0[1].bytes ?? [], revoked: $0[2].int != nil)
+            }
+            return (generation, keys)
+        }
+    }
+
     // MARK: health
 
     public func checkWritable() -> Bool {

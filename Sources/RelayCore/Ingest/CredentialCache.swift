@@ -1,0 +1,165 @@
+// Authentication before any other work, without a database read per request: an in-memory copy
+// of every credential's hash and revocation, re-read when the table's generation changes
+// (OutboxStore.credentialKeys). A copy is trusted for at most `maxAgeMicros` from the moment its
+// read began, so a revocation committed by any process or node is refused within that time; a
+// hash the copy does not know (perhaps created since) waits for a read begun after it arrived.
+// Reads are coalesced: at most one runs at a time, whatever the number of waiting requests.
+import POSIXThreads
+import Synchronization
+
+final class CredentialCache: Sendable {
+    /// A credential hash as a dictionary key: the 32 bytes as four words (hashing an [UInt8]
+    /// feeds the hasher byte by byte).
+    struct Key: Hashable {
+        let a, b, c, d: UInt64
+
+        init?(_ hash: [UInt8]) {
+            guard hash.count == 32 else { return nil }
+            (a, b, c, d) = hash.withUnsafeBytes {
+                ($0.loadUnaligned(fromByteOffset: 0, as: UInt64.self), $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self),
+                 $0.loadUnaligned(fromByteOffset: 16, as: UInt64.self), $0.loadUnaligned(fromByteOffset: 24, as: UInt64.self))
+            }
+        }
+
+        // SHA-256 output is uniform: one word is as good a hash as four.
+        func hash(into h: inout Hasher) { h.combine(a) }
+    }
+
+    enum Verdict: Sendable, Equatable {
+        case valid(id: String)
+        /// Unknown or revoked as of a read at most `maxAgeMicros` old (or begun after the request).
+        case invalid
+        /// The copy is too old, or does not know the hash: wait for a read (`afterRead`).
+        /// `knownValid`: the old copy has it as a live credential.
+        case pending(knownValid: Bool)
+        /// The read failed (database down).
+        case unavailable
+    }
+
+    private struct Copy {
+        var generation: CredentialGeneration
+        var byKey: [Key: (id: String, revoked: Bool)]
+        /// monotonicMicros when its read began.
+        var readAt: Int64
+    }
+
+    private struct State {
+        var copy: Copy?
+        var reading = false
+        var waiters: [(since: Int64, key: Key?, resume: @Sendable (Verdict) -> Void)] = []
+    }
+
+    /// How long a copy may be trusted: the revocation bound.
+    let maxAgeMicros: Int64
+    /// Past this age a request starts a read in the background so steady traffic never waits.
+    let refreshAfterMicros: Int64
+    private let load: @Sendable (CredentialGeneration?) throws -> (generation: CredentialGeneration, keys: [CredentialKey]?)
+    private let run: @Sendable (@escaping @Sendable () -> Void) -> Void
+    private let now: @Sendable () -> Int64
+    private let state = Mutex(State())
+
+    /// `run` starts a read on a thread that may block (a WorkerPool); `now` is monotonic micros.
+    init(maxAgeMicros: Int64 = 1_000_000,
+         load: @escaping @Sendable (CredentialGeneration?) throws -> (generation: CredentialGeneration, keys: [CredentialKey]?),
+         run: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void,
+         now: @escaping @Sendable () -> Int64 = { monotonicMicros() }) {
+        self.maxAgeMicros = maxAgeMicros
+        refreshAfterMicros = maxAgeMicros / 2
+        self.load = load
+        self.run = run
+        self.now = now
+    }
+
+    convenience init(store: any OutboxStore, workers: WorkerPool, maxAgeMicros: Int64 = 1_000_000) {
+        self.init(maxAgeMicros: maxAgeMicros, load: { [store] in try store.credentialKeys(unlessAt: $0) },
+                  run: { [workers] in workers.submit($0) })
+    }
+
+    /// The verdict from memory, without blocking. `.pending` asks the caller to `afterRead`.
+    func verdict(_ hash: [UInt8]) -> Verdict {
+        guard let key = Key(hash) else { return .invalid }
+        let t = now()
+        let (verdict, startRead) = state.withLock { s -> (Verdict, Bool) in
+            guard let copy = s.copy else { return (.pending(knownValid: false), false) }
+            let entry = copy.byKey[key]
+            let age = t - copy.readAt
+            guard age < maxAgeMicros else { return (.pending(knownValid: entry.map { !$0.revoked } ?? false), false) }
+            let refresh = age >= refreshAfterMicros && !s.reading
+            if refresh { s.reading = true }
+            // Revoked stays revoked; an unknown hash may be a credential created since the read.
+            guard let entry else { return (.pending(knownValid: false), refresh) }
+            return (entry.revoked ? .invalid : .valid(id: entry.id), refresh)
+        }
+        if startRead { run { [self] in read(startedAt: t) } }
+        return verdict
+    }
+
+    /// Calls `resume` (on the reading thread) with the verdict for `hash` from a read that
+    /// began at or after this call, or `.unavailable` if that read failed.
+    func afterRead(_ hash: [UInt8], _ resume: @escaping @Sendable (Verdict) -> Void) {
+        let t = now()
+        let startRead = state.withLock { s -> Bool in
+            s.waiters.append((t, Key(hash), resume))
+            guard !s.reading else { return false }
+            s.reading = true
+            return true
+        }
+        if startRead { run { [self] in read(startedAt: t) } }
+    }
+
+    /// Starts a read now (at start-up, so the first requests find a copy).
+    func prime() {
+        let t = now()
+        let startRead = state.withLock { s -> Bool in
+            guard !s.reading else { return false }
+            s.reading = true
+            return true
+        }
+        if startRead { run { [self] in read(startedAt: t) } }
+    }
+
+    /// One read; then the waiters it serves (those that arrived before it began) are resumed,
+    /// and if others arrived meanwhile the next read starts.
+    private func read(startedAt: Int64) {
+        let known = state.withLock { $0.copy?.generation }
+        let result = Result { try load(known) }
+        var next: Int64?
+        let served = state.withLock { s -> [(Verdict, @Sendable (Verdict) -> Void)] in
+            var fresh: Copy?
+            switch result {
+            case .success(let r):
+                if let keys = r.keys {
+                    var byKey: [Key: (id: String, revoked: Bool)] = [:]
+                    byKey.reserveCapacity(keys.count)
+                    for k in keys { if let key = Key(k.hash) { byKey[key] = (k.id, k.revoked) } }
+                    s.copy = Copy(generation: r.generation, byKey: byKey, readAt: startedAt)
+                } else {
+                    s.copy?.readAt = startedAt
+                }
+                fresh = s.copy
+            case .failure:
+                break
+            }
+            var out: [(Verdict, @Sendable (Verdict) -> Void)] = []
+            s.waiters.removeAll { w in
+                guard w.since <= startedAt else { return false }
+                let v: Verdict
+                if let fresh {
+                    if let key = w.key, let e = fresh.byKey[key] { v = e.revoked ? .invalid : .valid(id: e.id) } else { v = .invalid }
+                } else {
+                    v = .unavailable
+                }
+                out.append((v, w.resume))
+                return true
+            }
+            if s.waiters.isEmpty {
+                s.reading = false
+            } else {
+                next = now()
+            }
+            return out
+        }
+        for (v, resume) in served { resume(v) }
+        if let next { run { [self] in read(startedAt: next) } }
+    }
+}
