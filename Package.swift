@@ -35,9 +35,6 @@ let package = Package(
                 // Release only: runtime exclusivity checks on class properties cost ~1.7k instructions
                 // per request on the hot path (measured with callgrind); debug builds and tests keep them.
                 swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
-        // The relay-walbatch SQLite VFS: one WAL write per commit for the store's writer connection
-        // (Sources/CSQLiteWAL/walbatch.c says why and why it is safe). Plain C: VFS callbacks.
-        .target(name: "CSQLiteWAL", dependencies: ["CSQLite"]),
         // Named pthreads and a condition variable for modules that must not link Foundation.
         .target(name: "POSIXThreads"),
         // APNs HTTP/2 client (nghttp2 client sessions over OpenSSL), ES256 JWT, result classification.
@@ -45,7 +42,7 @@ let package = Package(
         // The APNs look-alike used by tests, benchmarks and users' own tests.
         .target(name: "MockAPNs", dependencies: ["HTTPServer", "Ratchet", "PushClient", "COpenSSL"]),
         // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API.
-        .target(name: "RelayCore", dependencies: ["HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CSQLiteWAL", "CPQ", "CSystemd", "COpenSSL"]),
+        .target(name: "RelayCore", dependencies: ["HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "COpenSSL"]),
 
         // MARK: Executables (thin: parse arguments, start a service)
         .executableTarget(name: "relay-server", dependencies: ["RelayCore"], path: "Sources/RelayServer"),
@@ -63,12 +60,14 @@ let package = Package(
         // MARK: Tests (mirror the source targets; integration tests drive the real binaries)
         // Helpers shared by the test targets (seeded PRNG, loopback sockets); Glibc only.
         .target(name: "TestSupport", path: "Tests/TestSupport"),
+        // Test-only fault injection under SQLite's unix VFS (ENOSPC, EIO, short writes, EINTR).
+        .target(name: "CSQLiteFault", dependencies: ["CSQLite"], path: "Tests/CSQLiteFault"),
         .testTarget(name: "RatchetTests", dependencies: ["Ratchet", "TestSupport"], exclude: ["Vectors"]),
         .testTarget(name: "KeyExchangeTests", dependencies: ["KeyExchange", "Ratchet", "COpenSSL"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "POSIXThreads", "TestSupport"]),
         .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs", "TestSupport"]),
         .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs"]),
-        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "MockAPNs", "Ratchet", "POSIXThreads", "TestSupport"]),
+        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "MockAPNs", "Ratchet", "POSIXThreads", "TestSupport", "CSQLiteFault"]),
         .testTarget(name: "IntegrationTests", dependencies: ["Ratchet", "RelayCore", "TestSupport"], exclude: ["Golden"]),
     ],
     swiftLanguageModes: [.v6]

@@ -260,6 +260,15 @@ class Env:
         finally:
             c.close()
 
+    def integrity(self):
+        """PRAGMA integrity_check on a read-only connection (the relay may be down after a kill:
+        a read-only connection recovers the WAL in memory and leaves the files as they are)."""
+        try:
+            rows = self.db("PRAGMA integrity_check")
+            return "ok" if rows == [("ok",)] else "; ".join(str(r[0]) for r in rows[:5])
+        except sqlite3.Error as e:
+            return f"error: {e}"
+
     def pending(self):
         return self.db("SELECT count(*) FROM responses WHERE state IN ('queued','inflight','retry')")[0][0]
 
@@ -462,11 +471,13 @@ def section_crash(env, args, results):
             env.kill_relay(signal.SIGKILL)
             inflight = env.db("SELECT count(*) FROM responses WHERE state = 'inflight'")[0][0]
             queued = env.db("SELECT count(*) FROM responses WHERE state IN ('queued','retry')")[0][0]
+            integrity = env.integrity()
             inflight_at_kills += inflight
             rounds.append({"round": r, "upSeconds": round(up, 2), "mockKilled": kill_mock,
-                           "ackedSoFar": acked_before, "inflightAtKill": inflight, "queuedAtKill": queued})
-            log(f"  round {r}: killed after {up:.2f}s, acked so far {acked_before}, inflight {inflight}, queued {queued}"
-                + (" (mock-apns killed too)" if kill_mock else ""))
+                           "ackedSoFar": acked_before, "inflightAtKill": inflight, "queuedAtKill": queued,
+                           "integrity": integrity})
+            log(f"  round {r}: killed after {up:.2f}s, acked so far {acked_before}, inflight {inflight}, queued {queued}, "
+                f"integrity_check {integrity}" + (" (mock-apns killed too)" if kill_mock else ""))
             time.sleep(rng.uniform(0.0, 0.3))
         env.start_relay()
         time.sleep(1.0)
@@ -486,15 +497,19 @@ def section_crash(env, args, results):
     # A push can be delivered twice only if it was inflight (sent, answer not recorded) when
     # the relay died, or on the wire when mock-apns died (at most dispatch.maxInflight).
     bound = inflight_at_kills + mock_kills * 256
-    ok = (not lost and drained and counts["queued"] == counts["inflight"] == counts["retry"] == 0
+    integrity_ok = sum(1 for r in rounds if r["integrity"] == "ok")
+    final_integrity = env.integrity()
+    ok = (integrity_ok == len(rounds) and final_integrity == "ok" and not lost and drained and counts["queued"] == counts["inflight"] == counts["retry"] == 0
           and counts["failed"] == 0 and extra <= bound and len(acked) > 0)
     res = {"rounds": len(rounds), "mockKills": mock_kills, "acked": len(acked), "statusCounts": dict(status),
            "unanswered": errors, "delivered": len(acked) - len(missing), "answered200NotLogged": len(answered),
            "lost": len(lost), "lostIds": lost[:20], "duplicateIds": dups, "extraDeliveries": extra,
            "duplicateBound": bound, "inflightAtKills": inflight_at_kills, "drained": drained,
-           "finalStates": counts, "relayctlStatus": st, "roundLog": rounds, "pass": ok}
+           "finalStates": counts, "relayctlStatus": st, "integrityOkRounds": integrity_ok,
+           "finalIntegrity": final_integrity, "roundLog": rounds, "pass": ok}
     results["crash"] = res
-    log(f"crash: acked {len(acked)}, lost {len(lost)}, duplicates {extra} (bound {bound}), final {counts}: "
+    log(f"crash: acked {len(acked)}, lost {len(lost)}, duplicates {extra} (bound {bound}), final {counts}, "
+        f"integrity_check ok after {integrity_ok}/{len(rounds)} kills and at the end: {final_integrity}: "
         + ("PASS" if ok else "FAIL"))
     env.kill_relay(signal.SIGTERM)
     env.stop_mock()
@@ -620,12 +635,15 @@ def _fault_row(env, args, secret, dl, name):
             row["recovered"] = row["recovered"] and row["othersFlowing"]
         # Every row but GOAWAY must have made the relay retry (GOAWAY'd streams were never
         # processed: PushClient resends them on a new connection without a failed attempt).
-        row["pass"] = row["recovered"] and row["lost"] == 0 and (name == "goaway" or row["retries"] > 0)
+        row["integrity"] = env.integrity()
+        row["pass"] = (row["recovered"] and row["lost"] == 0 and (name == "goaway" or row["retries"] > 0)
+                       and row["integrity"] == "ok")
         if env.mock is None or env.mock.poll() is not None:
             row["pass"] = False
             row["note"] = f"mock-apns exited ({env.mock.poll() if env.mock else 'gone'})"
         log(f"  {name}: recovered {row['recovered']} in {row['secondsToRecover']} s, lost {row['lost']}, "
-            f"duplicates {extra}, retries {row['retries']}" + ("" if row["pass"] else "  <-- FAIL"))
+            f"duplicates {extra}, retries {row['retries']}, integrity_check {row['integrity']}"
+            + ("" if row["pass"] else "  <-- FAIL"))
         wait_pending_zero(env, 30)
         return row
 
@@ -684,9 +702,18 @@ def section_storage(env, args, results):
                 saw503 = time.monotonic() - full_at
                 break
             time.sleep(0.1)
-        time.sleep(2.0)
+        time.sleep(1.0)
+        # An operator's write during the episode, as the disk-full runbook suggests: relayctl
+        # purge (its own connection, stock SQLite) while the relay keeps failing commits. It may
+        # fail (exit 1, a message), never crash, and must leave the database intact.
+        pr = subprocess.run([os.path.join(env.bin, "relayctl"), "purge", "--delivered", "--older-than", "1s",
+                             "--config", env.config], capture_output=True, text=True, timeout=60)
+        purge_note = f"exit {pr.returncode}: " + (pr.stdout.strip() or pr.stderr.strip()).splitlines()[-1][:160] \
+            if (pr.stdout.strip() or pr.stderr.strip()) else f"exit {pr.returncode}"
+        time.sleep(1.0)
         during_full = load.snapshot()
         acked_while_full = {i for i, v in during_full[0].items() if v[1] >= full_at + (saw503 or 0) + 0.5}
+        integrity_full = env.integrity()
         os.remove(filler)
         freed_at = time.monotonic()
         recovered = None
@@ -701,10 +728,20 @@ def section_storage(env, args, results):
         _, missing = wait_delivered(env, dl, list(acked), 60)
         lost = missing
         s_full = {k: during_full[1][k] - base[1][k] for k in during_full[1]}
-        out.append({"case": "disk full (tmpfs 48 MiB, filler file)", "secondsTo503": saw503 and round(saw503, 2),
+        integrity_after = env.integrity()
+        # The content audit: every acknowledged id still has its row, unless relayctl purge
+        # removed it after delivery (then it is in mock-apns' log).
+        present = {r[0] for r in env.db("SELECT id FROM responses")}
+        absent_undelivered = [i for i in acked if i not in present and dl.count[i] == 0]
+        out.append({"case": "disk full (tmpfs 48 MiB, filler file), relayctl purge during it", "secondsTo503": saw503 and round(saw503, 2),
                     "answersWhileFull": s_full, "acked202WhileFull": len(acked_while_full),
+                    "relayctlPurgeWhileFull": purge_note,
                     "secondsToRecover": recovered and round(recovered, 2), "lost": len(lost), "acked": len(acked),
-                    "pass": saw503 is not None and recovered is not None and not lost and status.get(500, 0) == 0})
+                    "ackedRowsMissing": len(absent_undelivered),
+                    "integrityWhileFull": integrity_full, "integrityAfter": integrity_after,
+                    "pass": (saw503 is not None and recovered is not None and not lost and status.get(500, 0) == 0
+                             and pr.returncode in (0, 1) and integrity_full == "ok" and integrity_after == "ok"
+                             and not absent_undelivered)})
 
         # 2. DB locked by another process: sqlite3 CLI holds BEGIN EXCLUSIVE for 3 s (> busyTimeoutMs 1000).
         load = Load(env.relay_port, secret, threads=4, rate=300).start()
@@ -735,10 +772,13 @@ def section_storage(env, args, results):
         _, missing = wait_delivered(env, dl, list(acked), 60)
         lost = missing
         s_locked = {k: during[1][k] - base[1][k] for k in during[1]}
+        integrity = env.integrity()
         out.append({"case": "DB locked (sqlite3 BEGIN EXCLUSIVE, 3 s; busyTimeoutMs 1000)",
                     "answersWhileLocked": s_locked, "acked202WhileLocked": len(acked_locked),
                     "secondsToRecover": recovered and round(recovered, 2), "lost": len(lost), "acked": len(acked),
-                    "pass": s_locked.get(503, 0) > 0 and not acked_locked and recovered is not None and not lost})
+                    "integrity": integrity,
+                    "pass": s_locked.get(503, 0) > 0 and not acked_locked and recovered is not None and not lost
+                            and integrity == "ok"})
 
         # 3. read-only DB: the file system holding it is remounted read-only (relay stopped
         # first: Linux refuses an ro remount while a file is open for writing).
@@ -782,11 +822,13 @@ def section_storage(env, args, results):
                 load.stop()
                 recovered = (time.monotonic() - t0) if load.snapshot()[1][202] > 0 else None
             exit_note = "" if alive else f"relay-server refused to start (exit {proc.returncode}): {last_log_line(env)}"
+            integrity = env.integrity()
             out.append({"case": "read-only DB (tmpfs remounted ro, relay started on it)",
                         "relayRunning": alive, "readyz": readyz, "answersWhileReadOnly": dict(answers),
                         "note": exit_note, "recoveredWithoutRestart": not restarted,
-                        "secondsToRecover": round(recovered, 2) if recovered else None,
-                        "pass": answers.get(202, 0) == 0 and recovered is not None and (alive is False or answers.get(503, 0) > 0)})
+                        "secondsToRecover": round(recovered, 2) if recovered else None, "integrity": integrity,
+                        "pass": answers.get(202, 0) == 0 and recovered is not None and (alive is False or answers.get(503, 0) > 0)
+                                and integrity == "ok"})
         env.kill_relay(signal.SIGTERM)
         env.stop_mock()
     finally:
@@ -963,12 +1005,12 @@ def markdown(results, args, elapsed):
     if c:
         L.append("### Crash (kill -9)")
         L.append("")
-        L.append("| rounds | mock-apns kills | 202 acked | delivered (mock log) | answered 200, log line lost with the killed mock | lost | ids delivered twice | extra deliveries | bound (inflight at kills + 256 per mock kill) | left queued/inflight/retry | failed | result |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        L.append("| rounds | mock-apns kills | 202 acked | delivered (mock log) | answered 200, log line lost with the killed mock | lost | ids delivered twice | extra deliveries | bound (inflight at kills + 256 per mock kill) | left queued/inflight/retry | failed | integrity_check ok (after each kill, at the end) | result |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         f = c["finalStates"]
         L.append(f"| {c['rounds']} | {c['mockKills']} | {c['acked']} | {c['delivered']} | {c['answered200NotLogged']} | **{c['lost']}** | "
                  f"{c['duplicateIds']} | {c['extraDeliveries']} | {c['duplicateBound']} | {f['queued'] + f['inflight'] + f['retry']} | {f['failed']} | "
-                 f"{'pass' if c['pass'] else '**FAIL**'} |")
+                 f"{c['integrityOkRounds']}/{c['rounds']}, {c['finalIntegrity']} | {'pass' if c['pass'] else '**FAIL**'} |")
         L.append("")
         L.append(f"Ingest answers during the rounds: {c['statusCounts']}; requests that got no answer (relay killed under them, not acknowledged): {c['unanswered']}.")
         L.append("")
@@ -976,14 +1018,14 @@ def markdown(results, args, elapsed):
     if fr:
         L.append("### Fault matrix (mock-apns faults under steady load)")
         L.append("")
-        L.append("| fault | recovered | time to recover (s) | 202 acked (during fault) | lost | duplicates | retries | non-200 APNs answers | note | result |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|")
+        L.append("| fault | recovered | time to recover (s) | 202 acked (during fault) | lost | duplicates | retries | non-200 APNs answers | integrity_check | note | result |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in fr:
             note = f"other tokens delivered during the storm: {r['othersDeliveredDuringStorm']}" if "othersDeliveredDuringStorm" in r else ""
             if r["answered200NotLogged"]:
                 note += f" {r['answered200NotLogged']} answered 200 but not in the mock log"
             L.append(f"| {r['fault']} | {'yes' if r['recovered'] else '**no**'} | {r['secondsToRecover']} | {r['acked']} ({r['ackedDuringFault']}) | "
-                     f"**{r['lost']}** | {r['duplicates']} | {r['retries']} | {r['nonSuccessAnswers']} | {note} | {'pass' if r['pass'] else '**FAIL**'} |")
+                     f"**{r['lost']}** | {r['duplicates']} | {r['retries']} | {r['nonSuccessAnswers']} | {r.get('integrity', '')} | {note} | {'pass' if r['pass'] else '**FAIL**'} |")
         L.append("")
         L.append("Time to recover: from clearing the fault until every response acknowledged up to then was in mock-apns' log.")
         L.append("")

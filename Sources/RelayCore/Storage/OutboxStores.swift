@@ -6,10 +6,8 @@ public enum OutboxStores {
     /// `readOnly`: SQLite opens only a read connection; PostgreSQL skips migrations and refuses
     /// writes. Either way the schema must already be current (relay-server migrates on start).
     /// `onSlowStart`: see SQLiteStoreOptions.onSlowStart (a long SQLite migration).
-    /// `coalesceWALWrites`: see SQLiteStoreOptions.coalesceWALWrites (relayctl passes false).
     public static func open(_ config: RelayConfig.Store, readOnly: Bool = false, clock: any RelayClock = SystemRelayClock(),
-                            logger: RelayLogger? = nil, onSlowStart: (@Sendable (String) -> Void)? = nil,
-                            coalesceWALWrites: Bool = true) throws -> any OutboxStore {
+                            logger: RelayLogger? = nil, onSlowStart: (@Sendable (String) -> Void)? = nil) throws -> any OutboxStore {
         switch config.kind {
         case "postgres":
             guard let url = config.url else { throw StoreError.invalid("store.url is required with store.kind \"postgres\"") }
@@ -19,7 +17,6 @@ public enum OutboxStores {
         case "sqlite":
             var options = SQLiteStoreOptions(synchronous: config.synchronous, busyTimeoutMillis: Int32(config.busyTimeoutMillis), readOnly: readOnly)
             options.onSlowStart = onSlowStart
-            options.coalesceWALWrites = coalesceWALWrites
             return try SQLiteOutboxStore(path: config.path, options: options, clock: clock)
         default:
             throw StoreError.invalid("unknown store kind \(config.kind)")

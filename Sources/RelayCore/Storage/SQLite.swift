@@ -3,7 +3,6 @@
 // return code checked and turned into `StoreError.sqlite` carrying sqlite3_errmsg.
 import FoundationEssentials
 internal import CSQLite
-internal import CSQLiteWAL
 
 /// A value bound to or read from SQLite. Integers are 64-bit; times are milliseconds since 1970.
 public enum SQLValue: Sendable, Equatable {
@@ -77,14 +76,12 @@ public final class SQLiteDatabase {
     private var statements: [String: SQLiteStatement] = [:]
     public let path: String
 
-    /// `vfs`: the registered VFS to open with (nil = SQLite's default). The store's writer
-    /// connection passes `SQLiteDatabase.walBatchVFS()` when synchronous is FULL.
-    public init(path: String, readOnly: Bool = false, busyTimeoutMillis: Int32 = 5000, vfs: String? = nil) throws {
+    public init(path: String, readOnly: Bool = false, busyTimeoutMillis: Int32 = 5000) throws {
         var db: OpaquePointer?
         let flags = readOnly
             ? (SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX)
             : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX)
-        let rc = vfs.map { name in sqlite3_open_v2(path, &db, flags, name) } ?? sqlite3_open_v2(path, &db, flags, nil)
+        let rc = sqlite3_open_v2(path, &db, flags, nil)
         guard rc == SQLITE_OK, let db else {
             let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
             if let db { sqlite3_close_v2(db) }
@@ -227,77 +224,8 @@ public final class SQLiteDatabase {
 
     public var isAutocommit: Bool { sqlite3_get_autocommit(handle) != 0 }
 
-    // MARK: WAL write coalescing (the relay-walbatch VFS, Sources/CSQLiteWAL/walbatch.c)
-
-    /// Registered on first use, once per process (a static let initialises exactly once, on
-    /// whichever thread gets there first).
-    private static let walBatchRegistration: Int32 = csqlitewal_register()
-
-    /// The name of the VFS that writes each transaction's WAL frames with one pwrite. Only for a
-    /// connection that runs with `synchronous` FULL or EXTRA (walbatch.c explains why).
-    static func walBatchVFS() throws -> String {
-        let rc = walBatchRegistration
-        guard rc == SQLITE_OK else {
-            throw StoreError.sqlite(code: rc, message: String(cString: sqlite3_errstr(rc)), context: "register VFS \(CSQLITEWAL_VFS_NAME)")
-        }
-        return CSQLITEWAL_VFS_NAME
-    }
-
-    /// The name of the VFS this connection's main database was opened with ("unix" by default).
-    var vfsName: String {
-        var vfs: UnsafeMutablePointer<sqlite3_vfs>?
-        guard sqlite3_file_control(handle, "main", SQLITE_FCNTL_VFS_POINTER, &vfs) == SQLITE_OK, let vfs, let name = vfs.pointee.zName else { return "" }
-        return String(cString: name)
-    }
-
-    /// Counters of this connection's WAL file, or nil when it is not open through the
-    /// relay-walbatch VFS. Call on the thread that owns the connection.
-    var walBatchStats: WALBatchStats? {
-        var s = csqlitewal_stats()
-        guard csqlitewal_stats_get(handle, &s) == SQLITE_OK else { return nil }
-        return WALBatchStats(writesReceived: Int(s.writes_received), writesForwarded: Int(s.writes_forwarded),
-                             bytesForwarded: Int(s.bytes_forwarded), flushes: Int(s.flushes),
-                             flushFailures: Int(s.flush_failures), headerWrites: Int(s.header_writes),
-                             bufferCapacity: Int(s.buffer_capacity))
-    }
-
-    /// Test hook: the next flush of this connection's WAL buffer fails as a full disk
-    /// (SQLITE_FULL) or a failing one (SQLITE_IOERR_WRITE) would make it. False when the WAL is
-    /// not open through the relay-walbatch VFS.
-    func failNextWALFlush(_ failure: WALFlushFailure) -> Bool {
-        let rc: Int32 = switch failure {
-        case .diskFull: SQLITE_FULL
-        case .ioError: SQLITE_IOERR | (3 << 8)   // SQLITE_IOERR_WRITE (a macro Swift does not import)
-        }
-        return csqlitewal_fail_next_flush(handle, rc) == SQLITE_OK
-    }
-
-    /// Test hook: this connection's WAL flushes through the default VFS's xWrite in pieces (the
-    /// VFS's fallback when it cannot open its own descriptor). False when the WAL is not open
-    /// through the relay-walbatch VFS.
-    func flushWALThroughDefaultVFS() -> Bool {
-        csqlitewal_flush_through_default_vfs(handle) == SQLITE_OK
-    }
-
     public static var libraryVersion: String { String(cString: sqlite3_libversion()) }
 }
-
-/// Counters of one connection's WAL file under the relay-walbatch VFS (monotonic while it is open).
-struct WALBatchStats: Equatable {
-    /// Writes SQLite made to the WAL (two per frame, plus the header at each WAL restart).
-    var writesReceived: Int
-    /// Writes passed on to the default VFS: one pwrite each.
-    var writesForwarded: Int
-    var bytesForwarded: Int
-    var flushes: Int
-    var flushFailures: Int
-    /// Writes at offset 0 (the WAL header): one per WAL start or restart.
-    var headerWrites: Int
-    /// Bytes the buffer holds allocated now (freed at a sync once it grew past 1 MiB).
-    var bufferCapacity: Int
-}
-
-enum WALFlushFailure { case diskFull, ioError }
 
 /// One prepared statement, finalized when its owner (the connection's cache) drops it.
 public final class SQLiteStatement {

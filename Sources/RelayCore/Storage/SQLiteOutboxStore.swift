@@ -8,24 +8,9 @@ import Ratchet
 public struct SQLiteStoreOptions: Sendable {
     public enum Synchronous: String, Sendable {
         case full = "FULL", normal = "NORMAL"
-
-        /// Whether the writer may use the relay-walbatch VFS (one WAL write per commit). Only
-        /// where SQLite syncs the WAL at every commit before publishing its frames (FULL, and
-        /// EXTRA should it ever be added); with NORMAL the frames would be published while still
-        /// in the VFS's buffer (Sources/CSQLiteWAL/walbatch.c).
-        var allowsWALWriteCoalescing: Bool {
-            switch self {
-            case .full: true
-            case .normal: false
-            }
-        }
     }
     /// FULL (default) survives power loss; NORMAL in WAL mode survives process crashes only.
     public var synchronous: Synchronous = .full
-    /// The writer connection writes each transaction's WAL frames with one pwrite (the
-    /// relay-walbatch VFS) when `synchronous` allows it. relayctl turns it off: its writes are
-    /// single small transactions, and it stays on stock SQLite.
-    public var coalesceWALWrites = true
     public var busyTimeoutMillis: Int32 = 5000
     public var maxBatch: Int = 1024
     /// Open only a read connection (relayctl status/list while the server runs).
@@ -119,17 +104,10 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             }
             return
         }
-        let coalesce = options.coalesceWALWrites && options.synchronous.allowsWALWriteCoalescing
-        let db = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis,
-                                    vfs: coalesce ? SQLiteDatabase.walBatchVFS() : nil)
+        let db = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis)
         // synchronous before journal_mode, so no WAL frame is ever written at another level.
         try db.execute("PRAGMA synchronous=\(options.synchronous.rawValue)")
         try db.execute("PRAGMA journal_mode=WAL")
-        if coalesce {
-            // The VFS is only safe when SQLite syncs the WAL at each commit (2 = FULL, 3 = EXTRA).
-            let level = try db.scalar("PRAGMA synchronous").int ?? 0
-            guard level >= 2 else { throw StoreError.invalid("writer connection has synchronous=\(level), the WAL-batching VFS needs FULL or EXTRA") }
-        }
         try Self.migrate(db, onSlowStart: options.onSlowStart)
         for row in try db.query("SELECT token FROM unregistered_tokens UNION SELECT token FROM token_pacing") {
             if let t = row[0].string { writerState.watchedTokens.insert(t) }
@@ -995,13 +973,6 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     public func checkWritable() -> Bool {
         guard writer != nil else { return false }
         return (try? write { db in try db.scalar("SELECT 1").int == 1 }) ?? false
-    }
-
-    /// The VFS each connection runs on (tests: the writer uses relay-walbatch only at FULL,
-    /// the reader never). Blocks until the writer thread ran the lookup.
-    func connectionVFSNames() throws -> (writer: String?, reader: String) {
-        let w = try writer.map { try $0.perform { db in db.vfsName } }
-        return (w, try read { db in db.vfsName })
     }
 
     /// Writer statistics for /metrics: committed batches and jobs.

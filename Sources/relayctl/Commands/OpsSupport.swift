@@ -147,10 +147,9 @@ func openStore(_ location: RelayConfig.Store, readOnly: Bool) throws -> any Outb
         // but the current one, so writers go through it first. (PostgreSQL: the first writer
         // creates and migrates the shared schema under its advisory lock, as a node would.)
         if !readOnly && location.kind == "sqlite" {
-            try OutboxStores.open(location, readOnly: true, coalesceWALWrites: false).close()
+            try OutboxStores.open(location, readOnly: true).close()
         }
-        // Stock SQLite for relayctl's few small writes (no WAL-batching VFS, SQLiteStoreOptions).
-        return try OutboxStores.open(location, readOnly: readOnly, coalesceWALWrites: false)
+        return try OutboxStores.open(location, readOnly: readOnly)
     } catch {
         throw RuntimeFailure("cannot open \(OutboxStores.describe(location)): \(error)")
     }
