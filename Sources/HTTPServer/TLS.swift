@@ -86,6 +86,12 @@ final class TLSContextGeneration: @unchecked Sendable {
 
         guard cossl_ctx_set_min_tls12(ctx) == 1 else { throw fail("cannot require TLS 1.2: \(opensslErrors())") }
         cossl_ctx_harden_server(ctx)
+        // Under SSL_VERIFY_PEER OpenSSL refuses to resume a session (internal_error alert, the
+        // handshake fails) unless a session id context is set; accessories resume.
+        let sessionContext = Array("accessory-relay".utf8)
+        guard SSL_CTX_set_session_id_context(ctx, sessionContext, UInt32(sessionContext.count)) == 1 else {
+            throw fail("session id context: \(opensslErrors())")
+        }
         guard SSL_CTX_use_certificate_chain_file(ctx, c.certificatePath) == 1 else {
             throw fail("certificate \(c.certificatePath): \(opensslErrors())")
         }

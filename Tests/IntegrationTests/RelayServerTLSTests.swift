@@ -164,6 +164,15 @@ struct RelayServerTLSTests {
         #expect(stranger.status != 0 && stranger.code == "000", "\(stranger)")
         #expect(try post(cert: "client", bearer: false).code == "401")
         #expect(try post(cert: "client", bearer: true).code == "202")
+        // An accessory resuming its session (TLS 1.2 session id, TLS 1.3 ticket) with its
+        // certificate: OpenSSL refuses resumption under SSL_VERIFY_PEER without a session id context.
+        for version in ["-tls1_2", "-tls1_3"] {
+            _ = try tool("/usr/bin/openssl", ["s_client", version, "-connect", "127.0.0.1:\(h.relayPort)", "-cert", "client.pem", "-key", "client.key",
+                                              "-sess_out", "session\(version)"], in: dir)
+            let again = try tool("/usr/bin/openssl", ["s_client", version, "-connect", "127.0.0.1:\(h.relayPort)", "-cert", "client.pem", "-key", "client.key",
+                                                      "-sess_in", "session\(version)"], in: dir)
+            #expect(again.output.contains("Reused,") && !again.output.contains("alert"), "\(version): \(again.output)")
+        }
         let metrics = try relayHTTP(h.adminPort, "GET", "/metrics").text
         #expect(metrics.contains(#"relay_http_tls_handshake_failures_total{listener="ingest"} 2"#), "\(metrics)")
     }

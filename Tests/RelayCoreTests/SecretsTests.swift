@@ -87,6 +87,9 @@ import Testing
         #expect(Self.warning("postgresql://relay@[::1]:5432/relay") == nil)
         #expect(Self.warning("host=/var/run/postgresql dbname=relay") == nil)
         #expect(Self.warning("dbname=relay") == nil)  // the Unix socket
+        // hostaddr is where libpq connects; host then only names the server.
+        #expect(Self.warning("host=db.example hostaddr=127.0.0.1 dbname=relay") == nil)
+        #expect(Self.warning("host=localhost hostaddr=10.1.2.3 dbname=relay")?.contains("10.1.2.3") == true)
     }
 }
 

@@ -81,7 +81,12 @@ extension RelayConfig {
     /// reading of the URL, then PGHOST/PGSSLMODE as libpq would apply them).
     static func postgresTransportProblem(_ url: String, environment: [String: String]) -> String? {
         guard let info = PostgresConnInfo(url) else { return nil }  // refused at load
-        var hosts = (info["host"] ?? "").split(separator: ",").map(String.init) + (info["hostaddr"] ?? "").split(separator: ",").map(String.init)
+        // libpq connects to hostaddr[i] when given, else host[i] (host then only names the server).
+        let names = (info["host"] ?? "").split(separator: ",", omittingEmptySubsequences: false).map(String.init)
+        let addresses = (info["hostaddr"] ?? "").split(separator: ",", omittingEmptySubsequences: false).map(String.init)
+        var hosts = (0..<max(names.count, addresses.count)).map { i in
+            i < addresses.count && !addresses[i].isEmpty ? addresses[i] : (i < names.count ? names[i] : "")
+        }
         if hosts.allSatisfy(\.isEmpty) { hosts = (environment["PGHOST"] ?? "").split(separator: ",").map(String.init) }
         // No host: libpq's Unix socket. "/dir" and "@abstract" are sockets too.
         let remote = hosts.filter { !$0.isEmpty && !$0.hasPrefix("/") && !$0.hasPrefix("@") && !isLoopbackHost($0) }
