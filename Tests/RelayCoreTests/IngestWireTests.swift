@@ -126,6 +126,16 @@ private extension Array where Element == UInt8 {
             "HTTP/1.1 401 Unauthorized\r\nwww-authenticate: Bearer\r\nx-request-id: req-aa08\r\ncontent-type: application/json\r\n"
                 + "date: \(date)\r\ncontent-length: \(unauthorized.utf8.count)\r\n\r\n\(unauthorized)"
         }
+        // Two Content-Type fields, as two Authorization fields: refused (the first used to win,
+        // so json then text/plain got 202), even when both say application/json.
+        let twoTypes = #"{"error":"unsupported_media_type","field":"content-type","message":"Content-Type must be one media type (RFC 9110 8.3.1), application/json"}"#
+        for (token, second) in [("aa09", "text/plain"), ("aa10", "application/json")] {
+            k.send(post(token, extra: "Content-Type: \(second)\r\n"))
+            expectBytes(k.response()) { date in
+                "HTTP/1.1 415 Unsupported Media Type\r\nx-request-id: req-\(token)\r\ncontent-type: application/json\r\n"
+                    + "date: \(date)\r\ncontent-length: \(twoTypes.utf8.count)\r\n\r\n\(twoTypes)"
+            }
+        }
         // Pipelined: two 202s answered in request order.
         k.send(post("aa03") + post("aa04"))
         try accepted(k.response(), "aa03")

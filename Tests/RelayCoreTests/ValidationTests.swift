@@ -101,6 +101,19 @@ private let cases: [Case] = [
     Case(name: "payload too large", contentType: "application/json", body: body(["encryptedData": "\"\(longData)\""]), status: 400, code: "payload_too_large", field: "encryptedData"),
     Case(name: "app empty", contentType: "application/json", body: body(["app": "\"\""]), status: 400, code: "invalid_app", field: "app"),
     Case(name: "app number", contentType: "application/json", body: body(["app": "1"]), status: 400, code: "invalid_app", field: "app"),
+    Case(name: "app 256 bytes", contentType: "application/json", body: body(["app": "\"\(String(repeating: "a", count: 256))\""]), status: 400, code: "invalid_app", field: "app"),
+    // docs/api.md's limits and order of checks, case by case.
+    Case(name: "index string 11 characters", contentType: "application/json", body: body(["messageIndex": "\"00000000007\""]), status: 400, code: "invalid_message_index", field: "messageIndex"),
+    Case(name: "surrogate in an unknown key", contentType: "application/json", body: body(extra: #","\ud800x":1"#), status: 400, code: "invalid_json", field: "body"),
+    Case(name: "lone low surrogate in pushToken", contentType: "application/json", body: body(["pushToken": #""\udc00""#]), status: 400, code: "invalid_json", field: "body"),
+    Case(name: "surrogate beats a bad field", contentType: "application/json", body: body(["keyID": "1", "app": #""\ud83d""#]), status: 400, code: "invalid_json", field: "body"),
+    Case(name: "unknown member beats bad fields", contentType: "application/json", body: body(["pushToken": "1", "zz": "1"]), status: 400, code: "unknown_field", field: "zz"),
+    Case(name: "first offending member wins", contentType: "application/json", body: body(extra: #","zz":1,"pushToken":"ab""#), status: 400, code: "unknown_field", field: "zz"),
+    Case(name: "pushToken before keyID", contentType: "application/json", body: body(["keyID": "1", "pushToken": "1"]), status: 400, code: "invalid_push_token", field: "pushToken"),
+    Case(name: "keyID before a missing messageIndex", contentType: "application/json", body: body(["keyID": "1", "messageIndex": nil]), status: 400, code: "invalid_key_id", field: "keyID"),
+    Case(name: "encryptedData before app", contentType: "application/json", body: body(["encryptedData": "1", "app": "1"]), status: 400, code: "invalid_encrypted_data", field: "encryptedData"),
+    Case(name: "content type before size", contentType: "text/plain", body: [UInt8](repeating: 0x20, count: 16385), status: 415, code: "unsupported_media_type", field: "content-type"),
+    Case(name: "size before JSON", contentType: "application/json", body: [UInt8](repeating: 0x7B, count: 16385), status: 413, code: "body_too_large", field: "body"),
 ]
 
 @Test(arguments: cases)
@@ -423,4 +436,34 @@ func invalidBodiesAreRefusedNamingTheField(_ c: Case) {
         #expect(decoded > 1000)
         #expect(Base64.decode("AQIDBA==") == [1, 2, 3, 4])
     }
+}
+
+/// Content-Type as an RFC 9110 8.3.1 media type: case-insensitive type and charset, any other
+/// parameters (token or quoted-string values), OWS around ";" only; charset other than utf-8
+/// (or given twice) is 415 with its own message; a comma-joined pair of fields is no media type.
+@Test(arguments: [
+    ("application/json", nil), ("Application/JSON", nil), ("application/json; charset=utf-8", nil),
+    ("application/json;charset=UTF-8", nil), ("application/json ; charset=\"utf-8\"", nil), ("application/json; foo=bar", nil),
+    ("application/json; foo=bar; charset=utf-8", nil), ("application/json; foo=\"a;b,c\\\"d\"", nil), ("application/json;", nil),
+    ("application/json;;foo=bar", nil), ("application/json\t;\tCharSet=Utf-8", nil), (" application/json ", nil),
+    ("application/json; charset=latin1", "only charset=utf-8 is accepted"),
+    ("application/json; charset=\"utf-16\"", "only charset=utf-8 is accepted"),
+    ("application/json; charset=utf-8; charset=utf-8", "only charset=utf-8 is accepted"),
+    ("application/json; charset=utf8", "only charset=utf-8 is accepted"),
+    ("text/plain", "Content-Type must be application/json"), ("application/jsonx", "Content-Type must be application/json"),
+    ("application/problem+json", "Content-Type must be application/json"), ("text/plain; charset=utf-8", "Content-Type must be application/json"),
+    ("application/json, text/plain", "Content-Type must be one media type (RFC 9110 8.3.1), application/json"),
+    ("application/json, application/json", "Content-Type must be one media type (RFC 9110 8.3.1), application/json"),
+    ("application/json; charset = utf-8", "Content-Type must be one media type (RFC 9110 8.3.1), application/json"),
+    ("application/json; foo", "Content-Type must be one media type (RFC 9110 8.3.1), application/json"),
+    ("application/json; foo=\"open", "Content-Type must be one media type (RFC 9110 8.3.1), application/json"),
+    ("application/json; foo=", "Content-Type must be one media type (RFC 9110 8.3.1), application/json"),
+    ("application /json", "Content-Type must be one media type (RFC 9110 8.3.1), application/json"),
+    ("application/", "Content-Type must be one media type (RFC 9110 8.3.1), application/json"),
+    ("", "Content-Type must be one media type (RFC 9110 8.3.1), application/json"),
+] as [(String, String?)])
+func contentTypeIsAMediaType(_ value: String, _ refusal: String?) {
+    let e = IngestValidation.checkContentType(value)
+    #expect(e?.message == refusal, "\(value)")
+    if let e { #expect(e.status == 415 && e.code == "unsupported_media_type" && e.field == "content-type") }
 }

@@ -76,17 +76,26 @@ public enum IngestValidation {
         return skeleton + Base64.encodedLength(encryptedBytes) + 36 + Base64.encodedLength(keyIDBytes) + digits
     }
 
+    /// The Content-Type must be `application/json` as an RFC 9110 8.3.1 media type: type and
+    /// subtype in any case, then any number of `; name=value` parameters (value a token or a
+    /// quoted-string; unknown names allowed). A `charset` other than utf-8 (any case) is refused,
+    /// as is a value that is not one media type (two Content-Type fields arrive comma-joined:
+    /// HTTPGlue).
     public static func checkContentType(_ value: String?) -> ClientError? {
-        let wrong = ClientError(status: 415, code: "unsupported_media_type", field: "content-type", message: "Content-Type must be application/json")
-        guard let value else { return wrong }
-        // Fast path for the common exact value (the split below costs ~11k instructions per request).
-        if value == "application/json" { return nil }
-        let parts = value.split(separator: ";", omittingEmptySubsequences: false).map { ASCII.lowercased(ASCII.trim($0)) }
-        guard parts.first == "application/json" else { return wrong }
-        for p in parts.dropFirst() where p != "charset=utf-8" && p != "charset=\"utf-8\"" {
-            return ClientError(status: 415, code: "unsupported_media_type", field: "content-type", message: "only charset=utf-8 is accepted")
+        func refuse(_ message: String) -> ClientError {
+            ClientError(status: 415, code: "unsupported_media_type", field: "content-type", message: message)
         }
-        return nil
+        guard var value else { return refuse("Content-Type must be application/json") }
+        // The common exact value without a scan.
+        if value == "application/json" { return nil }
+        return value.withUTF8 { u -> ClientError? in
+            switch MediaType.check(u) {
+            case .json: return nil
+            case .otherType: return refuse("Content-Type must be application/json")
+            case .malformed: return refuse("Content-Type must be one media type (RFC 9110 8.3.1), application/json")
+            case .otherCharset: return refuse("only charset=utf-8 is accepted")
+            }
+        }
     }
 
     public static func validate(contentType: String?, body: [UInt8], limits: IngestLimits = .init()) -> Result<NewResponse, ClientError> {
@@ -222,5 +231,87 @@ public enum IngestValidation {
             if c.isUppercase { out += "_" + c.lowercased() } else { out.append(c) }
         }
         return out.replacing("i_d", with: "id")
+    }
+}
+
+/// RFC 9110 8.3.1 media-type syntax over bytes, for `checkContentType`:
+/// `type "/" subtype *( OWS ";" OWS [ token "=" ( token / quoted-string ) ] )`.
+enum MediaType {
+    enum Verdict: Equatable { case json, otherType, malformed, otherCharset }
+
+    static func check(_ u: UnsafeBufferPointer<UInt8>) -> Verdict {
+        var i = 0
+        let n = u.count
+        func skipOWS() { while i < n, u[i] == 0x20 || u[i] == 0x09 { i += 1 } }
+        func token() -> Range<Int>? {
+            let start = i
+            while i < n, isTokenByte(u[i]) { i += 1 }
+            return i > start ? start..<i : nil
+        }
+        func equalsLowercased(_ r: Range<Int>, _ s: StaticString) -> Bool {
+            guard r.count == s.utf8CodeUnitCount else { return false }
+            for k in 0..<r.count where u[r.lowerBound + k] | 0x20 != s.utf8Start[k] | 0x20 { return false }
+            return true
+        }
+        skipOWS()
+        guard let type = token(), i < n, u[i] == 0x2F else { return .malformed }
+        i += 1
+        guard let subtype = token() else { return .malformed }
+        let isJSON = equalsLowercased(type, "application") && equalsLowercased(subtype, "json")
+        var charsets = 0
+        var badCharset = false
+        while true {
+            skipOWS()
+            if i == n { break }
+            guard u[i] == 0x3B else { return .malformed }   // ";"
+            i += 1
+            skipOWS()
+            if i == n || u[i] == 0x3B { continue }           // an empty parameter is allowed
+            guard let name = token(), i < n, u[i] == 0x3D else { return .malformed }
+            i += 1
+            var value: [UInt8] = []
+            if i < n, u[i] == 0x22 {                          // quoted-string
+                i += 1
+                var closed = false
+                while i < n {
+                    let c = u[i]
+                    if c == 0x22 { closed = true; i += 1; break }
+                    if c == 0x5C {                            // quoted-pair
+                        guard i + 1 < n, isQuotedText(u[i + 1]) || u[i + 1] == 0x22 || u[i + 1] == 0x5C else { return .malformed }
+                        value.append(u[i + 1])
+                        i += 2
+                        continue
+                    }
+                    guard isQuotedText(c) else { return .malformed }
+                    value.append(c)
+                    i += 1
+                }
+                guard closed else { return .malformed }
+            } else {
+                guard let v = token() else { return .malformed }
+                value = Array(u[v])
+            }
+            if equalsLowercased(name, "charset") {
+                // Two charsets are ambiguous even when both say utf-8.
+                charsets += 1
+                let utf8: StaticString = "utf-8"
+                if charsets > 1 || value.count != 5 || (0..<5).contains(where: { value[$0] | 0x20 != utf8.utf8Start[$0] }) { badCharset = true }
+            }
+        }
+        return !isJSON ? .otherType : badCharset ? .otherCharset : .json
+    }
+
+    /// tchar (RFC 9110 5.6.2).
+    static func isTokenByte(_ b: UInt8) -> Bool {
+        switch b {
+        case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: return true
+        case 0x21, 0x23, 0x24, 0x25, 0x26, 0x27, 0x2A, 0x2B, 0x2D, 0x2E, 0x5E, 0x5F, 0x60, 0x7C, 0x7E: return true
+        default: return false
+        }
+    }
+
+    /// qdtext, and what a quoted-pair may escape besides DQUOTE and backslash (RFC 9110 5.6.4).
+    static func isQuotedText(_ b: UInt8) -> Bool {
+        b == 0x09 || b == 0x20 || b == 0x21 || (b >= 0x23 && b <= 0x5B) || (b >= 0x5D && b <= 0x7E) || b >= 0x80
     }
 }

@@ -20,7 +20,7 @@ enum HTTPGlue {
     /// request, a dictionary of those two still ~2k.
     static func apiRequest(_ r: HTTPRequest, executor: (any ThreadExecutor)? = nil) -> APIRequest {
         // One pass over the (already lowercased) names instead of a lookup per header, each of
-        // which lowercased its argument; the first value of a name wins, as HTTPHeaders' subscript.
+        // which lowercased its argument.
         var authorization: String?
         var contentType: String?
         var givenID: String?
@@ -30,7 +30,9 @@ enum HTTPGlue {
             case "authorization":
                 authorizations += 1
                 if authorization == nil { authorization = field.value }
-            case "content-type": if contentType == nil { contentType = field.value }
+            // Repeated, the values are combined as RFC 9110 5.3 says, which is no single media
+            // type: IngestValidation refuses it with 415 (the first used to win).
+            case "content-type": contentType = contentType.map { $0 + ", " + field.value } ?? field.value
             case "x-request-id": if givenID == nil { givenID = field.value }
             default: break
             }
