@@ -40,7 +40,7 @@ let package = Package(
         // APNs HTTP/2 client (nghttp2 client sessions over OpenSSL), ES256 JWT, result classification.
         .target(name: "PushClient", dependencies: ["CNghttp2", "COpenSSL"]),
         // The APNs look-alike used by tests, benchmarks and users' own tests.
-        .target(name: "MockAPNs", dependencies: ["HTTPServer", "Ratchet", "PushClient", "COpenSSL"]),
+        .target(name: "MockAPNs", dependencies: ["HTTPServer", "Ratchet", "KeyExchange", "PushClient", "COpenSSL"]),
         // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API.
         .target(name: "RelayCore", dependencies: ["HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "COpenSSL"]),
 
@@ -66,7 +66,7 @@ let package = Package(
         .testTarget(name: "KeyExchangeTests", dependencies: ["KeyExchange", "Ratchet", "COpenSSL"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "POSIXThreads", "TestSupport"]),
         .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs", "TestSupport"]),
-        .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs"]),
+        .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs", "KeyExchange", "Ratchet"]),
         .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "MockAPNs", "Ratchet", "POSIXThreads", "TestSupport", "CSQLiteFault"]),
         .testTarget(name: "IntegrationTests", dependencies: ["Ratchet", "RelayCore", "TestSupport"], exclude: ["Golden"]),
     ],

@@ -2,6 +2,7 @@
 // The file and the flags share one schema (`MockAPNsOptions`); flags override scalar settings
 // of the file and add to its lists.
 import Foundation
+import KeyExchange
 import Ratchet
 
 public struct MockConfigurationError: Error, CustomStringConvertible, Equatable {
@@ -116,6 +117,8 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
     public var tokenKeys: [TokenKeyOption]?
     public var bundleIDs: [String]?
     public var rootSecrets: [RootSecretOption]?
+    /// Accessory state files (relayctl accessory pair): root secrets derived from key material.
+    public var accessories: [String]?
     public var deliveriesLog: String?
     public var faults: [FaultRule]?
     public var maxConcurrentStreams: UInt32?
@@ -134,7 +137,7 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
 
     static let knownKeys: Set<String> = [
         "listen", "control", "generateTLS", "caOut", "tlsCert", "tlsKey", "h2c", "tokenKeys", "bundleIDs",
-        "rootSecrets", "deliveriesLog", "faults", "maxConcurrentStreams", "initialMaxConcurrentStreams", "production",
+        "rootSecrets", "accessories", "deliveriesLog", "faults", "maxConcurrentStreams", "initialMaxConcurrentStreams", "production",
         "tokenUpdateIntervalSeconds", "verbose", "threads", "readyFile", "tlsFault", "clientCA", "generateClientCert",
     ]
 
@@ -172,6 +175,7 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
         m.tokenKeys = concat(tokenKeys, other.tokenKeys)
         m.bundleIDs = concat(bundleIDs, other.bundleIDs)
         m.rootSecrets = concat(rootSecrets, other.rootSecrets)
+        m.accessories = concat(accessories, other.accessories)
         m.deliveriesLog = other.deliveriesLog ?? deliveriesLog
         m.faults = concat(faults, other.faults)
         m.maxConcurrentStreams = other.maxConcurrentStreams ?? maxConcurrentStreams
@@ -230,6 +234,9 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
                 throw MockConfigurationError("--root-secret: secret for keyID \(option.keyID) is not 64 hex digits")
             }
             return MockRootSecret(keyID: Array(keyID), rootSecret: SecretKey(bytes: secret))
+        }
+        for path in accessories ?? [] {
+            c.rootSecrets.append(try accessoryRootSecret(path))
         }
         c.deliveriesLogPath = deliveriesLog
         c.faults = FaultPlan(rules: try (faults ?? []).map { try $0.validated() })
@@ -361,6 +368,10 @@ public enum MockAPNsCommandLine {
       --deliveries-log PATH         append one JSON line per accepted push
       --root-secret KEYIDB64:HEX    accessory-to-host root secret (32 bytes hex) for the base64
                                     4-byte keyID; pushes with that keyID are decrypted; repeatable
+      --accessory STATE.json        an accessory state file (relayctl accessory pair): its
+                                    accessory-to-host root is derived from the key material
+                                    (HPKE recipient + export), its keyID from the public key;
+                                    repeatable
 
     Faults (repeatable, comma-separated key=value; same fields as POST /faults JSON):
       --fault status=410,reason=Unregistered,token=HEX   fixed answer for one device token
@@ -379,6 +390,7 @@ public enum MockAPNsCommandLine {
       --config PATH                 JSON file with the same settings (keys: listen, control,
                                     generateTLS, caOut, tlsCert, tlsKey, h2c, tokenKeys
                                     [{keyID,teamID,path}], bundleIDs, rootSecrets [{keyID,secret}],
+                                    accessories [paths],
                                     deliveriesLog, faults [rules], maxConcurrentStreams,
                                     initialMaxConcurrentStreams, production,
                                     tokenUpdateIntervalSeconds, tlsFault, threads, readyFile,
@@ -433,6 +445,7 @@ public enum MockAPNsCommandLine {
                     throw MockConfigurationError("--root-secret: expected KEYIDB64:HEX")
                 }
                 cli.rootSecrets = (cli.rootSecrets ?? []) + [.init(keyID: String(v[..<colon]), secret: String(v[v.index(after: colon)...]))]
+            case "--accessory": cli.accessories = (cli.accessories ?? []) + [try value(flag)]
             case "--deliveries-log": cli.deliveriesLog = try value(flag)
             case "--fault": cli.faults = (cli.faults ?? []) + [try FaultRule(commandLine: try value(flag))]
             case "--production": cli.production = true
@@ -456,5 +469,23 @@ public enum MockAPNsCommandLine {
         }
         let file = try configPath.map(MockAPNsOptions.load(path:)) ?? MockAPNsOptions()
         return .run(try file.merged(with: cli).makeConfiguration())
+    }
+}
+
+/// The iPhone's receiving root for a paired accessory, derived from its state file's key
+/// material (KeyExchange: HPKE recipient, export "AccessoryInternetKey-AccessoryToHost-<uuid>").
+func accessoryRootSecret(_ path: String) throws -> MockRootSecret {
+    guard let data = FileManager.default.contents(atPath: path) else {
+        throw MockConfigurationError("--accessory: cannot read \(path)")
+    }
+    let state: AccessoryStateFile
+    do { state = try JSONDecoder().decode(AccessoryStateFile.self, from: data) } catch {
+        throw MockConfigurationError("--accessory: \(path) is not an accessory state file (relayctl accessory pair): \(error)")
+    }
+    do {
+        let session = try state.session()
+        return MockRootSecret(keyID: session.keyID, rootSecret: session.internetRoot(.accessoryToHost, bluetoothIdentifier: state.bluetoothUUID))
+    } catch {
+        throw MockConfigurationError("--accessory: \(path): \(error)")
     }
 }

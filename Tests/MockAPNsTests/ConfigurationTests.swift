@@ -99,7 +99,7 @@ import Ratchet
          "rootSecrets":[{"keyID":"AQIDBA==","secret":"\(String(repeating: "ab", count: 32))"}],"deliveriesLog":"d.jsonl",
          "faults":[{"goAwayAfterErrors":3}],"maxConcurrentStreams":10,"initialMaxConcurrentStreams":2,"production":true,
          "tokenUpdateIntervalSeconds":0,"tlsFault":"expired","threads":2,"readyFile":"r.json","verbose":true,
-         "generateClientCert":"a.b:client.pem:client.key"}
+         "generateClientCert":"a.b:client.pem:client.key","accessories":[]}
         """
         try json.write(toFile: path, atomically: true, encoding: .utf8)
         let object = try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any]

@@ -62,26 +62,7 @@ extension RelayCtl {
     }
 }
 
-/// The accessory's state file. Everything the firmware persists after pairing, plus what the
-/// simulator needs to send (push token, session) and the sending ratchet's position.
-struct AccessoryState: Codable {
-    struct Info: Codable { var ciphersuite: String; var version: String; var identifier: String }
-    var format = 1
-    var ciphersuite: String
-    var protocolInfo: Info
-    var deviceUUID: String
-    var bluetoothUUID: String
-    var uuidCase: String
-    var privateKey: String
-    var publicKey: String
-    var encapsulatedKey: String
-    var keyID: String
-    var hostToAccessoryRoot: String
-    var accessoryToHostRoot: String
-    var pushToken: String
-    var sessionIdentifier: String
-    var sending: SendingRatchetState
-}
+typealias AccessoryState = AccessoryStateFile
 
 /// Key material checked and turned into an accessory session.
 struct DerivedAccessory {
@@ -107,7 +88,7 @@ struct DerivedAccessory {
             guard let b = [UInt8](hex: value) else { throw UsageError("\(path): \(name): not hexadecimal") }
             return b
         }
-        let info = ProtocolInfo(ciphersuite: state.protocolInfo.ciphersuite, version: state.protocolInfo.version, identifier: state.protocolInfo.identifier)
+        let info = state.info
         let derived = try AccessoryCommand.build(suite: suite, privateKey: try hexField("privateKey", state.privateKey),
                                                  publicKey: try hexField("publicKey", state.publicKey),
                                                  encapsulatedKey: try hexField("encapsulatedKey", state.encapsulatedKey),
@@ -238,13 +219,10 @@ enum AccessoryCommand {
         }
         let keyID = accessory.session.keyID
         let state = AccessoryState(
-            ciphersuite: suite.rawValue,
-            protocolInfo: .init(ciphersuite: info.ciphersuite, version: info.version, identifier: info.identifier),
-            deviceUUID: device, bluetoothUUID: bluetooth, uuidCase: upper ? "upper" : "lower",
-            privateKey: key.privateKeyBytes.exportedBytes.hexString, publicKey: key.publicKeyRaw.hexString,
-            encapsulatedKey: encapsulatedKey.hexString, keyID: Data(keyID).base64EncodedString(),
-            hostToAccessoryRoot: accessory.hostToAccessoryRoot.exportedBytes.hexString,
-            accessoryToHostRoot: accessory.accessoryToHostRoot.exportedBytes.hexString,
+            ciphersuite: suite, protocolInfo: info, deviceUUID: device, bluetoothUUID: bluetooth, uuidCase: upper ? "upper" : "lower",
+            privateKey: key.privateKeyBytes.exportedBytes, publicKey: key.publicKeyRaw, encapsulatedKey: encapsulatedKey,
+            keyID: Data(keyID).base64EncodedString(),
+            hostToAccessoryRoot: accessory.hostToAccessoryRoot.exportedBytes, accessoryToHostRoot: accessory.accessoryToHostRoot.exportedBytes,
             pushToken: randomHex(32), sessionIdentifier: UUID().uuidString,
             sending: SendingRatchet(rootSecret: accessory.accessoryToHostRoot).state)
         try writeState(state, to: out)
