@@ -168,11 +168,10 @@ public final class RelayService: @unchecked Sendable {
         var out = HTTPGlue.prometheusHeader
         if let s = ingestServer { out += HTTPGlue.prometheus(s.metrics, listener: "ingest") }
         if let s = adminServer { out += HTTPGlue.prometheus(s.metrics, listener: "admin") }
-        if config.listen.tls != nil {
-            let r = tlsReloads.withLock { $0 }
-            out += "# HELP relay_tls_reloads_total SIGHUP reloads of the ingest certificate, by result (failed: the previous one is still served).\n# TYPE relay_tls_reloads_total counter\n"
-            out += "relay_tls_reloads_total{result=\"ok\"} \(r.ok)\nrelay_tls_reloads_total{result=\"failed\"} \(r.failed)\n"
-        }
+        // Exported without TLS too (zeros), so one alert rule covers every node.
+        let r = tlsReloads.withLock { $0 }
+        out += "# HELP relay_tls_reloads_total SIGHUP reloads of the ingest certificate, by result (failed: the previous one is still served).\n# TYPE relay_tls_reloads_total counter\n"
+        out += "relay_tls_reloads_total{result=\"ok\"} \(r.ok)\nrelay_tls_reloads_total{result=\"failed\"} \(r.failed)\n"
         let a = apnsReloads.withLock { $0 }
         out += "# HELP relay_apns_credential_reloads_total SIGHUP reloads of an app's changed APNs key files, by result (failed: the previous client is still used).\n# TYPE relay_apns_credential_reloads_total counter\n"
         out += "relay_apns_credential_reloads_total{result=\"ok\"} \(a.ok)\nrelay_apns_credential_reloads_total{result=\"failed\"} \(a.failed)\n"
