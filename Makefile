@@ -9,7 +9,7 @@ DESTDIR ?=
 # Everything the build, the tests and the benchmarks need from Debian 12 apt.
 APT_PACKAGES := libssl-dev libnghttp2-dev libsqlite3-dev libuv1-dev \
 	libsystemd-dev pkg-config openssl curl sqlite3 nghttp2-client nghttp2-server \
-	python3 python3-venv systemd postgresql libpq-dev
+	python3 python3-venv systemd postgresql libpq-dev libcurl4-openssl-dev
 
 BENCH_APT_PACKAGES := wrk nginx-light hyperfine valgrind
 

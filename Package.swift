@@ -23,6 +23,8 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CUV", pkgConfig: "libuv", providers: [.apt(["libuv1-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        // Client side only (relayctl accessory send).
+        .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
         .systemLibrary(name: "CPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
 
         // MARK: Libraries
@@ -46,7 +48,7 @@ let package = Package(
 
         // MARK: Executables (thin: parse arguments, start a service)
         .executableTarget(name: "relay-server", dependencies: ["RelayCore"], path: "Sources/RelayServer"),
-        .executableTarget(name: "relayctl", dependencies: ["RelayCore", "Ratchet", "KeyExchange", "COpenSSL"]),
+        .executableTarget(name: "relayctl", dependencies: ["RelayCore", "Ratchet", "KeyExchange", "CCurl", "COpenSSL"]),
         .executableTarget(name: "mock-apns", dependencies: ["MockAPNs"]),
         // Release-built micro-benchmark of the Ratchet module for scripts/bench-ratchet.sh.
         .executableTarget(name: "ratchet-bench", dependencies: ["Ratchet"]),

@@ -9,7 +9,7 @@ import Ratchet
 extension RelayCtl {
     static var accessory: Command {
         .group("accessory", "Simulate an accessory: key exchange (X-Wing or P-256 HPKE) and responses (docs/key-exchange.md).", [
-            accessoryPair, accessoryDerive,
+            accessoryPair, accessoryDerive, accessorySend,
         ])
     }
 
@@ -134,7 +134,7 @@ enum AccessoryCommand {
             let key = try AccessoryPrivateKey(suite, privateKey: privateKey, publicKey: publicKey)
             let session = try AccessorySession(privateKey: key, protocolInfo: info, encapsulatedKey: encapsulatedKey)
             return DerivedAccessory(suite: suite, key: key, info: info, bluetooth: bluetooth, encapsulatedKey: encapsulatedKey, session: session)
-        } catch let error as KeyExchangeError {
+        } catch {
             throw usage(error, names)
         }
     }
@@ -199,7 +199,7 @@ enum AccessoryCommand {
                 guard e.count == XWing.encapsulationSeedLength else { throw UsageError("--ephemeral: expected 64 bytes (m || ek_X) for xwing, got \(e.count)") }
                 ephemeral = .xWingSeed(e)
             } else {
-                do { ephemeral = .p256(try P256PrivateKey(rawRepresentation: e)) } catch let error as KeyExchangeError {
+                do { ephemeral = .p256(try P256PrivateKey(rawRepresentation: e)) } catch {
                     throw usage(error, ["privateKey": "--ephemeral"])
                 }
             }
@@ -208,7 +208,7 @@ enum AccessoryCommand {
         do {
             (encapsulatedKey, host) = try AccessorySession.hostEncapsulate(ciphersuite: suite, accessoryPublicKey: key.publicKeyRaw,
                                                                           protocolInfo: info, ephemeral: ephemeral)
-        } catch let error as KeyExchangeError { throw RuntimeFailure("encapsulation failed: \(error)") }
+        } catch { throw RuntimeFailure("encapsulation failed: \(error)") }
         // The accessory: from the stored key material only.
         let accessory = try build(suite: suite, privateKey: key.privateKeyBytes.exportedBytes, publicKey: key.publicKeyRaw,
                                   encapsulatedKey: encapsulatedKey, info: info, bluetooth: bluetooth)
@@ -348,5 +348,122 @@ enum AccessoryCommand {
         guard rename(tmp, path) == 0 else { throw RuntimeFailure("cannot rename \(tmp): \(String(cString: strerror(errno)))") }
         let dfd = open(dir.isEmpty ? "." : dir, O_RDONLY | O_DIRECTORY)
         if dfd >= 0 { _ = fsync(dfd); close(dfd) }
+    }
+}
+
+// MARK: - send
+
+extension RelayCtl {
+    static var accessorySend: Command {
+        .leaf("send", "Send responses from an accessory state file to a relay the way firmware will (libcurl).",
+              discussion: """
+              Each response body is sealed with the next key of the state's sending ratchet; the state
+              file is rewritten (fsync, rename) with the advanced ratchet BEFORE the message leaves, so
+              an index is never reused, even after a crash. A transport failure, a 5xx or a 429 is
+              retried with the same index and the same sealed bytes (the relay deduplicates it; 429
+              waits its Retry-After); 200 (already accepted) and 202 count as delivered to the relay;
+              409 (the index is taken by another credential) and other 4xx are final. Exit 0 when every
+              response was accepted.
+              """,
+              options: [
+                  .value("state", "path", "The accessory state file ('accessory pair')."),
+                  .value("url", "url", "The relay's ingest base URL, e.g. https://relay.example:8443."),
+                  .value("credential", "secret|@file", "The bearer credential, or @path of a file holding it."),
+                  .value("count", "n", "How many responses to send, 1...10000 (default 1).", required: false),
+                  .value("app", "bundle-id", "Sent as \"app\" (needed when the credential has several apps).", required: false),
+                  .value("text", "text", "User text of each response (default: \"relayctl accessory send <index>\").", required: false),
+                  .value("ca-file", "path", "PEM CA certificate(s) to verify the relay's TLS certificate.", required: false),
+                  .value("client-cert", "path", "PEM client certificate, when the relay asks for one.", required: false),
+                  .value("client-key", "path", "PEM private key of --client-cert.", required: false),
+                  .value("retries", "n", "Attempts per response after the first, 0...100 (default 5).", required: false),
+                  .flag("http2", "Use HTTP/2 (ALPN over TLS, prior knowledge over http://)."),
+              ], run: AccessoryCommand.send)
+    }
+}
+
+extension AccessoryCommand {
+    static func send(_ args: ParsedArguments, _ console: Console) throws {
+        let statePath = try args.string("state")
+        let base = try args.string("url").trimmingCharacters(in: CharacterSet(charactersIn: "/"))
+        guard let url = URL(string: base), ["http", "https"].contains(url.scheme ?? ""), url.host != nil else {
+            throw UsageError("--url: expected http(s)://host:port, got '\(base)'")
+        }
+        let credential = try SendTestCommand.readCredential(try args.string("credential"))
+        let count = try args.optionalInt("count", in: 1...10_000) ?? 1
+        let retries = try args.optionalInt("retries", in: 0...100) ?? 5
+        for name in ["ca-file", "client-cert", "client-key"] {
+            if let path = args.optionalString(name), !FileManager.default.isReadableFile(atPath: path) {
+                throw UsageError("--\(name): cannot read \(path)")
+            }
+        }
+        if (args.optionalString("client-cert") == nil) != (args.optionalString("client-key") == nil) {
+            throw UsageError("--client-cert and --client-key go together")
+        }
+        let (derived, loaded) = try DerivedAccessory.load(statePath: statePath)
+        var state = loaded
+        let ratchet: SendingRatchet
+        do { ratchet = try SendingRatchet(state: state.sending) } catch { throw RuntimeFailure("\(statePath): sending: \(error)") }
+        let keyID = derived.session.keyID
+        let client = CurlClient(.init(http2: args.flag("http2"), caFile: args.optionalString("ca-file"),
+                                      clientCertificate: args.optionalString("client-cert"), clientKey: args.optionalString("client-key")))
+        let app = args.optionalString("app")
+        var results: [JSON] = []
+        var lines: [String] = []
+        var allAccepted = true
+        for n in 0..<count {
+            let body = NotificationResponseBody(
+                notificationIdentifier: UUID().uuidString, sourceIdentifier: app ?? "relayctl.accessory",
+                actionIdentifier: "com.apple.UNNotificationDefaultActionIdentifier",
+                userText: args.optionalString("text") ?? "relayctl accessory send \(n)")
+            let plaintext: [UInt8]
+            do { plaintext = try body.encoded() } catch { throw UsageError("response body: \(error)") }
+            // The advanced ratchet is on disk before the sealed message exists outside this process.
+            let (index, sealed) = try ratchet.seal(plaintext) { next in
+                state.sending = next
+                try writeState(state, to: statePath)
+            }
+            var json: [String: Any] = [
+                "pushToken": state.pushToken, "sessionIdentifier": state.sessionIdentifier, "keyID": Data(keyID).base64EncodedString(),
+                "messageIndex": Int(index), "encryptedData": Data(sealed).base64EncodedString(),
+            ]
+            if let app { json["app"] = app }
+            let payload = [UInt8](try JSONSerialization.data(withJSONObject: json, options: [.sortedKeys]))
+            var attempts = 0
+            var outcome: (status: Int, id: String?, state: String?, error: String?, version: String) = (0, nil, nil, nil, "")
+            while true {
+                attempts += 1
+                var delay = min(8, 0.2 * pow(2, Double(attempts - 1)))
+                do {
+                    let reply = try client.post(base + "/v1/responses", bearer: credential, json: payload)
+                    let fields = (try? JSONSerialization.jsonObject(with: Data(reply.body))) as? [String: Any] ?? [:]
+                    let error = (fields["error"] as? String).map { e in [e, fields["field"] as? String].compactMap { $0 }.joined(separator: ": ") }
+                    outcome = (reply.status, fields["id"] as? String, fields["state"] as? String, error, reply.httpVersion)
+                    if reply.status == 429, let after = reply.retryAfter { delay = min(30, max(0.05, after)) }
+                    guard reply.status == 429 || reply.status >= 500 else { break }
+                } catch {
+                    outcome = (0, nil, nil, "\(error)", "")
+                }
+                guard attempts <= retries else { break }
+                Thread.sleep(forTimeInterval: delay)
+            }
+            let accepted = outcome.status == 200 || outcome.status == 202
+            allAccepted = allAccepted && accepted
+            var entry: [(String, JSON)] = [("index", .number(Int64(index))), ("status", .number(Int64(outcome.status))),
+                                           ("attempts", .number(Int64(attempts))), ("http", .string(outcome.version))]
+            if let id = outcome.id { entry.append(("id", .string(id))) }
+            if let s = outcome.state { entry.append(("state", .string(s))) }
+            if let e = outcome.error { entry.append(("error", .string(e))) }
+            results.append(.object(entry))
+            let what = outcome.status == 409 ? "conflict: the index is taken by another credential (final)" : (outcome.error ?? outcome.state ?? "")
+            lines.append("index \(index): \(outcome.status == 0 ? "no answer" : String(outcome.status)) \(what) (attempts \(attempts)\(outcome.id.map { ", id \($0)" } ?? ""))")
+        }
+        if args.flag("json") {
+            console.out(JSON.object([("state", .string(statePath)), ("keyID", .string(Data(keyID).base64EncodedString())),
+                                     ("pushToken", .string(state.pushToken)), ("sessionIdentifier", .string(state.sessionIdentifier)),
+                                     ("responses", .array(results))]).rendered)
+        } else {
+            console.out(lines.joined(separator: "\n"))
+        }
+        if !allAccepted { throw RuntimeFailure("not every response was accepted") }
     }
 }
