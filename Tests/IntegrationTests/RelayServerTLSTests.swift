@@ -229,4 +229,63 @@ struct RelayServerTLSTests {
                 && metrics.contains(#"relay_apns_credential_reloads_total{result="failed"} 1"#), "\(metrics)")
         #expect(h.relay?.isRunning == true)
     }
+
+    /// A push certificate renewed in place (the case reload serves): after the HUP the new
+    /// files are what APNs sees. mock-apns checks client certificates against its CA, so a
+    /// certificate from elsewhere is refused in the handshake (pushes retried), and the real one
+    /// back delivers them, the retried one included.
+    @Test func sighupReloadsARenewedPushCertificate() throws {
+        let h = try RelayHarness()
+        let dir = h.dir
+        h.mock = nil  // the token-auth mock; this test needs certificate auth
+        h.mockPort = try relayFreePort()
+        h.controlPort = try relayFreePort()
+        h.mock = try RelayChild(relayBinary("mock-apns"), [
+            "--listen", "127.0.0.1:\(h.mockPort)", "--control", "127.0.0.1:\(h.controlPort)", "--generate-tls", "--ca-out", dir + "/ca.pem",
+            "--generate-client-cert", "\(RelayHarness.bundleID):\(dir)/push.pem:\(dir)/push.key", "--bundle-id", RelayHarness.bundleID,
+            "--root-secret", "\(h.accessory.keyIDBase64):\(h.accessory.rootSecretHex)"], name: "mock-apns")
+        try relayEventually("mock-apns control port") { try relayHTTP(h.controlPort, "GET", "/stats").status == 200 }
+        try """
+            {"listen":{"host":"127.0.0.1","port":\(h.relayPort)},"admin":{"host":"127.0.0.1","port":\(h.adminPort)},
+             "store":{"path":"relay.db"},"dispatch":{"backoffBaseMs":50,"backoffCapMs":200},
+             "apps":[{"bundleID":"\(RelayHarness.bundleID)","environment":"custom","url":"https://127.0.0.1:\(h.mockPort)","caFile":"ca.pem",
+                      "certificate":{"certificatePath":"push.pem","privateKeyPath":"push.key"}}],
+             "log":{"format":"json","level":"debug"}}
+            """.write(toFile: dir + "/relay.json", atomically: true, encoding: .utf8)
+        try h.startRelay()
+        func post() throws -> String {
+            let r = try h.post(try h.accessory.nextBody().body)
+            try #require(r.status == 202, "\(r.text)")
+            return try #require(r.json["id"] as? String)
+        }
+        func delivered(_ id: String) throws {
+            try relayEventually("\(id) delivered") { try h.deliveries().contains { ($0["apnsId"] as? String) == id } }
+        }
+        func swapIn(_ name: String) throws {
+            for ext in ["pem", "key"] {
+                try FileManager.default.copyItem(atPath: "\(dir)/\(name).\(ext)", toPath: "\(dir)/next.\(ext)")
+                _ = rename("\(dir)/next.\(ext)", "\(dir)/push.\(ext)")
+            }
+        }
+        func reloads() -> Int { (h.relay?.stderr.components(separatedBy: "APNs credentials reloaded").count ?? 1) - 1 }
+        try delivered(try post())
+        for ext in ["pem", "key"] { try FileManager.default.copyItem(atPath: "\(dir)/push.\(ext)", toPath: "\(dir)/good.\(ext)") }
+
+        try selfSigned("stranger", cn: RelayHarness.bundleID, in: dir)
+        try swapIn("stranger")
+        h.relay?.signal(SIGHUP)
+        try relayEventually("reload with the other certificate") { reloads() == 1 }
+        let held = try post()
+        try relayEventually("the mock refuses the other certificate") {
+            let lines = try relayHTTP(h.adminPort, "GET", "/metrics").text.split(separator: "\n")
+            return lines.contains { $0.hasPrefix("relay_push_retries_total ") && $0 != "relay_push_retries_total 0" }
+        }
+        #expect(try !h.deliveries().contains { ($0["apnsId"] as? String) == held })
+
+        try swapIn("good")
+        h.relay?.signal(SIGHUP)
+        try relayEventually("reload with the real certificate") { reloads() == 2 }
+        try delivered(held)
+        try delivered(try post())
+    }
 }
