@@ -191,6 +191,17 @@ func responseIsSafe(_ r: HTTPResponse) -> Bool {
 
 let invalidResponse = HTTPResponse.json(500, #"{"error":"invalid_response"}"#)
 
+extension ServerCore {
+    /// The response to send for a handler's `response`: itself, or when it could split the
+    /// response, a 500 in the application's error format (so it carries what that format
+    /// adds, e.g. the relay's x-request-id).
+    func safeResponse(_ response: HTTPResponse) -> HTTPResponse {
+        if responseIsSafe(response) { return response }
+        let replacement = errorResponse(500, "invalid_response")
+        return responseIsSafe(replacement) ? replacement : invalidResponse
+    }
+}
+
 extension Connection {
     func h1Receive(_ bytes: UnsafeRawBufferPointer) {
         h1Process(bytes)
@@ -221,7 +232,7 @@ extension Connection {
                 socket.stopReading()
                 break
             }
-            if out.count + socket.queuedBytes > Connection.maxQueuedBytes {
+            if out.count + socket.queuedBytes > core.outputLimit() {
                 // Responses pile up faster than the peer reads them: parse more once it has.
                 pausedForWrites = true
                 socket.stopReading()
@@ -245,8 +256,13 @@ extension Connection {
                 nextSequence += 1
                 slots.append(H1Slot(response: nil, keepAlive: keepAlive, isHEAD: isHEAD, version: head.version))
                 let responder = HTTPResponder(connection: self, sequence: sequence, streamID: 0, isHEAD: isHEAD)
+                var headers = HTTPHeaders(lowercasedFields: head.headerFields)
+                if head.target.utf8.first != UInt8(ascii: "/"), let parts = absoluteFormParts(head.target) {
+                    // RFC 9112 3.2.2: the target's authority replaces the Host field.
+                    headers.replaceOrAdd("host", String(parts.authority))
+                }
                 let req = HTTPRequest(method: head.method, target: head.target, version: head.version,
-                                      headers: HTTPHeaders(lowercasedFields: head.headerFields), body: request.body,
+                                      headers: headers, body: request.body,
                                       remoteAddress: remoteAddress, tls: tlsInfo, connectionID: id, streamID: 0,
                                       clientKey: clientKey)
                 core.handler(req, responder)
@@ -332,7 +348,7 @@ extension Connection {
     }
 
     func h1Serialize(_ response: HTTPResponse, keepAlive: Bool, isHEAD: Bool, version: HTTPVersion) {
-        let r = responseIsSafe(response) ? response : invalidResponse
+        let r = core.safeResponse(response)
         core.recordStatus(r.status)
         let bodyless = r.status < 200 || r.status == 204 || r.status == 304
         let dateLine = loop.dateHeaderLine

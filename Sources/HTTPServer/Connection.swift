@@ -45,10 +45,13 @@ final class Connection: @unchecked Sendable {
     static let lingerShutdownMs: UInt64 = 500
     static let lingerMaxBytes = 64 << 10
     var shuttingDown = false
-    /// Reading stopped because too much output is queued for a peer that does not read.
+    /// Reading stopped because too much output is queued for a peer that does not read
+    /// (`ServerCore.outputLimit`).
     var pausedForWrites = false
     private var resumingAfterWrites = false
-    static let maxQueuedBytes = 1 << 20
+    /// Output buffers grown past this by a burst are freed once written, so a connection does
+    /// not keep its largest burst's capacity for life.
+    static let keptBufferCapacity = 64 << 10
 
     // HTTP/1 state (Connection+H1.swift)
     var parser: HTTP1Parser
@@ -77,7 +80,6 @@ final class Connection: @unchecked Sendable {
     var perAddressKey: PeerKey?
     /// The peer's `PeerKey.text`, handed to every request of this connection.
     var clientKey = ""
-    private var writeStartedAt: UInt64 = 0
     private var armedDeadline: UInt64 = 0   // 0 = not armed
 
     init(loop: EventLoop, socket: TCPSocket, id: UInt64, remoteAddress: String) {
@@ -241,30 +243,32 @@ final class Connection: @unchecked Sendable {
         if let tls {
             if !out.isEmpty {
                 let ok = out.withUnsafeBytes { tls.write($0) }
-                out.removeAll(keepingCapacity: true)
+                out.removeAll(keepingCapacity: out.capacity <= Connection.keptBufferCapacity)
                 if !ok { close(); return }
             }
             tls.drainOutput(into: &wire)
             if !wire.isEmpty {
                 let ok = wire.withUnsafeBytes { socket.write($0) }
-                wire.removeAll(keepingCapacity: true)
+                wire.removeAll(keepingCapacity: wire.capacity <= Connection.keptBufferCapacity)
                 if !ok { close(); return }
             }
         } else if !out.isEmpty {
             let ok = out.withUnsafeBytes { socket.write($0) }
-            out.removeAll(keepingCapacity: true)
+            out.removeAll(keepingCapacity: out.capacity <= Connection.keptBufferCapacity)
             if !ok { close(); return }
         }
         if socket.writesInFlight > 0 {
-            if writeStartedAt == 0 { writeStartedAt = loop.now }
-            if socket.queuedBytes > Connection.maxQueuedBytes && socket.reading {
-                // The peer does not read: stop producing (and reading requests) until it does.
+            if socket.queuedBytes > core.outputLimit() && socket.reading {
+                // The peer does not read: stop producing (and reading requests) until it does,
+                // and give back the output buffers' capacity while it waits.
                 pausedForWrites = true
                 socket.stopReading()
+                out = []
+                wire = []
             }
-        } else {
-            writeStartedAt = 0
-            if closeAfterFlush { closeGracefully(); return }
+        } else if closeAfterFlush {
+            closeGracefully()
+            return
         }
         resumeAfterWrites()
         updateTimer()
@@ -273,10 +277,10 @@ final class Connection: @unchecked Sendable {
     /// Undoes `pausedForWrites` once the queued output drained (or the kernel took it all):
     /// parses the requests already buffered, then reads again.
     private func resumeAfterWrites() {
-        guard pausedForWrites, !resumingAfterWrites, socket.queuedBytes <= Connection.maxQueuedBytes / 4 else { return }
+        guard pausedForWrites, !resumingAfterWrites, socket.queuedBytes <= core.outputLimit() / 4 else { return }
         resumingAfterWrites = true
         defer { resumingAfterWrites = false }
-        while pausedForWrites && !closed && socket.queuedBytes <= Connection.maxQueuedBytes / 4 {
+        while pausedForWrites && !closed && socket.queuedBytes <= core.outputLimit() / 4 {
             pausedForWrites = false
             if mode == .http1 { h1Process() }   // flushes as handlers answer; may pause again
         }
@@ -287,12 +291,7 @@ final class Connection: @unchecked Sendable {
 
     func onWriteDone() {
         guard !closed else { return }
-        if socket.writesInFlight == 0 {
-            writeStartedAt = 0
-            lastActivity = loop.now
-        } else {
-            writeStartedAt = loop.now
-        }
+        if socket.writesInFlight == 0 { lastActivity = loop.now }
         if closeAfterFlush && socket.writesInFlight == 0 && out.isEmpty {
             closeGracefully()
             return
@@ -306,7 +305,7 @@ final class Connection: @unchecked Sendable {
         guard !closed else { return }
         switch mode {
         case .http2:
-            h2?.respond(streamID: responder.streamID, response: response, isHEAD: responder.isHEAD, action: action)
+            h2?.handlerAnswered(streamID: responder.streamID, response: response, isHEAD: responder.isHEAD, action: action)
             if action == .close { closeAfterFlush = true; abruptClose = true }
             flush()
         default:
@@ -382,7 +381,7 @@ final class Connection: @unchecked Sendable {
     // MARK: Timeouts
 
     private func deadline() -> UInt64? {
-        if socket.writesInFlight > 0 { return writeStartedAt + core.writeTimeoutMs }
+        if let queuedAt = socket.oldestWriteQueuedAt { return queuedAt + core.writeTimeoutMs }
         if let tls, !tls.handshakeDone { return startedAt + core.headerTimeoutMs }
         switch mode {
         case .sniffing:

@@ -278,6 +278,7 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
             perAddressKey = key
         }
         socket.setNoDelay()
+        if core.socketSendBufferBytes > 0 { socket.setSendBuffer(core.socketSendBufferBytes) }
         let conn = Connection(loop: self, socket: socket, id: core.nextConnectionID(), remoteAddress: peer.address)
         conn.perAddressKey = perAddressKey
         conn.clientKey = peer.key?.text ?? ""
@@ -344,9 +345,14 @@ final class TCPSocket {
     private var pendingCloses = 0
     private(set) var isClosing = false
     private(set) var writesInFlight = 0
-    /// Bytes handed to uv_write and not yet written to the kernel.
+    /// Bytes handed to uv_write and not yet written to the kernel (also counted in the
+    /// server-wide `ServerCore.queuedOutput`).
     private(set) var queuedBytes = 0
     private(set) var reading = false
+    /// When each queued write was queued, oldest first (libuv completes writes in order): the
+    /// write timeout runs from the oldest, so a peer taking a byte now and then cannot renew it.
+    private var writeQueuedAt: [UInt64] = []
+    private var writeQueuedHead = 0
 
     init(loop: EventLoop) {
         self.loop = loop
@@ -364,6 +370,13 @@ final class TCPSocket {
     }
 
     func setNoDelay() { uv_tcp_nodelay(tcp, 1) }
+
+    func setSendBuffer(_ bytes: Int) {
+        var value = Int32(clamping: bytes)
+        _ = withUnsafeMutablePointer(to: &value) {
+            uv_send_buffer_size(UnsafeMutableRawPointer(tcp).assumingMemoryBound(to: uv_handle_t.self), $0)
+        }
+    }
 
     /// The peer as text ("1.2.3.4:5", "[::1]:5") and its per-address key (nil if unknown).
     func peer() -> (address: String, key: PeerKey?) {
@@ -459,9 +472,12 @@ final class TCPSocket {
         let rc = uv_write(req, stream, &buf, 1) { req, status in
             let s = TCPSocket.from(req!.pointee.data)
             let headerSize = (MemoryLayout<uv_write_t>.stride + 15) & ~15
-            s.queuedBytes -= (UnsafeMutableRawPointer(req!) + headerSize).load(as: Int.self)
+            let written = (UnsafeMutableRawPointer(req!) + headerSize).load(as: Int.self)
+            s.queuedBytes -= written
+            s.loop.core.queuedOutput.subtract(written, ordering: .relaxed)
             UnsafeMutableRawPointer(req!).deallocate()
             s.writesInFlight -= 1
+            s.writeDone()
             if status < 0 { s.owner?.close() } else { s.owner?.onWriteDone() }
         }
         if rc != 0 {
@@ -470,7 +486,25 @@ final class TCPSocket {
         }
         writesInFlight += 1
         queuedBytes += rest
+        loop.core.queuedOutput.add(rest, ordering: .relaxed)
+        writeQueuedAt.append(loop.now)
         return true
+    }
+
+    /// When the oldest write still queued was queued (nil: none is).
+    var oldestWriteQueuedAt: UInt64? {
+        writeQueuedHead < writeQueuedAt.count ? writeQueuedAt[writeQueuedHead] : nil
+    }
+
+    private func writeDone() {
+        writeQueuedHead += 1
+        if writeQueuedHead == writeQueuedAt.count {
+            writeQueuedAt.removeAll(keepingCapacity: true)
+            writeQueuedHead = 0
+        } else if writeQueuedHead >= 32 {
+            writeQueuedAt.removeFirst(writeQueuedHead)
+            writeQueuedHead = 0
+        }
     }
 
     /// Sends FIN once the queued writes are written (uv_shutdown). The request is freed in its

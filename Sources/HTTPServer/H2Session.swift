@@ -55,8 +55,12 @@ nonisolated(unsafe) private let sharedCallbacks: OpaquePointer = {
         guard let frame, let name, let value else { return 0 }
         let s = sessionFrom(userData)
         guard let st = s.stream(frame.pointee.hd.stream_id) else { return 0 }
+        // A second HEADERS frame on a request stream is its trailer section (nghttp2 refuses
+        // any other shape): counted against the header limits, never merged into the headers.
+        let isTrailer = frame.pointee.hd.type == UInt8(NGHTTP2_HEADERS.rawValue)
+            && frame.pointee.headers.cat != NGHTTP2_HCAT_REQUEST
         return s.onHeader(st, UnsafeBufferPointer(start: name, count: namelen),
-                          UnsafeBufferPointer(start: value, count: valuelen))
+                          UnsafeBufferPointer(start: value, count: valuelen), isTrailer: isTrailer)
     }
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs) { _, _, streamID, data, len, userData in
         guard let data else { return 0 }
@@ -84,6 +88,20 @@ nonisolated(unsafe) private let sharedCallbacks: OpaquePointer = {
     }
     return cbs!
 }()
+
+/// Session options, built once like the callbacks (nghttp2_session_server_new2 copies them).
+/// The incoming RST_STREAM rate limit is set explicitly rather than left to the library's
+/// default (burst 1000, 33/s): a stream reset right after its request costs the server a
+/// handler call while the client pays one frame (CVE-2023-44487, "rapid reset"). The call is
+/// in nghttp2 1.57, and in Debian 12's 1.52.0-1+deb12u1 and later as a backport.
+private func makeOptions(_ settings: HTTP2Settings) -> OpaquePointer? {
+    var option: OpaquePointer?
+    guard nghttp2_option_new(&option) == 0, let option else { return nil }
+    nghttp2_option_set_stream_reset_rate_limit(option, settings.streamResetBurst, settings.streamResetRate)
+    // CONTINUATION frames after one HEADERS frame (CVE-2024-28182); the library's default, named.
+    nghttp2_option_set_max_continuations(option, 8)
+    return option
+}
 
 /// "100" ... "599", built once.
 private let statusCodeStrings: [String] = (0..<600).map { String($0) }
@@ -114,6 +132,10 @@ final class H2Session {
     /// timeout covers; a client that opened no window used to hold the connection for ever.
     private(set) var handlersWorking = 0
     private let maxBufferedBodyBytes: Int
+    /// Cap on `handlersWorking`: beyond it new requests are refused (REFUSED_STREAM). Open
+    /// streams are capped by SETTINGS_MAX_CONCURRENT_STREAMS, but a stream the client resets
+    /// after sending its request closes at once while its handler goes on working.
+    private let maxUnansweredRequests: Int
 
     /// When a stream last opened or closed: the idle timeout counts from here, so PING,
     /// SETTINGS or WINDOW_UPDATE frames alone do not keep a connection (as Go's http2 server:
@@ -125,8 +147,11 @@ final class H2Session {
         self.lastStreamActivity = connection.loop.now
         self.maxHeaderListSize = Int(settings.maxHeaderListSize)
         self.maxBufferedBodyBytes = max(2 * connection.core.maxBodyBytes, 64 << 10)
+        self.maxUnansweredRequests = max(1, settings.maxUnansweredRequests)
+        guard let option = makeOptions(settings) else { throw HTTPServerError.http2("nghttp2_option_new: out of memory") }
+        defer { nghttp2_option_del(option) }
         var s: OpaquePointer?
-        let rc = nghttp2_session_server_new(&s, sharedCallbacks, Unmanaged.passUnretained(self).toOpaque())
+        let rc = nghttp2_session_server_new2(&s, sharedCallbacks, Unmanaged.passUnretained(self).toOpaque(), option)
         guard rc == 0, let s else { throw HTTPServerError.http2("nghttp2_session_server_new: \(h2Message(Int(rc)))") }
         session = s
         var iv = [
@@ -176,10 +201,9 @@ final class H2Session {
         guard let st = streams.removeValue(forKey: id) else { return }
         lastStreamActivity = connection.loop.now
         st.receiving = false
-        if st.dispatched && !st.responded {
-            st.responded = true   // reset by the client: its answer is dropped
-            handlersWorking -= 1
-        }
+        // Reset by the client: its answer will be dropped, but its handler still counts in
+        // handlersWorking until it answers (handlerAnswered).
+        if st.dispatched { st.responded = true }
         dropBody(st)
     }
 
@@ -265,7 +289,8 @@ final class H2Session {
 
     // MARK: Receiving
 
-    fileprivate func onHeader(_ st: H2Stream, _ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) -> Int32 {
+    fileprivate func onHeader(_ st: H2Stream, _ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>,
+                              isTrailer: Bool) -> Int32 {
         st.headerBytes += name.count + value.count + 32
         let core = connection.core
         if st.headerBytes > maxHeaderListSize || st.headerBytes > core.maxHeaderBytes + 32 * core.maxHeaderCount
@@ -274,6 +299,8 @@ final class H2Session {
             st.rejected = true
             return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue   // RST_STREAM for this stream only
         }
+        // RFC 9110 6.5.1: a trailer never stands in for a header (HTTP/1.1 drops them too).
+        if isTrailer { return 0 }
         if name.first == UInt8(ascii: ":") {
             // nghttp2 already checked the pseudo-header names: the second byte tells them apart.
             switch name.count > 1 ? name[1] : 0 {
@@ -311,6 +338,13 @@ final class H2Session {
 
     fileprivate func dispatch(_ st: H2Stream) {
         guard !st.rejected, !st.dispatched else { return }
+        if handlersWorking >= maxUnansweredRequests, let session {
+            st.rejected = true
+            dropBody(st)
+            connection.core.recordParseError("h2_unanswered_limit")
+            _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), st.id, NGHTTP2_REFUSED_STREAM.rawValue)
+            return
+        }
         st.dispatched = true
         handlersWorking += 1
         if let a = st.authority, !st.headers.contains(where: { $0.name == "host" }) {
@@ -329,11 +363,17 @@ final class H2Session {
 
     // MARK: Sending
 
+    /// A handler's answer (from its responder): it stops counting in `handlersWorking` even
+    /// when its stream is gone, then goes out if the stream is still open.
+    func handlerAnswered(streamID: Int32, response: HTTPResponse, isHEAD: Bool, action: ConnectionAction) {
+        handlersWorking -= 1
+        respond(streamID: streamID, response: response, isHEAD: isHEAD, action: action)
+    }
+
     func respond(streamID: Int32, response: HTTPResponse, isHEAD: Bool, action: ConnectionAction) {
         guard let session, let st = stream(streamID), !st.responded else { return }
         st.responded = true
-        if st.dispatched { handlersWorking -= 1 }
-        let r = responseIsSafe(response) ? response : invalidResponse
+        let r = connection.core.safeResponse(response)
         connection.core.recordStatus(r.status)
 
         let bodyless = r.status < 200 || r.status == 204 || r.status == 304

@@ -16,6 +16,11 @@ final class ServerCore: Sendable {
     let headerTimeoutMs: UInt64
     let bodyTimeoutMs: UInt64
     let writeTimeoutMs: UInt64
+    let maxQueuedOutputBytes: Int
+    let maxQueuedOutputBytesTotal: Int
+    let socketSendBufferBytes: Int
+    /// Output bytes queued for peers (not yet taken by the kernel), over every connection.
+    let queuedOutput = Atomic<Int>(0)
     let maxRequestsPerConnection: Int
     let maxBodyBytes: Int
     let maxHeaderBytes: Int
@@ -46,6 +51,9 @@ final class ServerCore: Sendable {
         headerTimeoutMs = l.headerTimeout.milliseconds
         bodyTimeoutMs = l.bodyTimeout.milliseconds
         writeTimeoutMs = l.writeTimeout.milliseconds
+        maxQueuedOutputBytes = max(0, l.maxQueuedOutputBytes)
+        maxQueuedOutputBytesTotal = max(0, l.maxQueuedOutputBytesTotal)
+        socketSendBufferBytes = max(0, l.socketSendBufferBytes)
         maxRequestsPerConnection = l.maxRequestsPerConnection
         maxBodyBytes = l.maxBodyBytes
         maxHeaderBytes = l.maxHeaderBytes
@@ -53,6 +61,15 @@ final class ServerCore: Sendable {
         cleartextHTTP2 = configuration.cleartextHTTP2
         serverHeaderLine = configuration.serverName.map { Array("server: \($0)\r\n".utf8) }
         errorResponse = configuration.errorResponse
+    }
+
+    /// How much output one connection may have queued before it stops reading requests:
+    /// `maxQueuedOutputBytes`, or nothing at all while the server-wide queue is over its budget
+    /// (connections whose peers read keep going: their output leaves at once).
+    @inline(__always)
+    func outputLimit() -> Int {
+        maxQueuedOutputBytesTotal > 0 && queuedOutput.load(ordering: .relaxed) > maxQueuedOutputBytesTotal
+            ? 0 : maxQueuedOutputBytes
     }
 
     func nextConnectionID() -> UInt64 { connectionIDs.add(1, ordering: .relaxed).newValue }
@@ -120,6 +137,7 @@ final class ServerCore: Sendable {
 
     var metrics: HTTPServerMetrics {
         var m = counters.withLock { $0 }
+        m.queuedOutputBytes = queuedOutput.load(ordering: .relaxed)
         m.requestsByStatusClass = [0, status1xx.load(ordering: .relaxed), status2xx.load(ordering: .relaxed),
                                    status3xx.load(ordering: .relaxed), status4xx.load(ordering: .relaxed),
                                    status5xx.load(ordering: .relaxed)]

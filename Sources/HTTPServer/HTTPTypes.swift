@@ -218,16 +218,21 @@ public struct HTTPRequest: Sendable {
         self.method = method
         self.clientKey = clientKey
         self.target = target
-        // memchr over the bytes instead of the UTF8View's firstIndex (~400 instructions).
+        // RFC 9112 3.2.2: an absolute-form target (sent to proxies, allowed to servers) names
+        // the same resource as its path.
         var t = target
+        if t.utf8.first != UInt8(ascii: "/"), let parts = absoluteFormParts(target) {
+            t = parts.pathAndQuery.isEmpty ? "/" : String(parts.pathAndQuery)
+        }
+        // memchr over the bytes instead of the UTF8View's firstIndex (~400 instructions).
         let q = t.withUTF8 { u -> Int? in
             guard let base = u.baseAddress, let hit = memchr(base, 0x3F, u.count) else { return nil }
             return base.distance(to: hit.assumingMemoryBound(to: UInt8.self))
         }
         if let q {
-            self.path = String(decoding: target.utf8.prefix(q), as: UTF8.self)
+            self.path = q == 0 ? "/" : String(decoding: t.utf8.prefix(q), as: UTF8.self)
         } else {
-            self.path = target
+            self.path = t
         }
         self.version = version
         self.headers = headers
@@ -237,6 +242,17 @@ public struct HTTPRequest: Sendable {
         self.connectionID = connectionID
         self.streamID = streamID
     }
+}
+
+/// An `http://` or `https://` absolute-form target split into its authority and the rest
+/// (path and query, starting with "/" or "?", or empty); nil for any other target.
+func absoluteFormParts(_ target: String) -> (authority: Substring, pathAndQuery: Substring)? {
+    let lower = target.prefix(8).lowercased()
+    let schemeLength: Int
+    if lower.hasPrefix("http://") { schemeLength = 7 } else if lower.hasPrefix("https://") { schemeLength = 8 } else { return nil }
+    let rest = target.dropFirst(schemeLength)
+    let end = rest.firstIndex { $0 == "/" || $0 == "?" } ?? rest.endIndex
+    return (rest[..<end], rest[end...])
 }
 
 public struct HTTPResponse: Sendable {
@@ -297,6 +313,16 @@ public struct HTTP2Settings: Sendable {
     public var initialWindowSize: UInt32
     public var maxFrameSize: UInt32
     public var maxHeaderListSize: UInt32
+    /// Requests of one connection handed to the handler and not answered yet; further ones
+    /// are refused with RST_STREAM(REFUSED_STREAM). Counts streams the client reset after
+    /// sending them, until their handler answers.
+    public var maxUnansweredRequests: Int = 100
+    /// Incoming RST_STREAM frames one connection may send: a token bucket of this many,
+    /// refilled at `streamResetRate` a second; past it nghttp2 sends GOAWAY and the
+    /// connection ends. Twice the concurrent streams: a client cancelling every open stream
+    /// at once is still served.
+    public var streamResetBurst: UInt64 = 200
+    public var streamResetRate: UInt64 = 33
 
     public init(maxConcurrentStreams: UInt32 = 100, initialWindowSize: UInt32 = 1 << 20,
                 maxFrameSize: UInt32 = 16384, maxHeaderListSize: UInt32 = 16384) {
@@ -323,8 +349,19 @@ public struct HTTPLimits: Sendable {
     public var headerTimeout: Duration
     /// A request body must be complete this long after its head.
     public var bodyTimeout: Duration
-    /// Buffered output must drain this long after it was queued.
+    /// Output must reach the kernel this long after it was queued. Each write counts from its
+    /// own queueing, so a peer that takes a byte now and then does not renew the deadline.
     public var writeTimeout: Duration
+    /// Output one connection may have queued for its peer (not yet taken by the kernel) before
+    /// the server stops reading its requests; reading resumes below a quarter of it.
+    public var maxQueuedOutputBytes: Int = 64 << 10
+    /// Queued output over all connections: above it, every connection with output queued
+    /// stops reading until its own queue is empty. 0 = no server-wide budget.
+    public var maxQueuedOutputBytesTotal: Int = 64 << 20
+    /// SO_SNDBUF of accepted sockets (the kernel doubles it); 0 keeps the kernel's
+    /// autotuning, which lets one connection whose peer does not read hold up to
+    /// net.ipv4.tcp_wmem's maximum (4 MiB on Debian) of kernel memory.
+    public var socketSendBufferBytes: Int = 0
 
     public init(maxHeaderBytes: Int = 16384, maxHeaderCount: Int = 100, maxBodyBytes: Int = 1 << 20,
                 maxConnections: Int = 10_000, maxRequestsPerConnection: Int = 100_000,
@@ -398,6 +435,8 @@ public struct HTTPServerMetrics: Sendable, Equatable {
     public var connectionsRefusedPerAddress: Int = 0
     /// Connections closed by a header, body, idle or write timeout.
     public var timeouts: Int = 0
+    /// Output bytes queued for peers right now, over all connections (a gauge).
+    public var queuedOutputBytes: Int = 0
 
     public init() {}
 

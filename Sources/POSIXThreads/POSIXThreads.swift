@@ -160,6 +160,20 @@ public final class JobQueue<Job>: @unchecked Sendable {
         }
     }
 
+    /// Queues `job` unless `limit` jobs are already waiting: `.full` then (and `.closed` once
+    /// `close()` has been called). For callers that refuse work rather than queue without end.
+    public func enqueue(_ job: Job, limit: Int) -> EnqueueResult {
+        condition.withLock {
+            guard !closed else { return .closed }
+            guard queue.count < limit else { return .full }
+            queue.append(job)
+            condition.signal()
+            return .queued
+        }
+    }
+
+    public enum EnqueueResult: Sendable { case queued, full, closed }
+
     /// Refuses new jobs, waits until the threads have served the queue and exited (at once if
     /// they were never started). Safe to call more than once.
     public func close() {

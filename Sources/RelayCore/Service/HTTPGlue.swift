@@ -61,11 +61,14 @@ enum HTTPGlue {
     }
 
     /// Requests HTTPServer refuses itself (malformed, far over the body limit, too slow) get
-    /// the API's error format too, so a client's error handling sees one shape everywhere.
+    /// the API's error format too, so a client's error handling sees one shape everywhere,
+    /// and an x-request-id like every other response (the request's own id is not trusted:
+    /// the request was refused before its fields were).
     static func errorResponse(maxBodyBytes: Int) -> @Sendable (Int, String) -> HTTPResponse {
         { status, kind in
             let e = serverError(status: status, kind: kind, maxBodyBytes: maxBodyBytes)
-            return HTTPResponse(status: status, headers: HTTPHeaders([("content-type", "application/json")]),
+            return HTTPResponse(status: status, headers: HTTPHeaders([("content-type", "application/json"),
+                                                                      ("x-request-id", RelayCrypto.requestID())]),
                                 body: Array(e.jsonBody.utf8))
         }
     }
@@ -78,6 +81,7 @@ enum HTTPGlue {
         case 431: return ClientError(status: 431, code: "headers_too_large", field: nil, message: "the request headers are too large or too many (\(kind))")
         case 417: return ClientError(status: 417, code: "expectation_failed", field: "expect", message: "only Expect: 100-continue is supported")
         case 501: return ClientError(status: 501, code: "not_implemented", field: nil, message: "unsupported HTTP feature (\(kind))")
+        case 500: return ClientError(status: 500, code: "internal_error", field: nil, message: "the server could not form a valid response")
         case 505: return ClientError(status: 505, code: "http_version_not_supported", field: nil, message: "only HTTP/1.0, HTTP/1.1 and HTTP/2 are supported")
         default: return ClientError(status: status, code: "malformed_request", field: nil, message: "malformed HTTP request (\(kind))")
         }

@@ -104,6 +104,9 @@ public final class RelayService: @unchecked Sendable {
         let reserved = OpenFileLimit.reserved(loopThreads: c.ingest.loopThreads, apnsConnections: c.dispatch.connectionsPerApp * c.apps.count)
         limits.maxConnections = OpenFileLimit.ingestConnections(configured: c.ingest.maxConnections, limit: openFiles, reserved: reserved)
         limits.maxConnectionsPerAddress = c.ingest.maxConnectionsPerAddress
+        // Answers are small: a fixed kernel send buffer (128 KiB once doubled) instead of
+        // autotuning up to 4 MiB per connection whose peer does not read (docs/threat_model.md).
+        limits.socketSendBufferBytes = 64 << 10
         if limits.maxConnections < c.ingest.maxConnections {
             logger.warning("open-file limit below ingest.maxConnections: accepting fewer connections",
                            ["ingest.maxConnections": c.ingest.maxConnections, "open_file_limit": openFiles ?? 0,

@@ -24,6 +24,9 @@ final class GroupCommitWriter: @unchecked Sendable {
         /// The writer no longer accepts jobs: called on the caller's thread instead of `run`
         /// and `finish`.
         func refuse(_ error: StoreError) { finish(error) }
+        /// Refused (`refuse(.unavailable)`) rather than queued while `maxQueuedJobs` wait:
+        /// client work that can be retried. The dispatcher's and operators' jobs always queue.
+        var refusedWhenQueueFull: Bool { false }
     }
 
     private let db: SQLiteDatabase
@@ -59,8 +62,14 @@ final class GroupCommitWriter: @unchecked Sendable {
     /// every batch, committed or not: against wall-clock time, how busy the one writer is.
     var transactionTime: Int { transactionMicros.load(ordering: .relaxed) }
 
-    init(db: SQLiteDatabase, maxBatch: Int = 1024, name: String = "relay-sqlite-writer") {
+    /// Jobs that may wait before `refusedWhenQueueFull` jobs are refused: each holds a
+    /// validated request (up to a few KiB), and without a bound a load the disk cannot follow
+    /// grows the queue, and the relay's memory, without end. Eight full batches.
+    let maxQueuedJobs: Int
+
+    init(db: SQLiteDatabase, maxBatch: Int = 1024, maxQueuedJobs: Int = 8192, name: String = "relay-sqlite-writer") {
         self.db = db
+        self.maxQueuedJobs = maxQueuedJobs
         // Everything queued (up to maxBatch) goes into one transaction.
         jobs = JobQueue(name: name) { queue in min(queue.count, maxBatch) }
     }
@@ -71,7 +80,15 @@ final class GroupCommitWriter: @unchecked Sendable {
 
     /// Queues a job; it finishes with `.closed` when the writer no longer accepts jobs.
     func enqueue(_ job: Job) {
-        if !jobs.enqueue(job) { job.refuse(.closed) }
+        if job.refusedWhenQueueFull {
+            switch jobs.enqueue(job, limit: maxQueuedJobs) {
+            case .queued: break
+            case .full: job.refuse(.unavailable("the writer's queue is full (\(maxQueuedJobs) jobs)"))
+            case .closed: job.refuse(.closed)
+            }
+        } else if !jobs.enqueue(job) {
+            job.refuse(.closed)
+        }
     }
 
     /// Runs `work` inside the next batch; `completion` runs on the writer thread after COMMIT

@@ -384,6 +384,7 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         var outcome: IngestOutcome?
         var handedOff: OutboxRow?
         var error: StoreError?
+        override var refusedWhenQueueFull: Bool { true }
 
         init(_ request: IngestRequest, now: Int64, state: WriterState, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
             self.request = request

@@ -1,0 +1,156 @@
+// relay-server's memory under clients that never read: the resident size of the real binary,
+// read from /proc, while hundreds of loopback connections pipeline requests and read nothing.
+import Foundation
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// VmRSS of a process in KiB, from /proc/<pid>/status.
+func residentKiB(pid: Int32) -> Int? {
+    guard let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return nil }
+    for line in text.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+        return Int(line.split(separator: " ").dropFirst().first ?? "")
+    }
+    return nil
+}
+
+/// Opens `count` non-blocking loopback connections (spread over 127.0.0.x source addresses)
+/// with a small receive buffer, so the server's output backs up in the server, not the kernel.
+func openNonReadingClients(port: Int, count: Int) throws -> [Int32] {
+    var fds: [Int32] = []
+    for i in 0..<count {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw RelayITError("socket failed: errno \(errno)") }
+        // Small kernel buffers on the client's side: the backlog must build up in the server.
+        var small: Int32 = 4096
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+        var sendBuffer: Int32 = 16384
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sendBuffer, socklen_t(MemoryLayout<Int32>.size))
+        var local = sockaddr_in()
+        local.sin_family = sa_family_t(AF_INET)
+        local.sin_addr.s_addr = inet_addr("127.0.\(1 + i / 250).\(1 + i % 250)")
+        _ = withUnsafePointer(to: &local) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = in_port_t(UInt16(port).bigEndian)
+        let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        guard rc == 0 else { close(fd); throw RelayITError("connect failed: errno \(errno)") }
+        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+        fds.append(fd)
+    }
+    return fds
+}
+
+/// Writes pipelined `request`s to every socket until none takes more bytes for a few rounds
+/// in a row (the server stopped reading them) or `seconds` passed. Returns the bytes sent.
+func floodWithoutReading(_ fds: [Int32], request: [UInt8], seconds: Double) -> Int {
+    let burst = Array([[UInt8]](repeating: request, count: max(1, 65536 / request.count)).joined())
+    var offsets = [Int](repeating: 0, count: fds.count)
+    var total = 0
+    var quietRounds = 0
+    let deadline = Date().addingTimeInterval(seconds)
+    while quietRounds < 5 && Date() < deadline {
+        var sentThisRound = 0
+        for (i, fd) in fds.enumerated() {
+            while true {
+                let n = burst[offsets[i]...].withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                if n <= 0 { break }
+                offsets[i] = (offsets[i] + n) % burst.count
+                sentThisRound += n
+            }
+        }
+        total += sentThisRound
+        quietRounds = sentThisRound == 0 ? quietRounds + 1 : 0
+        usleep(200_000)
+    }
+    return total
+}
+
+@Suite(.serialized) struct RelayServerMemoryTests {
+    /// 300 connections pipeline GETs and never read the answers. Each HTTP/1 connection used
+    /// to queue up to 1 MiB of output before it stopped reading, and the write timeout restarted
+    /// on every byte the peer took: this grew the relay by 84 MiB. Output is now capped per
+    /// connection (64 KiB) and in total, so the growth stays well under 64 MiB; a well-behaved
+    /// client is still answered meanwhile.
+    @Test func connectionsThatNeverReadDoNotGrowTheRelay() throws {
+        let h = try RelayHarness()
+        // A debug line per request would make the relay wait on the test's stderr pipe.
+        let path = h.dir + "/relay.json"
+        try String(contentsOfFile: path, encoding: .utf8).replacingOccurrences(of: #""level":"debug""#, with: #""level":"warning""#)
+            .write(toFile: path, atomically: true, encoding: .utf8)
+        try h.startRelay()
+        let pid = try #require(h.relay?.pid)
+        #expect(try relayHTTP(h.relayPort, "GET", "/").status == 404)
+        let before = try #require(residentKiB(pid: pid))
+        let fds = try openNonReadingClients(port: h.relayPort, count: 300)
+        defer { for fd in fds { close(fd) } }
+        let request = Array("GET / HTTP/1.1\r\nHost: relay\r\n\r\n".utf8)
+        let sent = floodWithoutReading(fds, request: request, seconds: 30)
+        let after = try #require(residentKiB(pid: pid))
+        let grownMiB = Double(after - before) / 1024
+        print("relay RSS \(before) KiB -> \(after) KiB (+\(String(format: "%.1f", grownMiB)) MiB) after \(sent) request bytes on \(fds.count) connections")
+        #expect(sent > 300 * 64 * 1024, "the flood did not reach the server")
+        #expect(grownMiB < 64, "relay grew by \(grownMiB) MiB")
+        // Others are still served while those connections sit there.
+        #expect(try relayHTTP(h.relayPort, "GET", "/").status == 404)
+    }
+}
+
+/// One raw exchange: `bytes` on a fresh connection, the whole answer until the relay closes.
+func relayRawExchange(_ port: Int, _ bytes: [UInt8], timeout: Int = 10) throws -> String {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { throw RelayITError("socket failed") }
+    defer { close(fd) }
+    var tv = timeval(tv_sec: timeout, tv_usec: 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+    var addr = sockaddr_in()
+    addr.sin_family = sa_family_t(AF_INET)
+    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+    addr.sin_port = in_port_t(UInt16(port).bigEndian)
+    let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+    guard rc == 0 else { throw RelayITError("connect failed: errno \(errno)") }
+    _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+    var data: [UInt8] = []
+    var buf = [UInt8](repeating: 0, count: 65536)
+    while true {
+        let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+        if n <= 0 { break }
+        data += buf[0..<n]
+    }
+    return String(decoding: data, as: UTF8.self)
+}
+
+@Suite(.serialized) struct RelayServerHTTPLayerTests {
+    /// docs/api.md promises x-request-id on every response; those the HTTP layer writes itself
+    /// (malformed requests, limits, unsupported features) had none.
+    @Test func responsesWrittenByTheHTTPLayerCarryARequestID() throws {
+        let h = try RelayHarness()
+        try h.startRelay()
+        let cases: [(String, [UInt8])] = [
+            ("400", Array("GET / HTTP/1.1\nHost: x\n\n".utf8)),
+            ("505", Array("GET / HTTP/2.0\r\nHost: x\r\n\r\n".utf8)),
+            ("414", Array("GET /\(String(repeating: "a", count: 20_000)) HTTP/1.1\r\nHost: x\r\n\r\n".utf8)),
+            ("431", Array("GET / HTTP/1.1\r\nHost: x\r\nx-big: \(String(repeating: "b", count: 20_000))\r\n\r\n".utf8)),
+            ("417", Array("POST /v1/responses HTTP/1.1\r\nHost: x\r\nExpect: magic\r\nContent-Length: 2\r\n\r\n{}".utf8)),
+            ("501", Array("POST /v1/responses HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n".utf8)),
+            ("413", Array("POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n".utf8)),
+        ]
+        for (status, bytes) in cases {
+            let answer = try relayRawExchange(h.relayPort, bytes)
+            #expect(answer.hasPrefix("HTTP/1.1 \(status) "), "\(status): \(answer.prefix(80))")
+            #expect(answer.lowercased().contains("\r\nx-request-id: "), "\(status) without x-request-id: \(answer.prefix(300))")
+        }
+    }
+
+    /// RFC 9112 3.2.2: a server must accept an absolute-form target. It used to reach the API
+    /// as the path "http://...", answered 404; now it is the POST it names (here a 401: no
+    /// credential).
+    @Test func absoluteFormTargetReachesTheAPI() throws {
+        let h = try RelayHarness()
+        try h.startRelay()
+        let answer = try relayRawExchange(h.relayPort, Array("POST http://relay.example/v1/responses HTTP/1.1\r\nHost: relay.example\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}".utf8))
+        #expect(answer.hasPrefix("HTTP/1.1 401 "), "\(answer.prefix(200))")
+    }
+}
