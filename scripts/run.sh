@@ -50,6 +50,14 @@ fi
 # ratchet state relayctl send-test keeps for the demo key.
 [ -s "$RUN/demo-curl-root-key" ] || openssl rand -hex 32 > "$RUN/demo-curl-root-key"
 [ -s "$RUN/demo-curl-key-id" ] || openssl rand -base64 4 > "$RUN/demo-curl-key-id"
+# A simulated accessory paired by key exchange (X-Wing HPKE, docs/key-exchange.md): mock-apns
+# derives its receiving root from the key material, relayctl accessory send seals with it.
+if [ ! -s "$RUN/demo-accessory.json" ] && [ -x "$BIN/relayctl" ]; then
+  "$BIN/relayctl" accessory pair --ciphersuite xwing --out "$RUN/demo-accessory.json" > "$RUN/demo-accessory-pairing.txt" \
+    || echo "run.sh: relayctl accessory pair failed; continuing without the paired accessory" >&2
+fi
+ACCESSORY_ARGS=()
+[ -s "$RUN/demo-accessory.json" ] && ACCESSORY_ARGS=(--accessory "$RUN/demo-accessory.json")
 ROOT_KEY=$(cat "$RUN/demo-root-key")
 KEY_ID=$(cat "$RUN/demo-key-id")
 CURL_ROOT_KEY=$(cat "$RUN/demo-curl-root-key")
@@ -103,7 +111,7 @@ rm -f "$RUN/ca.pem"
 "$BIN/mock-apns" --listen "127.0.0.1:$APNS_PORT" --control "127.0.0.1:$CONTROL_PORT" \
   --generate-tls --ca-out "$RUN/ca.pem" \
   --token-key "$APNS_KEY_ID:$TEAM_ID:$RUN/demo-apns-key.p8" --bundle-id "$BUNDLE" \
-  --root-secret "$KEY_ID:$ROOT_KEY" --root-secret "$CURL_KEY_ID:$CURL_ROOT_KEY" --deliveries-log "$RUN/deliveries.jsonl" 2> >(sed -u 's/^/[mock-apns] /' >&2) &
+  --root-secret "$KEY_ID:$ROOT_KEY" --root-secret "$CURL_KEY_ID:$CURL_ROOT_KEY" ${ACCESSORY_ARGS[@]+"${ACCESSORY_ARGS[@]}"} --deliveries-log "$RUN/deliveries.jsonl" 2> >(sed -u 's/^/[mock-apns] /' >&2) &
 MOCK_PID=$!
 wait_http "http://127.0.0.1:$CONTROL_PORT/stats" mock-apns "$MOCK_PID"
 
@@ -172,6 +180,15 @@ An accessory's real, ratchet-encrypted response, verified by mock-apns:
 
   $BIN/relayctl send-test --url http://127.0.0.1:$RELAY_PORT --credential @$RUN/demo-credential \\
     --root-key \$(cat $RUN/demo-root-key) --key-id \$(cat $RUN/demo-key-id) --state-file $RUN/send-test-state.json --count 3 --wait 10s
+
+A simulated accessory paired by X-Wing key exchange ($RUN/demo-accessory.json, pairing values in
+$RUN/demo-accessory-pairing.txt; docs/key-exchange.md): its responses are sealed with the root it
+derived, sent over libcurl, and verified by mock-apns with the root it derived from the same key material:
+
+  $BIN/relayctl accessory send --state $RUN/demo-accessory.json --url http://127.0.0.1:$RELAY_PORT \\
+    --credential @$RUN/demo-credential --app $BUNDLE --count 3
+  then:  curl -sS http://127.0.0.1:$CONTROL_PORT/deliveries      ("verified":true)
+         $BIN/relayctl accessory derive --state $RUN/demo-accessory.json   (every intermediate value)
 
 Metrics: curl -sS http://127.0.0.1:$ADMIN_PORT/metrics     Ctrl-C stops both.
 

@@ -42,3 +42,22 @@ public final class P256PrivateKey: Sendable {
         return try P256Curve.sharedSecret(scalar: raw, peer: peer, peerField: peerField)
     }
 }
+
+extension P256PrivateKey {
+    /// DHKEM(P-256, HKDF-SHA256) Decap's intermediate values (RFC 9180 4.1), for `relayctl
+    /// accessory derive` and docs/key-exchange.md. Secret values: diagnostics only.
+    public func dhkemTrace(encapsulatedKey enc: [UInt8]) throws(KeyExchangeError) -> [(name: String, value: [UInt8])] {
+        let dh = try sharedSecret(peer: enc, peerField: "encapsulatedKey")
+        let kemContext = enc + publicKeyX963
+        let suite = HPKE.kemSuiteID(.p256HKDFSHA256)
+        let prk = HPKE.labeledExtract(suite, salt: [], label: "eae_prk", ikm: dh)
+        return [
+            ("pkRm = 04 || x || y", publicKeyX963),
+            ("dh = x(skR * enc)", dh),
+            ("kem_context = enc || pkRm", kemContext),
+            ("eae_prk = LabeledExtract(\"\", \"eae_prk\", dh) with suite_id \"KEM\" 00 10", prk),
+            ("shared_secret = LabeledExpand(eae_prk, \"shared_secret\", kem_context, 32)",
+             try HPKE.labeledExpand(suite, prk: prk, label: "shared_secret", info: kemContext, length: 32)),
+        ]
+    }
+}

@@ -277,8 +277,8 @@ enum AccessoryCommand {
         ]
         if case let .xWing(k) = derived.key {
             for (name, value) in try XWing.trace(privateKey: k, ciphertext: derived.encapsulatedKey) { fields.append((name, value.hexString)) }
-        } else {
-            fields.append(("pkRm (publicKey, 04 || x || y)", ([0x04] + derived.key.publicKeyRaw).hexString))
+        } else if case let .p256(k) = derived.key {
+            for (name, value) in try k.dhkemTrace(encapsulatedKey: derived.encapsulatedKey) { fields.append((name, value.hexString)) }
         }
         let suiteID = derived.suite.hpke.suiteID
         fields += [
