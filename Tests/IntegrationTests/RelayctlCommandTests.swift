@@ -17,6 +17,8 @@ struct RelayctlCommandTests {
         #expect(text.stdout.contains("queued 2  inflight 1  retry 1  delivered 2  failed 4"), "\(text.stdout)")
         #expect(text.stdout.contains("delivered 1, failed 1 (TopicDisallowed 1)"), "last hour: \(text.stdout)")
         #expect(text.stdout.contains("unregistered tokens  1"))
+        #expect(text.stdout.contains("retention            delivered 86400 s, failed 604800 s (defaults"), "\(text.stdout)")
+        #expect(text.stdout.contains("free space") && text.stdout.contains("ingest refused below 1.0 GiB"), "\(text.stdout)")
 
         let json = try #require(try Relayctl.json(try Relayctl.run(["status", "--db", db.path, "--json"])) as? [String: Any])
         let outbox = try #require(json["outbox"] as? [String: Int])
@@ -49,6 +51,14 @@ struct RelayctlCommandTests {
         let r = try Relayctl.run(["status", "--config", config.path, "--json"])
         #expect(r.status == 0, "\(r.stderr)")
         #expect(((try Relayctl.json(r) as? [String: Any])?["database"] as? [String: Any])?["path"] as? String == db.path)
+        // The retention policy shown is the config's.
+        try #"{"store": {"path": "relay.db", "retention": {"deliveredSeconds": 3600, "failedSeconds": 0}, "minFreeBytes": 0}, \#(app)}"#.write(to: config, atomically: true, encoding: .utf8)
+        let policy = try #require(try Relayctl.json(try Relayctl.run(["status", "--config", config.path, "--json"])) as? [String: Any])
+        let retention = try #require(policy["retention"] as? [String: Any])
+        #expect(retention["deliveredSeconds"] as? Int == 3600 && retention["failedSeconds"] as? Int == 0 && retention["source"] as? String == "config")
+        #expect((policy["disk"] as? [String: Any])?["minFreeBytes"] as? Int == 0)
+        let policyText = try Relayctl.run(["status", "--config", config.path])
+        #expect(policyText.stdout.contains("delivered 3600 s, failed kept (config)") && policyText.stdout.contains("(no floor)"), "\(policyText.stdout)")
         // RELAY_DB_PATH overrides the file, as for the server.
         let env = try Relayctl.run(["status", "--config", config.path], environment: ["RELAY_DB_PATH": "/nonexistent/x.db"])
         #expect(env.status == 1 && env.stderr.contains("/nonexistent/x.db"))

@@ -36,6 +36,11 @@ public struct RelayConfig: Sendable, Equatable {
         public var nodeID: String?
         /// postgres: how long a claimed row stays leased to this node.
         public var leaseSeconds = 60
+        /// How long delivered and failed rows (with their attempts) are kept; 0 keeps them.
+        public var retention = RetentionPolicy()
+        /// sqlite: below this many free bytes on the database's filesystem ingest answers 503
+        /// storage_full; 0 = off. PostgreSQL's disk belongs to the database server.
+        public var minFreeBytes: Int64 = 1 << 30
     }
     public struct Ingest: Sendable, Equatable {
         public var maxBodyBytes = 16384
@@ -135,9 +140,10 @@ public struct RelayConfig: Sendable, Equatable {
             c.adminEnabled = try a.bool("enabled") ?? true
         }
         if var s = try r.child("store") {
-            try s.object(allowed: ["kind", "path", "synchronous", "busyTimeoutMs", "maxPending", "url", "nodeId", "leaseSeconds"])
+            try s.object(allowed: ["kind", "path", "synchronous", "busyTimeoutMs", "maxPending", "url", "nodeId", "leaseSeconds",
+                                   "retention", "minFreeBytes"])
             c.store.kind = try s.string("kind") ?? "sqlite"
-            let sqliteOnly = ["path", "synchronous", "busyTimeoutMs"], postgresOnly = ["url", "nodeId", "leaseSeconds"]
+            let sqliteOnly = ["path", "synchronous", "busyTimeoutMs", "minFreeBytes"], postgresOnly = ["url", "nodeId", "leaseSeconds"]
             switch c.store.kind {
             case "sqlite":
                 if let k = postgresOnly.first(where: { s.raw($0) != nil }) {
@@ -169,6 +175,17 @@ public struct RelayConfig: Sendable, Equatable {
             }
             c.store.busyTimeoutMillis = try s.int("busyTimeoutMs", 0...600_000) ?? c.store.busyTimeoutMillis
             c.store.maxPending = try s.int("maxPending", 1...1_000_000_000) ?? c.store.maxPending
+            if var t = try s.child("retention") {
+                try t.object(allowed: ["deliveredSeconds", "failedSeconds"])
+                // Up to 100 years: the cutoff in milliseconds stays far from overflow.
+                c.store.retention.deliveredSeconds = try t.nonNegative("deliveredSeconds", max: 3_153_600_000) ?? c.store.retention.deliveredSeconds
+                c.store.retention.failedSeconds = try t.nonNegative("failedSeconds", max: 3_153_600_000) ?? c.store.retention.failedSeconds
+            }
+            if c.store.kind == "sqlite" {
+                c.store.minFreeBytes = try s.nonNegative("minFreeBytes", max: Int64.max / 2) ?? c.store.minFreeBytes
+            } else {
+                c.store.minFreeBytes = 0
+            }
         } else {
             c.store.path = r.resolve(c.store.path)
         }
@@ -500,6 +517,16 @@ private struct Reader {
             throw ConfigError(key: key(k), message: "must be an integer in \(range.lowerBound)...\(range.upperBound)")
         }
         guard range.contains(i) else { throw ConfigError(key: key(k), message: "must be an integer in \(range.lowerBound)...\(range.upperBound)") }
+        return i
+    }
+
+    /// An integer >= 0 (0 usually meaning "off" or "forever"), at most `max`.
+    func nonNegative(_ k: String, max: Int64) throws -> Int64? {
+        guard let v = raw(k) else { return nil }
+        guard case .number(let n) = v, let i = Int64(exactly: n), i >= 0 else {
+            throw ConfigError(key: key(k), message: "must be a non-negative integer")
+        }
+        guard i <= max else { throw ConfigError(key: key(k), message: "must be at most \(max)") }
         return i
     }
 

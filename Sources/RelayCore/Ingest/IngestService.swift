@@ -445,6 +445,9 @@ public final class IngestService: Sendable {
                 finish(.error(ClientError(status: 410, code: "push_token_unregistered", field: "pushToken", message: "APNs reported this push token unregistered")), nil)
             case .overCapacity:
                 finish(.error(ClientError(status: 503, code: "outbox_full", field: nil, message: "the outbox is over its configured bound; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), nil)
+            case .storageFull:
+                metrics.storeRefusal("storage_full")
+                finish(.error(ClientError(status: 503, code: "storage_full", field: nil, message: "the relay's disk is below its free-space floor; the response was not stored; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), "storage full")
             }
         }
     }
@@ -533,6 +536,7 @@ public final class AdminService: Sendable {
             workers.submit { [store, readiness] in
                 var checks = readiness()
                 checks["database_writable"] = store.checkWritable()
+                if let g = store.freeSpaceGuard { checks["storage_free_space"] = !g.isBelowFloor }
                 let ok = checks.values.allSatisfy { $0 }
                 let body = "{\"ready\":\(ok),\"checks\":{" + checks.sorted { $0.key < $1.key }.map { "\"\($0.key)\":\($0.value)" }.joined(separator: ",") + "}}"
                 respond(APIResponse(status: ok ? 200 : 503, headers: [("content-type", "application/json")], body: body))

@@ -24,6 +24,7 @@ public final class RelayService: @unchecked Sendable {
     private var adminServer: HTTPServer?
     private var workers: WorkerPool?
     private var watchdog: WatchdogPinger?
+    private var retention: RetentionSweeper?
     private let stopLock = Condition()
     private var stopped = false
     private let startedAt = monotonicMicros()
@@ -76,6 +77,9 @@ public final class RelayService: @unchecked Sendable {
                                     metrics: metrics, logger: logger)
         try dispatcher.start()
         self.dispatcher = dispatcher
+        let retention = RetentionSweeper(store: store, policy: c.store.retention, logger: logger)
+        retention.start()
+        self.retention = retention
         let workers = WorkerPool(name: "relay-reader", threads: 2)
         self.workers = workers
 
@@ -182,6 +186,7 @@ public final class RelayService: @unchecked Sendable {
             out += "# HELP relay_store_commits_total Group-commit transactions committed.\n# TYPE relay_store_commits_total counter\nrelay_store_commits_total \(w.batches)\n"
             out += "# HELP relay_store_jobs_total Jobs (ingests and dispatcher writes) committed.\n# TYPE relay_store_jobs_total counter\nrelay_store_jobs_total \(w.jobs)\n"
         }
+        if let store { out += OutboxStores.diskMetrics(store, retention: retention) }
         if let s = store as? SQLiteOutboxStore {
             // Against wall-clock time: the share of it the single writer spends in transactions.
             out += "# HELP relay_store_transaction_seconds_total Time the SQLite writer spent in transactions, BEGIN to the end of COMMIT (its fsync included).\n# TYPE relay_store_transaction_seconds_total counter\nrelay_store_transaction_seconds_total \(Double(s.writerTransactionMicros) / 1e6)\n"
@@ -204,6 +209,7 @@ public final class RelayService: @unchecked Sendable {
         adminServer?.shutdown(gracePeriod: .seconds(1))
         watchdog?.stop()
         dispatcher?.stop(grace: grace)
+        retention?.stop()
         workers?.shutdown()
         let counts = try? store?.counts()
         store?.close()

@@ -74,6 +74,8 @@ public enum IngestOutcome: Sendable, Equatable {
     case unknownApp(String)
     case unregistered
     case overCapacity
+    /// The database's filesystem is below store.minFreeBytes (FreeSpaceGuard); nothing stored.
+    case storageFull
 }
 
 public struct OutboxRow: Sendable, Equatable {
@@ -247,7 +249,11 @@ public protocol OutboxStore: AnyObject, Sendable {
     // MARK: operator actions (relayctl); never touch inflight rows
     func requeue(ids: [String]) throws -> Int
     func requeueFailed(reason: String?) throws -> Int
+    /// Every `state` (delivered or failed) row last updated before `olderThan`, with its
+    /// attempts; not dry: in PurgeBatches of small transactions. Returns how many rows.
     func purge(state: ResponseState, olderThan: Int64, dryRun: Bool) throws -> Int
+    /// Deletes up to `limit` such rows (oldest first) and their attempts in one transaction.
+    func purgeBatch(state: ResponseState, olderThan: Int64, limit: Int) throws -> Int
     func unregisteredTokens() throws -> [UnregisteredToken]
     func forgetToken(_ token: String) throws -> Bool
 
@@ -265,7 +271,13 @@ public protocol OutboxStore: AnyObject, Sendable {
     // MARK: health
     /// True when a write transaction can be taken (readyz).
     func checkWritable() -> Bool
+    /// The store.minFreeBytes guard on this store's filesystem (SQLite), or nil.
+    var freeSpaceGuard: FreeSpaceGuard? { get }
     func close()
+}
+
+extension OutboxStore {
+    public var freeSpaceGuard: FreeSpaceGuard? { nil }
 }
 
 /// Direct hand-off from ingest to the dispatcher: a row accepted while the dispatcher has a

@@ -16,6 +16,7 @@ public enum OutboxStores {
                 clock: clock, logger: logger)
         case "sqlite":
             var options = SQLiteStoreOptions(synchronous: config.synchronous, busyTimeoutMillis: Int32(config.busyTimeoutMillis), readOnly: readOnly)
+            options.minFreeBytes = config.minFreeBytes
             options.onSlowStart = onSlowStart
             return try SQLiteOutboxStore(path: config.path, options: options, clock: clock)
         default:
@@ -30,6 +31,18 @@ public enum OutboxStores {
         case let s as PostgresOutboxStore: return s.writerStats
         default: return nil
         }
+    }
+
+    /// Free-space and retention lines for /metrics.
+    public static func diskMetrics(_ store: any OutboxStore, retention: RetentionSweeper?) -> String {
+        var out = retention?.metricsText() ?? ""
+        if let g = store.freeSpaceGuard {
+            out += "# HELP relay_store_free_bytes Bytes free on the database's filesystem (probed at most once a second).\n# TYPE relay_store_free_bytes gauge\n"
+            out += "relay_store_free_bytes \(g.freeBytes ?? -1)\n"
+            out += "# HELP relay_store_min_free_bytes store.minFreeBytes: below it ingest answers 503 storage_full.\n# TYPE relay_store_min_free_bytes gauge\n"
+            out += "relay_store_min_free_bytes \(g.minFreeBytes)\n"
+        }
+        return out
     }
 
     /// Where the data lives, for logs (a PostgreSQL URL without its password).

@@ -780,11 +780,19 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
                                 [.text(s.rawValue), .int(olderThan)]).first?.first?.int ?? 0)
             }
         }
+        return try PurgeBatches.run(self, state: s, olderThan: olderThan)
+    }
+
+    public func purgeBatch(state s: ResponseState, olderThan: Int64, limit: Int) throws -> Int {
+        guard s.isTerminal else { throw StoreError.invalid("only delivered or failed rows can be purged") }
         return try writeTransaction { c in
-            try c.query(
-                "DELETE FROM attempts WHERE response_id IN (SELECT id FROM responses WHERE state = $1 AND updated_at < $2)",
-                [.text(s.rawValue), .int(olderThan)])
-            return try c.run("DELETE FROM responses WHERE state = $1 AND updated_at < $2", [.text(s.rawValue), .int(olderThan)]).affected
+            // Rows another node is deleting (or relayctl is requeueing) are skipped, not waited for.
+            let ids: [String?] = try c.query(
+                "SELECT id FROM responses WHERE state = $1 AND updated_at < $2 ORDER BY updated_at LIMIT $3 FOR UPDATE SKIP LOCKED",
+                [.text(s.rawValue), .int(olderThan), .int(Int64(max(0, limit)))]).map { $0.first?.string }
+            guard !ids.isEmpty else { return 0 }
+            try c.query("DELETE FROM attempts WHERE response_id = ANY($1)", [.textArray(ids)])
+            return try c.run("DELETE FROM responses WHERE id = ANY($1)", [.textArray(ids)]).affected
         }
     }
 

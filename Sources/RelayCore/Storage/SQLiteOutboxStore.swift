@@ -15,6 +15,10 @@ public struct SQLiteStoreOptions: Sendable {
     public var maxBatch: Int = 1024
     /// Open only a read connection (relayctl status/list while the server runs).
     public var readOnly: Bool = false
+    /// store.minFreeBytes: ingest answers storageFull below it (0 = off); `freeSpaceProbe`
+    /// replaces statvfs in tests.
+    public var minFreeBytes: Int64 = 0
+    public var freeSpaceProbe: FreeSpaceGuard.Probe?
     /// Called about once a second while opening the store takes long (a schema migration that
     /// rebuilds the outbox: ~16 s per million rows), with a human-readable stage. relay-server
     /// uses it to extend systemd's start timeout (EXTEND_TIMEOUT_USEC) and to log progress.
@@ -38,6 +42,7 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     private let clock: any RelayClock
     private let writerState = WriterState()
     public let path: String
+    public let freeSpaceGuard: FreeSpaceGuard?
 
     /// Wakes whoever waits for new rows (the dispatcher) after each commit.
     public var onCommit: (@Sendable () -> Void)? {
@@ -95,6 +100,8 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     public init(path: String, options: SQLiteStoreOptions = .init(), clock: any RelayClock = SystemRelayClock()) throws {
         self.path = path
         self.clock = clock
+        freeSpaceGuard = options.readOnly || options.minFreeBytes <= 0 ? nil
+            : FreeSpaceGuard(path: path, minFreeBytes: options.minFreeBytes, probe: options.freeSpaceProbe ?? FreeSpaceGuard.statvfsAvailable)
         if options.readOnly {
             writer = nil
             reader = try SQLiteDatabase(path: path, readOnly: true, busyTimeoutMillis: options.busyTimeoutMillis)
@@ -367,6 +374,8 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
 
     public func submit(_ request: IngestRequest, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
         guard let writer else { return completion(.failure(.invalid("store opened read-only"))) }
+        // Cached statvfs (once a second at most): the hot path pays a lock and a clock read.
+        if let g = freeSpaceGuard, g.isBelowFloor { return completion(.success(.storageFull)) }
         writer.enqueue(IngestJob(request, now: clock.nowMillis(), state: writerState, completion: completion))
     }
 
@@ -887,13 +896,21 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
                 Int(try db.scalar("SELECT count(*) FROM responses WHERE state = '\(s.rawValue)' AND updated_at < ?", [.integer(olderThan)]).int ?? 0)
             }
         }
+        return try PurgeBatches.run(self, state: s, olderThan: olderThan)
+    }
+
+    public func purgeBatch(state s: ResponseState, olderThan: Int64, limit: Int) throws -> Int {
+        guard s.isTerminal else { throw StoreError.invalid("only delivered or failed rows can be purged") }
         return try write { db in
             // The state is a literal (a terminal enum value, not client input) so the planner can
             // use the partial index responses_done, which a bound parameter would not prove.
-            try db.run(
-                "DELETE FROM attempts WHERE response_id IN (SELECT id FROM responses WHERE state = '\(s.rawValue)' AND updated_at < ?)",
-                [.integer(olderThan)])
-            return try db.run("DELETE FROM responses WHERE state = '\(s.rawValue)' AND updated_at < ?", [.integer(olderThan)])
+            let rows = try db.query("SELECT id_high, id FROM responses WHERE state = '\(s.rawValue)' AND updated_at < ? ORDER BY updated_at LIMIT ?",
+                                    [.integer(olderThan), .integer(Int64(max(0, limit)))])
+            for r in rows {
+                try db.run("DELETE FROM attempts WHERE response_id = ?", [r[1]])
+                try db.run("DELETE FROM responses WHERE id_high = ?", [r[0]])
+            }
+            return rows.count
         }
     }
 

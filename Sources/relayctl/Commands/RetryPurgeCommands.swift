@@ -1,5 +1,6 @@
 // relayctl retry / purge: the two commands that change the outbox. Each store call is one SQLite
-// transaction on the write connection (it waits for relay-server's writer, never fights it), and
+// transaction on the write connection (purge: one per batch of rows; it waits for relay-server's
+// writer, never fights it), and
 // neither ever changes a row in state inflight: that row belongs to the dispatcher.
 import Foundation
 import RelayCore
@@ -25,8 +26,10 @@ extension RelayCtl {
         .leaf("purge", "Delete old delivered or failed responses, with counts.",
               discussion: """
               Deletes terminal responses (and their attempts) last updated longer ago than
-              --older-than. Queued, retry and inflight rows are never purged. Safe while relay-server
-              runs. SQLite reuses the freed pages; the file shrinks only with VACUUM.
+              --older-than, 64 rows per transaction, so relay-server's ingest never waits long for
+              the lock. Queued, retry and inflight rows are never purged. Safe while relay-server runs,
+              also below store.minFreeBytes. store.retention does the same by itself. SQLite reuses
+              the freed pages; the file shrinks only with VACUUM.
               """,
               options: [
                   .flag("delivered", "Purge delivered responses."),

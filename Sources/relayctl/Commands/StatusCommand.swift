@@ -26,6 +26,12 @@ enum StatusCommand {
         var unregisteredTokens: Int
         var credentials: Int
         var revokedCredentials: Int
+        /// store.retention as configured (defaults with --db) and, for SQLite, the free-space
+        /// floor and what is free now on the database's filesystem.
+        var retention: Retention
+        var disk: Disk?
+        struct Retention: Encodable { var deliveredSeconds: Int64; var failedSeconds: Int64; var source: String }
+        struct Disk: Encodable { var freeBytes: Int64?; var minFreeBytes: Int64 }
     }
 
     static func run(_ args: ParsedArguments, _ console: Console) throws {
@@ -54,7 +60,11 @@ enum StatusCommand {
             lastHour: .init(delivered: delivered, failed: failedByReason.values.reduce(0, +), failedByReason: failedByReason),
             unregisteredTokens: tokens.count,
             credentials: credentials.filter { !$0.isRevoked }.count,
-            revokedCredentials: credentials.filter(\.isRevoked).count)
+            revokedCredentials: credentials.filter(\.isRevoked).count,
+            retention: .init(deliveredSeconds: location.retention.deliveredSeconds, failedSeconds: location.retention.failedSeconds,
+                             source: args.optionalString("db") != nil ? "defaults (--db; --config shows the server's)" : "config"),
+            disk: location.kind == "sqlite"
+                ? .init(freeBytes: FreeSpaceGuard.statvfsAvailable(location.path), minFreeBytes: location.minFreeBytes) : nil)
 
         if args.flag("json") { return emit(console, try renderJSON(report)) }
         var rows: [(String, String)] = []
@@ -70,6 +80,13 @@ enum StatusCommand {
         rows.append(("last hour", "delivered \(delivered), failed \(report.lastHour.failed)" + (failures.isEmpty ? "" : " (\(failures))")))
         rows.append(("unregistered tokens", "\(tokens.count)"))
         rows.append(("credentials", "\(report.credentials) active, \(report.revokedCredentials) revoked"))
+        rows.append(("retention", location.retention.summary + " (\(report.retention.source))"))
+        if let d = report.disk {
+            let floor = d.minFreeBytes == 0 ? "no floor" : "ingest refused below \(humanBytes(d.minFreeBytes))"
+            rows.append(("free space", (d.freeBytes.map { humanBytes($0) } ?? "unknown") + " (\(floor))"))
+        } else {
+            rows.append(("free space", "owned by the PostgreSQL server"))
+        }
         console.out(rows.map { $0.0.padding(21) + $0.1 }.joined(separator: "\n"))
     }
 
