@@ -158,7 +158,11 @@ class Env:
         for k, v in self.overrides.items():
             cfg[k].update(v)
         self.config = os.path.join(self.work, "relay.json")
-        with open(self.config, "w") as f:
+        # 0600: relay-server warns about a config other users can read, and that warning would
+        # stand in for the real last log line in the read-only case's note.
+        fd = os.open(self.config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as f:
             json.dump(cfg, f)
 
     # mock-apns ---------------------------------------------------------------------------
@@ -999,7 +1003,8 @@ def section_badinput(env, args, results):
 def markdown(results, args, elapsed):
     L = []
     L.append(f"Run {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, {elapsed:.0f} s, "
-             f"binaries `{args.bin}`, command `{' '.join(sys.argv)}`.")
+             f"binaries `{args.bin}`, command `{' '.join(sys.argv)}`, load average at the end "
+             f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (a shared machine is noisy: timings vary run to run).")
     L.append("")
     c = results.get("crash")
     if c:
