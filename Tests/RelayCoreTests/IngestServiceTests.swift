@@ -575,3 +575,48 @@ import Testing
         #expect(got.withLock { $0 } == [.unavailable, .valid(id: "cred_a")])
     }
 }
+
+/// /readyz and /metrics cost the database at most one check and one outbox count per second,
+/// however often they are polled (a write transaction per /readyz call, a full count per scrape).
+@Suite struct AdminServiceTests {
+    let dir = TempDir()
+    let clock = TestClock()
+
+    func call(_ admin: AdminService, _ path: String) -> APIResponse {
+        let slot = ResultBox<APIResponse>()
+        let done = DispatchSemaphore(value: 0)
+        admin.handle(APIRequest(method: "GET", path: path, authorization: nil, contentType: nil, body: [], requestID: "a")) {
+            slot.value = $0
+            done.signal()
+        }
+        done.wait()
+        return slot.value!
+    }
+
+    @Test func readyzAndMetricsReuseWhatTheyReadForASecond() throws {
+        let store = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        let workers = WorkerPool(name: "admin-test", threads: 1)
+        defer {
+            workers.shutdown()
+            store.close()
+        }
+        let secret = try store.createCredential(name: "a", apps: ["com.example.app"]).secret
+        let admin = AdminService(store: store, metrics: RelayMetrics(), workers: workers, clock: clock,
+                                 readiness: { ["dispatcher_running": true] }, extraMetrics: { "" })
+        let writes = { store.writerStats.jobs }
+        let before = writes()
+        for _ in 0..<20 { #expect(call(admin, "/readyz").status == 200) }
+        #expect(writes() == before + 1)   // one write transaction for twenty probes
+        clock.advance(1000)
+        #expect(call(admin, "/readyz").status == 200)
+        #expect(writes() == before + 2)
+
+        #expect(call(admin, "/metrics").body.contains("relay_outbox_responses{state=\"queued\"} 0\n"))
+        let outcome = try store.ingestNow(sample(), secret: secret)
+        guard case .accepted = outcome else { Issue.record("\(outcome)"); return }
+        // Within the second: the count read before the insert.
+        #expect(call(admin, "/metrics").body.contains("relay_outbox_responses{state=\"queued\"} 0\n"))
+        clock.advance(1000)
+        #expect(call(admin, "/metrics").body.contains("relay_outbox_responses{state=\"queued\"} 1\n"))
+    }
+}

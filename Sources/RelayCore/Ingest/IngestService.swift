@@ -10,6 +10,7 @@ import Glibc
 import HTTPServer
 import POSIXThreads
 import Ratchet
+import Synchronization
 
 public struct APIRequest: Sendable {
     public var method: String
@@ -503,7 +504,10 @@ public final class IngestService: Sendable {
     }
 }
 
-/// /healthz, /readyz, /metrics for the admin listener.
+/// /healthz, /readyz, /metrics for the admin listener. What they ask the database is reused for
+/// up to `maxAgeMillis`, so a scraper or probe polling in a loop costs it at most one outbox
+/// count and one write transaction a second; `workers` should be the admin's own (RelayService
+/// gives it one thread), so neither waits behind ingest reads nor holds them up.
 public final class AdminService: Sendable {
     private let store: any OutboxStore
     private let metrics: RelayMetrics
@@ -511,6 +515,10 @@ public final class AdminService: Sendable {
     private let clock: any RelayClock
     private let readiness: @Sendable () -> [String: Bool]
     private let extraMetrics: @Sendable () -> String
+    let maxAgeMillis: Int64 = 1000
+    /// (when read, by `clock`; the counts, nil when the store could not be read)
+    private let counts = Mutex<(at: Int64, value: OutboxCounts?)?>(nil)
+    private let writable = Mutex<(at: Int64, value: Bool)?>(nil)
 
     /// `readiness` returns named checks besides the database (e.g. "apns_credentials",
     /// "dispatcher"); `extraMetrics` returns Prometheus lines (HTTP server counters).
@@ -533,18 +541,18 @@ public final class AdminService: Sendable {
         case "/healthz":
             respond(APIResponse(status: 200, headers: [("content-type", "application/json")], body: "{\"status\":\"ok\"}"))
         case "/readyz":
-            workers.submit { [store, readiness] in
+            workers.submit { [self] in
                 var checks = readiness()
-                checks["database_writable"] = store.checkWritable()
+                checks["database_writable"] = cached(writable) { store.checkWritable() }
                 if let g = store.freeSpaceGuard { checks["storage_free_space"] = !g.isBelowFloor }
                 let ok = checks.values.allSatisfy { $0 }
                 let body = "{\"ready\":\(ok),\"checks\":{" + checks.sorted { $0.key < $1.key }.map { "\"\($0.key)\":\($0.value)" }.joined(separator: ",") + "}}"
                 respond(APIResponse(status: ok ? 200 : 503, headers: [("content-type", "application/json")], body: body))
             }
         case "/metrics":
-            workers.submit { [store, metrics, clock, extraMetrics] in
+            workers.submit { [self] in
                 var extra = ""
-                if let c = try? store.counts() {
+                if let c = cached(counts, { try? store.counts() }) {
                     extra += "# HELP relay_outbox_responses Responses in the outbox by state.\n# TYPE relay_outbox_responses gauge\n"
                     for s in ResponseState.allCases { extra += "relay_outbox_responses{state=\"\(s.rawValue)\"} \(c.byState[s] ?? 0)\n" }
                     extra += "# HELP relay_outbox_oldest_pending_age_seconds Age of the oldest queued or retry response.\n# TYPE relay_outbox_oldest_pending_age_seconds gauge\n"
@@ -560,5 +568,14 @@ public final class AdminService: Sendable {
         default:
             respond(APIResponse(status: 404, headers: [("content-type", "application/json")], body: "{\"error\":\"not_found\"}"))
         }
+    }
+
+    /// The value read less than `maxAgeMillis` ago, or a fresh one.
+    private func cached<T: Sendable>(_ slot: borrowing Mutex<(at: Int64, value: T)?>, _ read: () -> T) -> T {
+        let now = clock.nowMillis()
+        if let c = slot.withLock({ $0 }), now - c.at < maxAgeMillis, now >= c.at { return c.value }
+        let value = read()
+        slot.withLock { $0 = (now, value) }
+        return value
     }
 }

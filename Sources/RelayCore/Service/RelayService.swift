@@ -23,6 +23,8 @@ public final class RelayService: @unchecked Sendable {
     private var ingestServer: HTTPServer?
     private var adminServer: HTTPServer?
     private var workers: WorkerPool?
+    /// The admin listener's own thread for /readyz and /metrics (never the ingest readers).
+    private var adminWorkers: WorkerPool?
     private var watchdog: WatchdogPinger?
     private var retention: RetentionSweeper?
     private let stopLock = Condition()
@@ -133,8 +135,10 @@ public final class RelayService: @unchecked Sendable {
 
         let credentialsLoaded = transports.count == c.apps.count
         if c.adminEnabled {
+            let adminWorkers = WorkerPool(name: "relay-admin", threads: 1)
+            self.adminWorkers = adminWorkers
             let admin = AdminService(
-                store: store, metrics: metrics, workers: workers,
+                store: store, metrics: metrics, workers: adminWorkers,
                 readiness: { [weak dispatcher] in
                     ["dispatcher_running": dispatcher?.isRunning ?? false, "apns_credentials_loaded": credentialsLoaded]
                 },
@@ -211,6 +215,7 @@ public final class RelayService: @unchecked Sendable {
         dispatcher?.stop(grace: grace)
         retention?.stop()
         workers?.shutdown()
+        adminWorkers?.shutdown()
         let counts = try? store?.counts()
         store?.close()
         logger.info("stopped", ["queued": counts?.byState[.queued] ?? -1, "retry": counts?.byState[.retry] ?? -1,
