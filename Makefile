@@ -11,7 +11,7 @@ APT_PACKAGES := libssl-dev libnghttp2-dev libsqlite3-dev libuv1-dev \
 	libsystemd-dev pkg-config openssl curl sqlite3 nghttp2-client nghttp2-server \
 	python3 python3-venv systemd postgresql libpq-dev libcurl4-openssl-dev
 
-BENCH_APT_PACKAGES := wrk nginx-light hyperfine valgrind
+BENCH_APT_PACKAGES := wrk nginx-light hyperfine valgrind redis-server redis-tools
 
 .PHONY: all deps bench-deps build release test bench run fuzz soak reliability clean install
 

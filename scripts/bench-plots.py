@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Draws the benchmark plots as plain SVG (no plotting library needed, so `make bench` works
 offline): scripts/bench-plots.py DATA_DIR OUT_DIR. Reads the CSV files bench-pipeline.sh writes
-into DATA_DIR and writes latency-cdf.svg, throughput-connections.svg, drain.svg, growth.svg."""
+into DATA_DIR and writes latency-cdf.svg, throughput-connections.svg, drain.svg, growth.svg, and
+the peers.csv of bench-ingest.sh as peers-throughput.svg and peers-cpu.svg."""
 import csv
 import glob
 import math
@@ -96,6 +97,30 @@ def chart(path, title, xlabel, ylabel, series, xlog=False, ylog=False, ymin=None
     return True
 
 
+def bars(path, title, unit, items):
+    """Horizontal bars, one per (label, value), values printed at the bar's end."""
+    items = [(l, v) for l, v in items if v == v]
+    if not items:
+        return False
+    left, right, top, bh, gap = 220, 90, 44, 22, 10
+    height = top + len(items) * (bh + gap) + 20
+    vmax = max(v for _, v in items) or 1
+    span = W - left - right
+    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" viewBox="0 0 {W} {height}" font-family="sans-serif" font-size="12">',
+         f'<rect width="{W}" height="{height}" fill="white"/>',
+         f'<text x="{W / 2}" y="22" text-anchor="middle" font-size="15">{title}</text>']
+    for i, (label, v) in enumerate(items):
+        y = top + i * (bh + gap)
+        c = COLORS[0] if label.startswith("relay") else COLORS[2] if label.startswith("nginx") else COLORS[1]
+        o.append(f'<text x="{left - 8}" y="{y + bh / 2 + 4:.1f}" text-anchor="end">{label}</text>')
+        o.append(f'<rect x="{left}" y="{y}" width="{max(1.0, v / vmax * span):.1f}" height="{bh}" fill="{c}"/>')
+        o.append(f'<text x="{left + v / vmax * span + 6:.1f}" y="{y + bh / 2 + 4:.1f}">{fmt(round(v, 1))} {unit}</text>')
+    o.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(o) + "\n")
+    return True
+
+
 def rows(path):
     if not os.path.exists(path):
         return []
@@ -145,6 +170,13 @@ def main(data, out):
                     ("drain (1e6 / pushes per s)", [(num(x["queued"]), 1e6 / num(x["drain_rate"])) for x in r if num(x["drain_rate"]) > 0])],
                    xlog=True, ymin=0):
         made.append("growth.svg")
+    r = rows(os.path.join(data, "peers.csv"))
+    if r and bars(os.path.join(out, "peers-throughput.svg"), "Durable records per second (64 connections)", "/s",
+                  [(x["system"], num(x["rps"])) for x in r]):
+        made.append("peers-throughput.svg")
+    if r and bars(os.path.join(out, "peers-cpu.svg"), "Server CPU per durable record", "µs",
+                  [(x["system"], num(x["cpu_us"])) for x in r if not x["system"].startswith("nginx")]):
+        made.append("peers-cpu.svg")
     print(" ".join(made))
 
 

@@ -74,8 +74,7 @@ echo "== wrk relay-server POST (durable, synchronous=FULL)" >&2
 # CPU accounting, to say where the 2 cores go: CPU time of each process over a run divided by
 # the requests it completed. /proc/PID/stat utime+stime (after the command name, which may hold
 # spaces) in clock ticks; wrk's own CPU from /usr/bin/time.
-TICK=$(getconf CLK_TCK)
-proc_ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}'))); done; echo "$t"; }
+# proc_ticks and us_per_req: scripts/lib-bench.sh.
 # The kernel's share alone (stime): socket reads and writes, epoll, fsync. nginx spends most of
 # its time there, in the same calls the relay's loop makes (docs/benchmarks-analysis.md).
 proc_sys_ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $13}'))); done; echo "$t"; }
@@ -84,9 +83,6 @@ proc_sys_ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$(
 cpu_ticks() { awk '/^cpu /{t=0; for (i=2; i<=NF; i++) t+=$i; print $5 + $6, t}' /proc/stat; }
 idle_pct() { awk -v a="$1" -v b="$2" 'BEGIN{split(a,x," "); split(b,y," "); d=y[2]-x[2]; printf "%.0f", (d > 0 ? (y[1]-x[1])/d*100 : 0)}'; }
 wrk_sys_us() { awk -v n="$2" 'NF==2{printf "%.0f", (n > 0 ? $2 * 1e6 / n : 0)}' "$1"; }
-us_per_req() {  # ticks requests -> CPU microseconds per request
-  awk -v t="$1" -v n="$2" -v hz="$TICK" 'BEGIN{printf "%.0f", (n > 0 ? t / hz * 1e6 / n : 0)}'
-}
 wrk_cpu_us() {  # /usr/bin/time output file, requests -> wrk CPU microseconds per request
   awk -v n="$2" 'NF==2{printf "%.0f", (n > 0 ? ($1 + $2) * 1e6 / n : 0)}' "$1"
 }

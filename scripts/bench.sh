@@ -68,6 +68,8 @@ fi
   echo "| OpenSSL | $(version openssl version) |"
   echo "| libcurl | $(version curl --version) |"
   echo "| valgrind | $(version valgrind --version) |"
+  echo "| Redis | $(version redis-server --version) |"
+  echo "| PostgreSQL | $(version pgbench --version) |"
   echo "| python3 | $(version python3 --version) |"
   echo
   echo "Scripts run: ${ran[*]:-none}."

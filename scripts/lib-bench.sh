@@ -112,3 +112,80 @@ end
 LUA
   fi
 }
+
+# The wrk script for realistic traffic: many push tokens interleaved, 200-400-byte ciphertexts.
+# At init each wrk thread draws its share of WRK_TOKENS push tokens (random 32 bytes, one random
+# session each; WRK_THREADS is the wrk -t value) and 97 ciphertexts of 200-400 random bytes;
+# request() cycles through its tokens (their random order scatters them over any index keyed by
+# token) and through the ciphertexts, the messageIndex counting up from 1 per (token, session),
+# so every body is unique and nothing dedupes. Content-Length is computed per request; no
+# response() callback (count the 202s on the server). RELAY_CRED and WRK_SEED as above.
+#   write_tokens_lua FILE
+write_tokens_lua() {
+  cat > "$1" <<'LUA'
+local threads = {}
+function setup(thread) thread:set("tid", #threads) table.insert(threads, thread) end
+local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+local function b64char(v) return B64:sub(v + 1, v + 1) end
+local function base64(bytes)
+  local out = {}
+  for i = 1, #bytes, 3 do
+    local a, b, c = bytes[i], bytes[i + 1], bytes[i + 2]
+    local v = a * 65536 + (b or 0) * 256 + (c or 0)
+    out[#out + 1] = b64char(math.floor(v / 262144) % 64) .. b64char(math.floor(v / 4096) % 64) ..
+      (b and b64char(math.floor(v / 64) % 64) or "=") .. (c and b64char(v % 64) or "=")
+  end
+  return table.concat(out)
+end
+function init(args)
+  local nthreads = tonumber(os.getenv("WRK_THREADS") or "1")
+  local total = tonumber(os.getenv("WRK_TOKENS") or "1000")
+  math.randomseed(os.time() * 1000 + tid * 7919 + tonumber(os.getenv("WRK_SEED") or "0"))
+  n = math.floor(total / nthreads) + ((tid < total % nthreads) and 1 or 0)
+  if n < 1 then n = 1 end
+  pre, idx = {}, {}
+  for j = 1, n do
+    local t = {}
+    for i = 1, 32 do t[i] = string.format("%02x", math.random(0, 255)) end
+    local session = string.format("%08X-%04X-4%03X-8%03X-%06X%06X", math.random(0, 0x7fffffff), math.random(0, 0xffff),
+                                  math.random(0, 0xfff), math.random(0, 0xfff), math.random(0, 0xffffff), math.random(0, 0xffffff))
+    pre[j] = '{"pushToken":"' .. table.concat(t) .. '","sessionIdentifier":"' .. session .. '","keyID":"AQIDBA==","messageIndex":'
+    idx[j] = 0
+  end
+  blobs = {}
+  for k = 1, 97 do
+    local bytes = {}
+    for i = 1, math.random(200, 400) do bytes[i] = math.random(0, 255) end
+    blobs[k] = ',"encryptedData":"' .. base64(bytes) .. '"}'
+  end
+  local hdrs = { ["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. os.getenv("RELAY_CRED") }
+  local sample = (wrk.format("POST", "/v1/responses", hdrs, "X"):gsub("Content%-Length: 1\r\n", ""))
+  base = sample:sub(1, -4) .. "Content-Length: "
+  j, k = 0, 0
+end
+function request()
+  j = j + 1; if j > n then j = 1 end
+  k = k + 1; if k > 97 then k = 1 end
+  local i = idx[j] + 1
+  idx[j] = i
+  local body = pre[j] .. i .. blobs[k]
+  return base .. #body .. "\r\n\r\n" .. body
+end
+LUA
+}
+
+# CPU ticks (utime + stime, /proc/PID/stat after the command name) of the given pids, summed;
+# all threads of each. Pids that are gone count 0.
+proc_ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}'))); done; echo "$t"; }
+# CPU ticks of a process tree that forks short-lived children (PostgreSQL's backends): the
+# parent's own time plus its reaped children's (cutime + cstime) plus every live child's. A
+# child that exits between two readings moves from the live sum into the parent's cutime, so
+# the difference of two readings is the tree's CPU in between.
+tree_ticks() {
+  local t c
+  t=$(sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13 + $14 + $15}')
+  for c in $(pgrep -P "$1"); do t=$((t + $(proc_ticks "$c"))); done
+  echo "$t"
+}
+# ticks requests -> CPU microseconds per request
+us_per_req() { awk -v t="$1" -v n="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN{printf "%.1f", (n > 0 ? t / hz * 1e6 / n : 0)}'; }

@@ -2,11 +2,13 @@
 # Instructions per durable ingest request: relay-server (release, debug info stripped for
 # valgrind 3.19) under callgrind, wrk -t2 -c64 POSTs as in scripts/bench-relay.sh. Counters are
 # zeroed after start-up and a warm-up, dumped after the load; rows counted in the database.
-# usage: scripts/relay-callgrind.sh OUT_PREFIX [stall=1 (mock-apns answers nothing) | 0] [seconds=8]
+# usage: scripts/relay-callgrind.sh OUT_PREFIX [stall=1 (mock-apns answers nothing) | 0] [seconds=8] [tokens=0]
+#   tokens=0: one push token per wrk thread (write_post_lua); N > 0: N push tokens interleaved with
+#   200-400-byte ciphertexts (write_tokens_lua, the traffic of scripts/bench-ingest.sh).
 # then:  callgrind_annotate OUT_PREFIX.cg.1 ; divide by the printed row count.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=$1; STALL=${2:-1}; DUR=${3:-8}
+OUT=$1; STALL=${2:-1}; DUR=${3:-8}; TOKENS=${4:-0}
 swift build -c release --product relay-server >&2
 swift build -c release --product mock-apns >&2
 BIN=$(swift build -c release --show-bin-path)
@@ -16,7 +18,8 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
 trap cleanup EXIT
 . scripts/lib-bench.sh
-write_post_lua "$LUA"
+if [ "$TOKENS" -gt 0 ]; then write_tokens_lua "$LUA"; else write_post_lua "$LUA"; fi
+export WRK_TOKENS=$TOKENS WRK_THREADS=2
 objcopy --strip-debug "$BIN/relay-server" "$WORK/relay-server"
 start_bench_mock
 [ "$STALL" = 1 ] && curl -fsS -X POST "http://127.0.0.1:$CONTROL_PORT/faults" -H 'Content-Type: application/json' -d '{"stall":true}' >/dev/null
@@ -34,7 +37,7 @@ secret="rk_$(openssl rand -base64 32 | tr '+/' '-_' | tr -d '=\n')"
 hash=$(printf %s "$secret" | openssl dgst -sha256 -binary | od -An -tx1 | tr -d ' \n')
 sqlite3 "$WORK/ingest.db" ".timeout 5000" "INSERT INTO credentials (id,name,hash,apps,created_at) VALUES ('cred_$(openssl rand -hex 6)','bench',X'$hash','com.example.bench',0)"
 # warm up then zero
-RELAY_CRED="$secret" wrk -t1 -c8 -d2s -s "$LUA" "http://127.0.0.1:$RELAY_PORT" >/dev/null
+RELAY_CRED="$secret" WRK_THREADS=1 WRK_SEED=1 wrk -t1 -c8 -d2s -s "$LUA" "http://127.0.0.1:$RELAY_PORT" >/dev/null
 sleep 1
 R0=$(sqlite3 "$WORK/ingest.db" ".timeout 5000" "SELECT count(*) FROM responses")
 D0=$(sqlite3 "$WORK/ingest.db" ".timeout 5000" "SELECT count(*) FROM attempts")
