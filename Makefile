@@ -13,7 +13,7 @@ APT_PACKAGES := libssl-dev libnghttp2-dev libsqlite3-dev libuv1-dev \
 
 BENCH_APT_PACKAGES := wrk nginx-light hyperfine valgrind redis-server redis-tools
 
-.PHONY: all deps bench-deps build release test bench run fuzz soak reliability clean install
+.PHONY: all deps bench-deps build release test bench bench-kex run fuzz soak reliability clean install
 
 all: build
 
@@ -41,6 +41,11 @@ test: deps
 
 bench: deps bench-deps release
 	scripts/bench.sh
+
+# KeyExchange against Python cryptography: X-Wing keygen/encaps/decaps and HPKE export per second,
+# as ratios (scripts/bench-kex.sh). Not part of `make bench` or the test suite.
+bench-kex: deps
+	scripts/bench-kex.sh
 
 clean:
 	$(SWIFT) package clean

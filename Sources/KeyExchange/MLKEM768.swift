@@ -290,6 +290,7 @@ public enum MLKEM768 {
     static func ntt(_ f: inout [UInt16]) {
         var i = 1
         var len = 128
+        let zetas = Self.zetas  // one swift_once check per call, not per butterfly
         f.withUnsafeMutableBufferPointer { f in
             while len >= 2 {
                 var start = 0
@@ -311,6 +312,7 @@ public enum MLKEM768 {
     static func inverseNTT(_ f: inout [UInt16]) {
         var i = 127
         var len = 2
+        let zetas = Self.zetas
         f.withUnsafeMutableBufferPointer { f in
             while len <= 128 {
                 var start = 0
@@ -332,6 +334,7 @@ public enum MLKEM768 {
 
     /// acc += f * g in the NTT domain (MultiplyNTTs, Algorithm 11, with BaseCaseMultiply).
     static func multiplyAdd(_ acc: inout [UInt16], _ f: [UInt16], _ g: [UInt16]) {
+        let gammas = Self.gammas
         for i in 0..<128 {
             let a0 = UInt32(f[2 * i]), a1 = UInt32(f[2 * i + 1])
             let b0 = UInt32(g[2 * i]), b1 = UInt32(g[2 * i + 1])

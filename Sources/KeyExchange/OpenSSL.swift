@@ -84,52 +84,56 @@ private func openSSLError(_ operation: String) -> KeyExchangeError {
 
 // MARK: - X25519 (RFC 7748) through EVP_PKEY
 
-enum X25519 {
-    static let keyLength = 32
+/// An X25519 private key held as an EVP_PKEY. OpenSSL computes the public key when the key is
+/// made (one scalar multiplication), so a key used twice is made once.
+/// @unchecked Sendable: the EVP_PKEY is never modified after init; each derivation uses its own
+/// EVP_PKEY_CTX, and OpenSSL documents concurrent read-only use of a key as safe.
+final class X25519Key: @unchecked Sendable {
+    static let length = 32
+    private let pkey: OpaquePointer
+    /// X25519(scalar, 9).
+    let publicKey: [UInt8]
 
-    /// X25519(scalar, 9): the public key of a 32-byte private key (clamping is X25519's own).
-    static func publicKey(privateKey: [UInt8]) throws(KeyExchangeError) -> [UInt8] {
-        let pkey = try makeKey(privateKey, isPrivate: true)
-        defer { EVP_PKEY_free(pkey) }
-        var out = [UInt8](repeating: 0, count: keyLength)
-        var length = keyLength
-        guard out.withUnsafeMutableBufferPointer({ EVP_PKEY_get_raw_public_key(pkey, $0.baseAddress, &length) }) == 1,
-              length == keyLength else { throw openSSLError("EVP_PKEY_get_raw_public_key(X25519)") }
-        return out
+    init(privateKey: [UInt8]) throws(KeyExchangeError) {
+        try checkLength(privateKey, Self.length, "x25519PrivateKey")
+        guard let key = privateKey.withUnsafeBufferPointer({ EVP_PKEY_new_raw_private_key(EVP_PKEY_X25519, nil, $0.baseAddress, Self.length) }) else {
+            throw openSSLError("EVP_PKEY_new_raw_private_key(X25519)")
+        }
+        pkey = key
+        var out = [UInt8](repeating: 0, count: Self.length)
+        var length = Self.length
+        guard out.withUnsafeMutableBufferPointer({ EVP_PKEY_get_raw_public_key(key, $0.baseAddress, &length) }) == 1,
+              length == Self.length else {
+            EVP_PKEY_free(key)
+            throw openSSLError("EVP_PKEY_get_raw_public_key(X25519)")
+        }
+        publicKey = out
     }
+
+    deinit { EVP_PKEY_free(pkey) }  // EVP_PKEY_free cleanses the private key
 
     /// X25519(privateKey, peer). OpenSSL refuses a result of all zeros (a peer point of small
     /// order): that comes back as `.invalidPublicKey(field: peerField)`.
-    static func sharedSecret(privateKey: [UInt8], peer: [UInt8], peerField: String) throws(KeyExchangeError) -> [UInt8] {
-        try checkLength(peer, keyLength, peerField)
-        let mine = try makeKey(privateKey, isPrivate: true)
-        defer { EVP_PKEY_free(mine) }
-        let theirs = try makeKey(peer, isPrivate: false)
+    func sharedSecret(peer: [UInt8], peerField: String) throws(KeyExchangeError) -> [UInt8] {
+        try checkLength(peer, Self.length, peerField)
+        guard let theirs = peer.withUnsafeBufferPointer({ EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, nil, $0.baseAddress, Self.length) }) else {
+            throw openSSLError("EVP_PKEY_new_raw_public_key(X25519)")
+        }
         defer { EVP_PKEY_free(theirs) }
-        guard let ctx = EVP_PKEY_CTX_new_from_pkey(nil, mine, nil) else { throw openSSLError("EVP_PKEY_CTX_new(X25519)") }
+        guard let ctx = EVP_PKEY_CTX_new_from_pkey(nil, pkey, nil) else { throw openSSLError("EVP_PKEY_CTX_new(X25519)") }
         defer { EVP_PKEY_CTX_free(ctx) }
         guard EVP_PKEY_derive_init(ctx) == 1 else { throw openSSLError("EVP_PKEY_derive_init(X25519)") }
         guard EVP_PKEY_derive_set_peer(ctx, theirs) == 1 else {
             _ = openSSLError("")
             throw .invalidPublicKey(field: peerField)
         }
-        var out = [UInt8](repeating: 0, count: keyLength)
-        var length = keyLength
-        guard out.withUnsafeMutableBufferPointer({ EVP_PKEY_derive(ctx, $0.baseAddress, &length) }) == 1, length == keyLength else {
+        var out = [UInt8](repeating: 0, count: Self.length)
+        var length = Self.length
+        guard out.withUnsafeMutableBufferPointer({ EVP_PKEY_derive(ctx, $0.baseAddress, &length) }) == 1, length == Self.length else {
             _ = openSSLError("")  // drain: the only input-driven failure is the all-zero result
             throw .invalidPublicKey(field: peerField)
         }
         return out
-    }
-
-    private static func makeKey(_ bytes: [UInt8], isPrivate: Bool) throws(KeyExchangeError) -> OpaquePointer {
-        try checkLength(bytes, keyLength, isPrivate ? "x25519PrivateKey" : "x25519PublicKey")
-        let key = bytes.withUnsafeBufferPointer { b in
-            isPrivate ? EVP_PKEY_new_raw_private_key(EVP_PKEY_X25519, nil, b.baseAddress, keyLength)
-                      : EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, nil, b.baseAddress, keyLength)
-        }
-        guard let key else { throw openSSLError("EVP_PKEY_new_raw_key(X25519)") }
-        return key
     }
 }
 

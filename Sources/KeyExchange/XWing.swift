@@ -23,7 +23,7 @@ public enum XWing {
         /// The 32-byte seed: the only thing to persist.
         public let seed: SecretKey
         let mlkem: SecretKey
-        let x25519: SecretKey
+        let x25519: X25519Key
         /// pk_M || pk_X, CryptoKit's publicKey.rawRepresentation.
         public let publicKey: [UInt8]
 
@@ -35,11 +35,11 @@ public enum XWing {
             let (ekM, dkM) = try MLKEM768.generateKeyPair(d: Array(expanded[0..<32]), z: Array(expanded[32..<64]))
             var skX = Array(expanded[64..<96])
             defer { wipe(&skX) }
-            let pkX = try X25519.publicKey(privateKey: skX)
+            let x = try X25519Key(privateKey: skX)
             self.seed = SecretKey(bytes: seed)
             self.mlkem = dkM
-            self.x25519 = SecretKey(bytes: skX)
-            self.publicKey = ekM + pkX
+            self.x25519 = x
+            self.publicKey = ekM + x.publicKey
         }
 
         /// CryptoKit's init(seedRepresentation:publicKey:): the seed, checked against the public
@@ -69,8 +69,9 @@ public enum XWing {
         let pkX = Array(pk[MLKEM768.encapsulationKeyLength...])
         var ekX = Array(eseed[32..<64])
         defer { wipe(&ekX) }
-        let ctX = try X25519.publicKey(privateKey: ekX)
-        var ssX = try X25519.sharedSecret(privateKey: ekX, peer: pkX, peerField: "publicKey")
+        let ephemeral = try X25519Key(privateKey: ekX)
+        let ctX = ephemeral.publicKey
+        var ssX = try ephemeral.sharedSecret(peer: pkX, peerField: "publicKey")
         defer { wipe(&ssX) }
         let (ssM, ctM) = try MLKEM768.encapsulate(encapsulationKey: pkM, m: Array(eseed[0..<32]))
         return (combine(ssM, ssX, ctX, pkX), ctM + ctX)
@@ -84,9 +85,7 @@ public enum XWing {
         let ctM = Array(ct[0..<MLKEM768.ciphertextLength])
         let ctX = Array(ct[MLKEM768.ciphertextLength...])
         let ssM = try MLKEM768.decapsulate(decapsulationKey: privateKey.mlkem, ciphertext: ctM)
-        var skX = privateKey.x25519.exportedBytes
-        defer { wipe(&skX) }
-        var ssX = try X25519.sharedSecret(privateKey: skX, peer: ctX, peerField: "encapsulatedKey")
+        var ssX = try privateKey.x25519.sharedSecret(peer: ctX, peerField: "encapsulatedKey")
         defer { wipe(&ssX) }
         return combine(ssM, ssX, ctX, Array(privateKey.publicKey[MLKEM768.encapsulationKeyLength...]))
     }
@@ -109,7 +108,7 @@ extension XWing {
         let ctM = Array(ct[0..<MLKEM768.ciphertextLength]), ctX = Array(ct[MLKEM768.ciphertextLength...])
         let pkX = Array(privateKey.publicKey[MLKEM768.encapsulationKeyLength...])
         let ssM = try MLKEM768.decapsulate(decapsulationKey: privateKey.mlkem, ciphertext: ctM).exportedBytes
-        let ssX = try X25519.sharedSecret(privateKey: privateKey.x25519.exportedBytes, peer: ctX, peerField: "encapsulatedKey")
+        let ssX = try privateKey.x25519.sharedSecret(peer: ctX, peerField: "encapsulatedKey")
         return [
             ("expanded = SHAKE256(seed, 96)", expanded),
             ("ML-KEM d = expanded[0:32]", Array(expanded[0..<32])),

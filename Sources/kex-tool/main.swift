@@ -83,9 +83,24 @@ func bench(seconds: Double) {
     print("{" + results.map { "\"\($0.0)\": \(Int($0.1))" }.joined(separator: ", ") + "}")
 }
 
+/// `count` runs of one operation, nothing else: for callgrind instruction counts.
+func runOne(_ op: String, _ count: Int) {
+    let key = try! XWing.PrivateKey(seed: [UInt8](repeating: 0x42, count: 32))
+    let (_, ct) = try! XWing.encapsulate(publicKey: key.publicKey)
+    for _ in 0..<count {
+        switch op {
+        case "keygen": _ = try! XWing.PrivateKey(seed: [UInt8](repeating: 0x42, count: 32))
+        case "encaps": _ = try! XWing.encapsulate(publicKey: key.publicKey)
+        case "decaps": _ = try! XWing.decapsulate(privateKey: key, ciphertext: ct)
+        default: fail("run: keygen|encaps|decaps")
+        }
+    }
+}
+
 let args = CommandLine.arguments.dropFirst()
 switch args.first {
 case "crosscheck": crosscheck()
+case "run": runOne(args.dropFirst().first ?? "", args.dropFirst(2).first.flatMap(Int.init) ?? 100)
 case "bench": bench(seconds: args.dropFirst().first.flatMap(Double.init) ?? 2)
-default: fail("usage: kex-tool crosscheck < cases.json | kex-tool bench [seconds]")
+default: fail("usage: kex-tool crosscheck < cases.json | kex-tool bench [seconds] | kex-tool run keygen|encaps|decaps [count]")
 }
