@@ -560,6 +560,27 @@ import Testing
         #expect(t.fullLoads.withLock { $0 } == 2)
     }
 
+    /// The open-addressing table finds every key, also keys sharing the first word (the slot),
+    /// and nothing else.
+    @Test func theTableFindsEveryKeyAndNoOther() throws {
+        var keys = (0..<1000).map { i in CredentialKey(id: "c\(i)", hash: (0..<32).map { _ in UInt8.random(in: 0...255) }, revoked: i % 3 == 0) }
+        var twin = keys[0].hash
+        twin[31] ^= 1   // same first word: the same slot
+        keys.append(CredentialKey(id: "twin", hash: twin, revoked: false))
+        let table = CredentialCache.Table(keys)
+        for k in keys {
+            let key = try #require(CredentialCache.Key(k.hash))
+            let e = try #require(table.find(key))
+            #expect(e.id == k.id && e.revoked == k.revoked)
+        }
+        var absent = keys[1].hash
+        absent[31] ^= 1
+        let absentKey = try #require(CredentialCache.Key(absent))
+        #expect(table.find(absentKey) == nil)
+        #expect(CredentialCache.Table([]).find(absentKey) == nil)
+        #expect(CredentialCache.Key([1, 2, 3]) == nil)
+    }
+
     @Test func aFailedReadIsUnavailableToItsWaiters() {
         let t = Table()
         let cache = t.cache()
