@@ -1,6 +1,6 @@
 // The OpenSSL wrapper: one `TLSContext` per server (an SSL_CTX, replaced whole on reload), one
-// `TLSSession` (SSL with two memory BIOs) per connection. The loop feeds ciphertext in and takes ciphertext out; OpenSSL
-// never touches the socket. OpenSSL types stay in this file.
+// `TLSSession` (SSL with two memory BIOs) per connection. The loop feeds ciphertext in and takes
+// ciphertext out; OpenSSL never touches the socket. OpenSSL types stay in this file.
 internal import COpenSSL
 import Synchronization
 #if canImport(Glibc)
@@ -49,9 +49,6 @@ extension HTTPServer {
     public func reloadTLS() throws -> TLSCertificateSummary? {
         try core.tls?.reload()
     }
-
-    /// The certificate new connections get, nil without TLS.
-    public var tlsCertificate: TLSCertificateSummary? { core.tls?.generation.summary }
 }
 
 // @unchecked Sendable: the SSL_CTX is fully configured in init and only read afterwards
