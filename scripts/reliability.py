@@ -337,6 +337,7 @@ class Load:
         self.acked = {}          # id -> (token, monotonic sent, monotonic acked)
         self.status = collections.Counter()
         self.errors = 0          # requests with no answer (connection refused/reset): not acknowledged
+        self.refused = set()     # (token, session, messageIndex) answered 503: must never be stored
         self.lock = threading.Lock()
         self.stop_flag = threading.Event()
         self.threads = []
@@ -375,6 +376,7 @@ class Load:
                     continue
             body = json.dumps({"pushToken": token, "sessionIdentifier": session, "keyID": RATCHET_KEY_ID,
                                "messageIndex": index, "encryptedData": SEALED})
+            sent_index = index
             index += 1
             t0 = time.monotonic()
             try:
@@ -399,6 +401,8 @@ class Load:
                 self.status[st] += 1
                 if st in (200, 202):
                     self.acked[json.loads(data)["id"].lower()] = (token, t0, time.monotonic())
+                elif st == 503:
+                    self.refused.add((token.lower(), session.lower(), sent_index))
         if conn:
             conn.close()
 
@@ -718,7 +722,12 @@ def section_storage(env, args, results):
         during_full = load.snapshot()
         acked_while_full = {i for i, v in during_full[0].items() if v[1] >= full_at + (saw503 or 0) + 0.5}
         integrity_full = env.integrity()
+        # kill -9 while the disk is still full: what a COMMIT that failed (503) left behind must
+        # not come back when the relay recovers the WAL.
+        env.kill_relay(signal.SIGKILL)
+        integrity_killed = env.integrity()
         os.remove(filler)
+        env.start_relay()
         freed_at = time.monotonic()
         recovered = None
         n0 = len(load.snapshot()[0])
@@ -737,15 +746,24 @@ def section_storage(env, args, results):
         # removed it after delivery (then it is in mock-apns' log).
         present = {r[0] for r in env.db("SELECT id FROM responses")}
         absent_undelivered = [i for i in acked if i not in present and dl.count[i] == 0]
-        out.append({"case": "disk full (tmpfs 48 MiB, filler file), relayctl purge during it", "secondsTo503": saw503 and round(saw503, 2),
+        with load.lock:
+            refused = set(load.refused)
+        stored = {(t.lower(), s.lower(), m) for t, s, m in
+                  env.db("SELECT push_token, session_id, message_index FROM responses")}
+        refused_but_stored = len(refused & stored)
+        out.append({"case": "disk full (tmpfs 48 MiB, filler file), relayctl purge during it, kill -9 while full",
+                    "secondsTo503": saw503 and round(saw503, 2),
                     "answersWhileFull": s_full, "acked202WhileFull": len(acked_while_full),
                     "relayctlPurgeWhileFull": purge_note,
-                    "secondsToRecover": recovered and round(recovered, 2), "lost": len(lost), "acked": len(acked),
-                    "ackedRowsMissing": len(absent_undelivered),
-                    "integrityWhileFull": integrity_full, "integrityAfter": integrity_after,
+                    "secondsToRecover (restart included)": recovered and round(recovered, 2), "lost": len(lost), "acked": len(acked),
+                    "ackedRowsMissing": len(absent_undelivered), "refused503": len(refused),
+                    "refused503Stored": refused_but_stored,
+                    "integrityWhileFull": integrity_full, "integrityAfterKill": integrity_killed,
+                    "integrityAfter": integrity_after,
                     "pass": (saw503 is not None and recovered is not None and not lost and status.get(500, 0) == 0
-                             and pr.returncode in (0, 1) and integrity_full == "ok" and integrity_after == "ok"
-                             and not absent_undelivered)})
+                             and pr.returncode in (0, 1) and integrity_full == "ok" and integrity_killed == "ok"
+                             and integrity_after == "ok" and not absent_undelivered and refused_but_stored == 0
+                             and len(refused) > 0)})
 
         # 2. DB locked by another process: sqlite3 CLI holds BEGIN EXCLUSIVE for 3 s (> busyTimeoutMs 1000).
         load = Load(env.relay_port, secret, threads=4, rate=300).start()
