@@ -168,7 +168,7 @@ public enum MLKEM768 {
             wipe(&s)
         }
         inverseNTT(&acc)
-        for i in 0..<256 { w[i] = UInt16(subq(UInt32(w[i]), UInt32(acc[i]))) }
+        for i in 0..<256 { w[i] = UInt16(truncatingIfNeeded: subq(UInt32(w[i]), UInt32(acc[i]))) }
         compress(&w, 1)
         var m = [UInt8]()
         byteEncode(w, 1, into: &m)
@@ -193,8 +193,8 @@ public enum MLKEM768 {
             var a = [UInt16](repeating: 0, count: 256)
             var j = 0, i = 0
             while j < 256 && i + 3 <= stream.count {
-                let d1 = UInt16(stream[i]) | (UInt16(stream[i + 1] & 0x0f) << 8)
-                let d2 = UInt16(stream[i + 1] >> 4) | (UInt16(stream[i + 2]) << 4)
+                let d1 = UInt16(truncatingIfNeeded: stream[i]) | (UInt16(truncatingIfNeeded: stream[i + 1] & 0x0f) << 8)
+                let d2 = UInt16(truncatingIfNeeded: stream[i + 1] >> 4) | (UInt16(truncatingIfNeeded: stream[i + 2]) << 4)
                 i += 3
                 if d1 < q { a[j] = d1; j += 1 }
                 if d2 < q && j < 256 { a[j] = d2; j += 1 }
@@ -221,7 +221,7 @@ public enum MLKEM768 {
             let nibble = UInt32(input[i >> 1] >> UInt8(4 * (i & 1))) & 0x0f
             let x = (nibble & 1) + ((nibble >> 1) & 1)
             let y = ((nibble >> 2) & 1) + ((nibble >> 3) & 1)
-            f[i] = UInt16(subq(x, y))
+            f[i] = UInt16(truncatingIfNeeded: subq(x, y))
         }
         return f
     }
@@ -256,16 +256,16 @@ public enum MLKEM768 {
     /// Compress_d(x) = round(2^d * x / q) mod 2^d.
     static func compress(_ f: inout [UInt16], _ d: Int) {
         let mask: UInt32 = (1 << d) - 1
-        for i in 0..<256 { f[i] = UInt16(divq((UInt32(f[i]) << d) &+ 1664) & mask) }
+        for i in 0..<256 { f[i] = UInt16(truncatingIfNeeded: divq((UInt32(f[i]) << d) &+ 1664) & mask) }
     }
 
     /// Decompress_d(y) = round(q * y / 2^d).
     static func decompress(_ f: inout [UInt16], _ d: Int) {
-        for i in 0..<256 { f[i] = UInt16((UInt32(f[i]) &* q32 &+ (1 << (d - 1))) >> d) }
+        for i in 0..<256 { f[i] = UInt16(truncatingIfNeeded: (UInt32(f[i]) &* q32 &+ (1 << (d - 1))) >> d) }
     }
 
     static func add(_ f: inout [UInt16], _ g: [UInt16]) {
-        for i in 0..<256 { f[i] = UInt16(addq(UInt32(f[i]), UInt32(g[i]))) }
+        for i in 0..<256 { f[i] = UInt16(truncatingIfNeeded: addq(UInt32(f[i]), UInt32(g[i]))) }
     }
 
     // MARK: NTT (Algorithms 9-12)
@@ -299,8 +299,8 @@ public enum MLKEM768 {
                     i += 1
                     for j in start..<(start + len) {
                         let t = mulq(zeta, UInt32(f[j + len]))
-                        f[j + len] = UInt16(subq(UInt32(f[j]), t))
-                        f[j] = UInt16(addq(UInt32(f[j]), t))
+                        f[j + len] = UInt16(truncatingIfNeeded: subq(UInt32(f[j]), t))
+                        f[j] = UInt16(truncatingIfNeeded: addq(UInt32(f[j]), t))
                     }
                     start += 2 * len
                 }
@@ -321,14 +321,14 @@ public enum MLKEM768 {
                     i -= 1
                     for j in start..<(start + len) {
                         let t = UInt32(f[j])
-                        f[j] = UInt16(addq(t, UInt32(f[j + len])))
-                        f[j + len] = UInt16(mulq(zeta, subq(UInt32(f[j + len]), t)))
+                        f[j] = UInt16(truncatingIfNeeded: addq(t, UInt32(f[j + len])))
+                        f[j + len] = UInt16(truncatingIfNeeded: mulq(zeta, subq(UInt32(f[j + len]), t)))
                     }
                     start += 2 * len
                 }
                 len <<= 1
             }
-            for j in 0..<256 { f[j] = UInt16(mulq(UInt32(f[j]), 3303)) }  // 3303 = 128^-1 mod q
+            for j in 0..<256 { f[j] = UInt16(truncatingIfNeeded: mulq(UInt32(f[j]), 3303)) }  // 3303 = 128^-1 mod q
         }
     }
 
@@ -340,8 +340,8 @@ public enum MLKEM768 {
             let b0 = UInt32(g[2 * i]), b1 = UInt32(g[2 * i + 1])
             let c0 = addq(mulq(a0, b0), mulq(mulq(a1, b1), gammas[i]))
             let c1 = addq(mulq(a0, b1), mulq(a1, b0))
-            acc[2 * i] = UInt16(addq(UInt32(acc[2 * i]), c0))
-            acc[2 * i + 1] = UInt16(addq(UInt32(acc[2 * i + 1]), c1))
+            acc[2 * i] = UInt16(truncatingIfNeeded: addq(UInt32(acc[2 * i]), c0))
+            acc[2 * i + 1] = UInt16(truncatingIfNeeded: addq(UInt32(acc[2 * i + 1]), c1))
         }
     }
 
@@ -374,7 +374,7 @@ public enum MLKEM768 {
                 p += 1
                 bits += 8
             }
-            f[i] = UInt16(acc & mask)
+            f[i] = UInt16(truncatingIfNeeded: acc & mask)
             acc >>= UInt64(d)
             bits -= d
         }
