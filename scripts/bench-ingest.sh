@@ -14,6 +14,8 @@
 # (relay-server; redis-server; the whole PostgreSQL cluster: postmaster, backends, walwriter,
 # checkpointer..., see tree_ticks) divided by the records stored. Every server runs from a
 # temp dir and is stopped by the EXIT trap, by pid, even on failure.
+# BENCH_PERF=DIR: also `perf record -g` relay-server during the middle of round 1 at
+# BENCH_TOKENS tokens into DIR/relay-small.perf.data (then: perf report -i ... --no-children).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,17 +66,21 @@ SECRET="rk_$(openssl rand -base64 32 | tr '+/' '-_' | tr -d '=\n')"
 HASH=$(printf %s "$SECRET" | openssl dgst -sha256 -binary | od -An -tx1 | tr -d ' \n')
 write_post_lua "$WORK/one.lua"
 write_tokens_lua "$WORK/tokens.lua"
-RESULTS="$WORK/results.txt"   # system round records/s cpu_us_per_record [extra]
+RESULTS="$WORK/results.txt"   # system round records/s cpu_us_per_record bytes_written_per_record extra
 : > "$RESULTS"
 
 metric() {  # admin-port name -> value (0 if absent)
   curl -fsS "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m {v = $2} END {print v + 0}'
 }
+# Bytes a process caused to be written to storage (/proc/PID/io write_bytes: WAL, AOF, checkpoints).
+io_written() { awk '/^write_bytes/{print $2}' "/proc/$1/io"; }
+# PostgreSQL's WAL position in bytes: the difference of two readings is the WAL written between.
+wal_bytes() { psql -Atq "$PG_URL" -c "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"; }
 wrk_seconds() { awk '/requests in/{sub(/s,$/, "", $4); print $4}' "$1"; }
 
 # relay SYSTEM ROUND KIND(sqlite|postgres) LUA TOKENS
 relay() {
-  local system=$1 round=$2 kind=$3 lua=$4 tokens=$5 port admin store pid a0 a1 c0 c1 t0 t1 p0=0 p1=0 secs
+  local system=$1 round=$2 kind=$3 lua=$4 tokens=$5 port admin store pid a0 a1 c0 c1 t0 t1 p0=0 p1=0 w0 w1 secs
   port=$(free_port); admin=$(free_port)
   if [ "$kind" = sqlite ]; then
     store="{\"path\":\"$WORK/$system-$round.db\",\"synchronous\":\"FULL\",\"maxPending\":5000000}"
@@ -98,55 +104,64 @@ EOF
   fi
   echo "== round $round: $system" >&2
   a0=$(metric "$admin" 'relay_ingest_requests_total{status="202"}'); c0=$(metric "$admin" relay_store_commits_total)
-  t0=$(proc_ticks "$pid"); if [ "$kind" = postgres ]; then p0=$(tree_ticks "$PG_MASTER"); fi
+  t0=$(proc_ticks "$pid"); w0=$(io_written "$pid")
+  if [ "$kind" = postgres ]; then p0=$(tree_ticks "$PG_MASTER"); w0=$(wal_bytes); fi
+  local perf_pid=""
+  if [ -n "${BENCH_PERF:-}" ] && [ "$system" = relay-small ] && [ "$round" = 1 ] && command -v perf >/dev/null; then
+    mkdir -p "$BENCH_PERF"
+    (sleep 1; exec perf record -q -F 999 -g -p "$pid" -o "$BENCH_PERF/relay-small.perf.data" -- sleep $((DURATION - 2))) >/dev/null 2>&1 &
+    perf_pid=$!
+  fi
   WRK_THREADS=2 WRK_TOKENS=$tokens WRK_SEED=$round RELAY_CRED="$SECRET" \
     wrk --latency -t2 -c"$CONNECTIONS" -d"${DURATION}s" -s "$lua" "http://127.0.0.1:$port" > "$WORK/wrk-$system-$round.txt"
-  t1=$(proc_ticks "$pid"); if [ "$kind" = postgres ]; then p1=$(tree_ticks "$PG_MASTER"); fi
+  t1=$(proc_ticks "$pid"); w1=$(io_written "$pid")
+  if [ "$kind" = postgres ]; then p1=$(tree_ticks "$PG_MASTER"); w1=$(wal_bytes); fi
   a1=$(metric "$admin" 'relay_ingest_requests_total{status="202"}'); c1=$(metric "$admin" relay_store_commits_total)
+  if [ -n "$perf_pid" ]; then wait "$perf_pid" || true; fi
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
   secs=$(wrk_seconds "$WORK/wrk-$system-$round.txt")
-  python3 - "$system" "$round" "$((a1 - a0))" "$secs" "$((t1 - t0))" "$((p1 - p0))" "$((c1 - c0))" "$(getconf CLK_TCK)" \
+  python3 - "$system" "$round" "$((a1 - a0))" "$secs" "$((t1 - t0))" "$((p1 - p0))" "$((c1 - c0))" "$(getconf CLK_TCK)" "$((w1 - w0))" \
     "$(awk '/ 99%/{print $2}' "$WORK/wrk-$system-$round.txt")" >> "$RESULTS" <<'PY'
 import sys
-system, rnd, n, secs, t, p, commits, hz, p99 = sys.argv[1:]
+system, rnd, n, secs, t, p, commits, hz, w, p99 = sys.argv[1:]
 n, secs, t, p, commits, hz = int(n), float(secs), int(t), int(p), int(commits), int(hz)
 us = (t + p) / hz * 1e6 / n if n else 0
 extra = f"rows per commit {n / commits:.1f}; wrk p99 {p99}" if commits else f"wrk p99 {p99}"
 if p:
     extra += f"; relay {t / hz * 1e6 / n:.1f} µs + PostgreSQL {p / hz * 1e6 / n:.1f} µs"
-print(f"{system}\t{rnd}\t{n / secs:.0f}\t{us:.1f}\t{extra}")
+print(f"{system}\t{rnd}\t{n / secs:.0f}\t{us:.1f}\t{int(w) / n if n else 0:.0f}\t{extra}")
 PY
 }
 
 redis() {  # ROUND
-  local round=$1 dir port pid t0 t1 n rps
+  local round=$1 dir port pid t0 t1 w0 w1 n rps
   dir="$WORK/redis-$round"; mkdir -p "$dir"; port=$(free_port)
   redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" --appendonly yes --appendfsync always --save '' \
     --protected-mode no --daemonize no --logfile "$dir/redis.log" &
   pid=$!; PIDS+=("$pid")
   for _ in $(seq 1 400); do [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ] && break; sleep 0.025; done
   echo "== round $round: Redis" >&2
-  t0=$(proc_ticks "$pid")
+  t0=$(proc_ticks "$pid"); w0=$(io_written "$pid")
   timeout 300 redis-benchmark -h 127.0.0.1 -p "$port" -c "$CONNECTIONS" -d 400 -t lpush -n "$REDIS_REQUESTS" --csv > "$WORK/redis-$round.csv"
-  t1=$(proc_ticks "$pid")
+  t1=$(proc_ticks "$pid"); w1=$(io_written "$pid")
   n=$(redis-cli -p "$port" llen mylist)
   rps=$(awk -F'"' '$2 == "LPUSH" {printf "%.0f", $4}' "$WORK/redis-$round.csv")
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
-  printf 'redis\t%s\t%s\t%s\t%s\n' "$round" "$rps" "$(us_per_req $((t1 - t0)) "$n")" \
+  printf 'redis\t%s\t%s\t%s\t%s\t%s\n' "$round" "$rps" "$(us_per_req $((t1 - t0)) "$n")" "$(( (w1 - w0) / (n > 0 ? n : 1) ))" \
     "$n records in the AOF list; p99 $(awk -F'"' '$2 == "LPUSH" {print $14}' "$WORK/redis-$round.csv") ms" >> "$RESULTS"
 }
 
 pgbench_run() {  # ROUND
-  local round=$1 r0 r1 t0 t1 tps
+  local round=$1 r0 r1 t0 t1 w0 w1 tps
   psql -q "$PG_URL" -c "TRUNCATE records" >/dev/null
   echo "== round $round: pgbench" >&2
-  r0=$(psql -Atq "$PG_URL" -c "SELECT count(*) FROM records"); t0=$(tree_ticks "$PG_MASTER")
+  r0=$(psql -Atq "$PG_URL" -c "SELECT count(*) FROM records"); t0=$(tree_ticks "$PG_MASTER"); w0=$(wal_bytes)
   timeout 300 pgbench -n -M prepared -c "$CONNECTIONS" -j 2 -T "$DURATION" -f "$WORK/insert.sql" "$PG_URL" > "$WORK/pgbench-$round.txt" 2>&1
   sleep 0.5   # the backends exit and are reaped into the postmaster's cutime
-  t1=$(tree_ticks "$PG_MASTER"); r1=$(psql -Atq "$PG_URL" -c "SELECT count(*) FROM records")
+  t1=$(tree_ticks "$PG_MASTER"); w1=$(wal_bytes); r1=$(psql -Atq "$PG_URL" -c "SELECT count(*) FROM records")
   tps=$(awk '/^tps = /{printf "%.0f", $3}' "$WORK/pgbench-$round.txt")
-  printf 'pgbench\t%s\t%s\t%s\t%s\n' "$round" "$tps" "$(us_per_req $((t1 - t0)) $((r1 - r0)))" \
+  printf 'pgbench\t%s\t%s\t%s\t%s\t%s\n' "$round" "$tps" "$(us_per_req $((t1 - t0)) $((r1 - r0)))" "$(( (w1 - w0) / (r1 > r0 ? r1 - r0 : 1) ))" \
     "$((r1 - r0)) rows; latency average $(awk '/^latency average/{print $4, $5}' "$WORK/pgbench-$round.txt")" >> "$RESULTS"
 }
 
@@ -159,7 +174,7 @@ nginx_run() {  # ROUND
   wrk -t2 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:$NGINX_PORT/" > "$WORK/wrk-nginx-$round.txt"
   t1=$(proc_ticks $NGINX_WORKERS)
   n=$(awk '/requests in/{print $1}' "$WORK/wrk-nginx-$round.txt")
-  printf 'nginx\t%s\t%s\t%s\t%s\n' "$round" "$(awk '/Requests\/sec/{printf "%.0f", $2}' "$WORK/wrk-nginx-$round.txt")" \
+  printf 'nginx\t%s\t%s\t%s\t0\t%s\n' "$round" "$(awk '/Requests\/sec/{printf "%.0f", $2}' "$WORK/wrk-nginx-$round.txt")" \
     "$(us_per_req $((t1 - t0)) "$n")" "stores nothing" >> "$RESULTS"
 }
 
@@ -186,7 +201,7 @@ for line in open(res):
     f = line.rstrip("\n").split("\t")
     if len(f) < 4 or not f[2]:
         continue
-    runs.setdefault(f[0], []).append((int(f[1]), float(f[2]), float(f[3]), f[4] if len(f) > 4 else ""))
+    runs.setdefault(f[0], []).append((int(f[1]), float(f[2]), float(f[3]), f[5] if len(f) > 5 else "", float(f[4])))
 best = {k: max(v, key=lambda r: r[1]) for k, v in runs.items()}
 def g(k, i):
     return best[k][i] if k in best else float("nan")
@@ -206,15 +221,17 @@ print("the best round per server is shown, every round in the last column. \"Ser
 print("utime+stime of the server's processes over the run (/proc/<pid>/stat) divided by the")
 print("durable records: relay-server alone (all threads); redis-server; the whole PostgreSQL")
 print("cluster (postmaster, backends, walwriter, checkpointer...). Clients are not counted.")
+print("\"Bytes written\": /proc/<pid>/io write_bytes of relay-server (SQLite WAL + checkpoints) and")
+print("redis-server (AOF); for PostgreSQL the WAL bytes (pg_current_wal_lsn difference).")
 print(f"Load average at the start {load0}, at the end {load1} (2 cores, shared with other jobs).\n")
-print("| server | client | durable records/s | server CPU µs per record | notes (best round) | all rounds: records/s (CPU µs) |")
-print("|---|---|---:|---:|---|---|")
+print("| server | client | durable records/s | server CPU µs per record | bytes written per record | notes (best round) | all rounds: records/s (CPU µs) |")
+print("|---|---|---:|---:|---:|---|---|")
 for k, name, client in NAMES:
     if k not in runs:
         continue
-    _, rps, us, extra = best[k]
+    _, rps, us, extra, wb = best[k]
     allr = ", ".join(f"{r[1]:.0f} ({r[2]:.1f})" for r in sorted(runs[k]))
-    print(f"| {name} | `{client}` | {rps:.0f} | {us:.1f} | {extra} | {allr} |")
+    print(f"| {name} | `{client}` | {rps:.0f} | {us:.1f} | {wb:.0f} | {extra} | {allr} |")
 def ratio(a, b):
     return f"{a / b:.2f}x" if b == b and a == a and b > 0 else "n/a"
 print("\n| measurement | figures | ratio | target |")

@@ -42,6 +42,29 @@ for s in scripts/bench-*.sh; do
   echo >> "$sections"
 done
 when="$(date -u '+%Y-%m-%d %H:%M UTC'); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ -n "${BENCH_ONLY:-}" ] && [ -f "$out" ]; then
+  # A subset run keeps the other sections of the previous docs/benchmarks.md, their headings
+  # marked with the run they come from, so the page and its summary stay complete.
+  python3 - "$out" "$sections" <<'PY'
+import re, sys
+old, new = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+m = re.search(r"finished (\d{4}-\d\d-\d\d \d\d:\d\d UTC)", old)
+origin = m.group(1) if m else "an earlier run"
+have = {l[3:].split(" — not re-measured")[0].strip() for l in new.splitlines() if l.startswith("## ")}
+parts = re.split(r"(?m)^(?=## )", old)
+keep = []
+for part in parts[1:]:
+    title = part.splitlines()[0][3:].strip()
+    base = title.split(" — not re-measured")[0].strip()
+    if base.startswith("Summary") or base in have:
+        continue
+    if " — not re-measured" not in title:
+        part = part.replace(title, f"{title} — not re-measured: from the run finished {origin}", 1)
+    keep.append(part.rstrip() + "\n\n")
+with open(sys.argv[2], "a") as f:
+    f.write("".join(keep))
+PY
+fi
 cp "$sections" .build/bench-sections.md
 printf '%s\n' "${ran[@]}" > .build/bench-ran.txt
 echo "$when" > .build/bench-when.txt
