@@ -17,7 +17,13 @@ final class Connection: @unchecked Sendable {
     let socket: TCPSocket
     let core: ServerCore
     let id: UInt64
-    let remoteAddress: String
+    /// The peer, or the client a PROXY header named.
+    private(set) var remoteAddress: String
+    /// PROXY protocol: nothing else is read until the header arrived (ProxyProtocol.swift).
+    private var awaitingProxyHeader = false
+    private var proxyBuffer: [UInt8] = []
+    /// The socket peer's own per-address key (the balancer's, behind a PROXY header).
+    var socketPeerKey: PeerKey?
     var tls: TLSSession?
     var tlsInfo: TLSInfo?
     var mode: Mode = .sniffing
@@ -104,6 +110,7 @@ final class Connection: @unchecked Sendable {
         } else if !core.cleartextHTTP2 {
             mode = .http1
         }
+        awaitingProxyHeader = core.proxyProtocol != nil
         if loop.shuttingDown { shuttingDown = true }
         updateTimer()
     }
@@ -118,6 +125,51 @@ final class Connection: @unchecked Sendable {
             return
         }
         guard !closed else { return }
+        if awaitingProxyHeader {
+            onProxyHeaderBytes(bytes)
+            return
+        }
+        onPayload(bytes)
+    }
+
+    /// Collects the PROXY header; once complete, the client it names becomes this connection's
+    /// address (and per-address key), and the bytes after it are the connection's own.
+    private func onProxyHeaderBytes(_ bytes: UnsafeRawBufferPointer) {
+        proxyBuffer.append(contentsOf: bytes)
+        switch ProxyProtocol.parse(proxyBuffer) {
+        case .needMore:
+            updateTimer()
+        case .invalid:
+            core.recordProxyRefused()
+            close()
+        case .header(let header, let length):
+            awaitingProxyHeader = false
+            var key = socketPeerKey
+            if let text = header.sourceText, let source = header.sourceKey {
+                remoteAddress = text
+                key = source
+                clientKey = source.text
+            }
+            if core.maxConnectionsPerAddress > 0, let key {
+                guard core.reserveConnection(for: key) else {
+                    core.recordRefused(perAddress: true)
+                    close()
+                    return
+                }
+                perAddressKey = key
+            }
+            let rest = Array(proxyBuffer[length...])
+            proxyBuffer = []
+            armedDeadline = 0   // the header deadline is over; the next one may be later
+            if rest.isEmpty {
+                updateTimer()
+            } else {
+                rest.withUnsafeBytes { onPayload($0) }
+            }
+        }
+    }
+
+    private func onPayload(_ bytes: UnsafeRawBufferPointer) {
         lastActivity = loop.now
         inRead = true
         if let tls {
@@ -381,6 +433,7 @@ final class Connection: @unchecked Sendable {
     // MARK: Timeouts
 
     private func deadline() -> UInt64? {
+        if awaitingProxyHeader { return startedAt + core.headerTimeoutMs }
         if let queuedAt = socket.oldestWriteQueuedAt { return queuedAt + core.writeTimeoutMs }
         if let tls, !tls.handshakeDone { return startedAt + core.headerTimeoutMs }
         switch mode {
@@ -438,6 +491,11 @@ final class Connection: @unchecked Sendable {
             }
         }
         core.recordTimeout()
+        if awaitingProxyHeader {
+            core.recordProxyRefused()
+            close()
+            return
+        }
         if mode == .http1 && socket.writesInFlight == 0 && slotsHead == slots.count && h1State != .idle {
             // Tell a slow client why, then close.
             let kind = h1State == .head ? "header_timeout" : "body_timeout"

@@ -261,14 +261,21 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
             return
         }
         let peer = socket.peer()
+        if let proxy = core.proxyProtocol, !(peer.bytes.map(proxy.trusts) ?? false) {
+            // Only the configured balancers may connect to a PROXY protocol listener.
+            core.recordProxyRefused()
+            socket.close()
+            return
+        }
         if shuttingDown || !core.reserveConnection() {
             core.recordRefused()
             socket.close()
             return
         }
         // The per-address share, after the global one (which is released if this refuses).
+        // Behind a PROXY header it is taken once the header names the client.
         var perAddressKey: PeerKey?
-        if core.maxConnectionsPerAddress > 0, let key = peer.key {
+        if core.proxyProtocol == nil, core.maxConnectionsPerAddress > 0, let key = peer.key {
             guard core.reserveConnection(for: key) else {
                 core.releaseConnection()
                 core.recordRefused(perAddress: true)
@@ -281,6 +288,7 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
         if core.socketSendBufferBytes > 0 { socket.setSendBuffer(core.socketSendBufferBytes) }
         let conn = Connection(loop: self, socket: socket, id: core.nextConnectionID(), remoteAddress: peer.address)
         conn.perAddressKey = perAddressKey
+        conn.socketPeerKey = peer.key
         conn.clientKey = peer.key?.text ?? ""
         socket.owner = conn
         connections[ObjectIdentifier(conn)] = conn
@@ -378,14 +386,21 @@ final class TCPSocket {
         }
     }
 
-    /// The peer as text ("1.2.3.4:5", "[::1]:5") and its per-address key (nil if unknown).
-    func peer() -> (address: String, key: PeerKey?) {
+    /// The peer as text ("1.2.3.4:5", "[::1]:5"), its per-address key and its address bytes
+    /// (4 or 16; nil if unknown).
+    func peer() -> (address: String, key: PeerKey?, bytes: [UInt8]?) {
         var storage = sockaddr_storage()
         var len = Int32(MemoryLayout<sockaddr_storage>.size)
         let rc = withUnsafeMutablePointer(to: &storage) { p in
             p.withMemoryRebound(to: sockaddr.self, capacity: 1) { uv_tcp_getpeername(tcp, $0, &len) }
         }
-        guard rc == 0 else { return ("unknown", nil) }
+        guard rc == 0 else { return ("unknown", nil, nil) }
+        let bytes = withUnsafePointer(to: &storage) { p -> [UInt8] in
+            if Int32(p.pointee.ss_family) == AF_INET6 {
+                return p.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { a in withUnsafeBytes(of: a.pointee.sin6_addr) { Array($0) } }
+            }
+            return p.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { a in withUnsafeBytes(of: a.pointee.sin_addr) { Array($0) } }
+        }
         let key = withUnsafePointer(to: &storage) { p -> PeerKey? in
             if Int32(p.pointee.ss_family) == AF_INET6 {
                 return p.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { a in
@@ -396,7 +411,7 @@ final class TCPSocket {
                 PeerKey(ipv4: UInt32(bigEndian: a.pointee.sin_addr.s_addr))
             }
         }
-        return (peerText(&storage), key)
+        return (peerText(&storage), key, bytes)
     }
 
     private func peerText(_ storage: inout sockaddr_storage) -> String {

@@ -19,6 +19,7 @@ final class ServerCore: Sendable {
     let maxQueuedOutputBytes: Int
     let maxQueuedOutputBytesTotal: Int
     let socketSendBufferBytes: Int
+    let proxyProtocol: ProxyProtocolConfiguration?
     /// Output bytes queued for peers (not yet taken by the kernel), over every connection.
     let queuedOutput = Atomic<Int>(0)
     let maxRequestsPerConnection: Int
@@ -54,6 +55,7 @@ final class ServerCore: Sendable {
         maxQueuedOutputBytes = max(0, l.maxQueuedOutputBytes)
         maxQueuedOutputBytesTotal = max(0, l.maxQueuedOutputBytesTotal)
         socketSendBufferBytes = max(0, l.socketSendBufferBytes)
+        proxyProtocol = configuration.proxyProtocol
         maxRequestsPerConnection = l.maxRequestsPerConnection
         maxBodyBytes = l.maxBodyBytes
         maxHeaderBytes = l.maxHeaderBytes
@@ -121,6 +123,7 @@ final class ServerCore: Sendable {
             if perAddress { $0.connectionsRefusedPerAddress += 1 }
         }
     }
+    func recordProxyRefused() { counters.withLock { $0.proxyHeaderFailures += 1 } }
     func recordTimeout() { counters.withLock { $0.timeouts += 1 } }
     func recordHandshakeFailure() { counters.withLock { $0.tlsHandshakeFailures += 1 } }
     func recordParseError(_ kind: String) { counters.withLock { $0.parseErrorsByKind[kind, default: 0] += 1 } }

@@ -392,6 +392,9 @@ public struct HTTPServerConfiguration: Sendable {
     public var loopThreads: Int
     /// Value of the `server` response header; nil sends none.
     public var serverName: String?
+    /// Every connection starts with a PROXY protocol header from a trusted balancer, whose
+    /// source address stands for the connection (ProxyProtocol.swift). nil: none is read.
+    public var proxyProtocol: ProxyProtocolConfiguration?
     /// The response for a request the server itself refuses before any handler sees it
     /// (malformed HTTP/1.1, a body over `maxBodyBytes`, a header or body timeout): `status` is
     /// 400/408/413/414/417/431/501/505, `kind` the parser's error kind (HTTPServerErrorKinds in
@@ -435,6 +438,9 @@ public struct HTTPServerMetrics: Sendable, Equatable {
     public var connectionsRefusedPerAddress: Int = 0
     /// Connections closed by a header, body, idle or write timeout.
     public var timeouts: Int = 0
+    /// Connections closed for the PROXY protocol: from an untrusted address, or without a
+    /// valid header in time.
+    public var proxyHeaderFailures: Int = 0
     /// Output bytes queued for peers right now, over all connections (a gauge).
     public var queuedOutputBytes: Int = 0
 

@@ -3,6 +3,7 @@
 // name the key path. Keys starting with "_" (e.g. "_comment") are ignored everywhere.
 import FoundationEssentials
 import Glibc
+import HTTPServer
 
 public struct ConfigError: Error, Equatable, CustomStringConvertible {
     public var key: String
@@ -22,6 +23,9 @@ public struct RelayConfig: Sendable, Equatable {
         public var host: String
         public var port: Int
         public var tls: TLS?
+        /// Every connection begins with a PROXY protocol header (v2 or v1) from one of
+        /// `ingest.trustedProxies`, naming the client (ingest listener only).
+        public var proxyProtocol = false
     }
     public struct Store: Sendable, Equatable {
         /// "sqlite" (one node, the default) or "postgres" (several nodes share one queue).
@@ -52,6 +56,9 @@ public struct RelayConfig: Sendable, Equatable {
         /// 0 = no per-address limit (HTTPLimits.maxConnectionsPerAddress).
         public var maxConnectionsPerAddress = 0
         public var loopThreads = 1
+        /// CIDR blocks (or addresses) of the load balancers allowed to connect when
+        /// `listen.proxyProtocol` is on; required then, refused otherwise.
+        public var trustedProxies: [String] = []
     }
     public struct Dispatch: Sendable, Equatable {
         public var maxInflight = 256
@@ -122,9 +129,10 @@ public struct RelayConfig: Sendable, Equatable {
         var c = RelayConfig()
         try r.object(allowed: ["listen", "admin", "store", "ingest", "dispatch", "apps", "log", "watchdog"])
         if var l = try r.child("listen") {
-            try l.object(allowed: ["host", "port", "tls"])
+            try l.object(allowed: ["host", "port", "tls", "proxyProtocol"])
             c.listen.host = try l.string("host") ?? c.listen.host
             c.listen.port = try l.int("port", 0...65535) ?? c.listen.port
+            c.listen.proxyProtocol = try l.bool("proxyProtocol") ?? false
             if var t = try l.child("tls") {
                 try t.object(allowed: ["certificate", "privateKey", "clientCA"])
                 guard let cert = try t.path("certificate"), let key = try t.path("privateKey") else {
@@ -190,7 +198,13 @@ public struct RelayConfig: Sendable, Equatable {
             c.store.path = r.resolve(c.store.path)
         }
         if var i = try r.child("ingest") {
-            try i.object(allowed: ["maxBodyBytes", "ttlSeconds", "rateLimits", "maxConnections", "maxConnectionsPerAddress", "loopThreads"])
+            try i.object(allowed: ["maxBodyBytes", "ttlSeconds", "rateLimits", "maxConnections", "maxConnectionsPerAddress", "loopThreads", "trustedProxies"])
+            for entry in try i.array("trustedProxies") ?? [] {
+                guard case .string(let text) = entry.value, IPNetwork(text) != nil else {
+                    throw ConfigError(key: entry.path, message: "must be an IP address or CIDR block (\"10.0.0.0/8\", \"2001:db8::/32\")")
+                }
+                c.ingest.trustedProxies.append(text)
+            }
             c.ingest.maxBodyBytes = try i.int("maxBodyBytes", 1024...1_048_576) ?? c.ingest.maxBodyBytes
             c.ingest.ttlSeconds = try i.int("ttlSeconds", 1...(30 * 86_400)) ?? c.ingest.ttlSeconds
             c.ingest.maxConnections = try i.int("maxConnections", 1...1_000_000) ?? c.ingest.maxConnections
@@ -303,6 +317,12 @@ public struct RelayConfig: Sendable, Equatable {
             }
         }
         c.watchdog = try r.bool("watchdog") ?? true
+        if c.listen.proxyProtocol && c.ingest.trustedProxies.isEmpty {
+            throw ConfigError(key: "ingest.trustedProxies", message: "required when listen.proxyProtocol is true: the load balancers' addresses (CIDR)")
+        }
+        if !c.listen.proxyProtocol && !c.ingest.trustedProxies.isEmpty {
+            throw ConfigError(key: "ingest.trustedProxies", message: "only used with listen.proxyProtocol: true (client addresses are taken from PROXY headers only)")
+        }
         return c
     }
 

@@ -102,6 +102,8 @@ enum HTTPGlue {
         }
         out += "relay_http_tls_handshake_failures_total{\(l)} \(m.tlsHandshakeFailures)\n"
         out += "relay_http_timeouts_total{\(l)} \(m.timeouts)\n"
+        out += "relay_http_proxy_header_failures_total{\(l)} \(m.proxyHeaderFailures)\n"
+        out += "relay_http_queued_output_bytes{\(l)} \(m.queuedOutputBytes)\n"
         return out
     }
 
@@ -122,6 +124,10 @@ enum HTTPGlue {
         # TYPE relay_http_tls_handshake_failures_total counter
         # HELP relay_http_timeouts_total Connections closed by a header/body/idle/write timeout.
         # TYPE relay_http_timeouts_total counter
+        # HELP relay_http_proxy_header_failures_total Connections closed for the PROXY protocol: untrusted peer, or no valid header in time.
+        # TYPE relay_http_proxy_header_failures_total counter
+        # HELP relay_http_queued_output_bytes Response bytes queued for clients that have not read them yet.
+        # TYPE relay_http_queued_output_bytes gauge
 
         """
 }

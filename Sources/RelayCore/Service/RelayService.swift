@@ -127,6 +127,10 @@ public final class RelayService: @unchecked Sendable {
         }
         var serverConfig = HTTPServerConfiguration(host: c.listen.host, port: c.listen.port, tls: tls)
         serverConfig.limits = limits
+        if c.listen.proxyProtocol {
+            // RelayConfig checked every entry and that there is at least one.
+            serverConfig.proxyProtocol = ProxyProtocolConfiguration(trustedProxies: c.ingest.trustedProxies.compactMap(IPNetwork.init))
+        }
         serverConfig.loopThreads = c.ingest.loopThreads
         serverConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: c.ingest.maxBodyBytes)
         let ingestServer = try naming("listen") { try HTTPServer(configuration: serverConfig, handler: HTTPGlue.handler { ingest.handle($0, respond: $1) }) }
