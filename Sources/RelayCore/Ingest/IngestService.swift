@@ -472,7 +472,7 @@ public final class IngestService: Sendable {
         guard withinCredentialRate(hash, finish) else { return }
         let notFound = ClientError(status: 404, code: "not_found", field: "id", message: "no response with this id for this credential")
         guard UUIDText.parse(id) != nil else { return finish(.error(notFound), nil) }
-        workers.submit { [store, logger] in
+        workers.submit({ [store, logger] in
             do {
                 // Another credential's row is reported as absent, not forbidden: ids do not leak.
                 guard let row = try store.response(id: id), row.credentialID == credentialID else { return finish(.error(notFound), nil) }
@@ -482,7 +482,9 @@ public final class IngestService: Sendable {
                 logger.error("storage error on read", ["request_id": finish.requestID, "error": "\(error)"])
                 finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "retry later"), headers: [("retry-after", "1")]), "storage")
             }
-        }
+        }, whenFull: {
+            finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "too many reads waiting; retry later"), headers: [("retry-after", "1")]), "readers full")
+        })
     }
 
     static func iso(_ ms: Int64) -> String {
