@@ -48,8 +48,8 @@ public struct PostgresStoreOptions: Sendable {
 }
 
 public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
-    // @unchecked Sendable: every connection is confined to its worker's thread; `touchedAt` is
-    // only used inside ingest batches (ingest thread); shared counters live in Mutexes.
+    // @unchecked Sendable: every connection is confined to its worker's thread; `touchedAt` and
+    // `ids` are only used inside ingest batches (ingest thread); shared counters live in Mutexes.
     public static let schemaVersion = 1
     /// pg_advisory_lock key serialising migrations between nodes starting at once.
     static let migrationLockKey: Int64 = 0x5245_4C41_594D_4947  // "RELAYMIG"
