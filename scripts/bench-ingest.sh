@@ -14,6 +14,8 @@
 # (relay-server; redis-server; the whole PostgreSQL cluster: postmaster, backends, walwriter,
 # checkpointer..., see tree_ticks) divided by the records stored. Every server runs from a
 # temp dir and is stopped by the EXIT trap, by pid, even on failure.
+# BENCH_INGEST_SYSTEMS="relay-small redis ..." runs only those (A/B runs); BENCH_SQLITE_PAGE_SIZE=N
+# creates the relay's SQLite databases with that page size (an experiment: the relay keeps it).
 # BENCH_PERF=DIR: also `perf record -g` relay-server during the middle of round 1 at
 # BENCH_TOKENS tokens into DIR/relay-small.perf.data (then: perf report -i ... --no-children).
 set -euo pipefail
@@ -76,14 +78,19 @@ metric() {  # admin-port name -> value (0 if absent)
 io_written() { awk '/^write_bytes/{print $2}' "/proc/$1/io"; }
 # PostgreSQL's WAL position in bytes: the difference of two readings is the WAL written between.
 wal_bytes() { psql -Atq "$PG_URL" -c "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"; }
+# Connections mock-apns has accepted so far (the stalled mock answers no push: PushClient's reconnects).
+mock_connections() { curl -fsS "http://127.0.0.1:$CONTROL_PORT/stats" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("connectionsTotal", 0))'; }
 wrk_seconds() { awk '/requests in/{sub(/s,$/, "", $4); print $4}' "$1"; }
 
 # relay SYSTEM ROUND KIND(sqlite|postgres) LUA TOKENS
 relay() {
-  local system=$1 round=$2 kind=$3 lua=$4 tokens=$5 port admin store pid a0 a1 c0 c1 t0 t1 p0=0 p1=0 w0 w1 secs
+  local system=$1 round=$2 kind=$3 lua=$4 tokens=$5 port admin store pid a0 a1 c0 c1 t0 t1 p0=0 p1=0 w0 w1 m0 m1 secs
   port=$(free_port); admin=$(free_port)
   if [ "$kind" = sqlite ]; then
     store="{\"path\":\"$WORK/$system-$round.db\",\"synchronous\":\"FULL\",\"maxPending\":5000000}"
+    if [ -n "${BENCH_SQLITE_PAGE_SIZE:-}" ]; then
+      sqlite3 "$WORK/$system-$round.db" "PRAGMA page_size=$BENCH_SQLITE_PAGE_SIZE; PRAGMA journal_mode=WAL;" >/dev/null
+    fi
   else
     psql -q "$PG_URL" -c "DO \$\$ BEGIN IF to_regclass('responses') IS NOT NULL THEN TRUNCATE responses, attempts; END IF; END \$\$" >/dev/null
     store="{\"kind\":\"postgres\",\"url\":\"$PG_URL\",\"nodeId\":\"bench-$round\",\"maxPending\":5000000}"
@@ -104,7 +111,7 @@ EOF
   fi
   echo "== round $round: $system" >&2
   a0=$(metric "$admin" 'relay_ingest_requests_total{status="202"}'); c0=$(metric "$admin" relay_store_commits_total)
-  t0=$(proc_ticks "$pid"); w0=$(io_written "$pid")
+  t0=$(proc_ticks "$pid"); w0=$(io_written "$pid"); m0=$(mock_connections)
   if [ "$kind" = postgres ]; then p0=$(tree_ticks "$PG_MASTER"); w0=$(wal_bytes); fi
   local perf_pid=""
   if [ -n "${BENCH_PERF:-}" ] && [ "$system" = relay-small ] && [ "$round" = 1 ] && command -v perf >/dev/null; then
@@ -114,19 +121,19 @@ EOF
   fi
   WRK_THREADS=2 WRK_TOKENS=$tokens WRK_SEED=$round RELAY_CRED="$SECRET" \
     wrk --latency -t2 -c"$CONNECTIONS" -d"${DURATION}s" -s "$lua" "http://127.0.0.1:$port" > "$WORK/wrk-$system-$round.txt"
-  t1=$(proc_ticks "$pid"); w1=$(io_written "$pid")
+  t1=$(proc_ticks "$pid"); w1=$(io_written "$pid"); m1=$(mock_connections)
   if [ "$kind" = postgres ]; then p1=$(tree_ticks "$PG_MASTER"); w1=$(wal_bytes); fi
   a1=$(metric "$admin" 'relay_ingest_requests_total{status="202"}'); c1=$(metric "$admin" relay_store_commits_total)
   if [ -n "$perf_pid" ]; then wait "$perf_pid" || true; fi
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
   secs=$(wrk_seconds "$WORK/wrk-$system-$round.txt")
-  python3 - "$system" "$round" "$((a1 - a0))" "$secs" "$((t1 - t0))" "$((p1 - p0))" "$((c1 - c0))" "$(getconf CLK_TCK)" "$((w1 - w0))" \
+  python3 - "$system" "$round" "$((a1 - a0))" "$secs" "$((t1 - t0))" "$((p1 - p0))" "$((c1 - c0))" "$(getconf CLK_TCK)" "$((w1 - w0))" "$((m1 - m0))" \
     "$(awk '/ 99%/{print $2}' "$WORK/wrk-$system-$round.txt")" >> "$RESULTS" <<'PY'
 import sys
-system, rnd, n, secs, t, p, commits, hz, w, p99 = sys.argv[1:]
+system, rnd, n, secs, t, p, commits, hz, w, apns, p99 = sys.argv[1:]
 n, secs, t, p, commits, hz = int(n), float(secs), int(t), int(p), int(commits), int(hz)
 us = (t + p) / hz * 1e6 / n if n else 0
-extra = f"rows per commit {n / commits:.1f}; wrk p99 {p99}" if commits else f"wrk p99 {p99}"
+extra = (f"rows per commit {n / commits:.1f}; " if commits else "") + f"wrk p99 {p99}; APNs connections opened {apns}"
 if p:
     extra += f"; relay {t / hz * 1e6 / n:.1f} µs + PostgreSQL {p / hz * 1e6 / n:.1f} µs"
 print(f"{system}\t{rnd}\t{n / secs:.0f}\t{us:.1f}\t{int(w) / n if n else 0:.0f}\t{extra}")
@@ -178,14 +185,15 @@ nginx_run() {  # ROUND
     "$(us_per_req $((t1 - t0)) "$n")" "stores nothing" >> "$RESULTS"
 }
 
+wanted() { [ -z "${BENCH_INGEST_SYSTEMS:-}" ] || [[ " $BENCH_INGEST_SYSTEMS " == *" $1 "* ]]; }
 for round in $(seq 1 "$ROUNDS"); do
-  nginx_run "$round"
-  relay relay-1 "$round" sqlite "$WORK/one.lua" 2
-  relay relay-small "$round" sqlite "$WORK/tokens.lua" "$SMALL"
-  redis "$round"
-  relay relay-large "$round" sqlite "$WORK/tokens.lua" "$LARGE"
-  pgbench_run "$round"
-  relay relay-pg "$round" postgres "$WORK/tokens.lua" "$SMALL"
+  if wanted nginx; then nginx_run "$round"; fi
+  if wanted relay-1; then relay relay-1 "$round" sqlite "$WORK/one.lua" 2; fi
+  if wanted relay-small; then relay relay-small "$round" sqlite "$WORK/tokens.lua" "$SMALL"; fi
+  if wanted redis; then redis "$round"; fi
+  if wanted relay-large; then relay relay-large "$round" sqlite "$WORK/tokens.lua" "$LARGE"; fi
+  if wanted pgbench; then pgbench_run "$round"; fi
+  if wanted relay-pg; then relay relay-pg "$round" postgres "$WORK/tokens.lua" "$SMALL"; fi
 done
 stop_nginx_anchor
 cp "$RESULTS" .build/bench-ingest-results.tsv 2>/dev/null || true
@@ -253,7 +261,9 @@ for label, a, b, i, target in rows:
     if a not in best or b not in best:
         continue
     unit = "/s" if i == 1 else " µs"
-    print(f"| {label} | {g(a, i):.{0 if i == 1 else 1}f}{unit} vs {g(b, i):.{0 if i == 1 else 1}f}{unit} | {ratio(g(a, i), g(b, i))} | {target} |")
+    ra = {r[0]: r for r in runs[a]}
+    paired = [f"{ra[r[0]][i] / r[i]:.2f}x" for r in sorted(runs[b]) if r[0] in ra and r[i] > 0]
+    print(f"| {label} | {g(a, i):.{0 if i == 1 else 1}f}{unit} vs {g(b, i):.{0 if i == 1 else 1}f}{unit} (best rounds); same round: {', '.join(paired)} | {ratio(g(a, i), g(b, i))} | {target} |")
 print("\nThe analysis of these figures, with the profile of the relay at 1,000 tokens, is in")
 print("[docs/benchmarks-analysis.md](benchmarks-analysis.md) (\"Realistic traffic and the peers\").")
 print("The plots: [throughput](peers-throughput.svg), [CPU per record](peers-cpu.svg).\n")
