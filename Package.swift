@@ -28,6 +28,8 @@ let package = Package(
         .systemLibrary(name: "CPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
 
         // MARK: Libraries
+        // Hex, base64, UUID text, JSON string escaping, write-all: once, no Foundation, no C.
+        .target(name: "Basics"),
         // Apple's Symmetric Key Ratchet, HKDF, AES-GCM, wire codecs.
         .target(name: "Ratchet", dependencies: ["COpenSSL"]),
         // Apple's accessory key exchange: ML-KEM-768 (Swift), X-Wing, HPKE (RFC 9180), the derivations.
@@ -64,6 +66,7 @@ let package = Package(
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         // Test-only fault injection under SQLite's unix VFS (ENOSPC, EIO, short writes, EINTR).
         .target(name: "CSQLiteFault", dependencies: ["CSQLite"], path: "Tests/CSQLiteFault"),
+        .testTarget(name: "BasicsTests", dependencies: ["Basics"]),
         .testTarget(name: "RatchetTests", dependencies: ["Ratchet", "TestSupport"], exclude: ["Vectors"]),
         .testTarget(name: "KeyExchangeTests", dependencies: ["KeyExchange", "Ratchet", "COpenSSL"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "POSIXThreads", "TestSupport"]),
