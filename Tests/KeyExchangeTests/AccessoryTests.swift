@@ -48,6 +48,24 @@ struct AccessoryTests {
         #expect(other.internetRoot(.accessoryToHost, bluetoothIdentifier: bluetooth) != session.internetRoot(.accessoryToHost, bluetoothIdentifier: bluetooth))
     }
 
+    @Test("a corrupted X-Wing encapsulatedKey gives other roots (implicit rejection), never an error or a crash")
+    func corruptedEncapsulatedKey() throws {
+        let key = AccessoryPrivateKey.generate(.xWing)
+        let info = ProtocolInfo(ciphersuite: "XWing", identifier: device)
+        let (enc, host) = try AccessorySession.hostEncapsulate(ciphersuite: .xWing, accessoryPublicKey: key.publicKeyRaw, protocolInfo: info)
+        let hostRoot = try host.exportSecret(context: AccessorySession.internetContext(.accessoryToHost, bluetoothIdentifier: bluetooth), outputByteCount: 32)
+        var state: UInt64 = 12345
+        for _ in 0..<20 {
+            state = state &* 6364136223846793005 &+ 1442695040888963407
+            var bad = enc
+            bad[Int(state >> 33) % 1088] ^= UInt8(truncatingIfNeeded: state >> 8) | 1  // inside ct_M
+            let session = try AccessorySession(privateKey: key, protocolInfo: info, encapsulatedKey: bad)
+            #expect(session.internetRoot(.accessoryToHost, bluetoothIdentifier: bluetooth) != hostRoot)
+        }
+        #expect(try AccessorySession(privateKey: key, protocolInfo: info, encapsulatedKey: enc)
+                    .internetRoot(.accessoryToHost, bluetoothIdentifier: bluetooth) == hostRoot)
+    }
+
     @Test("stored key material that does not fit is a typed error naming the field")
     func badKeyMaterial() throws {
         #expect(throws: KeyExchangeError.invalidLength(field: "seed", expected: 32, actual: 31)) {
