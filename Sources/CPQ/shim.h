@@ -1,4 +1,4 @@
-// libpq (PostgreSQL 15 client) from Debian 12 apt. Only Sources/RelayCore/Storage/PostgresConnection.swift
+// libpq (PostgreSQL 15 client) from Debian 12 apt. Only Sources/RelayCore/Outbox/Postgres/PostgresConnection.swift
 // sees this module; see ../shared/INTEROP.md.
 #ifndef CPQ_SHIM_H
 #define CPQ_SHIM_H
