@@ -1,0 +1,184 @@
+// PostgresOutboxStore: the dispatcher's SQL (recover, leased claim, apply outcomes) and the row decoder.
+import FoundationEssentials
+import Glibc
+import Synchronization
+
+extension PostgresOutboxStore {
+    /// Rows this node left inflight (same node id: a restart) and every expired lease go back
+    /// to queued with the same id. Other live nodes' leases are left alone.
+    public func recoverInflight() throws -> Int {
+        let now = clock.nowMillis()
+        let me = options.nodeID
+        return try write { c in
+            try c.run(
+                """
+                UPDATE responses SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL, updated_at = $1
+                WHERE state = 'inflight' AND (lease_owner = $2 OR lease_owner IS NULL OR lease_expires_at <= $1)
+                """, [.int(now), .text(me)]).affected
+        }
+    }
+
+    static let rowColumns = """
+        r.id, r.app, r.push_token, r.session_id, r.key_id, r.message_index, r.encrypted_data, r.credential_id, r.state, r.attempts,
+        r.next_attempt_at, r.created_at, r.expires_at, r.last_status, r.last_reason, r.updated_at
+        """
+
+    static func decodeRow(_ c: PGRow) throws -> OutboxRow {
+        guard c.count == 16, let id = c[0].string, let state = c[8].string.flatMap(ResponseState.init(rawValue:)) else {
+            throw StoreError.invalid("malformed responses row")
+        }
+        return OutboxRow(
+            id: id, app: c[1].string ?? "", pushToken: c[2].string ?? "", sessionIdentifier: c[3].string ?? "",
+            keyID: c[4].bytes ?? [], messageIndex: UInt32(truncatingIfNeeded: c[5].int ?? 0), encryptedData: c[6].bytes ?? [],
+            credentialID: c[7].string ?? "", state: state, attempts: Int(c[9].int ?? 0), nextAttemptAt: c[10].int ?? 0,
+            createdAt: c[11].int ?? 0, expiresAt: c[12].int ?? 0, lastStatus: c[13].int.map { Int($0) }, lastReason: c[14].string,
+            updatedAt: c[15].int ?? 0)
+    }
+
+    /// The claim: lock candidates without waiting for rows another node is claiming (SKIP
+    /// LOCKED), lease them to this node, or fail them as expired past their TTL.
+    private static func claimSQL(_ candidates: String) -> String {
+        """
+        WITH c AS (\(candidates) FOR UPDATE SKIP LOCKED)
+        UPDATE responses r SET
+            state = CASE WHEN r.expires_at <= $1 THEN 'failed' ELSE 'inflight' END,
+            last_reason = CASE WHEN r.expires_at <= $1 THEN 'expired' ELSE r.last_reason END,
+            lease_owner = CASE WHEN r.expires_at <= $1 THEN NULL ELSE $3 END,
+            lease_expires_at = CASE WHEN r.expires_at <= $1 THEN NULL ELSE $4 END,
+            updated_at = $1
+        FROM c WHERE r.id = c.id
+        RETURNING \(rowColumns)
+        """
+    }
+
+    private static let reclaimSQL = claimSQL(
+        "SELECT id FROM responses WHERE state = 'inflight' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2")
+    private static let dueSQL = claimSQL(
+        "SELECT id FROM responses WHERE state IN ('queued','retry') AND next_attempt_at <= $1 ORDER BY next_attempt_at LIMIT $2")
+
+    public func claimDue(limit: Int) throws -> [OutboxRow] {
+        guard limit > 0 else { return [] }
+        let now = clock.nowMillis()
+        let params: (Int) -> [PGValue] = { [options] n in
+            [.int(now), .int(Int64(n)), .text(options.nodeID), .int(now + options.leaseMillis)]
+        }
+        let rows: [OutboxRow] = try write { c in
+            // Expired leases first: their rows have waited longest (a node died holding them).
+            var rows = try c.query(Self.reclaimSQL, params(limit)).map(Self.decodeRow)
+            if rows.count < limit {
+                rows += try c.query(Self.dueSQL, params(limit - rows.count)).map(Self.decodeRow)
+            }
+            return rows
+        }
+        adjustPending(-rows.filter { $0.state == .failed }.count)
+        return rows.filter { $0.state == .inflight }.sorted { ($0.nextAttemptAt, $0.createdAt) < ($1.nextAttemptAt, $1.createdAt) }
+    }
+
+    /// Earliest next_attempt_at among queued/retry rows, or an earlier expiry of another node's
+    /// lease (so a survivor wakes up to take over a dead node's rows).
+    public func nextDueAt() throws -> Int64? {
+        let me = options.nodeID
+        return try read { c in
+            let r = try c.query(
+                """
+                SELECT (SELECT min(next_attempt_at) FROM responses WHERE state IN ('queued','retry')),
+                       (SELECT min(lease_expires_at) FROM responses WHERE state = 'inflight' AND lease_owner <> $1)
+                """, [.text(me)]).first ?? []
+            return [r.first?.int, r.last?.int].compactMap { $0 }.min()
+        }
+    }
+
+    public func apply(_ updates: [DeliveryUpdate]) throws {
+        guard !updates.isEmpty else { return }
+        let now = clock.nowMillis()
+        let me = options.nodeID
+        var ids: [String?] = [], states: [String?] = [], counted: [Int64?] = [], next: [Int64?] = [], status: [Int64?] = [], reasons: [String?] = []
+        var pace: [String: Int64] = [:]
+        var unreg: [String: Int64] = [:]
+        for u in updates {
+            let s = u.attempt?.status.map { Int64($0) }
+            ids.append(u.id)
+            counted.append(u.attempt == nil ? 0 : 1)
+            status.append(s)
+            switch u.outcome {
+            case .delivered:
+                states.append("delivered"); next.append(nil); reasons.append(nil)
+            case .failed(let why):
+                states.append("failed"); next.append(nil); reasons.append(why)
+            case .unregistered(let why, let ts):
+                states.append("failed"); next.append(nil); reasons.append(why)
+                unreg[u.pushToken] = max(unreg[u.pushToken] ?? .min, ts)
+            case .retry(let at, let until):
+                states.append("retry"); next.append(at); reasons.append(u.attempt?.reason)
+                if let until { pace[u.pushToken] = max(pace[u.pushToken] ?? .min, until) }
+            case .requeue:
+                states.append("queued"); next.append(nil); reasons.append(nil)
+            }
+        }
+        let attempts = updates.compactMap(\.attempt)
+        let finished: Int = try writeTransaction { c in
+            if !attempts.isEmpty {
+                // The attempt happened even if our lease was lost meanwhile: always recorded.
+                try c.query(
+                    """
+                    INSERT INTO attempts (response_id, attempted_at, status, reason, apns_timestamp, latency_us, node)
+                    SELECT a.rid, a.at, a.status, a.reason, a.ts, a.lat, $7
+                    FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[]) AS a(rid, at, status, reason, ts, lat)
+                    """,
+                    [.textArray(attempts.map(\.responseID)), .intArray(attempts.map(\.attemptedAt)),
+                     .intArray(attempts.map { $0.status.map { Int64($0) } }), .textArray(attempts.map(\.reason)),
+                     .intArray(attempts.map(\.apnsTimestamp)), .intArray(attempts.map(\.latencyMicros)), .text(me)])
+            }
+            // Only rows whose lease this node still holds: after an expired lease another node
+            // owns the row and its outcome stands.
+            let changed = try c.query(
+                """
+                UPDATE responses r SET
+                    state = u.state,
+                    attempts = r.attempts + u.counted,
+                    next_attempt_at = COALESCE(u.next, r.next_attempt_at),
+                    last_status = CASE WHEN u.state = 'queued' THEN r.last_status ELSE u.status END,
+                    last_reason = CASE WHEN u.state = 'queued' THEN r.last_reason ELSE u.reason END,
+                    lease_owner = NULL, lease_expires_at = NULL, updated_at = $7
+                FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[]) AS u(id, state, counted, next, status, reason)
+                WHERE r.id = u.id AND r.state = 'inflight' AND r.lease_owner = $8
+                RETURNING u.state
+                """,
+                [.textArray(ids), .textArray(states), .intArray(counted), .intArray(next), .intArray(status), .textArray(reasons),
+                 .int(now), .text(me)])
+            // Shared pacing and unregistered tokens, in token order so nodes lock rows alike.
+            for token in pace.keys.sorted() {
+                let until = pace[token]!
+                try c.query(
+                    """
+                    INSERT INTO token_pacing (token, paced_until, updated_at) VALUES ($1, $2, $3)
+                    ON CONFLICT (token) DO UPDATE SET paced_until = GREATEST(token_pacing.paced_until, excluded.paced_until),
+                        updated_at = excluded.updated_at
+                    """, [.text(token), .int(until), .int(now)])
+                // Rows being claimed by another node right now are skipped, not waited for:
+                // they get their own 429 and pace themselves.
+                try c.query(
+                    """
+                    UPDATE responses SET next_attempt_at = $1 WHERE id IN (
+                        SELECT id FROM responses WHERE push_token = $2 AND state IN ('queued','retry') AND next_attempt_at < $1
+                        FOR UPDATE SKIP LOCKED)
+                    """, [.int(until), .text(token)])
+            }
+            // In the transaction that failed the rows (after their UPDATE): an ingest batch on any
+            // node either committed before (its rows count as waiting) or sees the record.
+            for token in unreg.keys.sorted() {
+                let waiting = try c.query(
+                    "SELECT max(created_at) FROM responses WHERE push_token = $1 AND state IN ('queued','inflight','retry')",
+                    [.text(token)]).first?.first?.int
+                try c.query(
+                    """
+                    INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES ($1, $2, $3)
+                    ON CONFLICT (token) DO UPDATE SET apns_timestamp = GREATEST(unregistered_tokens.apns_timestamp, excluded.apns_timestamp),
+                        recorded_at = excluded.recorded_at
+                    """, [.text(token), .int(StoreRules.unregisteredCutoff(apnsTimestamp: unreg[token]!, newestPendingCreatedAt: waiting)), .int(now)])
+            }
+            return changed.filter { $0.first?.string == "delivered" || $0.first?.string == "failed" }.count
+        }
+        adjustPending(-finished)
+    }
+}

@@ -1,0 +1,67 @@
+// PostgresOutboxStore: operator actions (requeue, purge, forget a token); never touch inflight rows.
+import FoundationEssentials
+import Glibc
+import Synchronization
+
+extension PostgresOutboxStore {
+    public func requeue(ids: [String]) throws -> Int {
+        guard !ids.isEmpty else { return 0 }
+        let now = clock.nowMillis()
+        let wanted = ids.map { $0.lowercased() }
+        let previous: [String] = try write { c in
+            try c.query(
+                """
+                WITH old AS (SELECT id, state FROM responses WHERE id = ANY($1) AND state IN \(StoreRules.requeueableSQL) FOR UPDATE)
+                UPDATE responses r SET state = 'queued', next_attempt_at = $2, expires_at = GREATEST(r.expires_at, $3), updated_at = $2,
+                    lease_owner = NULL, lease_expires_at = NULL
+                FROM old WHERE r.id = old.id
+                RETURNING old.state
+                """, [.textArray(wanted), .int(now), .int(StoreRules.requeueExpiryFloor(now: now))]
+            ).compactMap { $0.first?.string }
+        }
+        adjustPending(previous.filter { $0 == "failed" }.count)
+        return previous.count
+    }
+
+    public func requeueFailed(reason: String?) throws -> Int {
+        let now = clock.nowMillis()
+        let n: Int = try write { c in
+            let set = "state = 'queued', next_attempt_at = $1, expires_at = GREATEST(expires_at, $2), updated_at = $1"
+            if let reason {
+                return try c.run("UPDATE responses SET \(set) WHERE state = 'failed' AND last_reason = $3",
+                                 [.int(now), .int(StoreRules.requeueExpiryFloor(now: now)), .text(reason)]).affected
+            }
+            return try c.run("UPDATE responses SET \(set) WHERE state = 'failed'", [.int(now), .int(StoreRules.requeueExpiryFloor(now: now))]).affected
+        }
+        adjustPending(n)
+        return n
+    }
+
+    public func purge(state s: ResponseState, olderThan: Int64, dryRun: Bool) throws -> Int {
+        guard s.isTerminal else { throw StoreError.invalid("only delivered or failed rows can be purged") }
+        if dryRun {
+            return try read { c in
+                Int(try c.query("SELECT count(*) FROM responses WHERE state = $1 AND updated_at < $2",
+                                [.text(s.rawValue), .int(olderThan)]).first?.first?.int ?? 0)
+            }
+        }
+        return try PurgeBatches.run(self, state: s, olderThan: olderThan)
+    }
+
+    public func purgeBatch(state s: ResponseState, olderThan: Int64, limit: Int) throws -> Int {
+        guard s.isTerminal else { throw StoreError.invalid("only delivered or failed rows can be purged") }
+        return try writeTransaction { c in
+            // Rows another node is deleting (or relayctl is requeueing) are skipped, not waited for.
+            let ids: [String?] = try c.query(
+                "SELECT id FROM responses WHERE state = $1 AND updated_at < $2 ORDER BY updated_at LIMIT $3 FOR UPDATE SKIP LOCKED",
+                [.text(s.rawValue), .int(olderThan), .int(Int64(max(0, limit)))]).map { $0.first?.string }
+            guard !ids.isEmpty else { return 0 }
+            try c.query("DELETE FROM attempts WHERE response_id = ANY($1)", [.textArray(ids)])
+            return try c.run("DELETE FROM responses WHERE id = ANY($1)", [.textArray(ids)]).affected
+        }
+    }
+
+    public func forgetToken(_ token: String) throws -> Bool {
+        try write { c in try c.run("DELETE FROM unregistered_tokens WHERE token = $1", [.text(token.lowercased())]).affected > 0 }
+    }
+}

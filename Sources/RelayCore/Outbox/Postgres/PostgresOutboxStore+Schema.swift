@@ -1,0 +1,106 @@
+// PostgresOutboxStore: the schema migrations, run under an advisory lock, and the pending count.
+import FoundationEssentials
+import Glibc
+import Synchronization
+
+extension PostgresOutboxStore {
+    /// Index i is the migration to version i+1. Each backend numbers its own migrations: this
+    /// v1 creates what SQLite reached in five steps (its v2-v5 changed only SQLite storage: the
+    /// pending counter, CHECK and index forms, the id_high row key), so version numbers are not
+    /// comparable across backends. Both hold the same tables and columns; PostgreSQL adds the
+    /// lease columns and partial indexes for the claim (StoreContractTests compare them).
+    static let migrations: [String] = [
+        // v1
+        """
+        CREATE TABLE responses (
+            id text PRIMARY KEY,
+            app text NOT NULL,
+            push_token text NOT NULL,
+            session_id text NOT NULL,
+            key_id bytea NOT NULL,
+            message_index bigint NOT NULL,
+            encrypted_data bytea NOT NULL,
+            credential_id text NOT NULL,
+            state text NOT NULL CHECK (state IN ('queued','inflight','retry','delivered','failed')),
+            attempts bigint NOT NULL DEFAULT 0,
+            next_attempt_at bigint NOT NULL,
+            created_at bigint NOT NULL,
+            expires_at bigint NOT NULL,
+            last_status bigint,
+            last_reason text,
+            updated_at bigint NOT NULL,
+            lease_owner text,
+            lease_expires_at bigint,
+            UNIQUE (push_token, session_id, key_id, message_index)
+        );
+        CREATE INDEX responses_due ON responses (next_attempt_at) WHERE state IN ('queued','retry');
+        CREATE INDEX responses_lease ON responses (lease_expires_at) WHERE state = 'inflight';
+        CREATE INDEX responses_updated ON responses (state, updated_at);
+        CREATE TABLE attempts (
+            id bigserial PRIMARY KEY,
+            response_id text NOT NULL,
+            attempted_at bigint NOT NULL,
+            status bigint,
+            reason text,
+            apns_timestamp bigint,
+            latency_us bigint,
+            node text
+        );
+        CREATE INDEX attempts_response ON attempts (response_id, id);
+        CREATE TABLE credentials (
+            id text PRIMARY KEY,
+            name text NOT NULL,
+            hash bytea NOT NULL UNIQUE,
+            apps text NOT NULL,
+            created_at bigint NOT NULL,
+            last_used_at bigint,
+            revoked_at bigint
+        );
+        CREATE TABLE unregistered_tokens (
+            token text PRIMARY KEY,
+            apns_timestamp bigint NOT NULL,
+            recorded_at bigint NOT NULL
+        );
+        CREATE TABLE token_pacing (
+            token text PRIMARY KEY,
+            paced_until bigint NOT NULL,
+            updated_at bigint NOT NULL
+        );
+        """,
+    ]
+
+    static func schemaVersion(_ c: PostgresConnection) throws -> Int {
+        let exists = try c.query("SELECT to_regclass('relay_schema_version') IS NOT NULL").first?.first?.bool ?? false
+        guard exists else { return 0 }
+        return Int(try c.query("SELECT max(version) FROM relay_schema_version").first?.first?.int ?? 0)
+    }
+
+    /// Applies every migration above the stored version, each in its own transaction, while
+    /// holding a session advisory lock: nodes starting together migrate one after the other
+    /// (the later ones find nothing to do). Refuses a database written by a newer relay.
+    static func migrate(_ c: PostgresConnection) throws {
+        try c.query("SELECT pg_advisory_lock($1)", [.int(migrationLockKey)])
+        defer { _ = try? c.query("SELECT pg_advisory_unlock($1)", [.int(migrationLockKey)]) }
+        try c.execute("CREATE TABLE IF NOT EXISTS relay_schema_version (version bigint NOT NULL)")
+        let current = try schemaVersion(c)
+        guard current <= migrations.count else {
+            throw StoreError.invalid("database schema version \(current) is newer than this relay (\(migrations.count))")
+        }
+        for v in current..<migrations.count {
+            do {
+                try c.execute("BEGIN")
+                try c.execute(migrations[v])
+                try c.execute("DELETE FROM relay_schema_version")
+                try c.query("INSERT INTO relay_schema_version (version) VALUES ($1)", [.int(Int64(v + 1))])
+                try c.execute("COMMIT")
+            } catch {
+                if c.isOK && !c.isIdle { try? c.execute("ROLLBACK") }
+                throw error
+            }
+        }
+    }
+
+    static func countPending(_ c: PostgresConnection) throws -> Int {
+        Int(try c.query("SELECT count(*) FROM responses WHERE state IN ('queued','inflight','retry')").first?.first?.int ?? 0)
+    }
+}

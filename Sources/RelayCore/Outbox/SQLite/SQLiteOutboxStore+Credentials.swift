@@ -1,0 +1,65 @@
+// SQLiteOutboxStore: the credentials table (create, list, revoke, authenticate).
+import FoundationEssentials
+import Glibc
+import POSIXThreads
+import Ratchet
+
+extension SQLiteOutboxStore {
+    public func createCredential(name: String, apps: [String]) throws -> CreatedCredential {
+        guard !name.isEmpty else { throw StoreError.invalid("credential name must not be empty") }
+        guard !apps.isEmpty, apps.allSatisfy({ !$0.isEmpty && !$0.contains(",") }) else {
+            throw StoreError.invalid("credential needs at least one app (bundle ID without commas)")
+        }
+        let secret = Credentials.generateSecret()
+        let hash = Credentials.hash(secret: secret)
+        let id = Credentials.generateID()
+        let now = clock.nowMillis()
+        _ = try write { db in
+            try db.run(
+                "INSERT INTO credentials (id, name, hash, apps, created_at) VALUES (?, ?, ?, ?, ?)",
+                [.text(id), .text(name), .blob(hash), .text(apps.joined(separator: ",")), .integer(now)])
+        }
+        return CreatedCredential(record: CredentialRecord(id: id, name: name, apps: apps, createdAt: now, lastUsedAt: nil, revokedAt: nil), secret: secret)
+    }
+
+    static func decodeCredential(_ c: [SQLValue]) -> CredentialRecord {
+        CredentialRecord(id: c[0].string ?? "", name: c[1].string ?? "", apps: splitApps(c[2].string ?? ""),
+                         createdAt: c[3].int ?? 0, lastUsedAt: c[4].int, revokedAt: c[5].int)
+    }
+
+    public func credentials() throws -> [CredentialRecord] {
+        try read { db in
+            try db.query("SELECT id, name, apps, created_at, last_used_at, revoked_at FROM credentials ORDER BY created_at, id").map(Self.decodeCredential)
+        }
+    }
+
+    public func revokeCredential(id: String) throws -> Bool {
+        let now = clock.nowMillis()
+        return try write { db in
+            try db.run("UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", [.integer(now), .text(id)]) > 0
+        }
+    }
+
+    public func authenticate(secret: String) throws -> CredentialRecord? {
+        let hash = Credentials.hash(secret: secret)
+        return try read { db in
+            guard let c = try db.query("SELECT id, name, apps, created_at, last_used_at, revoked_at, hash FROM credentials WHERE hash = ?", [.blob(hash)]).first,
+                  let stored = c[6].bytes, RelayCrypto.constantTimeEqual(stored, hash)
+            else { return nil }
+            let record = Self.decodeCredential(c)
+            return record.isRevoked ? nil : record
+        }
+    }
+
+    public func credentialKeys(unlessAt known: CredentialGeneration?) throws -> (generation: CredentialGeneration, keys: [CredentialKey]?) {
+        try read { db in
+            let g = try db.query("SELECT count(*), count(revoked_at), coalesce(max(created_at), 0) FROM credentials")[0]
+            let generation = CredentialGeneration(count: Int(g[0].int ?? 0), revoked: Int(g[1].int ?? 0), newestCreatedAt: g[2].int ?? 0)
+            guard generation != known else { return (generation, nil) }
+            let keys = try db.query("SELECT id, hash, revoked_at FROM credentials").map {
+                CredentialKey(id: $0[0].string ?? "", hash: $0[1].bytes ?? [], revoked: $0[2].int != nil)
+            }
+            return (generation, keys)
+        }
+    }
+}

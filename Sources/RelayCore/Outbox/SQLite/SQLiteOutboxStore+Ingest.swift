@@ -1,0 +1,236 @@
+// SQLiteOutboxStore: the ingest job on the group-commit writer (facts gathered here,
+// decided by StoreRules) and the hand-over of its completions to the HTTP loops.
+import FoundationEssentials
+import Glibc
+import POSIXThreads
+import Ratchet
+
+extension SQLiteOutboxStore {
+    public func submit(_ request: IngestRequest, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
+        guard let writer else { return completion(.failure(.invalid("store opened read-only"))) }
+        // Cached statvfs (once a second at most): the hot path pays a lock and a clock read.
+        if let g = freeSpaceGuard, g.isBelowFloor { return completion(.success(.storageFull)) }
+        writer.enqueue(IngestJob(request, now: clock.nowMillis(), state: writerState, completion: completion))
+    }
+
+    /// One submit in the writer's queue: the request in, the outcome (and the row to hand to
+    /// the dispatcher) out. One object per request instead of four closure contexts, a result
+    /// box and a Result per job.
+    // @unchecked Sendable: a job is touched by one thread at a time. The writer thread runs and
+    // finishes it; a deferred job is then handed, inside one executor task, to the HTTP loop,
+    // which calls `complete()` once. The hand-over goes through the executor's locked queue.
+    final class IngestJob: GroupCommitWriter.Job, @unchecked Sendable {
+        let request: IngestRequest
+        let now: Int64
+        let state: WriterState
+        let completion: @Sendable (Result<IngestOutcome, StoreError>) -> Void
+        var outcome: IngestOutcome?
+        var handedOff: OutboxRow?
+        var error: StoreError?
+        override var refusedWhenQueueFull: Bool { true }
+
+        init(_ request: IngestRequest, now: Int64, state: WriterState, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
+            self.request = request
+            self.now = now
+            self.state = state
+            self.completion = completion
+        }
+
+        override func run(_ db: SQLiteDatabase) throws {
+            (outcome, handedOff) = try SQLiteOutboxStore.ingest(request, now: now, db: db, state: state)
+        }
+
+        override func finish(_ error: StoreError?) {
+            // A rolled-back batch gave its dispatcher reservations back in afterRollback.
+            self.error = error
+            if error == nil, let row = handedOff { state.handoff?.accept(row) }
+            // The answer is built and sent on the request's loop (afterBatch hands them over).
+            if request.executor != nil { state.deferred.append(self) } else { complete() }
+        }
+
+        override func refuse(_ error: StoreError) {
+            self.error = error
+            complete()
+        }
+
+        func complete() {
+            if let error { return completion(.failure(error)) }
+            if let outcome { completion(.success(outcome)) } else { completion(.failure(.invalid("ingest produced no outcome"))) }
+        }
+    }
+
+    /// Hands the batch's deferred completions to their loops: one task per loop (one loop
+    /// in the default configuration), in commit order within each loop.
+    static func completeDeferred(_ state: WriterState) {
+        guard let first = state.deferred.first?.request.executor else { return }
+        // The array itself is handed over (emptying it in place would copy a shared buffer).
+        let jobs = state.deferred
+        state.deferred = []
+        // One loop (the default): the batch's array as it is, no grouping.
+        if jobs.allSatisfy({ $0.request.executor === first }) {
+            first.execute { for job in jobs { job.complete() } }
+            return
+        }
+        var groups: [(executor: any ThreadExecutor, jobs: [IngestJob])] = []
+        for job in jobs {
+            guard let executor = job.request.executor else { continue }   // only deferred with one
+            if let i = groups.firstIndex(where: { $0.executor === executor }) {
+                groups[i].jobs.append(job)
+            } else {
+                groups.append((executor, [job]))
+            }
+        }
+        for group in groups {
+            let batch = group.jobs
+            group.executor.execute { for job in batch { job.complete() } }
+        }
+    }
+
+    public func setHandoff(_ handoff: (any DispatchHandoff)?) {
+        guard writer != nil else { return }
+        let state = writerState
+        _ = try? write { _ in state.handoff = handoff }
+    }
+
+    private static func insertSQL(state: ResponseState) -> String {
+        """
+        INSERT INTO responses (id_high, id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
+            state, attempts, next_attempt_at, created_at, expires_at, updated_at)
+        VALUES (?12, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, '\(state.rawValue)', 0, ?9, ?10, ?11, ?10)
+        ON CONFLICT (push_token, session_id, key_id, message_index) DO NOTHING
+        """
+    }
+    private static let insertQueuedSQL = insertSQL(state: .queued)
+    private static let insertInflightSQL = insertSQL(state: .inflight)
+
+    /// Runs on the writer thread inside the batch transaction. Returns the outcome and, when
+    /// the row was inserted inflight for the dispatcher, the row to hand over after COMMIT.
+    private static func ingest(_ request: IngestRequest, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> (IngestOutcome, OutboxRow?) {
+        // Credential: looked up in the same transaction, so a revocation committed by relayctl
+        // takes effect for the very next batch.
+        let cred: CachedCredential?
+        var touchChecked = false
+        if let last = state.lastCredential, last.hash == request.credentialHash {
+            cred = last.credential   // the common case: a batch from one credential, no hashing
+            touchChecked = last.touchChecked
+        } else if let cached = state.credentials[request.credentialHash] {
+            cred = cached
+            state.lastCredential = (request.credentialHash, cached, false)
+        } else {
+            let lookup = try db.held(&state.lookupCredential, "SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?")
+            defer { lookup.reset() }
+            try lookup.bind(1, request.credentialHash)
+            if try lookup.next(), !lookup.isNull(0), !lookup.isNull(1) {
+                cred = CachedCredential(id: lookup.text(0), hash: lookup.blob(1), apps: splitApps(lookup.text(2)), revoked: !lookup.isNull(3))
+            } else {
+                cred = nil
+            }
+            state.credentials[request.credentialHash] = .some(cred)
+            state.lastCredential = (request.credentialHash, cred, false)
+        }
+        let credID: String, app: String
+        switch StoreRules.admit(credential: cred, presentedHash: request.credentialHash, requestedApp: request.response.app,
+                                configuredApps: request.configuredApps) {
+        case .refused(let outcome): return (outcome, nil)
+        case .admitted(let c, let a): (credID, app) = (c, a)
+        }
+        // last_used_at is kept to the minute: checked once per credential and batch, not per row.
+        if !touchChecked {
+            if (state.credentialTouched[credID] ?? 0) < now - 60_000 {
+                try db.run("UPDATE credentials SET last_used_at = ? WHERE id = ?", [.integer(now), .text(credID)])
+                state.credentialTouched[credID] = now
+            }
+            state.lastCredential?.touchChecked = true
+        }
+        let r = request.response
+        var due = now
+        // Slow path (rare): the token was reported unregistered or is paced, or the outbox is
+        // at its bound: check duplicates first so a retried POST still gets its 200.
+        // isEmpty first: hashing the token for an empty set cost ~1k instructions a row.
+        if (!state.watchedTokens.isEmpty && state.watchedTokens.contains(r.pushToken)) || state.pending >= request.maxPending {
+            if let dup = try existing(r, db: db) { return (StoreRules.dedupe(dup, credentialID: credID), nil) }
+            if let unreg = try db.query("SELECT apns_timestamp FROM unregistered_tokens WHERE token = ?", [.text(r.pushToken)]).first,
+               let reportedAt = unreg[0].int {
+                let lastSeen = try db.scalar("SELECT max(created_at) FROM responses WHERE push_token = ?", [.text(r.pushToken)]).int
+                if StoreRules.isUnregistered(cutoff: reportedAt, lastSeen: lastSeen) { return (.unregistered, nil) }
+            }
+            guard state.pending < request.maxPending else { return (.overCapacity, nil) }
+            if let paced = try db.query("SELECT paced_until FROM token_pacing WHERE token = ?", [.text(r.pushToken)]).first?[0].int, paced > now {
+                due = paced
+            }
+        }
+        let handOff = due <= now && (state.handoff?.reserve() ?? false)
+        if handOff { state.reservedInBatch += 1 }
+        var (id, high) = state.ids.mint(nowMillis: now)
+        let expires = now + request.ttlMillis
+        // Two statements with the state as a literal, bound without [SQLValue] arrays.
+        let insert = handOff ? try db.held(&state.insertInflight, insertInflightSQL) : try db.held(&state.insertQueued, insertQueuedSQL)
+        var clashes = 0
+        while true {
+            try insert.bind(1, id)
+            try insert.bind(2, app)
+            try insert.bind(3, r.pushToken)
+            try insert.bind(4, r.sessionIdentifier)
+            try insert.bind(5, r.keyID)
+            try insert.bind(6, Int64(r.messageIndex))
+            try insert.bind(7, r.encryptedData)
+            try insert.bind(8, credID)
+            try insert.bind(9, due)
+            try insert.bind(10, now)
+            try insert.bind(11, expires)
+            try insert.bind(12, high)
+            do {
+                try insert.stepOnce()
+                break
+            } catch let error as StoreError where error.isPrimaryKeyConflict && clashes < maxKeyClashes {
+                // The id's high word is taken: another process on this file minted it in the
+                // same millisecond, or this one restarted after the clock stepped back. Only
+                // this statement failed (the dedupe conflict target does not cover the key, so
+                // it is not taken for a duplicate); move past the highest key of that
+                // millisecond (exact: we hold the write lock) and mint again.
+                clashes += 1
+                let bucket = high & ~0xfff   // same ms, version 7, counter 0
+                let top = try db.scalar("SELECT max(id_high) FROM responses WHERE id_high BETWEEN ? AND ?",
+                                        [.integer(bucket), .integer(bucket | 0xfff)]).int
+                state.ids.advance(pastHigh: top ?? high)
+                (id, high) = state.ids.mint(nowMillis: now)
+            }
+        }
+        let inserted = db.changes
+        if inserted == 0 {
+            // The dedupe key exists: answer with the stored row.
+            if handOff {
+                state.handoff?.release(1)
+                state.reservedInBatch -= 1
+            }
+            guard let dup = try existing(r, db: db) else { throw StoreError.invalid("insert ignored but no duplicate found") }
+            return (StoreRules.dedupe(dup, credentialID: credID), nil)
+        }
+        state.pending += 1
+        guard handOff else {
+            state.queuedInBatch += 1
+            return (.accepted(id: id), nil)
+        }
+        let row = OutboxRow(id: id, app: app, pushToken: r.pushToken, sessionIdentifier: r.sessionIdentifier, keyID: r.keyID,
+                            messageIndex: r.messageIndex, encryptedData: r.encryptedData, credentialID: credID, state: .inflight,
+                            attempts: 0, nextAttemptAt: due, createdAt: now, expiresAt: expires, lastStatus: nil, lastReason: nil, updatedAt: now)
+        return (.accepted(id: id), row)
+    }
+
+    /// Ingest attempts per row whose id's high word was taken (each moves past a whole
+    /// millisecond's keys, so one is almost always enough).
+    static let maxKeyClashes = 16
+
+    private static func existing(_ r: NewResponse, db: SQLiteDatabase) throws -> ExistingRow? {
+        let rows = try db.query(
+            "SELECT id, state, credential_id FROM responses WHERE push_token = ? AND session_id = ? AND key_id = ? AND message_index = ?",
+            [.text(r.pushToken), .text(r.sessionIdentifier), .blob(r.keyID), .integer(Int64(r.messageIndex))])
+        guard let row = rows.first, let id = row[0].string, let s = row[1].string.flatMap(ResponseState.init(rawValue:)),
+              let cred = row[2].string else { return nil }
+        return ExistingRow(id: id, state: s, credentialID: cred)
+    }
+
+    static func splitApps(_ s: String) -> [String] {
+        s.split(separator: ",").map { String($0) }.filter { !$0.isEmpty }
+    }
+}

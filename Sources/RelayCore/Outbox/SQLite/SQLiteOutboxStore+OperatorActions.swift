@@ -1,0 +1,74 @@
+// SQLiteOutboxStore: operator actions (requeue, purge, forget a token), on the writer.
+import FoundationEssentials
+import Glibc
+import POSIXThreads
+import Ratchet
+
+extension SQLiteOutboxStore {
+    public func requeue(ids: [String]) throws -> Int {
+        let now = clock.nowMillis()
+        let state = writerState
+        return try write { db in
+            var n = 0
+            for id in ids {
+                let id = id.lowercased()
+                guard let high = UUIDText.high64(id) else { continue }   // not a UUID: no such row
+                let wasTerminal = try db.scalar("SELECT state = 'failed' FROM responses WHERE id_high = ? AND id = ?", [.integer(high), .text(id)]).int == 1
+                // StoreRules.requeueableStates, checked in the same transaction as the update.
+                let changed = try db.run(
+                    "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE id_high = ? AND id = ? AND state IN \(StoreRules.requeueableSQL)",
+                    [.integer(now), .integer(StoreRules.requeueExpiryFloor(now: now)), .integer(now), .integer(high), .text(id)])
+                if changed > 0 && wasTerminal { state.pending += 1 }
+                n += changed
+            }
+            return n
+        }
+    }
+
+    public func requeueFailed(reason: String?) throws -> Int {
+        let now = clock.nowMillis()
+        let state = writerState
+        return try write { db in
+            let n: Int
+            if let reason {
+                n = try db.run(
+                    "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE state = 'failed' AND last_reason = ?",
+                    [.integer(now), .integer(StoreRules.requeueExpiryFloor(now: now)), .integer(now), .text(reason)])
+            } else {
+                n = try db.run(
+                    "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE state = 'failed'",
+                    [.integer(now), .integer(StoreRules.requeueExpiryFloor(now: now)), .integer(now)])
+            }
+            state.pending += n
+            return n
+        }
+    }
+
+    public func purge(state s: ResponseState, olderThan: Int64, dryRun: Bool) throws -> Int {
+        guard s.isTerminal else { throw StoreError.invalid("only delivered or failed rows can be purged") }
+        if dryRun {
+            return try read { db in
+                Int(try db.scalar("SELECT count(*) FROM responses WHERE state = '\(s.rawValue)' AND updated_at < ?", [.integer(olderThan)]).int ?? 0)
+            }
+        }
+        return try PurgeBatches.run(self, state: s, olderThan: olderThan)
+    }
+
+    public func purgeBatch(state s: ResponseState, olderThan: Int64, limit: Int) throws -> Int {
+        guard s.isTerminal else { throw StoreError.invalid("only delivered or failed rows can be purged") }
+        return try write { db in
+            // The state is a literal (a terminal enum value, not client input) so the planner can
+            // use the partial index responses_done, which a bound parameter would not prove.
+            let rows = try db.query("SELECT id_high, id FROM responses WHERE state = '\(s.rawValue)' AND updated_at < ? ORDER BY updated_at LIMIT ?",
+                                    [.integer(olderThan), .integer(Int64(max(0, limit)))])
+            for r in rows {
+                try db.run("DELETE FROM attempts WHERE response_id = ?", [r[1]])
+                try db.run("DELETE FROM responses WHERE id_high = ?", [r[0]])
+            }
+            return rows.count
+        }
+    }
+    public func forgetToken(_ token: String) throws -> Bool {
+        try write { db in try db.run("DELETE FROM unregistered_tokens WHERE token = ?", [.text(token.lowercased())]) > 0 }
+    }
+}

@@ -1,0 +1,218 @@
+// SQLiteOutboxStore: the schema migrations (PRAGMA user_version) and their runner.
+import FoundationEssentials
+import Glibc
+import POSIXThreads
+import Ratchet
+
+extension SQLiteOutboxStore {
+    static let migrations: [String] = [
+        // v1
+        """
+        CREATE TABLE responses (
+            id TEXT PRIMARY KEY,
+            app TEXT NOT NULL,
+            push_token TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            key_id BLOB NOT NULL,
+            message_index INTEGER NOT NULL,
+            encrypted_data BLOB NOT NULL,
+            credential_id TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('queued','inflight','retry','delivered','failed')),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            last_status INTEGER,
+            last_reason TEXT,
+            updated_at INTEGER NOT NULL,
+            UNIQUE (push_token, session_id, key_id, message_index)
+        );
+        CREATE INDEX responses_claim ON responses (state, next_attempt_at);
+        CREATE INDEX responses_updated ON responses (state, updated_at);
+        CREATE TABLE attempts (
+            id INTEGER PRIMARY KEY,
+            response_id TEXT NOT NULL,
+            attempted_at INTEGER NOT NULL,
+            status INTEGER,
+            reason TEXT,
+            apns_timestamp INTEGER,
+            latency_us INTEGER
+        );
+        CREATE INDEX attempts_response ON attempts (response_id, id);
+        CREATE TABLE credentials (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            hash BLOB NOT NULL UNIQUE,
+            apps TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            last_used_at INTEGER,
+            revoked_at INTEGER
+        );
+        CREATE TABLE unregistered_tokens (
+            token TEXT PRIMARY KEY,
+            apns_timestamp INTEGER NOT NULL,
+            recorded_at INTEGER NOT NULL
+        );
+        CREATE TABLE token_pacing (
+            token TEXT PRIMARY KEY,
+            paced_until INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL
+        );
+        """,
+        // v2: the pending-row counter kept per transaction, so start-up does not count the
+        // whole outbox (1M rows: hundreds of milliseconds) to enforce store.maxPending.
+        """
+        CREATE TABLE outbox_stats (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            pending INTEGER NOT NULL
+        );
+        INSERT INTO outbox_stats (id, pending)
+            SELECT 1, count(*) FROM responses WHERE state IN ('queued','inflight','retry');
+        """,
+        // v3: a cheaper INSERT per ingest (docs/architecture.md "Performance notes"). The table
+        // is rebuilt because SQLite cannot alter a CHECK constraint:
+        //  - `state IN (<5 literals>)` made every INSERT/UPDATE build and drop an ephemeral
+        //    B-tree to evaluate the CHECK; the same constraint as an OR chain needs none.
+        //  - responses_updated only serves purge and "recent outcomes", which ask for terminal
+        //    rows: as the partial index responses_done an ingest (queued/inflight) and a claim
+        //    no longer touch it.
+        // Rows keep their rowid, id and every column; ids minted from now on are time-ordered
+        // (UUIDv7), so the id index grows at its right edge instead of at random pages.
+        """
+        DROP INDEX responses_claim;
+        DROP INDEX responses_updated;
+        ALTER TABLE responses RENAME TO responses_v2;
+        CREATE TABLE responses (
+            id TEXT PRIMARY KEY,
+            app TEXT NOT NULL,
+            push_token TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            key_id BLOB NOT NULL,
+            message_index INTEGER NOT NULL,
+            encrypted_data BLOB NOT NULL,
+            credential_id TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state = 'queued' OR state = 'inflight' OR state = 'retry' OR state = 'delivered' OR state = 'failed'),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            last_status INTEGER,
+            last_reason TEXT,
+            updated_at INTEGER NOT NULL,
+            UNIQUE (push_token, session_id, key_id, message_index)
+        );
+        INSERT INTO responses (rowid, id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id, state,
+                               attempts, next_attempt_at, created_at, expires_at, last_status, last_reason, updated_at)
+            SELECT rowid, id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id, state,
+                   attempts, next_attempt_at, created_at, expires_at, last_status, last_reason, updated_at
+            FROM responses_v2 ORDER BY rowid;
+        DROP TABLE responses_v2;
+        CREATE INDEX responses_claim ON responses (state, next_attempt_at);
+        CREATE INDEX responses_done ON responses (state, updated_at) WHERE state = 'delivered' OR state = 'failed';
+        """,
+        // v4: responses_claim keeps only rows that can still be claimed or are being sent, so a
+        // delivery (inflight -> delivered) only deletes its entry instead of moving it, and the
+        // index does not grow with the delivered history. Terminal rows are counted through
+        // responses_done. Queries name the state as a literal so the planner can use them.
+        """
+        DROP INDEX responses_claim;
+        CREATE INDEX responses_claim ON responses (state, next_attempt_at) WHERE state = 'queued' OR state = 'inflight' OR state = 'retry';
+        """,
+        // v5: the id's first 64 bits are the row's key (`id_high`, the rowid), and the `id`
+        // primary-key index goes: an ingest INSERT writes three B-trees instead of four, and a
+        // lookup by id is a rowid descent (`WHERE id_high = ? AND id = ?`, id_high computed in
+        // Swift by UUIDText.high64). UUIDv7 high words (timestamp, version 7, counter) increase
+        // in commit order, so rows are appended at the table's right edge; v4 ids (version 4)
+        // can never share a high word with a v7 id. The column is declared INTEGER PRIMARY KEY,
+        // not left as the bare rowid: VACUUM (and relayctl backup's VACUUM INTO) may renumber
+        // the rowids of a table without one, and `sqlite3 .dump` does not write them.
+        // relay_id_rowid() is defined by migrate(); it refuses ids that are not UUIDs, and two
+        // v4 ids sharing their first 64 bits (~2^-60 per pair) fail the INSERT, which migrate()
+        // turns into an error naming them. Rows are copied in key order (appends, full pages).
+        """
+        DROP INDEX responses_claim;
+        DROP INDEX responses_done;
+        ALTER TABLE responses RENAME TO responses_v4;
+        CREATE TABLE responses (
+            id_high INTEGER PRIMARY KEY,
+            id TEXT NOT NULL,
+            app TEXT NOT NULL,
+            push_token TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            key_id BLOB NOT NULL,
+            message_index INTEGER NOT NULL,
+            encrypted_data BLOB NOT NULL,
+            credential_id TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state = 'queued' OR state = 'inflight' OR state = 'retry' OR state = 'delivered' OR state = 'failed'),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            last_status INTEGER,
+            last_reason TEXT,
+            updated_at INTEGER NOT NULL,
+            UNIQUE (push_token, session_id, key_id, message_index)
+        );
+        INSERT INTO responses (id_high, id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id, state,
+                               attempts, next_attempt_at, created_at, expires_at, last_status, last_reason, updated_at)
+            SELECT relay_id_rowid(id), id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id, state,
+                   attempts, next_attempt_at, created_at, expires_at, last_status, last_reason, updated_at
+            FROM responses_v4 ORDER BY 1;
+        DROP TABLE responses_v4;
+        CREATE INDEX responses_claim ON responses (state, next_attempt_at) WHERE state = 'queued' OR state = 'inflight' OR state = 'retry';
+        CREATE INDEX responses_done ON responses (state, updated_at) WHERE state = 'delivered' OR state = 'failed';
+        """,
+    ]
+
+    /// Schema v5's key of a stored id (its first 64 bits), for the migration's copy.
+    struct NotAUUID: Error, CustomStringConvertible {
+        var id: String
+        var description: String {
+            "response id '\(id)' is not a UUID: schema v5 keys each row by its id's first 64 bits, and a relay never minted such an id; delete or correct that row, then start again"
+        }
+    }
+
+    /// Applies every migration above the file's user_version, each in its own transaction.
+    /// Refuses a database written by a newer relay.
+    static func migrate(_ db: SQLiteDatabase, onSlowStart: (@Sendable (String) -> Void)? = nil,
+                        reportEveryMicros: Int64 = 1_000_000) throws {
+        try db.defineFunction("relay_id_rowid") { text in
+            guard let text else { throw NotAUUID(id: "NULL") }
+            guard let high = UUIDText.high64(text) else { throw NotAUUID(id: String(decoding: text.prefix(64), as: UTF8.self)) }
+            return high
+        }
+        try db.transaction {
+            let current = Int(try db.scalar("PRAGMA user_version").int ?? 0)
+            guard current <= migrations.count else {
+                throw StoreError.invalid("database schema version \(current) is newer than this relay (\(migrations.count))")
+            }
+            for v in current..<migrations.count {
+                var lastReport = monotonicMicros()
+                let stage = "migrating the database to schema v\(v + 1)"
+                try db.withProgress(everySteps: 100_000, {
+                    let now = monotonicMicros()
+                    guard let onSlowStart, now - lastReport >= reportEveryMicros else { return }
+                    lastReport = now
+                    onSlowStart(stage)
+                }) {
+                    do {
+                        try db.execute(migrations[v])
+                    } catch let error as StoreError where v == 4 && error.isPrimaryKeyConflict {
+                        throw try v5KeyClash(db)
+                    }
+                }
+                try db.execute("PRAGMA user_version = \(v + 1)")
+            }
+        }
+    }
+
+    /// The v5 copy hit two ids with the same first 64 bits (only random v4 ids can: ~2^-60 per
+    /// pair). The INSERT was rolled back, responses_v4 is still there (the transaction rolls
+    /// back after this): name the ids so an operator can decide which row to delete.
+    private static func v5KeyClash(_ db: SQLiteDatabase) throws -> StoreError {
+        let groups = try db.query("""
+            SELECT group_concat(id, ', ') FROM responses_v4 GROUP BY relay_id_rowid(id) HAVING count(*) > 1 LIMIT 5
+            """).compactMap { $0[0].string }
+        return .invalid("schema v5 migration: response ids share their first 64 bits, the row key from v5 on (\(groups.map { "{\($0)}" }.joined(separator: " "))); delete all but one of each group, then start again")
+    }
+}

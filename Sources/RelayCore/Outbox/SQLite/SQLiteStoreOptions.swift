@@ -1,0 +1,26 @@
+// Tuning and mode of a SQLiteOutboxStore (store.* keys of the config).
+public struct SQLiteStoreOptions: Sendable {
+    public enum Synchronous: String, Sendable {
+        case full = "FULL", normal = "NORMAL"
+    }
+    /// FULL (default) survives power loss; NORMAL in WAL mode survives process crashes only.
+    public var synchronous: Synchronous = .full
+    public var busyTimeoutMillis: Int32 = 5000
+    public var maxBatch: Int = 1024
+    /// Open only a read connection (relayctl status/list while the server runs).
+    public var readOnly: Bool = false
+    /// store.minFreeBytes: ingest answers storageFull below it (0 = off); `freeSpaceProbe`
+    /// replaces statvfs in tests.
+    public var minFreeBytes: Int64 = 0
+    public var freeSpaceProbe: FreeSpaceGuard.Probe?
+    /// Called about once a second while opening the store takes long (a schema migration that
+    /// rebuilds the outbox: ~16 s per million rows), with a human-readable stage. relay-server
+    /// uses it to extend systemd's start timeout (EXTEND_TIMEOUT_USEC) and to log progress.
+    public var onSlowStart: (@Sendable (String) -> Void)?
+    public init(synchronous: Synchronous = .full, busyTimeoutMillis: Int32 = 5000, maxBatch: Int = 1024, readOnly: Bool = false) {
+        self.synchronous = synchronous
+        self.busyTimeoutMillis = busyTimeoutMillis
+        self.maxBatch = maxBatch
+        self.readOnly = readOnly
+    }
+}
