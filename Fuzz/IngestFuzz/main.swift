@@ -72,7 +72,7 @@ private final class ResponseBox: Sendable {
 }
 
 private let fixture = Fixture()
-private let documented: Set<Int> = [200, 202, 400, 401, 403, 410, 413, 415, 429, 503]
+private let documented: Set<Int> = [200, 202, 400, 401, 403, 409, 410, 413, 415, 429, 503]
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func ingestFuzzOneInput(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {

@@ -87,6 +87,9 @@ struct SeededDatabase {
     var tokens: [String: String] = [:]
     var credentialSecret = ""
     var credentialID = ""
+    /// Wall-clock milliseconds the seed's "now" was taken at: its rows are two hours and ten
+    /// minutes older than this.
+    var seededAtMillis: Int64 = 0
     static let app = "com.example.companion"
 
     static func make() async throws -> SeededDatabase {
@@ -95,6 +98,7 @@ struct SeededDatabase {
         var seeded = SeededDatabase(directory: dir, path: dir.appendingPathComponent("relay.db").path)
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let clock = SeedClock(now - 2 * 3_600_000)  // two hours ago
+        seeded.seededAtMillis = now
         let store = try SQLiteOutboxStore(path: seeded.path, clock: clock)
         defer { store.close() }
         let credential = try store.createCredential(name: "fleet-test", apps: [app])
