@@ -31,7 +31,7 @@ let package = Package(
         // Hex, base64, UUID text, JSON string escaping, write-all: once, no Foundation, no C.
         .target(name: "Basics"),
         // Apple's Symmetric Key Ratchet, HKDF, AES-GCM, wire codecs.
-        .target(name: "Ratchet", dependencies: ["COpenSSL"]),
+        .target(name: "Ratchet", dependencies: ["Basics", "COpenSSL"]),
         // Apple's accessory key exchange: ML-KEM-768 (Swift), X-Wing, HPKE (RFC 9180), the derivations.
         .target(name: "KeyExchange", dependencies: ["Ratchet", "COpenSSL"]),
         // Event-loop HTTP/1.1 + HTTP/2 server core (libuv, OpenSSL, nghttp2).
@@ -42,15 +42,15 @@ let package = Package(
         // Named pthreads and a condition variable for modules that must not link Foundation.
         .target(name: "POSIXThreads"),
         // APNs HTTP/2 client (nghttp2 client sessions over OpenSSL), ES256 JWT, result classification.
-        .target(name: "PushClient", dependencies: ["CNghttp2", "COpenSSL"]),
+        .target(name: "PushClient", dependencies: ["Basics", "CNghttp2", "COpenSSL"]),
         // The APNs look-alike used by tests, benchmarks and users' own tests.
-        .target(name: "MockAPNs", dependencies: ["HTTPServer", "Ratchet", "KeyExchange", "PushClient", "COpenSSL"]),
+        .target(name: "MockAPNs", dependencies: ["Basics", "HTTPServer", "Ratchet", "KeyExchange", "PushClient", "COpenSSL"]),
         // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API.
-        .target(name: "RelayCore", dependencies: ["HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "COpenSSL"]),
+        .target(name: "RelayCore", dependencies: ["Basics", "HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "COpenSSL"]),
 
         // MARK: Executables (thin: parse arguments, start a service)
-        .executableTarget(name: "relay-server", dependencies: ["RelayCore"], path: "Sources/RelayServer"),
-        .executableTarget(name: "relayctl", dependencies: ["RelayCore", "Ratchet", "KeyExchange", "CCurl", "COpenSSL"]),
+        .executableTarget(name: "relay-server", dependencies: ["Basics", "RelayCore"], path: "Sources/RelayServer"),
+        .executableTarget(name: "relayctl", dependencies: ["Basics", "RelayCore", "Ratchet", "KeyExchange", "CCurl", "COpenSSL"]),
         .executableTarget(name: "mock-apns", dependencies: ["MockAPNs"]),
         // Release-built micro-benchmark of the Ratchet module for scripts/bench-ratchet.sh.
         .executableTarget(name: "ratchet-bench", dependencies: ["Ratchet"]),

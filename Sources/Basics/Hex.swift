@@ -2,13 +2,13 @@
 
 public enum Hex {
     /// True for 0-9, a-f, A-F (ASCII only).
-    @inline(__always)
+    @inlinable
     public static func isDigit(_ b: UInt8) -> Bool {
         (b >= 0x30 && b <= 0x39) || (b >= 0x61 && b <= 0x66) || (b >= 0x41 && b <= 0x46)
     }
 
     /// The value of one hex digit (either case), or nil.
-    @inline(__always)
+    @inlinable
     public static func value(_ b: UInt8) -> UInt8? {
         switch b {
         case 0x30...0x39: return b - 0x30

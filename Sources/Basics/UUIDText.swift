@@ -62,6 +62,24 @@ public enum UUIDText {
         return ok ? out : nil
     }
 
+    /// The first 8 bytes of an 8-4-4-4-12 hex UUID (either case) read big-endian, as a signed
+    /// bit pattern (the relay's SQLite rowid of the response with this id). Nil when the text is
+    /// not a UUID.
+    public static func high64(_ s: String) -> Int64? {
+        var s = s
+        return s.withUTF8 { high64($0) }
+    }
+
+    public static func high64(_ utf8: UnsafeBufferPointer<UInt8>) -> Int64? {
+        var t: (UInt64, UInt64) = (0, 0)
+        return withUnsafeMutableBytes(of: &t) { b -> Int64? in
+            guard parse(utf8, into: b) else { return nil }
+            var h: UInt64 = 0
+            for i in 0..<8 { h = h << 8 | UInt64(b[i]) }
+            return Int64(bitPattern: h)
+        }
+    }
+
     /// Writes the 16 bytes of an 8-4-4-4-12 hex UUID (either case) into `out` (16 bytes);
     /// false, with `out` unspecified, when the text is not one.
     public static func parse(_ utf8: UnsafeBufferPointer<UInt8>, into out: UnsafeMutableRawBufferPointer) -> Bool {

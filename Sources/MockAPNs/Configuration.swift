@@ -1,6 +1,7 @@
 // mock-apns configuration: the in-process struct, the JSON config file and the command line.
 // The file and the flags share one schema (`MockAPNsOptions`); flags override scalar settings
 // of the file and add to its lists.
+import Basics
 import Foundation
 import KeyExchange
 import Ratchet
@@ -230,7 +231,7 @@ public struct MockAPNsOptions: Codable, Sendable, Equatable {
             guard let keyID = Data(base64Encoded: option.keyID), keyID.count == 4 else {
                 throw MockConfigurationError("--root-secret: keyID \"\(option.keyID)\" is not base64 of 4 bytes")
             }
-            guard let secret = decodeHex(option.secret), secret.count == 32 else {
+            guard let secret = Hex.decode(option.secret), secret.count == 32 else {
                 throw MockConfigurationError("--root-secret: secret for keyID \(option.keyID) is not 64 hex digits")
             }
             return MockRootSecret(keyID: Array(keyID), rootSecret: SecretKey(bytes: secret))
@@ -312,13 +313,6 @@ func parseHostPort(_ text: String, what: String) throws -> (String, Int) {
         throw MockConfigurationError("\(what): \"\(text)\" is not HOST:PORT with PORT 0...65535")
     }
     return (String(host), port)
-}
-
-func decodeHex(_ text: String) -> [UInt8]? {
-    let bytes = Array(text.utf8)
-    guard bytes.count % 2 == 0, bytes.allSatisfy(isHexDigit) else { return nil }
-    func nibble(_ b: UInt8) -> UInt8 { b <= 0x39 ? b - 0x30 : (b | 0x20) - 0x61 + 10 }
-    return stride(from: 0, to: bytes.count, by: 2).map { nibble(bytes[$0]) << 4 | nibble(bytes[$0 + 1]) }
 }
 
 /// The `mock-apns` command line.

@@ -4,6 +4,7 @@
 // the process. Lines are encoded by hand (~1-2 us), not through JSONSerialization: when they
 // were encoded and written on a background queue, a relay draining a backlog at ~20k pushes/s
 // outran that queue, and a kill -9 lost thousands of answered pushes' lines.
+import Basics
 import Foundation
 import Synchronization
 #if canImport(Glibc)
@@ -122,16 +123,9 @@ public final class DeliveryRecorder: Sendable {
         guard fd >= 0 else { return }
         let line = delivery.logLine()
         writing.withLock { _ in
-            line.withUnsafeBytes { raw in
-                var done = 0
-                while done < raw.count {
-                    let n = Glibc.write(fd, raw.baseAddress! + done, raw.count - done)
-                    if n > 0 { done += n } else if n < 0 && errno == EINTR { continue } else {
-                        // Disk full or the file gone: the push is still answered; say so once per failure.
-                        FileHandle.standardError.write(Data("mock-apns: --deliveries-log write failed: \(String(cString: strerror(errno)))\n".utf8))
-                        return
-                    }
-                }
+            // Disk full or the file gone: the push is still answered; say so once per failure.
+            if let e = line.withUnsafeBytes({ FileDescriptor.writeAll(fd, $0) }) {
+                FileHandle.standardError.write(Data("mock-apns: --deliveries-log write failed: \(String(cString: strerror(e)))\n".utf8))
             }
         }
     }
@@ -175,10 +169,10 @@ extension MockDelivery {
         func key(_ k: String) {
             o.append(first ? UInt8(ascii: "{") : UInt8(ascii: ","))
             first = false
-            appendJSONString(k, to: &o)
+            JSONString.append(k, to: &o)
             o.append(UInt8(ascii: ":"))
         }
-        func string(_ k: String, _ v: String) { key(k); appendJSONString(v, to: &o) }
+        func string(_ k: String, _ v: String) { key(k); JSONString.append(v, to: &o) }
         func number<N: BinaryInteger>(_ k: String, _ v: N) { key(k); o.append(contentsOf: String(v).utf8) }
         string("apnsId", push.apnsID)
         if let c = push.collapseID { string("collapseId", c) }
@@ -195,7 +189,7 @@ extension MockDelivery {
                   let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) {
             o.append(contentsOf: data)
         } else {
-            appendJSONString(String(decoding: push.payload, as: UTF8.self), to: &o)
+            JSONString.append(String(decoding: push.payload, as: UTF8.self), to: &o)
         }
         if let p = push.priority { number("priority", p) }
         string("pushType", push.pushType)
@@ -214,9 +208,9 @@ extension MockDelivery {
                 guard v != nil || k == "userText" else { continue }
                 if !firstField { o.append(UInt8(ascii: ",")) }
                 firstField = false
-                appendJSONString(k, to: &o)
+                JSONString.append(k, to: &o)
                 o.append(UInt8(ascii: ":"))
-                if let v { appendJSONString(v, to: &o) } else { o.append(contentsOf: "null".utf8) }
+                if let v { JSONString.append(v, to: &o) } else { o.append(contentsOf: "null".utf8) }
             }
             o.append(UInt8(ascii: "}"))
         }
@@ -235,24 +229,6 @@ extension MockDelivery {
         o.append(0x0A)
         return o
     }
-}
-
-/// A JSON string literal: quotes, backslashes and control bytes escaped, other UTF-8 as is.
-func appendJSONString(_ s: String, to o: inout [UInt8]) {
-    let hex: [UInt8] = Array("0123456789abcdef".utf8)
-    o.append(UInt8(ascii: "\""))
-    for b in s.utf8 {
-        switch b {
-        case UInt8(ascii: "\""): o.append(contentsOf: [0x5C, 0x22])
-        case 0x5C: o.append(contentsOf: [0x5C, 0x5C])
-        case 0x0A: o.append(contentsOf: [0x5C, UInt8(ascii: "n")])
-        case 0x0D: o.append(contentsOf: [0x5C, UInt8(ascii: "r")])
-        case 0x09: o.append(contentsOf: [0x5C, UInt8(ascii: "t")])
-        case 0..<0x20: o.append(contentsOf: [0x5C, UInt8(ascii: "u"), 0x30, 0x30, hex[Int(b >> 4)], hex[Int(b & 0xF)]])
-        default: o.append(b)
-        }
-    }
-    o.append(UInt8(ascii: "\""))
 }
 
 /// Counters for GET /stats.

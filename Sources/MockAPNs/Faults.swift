@@ -1,5 +1,6 @@
 // Fault plans: what the mock does wrong on purpose. Selection is pure (random number injected)
 // so tests can pin it; the server applies the decision.
+import Basics
 import Foundation
 
 /// One fault rule. Request-level rules match by `deviceToken` (if set) and then by `fraction`
@@ -50,7 +51,7 @@ public struct FaultRule: Codable, Sendable, Equatable {
         if let n = goAwayAfter, n < 1 { throw MockConfigurationError("fault: goAwayAfter must be >= 1") }
         if let n = closeAfter, n < 1 { throw MockConfigurationError("fault: closeAfter must be >= 1") }
         if let n = goAwayAfterErrors, n < 1 { throw MockConfigurationError("fault: goAwayAfterErrors must be >= 1") }
-        if let token = deviceToken, token.isEmpty || !token.utf8.allSatisfy(isHexDigit) {
+        if let token = deviceToken, token.isEmpty || !token.utf8.allSatisfy(Hex.isDigit) {
             throw MockConfigurationError("fault: deviceToken must be hex")
         }
         let acts = status != nil || latencyMs != nil || stall == true || abort == true || goAwayAfter != nil || closeAfter != nil

@@ -1,6 +1,7 @@
 // Provider-token (JWT) checks as APNs does them: structure, ES256 signature against the
 // configured key for `kid`, `iss` = that key's team, numeric `iat` not older than one hour and
 // not in the future. Pure apart from the signature check (OpenSSLCrypto.swift).
+import Basics
 import Foundation
 
 /// A signing key APNs knows: key ID (10 characters from Apple), team ID, and its public key.
@@ -53,31 +54,10 @@ public enum ProviderTokenFailure: Error, Sendable, Equatable {
     }
 }
 
+/// Unpadded base64url (JWS compact form), strict and canonical on decode (one token, one spelling).
 public enum Base64URL {
-    public static func encode(_ bytes: [UInt8]) -> String {
-        Data(bytes).base64EncodedString()
-            .replacingOccurrences(of: "+", with: "-")
-            .replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
-    }
-
-    /// Strict: only the URL-safe alphabet, no padding (JWS compact form), canonical.
-    public static func decode(_ text: Substring) -> [UInt8]? {
-        guard text.utf8.allSatisfy({ b in
-            (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A) || (b >= 0x30 && b <= 0x39) || b == 0x2D || b == 0x5F
-        }) else { return nil }
-        var s = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        switch s.count % 4 {
-        case 0: break
-        case 2: s += "=="
-        case 3: s += "="
-        default: return nil
-        }
-        guard let bytes = Data(base64Encoded: s).map({ Array($0) }) else { return nil }
-        // Canonical only: unused trailing bits must be zero, so one token has one spelling.
-        guard encode(bytes) == text else { return nil }
-        return bytes
-    }
+    public static func encode(_ bytes: [UInt8]) -> String { Base64.encode(bytes, alphabet: .url, padding: false) }
+    public static func decode(_ text: Substring) -> [UInt8]? { Base64.decode(text, alphabet: .url, padding: false) }
 }
 
 /// Checks provider tokens against the configured keys. Results of the signature check are cached

@@ -1,6 +1,7 @@
 // APNs request validation as one pure function: request (+ the connection's auth state) ->
 // accepted push or (status, reason). Order of checks: method, path, token, duplicate headers,
 // apns-id, provider token, topic, push type, priority, expiration, collapse id, payload.
+import Basics
 import Foundation
 import Synchronization
 
@@ -93,7 +94,7 @@ public struct RequestValidator: Sendable {
         guard path == prefix || path.hasPrefix(prefix + "/") else { return reject(404, .badPath, "path must be /3/device/<token>") }
         let token = path.dropFirst(prefix.count).drop(while: { $0 == "/" })
         guard !token.isEmpty else { return reject(400, .missingDeviceToken, "no device token in the path") }
-        guard !token.contains("/"), token.utf8.count % 2 == 0, token.utf8.allSatisfy(isHexDigit) else {
+        guard !token.contains("/"), token.utf8.count % 2 == 0, token.utf8.allSatisfy(Hex.isDigit) else {
             return reject(400, .badDeviceToken, "device token must be an even number of hex digits")
         }
 
@@ -278,27 +279,13 @@ public func randomUUID() -> UUID {
 
 /// `uuidString.lowercased()` without Foundation's snprintf round trip.
 public func lowercaseString(_ uuid: UUID) -> String {
-    let digits: [UInt8] = Array("0123456789abcdef".utf8)
-    return withUnsafeBytes(of: uuid.uuid) { raw in
-        String(unsafeUninitializedCapacity: 36) { out in
-            var o = 0
-            for (i, b) in raw.enumerated() {
-                if i == 4 || i == 6 || i == 8 || i == 10 { out[o] = 0x2D; o += 1 }
-                out[o] = digits[Int(b >> 4)]; out[o + 1] = digits[Int(b & 0x0F)]; o += 2
-            }
-            return o
-        }
-    }
+    withUnsafeBytes(of: uuid.uuid) { UUIDText.format(bytes: $0) }
 }
 
-/// A canonical 8-4-4-4-12 UUID string (checked by `isCanonicalUUID`) to its bytes, without
-/// Foundation's sscanf.
+/// A canonical 8-4-4-4-12 UUID string (either case) to its bytes, without Foundation's sscanf.
 func parseCanonicalUUID(_ text: String) -> UUID? {
-    guard isCanonicalUUID(text) else { return nil }
-    let hex = text.utf8.filter { $0 != 0x2D }
-    guard let bytes = decodeHex(String(decoding: hex, as: UTF8.self)), bytes.count == 16 else { return nil }
-    return UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
-                       bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
+    guard let b = UUIDText.parse(text) else { return nil }
+    return UUID(uuid: (b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]))
 }
 
 private let uuidPrefix = UInt64.random(in: 0...UInt64.max)
@@ -320,16 +307,5 @@ private func values(_ name: String, _ headers: [(String, String)]) -> [String] {
 }
 
 @inline(__always) private func isDigit(_ b: UInt8) -> Bool { b >= 0x30 && b <= 0x39 }
-@inline(__always) func isHexDigit(_ b: UInt8) -> Bool {
-    (b >= 0x30 && b <= 0x39) || (b >= 0x61 && b <= 0x66) || (b >= 0x41 && b <= 0x46)
-}
-
 /// 8-4-4-4-12 hex digits, either case.
-func isCanonicalUUID(_ text: String) -> Bool {
-    let bytes = Array(text.utf8)
-    guard bytes.count == 36 else { return false }
-    for (i, b) in bytes.enumerated() {
-        if i == 8 || i == 13 || i == 18 || i == 23 { if b != 0x2D { return false } } else if !isHexDigit(b) { return false }
-    }
-    return true
-}
+func isCanonicalUUID(_ text: String) -> Bool { UUIDText.isCanonical(text) }

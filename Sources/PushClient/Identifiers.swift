@@ -1,6 +1,7 @@
 // The two UUIDs a push carries, held as the text that goes on the wire. The relay keeps both as
 // text (the outbox row's id and session identifier), so it hands them over as text and they are
 // checked once here, instead of being parsed into `UUID`s only to be formatted back per push.
+import Basics
 import FoundationEssentials
 
 /// A push's `apns-id`: a UUID held as its canonical lowercase text, the form it is sent in
@@ -45,24 +46,7 @@ public struct SessionIdentifier: Sendable, Hashable, CustomStringConvertible {
 
 /// `uuid` as 8-4-4-4-12 hex text.
 func uuidText(_ uuid: UUID, uppercase: Bool) -> String {
-    String(unsafeUninitializedCapacity: 36) { writeUUIDText(uuid, uppercase: uppercase, into: $0); return 36 }
-}
-
-/// The 36 bytes of `uuid`'s 8-4-4-4-12 hex form written to `out` (at least 36 bytes long): the
-/// one UUID formatter in PushClient. By hand because `UUID.uuidString` goes through snprintf
-/// (~10k instructions) and a push built from `UUID`s formats two.
-func writeUUIDText(_ uuid: UUID, uppercase: Bool, into out: UnsafeMutableBufferPointer<UInt8>) {
-    let hex: StaticString = uppercase ? "0123456789ABCDEF" : "0123456789abcdef"
-    let h = hex.utf8Start
-    withUnsafeBytes(of: uuid.uuid) { u in
-        var o = 0
-        for i in 0..<16 {
-            if i == 4 || i == 6 || i == 8 || i == 10 { out[o] = UInt8(ascii: "-"); o += 1 }
-            out[o] = h[Int(u[i] >> 4)]
-            out[o + 1] = h[Int(u[i] & 0x0F)]
-            o += 2
-        }
-    }
+    withUnsafeBytes(of: uuid.uuid) { UUIDText.format(bytes: $0, uppercase: uppercase) }
 }
 
 /// What a pass over a candidate UUID text found.
@@ -78,6 +62,8 @@ private enum UUIDTextScan {
 /// `text` when it is an 8-4-4-4-12 hex UUID already in the wanted case (the relay's rows are:
 /// ids lowercase, session identifiers uppercase), so the common case neither allocates nor
 /// copies; a valid text in the other or mixed case comes back recased; anything else throws.
+// Stays here rather than in Basics.UUIDText: this branch-free pass runs twice per push and keeps
+// the text uncopied in the common case (docs/benchmarks.md, PushClient).
 func canonicalUUIDText(_ text: String, uppercase: Bool, field: String) throws(PushClientError) -> String {
     var text = text
     let scan = text.withUTF8 { u -> UUIDTextScan in

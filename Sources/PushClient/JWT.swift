@@ -1,4 +1,5 @@
 // ES256 provider tokens for APNs token auth.
+import Basics
 import FoundationEssentials
 
 public enum ProviderToken {
@@ -14,14 +15,8 @@ public enum ProviderToken {
         return signingInput + "." + base64URL(signature)
     }
 
+    /// Unpadded base64url (RFC 7515 JWS compact form).
     public static func base64URL(_ bytes: [UInt8]) -> String {
-        var out: [UInt8] = []
-        out.reserveCapacity(bytes.count * 4 / 3 + 4)
-        AccessoryPayload.appendBase64(bytes, to: &out)
-        while out.last == UInt8(ascii: "=") { out.removeLast() }
-        for i in out.indices {
-            if out[i] == UInt8(ascii: "+") { out[i] = UInt8(ascii: "-") } else if out[i] == UInt8(ascii: "/") { out[i] = UInt8(ascii: "_") }
-        }
-        return String(decoding: out, as: UTF8.self)
+        Base64.encode(bytes, alphabet: .url, padding: false)
     }
 }

@@ -2,6 +2,7 @@
 // hands it to that slot's thread, which owns one HTTP/2 connection at a time (nghttp2 client
 // session over OpenSSL on a non-blocking socket; older connections drain beside it).
 // See docs/pushclient.md for the threading and reconnection design.
+import Basics
 import FoundationEssentials
 import Glibc
 import Synchronization
@@ -104,7 +105,7 @@ public final class PushClient: Sendable {
         // Checked through withUTF8 pointer loops: `utf8.allSatisfy` walked String.UTF8View's
         // index machinery, ~2.3k instructions per push for a 64-character token (callgrind).
         var token = r.deviceToken
-        let tokenOK = token.withUTF8 { b in b.count <= 400 && b.allSatisfy { $0.isHexDigit } }
+        let tokenOK = token.withUTF8 { b in b.count <= 400 && b.allSatisfy(Hex.isDigit) }
         if !tokenOK { return .rejected(status: 400, reason: .badDeviceToken, timestamp: nil) }
         if r.bundleID.isEmpty { return .rejected(status: 400, reason: .missingTopic, timestamp: nil) }
         var topic = r.bundleID
@@ -131,10 +132,6 @@ struct EngineStats: Sendable, Equatable {
     var refusedRetries = 0
     /// Most streams one connection carried at once.
     var maxStreamsInFlight = 0
-}
-
-private extension UInt8 {
-    var isHexDigit: Bool { (0x30...0x39).contains(self) || (0x61...0x66).contains(self) || (0x41...0x46).contains(self) }
 }
 
 /// Immutable state every slot reads.

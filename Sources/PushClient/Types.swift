@@ -1,4 +1,5 @@
 // Public value types of the APNs client: where to connect, how to authenticate, what to send.
+import Basics
 import FoundationEssentials
 
 public enum APNsEnvironment: Sendable, Equatable {
@@ -155,47 +156,15 @@ public struct AccessoryPayload: Sendable, Equatable {
         var out: [UInt8] = []
         out.reserveCapacity(120 + (encryptedData.count + keyID.count) * 4 / 3)
         out.append(contentsOf: #"{"aps":{"encryptedData":""#.utf8)
-        Self.appendBase64(encryptedData, to: &out)
+        Base64.append(encryptedData, to: &out)
         out.append(contentsOf: #"","sessionIdentifier":""#.utf8)
         out.append(contentsOf: sessionIdentifier.text.utf8)
         out.append(contentsOf: #"","keyID":""#.utf8)
-        Self.appendBase64(keyID, to: &out)
+        Base64.append(keyID, to: &out)
         out.append(contentsOf: #"","messageIndex":""#.utf8)
         out.append(contentsOf: String(messageIndex).utf8)
         out.append(contentsOf: #""}}"#.utf8)
         return out
-    }
-
-    /// Standard base64 with padding, no line breaks (what `Data.base64EncodedString()` gives).
-    static func appendBase64(_ bytes: [UInt8], to out: inout [UInt8]) {
-        let n = bytes.count
-        let encoded = (n + 2) / 3 * 4
-        let start = out.count
-        // Grow once, then write through pointers: element-wise appends cost ~50 instructions
-        // per output byte, and this runs for every push.
-        out.append(contentsOf: repeatElement(0, count: encoded))
-        let alphabet: StaticString = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-        let a = alphabet.utf8Start
-        bytes.withUnsafeBufferPointer { src in
-            out.withUnsafeMutableBufferPointer { dst in
-                var i = 0, o = start
-                while i + 3 <= n {
-                    let v = UInt32(src[i]) << 16 | UInt32(src[i + 1]) << 8 | UInt32(src[i + 2])
-                    dst[o] = a[Int(v >> 18)]; dst[o + 1] = a[Int((v >> 12) & 63)]
-                    dst[o + 2] = a[Int((v >> 6) & 63)]; dst[o + 3] = a[Int(v & 63)]
-                    i += 3; o += 4
-                }
-                if n - i == 1 {
-                    let v = UInt32(src[i]) << 16
-                    dst[o] = a[Int(v >> 18)]; dst[o + 1] = a[Int((v >> 12) & 63)]
-                    dst[o + 2] = UInt8(ascii: "="); dst[o + 3] = UInt8(ascii: "=")
-                } else if n - i == 2 {
-                    let v = UInt32(src[i]) << 16 | UInt32(src[i + 1]) << 8
-                    dst[o] = a[Int(v >> 18)]; dst[o + 1] = a[Int((v >> 12) & 63)]
-                    dst[o + 2] = a[Int((v >> 6) & 63)]; dst[o + 3] = UInt8(ascii: "=")
-                }
-            }
-        }
     }
 }
 

@@ -2,6 +2,7 @@
 // reloads certificates and keys). Everything else lives in RelayCore (RelayService.swift), including
 // the signal handling.
 import Glibc
+import Basics
 import RelayCore
 
 let usage = """
@@ -25,12 +26,7 @@ let usage = """
     """
 
 func output(_ text: String, to fd: Int32) {
-    var bytes = Array(text.utf8)[...]
-    while !bytes.isEmpty {
-        let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        if n <= 0 { return }
-        bytes = bytes.dropFirst(n)
-    }
+    FileDescriptor.writeAll(fd, text)  // stderr gone: nothing left to tell
 }
 
 func fail(_ message: String, code: Int32) -> Never {

@@ -1,5 +1,6 @@
 // Ingest validation: a pure function from (content type, body bytes) to a canonical
 // NewResponse or a client error naming the field. No I/O; unit tested as a table.
+import Basics
 import FoundationEssentials
 
 /// What an HTTP client sees for a refused request. Never carries secrets, tokens or ciphertext.
@@ -26,26 +27,7 @@ public struct ClientError: Error, Equatable, Sendable {
 }
 
 /// JSON string literal with the escapes RFC 8259 requires.
-public func jsonString(_ s: String) -> String {
-    var out = "\""
-    for u in s.unicodeScalars {
-        switch u {
-        case "\"": out += "\\\""
-        case "\\": out += "\\\\"
-        case "\n": out += "\\n"
-        case "\r": out += "\\r"
-        case "\t": out += "\\t"
-        default:
-            if u.value < 0x20 {
-                out += u.value < 0x10 ? "\\u000" : "\\u00"
-                out += String(u.value, radix: 16)
-            } else {
-                out.unicodeScalars.append(u)
-            }
-        }
-    }
-    return out + "\""
-}
+public func jsonString(_ s: String) -> String { JSONString.quote(s) }
 
 public struct IngestLimits: Sendable {
     /// Request bodies above this are 413.
@@ -137,7 +119,7 @@ public enum IngestValidation {
         case .failure(let e): return .failure(e)
         case .success(let s):
             let u = s.utf8
-            guard !u.isEmpty, u.count % 2 == 0, u.count <= limits.maxPushTokenHexDigits, u.allSatisfy(isHexDigit) else {
+            guard !u.isEmpty, u.count % 2 == 0, u.count <= limits.maxPushTokenHexDigits, u.allSatisfy(Hex.isDigit) else {
                 return .failure(bad("invalid_push_token", "pushToken", "pushToken must be a non-empty even-length hex string of at most \(limits.maxPushTokenHexDigits) digits"))
             }
             token = u.contains(where: { $0 >= 0x41 && $0 <= 0x46 }) ? ASCII.lowercased(s) : s
@@ -219,10 +201,6 @@ public enum IngestValidation {
 
     private static func bad(_ code: String, _ field: String, _ message: String) -> ClientError {
         ClientError(status: 400, code: code, field: field, message: message)
-    }
-
-    private static func isHexDigit(_ b: UInt8) -> Bool {
-        (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x46) || (b >= 0x61 && b <= 0x66)
     }
 
     private static func snake(_ camel: String) -> String {

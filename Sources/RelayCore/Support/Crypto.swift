@@ -1,5 +1,6 @@
 // The only file in RelayCore that calls OpenSSL: SHA-256 for credential hashes and the CSPRNG
 // for credential secrets and response ids.
+import Basics
 import FoundationEssentials
 import Synchronization
 internal import COpenSSL
@@ -150,113 +151,11 @@ public struct TimeOrderedIDs: Sendable {
 
 extension Array where Element == UInt8 {
     /// base64url without padding (credential secrets travel in headers and shells).
-    var base64URLString: String {
-        String(Data(self).base64EncodedString().compactMap { c -> Character? in
-            switch c {
-            case "+": return "-"
-            case "/": return "_"
-            case "=": return nil
-            default: return c
-            }
-        })
-    }
+    var base64URLString: String { Basics.Base64.encode(self, alphabet: .url, padding: false) }
 }
 
-/// UUID text without Foundation's formatter and parser (which cost ~30k instructions each,
-/// via sscanf, on every ingest).
-public enum UUIDText {
-    /// 8-4-4-4-12 text of 16 bytes (lowercase unless `uppercase`).
-    public static func format(_ b: [UInt8], uppercase: Bool = false) -> String {
-        precondition(b.count == 16)
-        var high: UInt64 = 0, low: UInt64 = 0
-        for i in 0..<8 {
-            high = high << 8 | UInt64(b[i])
-            low = low << 8 | UInt64(b[i + 8])
-        }
-        return format(high: high, low: low, uppercase: uppercase)
-    }
-
-    /// 8-4-4-4-12 text of a UUID given as its big-endian high and low 64 bits, formatted
-    /// straight into the String (no byte arrays).
-    static func format(high: UInt64, low: UInt64, uppercase: Bool = false) -> String {
-        String(unsafeUninitializedCapacity: 36) { out in
-            let digits: StaticString = uppercase ? "0123456789ABCDEF" : "0123456789abcdef"
-            let d = digits.utf8Start
-            var o = 0
-            for k in 0..<32 {
-                if k == 8 || k == 12 || k == 16 || k == 20 {
-                    out[o] = UInt8(ascii: "-")
-                    o += 1
-                }
-                let word = k < 16 ? high : low
-                let shift = UInt64(60 - 4 * (k % 16))
-                out[o] = d[Int((word >> shift) & 0xf)]
-                o += 1
-            }
-            return 36
-        }
-    }
-
-    /// The 16 bytes of an 8-4-4-4-12 hex UUID (either case), or nil.
-    public static func parse(_ s: String) -> [UInt8]? {
-        var s = s
-        return s.withUTF8 { parse($0) }
-    }
-
-    static func parse(_ utf8: UnsafeBufferPointer<UInt8>) -> [UInt8]? {
-        var out = [UInt8](repeating: 0, count: 16)
-        let ok = out.withUnsafeMutableBytes { parse(utf8, into: $0) }
-        return ok ? out : nil
-    }
-
-    /// Writes the 16 bytes of an 8-4-4-4-12 hex UUID (either case) into `out` (16 bytes);
-    /// false, with `out` unspecified, when the text is not one.
-    static func parse(_ utf8: UnsafeBufferPointer<UInt8>, into out: UnsafeMutableRawBufferPointer) -> Bool {
-        guard utf8.count == 36, out.count == 16 else { return false }
-        var o = 0
-        var i = 0
-        while i < 36 {
-            if i == 8 || i == 13 || i == 18 || i == 23 {
-                guard utf8[i] == UInt8(ascii: "-") else { return false }
-                i += 1
-                continue
-            }
-            guard let h = hexValue(utf8[i]), let l = hexValue(utf8[i + 1]) else { return false }
-            out[o] = h << 4 | l
-            o += 1
-            i += 2
-        }
-        return true
-    }
-
-    @inline(__always)
-    private static func hexValue(_ c: UInt8) -> UInt8? {
-        switch c {
-        case 0x30...0x39: return c - 0x30
-        case 0x41...0x46: return c - 0x41 + 10
-        case 0x61...0x66: return c - 0x61 + 10
-        default: return nil
-        }
-    }
-
-    /// The first 8 bytes of an 8-4-4-4-12 hex UUID (either case) read big-endian, as a signed
-    /// bit pattern: the SQLite rowid of the response with this id (schema v5). Nil when the
-    /// text is not a UUID (such an id is simply not found).
-    public static func high64(_ s: String) -> Int64? {
-        var s = s
-        return s.withUTF8 { high64($0) }
-    }
-
-    static func high64(_ utf8: UnsafeBufferPointer<UInt8>) -> Int64? {
-        var t: uuid_t = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        return withUnsafeMutableBytes(of: &t) { b -> Int64? in
-            guard parse(utf8, into: b) else { return nil }
-            var h: UInt64 = 0
-            for i in 0..<8 { h = h << 8 | UInt64(b[i]) }
-            return Int64(bitPattern: h)
-        }
-    }
-}
+/// The shared UUID text codec, under the name RelayCore's stores and tests use.
+public typealias UUIDText = Basics.UUIDText
 
 /// ASCII-only helpers for header values (Foundation's trimmingCharacters bridges to NSString).
 enum ASCII {

@@ -1,5 +1,6 @@
 // Structured logs: one JSON object per line on stderr (or a human format). Callers pass only
 // values safe to log: never secrets, full push tokens or ciphertext (use `redactToken`).
+import Basics
 import FoundationEssentials
 import Glibc
 import Synchronization
@@ -64,15 +65,7 @@ public final class RelayLogger: Sendable {
             return
         }
         lock.withLock { _ in
-            line.utf8CString.withUnsafeBufferPointer { p in
-                var off = 0
-                let n = p.count - 1
-                while off < n {
-                    let w = write(fd, p.baseAddress! + off, n - off)
-                    if w <= 0 { break }
-                    off += w
-                }
-            }
+            FileDescriptor.writeAll(fd, line)  // a failed log write has nowhere to be reported
         }
     }
 

@@ -337,17 +337,7 @@ enum AccessoryCommand {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
         let data = try encoder.encode(state)
-        let dir = (path as NSString).deletingLastPathComponent
-        let tmp = path + ".tmp"
-        let fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw RuntimeFailure("cannot write \(tmp): \(String(cString: strerror(errno)))") }
-        let written = data.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        let synced = fsync(fd)
-        close(fd)
-        guard written == data.count, synced == 0 else { throw RuntimeFailure("cannot write \(tmp): \(String(cString: strerror(errno)))") }
-        guard rename(tmp, path) == 0 else { throw RuntimeFailure("cannot rename \(tmp): \(String(cString: strerror(errno)))") }
-        let dfd = open(dir.isEmpty ? "." : dir, O_RDONLY | O_DIRECTORY)
-        if dfd >= 0 { _ = fsync(dfd); close(dfd) }
+        try replaceFileDurably(path, data)
     }
 }
 

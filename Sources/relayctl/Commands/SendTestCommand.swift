@@ -220,16 +220,7 @@ enum SendTestCommand {
         let dir = (path as NSString).deletingLastPathComponent
         if !dir.isEmpty { try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700]) }
         let data = try JSONEncoder().encode(state)
-        let tmp = path + ".tmp"
-        let fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw RuntimeFailure("cannot write \(tmp): \(String(cString: strerror(errno)))") }
-        let written = data.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        let synced = fsync(fd)
-        close(fd)
-        guard written == data.count, synced == 0 else { throw RuntimeFailure("cannot write \(tmp): \(String(cString: strerror(errno)))") }
-        guard rename(tmp, path) == 0 else { throw RuntimeFailure("cannot rename \(tmp): \(String(cString: strerror(errno)))") }
-        let dfd = open(dir.isEmpty ? "." : dir, O_RDONLY | O_DIRECTORY)
-        if dfd >= 0 { _ = fsync(dfd); close(dfd) }
+        try replaceFileDurably(path, data)
     }
 }
 
