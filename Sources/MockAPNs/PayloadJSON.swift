@@ -2,6 +2,8 @@
 // fifth of the mock's CPU time per request under load; payloads are at most 4 KiB and the
 // validator only needs objects and strings, so a direct UTF-8 reader is enough and faster.
 
+import Basics
+
 indirect enum PayloadJSON: Equatable {
     case object([(key: String, value: PayloadJSON)])
     case array([PayloadJSON])
@@ -180,15 +182,8 @@ indirect enum PayloadJSON: Equatable {
             guard index + 4 <= bytes.count else { return nil }
             var v: UInt32 = 0
             for _ in 0..<4 {
-                let b = bytes[index]
-                let d: UInt32
-                switch b {
-                case 0x30...0x39: d = UInt32(b - 0x30)
-                case 0x41...0x46: d = UInt32(b - 0x41 + 10)
-                case 0x61...0x66: d = UInt32(b - 0x61 + 10)
-                default: return nil
-                }
-                v = v << 4 | d
+                guard let d = Hex.value(bytes[index]) else { return nil }
+                v = v << 4 | UInt32(d)
                 index += 1
             }
             return v

@@ -3,6 +3,8 @@
 // nested values are syntax-checked and reported as `.nested` without being materialised.
 // Faster than JSONSerialization for these small flat bodies and never recursion-unbounded.
 
+import Basics
+
 enum JSONMember: Equatable {
     case string(String)
     /// The number's literal text (grammar-checked).
@@ -145,14 +147,7 @@ struct JSONReader {
         return String(decoding: bytes[start..<pos], as: UTF8.self)
     }
 
-    private static func hexValue(_ b: UInt8) -> UInt32? {
-        switch b {
-        case 0x30...0x39: return UInt32(b - 0x30)
-        case 0x41...0x46: return UInt32(b - 0x41 + 10)
-        case 0x61...0x66: return UInt32(b - 0x61 + 10)
-        default: return nil
-        }
-    }
+    private static func hexValue(_ b: UInt8) -> UInt32? { Hex.value(b).map(UInt32.init) }
 
     private mutating func hex4() throws(JSONReadError) -> UInt32 {
         guard pos + 4 <= bytes.count else { throw fail("truncated \\u escape") }

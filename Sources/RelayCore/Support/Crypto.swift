@@ -46,6 +46,7 @@ public enum RelayCrypto {
     }
 
     /// 16 lowercase hex digits from 8 pool bytes, formatted without an intermediate array.
+    // Kept beside Basics.Hex.encode: formats under the pool lock with no array, once per request (docs/benchmarks.md, instructions per response).
     static func requestID() -> String {
         let digits: StaticString = "0123456789abcdef"
         return idPool.withLock { pool in
