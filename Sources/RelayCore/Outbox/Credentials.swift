@@ -1,4 +1,4 @@
-// Bearer credential secrets, ids and hashes: the same for both stores.
+// Bearer credential secrets, ids, hashes and the stored apps list: the same for both stores.
 import Ratchet
 
 /// Bearer credentials: `rk_` + base64url of 32 random bytes; stored as SHA-256 only.
@@ -8,4 +8,11 @@ public enum Credentials {
     public static func generateSecret() -> String { prefix + RelayCrypto.randomBytes(32).base64URLString }
     public static func generateID() -> String { "cred_" + RelayCrypto.randomBytes(6).hexString }
     public static func hash(secret: String) -> [UInt8] { RelayCrypto.sha256(Array(secret.utf8)) }
+
+    /// The credentials.apps column: bundle IDs joined by commas (StoreRules.checkNewCredential
+    /// refuses a comma inside one).
+    static func joinApps(_ apps: [String]) -> String { apps.joined(separator: ",") }
+    static func splitApps(_ s: String) -> [String] {
+        s.split(separator: ",").map { String($0) }.filter { !$0.isEmpty }
+    }
 }

@@ -70,4 +70,13 @@ enum StoreRules {
     /// old failed row is not expired again at once.
     static let requeueTTLExtensionMillis: Int64 = 3_600_000
     static func requeueExpiryFloor(now: Int64) -> Int64 { now + requeueTTLExtensionMillis }
+
+    /// A new credential needs a name and at least one app; a comma would split an app in the
+    /// stored list (Credentials.joinApps).
+    static func checkNewCredential(name: String, apps: [String]) throws {
+        guard !name.isEmpty else { throw StoreError.invalid("credential name must not be empty") }
+        guard !apps.isEmpty, apps.allSatisfy({ !$0.isEmpty && !$0.contains(",") }) else {
+            throw StoreError.invalid("credential needs at least one app (bundle ID without commas)")
+        }
+    }
 }

@@ -342,3 +342,5 @@ func postgresURLProblem(_ url: String) -> String? {
     var error = ""
     return PostgresConnInfo(url, error: &error) == nil ? "libpq cannot parse it: \(error)" : nil
 }
+
+extension PGValue: StoreColumnValue {}

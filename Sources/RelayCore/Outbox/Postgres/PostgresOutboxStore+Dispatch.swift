@@ -23,18 +23,6 @@ extension PostgresOutboxStore {
         r.next_attempt_at, r.created_at, r.expires_at, r.last_status, r.last_reason, r.updated_at
         """
 
-    static func decodeRow(_ c: PGRow) throws -> OutboxRow {
-        guard c.count == 16, let id = c[0].string, let state = c[8].string.flatMap(ResponseState.init(rawValue:)) else {
-            throw StoreError.invalid("malformed responses row")
-        }
-        return OutboxRow(
-            id: id, app: c[1].string ?? "", pushToken: c[2].string ?? "", sessionIdentifier: c[3].string ?? "",
-            keyID: c[4].bytes ?? [], messageIndex: UInt32(truncatingIfNeeded: c[5].int ?? 0), encryptedData: c[6].bytes ?? [],
-            credentialID: c[7].string ?? "", state: state, attempts: Int(c[9].int ?? 0), nextAttemptAt: c[10].int ?? 0,
-            createdAt: c[11].int ?? 0, expiresAt: c[12].int ?? 0, lastStatus: c[13].int.map { Int($0) }, lastReason: c[14].string,
-            updatedAt: c[15].int ?? 0)
-    }
-
     /// The claim: lock candidates without waiting for rows another node is claiming (SKIP
     /// LOCKED), lease them to this node, or fail them as expired past their TTL.
     private static func claimSQL(_ candidates: String) -> String {
@@ -64,9 +52,9 @@ extension PostgresOutboxStore {
         }
         let rows: [OutboxRow] = try write { c in
             // Expired leases first: their rows have waited longest (a node died holding them).
-            var rows = try c.query(Self.reclaimSQL, params(limit)).map(Self.decodeRow)
+            var rows = try c.query(Self.reclaimSQL, params(limit)).map(OutboxRow.init(columns:))
             if rows.count < limit {
-                rows += try c.query(Self.dueSQL, params(limit - rows.count)).map(Self.decodeRow)
+                rows += try c.query(Self.dueSQL, params(limit - rows.count)).map(OutboxRow.init(columns:))
             }
             return rows
         }

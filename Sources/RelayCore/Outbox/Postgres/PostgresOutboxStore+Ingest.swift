@@ -80,7 +80,7 @@ extension PostgresOutboxStore {
         var creds: [[UInt8]: CredentialFacts] = [:]
         for r in try c.query("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ANY($1)", [.bytesArray(hashes)]) {
             guard let id = r[0].string, let h = r[1].bytes else { continue }
-            creds[h] = CredentialFacts(id: id, hash: h, apps: SQLiteOutboxStore.splitApps(r[2].string ?? ""), revoked: !r[3].isNull)
+            creds[h] = CredentialFacts(id: id, hash: h, apps: Credentials.splitApps(r[2].string ?? ""), revoked: !r[3].isNull)
         }
         var outcomes = [IngestOutcome?](repeating: nil, count: items.count)
         var candidates: [(index: Int, credID: String, app: String)] = []

@@ -6,7 +6,7 @@ import Synchronization
 extension PostgresOutboxStore {
     public func response(id: String) throws -> OutboxRow? {
         try read { c in
-            try c.query("SELECT \(Self.rowColumns) FROM responses r WHERE r.id = $1", [.text(id.lowercased())]).first.map(Self.decodeRow)
+            try c.query("SELECT \(Self.rowColumns) FROM responses r WHERE r.id = $1", [.text(id.lowercased())]).first.map(OutboxRow.init(columns:))
         }
     }
 
@@ -15,10 +15,7 @@ extension PostgresOutboxStore {
             try c.query(
                 "SELECT response_id, attempted_at, status, reason, apns_timestamp, latency_us FROM attempts WHERE response_id = $1 ORDER BY id",
                 [.text(responseID.lowercased())]
-            ).map { r in
-                AttemptRecord(responseID: r[0].string ?? "", attemptedAt: r[1].int ?? 0, status: r[2].int.map { Int($0) },
-                              reason: r[3].string, apnsTimestamp: r[4].int, latencyMicros: r[5].int)
-            }
+            ).map(AttemptRecord.init(columns:))
         }
     }
 
@@ -44,7 +41,7 @@ extension PostgresOutboxStore {
         let limit = bind(.int(Int64(max(0, filter.limit))))
         let sql = "SELECT \(Self.rowColumns) FROM responses r \(whereSQL) ORDER BY r.created_at DESC, r.id LIMIT \(limit)"
         let params = binds
-        return try read { c in try c.query(sql, params).map(Self.decodeRow) }
+        return try read { c in try c.query(sql, params).map(OutboxRow.init(columns:)) }
     }
 
     public func counts() throws -> OutboxCounts {
@@ -74,9 +71,7 @@ extension PostgresOutboxStore {
     }
     public func unregisteredTokens() throws -> [UnregisteredToken] {
         try read { c in
-            try c.query("SELECT token, apns_timestamp, recorded_at FROM unregistered_tokens ORDER BY recorded_at DESC, token").map {
-                UnregisteredToken(token: $0[0].string ?? "", apnsTimestamp: $0[1].int ?? 0, recordedAt: $0[2].int ?? 0)
-            }
+            try c.query("SELECT token, apns_timestamp, recorded_at FROM unregistered_tokens ORDER BY recorded_at DESC, token").map(UnregisteredToken.init(columns:))
         }
     }
 }

@@ -423,3 +423,13 @@ public final class SQLiteStatement {
         return out
     }
 }
+
+extension SQLValue: StoreColumnValue {}
+
+/// The current result row of a stepped statement, read column by column (no [SQLValue] per row).
+extension SQLiteStatement: StoreColumns {
+    var columnCount: Int { Int(sqlite3_column_count(stmt)) }
+    func int(_ i: Int) -> Int64? { isNull(Int32(i)) ? nil : int64(Int32(i)) }
+    func string(_ i: Int) -> String? { isNull(Int32(i)) ? nil : text(Int32(i)) }
+    func bytes(_ i: Int) -> [UInt8]? { isNull(Int32(i)) ? nil : blob(Int32(i)) }
+}

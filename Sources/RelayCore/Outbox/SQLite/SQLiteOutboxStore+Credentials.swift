@@ -6,10 +6,7 @@ import Ratchet
 
 extension SQLiteOutboxStore {
     public func createCredential(name: String, apps: [String]) throws -> CreatedCredential {
-        guard !name.isEmpty else { throw StoreError.invalid("credential name must not be empty") }
-        guard !apps.isEmpty, apps.allSatisfy({ !$0.isEmpty && !$0.contains(",") }) else {
-            throw StoreError.invalid("credential needs at least one app (bundle ID without commas)")
-        }
+        try StoreRules.checkNewCredential(name: name, apps: apps)
         let secret = Credentials.generateSecret()
         let hash = Credentials.hash(secret: secret)
         let id = Credentials.generateID()
@@ -17,19 +14,14 @@ extension SQLiteOutboxStore {
         _ = try write { db in
             try db.run(
                 "INSERT INTO credentials (id, name, hash, apps, created_at) VALUES (?, ?, ?, ?, ?)",
-                [.text(id), .text(name), .blob(hash), .text(apps.joined(separator: ",")), .integer(now)])
+                [.text(id), .text(name), .blob(hash), .text(Credentials.joinApps(apps)), .integer(now)])
         }
         return CreatedCredential(record: CredentialRecord(id: id, name: name, apps: apps, createdAt: now, lastUsedAt: nil, revokedAt: nil), secret: secret)
     }
 
-    static func decodeCredential(_ c: [SQLValue]) -> CredentialRecord {
-        CredentialRecord(id: c[0].string ?? "", name: c[1].string ?? "", apps: splitApps(c[2].string ?? ""),
-                         createdAt: c[3].int ?? 0, lastUsedAt: c[4].int, revokedAt: c[5].int)
-    }
-
     public func credentials() throws -> [CredentialRecord] {
         try read { db in
-            try db.query("SELECT id, name, apps, created_at, last_used_at, revoked_at FROM credentials ORDER BY created_at, id").map(Self.decodeCredential)
+            try db.query("SELECT id, name, apps, created_at, last_used_at, revoked_at FROM credentials ORDER BY created_at, id").map(CredentialRecord.init(columns:))
         }
     }
 
@@ -46,7 +38,7 @@ extension SQLiteOutboxStore {
             guard let c = try db.query("SELECT id, name, apps, created_at, last_used_at, revoked_at, hash FROM credentials WHERE hash = ?", [.blob(hash)]).first,
                   let stored = c[6].bytes, RelayCrypto.constantTimeEqual(stored, hash)
             else { return nil }
-            let record = Self.decodeCredential(c)
+            let record = CredentialRecord(columns: c)
             return record.isRevoked ? nil : record
         }
     }
@@ -56,9 +48,7 @@ extension SQLiteOutboxStore {
             let g = try db.query("SELECT count(*), count(revoked_at), coalesce(max(created_at), 0) FROM credentials")[0]
             let generation = CredentialGeneration(count: Int(g[0].int ?? 0), revoked: Int(g[1].int ?? 0), newestCreatedAt: g[2].int ?? 0)
             guard generation != known else { return (generation, nil) }
-            let keys = try db.query("SELECT id, hash, revoked_at FROM credentials").map {
-                CredentialKey(id: $0[0].string ?? "", hash: $0[1].bytes ?? [], revoked: $0[2].int != nil)
-            }
+            let keys = try db.query("SELECT id, hash, revoked_at FROM credentials").map(CredentialKey.init(columns:))
             return (generation, keys)
         }
     }

@@ -17,28 +17,6 @@ extension SQLiteOutboxStore {
         next_attempt_at, created_at, expires_at, last_status, last_reason, updated_at
         """
 
-    static func decodeRow(_ c: [SQLValue]) throws -> OutboxRow {
-        guard c.count == 16, let id = c[0].string, let state = c[8].string.flatMap(ResponseState.init(rawValue:)) else {
-            throw StoreError.invalid("malformed responses row")
-        }
-        return OutboxRow(
-            id: id, app: c[1].string ?? "", pushToken: c[2].string ?? "", sessionIdentifier: c[3].string ?? "",
-            keyID: c[4].bytes ?? [], messageIndex: UInt32(truncatingIfNeeded: c[5].int ?? 0), encryptedData: c[6].bytes ?? [],
-            credentialID: c[7].string ?? "", state: state, attempts: Int(c[9].int ?? 0), nextAttemptAt: c[10].int ?? 0,
-            createdAt: c[11].int ?? 0, expiresAt: c[12].int ?? 0, lastStatus: c[13].int.map { Int($0) }, lastReason: c[14].string,
-            updatedAt: c[15].int ?? 0)
-    }
-
-    /// A `rowColumns` result row read column by column (no [SQLValue] per row).
-    static func readRow(_ s: SQLiteStatement) throws -> OutboxRow {
-        guard !s.isNull(0), let state = ResponseState(rawValue: s.text(8)) else { throw StoreError.invalid("malformed responses row") }
-        return OutboxRow(
-            id: s.text(0), app: s.text(1), pushToken: s.text(2), sessionIdentifier: s.text(3), keyID: s.blob(4),
-            messageIndex: UInt32(truncatingIfNeeded: s.int64(5)), encryptedData: s.blob(6), credentialID: s.text(7), state: state,
-            attempts: Int(s.int64(9)), nextAttemptAt: s.int64(10), createdAt: s.int64(11), expiresAt: s.int64(12),
-            lastStatus: s.isNull(13) ? nil : Int(s.int64(13)), lastReason: s.isNull(14) ? nil : s.text(14), updatedAt: s.int64(15))
-    }
-
     public func claimDue(limit: Int) throws -> [OutboxRow] {
         let now = clock.nowMillis()
         let state = writerState
@@ -56,7 +34,7 @@ extension SQLiteOutboxStore {
                 try select.bind(1, now)
                 try select.bind(2, Int64(limit - rows.count))
                 while try select.next() {
-                    rows.append(try Self.readRow(select))
+                    rows.append(try OutboxRow(columns: select))
                     rowids.append(select.int64(16))
                 }
             }

@@ -121,7 +121,7 @@ extension SQLiteOutboxStore {
             defer { lookup.reset() }
             try lookup.bind(1, request.credentialHash)
             if try lookup.next(), !lookup.isNull(0), !lookup.isNull(1) {
-                cred = CachedCredential(id: lookup.text(0), hash: lookup.blob(1), apps: splitApps(lookup.text(2)), revoked: !lookup.isNull(3))
+                cred = CachedCredential(id: lookup.text(0), hash: lookup.blob(1), apps: Credentials.splitApps(lookup.text(2)), revoked: !lookup.isNull(3))
             } else {
                 cred = nil
             }
@@ -228,9 +228,5 @@ extension SQLiteOutboxStore {
         guard let row = rows.first, let id = row[0].string, let s = row[1].string.flatMap(ResponseState.init(rawValue:)),
               let cred = row[2].string else { return nil }
         return ExistingRow(id: id, state: s, credentialID: cred)
-    }
-
-    static func splitApps(_ s: String) -> [String] {
-        s.split(separator: ",").map { String($0) }.filter { !$0.isEmpty }
     }
 }

@@ -9,7 +9,7 @@ extension SQLiteOutboxStore {
         let id = id.lowercased()
         guard let high = UUIDText.high64(id) else { return nil }
         return try read { db in
-            try db.query("SELECT \(Self.rowColumns) FROM responses WHERE id_high = ? AND id = ?", [.integer(high), .text(id)]).first.map(Self.decodeRow)
+            try db.query("SELECT \(Self.rowColumns) FROM responses WHERE id_high = ? AND id = ?", [.integer(high), .text(id)]).first.map(OutboxRow.init(columns:))
         }
     }
 
@@ -18,10 +18,7 @@ extension SQLiteOutboxStore {
             try db.query(
                 "SELECT response_id, attempted_at, status, reason, apns_timestamp, latency_us FROM attempts WHERE response_id = ? ORDER BY id",
                 [.text(responseID.lowercased())]
-            ).map { c in
-                AttemptRecord(responseID: c[0].string ?? "", attemptedAt: c[1].int ?? 0, status: c[2].int.map { Int($0) },
-                              reason: c[3].string, apnsTimestamp: c[4].int, latencyMicros: c[5].int)
-            }
+            ).map(AttemptRecord.init(columns:))
         }
     }
 
@@ -40,7 +37,7 @@ extension SQLiteOutboxStore {
         let whereSQL = clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND ")
         binds.append(.integer(Int64(max(0, filter.limit))))
         let sql = "SELECT \(Self.rowColumns) FROM responses \(whereSQL) ORDER BY created_at DESC LIMIT ?"
-        return try read { db in try db.query(sql, binds).map(Self.decodeRow) }
+        return try read { db in try db.query(sql, binds).map(OutboxRow.init(columns:)) }
     }
 
     public func counts() throws -> OutboxCounts {
@@ -71,9 +68,7 @@ extension SQLiteOutboxStore {
 
     public func unregisteredTokens() throws -> [UnregisteredToken] {
         try read { db in
-            try db.query("SELECT token, apns_timestamp, recorded_at FROM unregistered_tokens ORDER BY recorded_at DESC").map {
-                UnregisteredToken(token: $0[0].string ?? "", apnsTimestamp: $0[1].int ?? 0, recordedAt: $0[2].int ?? 0)
-            }
+            try db.query("SELECT token, apns_timestamp, recorded_at FROM unregistered_tokens ORDER BY recorded_at DESC").map(UnregisteredToken.init(columns:))
         }
     }
 }
