@@ -43,4 +43,20 @@ import Testing
         #expect(StoreRules.requeueableSQL == "('failed','retry')")
         #expect(StoreRules.requeueExpiryFloor(now: 1000) == 3_601_000)
     }
+
+    @Test func onlyTerminalRowsArePurged() throws {
+        try StoreRules.checkPurgeable(.delivered)
+        try StoreRules.checkPurgeable(.failed)
+        for s in [ResponseState.queued, .inflight, .retry] {
+            #expect(throws: StoreError.self) { try StoreRules.checkPurgeable(s) }
+        }
+    }
+
+    @Test func lastUsedIsWrittenOncePerMinute() {
+        #expect(StoreRules.lastUsedIsStale(touchedAt: nil, now: 1_000_000))
+        #expect(!StoreRules.lastUsedIsStale(touchedAt: 1_000_000, now: 1_059_999))
+        #expect(!StoreRules.lastUsedIsStale(touchedAt: 1_000_000, now: 1_060_000))
+        #expect(StoreRules.lastUsedIsStale(touchedAt: 1_000_000, now: 1_060_001))
+    }
 }
+

@@ -79,4 +79,17 @@ enum StoreRules {
             throw StoreError.invalid("credential needs at least one app (bundle ID without commas)")
         }
     }
+
+    /// Only terminal rows are purged (by relayctl purge or retention): a pending row is owed a
+    /// delivery.
+    static func checkPurgeable(_ state: ResponseState) throws {
+        guard state.isTerminal else { throw StoreError.invalid("only delivered or failed rows can be purged") }
+    }
+
+    /// credentials.last_used_at is kept to the minute: a write per credential and minute, not
+    /// per request. `touchedAt`: when this process last wrote it (nil: not yet).
+    static let lastUsedResolutionMillis: Int64 = 60_000
+    static func lastUsedIsStale(touchedAt: Int64?, now: Int64) -> Bool {
+        (touchedAt ?? 0) < now - lastUsedResolutionMillis
+    }
 }

@@ -93,7 +93,7 @@ extension PostgresOutboxStore {
                 outcomes[n] = outcome
             case .admitted(let credID, let app):
                 candidates.append((n, credID, app))
-                if (touchedAt[credID] ?? 0) < item.now - 60_000 { touched[credID] = max(touched[credID] ?? 0, item.now) }
+                if StoreRules.lastUsedIsStale(touchedAt: touchedAt[credID], now: item.now) { touched[credID] = max(touched[credID] ?? 0, item.now) }
             }
         }
 

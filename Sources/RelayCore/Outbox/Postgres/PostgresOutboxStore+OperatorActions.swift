@@ -38,7 +38,7 @@ extension PostgresOutboxStore {
     }
 
     public func purge(state s: ResponseState, olderThan: Int64, dryRun: Bool) throws -> Int {
-        guard s.isTerminal else { throw StoreError.invalid("only delivered or failed rows can be purged") }
+        try StoreRules.checkPurgeable(s)
         if dryRun {
             return try read { c in
                 Int(try c.query("SELECT count(*) FROM responses WHERE state = $1 AND updated_at < $2",
@@ -49,7 +49,7 @@ extension PostgresOutboxStore {
     }
 
     public func purgeBatch(state s: ResponseState, olderThan: Int64, limit: Int) throws -> Int {
-        guard s.isTerminal else { throw StoreError.invalid("only delivered or failed rows can be purged") }
+        try StoreRules.checkPurgeable(s)
         return try writeTransaction { c in
             // Rows another node is deleting (or relayctl is requeueing) are skipped, not waited for.
             let ids: [String?] = try c.query(

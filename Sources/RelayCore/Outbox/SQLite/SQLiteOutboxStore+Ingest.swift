@@ -136,7 +136,7 @@ extension SQLiteOutboxStore {
         }
         // last_used_at is kept to the minute: checked once per credential and batch, not per row.
         if !touchChecked {
-            if (state.credentialTouched[credID] ?? 0) < now - 60_000 {
+            if StoreRules.lastUsedIsStale(touchedAt: state.credentialTouched[credID], now: now) {
                 try db.run("UPDATE credentials SET last_used_at = ? WHERE id = ?", [.integer(now), .text(credID)])
                 state.credentialTouched[credID] = now
             }

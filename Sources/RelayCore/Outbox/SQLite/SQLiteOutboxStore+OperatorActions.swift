@@ -45,7 +45,7 @@ extension SQLiteOutboxStore {
     }
 
     public func purge(state s: ResponseState, olderThan: Int64, dryRun: Bool) throws -> Int {
-        guard s.isTerminal else { throw StoreError.invalid("only delivered or failed rows can be purged") }
+        try StoreRules.checkPurgeable(s)
         if dryRun {
             return try read { db in
                 Int(try db.scalar("SELECT count(*) FROM responses WHERE state = '\(s.rawValue)' AND updated_at < ?", [.integer(olderThan)]).int ?? 0)
@@ -55,7 +55,7 @@ extension SQLiteOutboxStore {
     }
 
     public func purgeBatch(state s: ResponseState, olderThan: Int64, limit: Int) throws -> Int {
-        guard s.isTerminal else { throw StoreError.invalid("only delivered or failed rows can be purged") }
+        try StoreRules.checkPurgeable(s)
         return try write { db in
             // The state is a literal (a terminal enum value, not client input) so the planner can
             // use the partial index responses_done, which a bound parameter would not prove.
