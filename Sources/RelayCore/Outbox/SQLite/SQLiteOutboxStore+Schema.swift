@@ -69,7 +69,7 @@ extension SQLiteOutboxStore {
         INSERT INTO outbox_stats (id, pending)
             SELECT 1, count(*) FROM responses WHERE state IN ('queued','inflight','retry');
         """,
-        // v3: a cheaper INSERT per ingest (docs/architecture.md "Performance notes"). The table
+        // v3: a cheaper INSERT per ingest (docs/performance-history.md). The table
         // is rebuilt because SQLite cannot alter a CHECK constraint:
         //  - `state IN (<5 literals>)` made every INSERT/UPDATE build and drop an ephemeral
         //    B-tree to evaluate the CHECK; the same constraint as an OR chain needs none.
