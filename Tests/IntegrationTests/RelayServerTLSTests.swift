@@ -184,6 +184,49 @@ struct RelayServerTLSTests {
         #expect(metrics.contains(#"relay_http_tls_handshake_failures_total{listener="ingest"} 2"#), "\(metrics)")
     }
 
+    /// `relayctl accessory send` (libcurl) against the mTLS listener, the way firmware meets a relay
+    /// that asks for a certificate: without one the handshake is refused and the command names the
+    /// TLS failure (exit 1, nothing stored); with its certificate and --ca-file the response is
+    /// accepted (202) and stored. (ca.pem is mock-apns' CA; the client CA has its own name.)
+    @Test func accessorySendPresentsItsClientCertificate() throws {
+        let h = try RelayHarness()
+        let dir = h.dir
+        try openssl(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "server.key",
+                     "-out", "server.pem", "-days", "30", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], in: dir)
+        try selfSigned("accessory-ca", cn: "accessory-ca", in: dir)
+        try openssl(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "client.key",
+                     "-out", "client.csr", "-subj", "/CN=accessory"], in: dir)
+        try openssl(["x509", "-req", "-in", "client.csr", "-CA", "accessory-ca.pem", "-CAkey", "accessory-ca.key", "-CAcreateserial",
+                     "-out", "client.pem", "-days", "30"], in: dir)
+        h.listenExtra = #""tls":{"certificate":"server.pem","privateKey":"server.key","clientCA":"accessory-ca.pem"}"#
+        try h.writeConfig()
+        try h.startRelay()
+        let state = dir + "/accessory.json"
+        let paired = try Relayctl.run(["accessory", "pair", "--ciphersuite", "p256", "--out", state])
+        try #require(paired.status == 0, "\(paired.stderr)")
+        let send = ["accessory", "send", "--state", state, "--url", "https://127.0.0.1:\(h.relayPort)", "--credential", h.credential,
+                    "--ca-file", dir + "/server.pem", "--retries", "0", "--json"]
+
+        let refused = try Relayctl.run(send)
+        #expect(refused.status == 1, "\(refused.stdout)\(refused.stderr)")
+        #expect(refused.stderr.contains("not every response was accepted"), "\(refused.stderr)")
+        let refusal = try #require((try Relayctl.json(refused) as? [String: Any])?["responses"] as? [[String: Any]]).first
+        #expect(refusal?["status"] as? Int == 0)
+        let error = refusal?["error"] as? String ?? ""
+        #expect(error.contains("SSL") && error.contains("certificate required"), "\(error)")
+        #expect(try h.sql("SELECT count(*) FROM responses") == "0")
+
+        let accepted = try Relayctl.run(send + ["--client-cert", dir + "/client.pem", "--client-key", dir + "/client.key"])
+        #expect(accepted.status == 0, "\(accepted.stdout)\(accepted.stderr)")
+        let response = try #require((try Relayctl.json(accepted) as? [String: Any])?["responses"] as? [[String: Any]]).first
+        #expect(response?["status"] as? Int == 202)
+        // The refused attempt used index 0 (persisted before it left); the accepted one is index 1.
+        #expect(response?["index"] as? Int == 1)
+        let id = try #require(response?["id"] as? String)
+        let token = try #require((try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: state))) as? [String: Any])?["pushToken"] as? String)
+        #expect(try h.sql("SELECT message_index || ' ' || push_token FROM responses WHERE id = '\(id)'") == "1 \(token)")
+    }
+
     /// The APNs key files reload on SIGHUP too, app by app and only when they changed: a broken
     /// .p8 keeps the previous key signing; a different key takes over (the mock, which knows
     /// only the first, refuses its tokens); the first key back, pushes are delivered again.

@@ -1,5 +1,6 @@
 // relayctl accessory send against a scripted fake relay on loopback (HTTP/1.1): retries reuse the
-// index and the sealed bytes, the state file is advanced before each message leaves, 409 is final.
+// index and the sealed bytes, the state file is advanced before each message leaves, 409 is final;
+// send-test goes through the same sender.
 import Foundation
 import Testing
 import TestSupport
@@ -47,7 +48,8 @@ private final class FakeRelay: @unchecked Sendable {
             }
             if let request {
                 let state = (try? JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: statePath)))) as? [String: Any]
-                let onDisk = ((state?["sending"] as? [String: Any])?["nextIndex"] as? Int) ?? -1
+                // `accessory send` keeps its ratchet under "sending", `send-test` under "ratchet".
+                let onDisk = (((state?["sending"] ?? state?["ratchet"]) as? [String: Any])?["nextIndex"] as? Int) ?? -1
                 let auth = request.headers.split(separator: "\r\n").first { $0.lowercased().hasPrefix("authorization:") }.map(String.init) ?? ""
                 lock.lock()
                 received.append(Received(json: (try? JSONSerialization.jsonObject(with: Data(request.body))) as? [String: Any] ?? [:],
@@ -130,5 +132,27 @@ struct RelayctlAccessorySendTests {
             let r = try Relayctl.run(["accessory", "send", "--state", state, "--credential", "rk"] + arguments)
             #expect(r.status == 64 && r.stderr.contains(flag), "\(arguments): \(r.stderr)")
         }
+    }
+
+    @Test("send-test sends through the same code: a 500 is retried with the same index and bytes, the state on disk first")
+    func sendTestSharesTheSender() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("send-test-\(UUID().uuidString)").path
+        let state = dir + "/ratchet.json"
+        let relay = try FakeRelay(statePath: state, script: [(500, ""), (202, ""), (503, "")])
+        defer { relay.listener.close() }
+        let url = "http://127.0.0.1:\(relay.listener.port)"
+        let rootKey = String(repeating: "0123456789abcdef", count: 4)
+        let r = try Relayctl.run(["send-test", "--url", url, "--credential", "rk_test", "--root-key", rootKey, "--state-file", state, "--json"])
+        #expect(r.status == 0, "\(r.stdout) \(r.stderr)")
+        let got = relay.requests
+        try #require(got.count == 2)
+        #expect(got.map { $0.json["messageIndex"] as? Int } == [0, 0])
+        #expect(got[0].json["encryptedData"] as? String == got[1].json["encryptedData"] as? String, "a retry re-sends the same sealed bytes")
+        #expect(got.allSatisfy { $0.nextIndexOnDisk == 1 }, "state persisted before sending")
+        #expect(got.allSatisfy { $0.authorization == "Authorization: Bearer rk_test" })
+        // --retries is the same option: 0 makes the next 503 final.
+        let final = try Relayctl.run(["send-test", "--url", url, "--credential", "rk_test", "--root-key", rootKey, "--state-file", state, "--retries", "0"])
+        #expect(final.status == 1 && final.stdout.contains("503"), "\(final.stdout) \(final.stderr)")
+        #expect(relay.requests.count == 3)
     }
 }

@@ -331,8 +331,7 @@ enum AccessoryCommand {
         SecretKey(random: count).exportedBytes.hexString
     }
 
-    /// Durable replace (temp file, fsync, rename, fsync dir) with mode 0600: the file holds the
-    /// accessory's private key and its ratchet position.
+    /// Durable replace with mode 0600: the file holds the accessory's private key and its ratchet position.
     static func writeState(_ state: AccessoryState, to path: String) throws {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
@@ -365,7 +364,7 @@ extension RelayCtl {
                   .value("ca-file", "path", "PEM CA certificate(s) to verify the relay's TLS certificate.", required: false),
                   .value("client-cert", "path", "PEM client certificate, when the relay asks for one.", required: false),
                   .value("client-key", "path", "PEM private key of --client-cert.", required: false),
-                  .value("retries", "n", "Attempts per response after the first, 0...100 (default 5).", required: false),
+                  ResponseSender.retriesOption,
                   .flag("http2", "Use HTTP/2 (ALPN over TLS, prior knowledge over http://)."),
               ], run: AccessoryCommand.send)
     }
@@ -374,13 +373,6 @@ extension RelayCtl {
 extension AccessoryCommand {
     static func send(_ args: ParsedArguments, _ console: Console) throws {
         let statePath = try args.string("state")
-        let base = try args.string("url").trimmingCharacters(in: CharacterSet(charactersIn: "/"))
-        guard let url = URL(string: base), ["http", "https"].contains(url.scheme ?? ""), url.host != nil else {
-            throw UsageError("--url: expected http(s)://host:port, got '\(base)'")
-        }
-        let credential = try SendTestCommand.readCredential(try args.string("credential"))
-        let count = try args.optionalInt("count", in: 1...10_000) ?? 1
-        let retries = try args.optionalInt("retries", in: 0...100) ?? 5
         for name in ["ca-file", "client-cert", "client-key"] {
             if let path = args.optionalString(name), !FileManager.default.isReadableFile(atPath: path) {
                 throw UsageError("--\(name): cannot read \(path)")
@@ -389,63 +381,36 @@ extension AccessoryCommand {
         if (args.optionalString("client-cert") == nil) != (args.optionalString("client-key") == nil) {
             throw UsageError("--client-cert and --client-key go together")
         }
+        let sender = try ResponseSender(args, options: .init(http2: args.flag("http2"), caFile: args.optionalString("ca-file"),
+                                                             clientCertificate: args.optionalString("client-cert"),
+                                                             clientKey: args.optionalString("client-key")))
+        let count = try args.optionalInt("count", in: 1...10_000) ?? 1
         let (derived, loaded) = try DerivedAccessory.load(statePath: statePath)
         var state = loaded
         let ratchet: SendingRatchet
         do { ratchet = try SendingRatchet(state: state.sending) } catch { throw RuntimeFailure("\(statePath): sending: \(error)") }
         let keyID = derived.session.keyID
-        let client = CurlClient(.init(http2: args.flag("http2"), caFile: args.optionalString("ca-file"),
-                                      clientCertificate: args.optionalString("client-cert"), clientKey: args.optionalString("client-key")))
-        let app = args.optionalString("app")
+        let identity = ResponseSender.Identity(pushToken: state.pushToken, sessionIdentifier: state.sessionIdentifier,
+                                               keyID: keyID, app: args.optionalString("app"))
         var results: [JSON] = []
         var lines: [String] = []
         var allAccepted = true
         for n in 0..<count {
-            let body = NotificationResponseBody(
-                notificationIdentifier: UUID().uuidString, sourceIdentifier: app ?? "relayctl.accessory",
-                actionIdentifier: "com.apple.UNNotificationDefaultActionIdentifier",
-                userText: args.optionalString("text") ?? "relayctl accessory send \(n)")
-            let plaintext: [UInt8]
-            do { plaintext = try body.encoded() } catch { throw UsageError("response body: \(error)") }
-            // The advanced ratchet is on disk before the sealed message exists outside this process.
-            let (index, sealed) = try ratchet.seal(plaintext) { next in
+            let plaintext = try ResponseSender.plaintext(source: identity.app ?? "relayctl.accessory",
+                                                         text: args.optionalString("text") ?? "relayctl accessory send \(n)")
+            let outcome = try sender.send(plaintext, ratchet: ratchet, as: identity) { next in
                 state.sending = next
                 try writeState(state, to: statePath)
             }
-            var json: [String: Any] = [
-                "pushToken": state.pushToken, "sessionIdentifier": state.sessionIdentifier, "keyID": Data(keyID).base64EncodedString(),
-                "messageIndex": Int(index), "encryptedData": Data(sealed).base64EncodedString(),
-            ]
-            if let app { json["app"] = app }
-            let payload = [UInt8](try JSONSerialization.data(withJSONObject: json, options: [.sortedKeys]))
-            var attempts = 0
-            var outcome: (status: Int, id: String?, state: String?, error: String?, version: String) = (0, nil, nil, nil, "")
-            while true {
-                attempts += 1
-                var delay = min(8, 0.2 * pow(2, Double(attempts - 1)))
-                do {
-                    let reply = try client.post(base + "/v1/responses", bearer: credential, json: payload)
-                    let fields = (try? JSONSerialization.jsonObject(with: Data(reply.body))) as? [String: Any] ?? [:]
-                    let error = (fields["error"] as? String).map { e in [e, fields["field"] as? String].compactMap { $0 }.joined(separator: ": ") }
-                    outcome = (reply.status, fields["id"] as? String, fields["state"] as? String, error, reply.httpVersion)
-                    if reply.status == 429, let after = reply.retryAfter { delay = min(30, max(0.05, after)) }
-                    guard reply.status == 429 || reply.status >= 500 else { break }
-                } catch {
-                    outcome = (0, nil, nil, "\(error)", "")
-                }
-                guard attempts <= retries else { break }
-                Thread.sleep(forTimeInterval: delay)
-            }
-            let accepted = outcome.status == 200 || outcome.status == 202
-            allAccepted = allAccepted && accepted
-            var entry: [(String, JSON)] = [("index", .number(Int64(index))), ("status", .number(Int64(outcome.status))),
-                                           ("attempts", .number(Int64(attempts))), ("http", .string(outcome.version))]
+            allAccepted = allAccepted && outcome.accepted
+            var entry: [(String, JSON)] = [("index", .number(Int64(outcome.index))), ("status", .number(Int64(outcome.status))),
+                                           ("attempts", .number(Int64(outcome.attempts))), ("http", .string(outcome.httpVersion))]
             if let id = outcome.id { entry.append(("id", .string(id))) }
             if let s = outcome.state { entry.append(("state", .string(s))) }
             if let e = outcome.error { entry.append(("error", .string(e))) }
             results.append(.object(entry))
             let what = outcome.status == 409 ? "conflict: the index is taken by another credential (final)" : (outcome.error ?? outcome.state ?? "")
-            lines.append("index \(index): \(outcome.status == 0 ? "no answer" : String(outcome.status)) \(what) (attempts \(attempts)\(outcome.id.map { ", id \($0)" } ?? ""))")
+            lines.append("index \(outcome.index): \(outcome.status == 0 ? "no answer" : String(outcome.status)) \(what) (attempts \(outcome.attempts)\(outcome.id.map { ", id \($0)" } ?? ""))")
         }
         if args.flag("json") {
             console.out(JSON.object([("state", .string(statePath)), ("keyID", .string(Data(keyID).base64EncodedString())),

@@ -1,4 +1,4 @@
-// A blocking HTTP client on libcurl for `relayctl accessory send`: HTTP/1.1 or HTTP/2 (ALPN over
+// A blocking HTTP client on libcurl for `relayctl accessory send` and `send-test`: HTTP/1.1 or HTTP/2 (ALPN over
 // TLS, prior knowledge over cleartext), a private CA file, a client certificate when the relay
 // asks for one. One easy handle per request; timeouts bound every transfer.
 import CCurl
@@ -32,6 +32,15 @@ final class CurlClient {
     }
 
     func post(_ url: String, bearer: String, json: [UInt8]) throws -> Reply {
+        try request("POST", url, bearer: bearer, json: json)
+    }
+
+    func get(_ url: String, bearer: String) throws -> Reply {
+        try request("GET", url, bearer: bearer, json: nil)
+    }
+
+    /// POST with `json` as the body, or GET when `json` is nil.
+    private func request(_ method: String, _ url: String, bearer: String, json: [UInt8]?) throws -> Reply {
         guard Self.initialised, let curl = curl_easy_init() else { throw TransportError(description: "libcurl could not be initialised") }
         defer { curl_easy_cleanup(curl) }
         let sink = Sink()
@@ -39,13 +48,20 @@ final class CurlClient {
         var headers: UnsafeMutablePointer<curl_slist>? = nil
         for h in ["Content-Type: application/json", "Authorization: Bearer \(bearer)", "Expect:"] { headers = curl_slist_append(headers, h) }
         defer { curl_slist_free_all(headers) }
-        var body = json
-        let code: CURLcode = body.withUnsafeMutableBytes { bytes in
+        // curl_easy_strerror says only "SSL connect error"; the buffer names the TLS alert or check that failed.
+        var errorBuffer = [CChar](repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
+        var body = json ?? []
+        let code: CURLcode = body.withUnsafeMutableBytes { bytes in errorBuffer.withUnsafeMutableBufferPointer { errors in
             var rc = ccurl_setopt_string(curl, CURLOPT_URL, url)
             func set(_ r: CURLcode) { if rc == CURLE_OK { rc = r } }
-            set(ccurl_setopt_long(curl, CURLOPT_POST, 1))
-            set(ccurl_setopt_pointer(curl, CURLOPT_POSTFIELDS, bytes.baseAddress))
-            set(ccurl_setopt_long(curl, CURLOPT_POSTFIELDSIZE, bytes.count))
+            set(ccurl_setopt_pointer(curl, CURLOPT_ERRORBUFFER, errors.baseAddress))
+            if json != nil {
+                set(ccurl_setopt_long(curl, CURLOPT_POST, 1))
+                set(ccurl_setopt_pointer(curl, CURLOPT_POSTFIELDS, bytes.baseAddress))
+                set(ccurl_setopt_long(curl, CURLOPT_POSTFIELDSIZE, bytes.count))
+            } else {
+                set(ccurl_setopt_long(curl, CURLOPT_HTTPGET, 1))
+            }
             set(ccurl_setopt_pointer(curl, CURLOPT_HTTPHEADER, UnsafeMutableRawPointer(headers)))
             set(ccurl_setopt_long(curl, CURLOPT_TIMEOUT, options.timeoutSeconds))
             set(ccurl_setopt_long(curl, CURLOPT_CONNECTTIMEOUT, options.timeoutSeconds))
@@ -70,8 +86,11 @@ final class CurlClient {
             set(ccurl_setopt_pointer(curl, CURLOPT_HEADERDATA, context))
             guard rc == CURLE_OK else { return rc }
             return curl_easy_perform(curl)
+        } }
+        guard code == CURLE_OK else {
+            let detail = String(decoding: errorBuffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            throw TransportError(description: "\(method) \(url): \(detail.isEmpty ? String(cString: curl_easy_strerror(code)) : detail)")
         }
-        guard code == CURLE_OK else { throw TransportError(description: "POST \(url): \(String(cString: curl_easy_strerror(code)))") }
         let retryAfter = sink.headers.compactMap { line -> Double? in
             let parts = line.split(separator: ":", maxSplits: 1)
             guard parts.count == 2, parts[0].lowercased() == "retry-after" else { return nil }

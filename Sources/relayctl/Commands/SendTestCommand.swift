@@ -2,11 +2,10 @@
 // encrypts each with a sending ratchet whose state is persisted to a file *before* the message
 // leaves (as Apple requires: an index is never reused, even after a crash), POSTs them to
 // /v1/responses with a credential, and reports ids and statuses. With mock-apns verifying the
-// same root secret, a delivered result proves the whole path.
+// same root secret, a delivered result proves the whole path. The sending itself is
+// ResponseSender's, the same as `accessory send`'s; this command only differs in where the root
+// secret and ratchet state come from and in how it reports.
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 import Ratchet
 import RelayCore
 
@@ -19,8 +18,9 @@ extension RelayCtl {
               is written to --state-file before each POST, so a rerun continues at the next index and
               never reuses a key. Without --root-key a random root secret is used (the relay accepts
               it, but mock-apns cannot decrypt it). Push token and session default to values derived
-              from the root secret. A 429 or 503 is retried after its Retry-After (the same message,
-              which the relay deduplicates). --wait polls GET /v1/responses/<id> until each response is
+              from the root secret. Sending is `accessory send`'s (libcurl): a transport failure, a 5xx or
+              a 429 is retried with the same sealed message (the relay deduplicates it; 429 waits its
+              Retry-After), up to --retries times. --wait polls GET /v1/responses/<id> until each response is
               delivered or failed. Exit 0 when every POST was accepted (and, with --wait, delivered).
               """,
               options: [
@@ -35,6 +35,7 @@ extension RelayCtl {
                   .value("text", "text", "User text of each response (default: \"relayctl send-test <index>\").", required: false),
                   .value("state-file", "path", "Ratchet state file (default: ~/.local/state/relayctl/send-test-<root key hash>.json).", required: false),
                   .value("wait", "duration", "Poll each accepted response until delivered or failed, at most this long.", required: false),
+                  ResponseSender.retriesOption,
               ], run: SendTestCommand.run)
     }
 }
@@ -67,11 +68,7 @@ enum SendTestCommand {
     }
 
     static func run(_ args: ParsedArguments, _ console: Console) throws {
-        let base = try args.string("url").trimmingCharacters(in: CharacterSet(charactersIn: "/"))
-        guard let baseURL = URL(string: base), ["http", "https"].contains(baseURL.scheme ?? ""), baseURL.host != nil else {
-            throw UsageError("--url: expected http(s)://host:port, got '\(base)'")
-        }
-        let credential = try readCredential(try args.string("credential"))
+        let sender = try ResponseSender(args)
         let count = try args.optionalInt("count", in: 1...10_000) ?? 1
         let rootKeyBytes: [UInt8]
         if args.optionalString("root-key") != nil {
@@ -109,39 +106,16 @@ enum SendTestCommand {
         let statePath = args.optionalString("state-file") ?? defaultStatePath(rootHash: rootHash)
 
         let ratchet = try loadRatchet(path: statePath, rootKey: rootKeyBytes, rootHash: rootHash)
-        let client = HTTPClient()
-        var output = Output(url: base, keyID: Data(keyID).base64EncodedString(), pushToken: pushToken,
+        let identity = ResponseSender.Identity(pushToken: pushToken, sessionIdentifier: session, keyID: keyID, app: app)
+        var output = Output(url: sender.base, keyID: Data(keyID).base64EncodedString(), pushToken: pushToken,
                             sessionIdentifier: session, stateFile: statePath, responses: [])
         for n in 0..<count {
-            let body = NotificationResponseBody(
-                notificationIdentifier: UUID().uuidString, sourceIdentifier: app ?? "relayctl.send-test",
-                actionIdentifier: "com.apple.UNNotificationDefaultActionIdentifier",
-                userText: args.optionalString("text") ?? "relayctl send-test \(n)")
-            let plaintext: [UInt8]
-            do { plaintext = try body.encoded() } catch { throw UsageError("response body: \(error)") }
-            // The state is on disk before the sealed message exists outside this process.
-            let (index, sealed) = try ratchet.seal(plaintext) { state in
+            let plaintext = try ResponseSender.plaintext(source: app ?? "relayctl.send-test",
+                                                         text: args.optionalString("text") ?? "relayctl send-test \(n)")
+            let r = try sender.send(plaintext, ratchet: ratchet, as: identity) { state in
                 try persist(StateFile(rootKeyHash: rootHash, ratchet: state), to: statePath)
             }
-            var json: [String: Any] = [
-                "pushToken": pushToken, "sessionIdentifier": session, "keyID": Data(keyID).base64EncodedString(),
-                "messageIndex": Int(index), "encryptedData": Data(sealed).base64EncodedString(),
-            ]
-            if let app { json["app"] = app }
-            let payload = try JSONSerialization.data(withJSONObject: json, options: [.sortedKeys])
-            // Like an accessory: on 429/503 wait Retry-After (capped) and send the same message
-            // again; the relay deduplicates it by (token, session, keyID, index).
-            var reply = try client.request("POST", base + "/v1/responses", credential: credential, body: payload)
-            var waited = 0.0
-            while reply.status == 429 || reply.status == 503, waited < 30 {
-                let delay = min(5, max(0.05, reply.retryAfter ?? 1))
-                Thread.sleep(forTimeInterval: delay)
-                waited += delay
-                reply = try client.request("POST", base + "/v1/responses", credential: credential, body: payload)
-            }
-            let fields = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any] ?? [:]
-            output.responses.append(Sent(index: index, status: reply.status, id: fields["id"] as? String, state: fields["state"] as? String,
-                                         error: (fields["error"] as? String).map { e in [e, fields["field"] as? String].compactMap { $0 }.joined(separator: ": ") }))
+            output.responses.append(Sent(index: r.index, status: r.status, id: r.id, state: r.state, error: r.error))
         }
 
         if let wait {
@@ -149,13 +123,12 @@ enum SendTestCommand {
             for i in output.responses.indices {
                 guard let id = output.responses[i].id else { continue }
                 while true {
-                    let reply = try client.request("GET", base + "/v1/responses/" + id, credential: credential, body: nil)
-                    let fields = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any] ?? [:]
+                    let (status, fields) = try sender.lookup(id)
                     let state = fields["state"] as? String
                     output.responses[i].finalState = state
                     output.responses[i].lastStatus = fields["lastStatus"] as? Int
                     output.responses[i].lastReason = fields["lastReason"] as? String
-                    if state == "delivered" || state == "failed" || reply.status != 200 || Date() >= deadline { break }
+                    if state == "delivered" || state == "failed" || status != 200 || Date() >= deadline { break }
                     Thread.sleep(forTimeInterval: 0.1)
                 }
             }
@@ -181,15 +154,6 @@ enum SendTestCommand {
         }
     }
 
-    static func readCredential(_ value: String) throws -> String {
-        guard value.hasPrefix("@") else { return value }
-        let path = String(value.dropFirst())
-        guard let data = FileManager.default.contents(atPath: path) else { throw RuntimeFailure("cannot read credential file \(path)") }
-        let secret = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
-        guard !secret.isEmpty else { throw RuntimeFailure("credential file \(path) is empty") }
-        return secret
-    }
-
     static func defaultStatePath(rootHash: String) -> String {
         let env = ProcessInfo.processInfo.environment
         let base = env["XDG_STATE_HOME"].flatMap { $0.isEmpty ? nil : $0 }
@@ -213,62 +177,10 @@ enum SendTestCommand {
         }
     }
 
-    /// Write to a temporary file, fsync it, rename over the old one, fsync the directory: after a
-    /// crash the file holds either the old or the new state, and the new one is durable before
-    /// any message sealed with its key is sent.
     static func persist(_ state: StateFile, to path: String) throws {
         let dir = (path as NSString).deletingLastPathComponent
         if !dir.isEmpty { try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700]) }
         let data = try JSONEncoder().encode(state)
         try replaceFileDurably(path, data)
     }
-}
-
-/// A blocking HTTP client for send-test (URLSession runs the transfer on its own threads; this
-/// thread waits for it). Timeouts bound every request.
-final class HTTPClient: Sendable {
-    struct Reply: Sendable { var status: Int; var body: Data; var retryAfter: Double? }
-    private let session: URLSession
-
-    init() {
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = 10
-        configuration.timeoutIntervalForResource = 30
-        session = URLSession(configuration: configuration)
-    }
-
-    func request(_ method: String, _ url: String, credential: String, body: Data?) throws -> Reply {
-        guard let target = URL(string: url) else { throw RuntimeFailure("bad URL \(url)") }
-        var request = URLRequest(url: target)
-        request.httpMethod = method
-        request.setValue("Bearer \(credential)", forHTTPHeaderField: "Authorization")
-        if let body {
-            request.httpBody = body
-            request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        }
-        let box = ReplyBox()
-        let done = DispatchSemaphore(value: 0)
-        session.dataTask(with: request) { data, response, error in
-            if let error {
-                box.set(.failure(RuntimeFailure("\(method) \(url): \(error.localizedDescription)")))
-            } else if let http = response as? HTTPURLResponse {
-                let retryAfter = (http.value(forHTTPHeaderField: "Retry-After")).flatMap(Double.init)
-                box.set(.success(Reply(status: http.statusCode, body: data ?? Data(), retryAfter: retryAfter)))
-            } else {
-                box.set(.failure(RuntimeFailure("\(method) \(url): no HTTP response")))
-            }
-            done.signal()
-        }.resume()
-        done.wait()
-        return try box.get()
-    }
-}
-
-/// @unchecked Sendable: `result` is written once by URLSession's callback before the semaphore
-/// is signalled and read only after the wait, all under `lock`.
-private final class ReplyBox: @unchecked Sendable {
-    private let lock = NSLock()
-    private var result: Result<HTTPClient.Reply, RuntimeFailure> = .failure(RuntimeFailure("no reply"))
-    func set(_ r: Result<HTTPClient.Reply, RuntimeFailure>) { lock.lock(); result = r; lock.unlock() }
-    func get() throws -> HTTPClient.Reply { lock.lock(); defer { lock.unlock() }; return try result.get() }
 }
