@@ -110,13 +110,16 @@ struct RelayctlCommandTests {
     }
 
     @Test func listRejectsBadArguments() throws {
-        for args in [["--state", "lost"], ["--limit", "0"], ["--limit", "x"], ["--since", "yesterday"], ["--token", "xyz"], ["--bogus"], ["extra"], ["--state"]] {
+        for args in [["--state", "lost"], ["--limit", "0"], ["--limit", "x"], ["--since", "yesterday"], ["--token", "xyz"], ["--token", "\u{FF41}\u{FF42}"], ["--bogus"], ["extra"], ["--state"]] {
             let r = try Relayctl.run(["list", "--db", "/nonexistent"] + args)
             #expect(r.status == 64, "list \(args): \(r.status) \(r.stderr)")
             #expect(r.stderr.hasPrefix("error: "), "\(r.stderr)")
         }
         // An option's value left out before the next option: said so, not read as the value
         // (which used to make "retry --failed --reason --db x" complain about ids and --failed).
+        // Fullwidth hex digits are hex to Character.isHexDigit, but no token is ever spelled so.
+        let fullwidth = try Relayctl.run(["tokens", "forget", "\u{FF41}\u{FF42}", "--db", "/nonexistent"])
+        #expect(fullwidth.status == 64 && fullwidth.stderr.contains("expected hex digits"), "\(fullwidth.status) \(fullwidth.stderr)")
         let r = try Relayctl.run(["retry", "--failed", "--reason", "--db", "/nonexistent"])
         #expect(r.status == 64)
         #expect(r.stderr.hasPrefix("error: option '--reason' needs a value"), "\(r.stderr)")

@@ -1,6 +1,7 @@
 // Shared plumbing of the operational commands (status, list, show, retry, purge, tokens,
 // credentials, backup, send-test, check-config): typed option helpers on top of Arguments.swift,
 // the database a command works on, and output (aligned tables, JSON, durations, truncated tokens).
+import Basics
 import Foundation
 import RelayCore
 
@@ -175,4 +176,5 @@ func parseState(_ raw: String) throws -> ResponseState {
     return s
 }
 
-func isHex(_ s: String) -> Bool { !s.isEmpty && s.allSatisfy { $0.isHexDigit } }
+/// ASCII hex only: Character.isHexDigit also takes fullwidth digits, which lowercase into text no token matches.
+func isHex(_ s: String) -> Bool { Hex.isHex(s) }
