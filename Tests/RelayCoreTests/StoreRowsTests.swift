@@ -75,4 +75,14 @@ import Testing
         #expect(throws: StoreError.self) { try StoreRules.checkNewCredential(name: "ops", apps: ["a,b"]) }
         #expect(throws: StoreError.self) { try StoreRules.checkNewCredential(name: "ops", apps: ["a", ""]) }
     }
+
+    @Test func mintingKeepsOnlyTheHashOfTheShownSecret() throws {
+        let (created, hash) = try Credentials.mint(name: "ops", apps: ["a"], now: 42)
+        #expect(created.secret.hasPrefix(Credentials.prefix))
+        #expect(hash == Credentials.hash(secret: created.secret))
+        #expect(created.record == CredentialRecord(id: created.record.id, name: "ops", apps: ["a"], createdAt: 42, lastUsedAt: nil, revokedAt: nil))
+        #expect(created.record.id.hasPrefix("cred_"))
+        #expect(throws: StoreError.self) { try Credentials.mint(name: "ops", apps: ["a,b"], now: 42) }
+    }
 }
+

@@ -9,6 +9,15 @@ public enum Credentials {
     public static func generateID() -> String { "cred_" + RelayCrypto.randomBytes(6).hexString }
     public static func hash(secret: String) -> [UInt8] { RelayCrypto.sha256(Array(secret.utf8)) }
 
+    /// A new credential (checked by StoreRules.checkNewCredential): the record with its secret,
+    /// shown once, and the hash the store keeps instead of it.
+    static func mint(name: String, apps: [String], now: Int64) throws -> (created: CreatedCredential, hash: [UInt8]) {
+        try StoreRules.checkNewCredential(name: name, apps: apps)
+        let secret = generateSecret()
+        let record = CredentialRecord(id: generateID(), name: name, apps: apps, createdAt: now, lastUsedAt: nil, revokedAt: nil)
+        return (CreatedCredential(record: record, secret: secret), hash(secret: secret))
+    }
+
     /// The credentials.apps column: bundle IDs joined by commas (StoreRules.checkNewCredential
     /// refuses a comma inside one).
     static func joinApps(_ apps: [String]) -> String { apps.joined(separator: ",") }

@@ -5,16 +5,13 @@ import Synchronization
 
 extension PostgresOutboxStore {
     public func createCredential(name: String, apps: [String]) throws -> CreatedCredential {
-        try StoreRules.checkNewCredential(name: name, apps: apps)
-        let secret = Credentials.generateSecret()
-        let hash = Credentials.hash(secret: secret)
-        let id = Credentials.generateID()
-        let now = clock.nowMillis()
+        let (created, hash) = try Credentials.mint(name: name, apps: apps, now: clock.nowMillis())
+        let r = created.record
         _ = try write { c in
             try c.query("INSERT INTO credentials (id, name, hash, apps, created_at) VALUES ($1, $2, $3, $4, $5)",
-                        [.text(id), .text(name), .bytes(hash), .text(Credentials.joinApps(apps)), .int(now)])
+                        [.text(r.id), .text(r.name), .bytes(hash), .text(Credentials.joinApps(r.apps)), .int(r.createdAt)])
         }
-        return CreatedCredential(record: CredentialRecord(id: id, name: name, apps: apps, createdAt: now, lastUsedAt: nil, revokedAt: nil), secret: secret)
+        return created
     }
 
     public func credentials() throws -> [CredentialRecord] {

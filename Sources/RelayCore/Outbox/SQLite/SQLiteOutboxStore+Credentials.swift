@@ -6,17 +6,14 @@ import Ratchet
 
 extension SQLiteOutboxStore {
     public func createCredential(name: String, apps: [String]) throws -> CreatedCredential {
-        try StoreRules.checkNewCredential(name: name, apps: apps)
-        let secret = Credentials.generateSecret()
-        let hash = Credentials.hash(secret: secret)
-        let id = Credentials.generateID()
-        let now = clock.nowMillis()
+        let (created, hash) = try Credentials.mint(name: name, apps: apps, now: clock.nowMillis())
+        let r = created.record
         _ = try write { db in
             try db.run(
                 "INSERT INTO credentials (id, name, hash, apps, created_at) VALUES (?, ?, ?, ?, ?)",
-                [.text(id), .text(name), .blob(hash), .text(Credentials.joinApps(apps)), .integer(now)])
+                [.text(r.id), .text(r.name), .blob(hash), .text(Credentials.joinApps(r.apps)), .integer(r.createdAt)])
         }
-        return CreatedCredential(record: CredentialRecord(id: id, name: name, apps: apps, createdAt: now, lastUsedAt: nil, revokedAt: nil), secret: secret)
+        return created
     }
 
     public func credentials() throws -> [CredentialRecord] {
