@@ -101,17 +101,8 @@ func floodWithoutReading(_ fds: [Int32], request: [UInt8], seconds: Double) -> I
 
 /// One raw exchange: `bytes` on a fresh connection, the whole answer until the relay closes.
 func relayRawExchange(_ port: Int, _ bytes: [UInt8], timeout: Int = 10) throws -> String {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    guard fd >= 0 else { throw RelayITError("socket failed") }
+    let fd = try relayConnect(port, timeout: timeout)
     defer { close(fd) }
-    var tv = timeval(tv_sec: timeout, tv_usec: 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
-    var addr = sockaddr_in()
-    addr.sin_family = sa_family_t(AF_INET)
-    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-    addr.sin_port = in_port_t(UInt16(port).bigEndian)
-    let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
-    guard rc == 0 else { throw RelayITError("connect failed: errno \(errno)") }
     _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
     var data: [UInt8] = []
     var buf = [UInt8](repeating: 0, count: 65536)

@@ -48,10 +48,11 @@ struct RelayHTTPReply {
 }
 
 /// One HTTP/1.1 request on a fresh connection (Connection: close). Times out after `timeout`.
-func relayHTTP(_ port: Int, _ method: String, _ path: String, headers: [(String, String)] = [], body: [UInt8] = [], timeout: Int = 10) throws -> RelayHTTPReply {
+/// A blocking TCP connection to 127.0.0.1:`port` whose reads and writes time out after
+/// `timeout` seconds; the caller closes it.
+func relayConnect(_ port: Int, timeout: Int) throws -> Int32 {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     guard fd >= 0 else { throw RelayITError("socket failed") }
-    defer { close(fd) }
     var tv = timeval(tv_sec: timeout, tv_usec: 0)
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
@@ -60,7 +61,17 @@ func relayHTTP(_ port: Int, _ method: String, _ path: String, headers: [(String,
     addr.sin_addr.s_addr = inet_addr("127.0.0.1")
     addr.sin_port = in_port_t(UInt16(port).bigEndian)
     let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
-    guard rc == 0 else { throw RelayITError("connect to \(port) failed: errno \(errno)") }
+    guard rc == 0 else {
+        let e = errno
+        close(fd)
+        throw RelayITError("connect to \(port) failed: errno \(e)")
+    }
+    return fd
+}
+
+func relayHTTP(_ port: Int, _ method: String, _ path: String, headers: [(String, String)] = [], body: [UInt8] = [], timeout: Int = 10) throws -> RelayHTTPReply {
+    let fd = try relayConnect(port, timeout: timeout)
+    defer { close(fd) }
     var head = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nConnection: close\r\n"
     for (n, v) in headers { head += "\(n): \(v)\r\n" }
     if !body.isEmpty || method == "POST" { head += "Content-Length: \(body.count)\r\n" }
