@@ -140,15 +140,16 @@ struct RelayServerTLSTests {
         let h = try RelayHarness()
         let dir = h.dir
         try selfSigned("server", cn: "relay.example", in: dir)
-        try selfSigned("ca", cn: "accessory-ca", in: dir)
+        // Not "ca": ca.pem is mock-apns' CA, which the relay uses to trust mock-apns.
+        try selfSigned("accessory-ca", cn: "accessory-ca", in: dir)
         try selfSigned("other-ca", cn: "someone-else", in: dir)
-        for (name, ca) in [("client", "ca"), ("stranger", "other-ca")] {
+        for (name, ca) in [("client", "accessory-ca"), ("stranger", "other-ca")] {
             try openssl(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "\(name).key",
                          "-out", "\(name).csr", "-subj", "/CN=\(name)"], in: dir)
             try openssl(["x509", "-req", "-in", "\(name).csr", "-CA", "\(ca).pem", "-CAkey", "\(ca).key", "-CAcreateserial",
                          "-out", "\(name).pem", "-days", "30"], in: dir)
         }
-        h.listenExtra = #""tls":{"certificate":"server.pem","privateKey":"server.key","clientCA":"ca.pem"}"#
+        h.listenExtra = #""tls":{"certificate":"server.pem","privateKey":"server.key","clientCA":"accessory-ca.pem"}"#
         try h.writeConfig()
         try h.startRelay()
 
