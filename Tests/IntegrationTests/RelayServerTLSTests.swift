@@ -42,6 +42,14 @@ private func selfSigned(_ name: String, cn: String, in dir: String) throws {
                  "-out", "\(name).pem", "-days", "30", "-subj", "/CN=\(cn)"], in: dir)
 }
 
+/// A P-256 client certificate `<name>.pem` / `<name>.key` issued by the CA `<ca>.pem` / `<ca>.key`.
+private func issued(_ name: String, cn: String, by ca: String, in dir: String) throws {
+    try openssl(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "\(name).key",
+                 "-out", "\(name).csr", "-subj", "/CN=\(cn)"], in: dir)
+    try openssl(["x509", "-req", "-in", "\(name).csr", "-CA", "\(ca).pem", "-CAkey", "\(ca).key", "-CAcreateserial",
+                 "-out", "\(name).pem", "-days", "30"], in: dir)
+}
+
 /// One `openssl s_client` connection held open: requests go in through stdin, everything it
 /// prints (certificate subject, responses) collects in `output`.
 private final class HeldConnection: @unchecked Sendable {
@@ -143,12 +151,8 @@ struct RelayServerTLSTests {
         // Not "ca": ca.pem is mock-apns' CA, which the relay uses to trust mock-apns.
         try selfSigned("accessory-ca", cn: "accessory-ca", in: dir)
         try selfSigned("other-ca", cn: "someone-else", in: dir)
-        for (name, ca) in [("client", "accessory-ca"), ("stranger", "other-ca")] {
-            try openssl(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "\(name).key",
-                         "-out", "\(name).csr", "-subj", "/CN=\(name)"], in: dir)
-            try openssl(["x509", "-req", "-in", "\(name).csr", "-CA", "\(ca).pem", "-CAkey", "\(ca).key", "-CAcreateserial",
-                         "-out", "\(name).pem", "-days", "30"], in: dir)
-        }
+        try issued("client", cn: "client", by: "accessory-ca", in: dir)
+        try issued("stranger", cn: "stranger", by: "other-ca", in: dir)
         h.listenExtra = #""tls":{"certificate":"server.pem","privateKey":"server.key","clientCA":"accessory-ca.pem"}"#
         try h.writeConfig()
         try h.startRelay()
@@ -195,10 +199,7 @@ struct RelayServerTLSTests {
         try openssl(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "server.key",
                      "-out", "server.pem", "-days", "30", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], in: dir)
         try selfSigned("accessory-ca", cn: "accessory-ca", in: dir)
-        try openssl(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "client.key",
-                     "-out", "client.csr", "-subj", "/CN=accessory"], in: dir)
-        try openssl(["x509", "-req", "-in", "client.csr", "-CA", "accessory-ca.pem", "-CAkey", "accessory-ca.key", "-CAcreateserial",
-                     "-out", "client.pem", "-days", "30"], in: dir)
+        try issued("client", cn: "accessory", by: "accessory-ca", in: dir)
         h.listenExtra = #""tls":{"certificate":"server.pem","privateKey":"server.key","clientCA":"accessory-ca.pem"}"#
         try h.writeConfig()
         try h.startRelay()
