@@ -2,9 +2,11 @@
 // a pairing and writes the accessory's state file, `derive` prints every intermediate value from
 // given key material (for firmware teams checking their implementation), `send` posts responses
 // from a state file over libcurl the way firmware will.
+import Basics
 import Foundation
 import KeyExchange
 import Ratchet
+import RelayCore
 
 extension RelayCtl {
     static var accessory: Command {
@@ -221,15 +223,15 @@ enum AccessoryCommand {
         let state = AccessoryState(
             ciphersuite: suite, protocolInfo: info, deviceUUID: device, bluetoothUUID: bluetooth, uuidCase: upper ? "upper" : "lower",
             privateKey: key.privateKeyBytes.exportedBytes, publicKey: key.publicKeyRaw, encapsulatedKey: encapsulatedKey,
-            keyID: Data(keyID).base64EncodedString(),
+            keyID: Base64.encode(keyID),
             hostToAccessoryRoot: accessory.hostToAccessoryRoot.exportedBytes, accessoryToHostRoot: accessory.accessoryToHostRoot.exportedBytes,
-            pushToken: randomHex(32), sessionIdentifier: UUID().uuidString,
+            pushToken: RelayCrypto.randomBytes(32).hexString, sessionIdentifier: UUID().uuidString,
             sending: SendingRatchet(rootSecret: accessory.accessoryToHostRoot).state)
         try writeState(state, to: out)
         let fields: [(String, String)] = [
             ("state", out), ("ciphersuite", suite.rawValue), ("protocolInfo", info.text),
             ("publicKey", key.publicKeyRaw.hexString), ("encapsulatedKey", encapsulatedKey.hexString),
-            ("keyID", Data(keyID).base64EncodedString()), ("bluetoothUUID", bluetooth),
+            ("keyID", Base64.encode(keyID)), ("bluetoothUUID", bluetooth),
             ("hostToAccessoryRoot", state.hostToAccessoryRoot), ("accessoryToHostRoot", state.accessoryToHostRoot),
             ("pushToken", state.pushToken), ("sessionIdentifier", state.sessionIdentifier),
         ]
@@ -272,7 +274,7 @@ enum AccessoryCommand {
                                                                           : "P256_SHA256_AES_GCM_256 (KEM 0x0010, KDF 0x0001, AEAD 0x0002)"),
             ("privateKey", derived.key.privateKeyBytes.exportedBytes.hexString),
             ("publicKey (raw representation)", derived.key.publicKeyRaw.hexString),
-            ("keyID = SHA-384(publicKey)[0:4]", derived.session.keyID.hexString + " (base64 " + Data(derived.session.keyID).base64EncodedString() + ")"),
+            ("keyID = SHA-384(publicKey)[0:4]", derived.session.keyID.hexString + " (base64 " + Base64.encode(derived.session.keyID) + ")"),
             ("encapsulatedKey", derived.encapsulatedKey.hexString),
         ]
         if case let .xWing(k) = derived.key {
@@ -325,10 +327,6 @@ enum AccessoryCommand {
         } else {
             console.out(fields.map { "\($0.0): \($0.1)" }.joined(separator: "\n"))
         }
-    }
-
-    static func randomHex(_ count: Int) -> String {
-        SecretKey(random: count).exportedBytes.hexString
     }
 
     /// Durable replace with mode 0600: the file holds the accessory's private key and its ratchet position.
@@ -413,7 +411,7 @@ extension AccessoryCommand {
             lines.append("index \(outcome.index): \(outcome.status == 0 ? "no answer" : String(outcome.status)) \(what) (attempts \(outcome.attempts)\(outcome.id.map { ", id \($0)" } ?? ""))")
         }
         if args.flag("json") {
-            console.out(JSON.object([("state", .string(statePath)), ("keyID", .string(Data(keyID).base64EncodedString())),
+            console.out(JSON.object([("state", .string(statePath)), ("keyID", .string(Base64.encode(keyID))),
                                      ("pushToken", .string(state.pushToken)), ("sessionIdentifier", .string(state.sessionIdentifier)),
                                      ("responses", .array(results))]).rendered)
         } else {

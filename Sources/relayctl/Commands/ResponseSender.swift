@@ -1,6 +1,7 @@
 // How relayctl sends sealed responses to a relay, shared by `accessory send` and `send-test`: the
 // advanced ratchet is persisted before a sealed message leaves, POSTs go over libcurl, and a
 // transport failure, 5xx or 429 is retried with the same sealed bytes (the relay deduplicates).
+import Basics
 import Foundation
 import Ratchet
 
@@ -71,8 +72,8 @@ struct ResponseSender {
         let (index, sealed) = try ratchet.seal(plaintext, persist: persist)
         var json: [String: Any] = [
             "pushToken": identity.pushToken, "sessionIdentifier": identity.sessionIdentifier,
-            "keyID": Data(identity.keyID).base64EncodedString(),
-            "messageIndex": Int(index), "encryptedData": Data(sealed).base64EncodedString(),
+            "keyID": Base64.encode(identity.keyID),
+            "messageIndex": Int(index), "encryptedData": Base64.encode(sealed),
         ]
         if let app = identity.app { json["app"] = app }
         let payload = [UInt8](try JSONSerialization.data(withJSONObject: json, options: [.sortedKeys]))

@@ -5,6 +5,7 @@
 // same root secret, a delivered result proves the whole path. The sending itself is
 // ResponseSender's, the same as `accessory send`'s; this command only differs in where the root
 // secret and ratchet state come from and in how it reports.
+import Basics
 import Foundation
 import Ratchet
 import RelayCore
@@ -107,7 +108,7 @@ enum SendTestCommand {
 
         let ratchet = try loadRatchet(path: statePath, rootKey: rootKeyBytes, rootHash: rootHash)
         let identity = ResponseSender.Identity(pushToken: pushToken, sessionIdentifier: session, keyID: keyID, app: app)
-        var output = Output(url: sender.base, keyID: Data(keyID).base64EncodedString(), pushToken: pushToken,
+        var output = Output(url: sender.base, keyID: Base64.encode(keyID), pushToken: pushToken,
                             sessionIdentifier: session, stateFile: statePath, responses: [])
         for n in 0..<count {
             let plaintext = try ResponseSender.plaintext(source: app ?? "relayctl.send-test",
