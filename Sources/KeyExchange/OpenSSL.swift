@@ -48,14 +48,8 @@ enum Keccak {
     }
 }
 
-/// Overwrites the array's bytes (OPENSSL_cleanse: not optimised away).
-func wipe(_ bytes: inout [UInt8]) {
-    bytes.withUnsafeMutableBytes { b in
-        if let base = b.baseAddress, b.count > 0 { OPENSSL_cleanse(base, b.count) }
-    }
-}
-
-func wipe(_ values: inout [UInt16]) {
+/// Overwrites the array's bytes (OPENSSL_cleanse: not optimised away); bytes and ML-KEM coefficients.
+func wipe<T: BitwiseCopyable>(_ values: inout [T]) {
     values.withUnsafeMutableBytes { b in
         if let base = b.baseAddress, b.count > 0 { OPENSSL_cleanse(base, b.count) }
     }
