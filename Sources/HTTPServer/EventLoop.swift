@@ -401,17 +401,7 @@ final class TCPSocket {
             }
             return p.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { a in withUnsafeBytes(of: a.pointee.sin_addr) { Array($0) } }
         }
-        let key = withUnsafePointer(to: &storage) { p -> PeerKey? in
-            if Int32(p.pointee.ss_family) == AF_INET6 {
-                return p.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { a in
-                    withUnsafeBytes(of: a.pointee.sin6_addr) { PeerKey(ipv6: $0) }
-                }
-            }
-            return p.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { a in
-                PeerKey(ipv4: UInt32(bigEndian: a.pointee.sin_addr.s_addr))
-            }
-        }
-        return (peerText(&storage), key, bytes)
+        return (peerText(&storage), PeerKey(addressBytes: bytes), bytes)
     }
 
     private func peerText(_ storage: inout sockaddr_storage) -> String {

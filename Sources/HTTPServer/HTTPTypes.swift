@@ -164,14 +164,18 @@ public struct PeerKey: Hashable, Sendable {
         } else if let colon = host.firstIndex(of: ":"), colon == host.lastIndex(of: ":") {
             host = host[..<colon]   // IPv4 with a port (a bare IPv6 address has several colons)
         }
-        var v4 = in_addr()
-        if inet_pton(AF_INET, String(host), &v4) == 1 {
-            self.init(ipv4: UInt32(bigEndian: v4.s_addr))
-            return
+        guard let bytes = ipAddressBytes(String(host)) else { return nil }
+        self.init(addressBytes: bytes)
+    }
+
+    /// From the 4 or 16 bytes of an IPv4 or IPv6 address (ipAddressBytes, a PROXY header);
+    /// nil for any other length.
+    init?(addressBytes a: [UInt8]) {
+        switch a.count {
+        case 4: self.init(ipv4: UInt32(a[0]) << 24 | UInt32(a[1]) << 16 | UInt32(a[2]) << 8 | UInt32(a[3]))
+        case 16: self = a.withUnsafeBytes { PeerKey(ipv6: $0) }
+        default: return nil
         }
-        var v6 = in6_addr()
-        guard inet_pton(AF_INET6, String(host), &v6) == 1 else { return nil }
-        self = withUnsafeBytes(of: &v6) { PeerKey(ipv6: $0) }
     }
 
     /// "192.0.2.7", or the /64 as 16 hex digits and "/64" ("20010db800000000/64").

@@ -81,11 +81,7 @@ public struct ProxyHeader: Sendable, Equatable {
     }
 
     /// The per-address key of the source, or nil when there is none.
-    public var sourceKey: PeerKey? {
-        guard let a = sourceAddress else { return nil }
-        if a.count == 4 { return PeerKey(ipv4: UInt32(a[0]) << 24 | UInt32(a[1]) << 16 | UInt32(a[2]) << 8 | UInt32(a[3])) }
-        return a.withUnsafeBytes { PeerKey(ipv6: $0) }
-    }
+    public var sourceKey: PeerKey? { sourceAddress.flatMap(PeerKey.init(addressBytes:)) }
 }
 
 public enum ProxyHeaderParse: Sendable, Equatable {
