@@ -79,7 +79,7 @@ struct DerivedAccessory {
 
     /// From a state file: derived again from the key material (never from the stored roots, which
     /// are checked against it).
-    static func load(statePath path: String, fieldPrefix: String = "") throws -> (DerivedAccessory, AccessoryState) {
+    static func load(statePath path: String) throws -> (DerivedAccessory, AccessoryState) {
         guard let data = FileManager.default.contents(atPath: path) else { throw RuntimeFailure("cannot read accessory state \(path)") }
         let state: AccessoryState
         do { state = try JSONDecoder().decode(AccessoryState.self, from: data) } catch {
