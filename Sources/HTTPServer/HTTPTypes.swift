@@ -147,7 +147,7 @@ public struct PeerKey: Hashable, Sendable {
 
     /// From the 16 bytes of an IPv6 address.
     public init(ipv6 bytes: UnsafeRawBufferPointer) {
-        if bytes.prefix(10).allSatisfy({ $0 == 0 }) && bytes[10] == 0xff && bytes[11] == 0xff {
+        if isIPv4Mapped(bytes) {
             self.init(ipv4: UInt32(bytes[12]) << 24 | UInt32(bytes[13]) << 16 | UInt32(bytes[14]) << 8 | UInt32(bytes[15]))
         } else {
             self.init(ipv6Prefix: bytes.prefix(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) })
@@ -193,6 +193,12 @@ public struct PeerKey: Hashable, Sendable {
         guard u.count == 19, text.hasSuffix("/64") else { return nil }
         return String(decoding: u.prefix(12), as: UTF8.self) + "/48"
     }
+}
+
+/// Whether 16 address bytes are an IPv4-mapped IPv6 address (::ffff:a.b.c.d, a dual-stack
+/// listener's IPv4 peer), whose last 4 bytes are the IPv4 address.
+func isIPv4Mapped(_ b: some Collection<UInt8>) -> Bool {
+    b.count == 16 && b.prefix(10).allSatisfy { $0 == 0 } && b.dropFirst(10).prefix(2).allSatisfy { $0 == 0xff }
 }
 
 public struct HTTPRequest: Sendable {

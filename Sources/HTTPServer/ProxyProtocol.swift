@@ -38,7 +38,7 @@ public struct IPNetwork: Sendable, Equatable, CustomStringConvertible {
     public func contains(_ address: [UInt8]) -> Bool {
         var a = address
         if bytes.count == 4 && a.count == 16 {
-            guard a.prefix(10).allSatisfy({ $0 == 0 }) && a[10] == 0xff && a[11] == 0xff else { return false }
+            guard isIPv4Mapped(a) else { return false }
             a = Array(a[12...])
         }
         guard a.count == bytes.count else { return false }
