@@ -16,6 +16,7 @@
 # temp dir and is stopped by the EXIT trap, by pid, even on failure.
 # BENCH_INGEST_SYSTEMS="relay-small redis ..." runs only those (A/B runs); BENCH_SQLITE_PAGE_SIZE=N
 # creates the relay's SQLite databases with that page size (an experiment: the relay keeps it).
+# BENCH_BIN=DIR: run the release binaries in DIR instead of building (A/B runs of two builds).
 # BENCH_PERF=DIR: also `perf record -g` relay-server during the middle of round 1 at
 # BENCH_TOKENS tokens into DIR/relay-small.perf.data (then: perf report -i ... --no-children).
 set -euo pipefail
@@ -31,9 +32,13 @@ for tool in wrk nginx redis-server redis-benchmark redis-cli pgbench psql openss
   command -v "$tool" >/dev/null || { echo "bench-ingest: $tool missing (make deps bench-deps)" >&2; exit 1; }
 done
 
-swift build -c release --product relay-server >&2
-swift build -c release --product mock-apns >&2
-BIN=$(swift build -c release --show-bin-path)
+if [ -n "${BENCH_BIN:-}" ]; then
+  BIN=$BENCH_BIN   # prebuilt binaries: A/B runs of two builds in one session
+else
+  swift build -c release --product relay-server >&2
+  swift build -c release --product mock-apns >&2
+  BIN=$(swift build -c release --show-bin-path)
+fi
 WORK=$(mktemp -d /tmp/bench-ingest.XXXXXX)
 chmod 755 "$WORK"
 PIDS=()

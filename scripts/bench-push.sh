@@ -8,6 +8,7 @@
 # Every process started here is stopped on exit. Environment: COUNT (pushes per run, default
 # 20000), AIO_COUNT (default 5000), INFLIGHT (concurrent pushes, default 200), ROUNDS (best of,
 # default 3).
+# BENCH_BIN=DIR: run the release binaries in DIR instead of building (A/B runs of two builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,9 +20,13 @@ for tool in h2load openssl python3; do
   command -v "$tool" >/dev/null || { echo "bench-push: $tool missing (make deps)" >&2; exit 1; }
 done
 
-swift build -c release --product push-bench >&2
-swift build -c release --product mock-apns >&2
-BIN="$(swift build -c release --show-bin-path)"
+if [ -n "${BENCH_BIN:-}" ]; then
+  BIN=$BENCH_BIN   # prebuilt binaries: A/B runs of two builds in one session
+else
+  swift build -c release --product push-bench >&2
+  swift build -c release --product mock-apns >&2
+  BIN="$(swift build -c release --show-bin-path)"
+fi
 
 tmp=$(mktemp -d)
 mock_pid=""

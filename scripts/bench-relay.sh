@@ -9,6 +9,7 @@
 #  2. Ingest -> APNs latency p50/p99 at ~1000 responses/s against mock-apns.
 #  3. Start-to-ready and peak RSS with 1,000,000 queued rows.
 # Leaves no processes behind (trap kills what it started, by pid).
+# BENCH_BIN=DIR: run the release binaries in DIR instead of building (A/B runs of two builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,9 +20,13 @@ for tool in wrk nginx openssl sqlite3 curl python3; do
   command -v "$tool" >/dev/null || { echo "bench-relay: $tool missing (make bench-deps)" >&2; exit 1; }
 done
 
-swift build -c release --product relay-server >&2
-swift build -c release --product mock-apns >&2
-BIN=$(swift build -c release --show-bin-path)
+if [ -n "${BENCH_BIN:-}" ]; then
+  BIN=$BENCH_BIN   # prebuilt binaries: A/B runs of two builds in one session
+else
+  swift build -c release --product relay-server >&2
+  swift build -c release --product mock-apns >&2
+  BIN=$(swift build -c release --show-bin-path)
+fi
 WORK=$(mktemp -d /tmp/bench-relay.XXXXXX)
 PIDS=()
 cleanup() {
