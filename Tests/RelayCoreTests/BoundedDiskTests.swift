@@ -67,7 +67,9 @@ import Testing
         #expect(c.byState[.delivered] == 0 && c.byState[.failed] == 3 && c.byState[.queued] == 1 && c.byState[.inflight] == 1)
         for id in ids[.delivered]! { #expect(try s.attempts(responseID: id).isEmpty) }
         #expect(try ids[.failed]!.allSatisfy { try !s.attempts(responseID: $0).isEmpty })
-        let text = sweeper.metricsText()
+        var r = PrometheusRegistry()
+        sweeper.collectMetrics(into: &r)
+        let text = r.render()
         #expect(text.contains("relay_retention_removed_total{state=\"delivered\"} 6"))
         #expect(text.contains("relay_retention_removed_total{state=\"failed\"} 0"))
         #expect(text.contains("relay_retention_seconds{state=\"failed\"} 0"))
@@ -203,12 +205,14 @@ import Testing
         #expect(r.body.contains("\"error\":\"storage_full\""))
         #expect(r.header("retry-after") != nil)
         #expect(try store.list(OutboxFilter()).isEmpty)
-        #expect(metrics.render(extra: "").contains("relay_ingest_refused_total{code=\"storage_full\"} 1"))
-        let admin = AdminService(store: store, metrics: metrics, workers: workers, readiness: { [:] }, extraMetrics: { "" })
+        #expect(metrics.render().contains("relay_ingest_refused_total{code=\"storage_full\"} 1"))
+        let admin = AdminService(store: store, metrics: metrics, workers: workers, readiness: { [:] }, extraMetrics: { _ in })
         let ready = call(admin.handle, "GET", "/readyz")
         #expect(ready.status == 503)
         #expect(ready.body.contains("\"storage_free_space\":false") && ready.body.contains("\"database_writable\":true"), "\(ready.body)")
-        #expect(OutboxStores.diskMetrics(store, retention: nil).contains("relay_store_free_bytes 100\n"))
+        var page = PrometheusRegistry()
+        OutboxStores.collectDiskMetrics(store, retention: nil, into: &page)
+        #expect(page.render().contains("relay_store_free_bytes 100\n"))
     }
 }
 

@@ -26,6 +26,6 @@ import Testing
         let retry = h.call(secret: h.otherSecret, body: body)
         #expect(retry.status == 200 && json(retry)["id"] as? String == idB)
         #expect(try h.store.response(id: idB) == before)
-        #expect(metrics.render(extra: "").contains("relay_ingest_refused_total{code=\"conflict\"} 1"))
+        #expect(metrics.render().contains("relay_ingest_refused_total{code=\"conflict\"} 1"))
     }
 }

@@ -623,7 +623,7 @@ import Testing
         }
         let secret = try store.createCredential(name: "a", apps: ["com.example.app"]).secret
         let admin = AdminService(store: store, metrics: RelayMetrics(), workers: workers, clock: clock,
-                                 readiness: { ["dispatcher_running": true] }, extraMetrics: { "" })
+                                 readiness: { ["dispatcher_running": true] }, extraMetrics: { _ in })
         let writes = { store.writerStats.jobs }
         let before = writes()
         for _ in 0..<20 { #expect(call(admin, "/readyz").status == 200) }

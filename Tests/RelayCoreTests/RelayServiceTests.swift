@@ -59,6 +59,10 @@ func serviceTestConfig(db: String) throws -> RelayConfig {
         #expect(metrics.contains("relay_ingest_requests_total{status=\"202\"} 1"))
         #expect(metrics.contains("relay_outbox_responses{state=\"delivered\"} 1"))
         #expect(metrics.contains("relay_http_connections_total{listener=\"ingest\"}"))
+        // Both listeners' series of a family sit in its one group (they followed all the
+        // HELP/TYPE lines before); promtool is not installed here, so the format is checked here.
+        #expect(metrics.contains("relay_http_connections_total{listener=\"admin\"}"))
+        #expect(expositionProblems(metrics).isEmpty, "\(expositionProblems(metrics))\n\(metrics)")
         // The POST is timed; the two GETs are not.
         #expect(metrics.contains("relay_ingest_duration_seconds_count 1\n"))
         #expect(metrics.contains("relay_ingest_duration_seconds_bucket{le=\"+Inf\"} 1\n"))

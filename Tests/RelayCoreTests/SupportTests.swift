@@ -128,7 +128,7 @@ import Testing
         m.ingest(status: 202, seconds: 0.0003)
         m.ingest(status: 202, seconds: 0.002)
         m.ingest(status: 400)   // not timed (e.g. another path)
-        let text = m.render(extra: "")
+        let text = m.render()
         #expect(text.contains("relay_ingest_requests_total{status=\"202\"} 2\n"))
         #expect(text.contains("relay_ingest_requests_total{status=\"400\"} 1\n"))
         #expect(text.contains("relay_ingest_duration_seconds_bucket{le=\"0.00025\"} 0\n"))

@@ -516,16 +516,16 @@ public final class AdminService: Sendable {
     private let workers: WorkerPool
     private let clock: any RelayClock
     private let readiness: @Sendable () -> [String: Bool]
-    private let extraMetrics: @Sendable () -> String
+    private let extraMetrics: @Sendable (inout PrometheusRegistry) -> Void
     let maxAgeMillis: Int64 = 1000
     /// (when read, by `clock`; the counts, nil when the store could not be read)
     private let counts = Mutex<(at: Int64, value: OutboxCounts?)?>(nil)
     private let writable = Mutex<(at: Int64, value: Bool)?>(nil)
 
     /// `readiness` returns named checks besides the database (e.g. "apns_credentials",
-    /// "dispatcher"); `extraMetrics` returns Prometheus lines (HTTP server counters).
+    /// "dispatcher"); `extraMetrics` adds the rest of /metrics (HTTP server counters).
     public init(store: any OutboxStore, metrics: RelayMetrics, workers: WorkerPool, clock: any RelayClock = SystemRelayClock(),
-                readiness: @escaping @Sendable () -> [String: Bool], extraMetrics: @escaping @Sendable () -> String) {
+                readiness: @escaping @Sendable () -> [String: Bool], extraMetrics: @escaping @Sendable (inout PrometheusRegistry) -> Void) {
         self.store = store
         self.metrics = metrics
         self.workers = workers
@@ -553,19 +553,19 @@ public final class AdminService: Sendable {
             }
         case "/metrics":
             workers.submit { [self] in
-                var extra = ""
+                var r = PrometheusRegistry()
+                metrics.collect(into: &r)
                 if let c = cached(counts, { try? store.counts() }) {
-                    extra += "# HELP relay_outbox_responses Responses in the outbox by state.\n# TYPE relay_outbox_responses gauge\n"
-                    for s in ResponseState.allCases { extra += "relay_outbox_responses{state=\"\(s.rawValue)\"} \(c.byState[s] ?? 0)\n" }
-                    extra += "# HELP relay_outbox_oldest_pending_age_seconds Age of the oldest queued or retry response.\n# TYPE relay_outbox_oldest_pending_age_seconds gauge\n"
+                    r.declare("relay_outbox_responses", .gauge, help: "Responses in the outbox by state.")
+                    for s in ResponseState.allCases { r.sample("relay_outbox_responses", ["state": s.rawValue], c.byState[s] ?? 0) }
                     let age = c.oldestPendingCreatedAt.map { Double(max(0, clock.nowMillis() - $0)) / 1000 } ?? 0
-                    extra += "relay_outbox_oldest_pending_age_seconds \(age)\n"
-                    extra += "# HELP relay_store_up 1 when the outbox could be read.\n# TYPE relay_store_up gauge\nrelay_store_up 1\n"
+                    r.gauge("relay_outbox_oldest_pending_age_seconds", help: "Age of the oldest queued or retry response.", age)
+                    r.gauge("relay_store_up", help: "1 when the outbox could be read.", 1)
                 } else {
-                    extra += "# HELP relay_store_up 1 when the outbox could be read.\n# TYPE relay_store_up gauge\nrelay_store_up 0\n"
+                    r.gauge("relay_store_up", help: "1 when the outbox could be read.", 0)
                 }
-                extra += extraMetrics()
-                respond(APIResponse(status: 200, headers: [("content-type", "text/plain; version=0.0.4")], body: metrics.render(extra: extra)))
+                extraMetrics(&r)
+                respond(APIResponse(status: 200, headers: [("content-type", "text/plain; version=0.0.4")], body: r.render()))
             }
         default:
             respond(APIResponse(status: 404, headers: [("content-type", "application/json")], body: "{\"error\":\"not_found\"}"))

@@ -33,16 +33,13 @@ public enum OutboxStores {
         }
     }
 
-    /// Free-space and retention lines for /metrics.
-    public static func diskMetrics(_ store: any OutboxStore, retention: RetentionSweeper?) -> String {
-        var out = retention?.metricsText() ?? ""
+    /// Retention and free-space metrics.
+    public static func collectDiskMetrics(_ store: any OutboxStore, retention: RetentionSweeper?, into r: inout PrometheusRegistry) {
+        retention?.collectMetrics(into: &r)
         if let g = store.freeSpaceGuard {
-            out += "# HELP relay_store_free_bytes Bytes free on the database's filesystem (probed at most once a second).\n# TYPE relay_store_free_bytes gauge\n"
-            out += "relay_store_free_bytes \(g.freeBytes ?? -1)\n"
-            out += "# HELP relay_store_min_free_bytes store.minFreeBytes: below it ingest answers 503 storage_full.\n# TYPE relay_store_min_free_bytes gauge\n"
-            out += "relay_store_min_free_bytes \(g.minFreeBytes)\n"
+            r.gauge("relay_store_free_bytes", help: "Bytes free on the database's filesystem (probed at most once a second).", g.freeBytes ?? -1)
+            r.gauge("relay_store_min_free_bytes", help: "store.minFreeBytes: below it ingest answers 503 storage_full.", g.minFreeBytes)
         }
-        return out
     }
 
     /// Where the data lives, for logs (a PostgreSQL URL without its password).

@@ -134,14 +134,14 @@ public final class RetentionSweeper: Sendable {
         if started.withLock({ $0 }) { exited.wait() }
     }
 
-    /// Prometheus lines: rows removed by state, failed sweeps, the policy.
-    public func metricsText() -> String {
+    /// Rows removed by state, failed sweeps, the policy.
+    public func collectMetrics(into r: inout PrometheusRegistry) {
         let s = state.withLock { $0 }
-        var out = "# HELP relay_retention_removed_total Finished responses (with their attempts) deleted by store.retention.\n# TYPE relay_retention_removed_total counter\n"
-        for st in [ResponseState.delivered, .failed] { out += "relay_retention_removed_total{state=\"\(st.rawValue)\"} \(s.removed[st] ?? 0)\n" }
-        out += "# HELP relay_retention_failures_total Retention sweeps that failed (logged).\n# TYPE relay_retention_failures_total counter\nrelay_retention_failures_total \(s.failures)\n"
-        out += "# HELP relay_retention_seconds store.retention by state (0: kept forever).\n# TYPE relay_retention_seconds gauge\n"
-        out += "relay_retention_seconds{state=\"delivered\"} \(policy.deliveredSeconds)\nrelay_retention_seconds{state=\"failed\"} \(policy.failedSeconds)\n"
-        return out
+        r.declare("relay_retention_removed_total", .counter, help: "Finished responses (with their attempts) deleted by store.retention.")
+        for st in [ResponseState.delivered, .failed] { r.sample("relay_retention_removed_total", ["state": st.rawValue], s.removed[st] ?? 0) }
+        r.counter("relay_retention_failures_total", help: "Retention sweeps that failed (logged).", s.failures)
+        r.declare("relay_retention_seconds", .gauge, help: "store.retention by state (0: kept forever).")
+        r.sample("relay_retention_seconds", ["state": "delivered"], policy.deliveredSeconds)
+        r.sample("relay_retention_seconds", ["state": "failed"], policy.failedSeconds)
     }
 }

@@ -87,47 +87,39 @@ enum HTTPGlue {
         }
     }
 
-    static func prometheus(_ m: HTTPServerMetrics, listener: String) -> String {
-        let l = "listener=\"\(listener)\""
-        var out = ""
-        out += "relay_http_connections_open{\(l)} \(m.connectionsOpen)\n"
-        out += "relay_http_connections_total{\(l)} \(m.connectionsTotal)\n"
-        out += "relay_http_connections_refused_total{\(l)} \(m.connectionsRefused)\n"
-        out += "relay_http_connections_refused_per_address_total{\(l)} \(m.connectionsRefusedPerAddress)\n"
-        for cls in 1...5 where cls < m.requestsByStatusClass.count {
-            out += "relay_http_responses_total{\(l),class=\"\(cls)xx\"} \(m.requestsByStatusClass[cls])\n"
+    /// HTTPServer's counters, one series per listener ("ingest", "admin") in each family; the
+    /// families are declared even when no listener runs.
+    static func collectMetrics(_ listeners: [(name: String, metrics: HTTPServerMetrics)], into r: inout PrometheusRegistry) {
+        let families: [(String, PrometheusRegistry.Kind, String)] = [
+            ("relay_http_connections_open", .gauge, "Open client connections."),
+            ("relay_http_connections_total", .counter, "Accepted client connections."),
+            ("relay_http_connections_refused_total", .counter, "Connections refused over the connection limit (total or per address)."),
+            ("relay_http_connections_refused_per_address_total", .counter,
+             "Connections refused because their address held ingest.maxConnectionsPerAddress."),
+            ("relay_http_responses_total", .counter, "Responses by status class."),
+            ("relay_http_parse_errors_total", .counter, "Malformed requests by kind."),
+            ("relay_http_tls_handshake_failures_total", .counter, "Failed TLS handshakes."),
+            ("relay_http_timeouts_total", .counter, "Connections closed by a header/body/idle/write timeout."),
+            ("relay_http_proxy_header_failures_total", .counter,
+             "Connections closed for the PROXY protocol: untrusted peer, or no valid header in time."),
+            ("relay_http_queued_output_bytes", .gauge, "Response bytes queued for clients that have not read them yet."),
+        ]
+        for (name, kind, help) in families { r.declare(name, kind, help: help) }
+        for (l, m) in listeners {
+            r.sample("relay_http_connections_open", ["listener": l], m.connectionsOpen)
+            r.sample("relay_http_connections_total", ["listener": l], m.connectionsTotal)
+            r.sample("relay_http_connections_refused_total", ["listener": l], m.connectionsRefused)
+            r.sample("relay_http_connections_refused_per_address_total", ["listener": l], m.connectionsRefusedPerAddress)
+            for cls in 1...5 where cls < m.requestsByStatusClass.count {
+                r.sample("relay_http_responses_total", ["listener": l, "class": "\(cls)xx"], m.requestsByStatusClass[cls])
+            }
+            for (kind, n) in m.parseErrorsByKind.sorted(by: { $0.key < $1.key }) {
+                r.sample("relay_http_parse_errors_total", ["listener": l, "kind": kind], n)
+            }
+            r.sample("relay_http_tls_handshake_failures_total", ["listener": l], m.tlsHandshakeFailures)
+            r.sample("relay_http_timeouts_total", ["listener": l], m.timeouts)
+            r.sample("relay_http_proxy_header_failures_total", ["listener": l], m.proxyHeaderFailures)
+            r.sample("relay_http_queued_output_bytes", ["listener": l], m.queuedOutputBytes)
         }
-        for (kind, n) in m.parseErrorsByKind.sorted(by: { $0.key < $1.key }) {
-            out += "relay_http_parse_errors_total{\(l),kind=\"\(promEscape(kind))\"} \(n)\n"
-        }
-        out += "relay_http_tls_handshake_failures_total{\(l)} \(m.tlsHandshakeFailures)\n"
-        out += "relay_http_timeouts_total{\(l)} \(m.timeouts)\n"
-        out += "relay_http_proxy_header_failures_total{\(l)} \(m.proxyHeaderFailures)\n"
-        out += "relay_http_queued_output_bytes{\(l)} \(m.queuedOutputBytes)\n"
-        return out
     }
-
-    static let prometheusHeader = """
-        # HELP relay_http_connections_open Open client connections.
-        # TYPE relay_http_connections_open gauge
-        # HELP relay_http_connections_total Accepted client connections.
-        # TYPE relay_http_connections_total counter
-        # HELP relay_http_connections_refused_total Connections refused over the connection limit (total or per address).
-        # TYPE relay_http_connections_refused_total counter
-        # HELP relay_http_connections_refused_per_address_total Connections refused because their address held ingest.maxConnectionsPerAddress.
-        # TYPE relay_http_connections_refused_per_address_total counter
-        # HELP relay_http_responses_total Responses by status class.
-        # TYPE relay_http_responses_total counter
-        # HELP relay_http_parse_errors_total Malformed requests by kind.
-        # TYPE relay_http_parse_errors_total counter
-        # HELP relay_http_tls_handshake_failures_total Failed TLS handshakes.
-        # TYPE relay_http_tls_handshake_failures_total counter
-        # HELP relay_http_timeouts_total Connections closed by a header/body/idle/write timeout.
-        # TYPE relay_http_timeouts_total counter
-        # HELP relay_http_proxy_header_failures_total Connections closed for the PROXY protocol: untrusted peer, or no valid header in time.
-        # TYPE relay_http_proxy_header_failures_total counter
-        # HELP relay_http_queued_output_bytes Response bytes queued for clients that have not read them yet.
-        # TYPE relay_http_queued_output_bytes gauge
-
-        """
 }

@@ -146,7 +146,7 @@ public final class RelayService: @unchecked Sendable {
                 readiness: { [weak dispatcher] in
                     ["dispatcher_running": dispatcher?.isRunning ?? false, "apns_credentials_loaded": credentialsLoaded]
                 },
-                extraMetrics: { [weak self] in self?.serverMetrics() ?? "" })
+                extraMetrics: { [weak self] r in self?.collectMetrics(into: &r) })
             var adminConfig = HTTPServerConfiguration(host: c.admin.host, port: c.admin.port)
             adminConfig.limits.maxBodyBytes = 1024
             adminConfig.limits.maxConnections = OpenFileLimit.adminConnections
@@ -179,27 +179,33 @@ public final class RelayService: @unchecked Sendable {
         do { return try body() } catch { throw StartupError(key: key, underlying: error) }
     }
 
-    private func serverMetrics() -> String {
-        var out = HTTPGlue.prometheusHeader
-        if let s = ingestServer { out += HTTPGlue.prometheus(s.metrics, listener: "ingest") }
-        if let s = adminServer { out += HTTPGlue.prometheus(s.metrics, listener: "admin") }
+    private func collectMetrics(into r: inout PrometheusRegistry) {
+        var listeners: [(name: String, metrics: HTTPServerMetrics)] = []
+        if let s = ingestServer { listeners.append(("ingest", s.metrics)) }
+        if let s = adminServer { listeners.append(("admin", s.metrics)) }
+        HTTPGlue.collectMetrics(listeners, into: &r)
         // Exported without TLS too (zeros), so one alert rule covers every node.
-        let r = tlsReloads.withLock { $0 }
-        out += "# HELP relay_tls_reloads_total SIGHUP reloads of the ingest certificate, by result (failed: the previous one is still served).\n# TYPE relay_tls_reloads_total counter\n"
-        out += "relay_tls_reloads_total{result=\"ok\"} \(r.ok)\nrelay_tls_reloads_total{result=\"failed\"} \(r.failed)\n"
+        let t = tlsReloads.withLock { $0 }
+        r.declare("relay_tls_reloads_total", .counter,
+                  help: "SIGHUP reloads of the ingest certificate, by result (failed: the previous one is still served).")
+        r.sample("relay_tls_reloads_total", ["result": "ok"], t.ok)
+        r.sample("relay_tls_reloads_total", ["result": "failed"], t.failed)
         let a = apnsReloads.withLock { $0 }
-        out += "# HELP relay_apns_credential_reloads_total SIGHUP reloads of an app's changed APNs key files, by result (failed: the previous client is still used).\n# TYPE relay_apns_credential_reloads_total counter\n"
-        out += "relay_apns_credential_reloads_total{result=\"ok\"} \(a.ok)\nrelay_apns_credential_reloads_total{result=\"failed\"} \(a.failed)\n"
+        r.declare("relay_apns_credential_reloads_total", .counter,
+                  help: "SIGHUP reloads of an app's changed APNs key files, by result (failed: the previous client is still used).")
+        r.sample("relay_apns_credential_reloads_total", ["result": "ok"], a.ok)
+        r.sample("relay_apns_credential_reloads_total", ["result": "failed"], a.failed)
         if let store, let w = OutboxStores.writerStats(store) {
-            out += "# HELP relay_store_commits_total Group-commit transactions committed.\n# TYPE relay_store_commits_total counter\nrelay_store_commits_total \(w.batches)\n"
-            out += "# HELP relay_store_jobs_total Jobs (ingests and dispatcher writes) committed.\n# TYPE relay_store_jobs_total counter\nrelay_store_jobs_total \(w.jobs)\n"
+            r.counter("relay_store_commits_total", help: "Group-commit transactions committed.", w.batches)
+            r.counter("relay_store_jobs_total", help: "Jobs (ingests and dispatcher writes) committed.", w.jobs)
         }
-        if let store { out += OutboxStores.diskMetrics(store, retention: retention) }
+        if let store { OutboxStores.collectDiskMetrics(store, retention: retention, into: &r) }
         if let s = store as? SQLiteOutboxStore {
             // Against wall-clock time: the share of it the single writer spends in transactions.
-            out += "# HELP relay_store_transaction_seconds_total Time the SQLite writer spent in transactions, BEGIN to the end of COMMIT (its fsync included).\n# TYPE relay_store_transaction_seconds_total counter\nrelay_store_transaction_seconds_total \(Double(s.writerTransactionMicros) / 1e6)\n"
+            r.counter("relay_store_transaction_seconds_total",
+                      help: "Time the SQLite writer spent in transactions, BEGIN to the end of COMMIT (its fsync included).",
+                      Double(s.writerTransactionMicros) / 1e6)
         }
-        return out
     }
 
     /// The drain: stop taking requests (in-flight HTTP requests still complete, and their rows

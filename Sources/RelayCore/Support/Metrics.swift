@@ -1,4 +1,4 @@
-// Process-wide counters rendered in the Prometheus text exposition format (version 0.0.4).
+// Process-wide counters and histograms of the ingest API and the dispatcher, for /metrics.
 import FoundationEssentials
 import Synchronization
 
@@ -11,29 +11,13 @@ public final class RelayMetrics: Sendable {
     /// commit and its fsync, typically a few hundred microseconds.
     public static let ingestBuckets: [Double] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1]
 
-    struct Histogram {
-        let bounds: [Double]
-        var counts: [Int]
-        var sum: Double = 0
-        var total = 0
-        init(bounds: [Double] = RelayMetrics.latencyBuckets) {
-            self.bounds = bounds
-            counts = [Int](repeating: 0, count: bounds.count)
-        }
-        mutating func observe(_ seconds: Double) {
-            for (i, b) in bounds.enumerated() where seconds <= b { counts[i] += 1 }
-            sum += seconds
-            total += 1
-        }
-    }
-
     struct State {
         var ingestByStatus: [Int: Int] = [:]
         var pushesByStatusReason: [String: Int] = [:]
         var retries = 0
-        var pushLatency = Histogram()
-        var ingestToAnswer = Histogram()
-        var ingestDuration = Histogram(bounds: RelayMetrics.ingestBuckets)
+        var pushLatency = PrometheusHistogram(bounds: RelayMetrics.latencyBuckets)
+        var ingestToAnswer = PrometheusHistogram(bounds: RelayMetrics.latencyBuckets)
+        var ingestDuration = PrometheusHistogram(bounds: RelayMetrics.ingestBuckets)
         var rateLimited: [String: Int] = [:]
         var storeRefusals: [String: Int] = [:]
     }
@@ -64,46 +48,39 @@ public final class RelayMetrics: Sendable {
         }
     }
 
-    /// Counters as Prometheus text; `gauges` adds lines computed at scrape time (outbox depth,
-    /// HTTP server counters) already formatted.
-    public func render(extra: String) -> String {
+    /// Adds the process-wide counters and histograms to a /metrics page.
+    public func collect(into r: inout PrometheusRegistry) {
         let s = state.withLock { $0 }
-        var out = ""
-        out += "# HELP relay_ingest_requests_total Ingest requests by HTTP status.\n# TYPE relay_ingest_requests_total counter\n"
+        r.declare("relay_ingest_requests_total", .counter, help: "Ingest requests by HTTP status.")
         for (status, n) in s.ingestByStatus.sorted(by: { $0.key < $1.key }) {
-            out += "relay_ingest_requests_total{status=\"\(status)\"} \(n)\n"
+            r.sample("relay_ingest_requests_total", ["status": "\(status)"], n)
         }
-        out += "# HELP relay_rate_limited_total Requests refused with 429, by limit.\n# TYPE relay_rate_limited_total counter\n"
+        r.declare("relay_rate_limited_total", .counter, help: "Requests refused with 429, by limit.")
         for (scope, n) in s.rateLimited.sorted(by: { $0.key < $1.key }) {
-            out += "relay_rate_limited_total{scope=\"\(scope)\"} \(n)\n"
+            r.sample("relay_rate_limited_total", ["scope": scope], n)
         }
-        out += "# HELP relay_ingest_refused_total Ingests the store refused: conflict (the key belongs to another credential), storage_full (store.minFreeBytes).\n# TYPE relay_ingest_refused_total counter\n"
+        r.declare("relay_ingest_refused_total", .counter,
+                  help: "Ingests the store refused: conflict (the key belongs to another credential), storage_full (store.minFreeBytes).")
         for code in ["conflict", "storage_full"] {
-            out += "relay_ingest_refused_total{code=\"\(code)\"} \(s.storeRefusals[code] ?? 0)\n"
+            r.sample("relay_ingest_refused_total", ["code": code], s.storeRefusals[code] ?? 0)
         }
-        out += "# HELP relay_pushes_total APNs answers by status and reason (status=\"transport\" when none arrived).\n# TYPE relay_pushes_total counter\n"
+        r.declare("relay_pushes_total", .counter, help: "APNs answers by status and reason (status=\"transport\" when none arrived).")
         for (key, n) in s.pushesByStatusReason.sorted(by: { $0.key < $1.key }) {
             let parts = key.split(separator: "|", maxSplits: 1, omittingEmptySubsequences: false)
-            out += "relay_pushes_total{status=\"\(parts[0])\",reason=\"\(promEscape(String(parts.count > 1 ? parts[1] : "")))\"} \(n)\n"
+            r.sample("relay_pushes_total", ["status": String(parts[0]), "reason": String(parts.count > 1 ? parts[1] : "")], n)
         }
-        out += "# HELP relay_push_retries_total Responses scheduled for another attempt.\n# TYPE relay_push_retries_total counter\n"
-        out += "relay_push_retries_total \(s.retries)\n"
-        out += histogram("relay_push_duration_seconds", "Time from sending to APNs to its answer.", s.pushLatency)
-        out += histogram("relay_ingest_to_answer_seconds", "Time from ingest commit to the APNs answer (first attempt).", s.ingestToAnswer)
-        out += histogram("relay_ingest_duration_seconds", "POST /v1/responses: time from the request reaching the ingest API to its answer (a 202 after the group commit and its fsync).", s.ingestDuration)
-        return out + extra
+        r.counter("relay_push_retries_total", help: "Responses scheduled for another attempt.", s.retries)
+        r.histogram("relay_push_duration_seconds", help: "Time from sending to APNs to its answer.", s.pushLatency)
+        r.histogram("relay_ingest_to_answer_seconds", help: "Time from ingest commit to the APNs answer (first attempt).", s.ingestToAnswer)
+        r.histogram("relay_ingest_duration_seconds",
+                    help: "POST /v1/responses: time from the request reaching the ingest API to its answer (a 202 after the group commit and its fsync).",
+                    s.ingestDuration)
     }
 
-    private func histogram(_ name: String, _ help: String, _ h: Histogram) -> String {
-        var out = "# HELP \(name) \(help)\n# TYPE \(name) histogram\n"
-        for (i, b) in h.bounds.enumerated() {
-            out += "\(name)_bucket{le=\"\(b)\"} \(h.counts[i])\n"
-        }
-        out += "\(name)_bucket{le=\"+Inf\"} \(h.total)\n\(name)_sum \(h.sum)\n\(name)_count \(h.total)\n"
-        return out
+    /// These metrics alone as Prometheus text.
+    public func render() -> String {
+        var r = PrometheusRegistry()
+        collect(into: &r)
+        return r.render()
     }
-}
-
-func promEscape(_ s: String) -> String {
-    s.replacing("\\", with: "\\\\").replacing("\"", with: "\\\"").replacing("\n", with: "\\n")
 }
