@@ -44,7 +44,7 @@ let package = Package(
         // APNs HTTP/2 client (nghttp2 client sessions over OpenSSL), ES256 JWT, result classification.
         .target(name: "PushClient", dependencies: ["Basics", "CNghttp2", "COpenSSL"]),
         // The APNs look-alike used by tests, benchmarks and users' own tests.
-        .target(name: "MockAPNs", dependencies: ["Basics", "HTTPServer", "Ratchet", "KeyExchange", "PushClient", "COpenSSL"]),
+        .target(name: "MockAPNs", dependencies: ["Basics", "HTTPServer", "POSIXThreads", "Ratchet", "KeyExchange", "PushClient", "COpenSSL"]),
         // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API.
         .target(name: "RelayCore", dependencies: ["Basics", "HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "COpenSSL"]),
 

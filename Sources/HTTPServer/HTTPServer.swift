@@ -211,7 +211,7 @@ private struct ServerState {
 }
 
 /// An event-loop HTTP/1.1 + HTTP/2 server (libuv, OpenSSL, nghttp2). See docs/http.md.
-public final class HTTPServer: Sendable {
+public final class HTTPServer: Lifecycle {
     let core: ServerCore
     private let state = Mutex(ServerState())
 
@@ -262,9 +262,9 @@ public final class HTTPServer: Sendable {
     public var localPort: Int { state.withLock { $0.port } }
 
     /// Blocking. Stops accepting, sends GOAWAY (HTTP/2) / `Connection: close` (HTTP/1) and
-    /// closes idle connections, waits for in-flight requests up to `gracePeriod`, then closes
+    /// closes idle connections, waits for in-flight requests up to `grace`, then closes
     /// everything and joins the loop threads. Safe to call more than once.
-    public func shutdown(gracePeriod: Duration = .seconds(10)) {
+    public func stop(grace: Duration = .seconds(10)) {
         let loops: [EventLoop] = state.withLock { s in
             guard s.started, !s.stopped else { return [] }
             s.stopped = true
@@ -272,7 +272,7 @@ public final class HTTPServer: Sendable {
         }
         guard !loops.isEmpty else { return }
         for l in loops { l.enqueue(.beginShutdown) }
-        let deadline = ContinuousClock.now + gracePeriod
+        let deadline = ContinuousClock.now + grace
         while ContinuousClock.now < deadline {
             if loops.allSatisfy({ $0.connectionCount.load(ordering: .relaxed) == 0 }) { break }
             usleep(2000)
@@ -285,6 +285,6 @@ public final class HTTPServer: Sendable {
     public var metrics: HTTPServerMetrics { core.metrics }
 
     deinit {
-        shutdown(gracePeriod: .zero)
+        stop(grace: .zero)
     }
 }

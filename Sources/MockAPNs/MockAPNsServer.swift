@@ -2,6 +2,7 @@
 // server on loopback. Per request: validate -> faults -> verify -> record -> answer.
 import Foundation
 import HTTPServer
+import POSIXThreads
 import Synchronization
 
 /// Per-connection bookkeeping (APNs binds auth state and stream limits to the connection).
@@ -221,7 +222,7 @@ func log(_ message: String) {
 
 /// The in-process mock. Start it, point a client at `https://127.0.0.1:<port>` with
 /// `caCertificatePath` as its CA, read `deliveries`, shut it down.
-public final class MockAPNsServer: Sendable {
+public final class MockAPNsServer: Lifecycle {
     private let core: MockCore
     private let apns: HTTPServer
     private let control: HTTPServer?
@@ -292,7 +293,7 @@ public final class MockAPNsServer: Sendable {
     public func start() throws {
         try apns.start()
         do { try control?.start() } catch {
-            apns.shutdown(gracePeriod: .zero)
+            apns.stop(grace: .zero)
             throw error
         }
     }
@@ -309,11 +310,11 @@ public final class MockAPNsServer: Sendable {
     /// Clears deliveries, counters and receiving ratchets (faults stay).
     public func reset() { core.reset() }
 
-    /// Stops both servers (stalled streams are cut after `gracePeriod`), flushes the log, and
+    /// Stops both servers (stalled streams are cut after `grace`), flushes the log, and
     /// removes generated key material (and the CA, unless it was written to `caOutputPath`).
-    public func shutdown(gracePeriod: Duration = .seconds(1)) {
-        control?.shutdown(gracePeriod: .zero)
-        apns.shutdown(gracePeriod: gracePeriod)
+    public func stop(grace: Duration = .seconds(1)) {
+        control?.stop(grace: .zero)
+        apns.stop(grace: grace)
         core.recorder.flush()
         if let temporaryDirectory { try? FileManager.default.removeItem(atPath: temporaryDirectory) }
     }

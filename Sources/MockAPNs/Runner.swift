@@ -54,14 +54,14 @@ public enum MockAPNsMain {
             ready["caPath"] = server.caCertificatePath
             do { try jsonData(ready).write(to: URL(fileURLWithPath: path), options: .atomic) } catch {
                 log("error: cannot write --ready-file \(path): \(error.localizedDescription)")
-                server.shutdown()
+                server.stop()
                 return 1
             }
         }
 
         let received = waitForTermination()
         log("\(received), shutting down")
-        server.shutdown()
+        server.stop()
         log("stopped; \(server.stats.accepted) push(es) accepted")
         return 0
     }

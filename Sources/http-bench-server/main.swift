@@ -62,4 +62,4 @@ _ = line.withCString { write(1, $0, strlen($0)) }
 
 var received: Int32 = 0
 sigwait(&signals, &received)
-server.shutdown(gracePeriod: .seconds(2))
+server.stop(grace: .seconds(2))

@@ -44,7 +44,7 @@ import Testing
         try c.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
         let r = try #require(c.readResponse())
         #expect(r.status == 200 && r.text == "loop")
-        server.shutdown(gracePeriod: .milliseconds(500))
+        server.stop(grace: .milliseconds(500))
         let executor = try #require(captured.withLock { $0 })
         #expect(executor.execute {} == false)
     }
@@ -434,7 +434,7 @@ import Testing
         #expect(entered.wait(timeout: .now() + 5) == .success)
         let done = DispatchSemaphore(value: 0)
         DispatchQueue.global().async {
-            server.shutdown(gracePeriod: .seconds(1))
+            server.stop(grace: .seconds(1))
             done.signal()
         }
         #expect(idle.waitForClose(), "idle connection not closed on shutdown")
@@ -458,7 +458,7 @@ import Testing
         let c = try RawClient(port: server.localPort)
         try c.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
         while parked.withLock({ $0.isEmpty }) { Thread.sleep(forTimeInterval: 0.01) }
-        server.shutdown(gracePeriod: .milliseconds(100))
+        server.stop(grace: .milliseconds(100))
         #expect(c.waitForClose())
         let responders = parked.withLock { $0 }
         // From another thread, after the loop is gone: dropped, no crash.

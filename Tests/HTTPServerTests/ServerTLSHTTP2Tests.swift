@@ -270,7 +270,7 @@ extension RawClient {
         try c.get("/slow", stream: 1)
         #expect(entered.wait(timeout: .now() + 5) == .success)
         let done = DispatchSemaphore(value: 0)
-        DispatchQueue.global().async { server.shutdown(gracePeriod: .seconds(3)); done.signal() }
+        DispatchQueue.global().async { server.stop(grace: .seconds(3)); done.signal() }
         let goAway = c.read { $0.type == 7 }
         #expect(goAway != nil)
         if let g = goAway {
@@ -320,7 +320,7 @@ extension RawClient {
         try c.get("/stall", stream: 1)
         #expect(entered.wait(timeout: .now() + 5) == .success)
         let start = ContinuousClock.now
-        server.shutdown(gracePeriod: .milliseconds(300))
+        server.stop(grace: .milliseconds(300))
         #expect(ContinuousClock.now - start < .seconds(3))
         #expect(c.read { _ in false } == nil)
     }
@@ -487,7 +487,7 @@ extension RawClient {
             print("IPv6 loopback unavailable here (\(error)): skipping")
             return
         }
-        defer { server.shutdown(gracePeriod: .zero) }
+        defer { server.stop(grace: .zero) }
         let r = try #require(try runTool("curl", ["-sS", "-g", "http://[::1]:\(server.localPort)/"]))
         #expect(r.output.hasPrefix("[::1]:"), "\(r.output)")
     }

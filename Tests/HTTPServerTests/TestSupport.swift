@@ -17,7 +17,7 @@ func withServer<R>(_ configuration: HTTPServerConfiguration = HTTPServerConfigur
                    _ body: (HTTPServer) throws -> R) throws -> R {
     let server = try HTTPServer(configuration: configuration, handler: handler)
     try server.start()
-    defer { server.shutdown(gracePeriod: .milliseconds(500)) }
+    defer { server.stop(grace: .milliseconds(500)) }
     return try body(server)
 }
 

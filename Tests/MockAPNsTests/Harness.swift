@@ -63,7 +63,7 @@ final class MockHarness {
     }
 
     deinit {
-        server.shutdown()
+        server.stop()
         try? FileManager.default.removeItem(at: directory)
     }
 

@@ -67,7 +67,7 @@ import Testing
         #expect(stats?["verified"] as? Int == 1)
 
         // The JSON-lines log has the same delivery.
-        mock.server.shutdown()
+        mock.server.stop()
         let log = try String(contentsOfFile: mock.directory.appendingPathComponent("deliveries.jsonl").path, encoding: .utf8)
         let lines = log.split(separator: "\n")
         #expect(lines.count == 1)

@@ -57,7 +57,7 @@ final class MockRig {
                                             pingInterval: pingInterval, clock: clock))
     }
 
-    deinit { mock.shutdown() }
+    deinit { mock.stop() }
 }
 
 func push(_ token: String = "a1b2c3d4", index: UInt32 = 1, id: UUID = UUID()) -> PushRequest {

@@ -184,7 +184,7 @@ import Testing
         defer { store.close() }
         let secret = try store.createCredential(name: "a", apps: ["com.example.app"]).secret
         let workers = WorkerPool(name: "test", threads: 1)
-        defer { workers.shutdown() }
+        defer { workers.close() }
         let metrics = RelayMetrics()
         var settings = IngestSettings()
         settings.apps = ["com.example.app"]

@@ -27,7 +27,7 @@ import Testing
                                     onAccepted: { w.add() })
         }
         deinit {
-            workers.shutdown()
+            workers.close()
             store.close()
         }
         func call(_ method: String = "POST", _ path: String = "/v1/responses", secret: String? = nil, contentType: String? = "application/json", body: String = "",
@@ -618,7 +618,7 @@ import Testing
         let store = try SQLiteOutboxStore(path: dir.db, clock: clock)
         let workers = WorkerPool(name: "admin-test", threads: 1)
         defer {
-            workers.shutdown()
+            workers.close()
             store.close()
         }
         let secret = try store.createCredential(name: "a", apps: ["com.example.app"]).secret

@@ -109,6 +109,6 @@ final class TransportRig {
 
     deinit {
         transport.shutdown()
-        mock.shutdown()
+        mock.stop()
     }
 }

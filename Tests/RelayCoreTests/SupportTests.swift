@@ -80,15 +80,40 @@ import Testing
         #expect(weakOwner == nil)
     }
 
-    @Test func workerPoolRunsJobsOnItsThreadsAndInlineAfterShutdown() {
+    @Test func workerPoolRunsJobsOnItsThreadsAndInlineAfterClose() {
         let pool = WorkerPool(name: "test-pool", threads: 2)
         let ran = Mutex(0)
         let done = DispatchSemaphore(value: 0)
         for _ in 0..<10 { pool.submit { ran.withLock { $0 += 1 }; done.signal() } }
         for _ in 0..<10 { done.wait() }
-        pool.shutdown()
+        pool.close()
         pool.submit { ran.withLock { $0 += 100 } }   // inline, not dropped
         #expect(ran.withLock { $0 } == 110)
+    }
+
+    /// Parts start in order and stop in reverse, each with the grace it was started with; a
+    /// part whose start throws is not stopped; stopAll twice stops nothing the second time.
+    @Test func lifecycleListStopsInReverseOrderWithEachGrace() {
+        let log = Mutex<[String]>([])
+        struct Part: Lifecycle {
+            let name: String
+            let fails: Bool
+            let log: @Sendable (String) -> Void
+            func start() throws {
+                log("start \(name)")
+                if fails { throw CancellationError() }
+            }
+            func stop(grace: Duration) { log("stop \(name) \(grace)") }
+        }
+        let record: @Sendable (String) -> Void = { line in log.withLock { $0.append(line) } }
+        let list = LifecycleList()
+        list.adopt(StopAction { grace in record("stop store \(grace)") })
+        #expect(throws: Never.self) { try list.start(Part(name: "a", fails: false, log: record), grace: .seconds(2)) }
+        #expect(throws: Never.self) { try list.start(Part(name: "b", fails: false, log: record)) }
+        #expect(throws: CancellationError.self) { try list.start(Part(name: "c", fails: true, log: record), grace: .seconds(9)) }
+        list.stopAll()
+        list.stopAll()
+        #expect(log.withLock { $0 } == ["start a", "start b", "start c", "stop b 0.0 seconds", "stop a 2.0 seconds", "stop store 0.0 seconds"])
     }
 
     /// Written and read only under the test's condition lock.

@@ -9,7 +9,7 @@ import Testing
 @Suite struct WorkerPoolBoundTests {
     @Test func readsPastTheBoundAreRefused() {
         let pool = WorkerPool(name: "test-reader", threads: 1, maxQueued: 3)
-        defer { pool.shutdown() }
+        defer { pool.close() }
         let gate = DispatchSemaphore(value: 0)
         let entered = DispatchSemaphore(value: 0)
         pool.submit { entered.signal(); gate.wait() }

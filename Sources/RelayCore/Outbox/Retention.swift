@@ -52,7 +52,7 @@ public enum PurgeBatches {
 
 /// Runs the retention policy on its own thread: a sweep every `intervalMillis`, each as many
 /// small batches as needed. Counts what it removed for /metrics.
-public final class RetentionSweeper: Sendable {
+public final class RetentionSweeper: Lifecycle {
     private struct State {
         var stopping = false
         var removed: [ResponseState: Int] = [:]
@@ -125,8 +125,9 @@ public final class RetentionSweeper: Sendable {
         t.start()
     }
 
-    /// Stops after the current batch and waits for the thread.
-    public func stop() {
+    /// Stops after the current batch (one short transaction, so `grace` is not needed) and
+    /// waits for the thread.
+    public func stop(grace: Duration = .zero) {
         state.withLock { $0.stopping = true }
         wake.lock()
         wake.broadcast()

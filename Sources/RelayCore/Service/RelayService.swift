@@ -12,7 +12,7 @@ import HTTPServer
 
 public final class RelayService: @unchecked Sendable {
     // @unchecked Sendable: the optional components are set once in start() before any other
-    // thread can see them, and cleared only in stop(), which runs once (guarded by stopLock).
+    // thread can see them and never cleared; stop() runs once (guarded by stopLock).
     public let config: RelayConfig
     public let logger: RelayLogger
     public let metrics = RelayMetrics()
@@ -22,11 +22,13 @@ public final class RelayService: @unchecked Sendable {
     private var dispatcher: Dispatcher?
     private var ingestServer: HTTPServer?
     private var adminServer: HTTPServer?
-    private var workers: WorkerPool?
-    /// The admin listener's own thread for /readyz and /metrics (never the ingest readers).
-    private var adminWorkers: WorkerPool?
-    private var watchdog: WatchdogPinger?
     private var retention: RetentionSweeper?
+    /// Every part start() started, in order, and stop() stops in reverse: the store, the
+    /// dispatcher, retention, the reader pool, the ingest listener, the admin pool and
+    /// listener, the watchdog. So the drain ends the watchdog and the admin listener (/readyz
+    /// fails) first, then ingest (its requests finish), then the dispatcher (pushes in flight),
+    /// and closes the database last.
+    private let running = LifecycleList()
     private let stopLock = Condition()
     private var stopped = false
     private let startedAt = monotonicMicros()
@@ -66,6 +68,12 @@ public final class RelayService: @unchecked Sendable {
             }) { logger.info("still starting", ["stage": stage]) }
         }) }
         self.store = store
+        running.adopt(StopAction { [logger] _ in
+            let counts = try? store.counts()
+            store.close()
+            logger.info("stopped", ["queued": counts?.byState[.queued] ?? -1, "retry": counts?.byState[.retry] ?? -1,
+                                    "inflight": counts?.byState[.inflight] ?? -1])
+        })
         var transports: [String: any PushTransport] = [:]
         for (i, app) in c.apps.enumerated() {
             let transport = SwappableTransport(try naming("apps[\(i)] (\(app.bundleID))") { try makeTransport(app, c) })
@@ -77,13 +85,14 @@ public final class RelayService: @unchecked Sendable {
         let dispatcher = Dispatcher(store: store, transports: transports,
                                     options: DispatcherOptions(maxInflight: c.dispatch.maxInflight, claimBatch: c.dispatch.claimBatch, policy: policy),
                                     metrics: metrics, logger: logger)
-        try dispatcher.start()
+        let grace = Duration.milliseconds(c.dispatch.shutdownGraceMillis)
+        try running.start(dispatcher, grace: grace)
         self.dispatcher = dispatcher
         let retention = RetentionSweeper(store: store, policy: c.store.retention, logger: logger)
-        retention.start()
+        try running.start(retention)
         self.retention = retention
         let workers = WorkerPool(name: "relay-reader", threads: 2)
-        self.workers = workers
+        running.adopt(StopAction { _ in workers.close() })
 
         var settings = IngestSettings()
         settings.limits = IngestLimits(maxBodyBytes: c.ingest.maxBodyBytes)
@@ -134,13 +143,14 @@ public final class RelayService: @unchecked Sendable {
         serverConfig.loopThreads = c.ingest.loopThreads
         serverConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: c.ingest.maxBodyBytes)
         let ingestServer = try naming("listen") { try HTTPServer(configuration: serverConfig, handler: HTTPGlue.handler { ingest.handle($0, respond: $1) }) }
-        try naming("listen") { try ingestServer.start() }
+        try naming("listen") { try running.start(ingestServer, grace: grace) }
         self.ingestServer = ingestServer
 
         let credentialsLoaded = transports.count == c.apps.count
         if c.adminEnabled {
+            // The admin listener's own thread for /readyz and /metrics (never the ingest readers).
             let adminWorkers = WorkerPool(name: "relay-admin", threads: 1)
-            self.adminWorkers = adminWorkers
+            running.adopt(StopAction { _ in adminWorkers.close() })
             let admin = AdminService(
                 store: store, metrics: metrics, workers: adminWorkers,
                 readiness: { [weak dispatcher] in
@@ -152,18 +162,18 @@ public final class RelayService: @unchecked Sendable {
             adminConfig.limits.maxConnections = OpenFileLimit.adminConnections
             adminConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: 1024)
             let adminServer = try naming("admin") { try HTTPServer(configuration: adminConfig, handler: HTTPGlue.handler { admin.handle($0, respond: $1) }) }
-            try naming("admin") { try adminServer.start() }
+            try naming("admin") { try running.start(adminServer, grace: .seconds(1)) }
             self.adminServer = adminServer
+        }
+        if c.watchdog, let watchdog = WatchdogPinger(healthy: { [weak dispatcher, weak store] in
+            (dispatcher?.isRunning ?? false) && store != nil
+        }) {
+            try running.start(watchdog)
         }
         let elapsedMs = Double(monotonicMicros() - startedAt) / 1000
         logger.info("relay-server ready", ["ingest": "\(c.listen.host):\(ingestPort)", "admin": c.adminEnabled ? "\(c.admin.host):\(adminPort)" : "disabled",
                                            "db": OutboxStores.describe(c.store), "apps": c.apps.count, "startup_ms": elapsedMs])
         SystemdNotifier.notify("READY=1\nSTATUS=accepting responses on \(c.listen.host):\(ingestPort)")
-        if c.watchdog {
-            watchdog = WatchdogPinger { [weak dispatcher, weak store] in
-                (dispatcher?.isRunning ?? false) && store != nil
-            }
-        }
     }
 
     /// A start-up failure, prefixed with the config key it comes from: "admin: libuv bind
@@ -218,18 +228,7 @@ public final class RelayService: @unchecked Sendable {
         stopped = true
         SystemdNotifier.notify("STOPPING=1\nSTATUS=draining")
         logger.info("draining")
-        let grace = Duration.milliseconds(config.dispatch.shutdownGraceMillis)
-        ingestServer?.shutdown(gracePeriod: grace)
-        adminServer?.shutdown(gracePeriod: .seconds(1))
-        watchdog?.stop()
-        dispatcher?.stop(grace: grace)
-        retention?.stop()
-        workers?.shutdown()
-        adminWorkers?.shutdown()
-        let counts = try? store?.counts()
-        store?.close()
-        logger.info("stopped", ["queued": counts?.byState[.queued] ?? -1, "retry": counts?.byState[.retry] ?? -1,
-                                "inflight": counts?.byState[.inflight] ?? -1])
+        running.stopAll()
     }
 
     /// SIGHUP: re-reads the ingest certificate, private key and client CA, and each app's APNs
@@ -320,6 +319,10 @@ public final class RelayService: @unchecked Sendable {
         return 0
     }
 }
+
+/// The dispatcher's start (recover inflight rows, start its thread) and stop(grace:) (drain)
+/// are the lifecycle's.
+extension Dispatcher: Lifecycle {}
 
 /// One app's APNs transport behind a lock, so a reload can swap in a client built from renewed
 /// key files while the dispatcher keeps its reference. A push that raced the swap and reached

@@ -29,16 +29,29 @@ public enum SystemdNotifier {
 
 /// Pings the systemd watchdog at half its interval while `healthy()` holds, so a wedged
 /// dispatcher or writer gets the process restarted.
-public final class WatchdogPinger: @unchecked Sendable {
-    // @unchecked Sendable: `stopped` is only touched under `condition`.
+public final class WatchdogPinger: Lifecycle, @unchecked Sendable {
+    // @unchecked Sendable: `stopped` and `started` are only touched under `condition`.
     private let condition = Condition()
     private var stopped = false
-    private let done = DispatchSemaphore(value: 0)
     private var started = false
+    private let done = DispatchSemaphore(value: 0)
+    private let half: Double
+    private let healthy: @Sendable () -> Bool
 
+    /// nil when the unit asks for no watchdog (no WatchdogSec).
     public init?(healthy: @escaping @Sendable () -> Bool) {
         guard let interval = SystemdNotifier.watchdogInterval() else { return nil }
-        let half = Double(interval.components.seconds) / 2 + Double(interval.components.attoseconds) / 2e18
+        half = Double(interval.components.seconds) / 2 + Double(interval.components.attoseconds) / 2e18
+        self.healthy = healthy
+    }
+
+    public func start() {
+        let go = condition.withLock {
+            guard !started && !stopped else { return false }
+            started = true
+            return true
+        }
+        guard go else { return }
         let t = OSThread { [self] in
             while true {
                 condition.lock()
@@ -51,15 +64,16 @@ public final class WatchdogPinger: @unchecked Sendable {
             done.signal()
         }
         t.name = "relay-watchdog"
-        started = true
         t.start()
     }
 
-    public func stop() {
+    /// Wakes the thread and waits for it (`grace` is not needed: a ping is one datagram).
+    public func stop(grace: Duration = .zero) {
         condition.lock()
+        let wasStarted = started && !stopped
         stopped = true
         condition.signal()
         condition.unlock()
-        if started { done.wait() }
+        if wasStarted { done.wait() }
     }
 }

@@ -16,7 +16,7 @@ public final class WorkerPool: Sendable {
     }
 
     /// Queues `job` unless `maxQueued` jobs wait; then runs `whenFull` instead, on the
-    /// caller's thread (a 503 for a client). After shutdown `job` runs inline, as `submit`.
+    /// caller's thread (a 503 for a client). After close `job` runs inline, as `submit`.
     public func submit(_ job: @escaping @Sendable () -> Void, whenFull: () -> Void) {
         switch jobs.enqueue(job, limit: maxQueued) {
         case .queued: break
@@ -26,10 +26,10 @@ public final class WorkerPool: Sendable {
     }
 
     public func submit(_ job: @escaping @Sendable () -> Void) {
-        // After shutdown, run inline rather than drop a completion.
+        // After close, run inline rather than drop a completion.
         if !jobs.enqueue(job) { job() }
     }
 
-    /// Runs queued jobs, then joins the threads.
-    public func shutdown() { jobs.close() }
+    /// Refuses new jobs (later ones run inline), runs the queued ones, then joins the threads.
+    public func close() { jobs.close() }
 }
