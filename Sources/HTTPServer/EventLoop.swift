@@ -160,18 +160,11 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
     }
 
     func startThread() throws {
-        var tid = pthread_t()
-        let ctx = Unmanaged.passRetained(self).toOpaque()
-        let rc = pthread_create(&tid, nil, { arg in
-            let loop = Unmanaged<EventLoop>.fromOpaque(arg!).takeRetainedValue()
-            loop.run()
-            return nil
-        }, ctx)
-        guard rc == 0 else {
-            Unmanaged<EventLoop>.fromOpaque(ctx).release()
-            throw HTTPServerError.libuv(operation: "pthread_create", message: String(cString: strerror(rc)))
+        do {
+            thread = try POSIXThreads.startThread(name: nil) { [self] in run() }
+        } catch {
+            throw HTTPServerError.libuv(operation: "pthread_create", message: String(cString: strerror(error.code)))
         }
-        thread = tid
     }
 
     private func run() {

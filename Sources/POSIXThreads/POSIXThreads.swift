@@ -30,22 +30,46 @@ public final class OSThread: @unchecked Sendable {
     /// of `body`, as they did with Foundation's Thread). Traps if the OS refuses a thread,
     /// which only happens when the process is out of memory or over its thread limit.
     public func start() {
-        let box = Unmanaged.passRetained(self).toOpaque()
-        var attributes = pthread_attr_t()
-        pthread_attr_init(&attributes)
-        defer { pthread_attr_destroy(&attributes) }
-        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
-        var tid = pthread_t()
-        let rc = pthread_create(&tid, &attributes, { raw in
-            let thread = Unmanaged<OSThread>.fromOpaque(raw!).takeRetainedValue()
-            if let name = thread.name { setCurrentThreadName(name) }
-            thread.body()
-            return nil
-        }, box)
-        if rc != 0 {
-            Unmanaged<OSThread>.fromOpaque(box).release()
-            fatalError("pthread_create failed: \(String(cString: strerror(rc)))")
-        }
+        do { _ = try startThread(name: name, detached: true, body) } catch { fatalError("\(error)") }
+    }
+}
+
+/// pthread_create refused a thread (EAGAIN: out of memory or over the thread limit).
+public struct ThreadStartError: Error, CustomStringConvertible {
+    public let code: Int32
+    public var description: String { "pthread_create failed: \(String(cString: strerror(code)))" }
+}
+
+/// Runs `body` on a new OS thread named `name`: the one place that calls pthread_create.
+/// A joinable thread (the default) must be joined with `pthread_join` on the returned id.
+@discardableResult
+public func startThread(name: String?, detached: Bool = false, _ body: @escaping () -> Void) throws(ThreadStartError) -> pthread_t {
+    let box = Unmanaged.passRetained(ThreadStart(name: name, body: body)).toOpaque()
+    var attributes = pthread_attr_t()
+    pthread_attr_init(&attributes)
+    defer { pthread_attr_destroy(&attributes) }
+    if detached { pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED)) }
+    var tid = pthread_t()
+    let rc = pthread_create(&tid, &attributes, { raw in
+        let start = Unmanaged<ThreadStart>.fromOpaque(raw!).takeRetainedValue()
+        if let name = start.name { setCurrentThreadName(name) }
+        start.body()
+        return nil
+    }, box)
+    guard rc == 0 else {
+        Unmanaged<ThreadStart>.fromOpaque(box).release()
+        throw ThreadStartError(code: rc)
+    }
+    return tid
+}
+
+/// What a new thread runs, handed over through pthread_create's argument.
+private final class ThreadStart {
+    let name: String?
+    let body: () -> Void
+    init(name: String?, body: @escaping () -> Void) {
+        self.name = name
+        self.body = body
     }
 }
 

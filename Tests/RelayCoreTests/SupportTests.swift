@@ -91,6 +91,17 @@ import Testing
         #expect(ran.withLock { $0 } == 110)
     }
 
+    /// The one spawner: a joinable thread runs its body under its name (truncated to the
+    /// kernel's 15 bytes) and pthread_join returns after it.
+    @Test func startThreadRunsANamedJoinableThread() throws {
+        let seen = Mutex<String?>(nil)
+        let tid = try startThread(name: "test-spawner-long-name") {
+            seen.withLock { $0 = try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8) }
+        }
+        #expect(pthread_join(tid, nil) == 0)
+        #expect(seen.withLock { $0 } == "test-spawner-lo\n")
+    }
+
     /// Parts start in order and stop in reverse, each with the grace it was started with; a
     /// part whose start throws is not stopped; stopAll twice stops nothing the second time.
     @Test func lifecycleListStopsInReverseOrderWithEachGrace() {
