@@ -44,7 +44,7 @@ private final class Fixture: Sendable {
         settings.authFailuresPerAddress = RateLimit(perSecond: 0, burst: 1)
         service = IngestService(store: store, settings: settings, metrics: RelayMetrics(),
                                 logger: RelayLogger(minimum: .error, capture: true),
-                                workers: WorkerPool(name: "fuzz", threads: 1), onAccepted: {})
+                                workers: WorkerPool(name: "fuzz", threads: 1))
         let path = dbPath
         atexit_path.withLock { $0 = path }
         atexit { atexit_path.withLock { p in for s in ["", "-wal", "-shm"] { unlink(p + s) } } }

@@ -188,7 +188,7 @@ import Testing
         let metrics = RelayMetrics()
         var settings = IngestSettings()
         settings.apps = ["com.example.app"]
-        let service = IngestService(store: store, settings: settings, metrics: metrics, logger: RelayLogger(capture: true), workers: workers, onAccepted: {})
+        let service = IngestService(store: store, settings: settings, metrics: metrics, logger: RelayLogger(capture: true), workers: workers)
         func call(_ svc: @escaping (APIRequest, @escaping @Sendable (APIResponse) -> Void) -> Void, _ method: String, _ path: String, body: String = "") -> APIResponse {
             let slot = ResultBox<APIResponse>()
             let done = DispatchSemaphore(value: 0)
@@ -200,7 +200,7 @@ import Testing
             done.wait()
             return slot.value!
         }
-        let r = call(service.handle, "POST", "/v1/responses", body: IngestServiceTests.body())
+        let r = call({ service.handle($0, respond: $1) }, "POST", "/v1/responses", body: IngestServiceTests.body())
         #expect(r.status == 503)
         #expect(r.body.contains("\"error\":\"storage_full\""))
         #expect(r.header("retry-after") != nil)

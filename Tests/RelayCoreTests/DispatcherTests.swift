@@ -140,11 +140,12 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
     let clock = TestClock()
 
     @Test func rowsAcceptedWhileTheDispatcherHasRoomAreSentWithoutAClaim() throws {
-        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        let ch = DispatchChannel()
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock, channel: ch)
         defer { s.close() }
         let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
         let t = FakeTransport { _, _ in PushAnswer(status: 200, reason: nil, classification: .done) }
-        let d = Dispatcher(store: s, transports: ["com.example.app": t], options: DispatcherOptions(idlePollMillis: 60_000), clock: clock)
+        let d = Dispatcher(store: s, transports: ["com.example.app": t], options: DispatcherOptions(idlePollMillis: 60_000), channel: ch, clock: clock)
         try d.start()
         let batchesBefore = s.writerStats.batches
         var ids: [String] = []
@@ -161,17 +162,40 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         #expect(d.inflightCount == 0)
         // No claim ran: the dispatcher slept (idle poll 60 s) and rows came by hand-off.
         #expect(s.writerStats.batches - batchesBefore < 40)
-        #expect(d.reserve())
-        d.release(1)
+        #expect(ch.reserve())
+        ch.release(1)
         d.stop()
     }
 
+    /// The flow goes one way: the writer commits and posts, the dispatcher thread sends. No push
+    /// starts on the writer thread (before the channel, a handed-off row was sent from there).
+    @Test func handedOffRowsAreSentFromTheDispatcherThreadNeverTheWriter() throws {
+        let ch = DispatchChannel()
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock, channel: ch)
+        defer { s.close() }
+        let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
+        let threads = Mutex<[String]>([])
+        let t = FakeTransport { _, _ in
+            let name = (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? "?"
+            threads.withLock { $0.append(name.trimmingCharacters(in: .whitespacesAndNewlines)) }
+            return PushAnswer(status: 200, reason: nil, classification: .done)
+        }
+        let d = Dispatcher(store: s, transports: ["com.example.app": t], options: DispatcherOptions(idlePollMillis: 60_000), channel: ch, clock: clock)
+        try d.start()
+        for i in 0..<5 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: secret) }
+        try waitUntil("delivered") { try s.counts().byState[.delivered] == 5 }
+        d.stop()
+        #expect(threads.withLock { $0 } == Array(repeating: "relay-dispatche", count: 5))   // comm keeps 15 bytes
+    }
+
     @Test func aRolledBackBatchReleasesItsReservations() throws {
-        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        let ch = DispatchChannel()
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock, channel: ch)
         defer { s.close() }
         let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
         let t = FakeTransport { _, _ in nil }
-        let d = Dispatcher(store: s, transports: ["com.example.app": t], options: DispatcherOptions(maxInflight: 1, idlePollMillis: 60_000), clock: clock)
+        let d = Dispatcher(store: s, transports: ["com.example.app": t], options: DispatcherOptions(maxInflight: 1, idlePollMillis: 60_000),
+                           channel: ch, clock: clock)
         try d.start()
         let writer = try #require(s.writer)
         let gate = try holdWriter(s)
@@ -184,8 +208,8 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         done.wait()
         guard case .failure = result.value! else { Issue.record("accepted in a failed batch"); d.stop(); return }
         #expect(t.sent.withLock { $0.isEmpty })
-        #expect(d.reserve())  // the only slot is free again
-        d.release(1)
+        #expect(ch.reserve())  // the only slot is free again
+        ch.release(1)
         d.stop()
     }
 }
@@ -197,20 +221,21 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
     /// With every slot taken, a committed batch of queued rows does not wake the dispatcher
     /// thread (it could not send them); the next finishing push makes it claim them.
     @Test func queuedRowsWaitForAFreeSlotWithoutWakeUps() throws {
-        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        let ch = DispatchChannel()
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock, channel: ch)
         defer { s.close() }
         let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
         let t = FakeTransport { _, _ in nil }   // APNs never answers: slots stay taken
         let d = Dispatcher(store: s, transports: ["com.example.app": t],
-                           options: DispatcherOptions(maxInflight: 2, idlePollMillis: 60_000), clock: clock)
+                           options: DispatcherOptions(maxInflight: 2, idlePollMillis: 60_000), channel: ch, clock: clock)
         try d.start()
         defer { d.stop(grace: .milliseconds(10)) }
         for i in 0..<2 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: secret) }
         try waitUntil("both slots sending") { t.sent.withLock { $0.count } == 2 }
-        let signalsBefore = d.queuedWakeSignals
+        let signalsBefore = ch.queuedWakeSignals
         for i in 2..<5 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: secret) }
         #expect(try s.counts().byState[.queued] == 3)
-        #expect(d.queuedWakeSignals == signalsBefore)   // three queued batches, no wake-up
+        #expect(ch.queuedWakeSignals == signalsBefore)   // three queued batches, no wake-up
         // One push finishes: the freed slot takes a queued row at once (not at the 60 s poll).
         let first = t.held.withLock { $0.removeFirst() }
         first(PushAnswer(status: 200, reason: nil, classification: .done))
@@ -229,19 +254,6 @@ func holdWriter(_ s: SQLiteOutboxStore) throws -> DispatchSemaphore {
     writer.enqueue({ _ in entered.signal(); gate.wait() }, completion: { _ in })
     entered.wait()
     return gate
-}
-
-/// Counts what the store tells its hand-off target, to check that wake-ups are per batch.
-final class CountingHandoff: DispatchHandoff, @unchecked Sendable {
-    // @unchecked Sendable: every field is a Mutex.
-    let slots: Mutex<Int>
-    let accepted = Mutex<[String]>([])
-    let queuedWakes = Mutex(0)
-    init(slots: Int) { self.slots = Mutex(slots) }
-    func reserve() -> Bool { slots.withLock { s in guard s > 0 else { return false }; s -= 1; return true } }
-    func release(_ count: Int) { slots.withLock { $0 += count } }
-    func accept(_ row: OutboxRow) { accepted.withLock { $0.append(row.id) } }
-    func queuedRowsCommitted() { queuedWakes.withLock { $0 += 1 } }
 }
 
 @Suite struct BatchWakeTests {
@@ -268,24 +280,31 @@ final class CountingHandoff: DispatchHandoff, @unchecked Sendable {
         return results.withLock { $0 }
     }
 
-    @Test func aBatchOfQueuedRowsWakesTheDispatcherOnceAndHandedOffRowsNotAtAll() throws {
-        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+    @Test func aBatchPostsItsHandedOffRowsAndItsQueuedRowsOnce() throws {
+        let ch = DispatchChannel()
+        ch.open(capacity: 8)
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock, channel: ch)
         defer { s.close() }
         let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
-        let h = CountingHandoff(slots: 3)
-        s.setHandoff(h)
-        // 3 free slots, 8 rows in one batch: 3 handed off (inflight), 5 queued, one wake.
+        for _ in 0..<5 { #expect(ch.reserve()) }   // 5 of 8 slots busy elsewhere
+        // 3 free slots, 8 rows in one batch: 3 handed off (inflight), 5 queued, one post.
         let first = try ingestInOneBatch(s, secret: secret, from: 0, count: 8)
         #expect(first.count == 8 && first.allSatisfy { if case .accepted = $0 { true } else { false } })
-        #expect(h.accepted.withLock { $0.count } == 3)
-        #expect(h.queuedWakes.withLock { $0 } == 1)
+        let inbox = ch.take(waitingMillis: 0)
+        #expect(inbox.rows.count == 3 && inbox.rows.allSatisfy { $0.state == .inflight })
+        #expect(inbox.mayHaveDue)
+        #expect(ch.queuedWakeSignals == 1)
+        #expect(ch.inflightCount == 3)
         #expect(try s.counts().byState[.queued] == 5)
         #expect(try s.counts().byState[.inflight] == 3)
-        // Slots free again, 4 rows in one batch: all handed off, nobody woken.
-        h.release(4)
+        #expect(Set(try s.list(OutboxFilter(state: .inflight)).map(\.id)) == Set(inbox.rows.map(\.id)))
+        // Slots free again, 4 rows in one batch: all handed off, no queued notice.
+        ch.release(5)
+        ch.vacate(3)
         _ = try ingestInOneBatch(s, secret: secret, from: 100, count: 4)
-        #expect(h.accepted.withLock { $0.count } == 7)
-        #expect(h.queuedWakes.withLock { $0 } == 1)
-        s.setHandoff(nil)
+        let second = ch.take(waitingMillis: 0)
+        #expect(second.rows.count == 4 && !second.mayHaveDue)
+        #expect(ch.queuedWakeSignals == 1)
+        #expect(ch.take(waitingMillis: 0).isEmpty)   // one post per batch, nothing else
     }
 }

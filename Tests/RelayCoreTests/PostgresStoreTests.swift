@@ -182,6 +182,22 @@ struct PostgresStoreTests {
         #expect(try f.sql("SELECT count(*) FROM responses") == [["40"]])
     }
 
+    /// The dispatcher hears of committed rows through its channel (rows are inserted queued,
+    /// nothing is handed off); a batch that inserted nothing says nothing.
+    @Test func aCommitThatInsertedRowsWakesTheDispatcherChannel() throws {
+        let ch = DispatchChannel()
+        ch.open(capacity: 4)
+        let s = try f.openPostgres(nodeID: "a", channel: ch)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        #expect(ch.take(waitingMillis: 0).isEmpty)
+        guard case .accepted = try s.ingestNow(sample(index: 1), secret: c.secret) else { Issue.record("refused"); return }
+        let inbox = ch.take(waitingMillis: 0)
+        #expect(inbox.mayHaveDue && inbox.rows.isEmpty)
+        guard case .duplicate = try s.ingestNow(sample(index: 1), secret: c.secret) else { Issue.record("not a duplicate"); return }
+        #expect(ch.take(waitingMillis: 0).isEmpty)
+    }
+
     @Test func queuedIngestsCommitInOneTransaction() throws {
         let s = try f.openPostgres(nodeID: "a")
         defer { s.close() }

@@ -72,8 +72,8 @@ final class StoreFixture: @unchecked Sendable {
         }
     }
 
-    func openPostgres(nodeID: String, leaseMillis: Int64 = 60_000) throws -> PostgresOutboxStore {
-        try PostgresOutboxStore(options: PostgresStoreOptions(url: pgURL, nodeID: nodeID, leaseMillis: leaseMillis), clock: clock)
+    func openPostgres(nodeID: String, leaseMillis: Int64 = 60_000, channel: DispatchChannel? = nil) throws -> PostgresOutboxStore {
+        try PostgresOutboxStore(options: PostgresStoreOptions(url: pgURL, nodeID: nodeID, leaseMillis: leaseMillis), clock: clock, channel: channel)
     }
 
     /// Runs SQL directly against this fixture's database (checks that bypass the store).

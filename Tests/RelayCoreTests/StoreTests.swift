@@ -761,7 +761,7 @@ final class RecordingExecutor: ThreadExecutor, @unchecked Sendable {
 
     func submit(_ s: SQLiteOutboxStore, _ secret: String, index: UInt32, on executor: RecordingExecutor?, into results: Log) {
         s.submit(IngestRequest(response: sample(index: index), credentialHash: Credentials.hash(secret: secret),
-                               configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000, executor: executor)) { r in
+                               configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000), on: executor) { r in
             results.withLock { $0.append((index, r)) }
         }
     }

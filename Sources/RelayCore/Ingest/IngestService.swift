@@ -26,13 +26,9 @@ public struct APIRequest: Sendable {
     /// The peer's key for the per-address 401 budget (`HTTPRequest.clientKey`: its IPv4
     /// address or IPv6 /64, worked out once per connection by the server).
     public var clientKey: String
-    /// The HTTP loop that answers this request, when known: the store completes a committed
-    /// batch's ingests there in one task (see IngestRequest.executor).
-    public var executor: (any ThreadExecutor)?
 
     public init(method: String, path: String, authorization: String?, contentType: String?, body: [UInt8],
-                requestID: String, remoteAddress: String = "", clientKey: String? = nil,
-                executor: (any ThreadExecutor)? = nil) {
+                requestID: String, remoteAddress: String = "", clientKey: String? = nil) {
         self.method = method
         self.clientKey = clientKey ?? IngestService.clientKey(remoteAddress)
         self.path = path
@@ -41,7 +37,6 @@ public struct APIRequest: Sendable {
         self.body = body
         self.requestID = requestID
         self.remoteAddress = remoteAddress
-        self.executor = executor
     }
 
     /// `headers` has lowercased names; only authorization and content-type are kept.
@@ -122,10 +117,9 @@ public final class IngestService: Sendable {
     private let metrics: RelayMetrics
     private let logger: RelayLogger
     private let workers: WorkerPool
-    private let onAccepted: @Sendable () -> Void
 
     public init(store: any OutboxStore, settings: IngestSettings, metrics: RelayMetrics, logger: RelayLogger,
-                workers: WorkerPool, onAccepted: @escaping @Sendable () -> Void) {
+                workers: WorkerPool) {
         self.store = store
         self.settings = settings
         self.credentialLimiter = RateLimiter(limit: settings.perCredential)
@@ -139,7 +133,6 @@ public final class IngestService: Sendable {
         self.metrics = metrics
         self.logger = logger
         self.workers = workers
-        self.onAccepted = onAccepted
         credentials.prime()
     }
 
@@ -188,14 +181,16 @@ public final class IngestService: Sendable {
         }
     }
 
-    /// Never blocks: storage work completes `respond` from the writer or a worker thread.
-    public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIResponse) -> Void) {
+    /// Never blocks: storage work completes `respond` from the writer or a worker thread, or on
+    /// `executor` (the HTTP loop that answers, when known: the store completes a committed
+    /// batch's ingests there in one task, see OutboxStore.submit).
+    public func handle(_ request: APIRequest, on executor: (any ThreadExecutor)? = nil, respond: @escaping @Sendable (APIResponse) -> Void) {
         let finish = Exchange(service: self, request: request, start: monotonicMicros(), respond: respond)
         if request.path == "/v1/responses" {
             guard request.method == "POST" else {
                 return finish(APIResponse(status: 405, headers: [("allow", "POST")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use POST").jsonBody), nil)
             }
-            post(request, finish)
+            post(request, executor, finish)
         } else if request.path.hasPrefix("/v1/responses/") {
             guard request.method == "GET" || request.method == "HEAD" else {
                 return finish(APIResponse(status: 405, headers: [("allow", "GET, HEAD")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody), nil)
@@ -381,20 +376,20 @@ public final class IngestService: Sendable {
         return false
     }
 
-    private func post(_ request: APIRequest, _ finish: Exchange) {
+    private func post(_ request: APIRequest, _ executor: (any ThreadExecutor)?, _ finish: Exchange) {
         let hash = Self.bearerHash(request.authorization)
         switch admit(hash, finish) {
         case .refused: return
-        case .admitted: authenticatedPost(request, hash!, finish)
+        case .admitted: authenticatedPost(request, hash!, executor, finish)
         case .pending(let charged):
             credentials.afterRead(hash!) { [self] verdict in
                 guard resumed(verdict, charged: charged, finish) != nil else { return }
-                authenticatedPost(request, hash!, finish)
+                authenticatedPost(request, hash!, executor, finish)
             }
         }
     }
 
-    private func authenticatedPost(_ request: APIRequest, _ hash: [UInt8], _ finish: Exchange) {
+    private func authenticatedPost(_ request: APIRequest, _ hash: [UInt8], _ executor: (any ThreadExecutor)?, _ finish: Exchange) {
         guard withinCredentialRate(hash, finish) else { return }
         // The IngestRequest is built where the validated value is bound: binding it to a local
         // first copied the Result twice and the request once more (~1k instructions).
@@ -403,7 +398,7 @@ public final class IngestService: Sendable {
         case .failure(let e): return finish(.error(e), e.code)
         case .success(let response):
             ingest = IngestRequest(response: response, credentialHash: hash, configuredApps: settings.apps,
-                                   ttlMillis: settings.ttlMillis, maxPending: settings.maxPending, executor: request.executor)
+                                   ttlMillis: settings.ttlMillis, maxPending: settings.maxPending)
         }
         let t = tokenLimiter.take(ingest.response.pushToken)
         guard t.allowed else {
@@ -412,7 +407,7 @@ public final class IngestService: Sendable {
                                  headers: [("retry-after", String(t.retryAfterSeconds))]), "token rate")
         }
         // Captures only the exchange (see Exchange).
-        store.submit(ingest) { [finish] result in finish.service.answer(result, finish) }
+        store.submit(ingest, on: executor) { [finish] result in finish.service.answer(result, finish) }
     }
 
     /// The answer to a stored (or refused) ingest.
@@ -425,7 +420,6 @@ public final class IngestService: Sendable {
         case .success(let outcome):
             switch outcome {
             case .accepted(let id):
-                onAccepted()
                 finish(APIResponse(status: 202, bodyBytes: Self.queuedBody(id: id)), id)
             case .duplicate(let id, let state):
                 finish(APIResponse(status: 200, body: "{\"id\":\"\(id)\",\"state\":\"\(state.rawValue)\"}"), "duplicate \(id)")

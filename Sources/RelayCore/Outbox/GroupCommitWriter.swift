@@ -39,8 +39,6 @@ final class GroupCommitWriter: @unchecked Sendable {
     /// Called on the writer thread after a batch rolled back, so in-memory state derived from
     /// the database can be recomputed.
     var afterRollback: ((SQLiteDatabase) -> Void)?
-    /// Called on the writer thread after every successful COMMIT (e.g. to wake the dispatcher).
-    var afterCommit: (@Sendable () -> Void)?
     /// The store's own per-batch step after a successful COMMIT, before the jobs' completions.
     var afterBatchCommitted: (() -> Void)?
     /// Called on the writer thread after every job of a batch finished, committed or not.
@@ -131,13 +129,12 @@ final class GroupCommitWriter: @unchecked Sendable {
         if failure == nil {
             batchCounter.add(1, ordering: .relaxed)
             jobCounter.add(batch.count, ordering: .relaxed)
-            // The store's step first: the dispatcher is woken before the jobs' completions send
-            // their 202s, and whoever sees a completion also sees the wake-up.
+            // The store's step first: the dispatcher gets the batch's rows before the jobs'
+            // completions send their 202s, and whoever sees a completion also sees the hand-off.
             afterBatchCommitted?()
         }
         for job in batch { job.finish(failure) }
         afterBatch?()
-        if failure == nil { afterCommit?() }
     }
 }
 

@@ -44,20 +44,13 @@ public struct IngestRequest: Sendable {
     public var ttlMillis: Int64
     /// The outbox bound: non-terminal rows above which ingest answers 503.
     public var maxPending: Int
-    /// Where the completion should run. A store that commits many ingests per transaction may
-    /// run every completion of one executor in one task there, after COMMIT, instead of on its
-    /// writer thread: building and sending the answer then costs the writer (the critical path
-    /// of durable ingest) nothing. nil: the store calls the completion on a thread of its own.
-    public var executor: (any ThreadExecutor)?
 
-    public init(response: NewResponse, credentialHash: [UInt8], configuredApps: Set<String>, ttlMillis: Int64, maxPending: Int,
-                executor: (any ThreadExecutor)? = nil) {
+    public init(response: NewResponse, credentialHash: [UInt8], configuredApps: Set<String>, ttlMillis: Int64, maxPending: Int) {
         self.response = response
         self.credentialHash = credentialHash
         self.configuredApps = configuredApps
         self.ttlMillis = ttlMillis
         self.maxPending = maxPending
-        self.executor = executor
     }
 }
 
@@ -223,10 +216,16 @@ public struct OutboxFilter: Sendable {
 
 /// The storage boundary. Implementations are thread-safe. Blocking methods must be called from
 /// a thread the caller owns (never an event loop or Swift's cooperative pool); `submit` never
-/// blocks and completes on the store's own thread after the transaction committed.
+/// blocks and completes after the transaction committed.
 public protocol OutboxStore: AnyObject, Sendable {
     // MARK: ingest (hot path)
-    func submit(_ request: IngestRequest, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void)
+    /// `executor`: where the completion should run (the HTTP loop that answers). A store that
+    /// commits many ingests per transaction may run every completion of one executor in one
+    /// task there, after COMMIT, instead of on its writer thread: building and sending the
+    /// answer then costs the writer (the critical path of durable ingest) nothing. nil: the
+    /// store calls the completion on a thread of its own.
+    func submit(_ request: IngestRequest, on executor: (any ThreadExecutor)?,
+                completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void)
 
     // MARK: dispatcher
     /// Rows left inflight by a crash go back to queued (same id). Returns how many.
@@ -278,29 +277,9 @@ public protocol OutboxStore: AnyObject, Sendable {
 
 extension OutboxStore {
     public var freeSpaceGuard: FreeSpaceGuard? { nil }
-}
 
-/// Direct hand-off from ingest to the dispatcher: a row accepted while the dispatcher has a
-/// free slot is inserted already `inflight` and passed over after COMMIT, saving the claim
-/// transaction (throughput) and a wake-up round trip (latency). Crash safety is unchanged:
-/// inflight rows go back to queued at start.
-public protocol DispatchHandoff: AnyObject, Sendable {
-    /// Reserves a slot; called on the store's writer thread inside the transaction.
-    func reserve() -> Bool
-    /// Gives back a reservation whose row was not stored (duplicate, rollback).
-    func release(_ count: Int)
-    /// The committed inflight row for a reservation. Must not block.
-    func accept(_ row: OutboxRow)
-    /// A committed batch inserted rows `queued` (no free slot, or a paced token): claim or
-    /// reschedule. Called once per batch on the writer thread, never per row, and not at all
-    /// for batches whose rows were all handed off, so the dispatcher is not woken into an empty
-    /// claim transaction for each ingest. Must not block.
-    func queuedRowsCommitted()
-}
-
-/// A store that can hand freshly committed rows straight to a dispatcher. It also wakes the
-/// dispatcher for the rows it queues instead (`queuedRowsCommitted`, once per batch), so
-/// RelayService does not wake it per accepted response.
-public protocol HandoffCapableStore: OutboxStore {
-    func setHandoff(_ handoff: (any DispatchHandoff)?)
+    /// Completes on the store's own thread.
+    public func submit(_ request: IngestRequest, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
+        submit(request, on: nil, completion: completion)
+    }
 }

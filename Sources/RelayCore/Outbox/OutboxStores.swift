@@ -5,20 +5,22 @@ import FoundationEssentials
 public enum OutboxStores {
     /// `readOnly`: SQLite opens only a read connection; PostgreSQL skips migrations and refuses
     /// writes. Either way the schema must already be current (relay-server migrates on start).
-    /// `onSlowStart`: see SQLiteStoreOptions.onSlowStart (a long SQLite migration).
+    /// `onSlowStart`: see SQLiteStoreOptions.onSlowStart (a long SQLite migration). `channel`:
+    /// the dispatcher's, which the store tells about committed rows.
     public static func open(_ config: RelayConfig.Store, readOnly: Bool = false, clock: any RelayClock = SystemRelayClock(),
-                            logger: RelayLogger? = nil, onSlowStart: (@Sendable (String) -> Void)? = nil) throws -> any OutboxStore {
+                            logger: RelayLogger? = nil, channel: DispatchChannel? = nil,
+                            onSlowStart: (@Sendable (String) -> Void)? = nil) throws -> any OutboxStore {
         switch config.kind {
         case "postgres":
             guard let url = config.url else { throw StoreError.invalid("store.url is required with store.kind \"postgres\"") }
             return try PostgresOutboxStore(
                 options: PostgresStoreOptions(url: url, nodeID: config.nodeID, leaseMillis: Int64(config.leaseSeconds) * 1000, readOnly: readOnly),
-                clock: clock, logger: logger)
+                clock: clock, logger: logger, channel: channel)
         case "sqlite":
             var options = SQLiteStoreOptions(synchronous: config.synchronous, busyTimeoutMillis: Int32(config.busyTimeoutMillis), readOnly: readOnly)
             options.minFreeBytes = config.minFreeBytes
             options.onSlowStart = onSlowStart
-            return try SQLiteOutboxStore(path: config.path, options: options, clock: clock)
+            return try SQLiteOutboxStore(path: config.path, options: options, clock: clock, channel: channel)
         default:
             throw StoreError.invalid("unknown store kind \(config.kind)")
         }

@@ -18,7 +18,7 @@ enum HTTPGlue {
     /// Only the headers the services read (authorization, content-type) are copied into
     /// APIRequest, as plain fields: a dictionary of every header cost ~10k instructions per
     /// request, a dictionary of those two still ~2k.
-    static func apiRequest(_ r: HTTPRequest, executor: (any ThreadExecutor)? = nil) -> APIRequest {
+    static func apiRequest(_ r: HTTPRequest) -> APIRequest {
         // One pass over the (already lowercased) names instead of a lookup per header, each of
         // which lowercased its argument.
         var authorization: String?
@@ -41,8 +41,7 @@ enum HTTPGlue {
         // credential, so a 401, as the parser refuses two Content-Length or Host fields.
         if authorizations > 1 { authorization = nil }
         return APIRequest(method: r.method, path: r.path, authorization: authorization, contentType: contentType, body: r.body,
-                          requestID: requestID(given: givenID), remoteAddress: r.remoteAddress, clientKey: r.clientKey,
-                          executor: executor)
+                          requestID: requestID(given: givenID), remoteAddress: r.remoteAddress, clientKey: r.clientKey)
     }
 
     /// The full body even for HEAD: HTTPServer sends a HEAD answer's headers only, with the
@@ -54,9 +53,11 @@ enum HTTPGlue {
         return HTTPResponse(status: r.status, headers: h, body: r.bodyBytes)
     }
 
-    static func handler(_ service: @escaping @Sendable (APIRequest, @escaping @Sendable (APIResponse) -> Void) -> Void) -> HTTPHandler {
+    /// `service` gets the request, the loop that answers it (where a completion may run) and
+    /// the way back.
+    static func handler(_ service: @escaping @Sendable (APIRequest, any ThreadExecutor, @escaping @Sendable (APIResponse) -> Void) -> Void) -> HTTPHandler {
         { request, responder in
-            service(apiRequest(request, executor: responder.executor)) { responder.respond(httpResponse($0)) }
+            service(apiRequest(request), responder.executor) { responder.respond(httpResponse($0)) }
         }
     }
 

@@ -58,7 +58,9 @@ public final class RelayService: @unchecked Sendable {
         // systemd's start timeout moving (EXTEND_TIMEOUT_USEC, systemd >= 236) and say so in
         // the log every 10 s, instead of being killed and rolled back mid-way.
         let slowStartLog = Mutex<Int64>(0)
-        let store = try naming("store") { try OutboxStores.open(c.store, logger: logger, onSlowStart: { [logger] stage in
+        // The store's one way to the dispatcher: rows it hands off and "queued rows committed".
+        let channel = DispatchChannel()
+        let store = try naming("store") { try OutboxStores.open(c.store, logger: logger, channel: channel, onSlowStart: { [logger] stage in
             SystemdNotifier.notify("EXTEND_TIMEOUT_USEC=15000000\nSTATUS=\(stage)")
             let now = monotonicMicros()
             if slowStartLog.withLock({ last in
@@ -84,7 +86,7 @@ public final class RelayService: @unchecked Sendable {
                                     tooManyRequestsDelayMillis: Int64(c.dispatch.tooManyRequestsDelayMillis))
         let dispatcher = Dispatcher(store: store, transports: transports,
                                     options: DispatcherOptions(maxInflight: c.dispatch.maxInflight, claimBatch: c.dispatch.claimBatch, policy: policy),
-                                    metrics: metrics, logger: logger)
+                                    channel: channel, metrics: metrics, logger: logger)
         let grace = Duration.milliseconds(c.dispatch.shutdownGraceMillis)
         try running.start(dispatcher, grace: grace)
         self.dispatcher = dispatcher
@@ -102,12 +104,7 @@ public final class RelayService: @unchecked Sendable {
         settings.perPushToken = c.ingest.perPushToken
         settings.authFailuresPerAddress = c.ingest.authFailuresPerAddress
         settings.apps = Set(c.apps.map(\.bundleID))
-        // A store with hand-off wakes the dispatcher itself, once per committed batch that queued
-        // rows (DispatchHandoff.queuedRowsCommitted); waking it per accepted response made it run
-        // an empty claim transaction for every ingest. Other stores: wake per accepted response.
-        let wakePerResponse = !(store is any HandoffCapableStore)
-        let ingest = IngestService(store: store, settings: settings, metrics: metrics, logger: logger, workers: workers,
-                                   onAccepted: { [weak dispatcher] in if wakePerResponse { dispatcher?.wake() } })
+        let ingest = IngestService(store: store, settings: settings, metrics: metrics, logger: logger, workers: workers)
 
         var limits = HTTPLimits()
         // Twice the ingest limit: bodies just over it get the API's JSON 413 naming the field;
@@ -142,7 +139,7 @@ public final class RelayService: @unchecked Sendable {
         }
         serverConfig.loopThreads = c.ingest.loopThreads
         serverConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: c.ingest.maxBodyBytes)
-        let ingestServer = try naming("listen") { try HTTPServer(configuration: serverConfig, handler: HTTPGlue.handler { ingest.handle($0, respond: $1) }) }
+        let ingestServer = try naming("listen") { try HTTPServer(configuration: serverConfig, handler: HTTPGlue.handler { ingest.handle($0, on: $1, respond: $2) }) }
         try naming("listen") { try running.start(ingestServer, grace: grace) }
         self.ingestServer = ingestServer
 
@@ -161,7 +158,7 @@ public final class RelayService: @unchecked Sendable {
             adminConfig.limits.maxBodyBytes = 1024
             adminConfig.limits.maxConnections = OpenFileLimit.adminConnections
             adminConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: 1024)
-            let adminServer = try naming("admin") { try HTTPServer(configuration: adminConfig, handler: HTTPGlue.handler { admin.handle($0, respond: $1) }) }
+            let adminServer = try naming("admin") { try HTTPServer(configuration: adminConfig, handler: HTTPGlue.handler { request, _, respond in admin.handle(request, respond: respond) }) }
             try naming("admin") { try running.start(adminServer, grace: .seconds(1)) }
             self.adminServer = adminServer
         }

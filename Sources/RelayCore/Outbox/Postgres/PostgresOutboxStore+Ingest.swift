@@ -2,10 +2,13 @@
 // gathered here, decided by StoreRules).
 import FoundationEssentials
 import Glibc
+import POSIXThreads
 import Synchronization
 
 extension PostgresOutboxStore {
-    public func submit(_ request: IngestRequest, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
+    /// Completes on the ingest thread whatever `executor` says: a batch's answers need no grouping here.
+    public func submit(_ request: IngestRequest, on executor: (any ThreadExecutor)?,
+                       completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
         guard !options.readOnly else { return completion(.failure(.invalid("store opened read-only"))) }
         let item = PendingIngest(request: request, now: clock.nowMillis(), completion: completion)
         if !ingestWorker.submit(item) { completion(.failure(.closed)) }
@@ -28,8 +31,9 @@ extension PostgresOutboxStore {
             $0.batches += 1
             $0.jobs += items.count
         }
+        // Before the completions, as on SQLite: whoever sees a 202 also sees the wake-up.
+        if result.inserted > 0 { channel?.wake() }
         for (i, o) in zip(items, result.outcomes) { i.completion(.success(o)) }
-        if result.inserted > 0 { onCommit?() }
         refreshPendingIfStale()
     }
 

@@ -44,7 +44,6 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     private let dispatchWorker: PostgresWorker<Void>
     private let queryWorker: PostgresWorker<Void>
     private let pending = Mutex(Pending())
-    private let commitHook = Mutex<(@Sendable () -> Void)?>(nil)
     let stats = Mutex((batches: 0, jobs: 0))
     var touchedAt: [String: Int64] = [:]
     /// Response ids (UUIDv7, as SQLiteOutboxStore mints them), minted on the ingest thread only.
@@ -52,17 +51,17 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
 
     public var nodeID: String { options.nodeID }
 
-    /// Wakes whoever waits for new rows (the dispatcher) after each ingest commit.
-    public var onCommit: (@Sendable () -> Void)? {
-        get { commitHook.withLock { $0 } }
-        set { commitHook.withLock { $0 = newValue } }
-    }
+    /// Told after each ingest COMMIT that inserted rows (nil: no dispatcher). Rows are always
+    /// inserted `queued` here: a claim takes the lease.
+    let channel: DispatchChannel?
 
     /// Connects, runs migrations under an advisory lock (or, read-only, checks the version) and
     /// counts pending rows. Throws when the database cannot be reached or is newer than us.
-    public init(options: PostgresStoreOptions, clock: any RelayClock = SystemRelayClock(), logger: RelayLogger? = nil) throws {
+    public init(options: PostgresStoreOptions, clock: any RelayClock = SystemRelayClock(), logger: RelayLogger? = nil,
+                channel: DispatchChannel? = nil) throws {
         guard !options.nodeID.isEmpty else { throw StoreError.invalid("node id must not be empty") }
         self.options = options
+        self.channel = channel
         self.clock = clock
         self.logger = logger
         ingestWorker = PostgresWorker(name: "pg-ingest", url: options.url, logger: logger, maxBatch: options.maxBatch)

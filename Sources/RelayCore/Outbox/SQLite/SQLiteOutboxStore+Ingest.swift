@@ -6,15 +6,15 @@ import POSIXThreads
 import Ratchet
 
 extension SQLiteOutboxStore {
-    public func submit(_ request: IngestRequest, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
+    public func submit(_ request: IngestRequest, on executor: (any ThreadExecutor)?,
+                       completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
         guard let writer else { return completion(.failure(.invalid("store opened read-only"))) }
         // Cached statvfs (once a second at most): the hot path pays a lock and a clock read.
         if let g = freeSpaceGuard, g.isBelowFloor { return completion(.success(.storageFull)) }
-        writer.enqueue(IngestJob(request, now: clock.nowMillis(), state: writerState, completion: completion))
+        writer.enqueue(IngestJob(request, now: clock.nowMillis(), state: writerState, executor: executor, completion: completion))
     }
 
-    /// One submit in the writer's queue: the request in, the outcome (and the row to hand to
-    /// the dispatcher) out. One object per request instead of four closure contexts, a result
+    /// One submit in the writer's queue: the request in, the outcome out. One object per request instead of four closure contexts, a result
     /// box and a Result per job.
     // @unchecked Sendable: a job is touched by one thread at a time. The writer thread runs and
     // finishes it; a deferred job is then handed, inside one executor task, to the HTTP loop,
@@ -23,29 +23,30 @@ extension SQLiteOutboxStore {
         let request: IngestRequest
         let now: Int64
         let state: WriterState
+        /// The HTTP loop the completion runs on (nil: the writer thread).
+        let executor: (any ThreadExecutor)?
         let completion: @Sendable (Result<IngestOutcome, StoreError>) -> Void
         var outcome: IngestOutcome?
-        var handedOff: OutboxRow?
         var error: StoreError?
         override var refusedWhenQueueFull: Bool { true }
 
-        init(_ request: IngestRequest, now: Int64, state: WriterState, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
+        init(_ request: IngestRequest, now: Int64, state: WriterState, executor: (any ThreadExecutor)?,
+             completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
             self.request = request
             self.now = now
             self.state = state
+            self.executor = executor
             self.completion = completion
         }
 
         override func run(_ db: SQLiteDatabase) throws {
-            (outcome, handedOff) = try SQLiteOutboxStore.ingest(request, now: now, db: db, state: state)
+            outcome = try SQLiteOutboxStore.ingest(request, now: now, db: db, state: state)
         }
 
         override func finish(_ error: StoreError?) {
-            // A rolled-back batch gave its dispatcher reservations back in afterRollback.
             self.error = error
-            if error == nil, let row = handedOff { state.handoff?.accept(row) }
             // The answer is built and sent on the request's loop (afterBatch hands them over).
-            if request.executor != nil { state.deferred.append(self) } else { complete() }
+            if executor != nil { state.deferred.append(self) } else { complete() }
         }
 
         override func refuse(_ error: StoreError) {
@@ -62,18 +63,18 @@ extension SQLiteOutboxStore {
     /// Hands the batch's deferred completions to their loops: one task per loop (one loop
     /// in the default configuration), in commit order within each loop.
     static func completeDeferred(_ state: WriterState) {
-        guard let first = state.deferred.first?.request.executor else { return }
+        guard let first = state.deferred.first?.executor else { return }
         // The array itself is handed over (emptying it in place would copy a shared buffer).
         let jobs = state.deferred
         state.deferred = []
         // One loop (the default): the batch's array as it is, no grouping.
-        if jobs.allSatisfy({ $0.request.executor === first }) {
+        if jobs.allSatisfy({ $0.executor === first }) {
             first.execute { for job in jobs { job.complete() } }
             return
         }
         var groups: [(executor: any ThreadExecutor, jobs: [IngestJob])] = []
         for job in jobs {
-            guard let executor = job.request.executor else { continue }   // only deferred with one
+            guard let executor = job.executor else { continue }   // only deferred with one
             if let i = groups.firstIndex(where: { $0.executor === executor }) {
                 groups[i].jobs.append(job)
             } else {
@@ -84,12 +85,6 @@ extension SQLiteOutboxStore {
             let batch = group.jobs
             group.executor.execute { for job in batch { job.complete() } }
         }
-    }
-
-    public func setHandoff(_ handoff: (any DispatchHandoff)?) {
-        guard writer != nil else { return }
-        let state = writerState
-        _ = try? write { _ in state.handoff = handoff }
     }
 
     private static func insertSQL(state: ResponseState) -> String {
@@ -103,9 +98,9 @@ extension SQLiteOutboxStore {
     private static let insertQueuedSQL = insertSQL(state: .queued)
     private static let insertInflightSQL = insertSQL(state: .inflight)
 
-    /// Runs on the writer thread inside the batch transaction. Returns the outcome and, when
-    /// the row was inserted inflight for the dispatcher, the row to hand over after COMMIT.
-    private static func ingest(_ request: IngestRequest, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> (IngestOutcome, OutboxRow?) {
+    /// Runs on the writer thread inside the batch transaction. A row inserted `inflight` on a
+    /// channel slot joins `state.handedOff`, posted to the dispatcher after COMMIT.
+    private static func ingest(_ request: IngestRequest, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> IngestOutcome {
         // Credential: looked up in the same transaction, so a revocation committed by relayctl
         // takes effect for the very next batch.
         let cred: CachedCredential?
@@ -131,7 +126,7 @@ extension SQLiteOutboxStore {
         let credID: String, app: String
         switch StoreRules.admit(credential: cred, presentedHash: request.credentialHash, requestedApp: request.response.app,
                                 configuredApps: request.configuredApps) {
-        case .refused(let outcome): return (outcome, nil)
+        case .refused(let outcome): return outcome
         case .admitted(let c, let a): (credID, app) = (c, a)
         }
         // last_used_at is kept to the minute: checked once per credential and batch, not per row.
@@ -148,18 +143,18 @@ extension SQLiteOutboxStore {
         // at its bound: check duplicates first so a retried POST still gets its 200.
         // isEmpty first: hashing the token for an empty set cost ~1k instructions a row.
         if (!state.watchedTokens.isEmpty && state.watchedTokens.contains(r.pushToken)) || state.pending >= request.maxPending {
-            if let dup = try existing(r, db: db) { return (StoreRules.dedupe(dup, credentialID: credID), nil) }
+            if let dup = try existing(r, db: db) { return StoreRules.dedupe(dup, credentialID: credID) }
             if let unreg = try db.query("SELECT apns_timestamp FROM unregistered_tokens WHERE token = ?", [.text(r.pushToken)]).first,
                let reportedAt = unreg[0].int {
                 let lastSeen = try db.scalar("SELECT max(created_at) FROM responses WHERE push_token = ?", [.text(r.pushToken)]).int
-                if StoreRules.isUnregistered(cutoff: reportedAt, lastSeen: lastSeen) { return (.unregistered, nil) }
+                if StoreRules.isUnregistered(cutoff: reportedAt, lastSeen: lastSeen) { return .unregistered }
             }
-            guard state.pending < request.maxPending else { return (.overCapacity, nil) }
+            guard state.pending < request.maxPending else { return .overCapacity }
             if let paced = try db.query("SELECT paced_until FROM token_pacing WHERE token = ?", [.text(r.pushToken)]).first?[0].int, paced > now {
                 due = paced
             }
         }
-        let handOff = due <= now && (state.handoff?.reserve() ?? false)
+        let handOff = due <= now && (state.channel?.reserve() ?? false)
         if handOff { state.reservedInBatch += 1 }
         var (id, high) = state.ids.mint(nowMillis: now)
         let expires = now + request.ttlMillis
@@ -200,21 +195,22 @@ extension SQLiteOutboxStore {
         if inserted == 0 {
             // The dedupe key exists: answer with the stored row.
             if handOff {
-                state.handoff?.release(1)
+                state.channel?.release(1)
                 state.reservedInBatch -= 1
             }
             guard let dup = try existing(r, db: db) else { throw StoreError.invalid("insert ignored but no duplicate found") }
-            return (StoreRules.dedupe(dup, credentialID: credID), nil)
+            return StoreRules.dedupe(dup, credentialID: credID)
         }
         state.pending += 1
         guard handOff else {
             state.queuedInBatch += 1
-            return (.accepted(id: id), nil)
+            return .accepted(id: id)
         }
         let row = OutboxRow(id: id, app: app, pushToken: r.pushToken, sessionIdentifier: r.sessionIdentifier, keyID: r.keyID,
                             messageIndex: r.messageIndex, encryptedData: r.encryptedData, credentialID: credID, state: .inflight,
                             attempts: 0, nextAttemptAt: due, createdAt: now, expiresAt: expires, lastStatus: nil, lastReason: nil, updatedAt: now)
-        return (.accepted(id: id), row)
+        state.handedOff.append(row)
+        return .accepted(id: id)
     }
 
     /// Ingest attempts per row whose id's high word was taken (each moves past a whole

@@ -7,7 +7,7 @@ import Glibc
 import POSIXThreads
 import Ratchet
 
-public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
+public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     // @unchecked Sendable: `writer` serialises every write on its own thread; `reader` is only
     // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread).
     public static let schemaVersion = 5
@@ -20,11 +20,8 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     public let path: String
     public let freeSpaceGuard: FreeSpaceGuard?
 
-    /// Wakes whoever waits for new rows (the dispatcher) after each commit.
-    public var onCommit: (@Sendable () -> Void)? {
-        get { writer?.afterCommit }
-        set { writer?.afterCommit = newValue }
-    }
+    /// Where committed rows go to the dispatcher (nil: no dispatcher, nothing handed off).
+    let channel: DispatchChannel?
 
     final class WriterState {
         /// queued + inflight + retry rows: read from outbox_stats at each batch start, adjusted
@@ -42,9 +39,13 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         /// Tokens present in unregistered_tokens or token_pacing. Only this process inserts
         /// there (relayctl only deletes), so a token outside the set needs no lookup.
         var watchedTokens: Set<String> = []
-        var handoff: (any DispatchHandoff)?
+        /// The dispatcher's channel (set once, before the writer starts).
+        var channel: DispatchChannel?
+        /// Slots this batch took from the channel, and the rows it inserted `inflight` on them:
+        /// posted after COMMIT, given back on ROLLBACK.
         var reservedInBatch = 0
-        /// Rows this batch inserted `queued` (not handed off): the dispatcher is woken once
+        var handedOff: [OutboxRow] = []
+        /// Rows this batch inserted `queued` (not handed off): the dispatcher hears of them once
         /// after COMMIT when there are any.
         var queuedInBatch = 0
         /// Ingest jobs of the current batch whose completion runs on their HTTP loop.
@@ -73,9 +74,13 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
     /// once per request).
     typealias CachedCredential = CredentialFacts
 
-    public init(path: String, options: SQLiteStoreOptions = .init(), clock: any RelayClock = SystemRelayClock()) throws {
+    /// `channel`: the dispatcher's (RelayService gives both the same one); without it every row
+    /// is inserted `queued` and waits for a claim.
+    public init(path: String, options: SQLiteStoreOptions = .init(), clock: any RelayClock = SystemRelayClock(),
+                channel: DispatchChannel? = nil) throws {
         self.path = path
         self.clock = clock
+        self.channel = channel
         freeSpaceGuard = options.readOnly || options.minFreeBytes <= 0 ? nil
             : FreeSpaceGuard(path: path, minFreeBytes: options.minFreeBytes, probe: options.freeSpaceProbe ?? FreeSpaceGuard.statvfsAvailable)
         if options.readOnly {
@@ -97,15 +102,19 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
         }
         let w = GroupCommitWriter(db: db, maxBatch: options.maxBatch)
         let state = writerState
+        state.channel = channel
         w.beforeBatch = {
             state.credentials.removeAll(keepingCapacity: true)
             state.lastCredential = nil
             state.reservedInBatch = 0
             state.queuedInBatch = 0
+            state.handedOff.removeAll()
         }
         w.afterBatch = { Self.completeDeferred(state) }
         w.afterBatchCommitted = {
-            if state.queuedInBatch > 0 { state.handoff?.queuedRowsCommitted() }
+            // The array itself is handed over (it is replaced, not emptied in place).
+            channel?.committed(handedOff: state.handedOff, queued: state.queuedInBatch > 0)
+            state.handedOff = []
         }
         w.afterBegin = { db in
             let read = try db.held(&state.readPending, "SELECT pending FROM outbox_stats WHERE id = 1")
@@ -121,8 +130,9 @@ public final class SQLiteOutboxStore: HandoffCapableStore, @unchecked Sendable {
             }
         }
         w.afterRollback = { _ in
-            if state.reservedInBatch > 0 { state.handoff?.release(state.reservedInBatch) }
+            if state.reservedInBatch > 0 { channel?.release(state.reservedInBatch) }
             state.reservedInBatch = 0
+            state.handedOff = []
         }
         writer = w
         reader = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis)

@@ -1,0 +1,179 @@
+// The one way into the dispatcher thread. The store takes a slot for a row it inserts already
+// `inflight` (saving the claim transaction) and, after COMMIT, posts those rows or just "queued
+// rows committed"; push answers and the stop request arrive here too. Nothing calls the
+// dispatcher: its thread drains this inbox and sends. RelayService owns one and gives it to the
+// store and to the Dispatcher.
+import FoundationEssentials
+import POSIXThreads
+
+public final class DispatchChannel: @unchecked Sendable {
+    // @unchecked Sendable: every mutable field is guarded by `condition`.
+    private enum Phase { case closed, open, stopping, finished }
+
+    private let condition = Condition()
+    private var phase = Phase.closed
+    /// dispatch.maxInflight, set when the dispatcher opens the channel.
+    private var capacity = 0
+    /// Slots the store took for rows of a transaction not yet committed.
+    private var reserved = 0
+    /// Rows posted or sent and not answered yet.
+    private var inflight = 0
+    private var inbox = DispatchInbox()
+    private var queuedSignals = 0
+
+    public init() {}
+
+    // MARK: the store's side (writer thread)
+
+    /// A slot for a row about to be inserted `inflight`, taken inside the transaction; false
+    /// while the dispatcher is not running, is stopping, or has every slot taken.
+    public func reserve() -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        guard phase == .open, reserved + inflight < capacity else { return false }
+        reserved += 1
+        return true
+    }
+
+    /// Gives back slots whose rows were not stored (duplicate, rolled-back batch).
+    public func release(_ count: Int) {
+        condition.lock()
+        reserved = max(0, reserved - count)
+        condition.unlock()
+    }
+
+    /// After a COMMIT, once per batch: the rows inserted `inflight` on a reserved slot, and
+    /// whether the batch also inserted rows `queued` (no free slot, or a paced token). Handed-off
+    /// rows always wake the dispatcher; queued rows only when it could claim them: with every slot
+    /// taken the flag waits for the next answer, which wakes it anyway (no futex wake and context
+    /// switch per COMMIT while a backlog drains). A row posted after the dispatcher exited stays
+    /// `inflight` in the database and is requeued at the next start.
+    public func committed(handedOff rows: [OutboxRow], queued: Bool) {
+        guard !rows.isEmpty || queued else { return }
+        condition.lock()
+        defer { condition.unlock() }
+        reserved = max(0, reserved - rows.count)
+        guard phase != .finished else { return }
+        inflight += rows.count
+        if inbox.rows.isEmpty { inbox.rows = rows } else { inbox.rows += rows }
+        if queued { inbox.mayHaveDue = true }
+        let wakes = !rows.isEmpty || phase == .stopping || reserved + inflight < capacity
+        if wakes {
+            condition.signal()
+            if queued { queuedSignals += 1 }
+        }
+    }
+
+    /// Something may be due (a row written by another process, a test's clock moved): claim now
+    /// instead of at the next poll.
+    public func wake() { committed(handedOff: [], queued: true) }
+
+    /// How many times queued rows woke the dispatcher thread (for tests).
+    var queuedWakeSignals: Int { condition.withLock { queuedSignals } }
+
+    /// Pushes waiting for an APNs answer, handed-off rows included.
+    public var inflightCount: Int { condition.withLock { inflight } }
+
+    // MARK: the dispatcher's side
+
+    /// The dispatcher started: hand-off slots may be taken.
+    func open(capacity: Int) {
+        condition.withLock {
+            self.capacity = capacity
+            phase = .open
+        }
+    }
+
+    var isRunning: Bool { condition.withLock { phase == .open || phase == .stopping } }
+
+    /// Rows the dispatcher claimed and is about to send.
+    func occupy(_ count: Int) { condition.withLock { inflight += count } }
+
+    /// Rows counted in flight that will never be answered (their app has no transport).
+    func vacate(_ count: Int) { condition.withLock { inflight = max(0, inflight - count) } }
+
+    /// An APNs answer (any thread). Its slot is free at once, as the store's next reserve sees.
+    func answered(_ push: FinishedPush) {
+        condition.lock()
+        defer { condition.unlock() }
+        guard phase != .finished else { return }   // late: the requeue at stop stands
+        inflight = max(0, inflight - 1)
+        var push = push
+        push.duringStop = phase == .stopping
+        inbox.answers.append(push)
+        condition.signal()
+    }
+
+    /// Stops hand-off reservations and tells the thread to drain; false when the dispatcher is
+    /// not running or already stopping.
+    func requestStop() -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        guard phase == .open else { return false }
+        phase = .stopping
+        inbox.stopRequested = true
+        condition.signal()
+        return true
+    }
+
+    /// The stop's grace period ended: what is still unanswered goes back to queued.
+    func endGrace() {
+        condition.withLock {
+            inbox.graceOver = true
+            condition.signal()
+        }
+    }
+
+    /// The dispatcher thread exited: later posts and answers are dropped.
+    func finish() {
+        condition.withLock {
+            phase = .finished
+            inbox = DispatchInbox()
+        }
+    }
+
+    /// Everything posted since the last call, waiting for something first when the inbox is
+    /// empty: up to `waitingMillis` (nil: until something arrives; 0: not at all).
+    func take(waitingMillis: Int64?) -> DispatchInbox {
+        condition.lock()
+        defer { condition.unlock() }
+        if inbox.isEmpty {
+            if let ms = waitingMillis {
+                if ms > 0 { _ = condition.wait(until: Date().addingTimeInterval(Double(ms) / 1000)) }
+            } else {
+                condition.wait()
+            }
+        }
+        var taken = inbox
+        inbox = DispatchInbox()
+        taken.freeSlots = max(0, capacity - reserved - inflight)
+        return taken
+    }
+}
+
+/// One APNs answer on its way to the dispatcher thread, with what deciding it needs (its time
+/// and random draw are taken where it arrived, so the state machine stays pure).
+struct FinishedPush: Sendable, Equatable {
+    var row: OutboxRow
+    var answer: PushAnswer
+    /// When it arrived (RelayClock ms): the attempt's time and the policy's now.
+    var at: Int64
+    var latencyMicros: Int64
+    /// The full-jitter draw for a back-off.
+    var random: Double
+    /// Arrived after stop was requested: a missing answer is then a requeue, not an attempt.
+    var duringStop = false
+}
+
+/// What the dispatcher thread takes from the channel in one go.
+struct DispatchInbox: Sendable, Equatable {
+    var rows: [OutboxRow] = []
+    var mayHaveDue = false
+    var answers: [FinishedPush] = []
+    var stopRequested = false
+    var graceOver = false
+    /// Slots free when it was taken (capacity minus reserved and in-flight rows).
+    var freeSlots = 0
+
+    var isEmpty: Bool { rows.isEmpty && !mayHaveDue && answers.isEmpty && !stopRequested && !graceOver }
+}

@@ -1,0 +1,156 @@
+// Every decision of the dispatcher loop as a pure state machine: events in (an inbox taken
+// from the DispatchChannel, a claim's rows, the next due time), actions out (send, apply,
+// claim, look up the next due time, wait, exit). No threads, clocks or I/O: the Dispatcher
+// drives it and tests call it directly.
+
+struct DispatcherStateMachine {
+    enum Phase: Equatable {
+        case running
+        /// Stop requested: no more claims; answers are recorded until none is left in flight
+        /// or the grace period ends.
+        case stopping
+        case stopped
+    }
+
+    enum Action: Equatable {
+        /// Hand each row to its app's transport (they are in flight from now on).
+        case send([OutboxRow])
+        /// Write outcomes back (one transaction).
+        case apply([DeliveryUpdate])
+        /// Count and log one recorded answer.
+        case report(FinishedPush, DeliveryOutcome)
+        /// Rows the channel counted in flight that will never be answered.
+        case vacate(Int)
+        /// `claimDue(limit:)`, then `claimed(_:limit:)` or `claimFailed()`.
+        case claim(limit: Int)
+        /// `nextDueAt()`, then `nextDue(_:now:)`.
+        case findNextDue
+        /// Take the channel's inbox, waiting up to this long when it is empty (nil: until
+        /// something arrives), then `received(_:)`.
+        case wait(millis: Int64?)
+        /// Return these unanswered rows to queued, then end the thread.
+        case exit(requeue: [DeliveryUpdate])
+    }
+
+    let claimBatch: Int
+    /// Longest wait when nothing is due (also bounds how late a row written by another process
+    /// is noticed).
+    let idlePollMillis: Int64
+    let policy: DeliveryPolicy
+    /// Apps with a transport; a row for another app fails with "app_not_configured".
+    let apps: Set<String>
+
+    private(set) var phase = Phase.running
+    /// Whether a claim could find anything. Cleared when a claim came back short; set again by
+    /// a wake (queued rows committed) or when the next due time has passed. With every ingest
+    /// handed off, finishing pushes do not each cost an empty claim transaction.
+    private(set) var mayHaveDue = true
+    /// Sent and not answered, by id.
+    private(set) var inflight: [String: OutboxRow] = [:]
+    /// Free slots when the inbox was last taken (what a claim may fill).
+    private var freeSlots = 0
+
+    init(claimBatch: Int, idlePollMillis: Int64, policy: DeliveryPolicy, apps: Set<String>) {
+        self.claimBatch = claimBatch
+        self.idlePollMillis = idlePollMillis
+        self.policy = policy
+        self.apps = apps
+    }
+
+    /// The inbox: answers, handed-off rows, wake, stop, end of grace.
+    mutating func received(_ inbox: DispatchInbox) -> [Action] {
+        guard phase != .stopped else { return [] }
+        var actions: [Action] = []
+        var updates: [DeliveryUpdate] = []
+        // Handed-off rows first: they wait for nothing but this send.
+        let (sendable, failed) = route(inbox.rows)
+        if !sendable.isEmpty { actions.append(.send(sendable)) }
+        if !failed.isEmpty { actions.append(.vacate(failed.count)) }
+        updates += failed
+        for push in inbox.answers {
+            // Not in flight: answered after the stop returned it to queued, and the requeue stands.
+            guard inflight.removeValue(forKey: push.row.id) != nil else { continue }
+            let update = Self.update(for: push, policy: policy)
+            actions.append(.report(push, update.outcome))
+            updates.append(update)
+        }
+        if !updates.isEmpty { actions.append(.apply(updates)) }
+        if inbox.mayHaveDue { mayHaveDue = true }
+        if inbox.stopRequested && phase == .running { phase = .stopping }
+        guard phase == .running else { return actions + stopping(graceOver: inbox.graceOver) }
+        freeSlots = inbox.freeSlots + failed.count
+        return actions + claimOrWait()
+    }
+
+    /// What a claim of `limit` rows returned (already counted in flight by the driver).
+    mutating func claimed(_ rows: [OutboxRow], limit: Int) -> [Action] {
+        if rows.count < limit { mayHaveDue = false }
+        var actions: [Action] = []
+        let (sendable, failed) = route(rows)
+        if !sendable.isEmpty { actions.append(.send(sendable)) }
+        if !failed.isEmpty { actions += [.vacate(failed.count), .apply(failed)] }
+        // A full claim: more may be due, go round again without waiting.
+        return actions + [rows.count == limit ? .wait(millis: 0) : .findNextDue]
+    }
+
+    /// The claim failed (logged by the driver): sleep until the next due time, as after a short one.
+    mutating func claimFailed() -> [Action] { [.findNextDue] }
+
+    /// The earliest queued/retry row's due time (nil: none, or it could not be read); `now` on
+    /// the RelayClock.
+    mutating func nextDue(_ at: Int64?, now: Int64) -> [Action] {
+        var wakeAt = now + idlePollMillis
+        if let at {
+            if at <= now { mayHaveDue = true }
+            wakeAt = min(wakeAt, max(at, now))
+        }
+        return [.wait(millis: max(0, wakeAt - now))]
+    }
+
+    private mutating func claimOrWait() -> [Action] {
+        guard freeSlots > 0 else { return [.wait(millis: idlePollMillis)] }  // the next answer wakes us
+        guard mayHaveDue else { return [.findNextDue] }
+        return [.claim(limit: min(freeSlots, claimBatch))]
+    }
+
+    private mutating func stopping(graceOver: Bool) -> [Action] {
+        if inflight.isEmpty || graceOver {
+            let requeue = inflight.values.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .requeue, attempt: nil) }
+            inflight.removeAll()
+            phase = .stopped
+            return [.exit(requeue: requeue)]
+        }
+        return [.wait(millis: nil)]   // an answer or the end of the grace period
+    }
+
+    /// Rows with a transport become in flight; the others fail with "app_not_configured" (the
+    /// app was removed from the configuration after the row was accepted).
+    private mutating func route(_ rows: [OutboxRow]) -> (send: [OutboxRow], failed: [DeliveryUpdate]) {
+        guard rows.contains(where: { !apps.contains($0.app) }) else {
+            for row in rows { inflight[row.id] = row }
+            return (rows, [])
+        }
+        var send: [OutboxRow] = [], failed: [DeliveryUpdate] = []
+        for row in rows {
+            if apps.contains(row.app) {
+                inflight[row.id] = row
+                send.append(row)
+            } else {
+                failed.append(DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .failed(reason: "app_not_configured"), attempt: nil))
+            }
+        }
+        return (send, failed)
+    }
+
+    /// The outcome of one answer and its attempt record. A missing answer during a stop
+    /// (shutdown, or a connection dropped while draining) is a requeue, not an attempt.
+    static func update(for push: FinishedPush, policy: DeliveryPolicy) -> DeliveryUpdate {
+        let row = push.row, answer = push.answer
+        var outcome = policy.decide(answer, row: row, now: push.at, random: push.random)
+        if push.duringStop && answer.status == nil { outcome = .requeue }
+        let attempt = outcome == .requeue ? nil : AttemptRecord(
+            responseID: row.id, attemptedAt: push.at, status: answer.status, reason: answer.reason,
+            apnsTimestamp: answer.apnsTimestamp, latencyMicros: push.latencyMicros)
+        return DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: outcome, attempt: attempt)
+    }
+}
