@@ -28,7 +28,7 @@ let package = Package(
         .systemLibrary(name: "CPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
 
         // MARK: Libraries
-        // Hex, base64, UUID text, JSON string escaping, write-all: once, no Foundation, no C.
+        // Hex, base64, UUID text, JSON string escaping and tokens, write-all: once, no Foundation, no C.
         .target(name: "Basics"),
         // Apple's Symmetric Key Ratchet, HKDF, AES-GCM, wire codecs.
         .target(name: "Ratchet", dependencies: ["Basics", "COpenSSL"]),

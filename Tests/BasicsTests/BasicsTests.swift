@@ -190,3 +190,71 @@ import Testing
         #expect(FileDescriptor.writeAll(fds[1], "x") == EBADF)
     }
 }
+
+@Suite struct JSONScannerTests {
+    /// Runs `read` on a scanner over `text`; the value, or the error message.
+    func scan<T>(_ text: [UInt8], at pos: Int = 0, _ read: (inout JSONScanner) throws(JSONScanError) -> T) -> Result<T, JSONScanError> {
+        text.withUnsafeBufferPointer { b in
+            var s = JSONScanner(b)
+            s.pos = pos
+            do throws(JSONScanError) { return .success(try read(&s)) } catch { return .failure(error) }
+        }
+    }
+
+    @Test func stringsDecodeEscapesAndStopAfterTheClosingQuote() throws {
+        let text = Array(#""a\"b\\\/\b\f\n\r\t\u00e9\ud83d\ude00" tail"#.utf8)
+        let r = scan(text) { s throws(JSONScanError) in (try s.string(), s.pos) }
+        let (value, end) = try r.get()
+        #expect(value == "a\"b\\/\u{08}\u{0C}\n\r\té😀")
+        #expect(end == text.count - 5)
+        #expect(try scan(Array("\"caf\u{e9}\"".utf8)) { s throws(JSONScanError) in try s.string() }.get() == "café")
+    }
+
+    /// Each failure names what and where, in the words the ingest API answers with.
+    @Test func stringFailuresSayWhatAndWhere() {
+        let cases: [([UInt8], String)] = [
+            (Array(#""abc"#.utf8), "unexpected end of JSON (unterminated string)"),
+            (Array("\"a\u{01}\"".utf8), "invalid JSON at byte 2: control character in string"),
+            (Array(#""\q""#.utf8), "invalid JSON at byte 3: invalid escape"),
+            (Array(#""\u12G4""#.utf8), #"invalid JSON at byte 3: invalid \u escape"#),
+            (Array(#""\u12"#.utf8), #"invalid JSON at byte 3: truncated \u escape"#),
+            (Array(#""\ud800x""#.utf8), "invalid JSON at byte 7: unpaired surrogate escape"),
+            (Array(#""\udc00""#.utf8), "invalid JSON at byte 7: unpaired surrogate escape"),
+            ([0x22, 0xC0, 0xAF, 0x22], "invalid UTF-8 at byte 1"),            // overlong
+            ([0x22, 0xED, 0xA0, 0x80, 0x22], "invalid UTF-8 at byte 1"),      // encoded surrogate
+            ([0x22, 0xF4, 0x90, 0x80, 0x80, 0x22], "invalid UTF-8 at byte 1"), // above U+10FFFF
+            ([0x22, 0xE2, 0x82], "invalid UTF-8 at byte 1"),                   // truncated sequence
+        ]
+        for (text, message) in cases {
+            let r = scan(text) { s throws(JSONScanError) in try s.string() }
+            #expect(r.failureMessage == message, "\(text)")
+        }
+    }
+
+    @Test func numbersFollowTheGrammar() {
+        for ok in ["0", "-0", "12", "-0.5e+3", "1E9", "3.25"] {
+            #expect(scan(Array(ok.utf8)) { s throws(JSONScanError) in try s.number() }.success == 0..<ok.utf8.count, "\(ok)")
+        }
+        #expect(scan(Array("12,".utf8)) { s throws(JSONScanError) in try s.number() }.success == 0..<2)
+        let bad = [("01", "invalid JSON at byte 1: leading zero in number"), ("-", "unexpected end of JSON (invalid number)"),
+                   ("1.", "unexpected end of JSON (invalid fraction)"), ("1.e", "invalid JSON at byte 2: invalid fraction"),
+                   ("1e+", "unexpected end of JSON (invalid exponent)"), ("x", "invalid JSON at byte 0: invalid number")]
+        for (text, message) in bad {
+            #expect(scan(Array(text.utf8)) { s throws(JSONScanError) in try s.number() }.failureMessage == message, "\(text)")
+        }
+    }
+
+    @Test func literalsWhitespaceAndExpect() {
+        #expect(scan(Array("true]".utf8)) { s throws(JSONScanError) in try s.literal("true"); return s.pos }.success == 4)
+        #expect(scan(Array("tru".utf8)) { s throws(JSONScanError) in try s.literal("true") }.failureMessage == "invalid JSON at byte 0: truncated literal")
+        #expect(scan(Array("trUe".utf8)) { s throws(JSONScanError) in try s.literal("true") }.failureMessage == "invalid JSON at byte 0: invalid literal")
+        #expect(scan(Array(" \t\r\n: x".utf8)) { s throws(JSONScanError) in try s.expect(UInt8(ascii: ":"), "colon"); return s.pos }.success == 5)
+        #expect(scan(Array("  ;".utf8)) { s throws(JSONScanError) in try s.expect(UInt8(ascii: ":"), "colon") }.failureMessage == "invalid JSON at byte 2: colon")
+        #expect(scan(Array("  ".utf8)) { s throws(JSONScanError) in try s.expect(UInt8(ascii: ":"), "colon") }.failureMessage == "unexpected end of JSON (colon)")
+    }
+}
+
+extension Result {
+    var success: Success? { if case .success(let v) = self { v } else { nil } }
+    var failureMessage: String? { if case .failure(let e as JSONScanError) = self { e.message } else { nil } }
+}

@@ -1,6 +1,7 @@
 // relay-server's configuration: a JSON file (config/relay.example.json documents every key,
 // docs/configuration.md has the table). Unknown keys and invalid values are startup errors that
 // name the key path. Keys starting with "_" (e.g. "_comment") are ignored everywhere.
+import Basics
 import FoundationEssentials
 import Glibc
 import HTTPServer
@@ -410,34 +411,37 @@ extension RelayConfig {
             if top.isObject { return top.path.isEmpty ? top.key : "\(top.path).\(top.key)" }
             return "\(top.path)[\(top.index)]"
         }
-        var i = 0
-        while i < bytes.count {
-            switch bytes[i] {
-            case UInt8(ascii: "\""):
-                var end = i + 1
-                while end < bytes.count && bytes[end] != UInt8(ascii: "\"") { end += bytes[end] == UInt8(ascii: "\\") ? 2 : 1 }
-                if let top = stack.last, top.isObject, top.expectingKey {
+        return bytes.withUnsafeBufferPointer { buffer -> String? in
+            var i = 0
+            while i < bytes.count {
+                switch bytes[i] {
+                case UInt8(ascii: "\""):
                     // Decoded, so an escaped spelling of a name is the same name.
-                    let name = (try? JSONDecoder().decode([String].self, from: Data([UInt8(ascii: "[")] + bytes[i...min(end, bytes.count - 1)] + [UInt8(ascii: "]")])))?.first ?? ""
-                    if !name.hasPrefix("_") && !stack[stack.count - 1].keys.insert(name).inserted {
-                        return top.path.isEmpty ? name : "\(top.path).\(name)"
+                    var token = JSONScanner(buffer)
+                    token.pos = i
+                    let name = (try? token.string()) ?? ""
+                    let end = token.pos - 1  // the closing quote
+                    if let top = stack.last, top.isObject, top.expectingKey {
+                        if !name.hasPrefix("_") && !stack[stack.count - 1].keys.insert(name).inserted {
+                            return top.path.isEmpty ? name : "\(top.path).\(name)"
+                        }
+                        stack[stack.count - 1].key = name
+                        stack[stack.count - 1].expectingKey = false
                     }
-                    stack[stack.count - 1].key = name
-                    stack[stack.count - 1].expectingKey = false
+                    i = end
+                case UInt8(ascii: "{"): stack.append(Frame(isObject: true, path: childPath()))
+                case UInt8(ascii: "["): stack.append(Frame(isObject: false, path: childPath()))
+                case UInt8(ascii: "}"), UInt8(ascii: "]"): if !stack.isEmpty { stack.removeLast() }
+                case UInt8(ascii: ","):
+                    if !stack.isEmpty {
+                        if stack[stack.count - 1].isObject { stack[stack.count - 1].expectingKey = true } else { stack[stack.count - 1].index += 1 }
+                    }
+                default: break
                 }
-                i = end
-            case UInt8(ascii: "{"): stack.append(Frame(isObject: true, path: childPath()))
-            case UInt8(ascii: "["): stack.append(Frame(isObject: false, path: childPath()))
-            case UInt8(ascii: "}"), UInt8(ascii: "]"): if !stack.isEmpty { stack.removeLast() }
-            case UInt8(ascii: ","):
-                if !stack.isEmpty {
-                    if stack[stack.count - 1].isObject { stack[stack.count - 1].expectingKey = true } else { stack[stack.count - 1].index += 1 }
-                }
-            default: break
+                i += 1
             }
-            i += 1
+            return nil
         }
-        return nil
     }
 
     static func describe(_ error: any Error) -> String {

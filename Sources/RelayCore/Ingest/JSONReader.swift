@@ -1,7 +1,8 @@
-// A small strict JSON reader for ingest bodies: RFC 8259 grammar, UTF-8 validated, nesting
-// bounded, duplicate keys reported. It reads one top-level object and keeps scalar members;
-// nested values are syntax-checked and reported as `.nested` without being materialised.
-// Faster than JSONSerialization for these small flat bodies and never recursion-unbounded.
+// A small strict JSON reader for ingest bodies: RFC 8259 grammar (tokens: Basics.JSONScanner),
+// nesting bounded, duplicate keys reported. It reads one top-level object and keeps scalar
+// members; nested values are syntax-checked and reported as `.nested` without being
+// materialised. Faster than JSONSerialization for these small flat bodies and never
+// recursion-unbounded.
 
 import Basics
 
@@ -14,230 +15,78 @@ enum JSONMember: Equatable {
     case nested
 }
 
-struct JSONReadError: Error, Equatable {
-    var message: String
-}
-
 struct JSONReader {
     static let maxDepth = 16
 
     /// Parses `bytes` as a JSON object. Members in order; duplicate keys are kept for the caller
     /// to reject.
-    static func readObject(_ bytes: [UInt8]) throws(JSONReadError) -> [(String, JSONMember)] {
-        var r = JSONReader(bytes: bytes)
-        r.skipWhitespace()
-        guard r.peek() == UInt8(ascii: "{") else { throw JSONReadError(message: "body must be a JSON object") }
-        let members = try r.object(depth: 1, keep: true)
-        r.skipWhitespace()
-        guard r.pos == bytes.count else { throw JSONReadError(message: "unexpected data after the JSON object at byte \(r.pos)") }
-        return members
-    }
-
-    private let bytes: [UInt8]
-    private var pos = 0
-
-    private init(bytes: [UInt8]) { self.bytes = bytes }
-
-    private func peek() -> UInt8? { pos < bytes.count ? bytes[pos] : nil }
-
-    private mutating func skipWhitespace() {
-        while pos < bytes.count {
-            switch bytes[pos] {
-            case 0x20, 0x09, 0x0A, 0x0D: pos += 1
-            default: return
-            }
+    static func readObject(_ bytes: [UInt8]) throws(JSONScanError) -> [(String, JSONMember)] {
+        try bytes.withUnsafeBufferPointer { buffer throws(JSONScanError) in
+            var r = JSONReader(scanner: JSONScanner(buffer))
+            r.scanner.skipWhitespace()
+            guard r.scanner.peek() == UInt8(ascii: "{") else { throw JSONScanError(message: "body must be a JSON object") }
+            let members = try r.object(depth: 1, keep: true)
+            r.scanner.skipWhitespace()
+            guard r.scanner.atEnd else { throw JSONScanError(message: "unexpected data after the JSON object at byte \(r.scanner.pos)") }
+            return members
         }
     }
 
-    private func fail(_ what: String) -> JSONReadError {
-        JSONReadError(message: pos >= bytes.count ? "unexpected end of JSON (\(what))" : "invalid JSON at byte \(pos): \(what)")
-    }
+    private var scanner: JSONScanner
 
-    private mutating func expect(_ c: UInt8, _ what: String) throws(JSONReadError) {
-        skipWhitespace()
-        guard peek() == c else { throw fail(what) }
-        pos += 1
-    }
+    private init(scanner: JSONScanner) { self.scanner = scanner }
 
-    private mutating func object(depth: Int, keep: Bool) throws(JSONReadError) -> [(String, JSONMember)] {
-        guard depth <= Self.maxDepth else { throw JSONReadError(message: "JSON nested deeper than \(Self.maxDepth) levels") }
-        pos += 1  // '{'
+    private mutating func object(depth: Int, keep: Bool) throws(JSONScanError) -> [(String, JSONMember)] {
+        guard depth <= Self.maxDepth else { throw JSONScanError(message: "JSON nested deeper than \(Self.maxDepth) levels") }
+        scanner.pos += 1  // '{'
         var members: [(String, JSONMember)] = []
-        skipWhitespace()
-        if peek() == UInt8(ascii: "}") { pos += 1; return members }
+        scanner.skipWhitespace()
+        if scanner.peek() == UInt8(ascii: "}") { scanner.pos += 1; return members }
         while true {
-            skipWhitespace()
-            guard peek() == UInt8(ascii: "\"") else { throw fail("expected a member name string") }
-            let key = try string()
-            try expect(UInt8(ascii: ":"), "expected ':' after member name")
+            scanner.skipWhitespace()
+            guard scanner.peek() == UInt8(ascii: "\"") else { throw scanner.fail("expected a member name string") }
+            let key = try scanner.string()
+            try scanner.expect(UInt8(ascii: ":"), "expected ':' after member name")
             let value = try value(depth: depth)
             if keep { members.append((key, value)) }
-            skipWhitespace()
-            guard let c = peek() else { throw fail("unterminated object") }
-            pos += 1
-            if c == UInt8(ascii: ",") { continue }
-            if c == UInt8(ascii: "}") { return members }
-            pos -= 1
-            throw fail("expected ',' or '}'")
+            scanner.skipWhitespace()
+            guard let c = scanner.peek() else { throw scanner.fail("unterminated object") }
+            if c == UInt8(ascii: ",") { scanner.pos += 1; continue }
+            if c == UInt8(ascii: "}") { scanner.pos += 1; return members }
+            throw scanner.fail("expected ',' or '}'")
         }
     }
 
-    private mutating func array(depth: Int) throws(JSONReadError) {
-        guard depth <= Self.maxDepth else { throw JSONReadError(message: "JSON nested deeper than \(Self.maxDepth) levels") }
-        pos += 1  // '['
-        skipWhitespace()
-        if peek() == UInt8(ascii: "]") { pos += 1; return }
+    private mutating func array(depth: Int) throws(JSONScanError) {
+        guard depth <= Self.maxDepth else { throw JSONScanError(message: "JSON nested deeper than \(Self.maxDepth) levels") }
+        scanner.pos += 1  // '['
+        scanner.skipWhitespace()
+        if scanner.peek() == UInt8(ascii: "]") { scanner.pos += 1; return }
         while true {
             _ = try value(depth: depth)
-            skipWhitespace()
-            guard let c = peek() else { throw fail("unterminated array") }
-            pos += 1
-            if c == UInt8(ascii: ",") { continue }
-            if c == UInt8(ascii: "]") { return }
-            pos -= 1
-            throw fail("expected ',' or ']'")
+            scanner.skipWhitespace()
+            guard let c = scanner.peek() else { throw scanner.fail("unterminated array") }
+            if c == UInt8(ascii: ",") { scanner.pos += 1; continue }
+            if c == UInt8(ascii: "]") { scanner.pos += 1; return }
+            throw scanner.fail("expected ',' or ']'")
         }
     }
 
-    private mutating func value(depth: Int) throws(JSONReadError) -> JSONMember {
-        skipWhitespace()
-        guard let c = peek() else { throw fail("expected a value") }
+    private mutating func value(depth: Int) throws(JSONScanError) -> JSONMember {
+        scanner.skipWhitespace()
+        guard let c = scanner.peek() else { throw scanner.fail("expected a value") }
         switch c {
-        case UInt8(ascii: "\""): return .string(try string())
+        case UInt8(ascii: "\""): return .string(try scanner.string())
         case UInt8(ascii: "{"): _ = try object(depth: depth + 1, keep: false); return .nested
         case UInt8(ascii: "["): try array(depth: depth + 1); return .nested
-        case UInt8(ascii: "t"): try literal("true"); return .bool(true)
-        case UInt8(ascii: "f"): try literal("false"); return .bool(false)
-        case UInt8(ascii: "n"): try literal("null"); return .null
-        case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): return .number(try number())
-        default: throw fail("unexpected character")
+        case UInt8(ascii: "t"): try scanner.literal("true"); return .bool(true)
+        case UInt8(ascii: "f"): try scanner.literal("false"); return .bool(false)
+        case UInt8(ascii: "n"): try scanner.literal("null"); return .null
+        case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+            let range = try scanner.number()
+            return .number(String(decoding: UnsafeBufferPointer(rebasing: scanner.bytes[range]), as: UTF8.self))
+        default: throw scanner.fail("unexpected character")
         }
-    }
-
-    private mutating func literal(_ word: String) throws(JSONReadError) {
-        let w = Array(word.utf8)
-        let n = w.count
-        guard pos + n <= bytes.count else { throw fail("truncated literal") }
-        for i in 0..<n where bytes[pos + i] != w[i] { throw fail("invalid literal") }
-        pos += n
-    }
-
-    private mutating func number() throws(JSONReadError) -> String {
-        let start = pos
-        func digit(_ b: UInt8?) -> Bool { b.map { $0 >= 0x30 && $0 <= 0x39 } ?? false }
-        if peek() == UInt8(ascii: "-") { pos += 1 }
-        guard let first = peek(), digit(first) else { throw fail("invalid number") }
-        if first == UInt8(ascii: "0") {
-            pos += 1
-            if digit(peek()) { throw fail("leading zero in number") }
-        } else {
-            while digit(peek()) { pos += 1 }
-        }
-        if peek() == UInt8(ascii: ".") {
-            pos += 1
-            guard digit(peek()) else { throw fail("invalid fraction") }
-            while digit(peek()) { pos += 1 }
-        }
-        if peek() == UInt8(ascii: "e") || peek() == UInt8(ascii: "E") {
-            pos += 1
-            if peek() == UInt8(ascii: "+") || peek() == UInt8(ascii: "-") { pos += 1 }
-            guard digit(peek()) else { throw fail("invalid exponent") }
-            while digit(peek()) { pos += 1 }
-        }
-        return String(decoding: bytes[start..<pos], as: UTF8.self)
-    }
-
-    private static func hexValue(_ b: UInt8) -> UInt32? { Hex.value(b).map(UInt32.init) }
-
-    private mutating func hex4() throws(JSONReadError) -> UInt32 {
-        guard pos + 4 <= bytes.count else { throw fail("truncated \\u escape") }
-        var v: UInt32 = 0
-        for i in 0..<4 {
-            guard let h = Self.hexValue(bytes[pos + i]) else { throw fail("invalid \\u escape") }
-            v = v << 4 | h
-        }
-        pos += 4
-        return v
-    }
-
-    /// A string token; validates UTF-8 (no overlongs, no surrogates, max U+10FFFF) and escapes.
-    private mutating func string() throws(JSONReadError) -> String {
-        pos += 1  // opening quote
-        let start = pos
-        // Fast path: printable ASCII without escapes (every field we care about).
-        while pos < bytes.count {
-            let b = bytes[pos]
-            if b == UInt8(ascii: "\"") {
-                let s = String(decoding: bytes[start..<pos], as: UTF8.self)
-                pos += 1
-                return s
-            }
-            if b == UInt8(ascii: "\\") || b < 0x20 || b >= 0x80 { break }
-            pos += 1
-        }
-        var out: [UInt8] = Array(bytes[start..<pos])
-        while true {
-            guard pos < bytes.count else { throw fail("unterminated string") }
-            let b = bytes[pos]
-            if b == UInt8(ascii: "\"") { pos += 1; break }
-            if b < 0x20 { throw fail("control character in string") }
-            if b == UInt8(ascii: "\\") {
-                pos += 1
-                guard pos < bytes.count else { throw fail("unterminated escape") }
-                let e = bytes[pos]
-                pos += 1
-                switch e {
-                case UInt8(ascii: "\""): out.append(0x22)
-                case UInt8(ascii: "\\"): out.append(0x5C)
-                case UInt8(ascii: "/"): out.append(0x2F)
-                case UInt8(ascii: "b"): out.append(0x08)
-                case UInt8(ascii: "f"): out.append(0x0C)
-                case UInt8(ascii: "n"): out.append(0x0A)
-                case UInt8(ascii: "r"): out.append(0x0D)
-                case UInt8(ascii: "t"): out.append(0x09)
-                case UInt8(ascii: "u"):
-                    var scalar = try hex4()
-                    if scalar >= 0xD800 && scalar <= 0xDBFF {
-                        guard pos + 2 <= bytes.count, bytes[pos] == UInt8(ascii: "\\"), bytes[pos + 1] == UInt8(ascii: "u") else {
-                            throw fail("unpaired surrogate escape")
-                        }
-                        pos += 2
-                        let low = try hex4()
-                        guard low >= 0xDC00 && low <= 0xDFFF else { throw fail("unpaired surrogate escape") }
-                        scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
-                    } else if scalar >= 0xDC00 && scalar <= 0xDFFF {
-                        throw fail("unpaired surrogate escape")
-                    }
-                    guard let u = Unicode.Scalar(scalar) else { throw fail("invalid \\u escape") }
-                    out.append(contentsOf: Array(String(Character(u)).utf8))
-                default: throw fail("invalid escape")
-                }
-                continue
-            }
-            if b < 0x80 { out.append(b); pos += 1; continue }
-            // Multi-byte UTF-8 sequence, validated per RFC 3629 table 3-7.
-            let len: Int
-            var lo: UInt8 = 0x80, hi: UInt8 = 0xBF
-            switch b {
-            case 0xC2...0xDF: len = 2
-            case 0xE0: len = 3; lo = 0xA0
-            case 0xE1...0xEC, 0xEE...0xEF: len = 3
-            case 0xED: len = 3; hi = 0x9F
-            case 0xF0: len = 4; lo = 0x90
-            case 0xF1...0xF3: len = 4
-            case 0xF4: len = 4; hi = 0x8F
-            default: throw JSONReadError(message: "invalid UTF-8 at byte \(pos)")
-            }
-            guard pos + len <= bytes.count else { throw JSONReadError(message: "invalid UTF-8 at byte \(pos)") }
-            for i in 1..<len {
-                let c = bytes[pos + i]
-                let (l, h): (UInt8, UInt8) = i == 1 ? (lo, hi) : (0x80, 0xBF)
-                guard c >= l && c <= h else { throw JSONReadError(message: "invalid UTF-8 at byte \(pos)") }
-            }
-            out.append(contentsOf: bytes[pos..<pos + len])
-            pos += len
-        }
-        return String(decoding: out, as: UTF8.self)
     }
 }
 
