@@ -131,6 +131,21 @@ import Testing
     final class Box: @unchecked Sendable { var value = 0 }
 }
 
+@Suite struct TimedValueTests {
+    /// One read per period; the period's end, and a clock that went back, read again.
+    @Test func readsAtMostOncePerPeriod() {
+        let v = TimedValue<Int>(maxAge: 1000)
+        var reads = 0
+        func get(_ now: Int64) -> Int { v.value(now: now) { reads += 1; return reads } }
+        #expect(get(5000) == 1)
+        #expect(get(5999) == 1)
+        #expect(get(6000) == 2)
+        #expect(get(6500) == 2)
+        #expect(get(4000) == 3)   // clock went back: not trusted
+        #expect(reads == 3)
+    }
+}
+
 @Suite struct SHA256Tests {
     // FIPS 180-2 appendix B vectors and the empty string.
     static let vectors: [(String, String)] = [

@@ -512,9 +512,9 @@ public final class AdminService: Sendable {
     private let readiness: @Sendable () -> [String: Bool]
     private let extraMetrics: @Sendable (inout PrometheusRegistry) -> Void
     let maxAgeMillis: Int64 = 1000
-    /// (when read, by `clock`; the counts, nil when the store could not be read)
-    private let counts = Mutex<(at: Int64, value: OutboxCounts?)?>(nil)
-    private let writable = Mutex<(at: Int64, value: Bool)?>(nil)
+    /// The counts, nil when the store could not be read; times by `clock`, in ms.
+    private let counts: TimedValue<OutboxCounts?>
+    private let writable: TimedValue<Bool>
 
     /// `readiness` returns named checks besides the database (e.g. "apns_credentials",
     /// "dispatcher"); `extraMetrics` adds the rest of /metrics (HTTP server counters).
@@ -524,6 +524,8 @@ public final class AdminService: Sendable {
         self.metrics = metrics
         self.workers = workers
         self.clock = clock
+        counts = TimedValue(maxAge: maxAgeMillis)
+        writable = TimedValue(maxAge: maxAgeMillis)
         self.readiness = readiness
         self.extraMetrics = extraMetrics
     }
@@ -539,7 +541,7 @@ public final class AdminService: Sendable {
         case "/readyz":
             workers.submit { [self] in
                 var checks = readiness()
-                checks["database_writable"] = cached(writable) { store.checkWritable() }
+                checks["database_writable"] = writable.value(now: clock.nowMillis()) { store.checkWritable() }
                 if let g = store.freeSpaceGuard { checks["storage_free_space"] = !g.isBelowFloor }
                 let ok = checks.values.allSatisfy { $0 }
                 let body = "{\"ready\":\(ok),\"checks\":{" + checks.sorted { $0.key < $1.key }.map { "\"\($0.key)\":\($0.value)" }.joined(separator: ",") + "}}"
@@ -549,7 +551,7 @@ public final class AdminService: Sendable {
             workers.submit { [self] in
                 var r = PrometheusRegistry()
                 metrics.collect(into: &r)
-                if let c = cached(counts, { try? store.counts() }) {
+                if let c = counts.value(now: clock.nowMillis(), read: { try? store.counts() }) {
                     r.declare("relay_outbox_responses", .gauge, help: "Responses in the outbox by state.")
                     for s in ResponseState.allCases { r.sample("relay_outbox_responses", ["state": s.rawValue], c.byState[s] ?? 0) }
                     let age = c.oldestPendingCreatedAt.map { Double(max(0, clock.nowMillis() - $0)) / 1000 } ?? 0
@@ -564,14 +566,5 @@ public final class AdminService: Sendable {
         default:
             respond(APIResponse(status: 404, headers: [("content-type", "application/json")], body: "{\"error\":\"not_found\"}"))
         }
-    }
-
-    /// The value read less than `maxAgeMillis` ago, or a fresh one.
-    private func cached<T: Sendable>(_ slot: borrowing Mutex<(at: Int64, value: T)?>, _ read: () -> T) -> T {
-        let now = clock.nowMillis()
-        if let c = slot.withLock({ $0 }), now - c.at < maxAgeMillis, now >= c.at { return c.value }
-        let value = read()
-        slot.withLock { $0 = (now, value) }
-        return value
     }
 }

@@ -2,7 +2,6 @@
 // before the filesystem is actually full, so SQLite never meets ENOSPC mid-commit on the ingest
 // path, while deletes (retention, relayctl purge) still have room for their WAL frames.
 import Glibc
-import Synchronization
 
 public final class FreeSpaceGuard: Sendable {
     /// Bytes available to an unprivileged writer on the filesystem holding `path`, or nil.
@@ -12,8 +11,7 @@ public final class FreeSpaceGuard: Sendable {
     public let minFreeBytes: Int64
     private let probe: Probe
     private let now: @Sendable () -> Int64
-    private let cacheMicros: Int64
-    private let cached = Mutex<(at: Int64, free: Int64?)?>(nil)
+    private let cached: TimedValue<Int64?>
 
     /// `probe` and `now` (monotonic microseconds) are injectable for tests; the probe runs at
     /// most once per `cacheMicros`, not once per request.
@@ -23,17 +21,13 @@ public final class FreeSpaceGuard: Sendable {
         self.minFreeBytes = minFreeBytes
         self.probe = probe
         self.now = now
-        self.cacheMicros = cacheMicros
+        cached = TimedValue(maxAge: cacheMicros)
     }
 
     /// Free bytes as last probed (probing again when the cached value is older than the cache
     /// period); nil when the probe failed.
     public var freeBytes: Int64? {
-        let t = now()
-        if let c = cached.withLock({ $0 }), t - c.at < cacheMicros { return c.free }
-        let free = probe(path)
-        cached.withLock { $0 = (t, free) }
-        return free
+        cached.value(now: now()) { probe(path) }
     }
 
     /// True when the floor is on and the filesystem is below it. A failed probe does not refuse
