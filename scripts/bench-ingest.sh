@@ -28,29 +28,8 @@ ROUNDS=${BENCH_INGEST_ROUNDS:-2}
 SMALL=${BENCH_TOKENS:-1000}
 LARGE=${BENCH_TOKENS_LARGE:-100000}
 REDIS_REQUESTS=${BENCH_REDIS_REQUESTS:-400000}
-for tool in wrk nginx redis-server redis-benchmark redis-cli pgbench psql openssl sqlite3 curl python3 timeout; do
-  command -v "$tool" >/dev/null || { echo "bench-ingest: $tool missing (make deps bench-deps)" >&2; exit 1; }
-done
-
-if [ -n "${BENCH_BIN:-}" ]; then
-  BIN=$BENCH_BIN   # prebuilt binaries: A/B runs of two builds in one session
-else
-  swift build -c release --product relay-server >&2
-  swift build -c release --product mock-apns >&2
-  BIN=$(swift build -c release --show-bin-path)
-fi
-WORK=$(mktemp -d /tmp/bench-ingest.XXXXXX)
-chmod 755 "$WORK"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  scripts/pg-test.sh stop "$WORK/pg" >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
 . scripts/lib-bench.sh
+bench_prologue bench-ingest wrk nginx redis-server redis-benchmark redis-cli pgbench psql openssl sqlite3 curl python3 timeout
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 sync   # earlier benchmarks' dirty pages would compete with every server's fsyncs
 
@@ -69,8 +48,6 @@ cat > "$WORK/insert.sql" <<EOF
 INSERT INTO records (token, payload) VALUES (:token, '$PAYLOAD');
 EOF
 
-SECRET="rk_$(openssl rand -base64 32 | tr '+/' '-_' | tr -d '=\n')"
-HASH=$(printf %s "$SECRET" | openssl dgst -sha256 -binary | od -An -tx1 | tr -d ' \n')
 write_post_lua "$WORK/one.lua"
 write_tokens_lua "$WORK/tokens.lua"
 RESULTS="$WORK/results.txt"   # system round records/s cpu_us_per_record bytes_written_per_record extra

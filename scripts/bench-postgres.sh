@@ -12,31 +12,15 @@
 #     start; rows delivered to mock-apns per second until the queue is empty.
 # CPU seconds used by relay-server, PostgreSQL and wrk during the ingest window show where the
 # ceiling is. Leaves no processes behind (the trap stops what it started, by pid).
+# BENCH_BIN=DIR: run the release binaries in DIR instead of building (A/B runs of two builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${BENCH_DURATION:-8}
 CONNECTIONS=${BENCH_CONNECTIONS:-64}
 DRAIN_ROWS=${BENCH_PG_DRAIN_ROWS:-20000}
-for tool in wrk openssl sqlite3 curl python3 psql; do
-  command -v "$tool" >/dev/null || { echo "bench-postgres: $tool missing (make deps bench-deps)" >&2; exit 1; }
-done
-
-swift build -c release --product relay-server >&2
-swift build -c release --product mock-apns >&2
-BIN=$(swift build -c release --show-bin-path)
-WORK=$(mktemp -d /tmp/bench-postgres.XXXXXX)
-chmod 755 "$WORK"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  scripts/pg-test.sh stop "$WORK/pg" >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
 . scripts/lib-bench.sh
+bench_prologue bench-postgres wrk openssl sqlite3 curl python3 psql
 now_ms() { python3 -c 'import time; print(int(time.time()*1000))'; }
 # CPU seconds (user+system) of the given pids, summed.
 cpu_of() { python3 - "$@" <<'EOF'
@@ -57,9 +41,6 @@ start_bench_mock
 echo "== starting PostgreSQL (scripts/pg-test.sh)" >&2
 PG_URL=$(scripts/pg-test.sh start "$WORK/pg" 2>"$WORK/pg-start.log" </dev/null | tail -1)
 PG_ADMIN="${PG_URL%/relay}/postgres"
-
-SECRET="rk_$(openssl rand -base64 32 | tr '+/' '-_' | tr -d '=\n')"
-HASH=$(printf %s "$SECRET" | openssl dgst -sha256 -binary | od -An -tx1 | tr -d ' \n')
 
 # write_config NAME STORE_JSON -> $WORK/NAME.json with fresh ports in NAME.ports
 write_config() {

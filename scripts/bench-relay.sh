@@ -16,27 +16,8 @@ cd "$(dirname "$0")/.."
 DURATION=${BENCH_DURATION:-10}
 CONNECTIONS=${BENCH_CONNECTIONS:-64}
 ROWS=${BENCH_ROWS:-1000000}
-for tool in wrk nginx openssl sqlite3 curl python3; do
-  command -v "$tool" >/dev/null || { echo "bench-relay: $tool missing (make bench-deps)" >&2; exit 1; }
-done
-
-if [ -n "${BENCH_BIN:-}" ]; then
-  BIN=$BENCH_BIN   # prebuilt binaries: A/B runs of two builds in one session
-else
-  swift build -c release --product relay-server >&2
-  swift build -c release --product mock-apns >&2
-  BIN=$(swift build -c release --show-bin-path)
-fi
-WORK=$(mktemp -d /tmp/bench-relay.XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
 . scripts/lib-bench.sh
+bench_prologue bench-relay wrk nginx openssl sqlite3 curl python3
 
 # Earlier benchmarks in `make bench` leave hundreds of MB of dirty pages (bench-pipeline's
 # million-row databases); their writeback would compete with the relay's fsyncs (not with

@@ -1,7 +1,41 @@
 # Shared by the benchmark scripts that run relay-server beside mock-apns and an nginx anchor
-# (bench-relay.sh, bench-pipeline.sh, bench-postgres.sh, relay-callgrind.sh). Source it after
-# setting WORK (a temp dir the caller removes), BIN (release binaries) and PIDS=() (killed by the
-# caller's EXIT trap).
+# (bench-relay.sh, bench-ingest.sh, bench-pipeline.sh, bench-postgres.sh, relay-callgrind.sh).
+# Source it, then call bench_prologue, or set WORK (a temp dir the caller removes), BIN (release
+# binaries) and PIDS=() (killed by the caller's EXIT trap) yourself.
+
+# bench_prologue NAME TOOL...: every TOOL must be installed; BIN holds the release relay-server
+# and mock-apns (built here, or BENCH_BIN=DIR's prebuilt ones: A/B runs of two builds); WORK is
+# a fresh temp dir (/tmp/NAME.XXXXXX); at exit the pids in PIDS are stopped, a PostgreSQL
+# cluster under $WORK/pg (if one was started) too, and WORK is removed; SECRET is a fresh ingest
+# credential and HASH its stored hash (the format and hash of RelayCore's Credentials).
+bench_prologue() {
+  local name=$1 tool
+  shift
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null || { echo "$name: $tool missing (make deps bench-deps)" >&2; exit 1; }
+  done
+  if [ -n "${BENCH_BIN:-}" ]; then
+    BIN=$BENCH_BIN
+  else
+    swift build -c release --product relay-server >&2
+    swift build -c release --product mock-apns >&2
+    BIN=$(swift build -c release --show-bin-path)
+  fi
+  WORK=$(mktemp -d "/tmp/$name.XXXXXX")
+  chmod 755 "$WORK"   # PostgreSQL (another user) reads its socket and data dir under it
+  PIDS=()
+  trap bench_cleanup EXIT
+  SECRET="rk_$(openssl rand -base64 32 | tr '+/' '-_' | tr -d '=\n')"
+  HASH=$(printf %s "$SECRET" | openssl dgst -sha256 -binary | od -An -tx1 | tr -d ' \n')
+}
+
+bench_cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  [ -d "$WORK/pg" ] && { scripts/pg-test.sh stop "$WORK/pg" >/dev/null 2>&1 || true; }
+  rm -rf "$WORK"
+}
 
 # An unused loopback port.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
