@@ -16,9 +16,11 @@
 # temp dir and is stopped by the EXIT trap, by pid, even on failure.
 # BENCH_INGEST_SYSTEMS="relay-small redis ..." runs only those (A/B runs); BENCH_SQLITE_PAGE_SIZE=N
 # creates the relay's SQLite databases with that page size (an experiment: the relay keeps it).
-# BENCH_BIN=DIR: run the release binaries in DIR instead of building (A/B runs of two builds).
-# BENCH_PERF=DIR: also `perf record -g` relay-server during the middle of round 1 at
-# BENCH_TOKENS tokens into DIR/relay-small.perf.data (then: perf report -i ... --no-children).
+# BENCH_PERF=DIR: also `perf record -g` relay-server during the middle of round 1 of
+# BENCH_PERF_SYSTEM (default relay-small) into DIR/SYSTEM.perf.data (then: perf report -i ...
+# --no-children). BENCH_BIN=DIR runs the relay-server and mock-apns found there instead of
+# building them (A/B runs against an older release build). BENCH_PG_SETTINGS="k = v; ..." adds
+# settings to the benchmark cluster's postgresql.conf (e.g. pg_stat_statements for a profile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +41,7 @@ curl -fsS -X POST "http://127.0.0.1:$CONTROL_PORT/faults" -H 'Content-Type: appl
 echo "== starting PostgreSQL (scripts/pg-test.sh), max_connections 120 for pgbench -c $CONNECTIONS" >&2
 PG_URL=$(scripts/pg-test.sh start "$WORK/pg" 2>"$WORK/pg-start.log" </dev/null | tail -1)
 echo "max_connections = 120" >> "$WORK/pg/data/postgresql.conf"
+if [ -n "${BENCH_PG_SETTINGS:-}" ]; then tr ';' '\n' <<<"$BENCH_PG_SETTINGS" >> "$WORK/pg/data/postgresql.conf"; fi
 scripts/pg-test.sh restart "$WORK/pg" >&2
 PG_MASTER=$(head -1 "$WORK/pg/data/postmaster.pid")
 PAYLOAD=$(python3 -c 'import random, string; r = random.Random(18); print("".join(r.choice(string.ascii_letters + string.digits) for _ in range(400)))')
@@ -96,9 +99,9 @@ EOF
   t0=$(proc_ticks "$pid"); w0=$(io_written "$pid"); m0=$(mock_connections)
   if [ "$kind" = postgres ]; then p0=$(tree_ticks "$PG_MASTER"); w0=$(wal_bytes); fi
   local perf_pid=""
-  if [ -n "${BENCH_PERF:-}" ] && [ "$system" = relay-small ] && [ "$round" = 1 ] && command -v perf >/dev/null; then
+  if [ -n "${BENCH_PERF:-}" ] && [ "$system" = "${BENCH_PERF_SYSTEM:-relay-small}" ] && [ "$round" = 1 ] && command -v perf >/dev/null; then
     mkdir -p "$BENCH_PERF"
-    (sleep 1; exec perf record -q -F 999 -g -p "$pid" -o "$BENCH_PERF/relay-small.perf.data" -- sleep $((DURATION - 2))) >/dev/null 2>&1 &
+    (sleep 1; exec perf record -q -F 999 -g -p "$pid" -o "$BENCH_PERF/$system.perf.data" -- sleep $((DURATION - 2))) >/dev/null 2>&1 &
     perf_pid=$!
   fi
   WRK_THREADS=2 WRK_TOKENS=$tokens WRK_SEED=$round RELAY_CRED="$SECRET" \

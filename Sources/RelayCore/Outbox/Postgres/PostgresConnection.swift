@@ -1,8 +1,9 @@
 // The only file in RelayCore that sees libpq's C API. `PostgresConnection` owns one `PGconn*`
 // (PQfinish in deinit), `PostgresResult` owns one `PGresult*` (PQclear in deinit); every call's
 // status is checked and turned into `StoreError.postgres` carrying libpq's own message and the
-// server's SQLSTATE. Parameters and results travel in binary format, so integers and bytea need
-// no text parsing; arrays (for set-based batch statements) travel as text-format literals.
+// server's SQLSTATE. Parameters and results travel in binary format, arrays (for set-based
+// batch statements) included, so integers, bytea and array elements need no text parsing,
+// quoting or hex on either side.
 import FoundationEssentials
 import Glibc
 import Ratchet
@@ -117,30 +118,36 @@ final class PostgresConnection {
     func run(_ sql: String, _ params: [PGValue] = []) throws -> (rows: [PGRow], affected: Int) {
         statementsSent += 1
         let encoded = params.map(Self.encode)
-        let types = encoded.map(\.type)
-        let key = sql + "\u{0}" + types.map(String.init).joined(separator: ",")
-        let context = String(ASCII.trimLines(sql).prefix(60))
+        let (key, types) = Self.preparedKey(sql, encoded)
         let name: String
         if let n = prepared[key] {
             name = n
         } else {
             let n = "relay_\(prepared.count)"
             let result = PostgresResult(types.withUnsafeBufferPointer { PQprepare(conn, n, sql, Int32(types.count), $0.baseAddress) })
-            try check(result, context: "prepare " + context)
+            try check(result, context: "prepare " + Self.context(sql))
             prepared[key] = n
             name = n
         }
         let result = PostgresResult(withParameters(encoded) { values, lengths, formats in
             PQexecPrepared(conn, name, Int32(encoded.count), values, lengths, formats, 1)
         })
-        try check(result, context: context)
-        return (try result.rows(context: context), result.affected)
+        try check(result, context: Self.context(sql))
+        return (try result.rows(context: Self.context(sql)), result.affected)
     }
 
-    private func check(_ result: PostgresResult, context: String) throws {
+    private static func preparedKey(_ sql: String, _ encoded: [Encoded]) -> (key: String, types: [Oid]) {
+        let types = encoded.map(\.type)
+        return (sql + "\u{0}" + types.map(String.init).joined(separator: ","), types)
+    }
+
+    /// The start of a statement, on one line, for error messages (built only when one is thrown).
+    static func context(_ sql: String) -> String { String(ASCII.trimLines(sql).prefix(60)) }
+
+    private func check(_ result: PostgresResult, context: @autoclosure () -> String) throws {
         switch PQresultStatus(result.handle) {
         case PGRES_COMMAND_OK, PGRES_TUPLES_OK, PGRES_EMPTY_QUERY: return
-        default: throw failure(result.handle, context)
+        default: throw failure(result.handle, context())
         }
     }
 
@@ -149,35 +156,57 @@ final class PostgresConnection {
     private struct Encoded {
         var type: Oid
         var bytes: [UInt8]?
-        var format: Int32
     }
 
     private static func encode(_ v: PGValue) -> Encoded {
         switch v {
-        case .null: return Encoded(type: 0, bytes: nil, format: 1)
-        case .int(let i): return Encoded(type: 20, bytes: withUnsafeBytes(of: i.bigEndian) { Array($0) }, format: 1)
-        case .text(let s): return Encoded(type: 25, bytes: Array(s.utf8), format: 1)
-        case .bytes(let b): return Encoded(type: 17, bytes: b, format: 1)
-        case .bool(let b): return Encoded(type: 16, bytes: [b ? 1 : 0], format: 1)
-        case .textArray(let a): return Encoded(type: 1009, bytes: Array(arrayLiteral(a.map { $0.map(quoteElement) }).utf8), format: 0)
-        case .intArray(let a): return Encoded(type: 1016, bytes: Array(arrayLiteral(a.map { $0.map(String.init) }).utf8), format: 0)
+        case .null: return Encoded(type: 0, bytes: nil)
+        case .int(let i): return Encoded(type: 20, bytes: withUnsafeBytes(of: i.bigEndian) { Array($0) })
+        case .text(let s): return Encoded(type: 25, bytes: Array(s.utf8))
+        case .bytes(let b): return Encoded(type: 17, bytes: b)
+        case .bool(let b): return Encoded(type: 16, bytes: [b ? 1 : 0])
+        case .textArray(let a):
+            return Encoded(type: 1009, bytes: binaryArray(a, elementType: 25, size: { $0?.utf8.count }) { s, out in out.append(contentsOf: s!.utf8) })
+        case .intArray(let a):
+            return Encoded(type: 1016, bytes: binaryArray(a, elementType: 20, size: { $0 == nil ? nil : 8 }) { i, out in append(i!, to: &out) })
         case .bytesArray(let a):
-            // Each element is bytea hex input (\x..); the backslash is escaped for the array parser.
-            return Encoded(type: 1001, bytes: Array(arrayLiteral(a.map { "\"\\\\x" + $0.hexString + "\"" }).utf8), format: 0)
+            return Encoded(type: 1001, bytes: binaryArray(a, elementType: 17, size: { $0.count }) { b, out in out.append(contentsOf: b) })
         }
     }
 
-    private static func arrayLiteral(_ elements: [String?]) -> String {
-        "{" + elements.map { $0 ?? "NULL" }.joined(separator: ",") + "}"
+    /// A one-dimensional array in array_recv's binary form: ndim, has-null flag, element type,
+    /// (length, lower bound 1), then each element as its byte length (-1: NULL) and its binary
+    /// form. An empty array has ndim 0 and no dimension.
+    private static func binaryArray<E>(_ elements: [E], elementType: Oid, size: (E) -> Int?, write: (E, inout [UInt8]) -> Void) -> [UInt8] {
+        var out: [UInt8] = []
+        var total = 20
+        var hasNull = false
+        for e in elements {
+            if let n = size(e) { total += 4 + n } else { total += 4; hasNull = true }
+        }
+        out.reserveCapacity(total)
+        append(Int32(elements.isEmpty ? 0 : 1), to: &out)
+        append(Int32(hasNull ? 1 : 0), to: &out)
+        append(Int32(bitPattern: elementType), to: &out)
+        guard !elements.isEmpty else { return out }
+        append(Int32(elements.count), to: &out)
+        append(Int32(1), to: &out)
+        for e in elements {
+            guard let n = size(e) else { append(Int32(-1), to: &out); continue }
+            append(Int32(n), to: &out)
+            write(e, &out)
+        }
+        return out
     }
 
-    private static func quoteElement(_ s: String) -> String {
-        "\"" + s.replacing("\\", with: "\\\\").replacing("\"", with: "\\\"") + "\""
+    private static func append<I: FixedWidthInteger>(_ v: I, to out: inout [UInt8]) {
+        withUnsafeBytes(of: v.bigEndian) { out.append(contentsOf: $0) }
     }
 
     /// Hands libpq C arrays of value pointers, lengths and formats that stay valid for the call.
     private func withParameters<R>(_ params: [Encoded], _ body: (UnsafePointer<UnsafePointer<CChar>?>?, UnsafePointer<Int32>?, UnsafePointer<Int32>?) -> R) -> R {
-        // Text-format values need a NUL terminator; binary ones are read by length.
+        // Every value is binary (read by length); the NUL terminator costs nothing and keeps a
+        // zero-length value's pointer non-NULL (NULL means SQL NULL).
         let buffers: [UnsafeMutablePointer<CChar>?] = params.map { p in
             guard let bytes = p.bytes else { return nil }
             let buf = UnsafeMutablePointer<CChar>.allocate(capacity: bytes.count + 1)
@@ -192,7 +221,7 @@ final class PostgresConnection {
         defer { for b in buffers { b?.deallocate() } }
         let values: [UnsafePointer<CChar>?] = buffers.map { $0.map { UnsafePointer($0) } }
         let lengths: [Int32] = params.map { Int32($0.bytes?.count ?? 0) }
-        let formats: [Int32] = params.map(\.format)
+        let formats = [Int32](repeating: 1, count: params.count)
         return values.withUnsafeBufferPointer { v in
             lengths.withUnsafeBufferPointer { l in
                 formats.withUnsafeBufferPointer { f in body(v.baseAddress, l.baseAddress, f.baseAddress) }
@@ -213,7 +242,7 @@ private final class PostgresResult {
     }
 
     /// Decodes binary-format columns by their type OID.
-    func rows(context: String) throws -> [PGRow] {
+    func rows(context: @autoclosure () -> String) throws -> [PGRow] {
         guard let handle, PQresultStatus(handle) == PGRES_TUPLES_OK else { return [] }
         let n = PQntuples(handle), m = PQnfields(handle)
         var out: [PGRow] = []
@@ -240,7 +269,7 @@ private final class PostgresResult {
                 case 25, 1043, 19, 705: row.append(.text(String(decoding: bytes, as: UTF8.self)))
                 case 2278: row.append(.null)  // void (e.g. SELECT pg_advisory_lock(...))
                 default:
-                    throw StoreError.postgres(sqlState: "", message: "column \(c) has unsupported type oid \(PQftype(handle, c))", context: context)
+                    throw StoreError.postgres(sqlState: "", message: "column \(c) has unsupported type oid \(PQftype(handle, c))", context: context())
                 }
             }
             out.append(row)

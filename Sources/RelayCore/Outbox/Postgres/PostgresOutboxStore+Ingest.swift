@@ -42,12 +42,6 @@ extension PostgresOutboxStore {
         var session: String
         var keyID: [UInt8]
         var index: Int64
-        init(token: String, session: String, keyID: [UInt8], index: Int64) {
-            self.token = token
-            self.session = session
-            self.keyID = keyID
-            self.index = index
-        }
         init(_ r: NewResponse) {
             token = r.pushToken
             session = r.sessionIdentifier
@@ -56,23 +50,29 @@ extension PostgresOutboxStore {
         }
     }
 
-    private static let existingSQL = """
-        SELECT r.id, r.state, r.push_token, r.session_id, r.key_id, r.message_index, r.credential_id FROM responses r
-        JOIN unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[]) AS k(t, s, kid, mi)
-          ON r.push_token = k.t AND r.session_id = k.s AND r.key_id = k.kid AND r.message_index = k.mi
+    /// One probe of the UNIQUE key per looked-up key. LATERAL ... LIMIT 1 cannot be flattened
+    /// into a join, so no cached plan can turn it into a scan of the whole table (a hash join
+    /// planned while the table was small read every row of it on each batch).
+    static let existingSQL = """
+        SELECT k.n, r.id, r.state, r.credential_id
+        FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[]) WITH ORDINALITY AS k(t, s, kid, mi, n)
+        CROSS JOIN LATERAL (
+            SELECT id, state, credential_id FROM responses
+            WHERE push_token = k.t AND session_id = k.s AND key_id = k.kid AND message_index = k.mi LIMIT 1) r
         """
 
-    private static func existing(_ keys: [Key], _ c: PostgresConnection) throws -> [Key: ExistingRow] {
+    /// The stored rows holding these keys, by position in `keys`.
+    private static func existing(_ keys: [Key], _ c: PostgresConnection) throws -> [Int: ExistingRow] {
         guard !keys.isEmpty else { return [:] }
         let rows = try c.query(existingSQL, [
             .textArray(keys.map(\.token)), .textArray(keys.map(\.session)), .bytesArray(keys.map(\.keyID)), .intArray(keys.map(\.index)),
         ])
-        var out: [Key: ExistingRow] = [:]
+        var out: [Int: ExistingRow] = [:]
         for r in rows {
-            guard let id = r[0].string, let state = r[1].string.flatMap(ResponseState.init(rawValue:)),
-                  let t = r[2].string, let s = r[3].string, let k = r[4].bytes, let i = r[5].int, let cred = r[6].string
+            guard let n = r[0].int, n >= 1, n <= keys.count, let id = r[1].string,
+                  let state = r[2].string.flatMap(ResponseState.init(rawValue:)), let cred = r[3].string
             else { throw StoreError.invalid("malformed responses row") }
-            out[Key(token: t, session: s, keyID: k, index: i)] = ExistingRow(id: id, state: state, credentialID: cred)
+            out[Int(n) - 1] = ExistingRow(id: id, state: state, credentialID: cred)
         }
         return out
     }
@@ -127,10 +127,10 @@ extension PostgresOutboxStore {
         var storedAs: [Int: ExistingRow] = [:]  // position -> the row holding its key after the INSERT
         var insertItem: [Int] = []          // position -> item index
         var ids: [String] = [], apps: [String] = [], credIDs: [String] = [], dues: [Int64] = []
-        for (cand, key) in zip(candidates, keys) {
+        for (k, (cand, key)) in zip(candidates, keys).enumerated() {
             let item = items[cand.index]
             let r = item.request.response
-            if let e = found[key] {
+            if let e = found[k] {
                 outcomes[cand.index] = StoreRules.dedupe(e, credentialID: cand.credID)
                 continue
             }
@@ -190,8 +190,8 @@ extension PostgresOutboxStore {
             if !lost.isEmpty {
                 let lostKeys = lost.map { Key(items[insertItem[$0]].request.response) }
                 let now = try Self.existing(lostKeys, c)
-                for (pos, key) in zip(lost, lostKeys) {
-                    guard let e = now[key] else {
+                for (k, pos) in lost.enumerated() {
+                    guard let e = now[k] else {
                         // Inserted and gone again within our statement: let the batch retry.
                         throw StoreError.postgres(sqlState: PGState.serializationFailure, message: "conflicting row vanished", context: "ingest")
                     }
