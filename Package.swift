@@ -30,27 +30,30 @@ let package = Package(
         // MARK: Libraries
         // Hex, base64, UUID text, JSON string escaping and tokens, write-all: once, no Foundation, no C.
         .target(name: "Basics"),
+        // The OpenSSL pieces every module shares: error text, SHA-256, CSPRNG, constant-time
+        // compare and wipe, PEM keys, ES256 (raw r||s), certificates, the P-256 group.
+        .target(name: "OpenSSLSupport", dependencies: ["COpenSSL"]),
         // Apple's Symmetric Key Ratchet, HKDF, AES-GCM, wire codecs.
-        .target(name: "Ratchet", dependencies: ["Basics", "COpenSSL"]),
+        .target(name: "Ratchet", dependencies: ["Basics", "OpenSSLSupport", "COpenSSL"]),
         // Apple's accessory key exchange: ML-KEM-768 (Swift), X-Wing, HPKE (RFC 9180), the derivations.
-        .target(name: "KeyExchange", dependencies: ["Ratchet", "COpenSSL"]),
+        .target(name: "KeyExchange", dependencies: ["Ratchet", "OpenSSLSupport", "COpenSSL"]),
         // Event-loop HTTP/1.1 + HTTP/2 server core (libuv, OpenSSL, nghttp2).
-        .target(name: "HTTPServer", dependencies: ["CUV", "COpenSSL", "CNghttp2", "POSIXThreads"], 
+        .target(name: "HTTPServer", dependencies: ["CUV", "OpenSSLSupport", "COpenSSL", "CNghttp2", "POSIXThreads"], 
                 // Release only: runtime exclusivity checks on class properties cost ~1.7k instructions
                 // per request on the hot path (measured with callgrind); debug builds and tests keep them.
                 swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
         // Named pthreads and a condition variable for modules that must not link Foundation.
         .target(name: "POSIXThreads"),
         // APNs HTTP/2 client (nghttp2 client sessions over OpenSSL), ES256 JWT, result classification.
-        .target(name: "PushClient", dependencies: ["Basics", "CNghttp2", "COpenSSL"]),
+        .target(name: "PushClient", dependencies: ["Basics", "CNghttp2", "OpenSSLSupport", "COpenSSL"]),
         // The APNs look-alike used by tests, benchmarks and users' own tests.
-        .target(name: "MockAPNs", dependencies: ["Basics", "HTTPServer", "POSIXThreads", "Ratchet", "KeyExchange", "PushClient", "COpenSSL"]),
+        .target(name: "MockAPNs", dependencies: ["Basics", "HTTPServer", "POSIXThreads", "Ratchet", "KeyExchange", "PushClient", "OpenSSLSupport", "COpenSSL"]),
         // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API.
-        .target(name: "RelayCore", dependencies: ["Basics", "HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "COpenSSL"]),
+        .target(name: "RelayCore", dependencies: ["Basics", "HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "OpenSSLSupport"]),
 
         // MARK: Executables (thin: parse arguments, start a service)
         .executableTarget(name: "relay-server", dependencies: ["Basics", "RelayCore"], path: "Sources/RelayServer"),
-        .executableTarget(name: "relayctl", dependencies: ["Basics", "RelayCore", "Ratchet", "KeyExchange", "CCurl", "COpenSSL"]),
+        .executableTarget(name: "relayctl", dependencies: ["Basics", "RelayCore", "Ratchet", "KeyExchange", "CCurl", "OpenSSLSupport"]),
         .executableTarget(name: "mock-apns", dependencies: ["MockAPNs"]),
         // Release-built micro-benchmark of the Ratchet module for scripts/bench-ratchet.sh.
         .executableTarget(name: "ratchet-bench", dependencies: ["Ratchet"]),
@@ -67,6 +70,7 @@ let package = Package(
         // Test-only fault injection under SQLite's unix VFS (ENOSPC, EIO, short writes, EINTR).
         .target(name: "CSQLiteFault", dependencies: ["CSQLite"], path: "Tests/CSQLiteFault"),
         .testTarget(name: "BasicsTests", dependencies: ["Basics"]),
+        .testTarget(name: "OpenSSLSupportTests", dependencies: ["OpenSSLSupport"]),
         .testTarget(name: "RatchetTests", dependencies: ["Ratchet", "TestSupport"], exclude: ["Vectors"]),
         .testTarget(name: "KeyExchangeTests", dependencies: ["KeyExchange", "Ratchet", "COpenSSL"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "POSIXThreads", "TestSupport"]),

@@ -1,16 +1,15 @@
 // The OpenSSL wrapper: one `TLSContext` per server (an SSL_CTX, replaced whole on reload), one
 // `TLSSession` (SSL with two memory BIOs) per connection. The loop feeds ciphertext in and takes
-// ciphertext out; OpenSSL never touches the socket. OpenSSL types stay in this file.
+// ciphertext out; OpenSSL never touches the socket. OpenSSL types stay in this file; error text,
+// certificate subjects and the ALPN result come from OpenSSLSupport.
 internal import COpenSSL
+internal import OpenSSLSupport
 import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
 
-private func opensslErrors() -> String {
-    var buf = [CChar](repeating: 0, count: 1024)
-    return cossl_drain_errors(&buf, buf.count) == 0 ? "unknown OpenSSL error" : cArrayString(buf)
-}
+private func opensslErrors() -> String { OpenSSLErrors.drain(ifNone: "unknown OpenSSL error") }
 
 /// The certificate a TLS context serves, for logs (after a start or a reload).
 public struct TLSCertificateSummary: Sendable, Equatable {
@@ -126,12 +125,9 @@ final class TLSContextGeneration: @unchecked Sendable {
     private static func summary(_ cert: OpaquePointer?) -> TLSCertificateSummary {
         var s = TLSCertificateSummary(subject: "", notAfter: "")
         guard let cert else { return s }
-        if let name = X509_get_subject_name(cert), let line = X509_NAME_oneline(name, nil, 0) {
-            s.subject = String(cString: line)
-            cossl_free(line)
-        }
-        var t = tm()
-        if let end = X509_get0_notAfter(cert), ASN1_TIME_to_tm(end, &t) == 1 {
+        let certificate = X509Certificate(retaining: cert)
+        s.subject = certificate.subject ?? ""
+        if let t = certificate.notAfter {
             func two(_ v: Int32) -> String { v < 10 ? "0\(v)" : "\(v)" }
             s.notAfter = "\(t.tm_year + 1900)-\(two(t.tm_mon + 1))-\(two(t.tm_mday))T\(two(t.tm_hour)):\(two(t.tm_min)):\(two(t.tm_sec))Z"
         }
@@ -234,22 +230,12 @@ final class TLSSession {
     }
 
     var info: TLSInfo {
-        var alpn: String?
-        var data: UnsafePointer<UInt8>?
-        var len: UInt32 = 0
-        SSL_get0_alpn_selected(ssl, &data, &len)
-        if let data, len > 0 {
-            alpn = String(decoding: UnsafeBufferPointer(start: data, count: Int(len)), as: UTF8.self)
-        }
+        let alpn = selectedALPN(ssl)
         let version = String(cString: SSL_get_version(ssl))
         let cipher = SSL_get_current_cipher(ssl).map { String(cString: SSL_CIPHER_get_name($0)) } ?? ""
         var subject: String?
         if let cert = SSL_get1_peer_certificate(ssl) {
-            if let name = X509_get_subject_name(cert), let line = X509_NAME_oneline(name, nil, 0) {
-                subject = String(cString: line)
-                cossl_free(line)
-            }
-            X509_free(cert)
+            subject = X509Certificate(owning: cert).subject
         }
         return TLSInfo(alpn: alpn, version: version, cipher: cipher, peerCertificateSubject: subject)
     }

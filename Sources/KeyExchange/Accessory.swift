@@ -1,4 +1,5 @@
 import Ratchet
+internal import OpenSSLSupport
 
 /// Apple's accessory key exchange (AccessoryNotifications / AccessoryTransportSecurity), as the
 /// reference pages in shared/reference describe it. The accessory is the HPKE recipient; the

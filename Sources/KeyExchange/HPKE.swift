@@ -1,4 +1,5 @@
 import Ratchet
+internal import OpenSSLSupport
 
 /// HPKE (RFC 9180) base mode for the two ciphersuites Apple's accessories use,
 /// DHKEM(P-256, HKDF-SHA256) and X-Wing (KEM id 0x647a, as in draft-ietf-hpke-pq and CryptoKit),

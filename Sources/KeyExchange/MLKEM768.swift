@@ -1,4 +1,5 @@
 import Ratchet
+internal import OpenSSLSupport
 
 /// ML-KEM-768 (FIPS 203): key generation from (d, z), encapsulation from m, decapsulation with
 /// implicit rejection. Polynomials are 256 coefficients in [0, q), reduced with Barrett
@@ -68,7 +69,7 @@ public enum MLKEM768 {
 
     /// Encapsulation with fresh randomness.
     public static func encapsulate(encapsulationKey ek: [UInt8]) throws(KeyExchangeError) -> (sharedSecret: SecretKey, ciphertext: [UInt8]) {
-        var m = randomBytes(32)
+        var m = SecureRandom.bytes(32)
         defer { wipe(&m) }
         return try encapsulate(encapsulationKey: ek, m: m)
     }

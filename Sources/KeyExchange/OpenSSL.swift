@@ -1,6 +1,8 @@
-// The only file of this module that touches OpenSSL: SHA-3/SHAKE (EVP), X25519 (EVP_PKEY) and
-// P-256 point arithmetic (EC_POINT). HKDF and the AEADs come from the Ratchet module.
+// The only file of this module that calls OpenSSL directly: SHA-3/SHAKE (EVP), X25519 (EVP_PKEY)
+// and P-256 point arithmetic (EC_POINT). HKDF and the AEADs come from the Ratchet module; error
+// text, the CSPRNG, wiping, constant-time comparison and the P-256 group from OpenSSLSupport.
 internal import COpenSSL
+internal import OpenSSLSupport
 import Ratchet
 
 /// Owns one fetched EVP_MD.
@@ -48,33 +50,7 @@ enum Keccak {
     }
 }
 
-/// Overwrites the array's bytes (OPENSSL_cleanse: not optimised away); bytes and ML-KEM coefficients.
-func wipe<T: BitwiseCopyable>(_ values: inout [T]) {
-    values.withUnsafeMutableBytes { b in
-        if let base = b.baseAddress, b.count > 0 { OPENSSL_cleanse(base, b.count) }
-    }
-}
-
-/// Constant-time equality for equal-length inputs (lengths are public).
-func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
-    guard a.count == b.count else { return false }
-    guard !a.isEmpty else { return true }
-    return a.withUnsafeBytes { pa in b.withUnsafeBytes { pb in CRYPTO_memcmp(pa.baseAddress, pb.baseAddress, a.count) == 0 } }
-}
-
-func randomBytes(_ count: Int) -> [UInt8] {
-    var out = [UInt8](repeating: 0, count: count)
-    let ok = out.withUnsafeMutableBufferPointer { RAND_bytes($0.baseAddress, Int32(count)) }
-    guard ok == 1 else { fatalError("OpenSSL RNG failed") }
-    return out
-}
-
-private func openSSLError(_ operation: String) -> KeyExchangeError {
-    var buffer = [CChar](repeating: 0, count: 512)
-    let n = cossl_drain_errors(&buffer, buffer.count)
-    let text = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    return .openSSL(n == 0 ? "\(operation) failed" : "\(operation): \(text)")
-}
+private func openSSLError(_ operation: String) -> KeyExchangeError { .openSSL(OpenSSLFailure.drained(operation).description) }
 
 // MARK: - X25519 (RFC 7748) through EVP_PKEY
 
@@ -118,13 +94,13 @@ final class X25519Key: @unchecked Sendable {
         defer { EVP_PKEY_CTX_free(ctx) }
         guard EVP_PKEY_derive_init(ctx) == 1 else { throw openSSLError("EVP_PKEY_derive_init(X25519)") }
         guard EVP_PKEY_derive_set_peer(ctx, theirs) == 1 else {
-            _ = openSSLError("")
+            OpenSSLErrors.clear()
             throw .invalidPublicKey(field: peerField)
         }
         var out = [UInt8](repeating: 0, count: Self.length)
         var length = Self.length
         guard out.withUnsafeMutableBufferPointer({ EVP_PKEY_derive(ctx, $0.baseAddress, &length) }) == 1, length == Self.length else {
-            _ = openSSLError("")  // drain: the only input-driven failure is the all-zero result
+            OpenSSLErrors.clear()  // the only input-driven failure is the all-zero result
             throw .invalidPublicKey(field: peerField)
         }
         return out
@@ -178,23 +154,26 @@ enum P256Curve {
         default: throw .invalidLength(field: field, expected: 65, actual: bytes.count)
         }
         guard full[0] == 0x04 else { throw .invalidPublicKey(field: field) }
-        guard let group = EC_GROUP_new_by_curve_name(NID_X9_62_prime256v1) else { throw openSSLError("EC_GROUP_new_by_curve_name") }
-        defer { EC_GROUP_free(group) }
+        let group = try p256Group()
         guard let point = EC_POINT_new(group) else { throw openSSLError("EC_POINT_new") }
         defer { EC_POINT_free(point) }
         // oct2point checks that the point is on the curve.
         guard full.withUnsafeBufferPointer({ EC_POINT_oct2point(group, point, $0.baseAddress, 65, nil) }) == 1 else {
-            _ = openSSLError("")
+            OpenSSLErrors.clear()
             throw .invalidPublicKey(field: field)
         }
         return full
     }
 
+    private static func p256Group() throws(KeyExchangeError) -> OpaquePointer {
+        guard let group = P256Group.shared else { throw .openSSL("EC_GROUP_new_by_curve_name(P-256) failed") }
+        return group.handle
+    }
+
     private static func multiply(scalar: [UInt8], point: [UInt8]?, scalarField: String, pointField: String) throws(KeyExchangeError) -> [UInt8] {
         try checkLength(scalar, scalarLength, scalarField)
         guard isValidScalar(scalar) else { throw .invalidPrivateKey(field: scalarField) }
-        guard let group = EC_GROUP_new_by_curve_name(NID_X9_62_prime256v1) else { throw openSSLError("EC_GROUP_new_by_curve_name") }
-        defer { EC_GROUP_free(group) }
+        let group = try p256Group()
         guard let bn = scalar.withUnsafeBufferPointer({ BN_bin2bn($0.baseAddress, Int32(scalarLength), nil) }) else { throw openSSLError("BN_bin2bn") }
         defer { BN_clear_free(bn) }
         BN_set_flags(bn, BN_FLG_CONSTTIME)
@@ -205,7 +184,7 @@ enum P256Curve {
             guard let peer = EC_POINT_new(group) else { throw openSSLError("EC_POINT_new") }
             defer { EC_POINT_free(peer) }
             guard full.withUnsafeBufferPointer({ EC_POINT_oct2point(group, peer, $0.baseAddress, 65, nil) }) == 1 else {
-                _ = openSSLError("")
+                OpenSSLErrors.clear()
                 throw .invalidPublicKey(field: pointField)
             }
             guard EC_POINT_mul(group, result, nil, peer, bn, nil) == 1 else { throw openSSLError("EC_POINT_mul") }

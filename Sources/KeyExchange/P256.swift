@@ -1,4 +1,5 @@
 import Ratchet
+internal import OpenSSLSupport
 
 /// A P-256 key-agreement private key in CryptoKit's representations: rawRepresentation is the
 /// 32-byte scalar; the public key's rawRepresentation is x || y (64 bytes) and its
@@ -17,7 +18,7 @@ public final class P256PrivateKey: Sendable {
 
     public static func generate() -> P256PrivateKey {
         while true {
-            var raw = randomBytes(32)
+            var raw = SecureRandom.bytes(32)
             defer { wipe(&raw) }
             if let key = try? P256PrivateKey(rawRepresentation: raw) { return key }
         }

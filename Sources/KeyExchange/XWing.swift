@@ -1,4 +1,5 @@
 import Ratchet
+internal import OpenSSLSupport
 
 /// X-Wing (draft-connolly-cfrg-xwing-kem, the version of the vectors in shared/vectors/kex and of
 /// CryptoKit's XWingMLKEM768X25519): ML-KEM-768 + X25519 with a SHA3-256 combiner.
@@ -52,7 +53,7 @@ public enum XWing {
 
         /// A fresh key pair from OpenSSL's RNG.
         public static func generate() -> PrivateKey {
-            var seed = randomBytes(seedLength)
+            var seed = SecureRandom.bytes(seedLength)
             defer { wipe(&seed) }
             // A 32-byte seed always expands (X25519 accepts every 32-byte scalar).
             return try! PrivateKey(seed: seed)
@@ -62,7 +63,7 @@ public enum XWing {
     /// Encapsulate(pk) with eseed = m || ek_X (EncapsulateDerand; random when nil).
     public static func encapsulate(publicKey pk: [UInt8], encapsulationSeed: [UInt8]? = nil) throws(KeyExchangeError) -> (sharedSecret: SecretKey, ciphertext: [UInt8]) {
         try checkLength(pk, publicKeyLength, "publicKey")
-        var eseed = encapsulationSeed ?? randomBytes(encapsulationSeedLength)
+        var eseed = encapsulationSeed ?? SecureRandom.bytes(encapsulationSeedLength)
         defer { wipe(&eseed) }
         try checkLength(eseed, encapsulationSeedLength, "encapsulationSeed")
         let pkM = Array(pk[0..<MLKEM768.encapsulationKeyLength])

@@ -1,7 +1,8 @@
 // The only file of MockAPNs that touches OpenSSL: EC P-256 keys, ES256 verify (and sign, for
 // tests and users minting JWTs against the mock), and a throwaway CA + server certificate.
-// OpenSSL types never leave this file; each C handle has one owner class that frees it.
+// Keys, ES256 and error text come from OpenSSLSupport; the certificate builder is the mock's own.
 internal import COpenSSL
+internal import OpenSSLSupport
 import Foundation
 
 /// An OpenSSL failure with OpenSSL's own message.
@@ -10,153 +11,65 @@ public struct MockCryptoError: Error, CustomStringConvertible, Equatable {
     public let message: String
     public var description: String { "\(operation): \(message)" }
 
-    static func openssl(_ operation: String) -> MockCryptoError {
-        var buffer = [CChar](repeating: 0, count: 1024)
-        guard cossl_drain_errors(&buffer, buffer.count) > 0 else { return MockCryptoError(operation: operation, message: "failed") }
-        let text = buffer.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
-        return MockCryptoError(operation: operation, message: text)
+    static func openssl(_ operation: String) -> MockCryptoError { MockCryptoError(.drained(operation)) }
+
+    init(operation: String, message: String) {
+        self.operation = operation
+        self.message = message
     }
+
+    init(_ failure: OpenSSLFailure) { self.init(operation: failure.operation, message: failure.detail ?? "failed") }
 }
 
-/// Owns one `EVP_PKEY` (EC P-256, public or private).
-///
-/// `@unchecked Sendable`: the handle is never mutated after init; OpenSSL 3 documents
-/// EVP_PKEY as safe for concurrent read-only use (verify/sign each make their own EVP_MD_CTX).
-public final class ECKey: @unchecked Sendable {
-    fileprivate let pkey: OpaquePointer
+/// Runs `body`, reporting an OpenSSL failure as the mock's error.
+private func mockCrypto<T>(_ body: () throws(OpenSSLFailure) -> T) throws(MockCryptoError) -> T {
+    do throws(OpenSSLFailure) { return try body() } catch { throw MockCryptoError(error) }
+}
 
-    private init(owning pkey: OpaquePointer) throws {
-        self.pkey = pkey
-        guard EVP_PKEY_get_base_id(pkey) == EVP_PKEY_EC else {
+/// An EC P-256 key, public or private.
+public final class ECKey: Sendable {
+    fileprivate let key: AsymmetricKey
+
+    private init(_ key: AsymmetricKey) throws {
+        self.key = key
+        guard key.typeName == "EC" else {
             throw MockCryptoError(operation: "load key", message: "not an EC key (ES256 needs P-256)")
         }
-        var name = [CChar](repeating: 0, count: 64)
-        var length = 0
-        guard EVP_PKEY_get_group_name(pkey, &name, name.count, &length) == 1 else {
-            throw MockCryptoError.openssl("EVP_PKEY_get_group_name")
-        }
-        let group = name.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
-        guard group == "prime256v1" || group == "P-256" else {
-            throw MockCryptoError(operation: "load key", message: "EC curve \(group), ES256 needs P-256")
+        guard let curve = key.curveName else { throw MockCryptoError.openssl("EVP_PKEY_get_group_name") }
+        guard key.isP256 else {
+            throw MockCryptoError(operation: "load key", message: "EC curve \(curve), ES256 needs P-256")
         }
     }
-
-    deinit { EVP_PKEY_free(pkey) }
 
     /// A fresh P-256 key pair.
     public static func generateP256() throws -> ECKey {
-        guard let ctx = EVP_PKEY_CTX_new_from_name(nil, "EC", nil) else {
-            throw MockCryptoError.openssl("EVP_PKEY_CTX_new_from_name")
-        }
-        defer { EVP_PKEY_CTX_free(ctx) }
-        guard EVP_PKEY_keygen_init(ctx) == 1 else { throw MockCryptoError.openssl("EVP_PKEY_keygen_init") }
-        guard EVP_PKEY_CTX_set_group_name(ctx, "P-256") == 1 else {
-            throw MockCryptoError.openssl("EVP_PKEY_CTX_set_group_name")
-        }
-        var pkey: OpaquePointer? = nil
-        guard EVP_PKEY_generate(ctx, &pkey) == 1, let pkey else { throw MockCryptoError.openssl("EVP_PKEY_generate") }
-        return try ECKey(owning: pkey)
+        try ECKey(mockCrypto { () throws(OpenSSLFailure) in try AsymmetricKey.generateP256() })
     }
 
     /// Loads a PEM private key (an Apple `.p8` is PKCS#8 "BEGIN PRIVATE KEY") or a PEM public key
     /// ("BEGIN PUBLIC KEY").
     public convenience init(pem: String) throws {
-        let bytes = Array(pem.utf8)
         let isPublic = pem.contains("BEGIN PUBLIC KEY")
-        let loaded: OpaquePointer? = bytes.withUnsafeBytes { raw -> OpaquePointer? in
-            // BIO_new_mem_buf does not copy: the BIO lives only inside this closure.
-            guard let bio = BIO_new_mem_buf(raw.baseAddress, Int32(raw.count)) else { return nil }
-            defer { BIO_free(bio) }
-            return isPublic ? PEM_read_bio_PUBKEY(bio, nil, nil, nil) : PEM_read_bio_PrivateKey(bio, nil, nil, nil)
-        }
-        guard let loaded else {
-            throw MockCryptoError.openssl(isPublic ? "PEM_read_bio_PUBKEY" : "PEM_read_bio_PrivateKey")
-        }
-        try self.init(owning: loaded)
+        try self.init(mockCrypto { () throws(OpenSSLFailure) in
+            isPublic ? try AsymmetricKey(publicKeyPEM: pem) : try AsymmetricKey(privateKeyPEM: pem)
+        })
     }
 
     /// PKCS#8 PEM of the private key (the `.p8` format Apple hands out).
-    public func privateKeyPEM() throws -> String {
-        try withMemoryBIO("PEM_write_bio_PrivateKey") { PEM_write_bio_PrivateKey($0, pkey, nil, nil, 0, nil, nil) }
-    }
+    public func privateKeyPEM() throws -> String { try mockCrypto { () throws(OpenSSLFailure) in try key.privateKeyPEM() } }
 
     /// SubjectPublicKeyInfo PEM of the public key.
-    public func publicKeyPEM() throws -> String {
-        try withMemoryBIO("PEM_write_bio_PUBKEY") { PEM_write_bio_PUBKEY($0, pkey) }
-    }
+    public func publicKeyPEM() throws -> String { try mockCrypto { () throws(OpenSSLFailure) in try key.publicKeyPEM() } }
 
     /// ES256 verification of a JWS signature given as raw r||s (64 bytes).
     public func verifyES256(signature rs: [UInt8], message: [UInt8]) throws -> Bool {
-        guard rs.count == 64 else { return false }
-        guard let sig = ECDSA_SIG_new() else { throw MockCryptoError.openssl("ECDSA_SIG_new") }
-        defer { ECDSA_SIG_free(sig) }
-        let r = rs[0..<32].withUnsafeBufferPointer { BN_bin2bn($0.baseAddress, 32, nil) }
-        let s = rs[32..<64].withUnsafeBufferPointer { BN_bin2bn($0.baseAddress, 32, nil) }
-        guard let r, let s else {
-            BN_free(r); BN_free(s)
-            throw MockCryptoError.openssl("BN_bin2bn")
-        }
-        guard ECDSA_SIG_set0(sig, r, s) == 1 else {  // takes ownership of r and s only on success
-            BN_free(r); BN_free(s)
-            throw MockCryptoError.openssl("ECDSA_SIG_set0")
-        }
-        var der: UnsafeMutablePointer<UInt8>? = nil
-        let derLength = i2d_ECDSA_SIG(sig, &der)
-        guard derLength > 0, let der else { throw MockCryptoError.openssl("i2d_ECDSA_SIG") }
-        defer { cossl_free(der) }
-
-        guard let ctx = EVP_MD_CTX_new() else { throw MockCryptoError.openssl("EVP_MD_CTX_new") }
-        defer { EVP_MD_CTX_free(ctx) }
-        guard EVP_DigestVerifyInit(ctx, nil, EVP_sha256(), nil, pkey) == 1 else {
-            throw MockCryptoError.openssl("EVP_DigestVerifyInit")
-        }
-        let result = message.withUnsafeBufferPointer {
-            EVP_DigestVerify(ctx, der, Int(derLength), $0.baseAddress, $0.count)
-        }
-        // 1 = valid, 0 = bad signature; anything else is an error (for example malformed DER).
-        ERR_clear_error()
-        return result == 1
+        try mockCrypto { () throws(OpenSSLFailure) in try key.verifyES256(signature: rs, message: message) }
     }
 
     /// ES256 signature as raw r||s (64 bytes), the JWS form.
     public func signES256(message: [UInt8]) throws -> [UInt8] {
-        guard let ctx = EVP_MD_CTX_new() else { throw MockCryptoError.openssl("EVP_MD_CTX_new") }
-        defer { EVP_MD_CTX_free(ctx) }
-        guard EVP_DigestSignInit(ctx, nil, EVP_sha256(), nil, pkey) == 1 else {
-            throw MockCryptoError.openssl("EVP_DigestSignInit")
-        }
-        var length = 0
-        guard message.withUnsafeBufferPointer({ EVP_DigestSign(ctx, nil, &length, $0.baseAddress, $0.count) }) == 1 else {
-            throw MockCryptoError.openssl("EVP_DigestSign")
-        }
-        var der = [UInt8](repeating: 0, count: length)
-        guard message.withUnsafeBufferPointer({ EVP_DigestSign(ctx, &der, &length, $0.baseAddress, $0.count) }) == 1 else {
-            throw MockCryptoError.openssl("EVP_DigestSign")
-        }
-        let parsed: OpaquePointer? = der.withUnsafeBufferPointer { buffer in
-            var cursor: UnsafePointer<UInt8>? = buffer.baseAddress
-            return d2i_ECDSA_SIG(nil, &cursor, length)
-        }
-        guard let parsed else { throw MockCryptoError.openssl("d2i_ECDSA_SIG") }
-        defer { ECDSA_SIG_free(parsed) }
-        var out = [UInt8](repeating: 0, count: 64)
-        guard BN_bn2binpad(ECDSA_SIG_get0_r(parsed), &out, 32) == 32 else { throw MockCryptoError.openssl("BN_bn2binpad") }
-        let sWritten = out.withUnsafeMutableBufferPointer { BN_bn2binpad(ECDSA_SIG_get0_s(parsed), $0.baseAddress! + 32, 32) }
-        guard sWritten == 32 else { throw MockCryptoError.openssl("BN_bn2binpad") }
-        return out
+        try mockCrypto { () throws(OpenSSLFailure) in try key.signES256(message) }
     }
-}
-
-/// Runs `write` against a fresh memory BIO and returns what was written as a string.
-private func withMemoryBIO(_ operation: String, _ write: (OpaquePointer) -> Int32) throws -> String {
-    guard let bio = BIO_new(BIO_s_mem()) else { throw MockCryptoError.openssl("BIO_new") }
-    defer { BIO_free(bio) }
-    guard write(bio) == 1 else { throw MockCryptoError.openssl(operation) }
-    let pending = Int(BIO_ctrl_pending(bio))
-    var bytes = [UInt8](repeating: 0, count: pending)
-    let read = BIO_read(bio, &bytes, Int32(pending))
-    guard read == Int32(pending) else { throw MockCryptoError.openssl("BIO_read") }
-    return String(decoding: bytes, as: UTF8.self)
 }
 
 /// Owns one `X509` being built.
@@ -178,7 +91,7 @@ private final class Certificate {
               X509_gmtime_adj(X509_getm_notAfter(x509), notAfter) != nil else {
             throw MockCryptoError.openssl("X509_gmtime_adj")
         }
-        guard X509_set_pubkey(x509, publicKey.pkey) == 1 else { throw MockCryptoError.openssl("X509_set_pubkey") }
+        guard X509_set_pubkey(x509, publicKey.key.handle) == 1 else { throw MockCryptoError.openssl("X509_set_pubkey") }
         guard let name = X509_get_subject_name(x509),
               uid.map({ X509_NAME_add_entry_by_txt(name, "UID", MBSTRING_ASC, $0, -1, -1, 0) }) ?? 1 == 1,
               X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC, "mock-apns", -1, -1, 0) == 1,
@@ -203,11 +116,11 @@ private final class Certificate {
         guard X509_set_issuer_name(x509, X509_get_subject_name(issuer.x509)) == 1 else {
             throw MockCryptoError.openssl("X509_set_issuer_name")
         }
-        guard X509_sign(x509, key.pkey, EVP_sha256()) > 0 else { throw MockCryptoError.openssl("X509_sign") }
+        guard X509_sign(x509, key.key.handle, EVP_sha256()) > 0 else { throw MockCryptoError.openssl("X509_sign") }
     }
 
     func pem() throws -> String {
-        try withMemoryBIO("PEM_write_bio_X509") { PEM_write_bio_X509($0, x509) }
+        try mockCrypto { () throws(OpenSSLFailure) in try withMemoryBIO("PEM_write_bio_X509") { PEM_write_bio_X509($0, x509) } }
     }
 }
 

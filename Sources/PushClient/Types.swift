@@ -1,6 +1,7 @@
 // Public value types of the APNs client: where to connect, how to authenticate, what to send.
 import Basics
 import FoundationEssentials
+internal import OpenSSLSupport
 
 public enum APNsEnvironment: Sendable, Equatable {
     case production, sandbox
@@ -48,14 +49,14 @@ public enum PushClientError: Error, Equatable, CustomStringConvertible {
 public struct TokenKey: Sendable {
     public let keyID: String
     public let teamID: String
-    let signingKey: ES256SigningKey
+    let signingKey: AsymmetricKey
 
     public init(p8PEM: String, keyID: String, teamID: String) throws {
         try Self.checkIdentifier(keyID, field: "keyID")
         try Self.checkIdentifier(teamID, field: "teamID")
         self.keyID = keyID
         self.teamID = teamID
-        self.signingKey = try ES256SigningKey(pem: p8PEM)
+        self.signingKey = try ProviderToken.signingKey(pem: p8PEM)
     }
 
     public init(p8Path: String, keyID: String, teamID: String) throws {

@@ -1,3 +1,5 @@
+internal import OpenSSLSupport
+
 /// The RFC 5116 AEADs HPKE names (RFC 9180 section 7.3), on the same EVP code as `AESGCM`: the
 /// caller gives the nonce and gets ciphertext || tag back (HPKE builds its own nonces).
 /// AES-256-GCM is the accessory ciphersuites' AEAD; the other two exist for the published HPKE
@@ -49,7 +51,7 @@ public enum AEADCipher: Sendable, Equatable {
             }
         }
         guard ok else {
-            plaintext.withUnsafeMutableBytes { LibCrypto.cleanse($0) }
+            plaintext.withUnsafeMutableBytes { wipe($0) }
             throw RatchetError.authenticationFailed
         }
         return plaintext

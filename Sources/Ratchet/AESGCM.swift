@@ -1,3 +1,5 @@
+internal import OpenSSLSupport
+
 /// AES-256-GCM with CryptoKit's "combined" sealed-box layout: nonce(12) || ciphertext || tag(16).
 public enum AESGCM {
     public static let nonceLength = 12
@@ -18,7 +20,7 @@ public enum AESGCM {
             if let nonce {
                 nonceOut.copyBytes(from: nonce)
             } else {
-                try LibCrypto.randomBytes(into: nonceOut)
+                do throws(OpenSSLFailure) { try SecureRandom.fillChecked(nonceOut) } catch { throw RatchetError.openSSL(error.description) }
             }
             try key.withUnsafeBytes { k in
                 try plaintext.withUnsafeBytes { p in
@@ -55,7 +57,7 @@ public enum AESGCM {
             }
         }
         guard ok else {
-            plaintext.withUnsafeMutableBytes { LibCrypto.cleanse($0) }
+            plaintext.withUnsafeMutableBytes { wipe($0) }
             throw RatchetError.authenticationFailed
         }
         return plaintext

@@ -1,6 +1,8 @@
-// The only file of this module that touches OpenSSL. Everything C (EVP_* handles, return codes,
-// the error queue) stays here; the rest of the module sees Swift buffers and `RatchetError`.
+// The only file of this module that touches OpenSSL: HKDF and the AEADs. Everything C (EVP_*
+// handles, return codes) stays here; the rest of the module sees Swift buffers and `RatchetError`.
+// Error text, the CSPRNG, wiping and constant-time comparison come from OpenSSLSupport.
 internal import COpenSSL
+internal import OpenSSLSupport
 
 /// Thin, checked wrappers over libcrypto. Each function turns a failed return code into
 /// `RatchetError.openSSL` carrying OpenSSL's own message.
@@ -11,38 +13,8 @@ enum LibCrypto {
 
     // MARK: Errors
 
-    /// Drains this thread's OpenSSL error queue and describes its oldest entry.
-    static func error(_ operation: String) -> RatchetError {
-        let first = ERR_get_error()
-        while ERR_get_error() != 0 {}
-        guard first != 0 else { return .openSSL("\(operation) failed") }
-        var buffer = [CChar](repeating: 0, count: 256)
-        ERR_error_string_n(first, &buffer, buffer.count)
-        let text = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-        return .openSSL("\(operation): \(text)")
-    }
-
-    // MARK: Memory hygiene
-
-    static func cleanse(_ buffer: UnsafeMutableRawBufferPointer) {
-        guard let base = buffer.baseAddress, buffer.count > 0 else { return }
-        OPENSSL_cleanse(base, buffer.count)
-    }
-
-    /// Constant-time for equal lengths; lengths are not secret.
-    static func constantTimeEqual(_ a: UnsafeRawBufferPointer, _ b: UnsafeRawBufferPointer) -> Bool {
-        guard a.count == b.count else { return false }
-        guard a.count > 0, let pa = a.baseAddress, let pb = b.baseAddress else { return true }
-        return CRYPTO_memcmp(pa, pb, a.count) == 0
-    }
-
-    static func randomBytes(into buffer: UnsafeMutableRawBufferPointer) throws(RatchetError) {
-        guard let base = buffer.baseAddress, buffer.count > 0 else { return }
-        guard buffer.count <= Int(Int32.max) else { throw .openSSL("RAND_bytes: request too large") }
-        guard RAND_bytes(base.assumingMemoryBound(to: UInt8.self), Int32(buffer.count)) == 1 else {
-            throw error("RAND_bytes")
-        }
-    }
+    /// Drains this thread's OpenSSL error queue into a failure of `operation`.
+    static func error(_ operation: String) -> RatchetError { .openSSL(OpenSSLFailure.drained(operation).description) }
 
     // MARK: SHA-384
 
@@ -157,7 +129,7 @@ enum LibCrypto {
         guard tagOK == 1 else { throw error("EVP_CIPHER_CTX_ctrl(SET_TAG)") }
         let final = EVP_DecryptFinal_ex(ctx.handle, out.map { $0 + written }, &length)
         guard final > 0 else {
-            while ERR_get_error() != 0 {}  // a tag mismatch is an answer, not a library failure
+            OpenSSLErrors.clear()  // a tag mismatch is an answer, not a library failure
             return false
         }
         return true

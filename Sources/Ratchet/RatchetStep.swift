@@ -1,3 +1,5 @@
+internal import OpenSSLSupport
+
 /// The HKDF info prefix of a ratchet step (UTF-8, no terminator). The 4-byte little-endian
 /// message index follows it.
 public let ratchetInfoPrefix: [UInt8] = Array("AccessoryTransportSecurity-RatchetKeys-".utf8)
@@ -30,7 +32,7 @@ public func ratchetStep(chainKey: SecretKey, messageIndex: UInt32) -> (messageKe
         }
         messageKey.copyMemory(from: UnsafeRawBufferPointer(rebasing: okm[0..<32]))
         nextChainKey.copyMemory(from: UnsafeRawBufferPointer(rebasing: okm[32..<64]))
-        LibCrypto.cleanse(okm)
+        wipe(okm)
     }
     return (SecretKey(adopting: messageKey), SecretKey(adopting: nextChainKey))
 }

@@ -1,3 +1,5 @@
+internal import OpenSSLSupport
+
 /// Opaque symmetric key bytes, in the spirit of CryptoKit's `SymmetricKey`.
 ///
 /// The bytes live in memory this object owns and are overwritten with zeros (OPENSSL_cleanse)
@@ -20,11 +22,7 @@ public final class SecretKey: @unchecked Sendable, Equatable, CustomStringConver
     public init(random count: Int = 32) {
         precondition(count >= 0, "SecretKey(random:) needs a non-negative count")
         storage = UnsafeMutableRawBufferPointer.allocate(byteCount: count, alignment: 16)
-        do {
-            try LibCrypto.randomBytes(into: storage)
-        } catch {
-            fatalError("OpenSSL RNG failed: \(error)")
-        }
+        SecureRandom.fill(storage)
     }
 
     /// Takes ownership of bytes already written into `storage` (used by derivations that write
@@ -34,7 +32,7 @@ public final class SecretKey: @unchecked Sendable, Equatable, CustomStringConver
     }
 
     deinit {
-        LibCrypto.cleanse(storage)
+        wipe(storage)
         storage.deallocate()
     }
 
@@ -45,7 +43,7 @@ public final class SecretKey: @unchecked Sendable, Equatable, CustomStringConver
     }
 
     public static func == (lhs: SecretKey, rhs: SecretKey) -> Bool {
-        LibCrypto.constantTimeEqual(UnsafeRawBufferPointer(lhs.storage), UnsafeRawBufferPointer(rhs.storage))
+        constantTimeEqual(UnsafeRawBufferPointer(lhs.storage), UnsafeRawBufferPointer(rhs.storage))
     }
 
     public var description: String { "SecretKey(\(count) bytes)" }

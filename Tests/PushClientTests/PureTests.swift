@@ -246,6 +246,12 @@ import Testing
         #expect(throws: PushClientError.invalidKey("APNs keys are P-256 EC keys")) {
             try TokenKey(p8Path: rsa, keyID: "K", teamID: "T")
         }
+        // A 256-bit EC key on another curve is no ES256 key either (it used to pass a bits == 256 check).
+        let k1 = dir.file("secp256k1.pem")
+        _ = try run("openssl", ["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:secp256k1", "-out", k1])
+        #expect(throws: PushClientError.invalidKey("APNs keys are P-256 EC keys")) {
+            try TokenKey(p8Path: k1, keyID: "K", teamID: "T")
+        }
         let (p8, _) = try makeP8(in: dir)
         #expect(throws: PushClientError.self) { try TokenKey(p8Path: p8, keyID: "bad\"id", teamID: "T") }
         #expect(throws: PushClientError.self) { try TokenKey(p8Path: dir.file("missing.p8"), keyID: "K", teamID: "T") }

@@ -1,32 +1,19 @@
-// The only file in RelayCore that calls OpenSSL: SHA-256 for credential hashes and the CSPRNG
+// RelayCore's crypto entry points over OpenSSLSupport: SHA-256 for credential hashes, the CSPRNG
 // for credential secrets and response ids.
 import Basics
 import FoundationEssentials
 import Synchronization
-internal import COpenSSL
+internal import OpenSSLSupport
 
 public enum RelayCrypto {
-    public static func sha256(_ bytes: some Collection<UInt8>) -> [UInt8] {
-        if let digest = bytes.withContiguousStorageIfAvailable({ sha256(UnsafeRawBufferPointer($0)) }) { return digest }
-        return Array(bytes).withUnsafeBytes { sha256($0) }
-    }
+    public static func sha256(_ bytes: some Collection<UInt8>) -> [UInt8] { SHA256.hash(bytes) }
 
     /// The ingest path hashes every request's bearer straight from the header bytes.
-    public static func sha256(_ bytes: UnsafeRawBufferPointer) -> [UInt8] {
-        [UInt8](unsafeUninitializedCapacity: 32) { out, count in
-            cossl_sha256(bytes.baseAddress, bytes.count, out.baseAddress)
-            count = 32
-        }
-    }
+    public static func sha256(_ bytes: UnsafeRawBufferPointer) -> [UInt8] { SHA256.hash(bytes) }
 
     /// Cryptographically random bytes (RAND_bytes); traps if the CSPRNG is unavailable,
     /// because continuing would mint guessable credentials.
-    public static func randomBytes(_ count: Int) -> [UInt8] {
-        var out = [UInt8](repeating: 0, count: count)
-        let rc = out.withUnsafeMutableBytes { RAND_bytes($0.baseAddress?.assumingMemoryBound(to: UInt8.self), Int32(count)) }
-        precondition(rc == 1, "RAND_bytes failed")
-        return out
-    }
+    public static func randomBytes(_ count: Int) -> [UInt8] { SecureRandom.bytes(count) }
 
     /// Random bytes for identifiers (response ids, request ids) from a 4 KiB buffer refilled
     /// by RAND_bytes: one RAND_bytes call per request cost ~6.5k instructions (DRBG locking and
@@ -36,8 +23,7 @@ public enum RelayCrypto {
         precondition(count <= IDPool.size)
         return idPool.withLock { pool in
             if pool.used + count > IDPool.size {
-                let rc = pool.bytes.withUnsafeMutableBytes { RAND_bytes($0.baseAddress?.assumingMemoryBound(to: UInt8.self), Int32(IDPool.size)) }
-                precondition(rc == 1, "RAND_bytes failed")
+                pool.bytes.withUnsafeMutableBytes { SecureRandom.fill($0) }
                 pool.used = 0
             }
             defer { pool.used += count }
@@ -51,8 +37,7 @@ public enum RelayCrypto {
         let digits: StaticString = "0123456789abcdef"
         return idPool.withLock { pool in
             if pool.used + 8 > IDPool.size {
-                let rc = pool.bytes.withUnsafeMutableBytes { RAND_bytes($0.baseAddress?.assumingMemoryBound(to: UInt8.self), Int32(IDPool.size)) }
-                precondition(rc == 1, "RAND_bytes failed")
+                pool.bytes.withUnsafeMutableBytes { SecureRandom.fill($0) }
                 pool.used = 0
             }
             let start = pool.used
@@ -77,12 +62,7 @@ public enum RelayCrypto {
     private static let idPool = Mutex(IDPool())
 
     /// Compares without an early exit so the time does not depend on where bytes differ.
-    public static func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
-        guard a.count == b.count else { return false }
-        var diff: UInt8 = 0
-        for i in 0..<a.count { diff |= a[i] ^ b[i] }
-        return diff == 0
-    }
+    public static func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool { OpenSSLSupport.constantTimeEqual(a, b) }
 
     /// A random version-4 UUID, lowercase (APNs echoes apns-id lowercase).
     public static func uuidV4() -> String {

@@ -3,6 +3,7 @@
 // loader, so "check-config passes" and "relay-server accepts the config" cannot disagree.
 import Foundation
 import RelayCore
+internal import OpenSSLSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -194,7 +195,7 @@ enum CheckConfigCommand {
             return
         }
         do {
-            if isPKCS12Path(certificate) {
+            if PKCS12File.isPKCS12Path(certificate) {
                 if try KeyMaterial.keyMatchesCertificate(certificatePath: certificate, keyPath: key, passphrase: passphrase) {
                     checks.ok("\(subject) key", "the key inside \(certificate) matches its certificate")
                 } else {

@@ -1,0 +1,78 @@
+import Testing
+@testable import OpenSSLSupport
+
+@Suite struct OpenSSLSupportTests {
+    @Test("SHA-256: FIPS 180-2 vectors, from a buffer and from a non-contiguous collection")
+    func sha256() {
+        let hex: ([UInt8]) -> String = { $0.map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined() }
+        #expect(hex(SHA256.hash(Array("abc".utf8))) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+        #expect(hex(SHA256.hash(repeatElement(UInt8(ascii: "a"), count: 1_000_000)))
+                == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0")
+        #expect(hex(SHA256.hash([UInt8]())) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+    }
+
+    @Test func constantTimeEqualAndWipe() {
+        #expect(constantTimeEqual([1, 2, 3], [1, 2, 3]))
+        #expect(!constantTimeEqual([1, 2, 3], [1, 2, 4]))
+        #expect(!constantTimeEqual([1, 2, 3], [1, 2]))
+        #expect(constantTimeEqual([], []))
+        var secret: [UInt8] = [9, 9, 9]
+        wipe(&secret)
+        #expect(secret == [0, 0, 0])
+    }
+
+    @Test func randomBytesDiffer() {
+        let a = SecureRandom.bytes(32), b = SecureRandom.bytes(32)
+        #expect(a.count == 32 && a != b)
+        #expect(SecureRandom.bytes(0).isEmpty)
+    }
+
+    @Test("ES256: raw r||s signatures verify, a flipped bit or another key does not, PEM round-trips")
+    func es256() throws {
+        let key = try AsymmetricKey.generateP256()
+        #expect(key.isP256 && key.typeName == "EC" && key.bits == 256)
+        let message = Array("header.claims".utf8)
+        let signature = try key.signES256(message)
+        #expect(signature.count == 64)
+        #expect(try key.verifyES256(signature: signature, message: message))
+        var flipped = signature
+        flipped[10] ^= 1
+        #expect(try !key.verifyES256(signature: flipped, message: message))
+        #expect(try !key.verifyES256(signature: Array(signature.prefix(63)), message: message))
+        #expect(try !AsymmetricKey.generateP256().verifyES256(signature: signature, message: message))
+        let publicOnly = try AsymmetricKey(publicKeyPEM: key.publicKeyPEM())
+        #expect(try publicOnly.verifyES256(signature: signature, message: message))
+        let reloaded = try AsymmetricKey(privateKeyPEM: key.privateKeyPEM())
+        #expect(try key.verifyES256(signature: reloaded.signES256(message), message: message))
+        // DER and raw forms convert both ways.
+        let der = try ES256Signature.der(fromRaw: signature)
+        #expect(try ES256Signature.raw(fromDER: der, count: der.count) == signature)
+    }
+
+    @Test("A failure carries OpenSSL's own words, and leaves the error queue empty")
+    func failuresDrainTheQueue() {
+        #expect(throws: OpenSSLFailure.self) { try AsymmetricKey(privateKeyPEM: "not a key") }
+        do {
+            _ = try AsymmetricKey(privateKeyPEM: "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+            Issue.record("a garbage key loaded")
+        } catch {
+            #expect(error.operation == "PEM_read_bio_PrivateKey")
+            #expect(error.detail?.isEmpty == false)
+            #expect(error.description.hasPrefix("PEM_read_bio_PrivateKey: error:"))
+        }
+        #expect(OpenSSLErrors.drain(ifNone: "empty") == "empty")
+        #expect(OpenSSLFailure(operation: "X", detail: nil).description == "X failed")
+        #expect(throws: OpenSSLFailure.self) { try X509Certificate(pemFile: "/nonexistent/cert.pem") }
+        #expect(OpenSSLErrors.drain() == "")
+    }
+
+    @Test func pkcs12PathsAndTheP256Group() {
+        #expect(PKCS12File.isPKCS12Path("a/b.P12") && PKCS12File.isPKCS12Path("x.pfx"))
+        #expect(!PKCS12File.isPKCS12Path("x.pem") && !PKCS12File.isPKCS12Path("p12"))
+        #expect(P256Group.shared != nil)
+        #expect(P256Group.shared === P256Group.shared)
+        if case .cannotOpen? = { () -> PKCS12File.Failure? in
+            do throws(PKCS12File.Failure) { _ = try PKCS12File.read(path: "/nonexistent.p12", passphrase: nil); return nil } catch { return error }
+        }() {} else { Issue.record("a missing .p12 is not .cannotOpen") }
+    }
+}
