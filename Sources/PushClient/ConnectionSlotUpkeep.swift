@@ -1,0 +1,133 @@
+// Connection management on the slot thread: deadlines, PINGs, replacing dead or retired
+// connections, and collecting what each connection's session reported.
+import FoundationEssentials
+
+extension ConnectionSlot {
+    /// Pushes whose deadline passed: queued ones complete, in-flight ones are reset.
+    func expire(_ now: ContinuousClock.Instant) {
+        if queueHead < queue.count, queue[queueHead...].contains(where: { $0.deadline <= now }) {
+            var kept: [PendingPush] = []
+            var expired: [PendingPush] = []
+            for p in queue[queueHead...] { if p.deadline <= now { expired.append(p) } else { kept.append(p) } }
+            do {
+                queue = kept
+                queueHead = 0
+                let why = current.map { $0.wasReady ? "waiting for a free stream" : "still connecting to \(shared.endpoint.authority)" }
+                    ?? "no connection"
+                for p in expired { complete(p, .transportFailure("timeout: request timed out before it could be sent (\(why))")) }
+            }
+        }
+        guard now >= earliestStreamDeadline else { return }
+        var earliest = now + .seconds(86_400)
+        for c in [current].compactMap({ $0 }) + draining {
+            for st in c.session.streams.values where !st.done {
+                if st.push.deadline <= now {
+                    st.done = true
+                    c.session.cancel(st)
+                    // The connection may be black-holed: this slot's next push goes to a fresh one.
+                    if c === current { reconnectNext = true }
+                    complete(st.push, .transportFailure("timeout: no response within requestTimeout (stream \(st.id))"))
+                } else if st.push.deadline < earliest {
+                    earliest = st.push.deadline
+                }
+            }
+        }
+        earliestStreamDeadline = earliest
+    }
+
+    /// Connection upkeep: replace dead or retired connections, PING idle ones, close drained ones.
+    func maintain(_ now: ContinuousClock.Instant) {
+        if let c = current {
+            if !c.wasReady && c.state != .closed && now >= c.connectDeadline {
+                c.fail("timeout: no HTTP/2 connection to \(shared.endpoint.authority) within connectTimeout ("
+                       + (c.isOpen ? "no SETTINGS from the server" : c.state == .handshaking ? "TLS handshake" : "TCP connect") + ")")
+                reap(c)
+            } else if c.isOpen && c.wasReady {
+                if let sent = c.pingSentAt {
+                    if now - sent >= shared.pingTimeout {
+                        stats.deadConnections.add(1, ordering: .relaxed)
+                        c.fail("no PING ACK within \(shared.pingTimeout): connection presumed dead")
+                        reap(c)
+                    }
+                } else if c.streamCount == 0 && now - c.lastActivity >= shared.pingInterval {
+                    if let error = c.session.ping() {
+                        c.fail(error)
+                        reap(c)
+                    } else {
+                        c.pingSentAt = now
+                        stats.pingsSent.add(1, ordering: .relaxed)
+                    }
+                }
+            }
+            if let c = current, c.retired || c.state == .closed { retireCurrent() }
+        }
+        draining.removeAll { d in
+            if d.state == .closed { return true }
+            if d.isOpen && d.streamCount == 0 {
+                d.closeGracefully()
+                return true
+            }
+            // Only streams we already gave up on (timed out, RST_STREAM not yet written, maybe
+            // never: the connection may be black-holed): nothing left to wait for.
+            if d.session.streams.values.allSatisfy({ $0.done }) {
+                d.fail("abandoned after its remaining streams timed out")
+                reap(d)
+                return true
+            }
+            return false
+        }
+        if current == nil && queueHead < queue.count && !stopping { openConnection() }
+    }
+
+    func retireCurrent() {
+        guard let c = current else { return }
+        c.retired = true
+        current = nil
+        if c.state != .closed && c.streamCount > 0 { draining.append(c) } else if c.state != .closed { c.closeGracefully() }
+    }
+
+    func openConnection() {
+        do {
+            current = try H2Connection(endpoint: shared.endpoint, tlsContext: shared.tls, connectTimeout: shared.connectTimeout)
+            stats.connectionsOpened.add(1, ordering: .relaxed)
+        } catch {
+            failQueue("\(error)")
+        }
+    }
+
+    func failQueue(_ message: String) {
+        let all = queue[queueHead...]
+        queue.removeAll(keepingCapacity: true)
+        queueHead = 0
+        for p in all { complete(p, .transportFailure(message)) }
+    }
+
+
+
+    func reapAll() {
+        if let c = current { reap(c) }
+        for d in draining { reap(d) }
+        if let c = current, c.state == .closed { retireCurrent() }
+    }
+
+    /// Handles streams that ended, PING ACKs, GOAWAY, and a connection that closed.
+    func reap(_ c: H2Connection) {
+        if c.takePingAcks() > 0 {
+            c.pingSentAt = nil
+            stats.pingAcks.add(1, ordering: .relaxed)
+        }
+        if c.session.goAway != nil { c.retired = true }
+        if !c.session.finished.isEmpty {
+            let done = c.session.finished
+            c.session.finished.removeAll(keepingCapacity: true)
+            for st in done { finish(st) }
+        }
+        if c.state == .closed {
+            let reason = c.failure ?? "connection closed"
+            // A connection that never opened failed its setup: the pushes waiting for it get
+            // that error now rather than a timeout later.
+            if !c.wasReady && c === current { failQueue(reason) }
+            for st in c.session.abandonAll() where !st.done { lost(st, reason: reason) }
+        }
+    }
+}
