@@ -33,19 +33,22 @@ let package = Package(
         // The OpenSSL pieces every module shares: error text, SHA-256, CSPRNG, constant-time
         // compare and wipe, PEM keys, ES256 (raw r||s), certificates, the P-256 group.
         .target(name: "OpenSSLSupport", dependencies: ["COpenSSL"]),
+        // nghttp2 sessions driven with mem_recv/mem_send, header blocks, the body copy: once for
+        // HTTPServer's server sessions and PushClient's client sessions.
+        .target(name: "NGHTTP2Support", dependencies: ["CNghttp2"]),
         // Apple's Symmetric Key Ratchet, HKDF, AES-GCM, wire codecs.
         .target(name: "Ratchet", dependencies: ["Basics", "OpenSSLSupport", "COpenSSL"]),
         // Apple's accessory key exchange: ML-KEM-768 (Swift), X-Wing, HPKE (RFC 9180), the derivations.
         .target(name: "KeyExchange", dependencies: ["Ratchet", "OpenSSLSupport", "COpenSSL"]),
         // Event-loop HTTP/1.1 + HTTP/2 server core (libuv, OpenSSL, nghttp2).
-        .target(name: "HTTPServer", dependencies: ["CUV", "OpenSSLSupport", "COpenSSL", "CNghttp2", "POSIXThreads"], 
+        .target(name: "HTTPServer", dependencies: ["CUV", "OpenSSLSupport", "COpenSSL", "NGHTTP2Support", "CNghttp2", "POSIXThreads"], 
                 // Release only: runtime exclusivity checks on class properties cost ~1.7k instructions
                 // per request on the hot path (measured with callgrind); debug builds and tests keep them.
                 swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
         // Named pthreads and a condition variable for modules that must not link Foundation.
         .target(name: "POSIXThreads"),
         // APNs HTTP/2 client (nghttp2 client sessions over OpenSSL), ES256 JWT, result classification.
-        .target(name: "PushClient", dependencies: ["Basics", "CNghttp2", "OpenSSLSupport", "COpenSSL"]),
+        .target(name: "PushClient", dependencies: ["Basics", "NGHTTP2Support", "CNghttp2", "OpenSSLSupport", "COpenSSL"]),
         // The APNs look-alike used by tests, benchmarks and users' own tests.
         .target(name: "MockAPNs", dependencies: ["Basics", "HTTPServer", "POSIXThreads", "Ratchet", "KeyExchange", "PushClient", "OpenSSLSupport", "COpenSSL"]),
         // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API.

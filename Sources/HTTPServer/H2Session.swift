@@ -1,8 +1,10 @@
 // The nghttp2 wrapper: one server session per HTTP/2 connection, driven with mem_recv/mem_send
 // so nghttp2 never touches the socket. Requests are assembled per stream and handed to the
 // connection's handler; responses go out through a data provider reading the stream's body.
-// nghttp2 types stay in this file.
+// nghttp2 types stay in this file; the session itself, header blocks and the body copy are
+// NGHTTP2Support's, shared with PushClient.
 internal import CNghttp2
+internal import NGHTTP2Support
 
 /// A request stream being received, then answered.
 final class H2Stream {
@@ -31,8 +33,6 @@ final class H2Stream {
     }
 }
 
-private func h2Message(_ rc: Int) -> String { String(cString: nghttp2_strerror(Int32(truncatingIfNeeded: rc))) }
-
 private func sessionFrom(_ userData: UnsafeMutableRawPointer?) -> H2Session {
     Unmanaged<H2Session>.fromOpaque(userData!).takeUnretainedValue()
 }
@@ -40,9 +40,7 @@ private func sessionFrom(_ userData: UnsafeMutableRawPointer?) -> H2Session {
 /// nghttp2 callbacks, built once (capture-free closures; the session arrives as user_data).
 /// nonisolated(unsafe): initialised once (Swift globals are initialised thread-safely) and only
 /// read afterwards; nghttp2_session_server_new copies the callbacks.
-nonisolated(unsafe) private let sharedCallbacks: OpaquePointer = {
-    var cbs: OpaquePointer?
-    precondition(nghttp2_session_callbacks_new(&cbs) == 0, "nghttp2_session_callbacks_new: out of memory")
+nonisolated(unsafe) private let sharedCallbacks: OpaquePointer = makeCallbacks { cbs in
     nghttp2_session_callbacks_set_on_begin_headers_callback(cbs) { _, frame, userData in
         guard let frame else { return 0 }
         if frame.pointee.hd.type == UInt8(NGHTTP2_HEADERS.rawValue)
@@ -86,21 +84,17 @@ nonisolated(unsafe) private let sharedCallbacks: OpaquePointer = {
         sessionFrom(userData).closed(streamID)
         return 0
     }
-    return cbs!
-}()
+}
 
-/// Session options, built once like the callbacks (nghttp2_session_server_new2 copies them).
-/// The incoming RST_STREAM rate limit is set explicitly rather than left to the library's
-/// default (burst 1000, 33/s): a stream reset right after its request costs the server a
-/// handler call while the client pays one frame (CVE-2023-44487, "rapid reset"). The call is
-/// in nghttp2 1.57, and in Debian 12's 1.52.0-1+deb12u1 and later as a backport.
-private func makeOptions(_ settings: HTTP2Settings) -> OpaquePointer? {
-    var option: OpaquePointer?
-    guard nghttp2_option_new(&option) == 0, let option else { return nil }
+/// Session options (nghttp2_session_server_new2 copies them). The incoming RST_STREAM rate
+/// limit is set explicitly rather than left to the library's default (burst 1000, 33/s): a
+/// stream reset right after its request costs the server a handler call while the client pays
+/// one frame (CVE-2023-44487, "rapid reset"). The call is in nghttp2 1.57, and in Debian 12's
+/// 1.52.0-1+deb12u1 and later as a backport.
+private func configureOptions(_ option: OpaquePointer, _ settings: HTTP2Settings) {
     nghttp2_option_set_stream_reset_rate_limit(option, settings.streamResetBurst, settings.streamResetRate)
     // CONTINUATION frames after one HEADERS frame (CVE-2024-28182); the library's default, named.
     nghttp2_option_set_max_continuations(option, 8)
-    return option
 }
 
 /// "100" ... "599", built once.
@@ -110,7 +104,7 @@ private let statusCodeStrings: [String] = (0..<600).map { String($0) }
 final class H2Session {
     /// unowned(unsafe): the connection owns this session and drops it before it goes away.
     unowned(unsafe) let connection: Connection
-    private var session: OpaquePointer?
+    private let session: NGHTTP2Session
     /// Owns the open streams; nghttp2's stream user data points at the same objects
     /// (unretained) so per-frame lookups skip hashing.
     private var streams: [Int32: H2Stream] = [:]
@@ -148,35 +142,21 @@ final class H2Session {
         self.maxHeaderListSize = Int(settings.maxHeaderListSize)
         self.maxBufferedBodyBytes = max(2 * connection.core.maxBodyBytes, 64 << 10)
         self.maxUnansweredRequests = max(1, settings.maxUnansweredRequests)
-        guard let option = makeOptions(settings) else { throw HTTPServerError.http2("nghttp2_option_new: out of memory") }
-        defer { nghttp2_option_del(option) }
-        var s: OpaquePointer?
-        let rc = nghttp2_session_server_new2(&s, sharedCallbacks, Unmanaged.passUnretained(self).toOpaque(), option)
-        guard rc == 0, let s else { throw HTTPServerError.http2("nghttp2_session_server_new: \(h2Message(Int(rc)))") }
-        session = s
-        var iv = [
-            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue),
-                                   value: settings.maxConcurrentStreams),
-            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
-                                   value: settings.initialWindowSize),
-            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_FRAME_SIZE.rawValue),
-                                   value: settings.maxFrameSize),
-            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE.rawValue),
-                                   value: settings.maxHeaderListSize),
-        ]
-        var src = nghttp2_submit_settings(s, UInt8(NGHTTP2_FLAG_NONE.rawValue), &iv, iv.count)
-        guard src == 0 else { throw HTTPServerError.http2("SETTINGS: \(h2Message(Int(src)))") }
-        // The connection-level window is not a SETTING: raise it to match the stream window so
-        // large uploads are not throttled to 64 KiB per round trip.
-        if settings.initialWindowSize > 65535 {
-            src = nghttp2_session_set_local_window_size(s, UInt8(NGHTTP2_FLAG_NONE.rawValue), 0,
-                                                        Int32(clamping: settings.initialWindowSize))
-            guard src == 0 else { throw HTTPServerError.http2("connection window: \(h2Message(Int(src)))") }
+        do throws(NGHTTP2Error) {
+            session = try NGHTTP2Session(.server, callbacks: sharedCallbacks, userData: nil) { configureOptions($0, settings) }
+            session.setUserData(Unmanaged.passUnretained(self).toOpaque())
+            try session.submitSettings([
+                (NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, settings.maxConcurrentStreams),
+                (NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, settings.initialWindowSize),
+                (NGHTTP2_SETTINGS_MAX_FRAME_SIZE, settings.maxFrameSize),
+                (NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, settings.maxHeaderListSize),
+            ])
+            // The connection-level window is not a SETTING: raise it to match the stream window so
+            // large uploads are not throttled to 64 KiB per round trip.
+            if settings.initialWindowSize > 65535 { try session.setLocalWindowSize(Int32(clamping: settings.initialWindowSize)) }
+        } catch {
+            throw HTTPServerError.http2(error.description)
         }
-    }
-
-    deinit {
-        if let session { nghttp2_session_del(session) }
     }
 
     var openStreams: Int { streams.count }
@@ -187,13 +167,11 @@ final class H2Session {
         st.headers.reserveCapacity(8)
         streams[id] = st
         receivingQueue.append(st)
-        if let session {
-            _ = nghttp2_session_set_stream_user_data(session, id, Unmanaged.passUnretained(st).toOpaque())
-        }
+        session.setStreamUserData(id, Unmanaged.passUnretained(st).toOpaque())
     }
 
     fileprivate func stream(_ id: Int32) -> H2Stream? {
-        guard let session, let p = nghttp2_session_get_stream_user_data(session, id) else { return nil }
+        guard let p = nghttp2_session_get_stream_user_data(session.handle, id) else { return nil }
         return Unmanaged<H2Stream>.fromOpaque(p).takeUnretainedValue()
     }
 
@@ -235,7 +213,6 @@ final class H2Session {
     /// Resets (RST_STREAM CANCEL) every stream whose request is not complete by `now`, dropping
     /// what it buffered; the handler never sees them. Returns how many.
     func resetExpiredStreams(now: UInt64, timeoutMs: UInt64) -> Int {
-        guard let session else { return 0 }
         var count = 0
         while receivingHead < receivingQueue.count {
             let st = receivingQueue[receivingHead]
@@ -244,7 +221,7 @@ final class H2Session {
                 st.receiving = false
                 st.rejected = true
                 dropBody(st)
-                _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), st.id, NGHTTP2_CANCEL.rawValue)
+                session.resetStream(st.id, NGHTTP2_CANCEL)
                 count += 1
             }
             receivingHead += 1
@@ -253,15 +230,10 @@ final class H2Session {
     }
 
     /// False once the session is finished (GOAWAY exchanged and no stream left, or a fatal error).
-    var wantsIO: Bool {
-        guard let session else { return false }
-        return nghttp2_session_want_read(session) != 0 || nghttp2_session_want_write(session) != 0
-    }
+    var wantsIO: Bool { session.wantsIO }
 
     func receive(_ bytes: UnsafeRawBufferPointer) {
-        guard let session, let base = bytes.baseAddress else { return }
-        let rc = nghttp2_session_mem_recv(session, base.assumingMemoryBound(to: UInt8.self), bytes.count)
-        if rc < 0 {
+        if session.receive(bytes) < 0 {
             // Protocol error: nghttp2 queued a GOAWAY; send it, then close.
             connection.closeAfterFlush = true
         }
@@ -269,22 +241,11 @@ final class H2Session {
 
     /// Moves every frame nghttp2 has ready into the connection's output buffer.
     func pump() {
-        guard let session else { return }
         if let requested = goAwayPending {
             goAwayPending = nil
-            let last = max(requested, nghttp2_session_get_last_proc_stream_id(session))
-            _ = nghttp2_submit_goaway(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), last, NGHTTP2_NO_ERROR.rawValue, nil, 0)
+            session.goAway(lastStreamID: max(requested, session.lastProcessedStreamID))
         }
-        while true {
-            var data: UnsafePointer<UInt8>?
-            let n = nghttp2_session_mem_send(session, &data)
-            if n < 0 {
-                connection.closeAfterFlush = true
-                return
-            }
-            if n == 0 { return }
-            connection.out.append(contentsOf: UnsafeBufferPointer(start: data!, count: n))
-        }
+        do throws(NGHTTP2Error) { try session.send(into: &connection.out) } catch { connection.closeAfterFlush = true }
     }
 
     // MARK: Receiving
@@ -323,13 +284,13 @@ final class H2Session {
             respond(streamID: st.id, response: connection.core.errorResponse(413, "body_too_large"), isHEAD: false, action: .keep)
             return
         }
-        if bufferedBodyBytes + data.count > maxBufferedBodyBytes, let session {
+        if bufferedBodyBytes + data.count > maxBufferedBodyBytes {
             // Over the connection's share: refuse this stream (REFUSED_STREAM: not processed, a
             // client may retry it) rather than buffer more.
             st.rejected = true
             dropBody(st)
             connection.core.recordParseError("h2_buffered_body_limit")
-            _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), st.id, NGHTTP2_REFUSED_STREAM.rawValue)
+            session.resetStream(st.id, NGHTTP2_REFUSED_STREAM)
             return
         }
         st.body.append(contentsOf: data)
@@ -338,11 +299,11 @@ final class H2Session {
 
     fileprivate func dispatch(_ st: H2Stream) {
         guard !st.rejected, !st.dispatched else { return }
-        if handlersWorking >= maxUnansweredRequests, let session {
+        if handlersWorking >= maxUnansweredRequests {
             st.rejected = true
             dropBody(st)
             connection.core.recordParseError("h2_unanswered_limit")
-            _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), st.id, NGHTTP2_REFUSED_STREAM.rawValue)
+            session.resetStream(st.id, NGHTTP2_REFUSED_STREAM)
             return
         }
         st.dispatched = true
@@ -371,7 +332,7 @@ final class H2Session {
     }
 
     func respond(streamID: Int32, response: HTTPResponse, isHEAD: Bool, action: ConnectionAction) {
-        guard let session, let st = stream(streamID), !st.responded else { return }
+        guard let st = stream(streamID), !st.responded else { return }
         st.responded = true
         let r = connection.core.safeResponse(response)
         connection.core.recordStatus(r.status)
@@ -381,10 +342,10 @@ final class H2Session {
         st.responseBody = sendBody ? r.body : []
         st.responseOffset = 0
 
-        // nghttp2 copies names and values during submit: size one scratch block for all of them
-        // (":status", the handler's fields, content-length, date), then fill it.
+        // nghttp2 copies names and values during submit: size one block for the copied ones
+        // (the handler's fields, content-length's and date's values), then fill it.
         var hasDate = false
-        var total = 7 + 3
+        var total = 3
         var fields = 1
         for h in r.headers {
             switch classifyResponseHeader(h.name) {
@@ -396,37 +357,17 @@ final class H2Session {
             fields += 1
         }
         let lengthText = bodyless ? "" : String(r.body.count)
-        if !bodyless { total += 14 + lengthText.utf8.count; fields += 1 }
+        if !bodyless { total += lengthText.utf8.count; fields += 1 }
         let date = hasDate ? "" : connection.loop.dateValue
-        if !hasDate { total += 4 + date.utf8.count; fields += 1 }
+        if !hasDate { total += date.utf8.count; fields += 1 }
 
-        let scratch = UnsafeMutablePointer<UInt8>.allocate(capacity: total)
-        let nva = UnsafeMutablePointer<nghttp2_nv>.allocate(capacity: fields)
-        defer {
-            scratch.deallocate()
-            nva.deallocate()
-        }
-        var offset = 0
-        var index = 0
-        func copy(_ text: String) -> (UnsafeMutablePointer<UInt8>, Int) {
-            let start = scratch + offset
-            let n = UnsafeMutableBufferPointer(start: start, count: total - offset).initialize(from: text.utf8).1
-            offset += n
-            return (start, n)
-        }
-        func field(_ name: String, _ value: String) {
-            let (np, nl) = copy(name)
-            let (vp, vl) = copy(value)
-            (nva + index).initialize(to: nghttp2_nv(name: np, value: vp, namelen: nl, valuelen: vl,
-                                                    flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)))
-            index += 1
-        }
-        field(":status", statusCodeStrings[r.status])
-        for h in r.headers where classifyResponseHeader(h.name) != .framing { field(h.name, h.value) }
-        if !bodyless { field("content-length", lengthText) }
-        if !hasDate { field("date", date) }
-        var rc: Int32
-        if sendBody {
+        let session = self.session.handle
+        let rc = withHeaderBlock(bytes: total, fields: fields) { block in
+            block.append(":status", statusCodeStrings[r.status])
+            for h in r.headers where classifyResponseHeader(h.name) != .framing { block.append(copyingName: h.name, h.value) }
+            if !bodyless { block.append("content-length", lengthText) }
+            if !hasDate { block.append("date", date) }
+            guard sendBody else { return nghttp2_submit_response(session, streamID, block.nva, block.count, nil) }
             var provider = nghttp2_data_provider(
                 source: nghttp2_data_source(ptr: nil),
                 read_callback: { _, streamID, buf, length, flags, _, userData in
@@ -434,26 +375,17 @@ final class H2Session {
                     guard let st = s.stream(streamID), let buf, let flags else {
                         return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
                     }
-                    let n = min(length, st.responseBody.count - st.responseOffset)
-                    st.responseBody.withUnsafeBytes { b in
-                        buf.update(from: b.baseAddress!.assumingMemoryBound(to: UInt8.self) + st.responseOffset, count: n)
-                    }
+                    let n = copyBody(st.responseBody, from: st.responseOffset, into: buf, length: length, flags: flags)
                     st.responseOffset += n
                     if st.responseOffset == st.responseBody.count {
-                        flags.pointee |= UInt32(NGHTTP2_DATA_FLAG_EOF.rawValue)
                         st.responseBody = []
                         st.responseOffset = 0
                     }
                     return n
                 })
-            rc = nghttp2_submit_response(session, streamID, nva, index, &provider)
-        } else {
-            rc = nghttp2_submit_response(session, streamID, nva, index, nil)
+            return nghttp2_submit_response(session, streamID, block.nva, block.count, &provider)
         }
-        if rc != 0 {
-            _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID,
-                                          NGHTTP2_INTERNAL_ERROR.rawValue)
-        }
+        if rc != 0 { self.session.resetStream(streamID, NGHTTP2_INTERNAL_ERROR) }
         if action == .goAway {
             submitGoAway(lastStreamID: streamID)
         }
@@ -467,14 +399,12 @@ final class H2Session {
     /// streams later in that read are still handed to the handler (and answered). So the frame
     /// is submitted by the next `pump`, after the read, naming every stream received by then.
     func submitGoAway(lastStreamID: Int32? = nil) {
-        guard session != nil, !goAwaySent else { return }
+        guard !goAwaySent else { return }
         goAwaySent = true
         goAwayPending = lastStreamID ?? 0
     }
 
     func submitMaxConcurrentStreams(_ n: UInt32) {
-        guard let session else { return }
-        var iv = nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value: n)
-        _ = nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &iv, 1)
+        _ = try? session.submitSettings([(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, n)])
     }
 }

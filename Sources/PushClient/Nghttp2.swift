@@ -3,7 +3,9 @@
 // bytes through TLS or the plain socket). Callbacks never call back into the slot: they record
 // what happened (finished streams, SETTINGS, PING ACK, GOAWAY) on the session, and the
 // connection reads those after each `receive`, so nothing re-enters nghttp2 from a callback.
+// The session itself, header blocks and the body copy are NGHTTP2Support's, shared with HTTPServer.
 internal import CNghttp2
+internal import NGHTTP2Support
 import Glibc
 
 /// One request stream: the push it carries and what came back. Slot-thread only.
@@ -43,12 +45,6 @@ struct RequestHead {
     var fields: [(name: StaticString, value: String)]
 }
 
-struct Nghttp2Error: Error, CustomStringConvertible {
-    let description: String
-}
-
-private func h2Message(_ rc: Int) -> String { String(cString: nghttp2_strerror(Int32(truncatingIfNeeded: rc))) }
-
 private func sessionFrom(_ userData: UnsafeMutableRawPointer?) -> H2ClientSession {
     Unmanaged<H2ClientSession>.fromOpaque(userData!).takeUnretainedValue()
 }
@@ -63,12 +59,14 @@ private func bytesEqual(_ b: UnsafeBufferPointer<UInt8>, _ s: StaticString) -> B
     return memcmp(b.baseAddress!, s.utf8Start, b.count) == 0
 }
 
+private func isAPNsID(_ name: StaticString) -> Bool {
+    bytesEqual(UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount), "apns-id")
+}
+
 /// Callbacks, built once (capture-free closures; the session arrives as user_data).
 /// nonisolated(unsafe): initialised once (Swift globals are initialised thread-safely) and only
 /// read afterwards; nghttp2_session_client_new copies the callbacks.
-nonisolated(unsafe) private let sharedCallbacks: OpaquePointer = {
-    var cbs: OpaquePointer?
-    precondition(nghttp2_session_callbacks_new(&cbs) == 0, "nghttp2_session_callbacks_new: out of memory")
+nonisolated(unsafe) private let sharedCallbacks: OpaquePointer = makeCallbacks { cbs in
     nghttp2_session_callbacks_set_on_header_callback(cbs) { session, frame, name, namelen, value, valuelen, _, _ in
         guard let frame, let name, let value, frame.pointee.hd.type == UInt8(NGHTTP2_HEADERS.rawValue),
               let st = streamFrom(session, frame.pointee.hd.stream_id) else { return 0 }
@@ -139,12 +137,11 @@ nonisolated(unsafe) private let sharedCallbacks: OpaquePointer = {
         sessionFrom(userData).closed(streamID, errorCode)
         return 0
     }
-    return cbs!
-}()
+}
 
 /// One connection's HTTP/2 client session. Slot-thread only; owned by its `H2Connection`.
 final class H2ClientSession {
-    private let session: OpaquePointer
+    private let session: NGHTTP2Session
     /// Owns the submitted streams; nghttp2's stream user data points at the same objects.
     private(set) var streams: [Int32: ClientStream] = [:]
     /// Streams that ended since the caller last took them.
@@ -152,145 +149,74 @@ final class H2ClientSession {
     fileprivate(set) var settingsReceived = false
     fileprivate(set) var pingAcks = 0
     fileprivate(set) var goAway: (lastStreamID: Int32, errorCode: UInt32, debug: String)?
-    private var scratch = UnsafeMutablePointer<UInt8>.allocate(capacity: 1024)
-    private var scratchCapacity = 1024
-    private var nva = UnsafeMutablePointer<nghttp2_nv>.allocate(capacity: 16)
-    private var nvaCapacity = 16
 
     init() throws {
-        var s: OpaquePointer?
-        var option: OpaquePointer?
-        guard nghttp2_option_new(&option) == 0, let option else { throw Nghttp2Error(description: "nghttp2_option_new: out of memory") }
-        defer { nghttp2_option_del(option) }
         // We answer nothing but PING ACKs and SETTINGS ACKs, which nghttp2 sends itself.
-        let rc = nghttp2_session_client_new2(&s, sharedCallbacks, nil, option)
-        guard rc == 0, let s else { throw Nghttp2Error(description: "nghttp2_session_client_new: \(h2Message(Int(rc)))") }
-        session = s
-        nghttp2_session_set_user_data(s, Unmanaged.passUnretained(self).toOpaque())
+        session = try NGHTTP2Session(.client, callbacks: sharedCallbacks, userData: nil)
+        session.setUserData(Unmanaged.passUnretained(self).toOpaque())
         // Server push off; our window sizes stay at the defaults (responses are tiny).
-        var iv = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0)]
-        let src = nghttp2_submit_settings(s, UInt8(NGHTTP2_FLAG_NONE.rawValue), &iv, iv.count)
-        guard src == 0 else { throw Nghttp2Error(description: "SETTINGS: \(h2Message(Int(src)))") }
-    }
-
-    deinit {
-        nghttp2_session_del(session)
-        scratch.deallocate()
-        nva.deallocate()
+        try session.submitSettings([(NGHTTP2_SETTINGS_ENABLE_PUSH, 0)])
     }
 
     /// The server's SETTINGS_MAX_CONCURRENT_STREAMS (meaningful once `settingsReceived`).
-    var remoteMaxConcurrentStreams: Int {
-        Int(nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS))
-    }
+    var remoteMaxConcurrentStreams: Int { Int(session.remoteSetting(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS)) }
 
     /// False once the session is finished (GOAWAY exchanged and no stream left, or fatal error).
-    var wantsIO: Bool { nghttp2_session_want_read(session) != 0 || nghttp2_session_want_write(session) != 0 }
+    var wantsIO: Bool { session.wantsIO }
 
-    var wantsWrite: Bool { nghttp2_session_want_write(session) != 0 }
+    var wantsWrite: Bool { session.wantsWrite }
 
     func receive(_ bytes: UnsafeRawBufferPointer) throws {
-        guard let base = bytes.baseAddress, bytes.count > 0 else { return }
-        let rc = nghttp2_session_mem_recv(session, base.assumingMemoryBound(to: UInt8.self), bytes.count)
-        if rc < 0 { throw Nghttp2Error(description: "HTTP/2: \(h2Message(rc))") }
+        let rc = session.receive(bytes)
+        if rc < 0 { throw NGHTTP2Error("HTTP/2", rc) }
     }
 
     /// Appends frames nghttp2 has ready to `out` until it has nothing more or `out` holds `limit`.
     func produce(into out: inout [UInt8], limit: Int) throws {
-        while out.count < limit {
-            var data: UnsafePointer<UInt8>?
-            let n = nghttp2_session_mem_send(session, &data)
-            if n < 0 { throw Nghttp2Error(description: "HTTP/2: \(h2Message(n))") }
-            if n == 0 { return }
-            out.append(contentsOf: UnsafeBufferPointer(start: data!, count: n))
-        }
+        try session.send(into: &out, limit: limit)
     }
 
     /// Queues a POST with `head` (pseudo-headers first) and the push's body. nghttp2 copies the
     /// header block during this call; the body is read from the stream by the data provider.
     func submit(_ st: ClientStream, scheme: String, authority: String, head: RequestHead) throws {
-        var total = 0
-        let fieldCount = 4 + head.fields.count
-        total += 7 + 4 + 7 + scheme.utf8.count + 10 + authority.utf8.count + 5 + head.path.utf8.count
-        for (n, v) in head.fields { total += n.utf8CodeUnitCount + v.utf8.count }
-        // One scratch block and nv array per session, grown when needed: nghttp2 copies the
-        // values during nghttp2_submit_request.
-        if total > scratchCapacity {
-            scratch.deallocate()
-            scratchCapacity = max(total, scratchCapacity * 2)
-            scratch = .allocate(capacity: scratchCapacity)
-        }
-        if fieldCount > nvaCapacity {
-            nva.deallocate()
-            nvaCapacity = max(fieldCount, nvaCapacity * 2)
-            nva = .allocate(capacity: nvaCapacity)
-        }
-        let scratch = self.scratch, nva = self.nva
-        var offset = 0
-        var count = 0
-        func field(_ name: StaticString, _ value: String) {
-            let vp = scratch + offset
-            var v = value
-            let vl = v.withUTF8 { u -> Int in
-                if let b = u.baseAddress { vp.update(from: b, count: u.count) }
-                return u.count
-            }
-            offset += vl
-            // Names are immortal static strings: nghttp2 may keep pointing at them. A value
-            // that differs on every request (apns-id) stays out of the HPACK dynamic table:
-            // indexing it would evict the entries that do repeat (authorization, topic, path)
-            // and make both sides re-encode them.
-            var flags = NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue
-            if bytesEqual(UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount), "apns-id") {
-                flags |= NGHTTP2_NV_FLAG_NO_INDEX.rawValue
-            }
-            (nva + count).initialize(to: nghttp2_nv(name: UnsafeMutablePointer(mutating: name.utf8Start), value: vp,
-                                                    namelen: name.utf8CodeUnitCount, valuelen: vl, flags: UInt8(flags)))
-            count += 1
-        }
-        field(":method", "POST")
-        field(":scheme", scheme)
-        field(":authority", authority)
-        field(":path", head.path)
-        for (n, v) in head.fields { field(n, v) }
+        var total = scheme.utf8.count + authority.utf8.count + head.path.utf8.count + 4
+        for (_, v) in head.fields { total += v.utf8.count }
         var provider = nghttp2_data_provider(
             source: nghttp2_data_source(ptr: nil),
             read_callback: { session, streamID, buf, length, flags, _, _ in
                 guard let buf, let flags, let st = streamFrom(session, streamID) else {
                     return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
                 }
-                let body = st.push.body
-                let n = min(length, body.count - st.bodyBytesSent)
-                if n > 0 {
-                    body.withUnsafeBufferPointer { b in buf.update(from: b.baseAddress! + st.bodyBytesSent, count: n) }
-                }
+                let n = copyBody(st.push.body, from: st.bodyBytesSent, into: buf, length: length, flags: flags)
                 st.bodyBytesSent += n
-                if st.bodyBytesSent == body.count { flags.pointee |= UInt32(NGHTTP2_DATA_FLAG_EOF.rawValue) }
                 return n
             })
-        let id = nghttp2_submit_request(session, nil, nva, count, &provider, Unmanaged.passUnretained(st).toOpaque())
-        guard id > 0 else { throw Nghttp2Error(description: "cannot submit request: \(h2Message(Int(id)))") }
+        let session = self.session.handle
+        let id = withHeaderBlock(bytes: total, fields: 4 + head.fields.count) { block in
+            block.append(":method", "POST")
+            block.append(":scheme", scheme)
+            block.append(":authority", authority)
+            block.append(":path", head.path)
+            // apns-id differs on every request: indexing it would evict the entries that do
+            // repeat (authorization, topic, path) and make both sides re-encode them.
+            for (n, v) in head.fields { block.append(n, v, neverIndex: isAPNsID(n)) }
+            return nghttp2_submit_request(session, nil, block.nva, block.count, &provider, Unmanaged.passUnretained(st).toOpaque())
+        }
+        guard id > 0 else { throw NGHTTP2Error("cannot submit request", Int(id)) }
         st.id = id
         streams[id] = st
     }
 
     /// RST_STREAM(CANCEL): we gave up on the stream (its push timed out). It can only fail for
     /// a stream nghttp2 already closed, which needs no reset.
-    func cancel(_ st: ClientStream) {
-        _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), st.id, NGHTTP2_CANCEL.rawValue)
-    }
+    func cancel(_ st: ClientStream) { session.resetStream(st.id, NGHTTP2_CANCEL) }
 
     /// Queues a PING; nil on success, else nghttp2's message (out of memory only).
-    func ping() -> String? {
-        let rc = nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil)
-        return rc == 0 ? nil : "cannot send PING: \(h2Message(Int(rc)))"
-    }
+    func ping() -> String? { session.ping() }
 
     /// GOAWAY(NO_ERROR) before we close a connection that has no stream left (best effort: the
     /// socket closes right after either way).
-    func terminate() {
-        _ = nghttp2_session_terminate_session(session, NGHTTP2_NO_ERROR.rawValue)
-    }
+    func terminate() { session.terminate() }
 
     /// Takes every stream still open (the connection is gone); none of them will close normally.
     func abandonAll() -> [ClientStream] {
@@ -312,5 +238,5 @@ final class H2ClientSession {
     }
 
     /// Name of an HTTP/2 error code for messages ("REFUSED_STREAM").
-    static func errorName(_ code: UInt32) -> String { String(cString: nghttp2_http2_strerror(code)) }
+    static func errorName(_ code: UInt32) -> String { errorCodeName(code) }
 }
