@@ -29,6 +29,7 @@ static write_fn realWrite;
 static int installed = -1;    // -1 = not tried, 0 = ok, -1 after trying = failed
 static int tried;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t unblocked = PTHREAD_COND_INITIALIZER;   // a rule changed: blocked writes look again
 static int armedCount;        // atomic: rules armed now
 
 typedef struct Slot {
@@ -56,9 +57,19 @@ static Decision decide(int fd, size_t n, off_t offset) {
     for (int i = 0; i < SLOTS; i++) {
         Slot *s = &slots[i];
         if (!s->used || (size_t)len < s->prefixLen || memcmp(path, s->prefix, s->prefixLen) != 0) continue;
+        if (s->rule.exact && (size_t)len != s->prefixLen) continue;
         d.slot = s;
         csqlitefault_rule *r = &s->rule;
         s->counts.writes++;
+        if (r->block_after == 0) {
+            // Wait for update() or disarm, holding nothing else; then decide afresh below.
+            s->counts.blocked++;
+            while (s->used && s->rule.block_after == 0) pthread_cond_wait(&unblocked, &lock);
+            s->counts.blocked--;
+            if (!s->used) { d.slot = NULL; break; }
+        } else if (r->block_after > 0) {
+            r->block_after--;
+        }
         if (r->eintr_every > 0 && s->counts.writes % r->eintr_every == 0) {
             s->counts.interrupted++;
             d.fail = 1; d.err = EINTR;
@@ -167,6 +178,7 @@ void csqlitefault_update(int h, csqlitefault_rule rule) {
     if (h < 0 || h >= SLOTS) return;
     pthread_mutex_lock(&lock);
     if (slots[h].used) slots[h].rule = rule;
+    pthread_cond_broadcast(&unblocked);
     pthread_mutex_unlock(&lock);
 }
 
@@ -184,6 +196,7 @@ void csqlitefault_disarm(int h) {
     if (slots[h].used) {
         slots[h].used = 0;
         __atomic_sub_fetch(&armedCount, 1, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&unblocked);
     }
     pthread_mutex_unlock(&lock);
 }

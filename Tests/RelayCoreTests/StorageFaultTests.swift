@@ -34,9 +34,9 @@ final class FaultRule {
     deinit { disarm() }
 
     static func rule(budget: Int64 = -1, failAfter: Int64 = 0, errno: Int32 = 0, times: Int32 = 0,
-                     shortMax: Int32 = 0, eintrEvery: Int32 = 0) -> csqlitefault_rule {
+                     shortMax: Int32 = 0, eintrEvery: Int32 = 0, exact: Bool = false, blockAfter: Int64 = -1) -> csqlitefault_rule {
         csqlitefault_rule(budget: budget, fail_after: failAfter, fail_errno: errno, fail_times: times,
-                          short_max: shortMax, eintr_every: eintrEvery)
+                          short_max: shortMax, eintr_every: eintrEvery, exact: exact ? 1 : 0, block_after: blockAfter)
     }
 }
 

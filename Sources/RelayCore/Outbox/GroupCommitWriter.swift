@@ -49,6 +49,10 @@ final class GroupCommitWriter: @unchecked Sendable {
     /// database per batch, e.g. the pending-row counter). A throw fails the batch.
     var afterBegin: ((SQLiteDatabase) throws -> Void)?
     var beforeCommit: ((SQLiteDatabase) throws -> Void)?
+    /// Called on the writer thread after each batch is over (its completions handed out), the
+    /// connection outside any transaction: work that must not delay the batch's answers but
+    /// only the writer can do (the WAL checkpoint that lets the next transaction restart it).
+    var betweenBatches: ((SQLiteDatabase) -> Void)?
 
     // Read by /metrics from other threads.
     private let batchCounter = Atomic<Int>(0)
@@ -135,6 +139,7 @@ final class GroupCommitWriter: @unchecked Sendable {
         }
         for job in batch { job.finish(failure) }
         afterBatch?()
+        betweenBatches?(db)
     }
 }
 

@@ -20,6 +20,7 @@ public enum OutboxStores {
             var options = SQLiteStoreOptions(synchronous: config.synchronous, busyTimeoutMillis: Int32(config.busyTimeoutMillis), readOnly: readOnly)
             options.minFreeBytes = config.minFreeBytes
             options.onSlowStart = onSlowStart
+            options.logger = logger
             return try SQLiteOutboxStore(path: config.path, options: options, clock: clock, channel: channel)
         default:
             throw StoreError.invalid("unknown store kind \(config.kind)")

@@ -212,6 +212,7 @@ public final class RelayService: @unchecked Sendable {
             r.counter("relay_store_transaction_seconds_total",
                       help: "Time the SQLite writer spent in transactions, BEGIN to the end of COMMIT (its fsync included).",
                       Double(s.writerTransactionMicros) / 1e6)
+            s.collectCheckpointMetrics(into: &r)
         }
     }
 

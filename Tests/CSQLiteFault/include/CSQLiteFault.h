@@ -25,6 +25,12 @@ typedef struct csqlitefault_rule {
     int short_max;
     // Every n-th write returns EINTR before writing anything (the caller must retry), 0 = off.
     int eintr_every;
+    // 1: the rule matches only the file named exactly `prefix` (a database without its -wal).
+    int exact;
+    // After this many more matching writes pass, every further one waits (writing nothing yet)
+    // until the rule is updated with block_after -1: a disk that hangs, or a thread caught in
+    // the middle of its writes. -1 = off (0 blocks the very next write).
+    int64_t block_after;
 } csqlitefault_rule;
 
 // Counters of one rule.
@@ -34,6 +40,7 @@ typedef struct csqlitefault_counts {
     int64_t failed;        // calls failed with fail_errno or ENOSPC
     int64_t short_writes;  // calls that wrote less than asked
     int64_t interrupted;   // calls that returned EINTR
+    int64_t blocked;       // calls waiting in block_after now
 } csqlitefault_counts;
 
 // Installs the hooks into the default VFS (once per process; the library's constructor already

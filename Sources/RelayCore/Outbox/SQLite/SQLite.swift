@@ -64,6 +64,12 @@ private final class ProgressTick {
     init(_ tick: @escaping () -> Void) { self.tick = tick }
 }
 
+/// Carries onWALCommit's closure through sqlite3_wal_hook's context pointer.
+private final class WALHook {
+    let body: (Int) -> Void
+    init(_ body: @escaping (Int) -> Void) { self.body = body }
+}
+
 /// Carries defineFunction's closure through sqlite3_create_function_v2's user-data pointer;
 /// released by SQLite's destructor callback when the function is replaced or the connection closes.
 private final class ScalarFunction {
@@ -74,6 +80,7 @@ private final class ScalarFunction {
 public final class SQLiteDatabase {
     private let handle: OpaquePointer
     private var statements: [String: SQLiteStatement] = [:]
+    private var walHook: Unmanaged<WALHook>?
     public let path: String
 
     public init(path: String, readOnly: Bool = false, busyTimeoutMillis: Int32 = 5000) throws {
@@ -102,6 +109,7 @@ public final class SQLiteDatabase {
     deinit {
         statements.removeAll()  // finalize every cached statement before closing
         sqlite3_close_v2(handle)
+        walHook?.release()   // after the close: no hook can run any more
     }
 
     fileprivate func error(_ code: Int32, _ context: String) -> StoreError {
@@ -152,6 +160,39 @@ public final class SQLiteDatabase {
             if let box { Unmanaged<ScalarFunction>.fromOpaque(box).release() }
         })
         guard rc == SQLITE_OK else { throw self.error(rc, "define function \(name)") }
+    }
+
+    /// What `checkpoint` asks of SQLite (sqlite3_wal_checkpoint_v2's modes). `passive` copies
+    /// what no reader still needs and never waits; `truncate` also waits (busy handler) for the
+    /// write lock and for readers to leave the WAL, then truncates it to zero bytes.
+    enum CheckpointMode: Int32 { case passive = 0, full = 1, restart = 2, truncate = 3 }
+
+    /// One checkpoint of this connection's database. `busy`: another connection held a lock
+    /// the mode needed (nothing failed: a later try may finish); `walFrames` are the WAL's
+    /// frames and `backfilled` those now copied into the database file (-1 when unknown).
+    /// An I/O error (ENOSPC, EIO...) throws; the WAL still holds every committed frame.
+    func checkpoint(_ mode: CheckpointMode) throws -> (busy: Bool, walFrames: Int, backfilled: Int) {
+        var log: Int32 = -1, done: Int32 = -1
+        let rc = sqlite3_wal_checkpoint_v2(handle, nil, mode.rawValue, &log, &done)
+        guard rc == SQLITE_OK || rc == SQLITE_BUSY else { throw error(rc, "wal_checkpoint") }
+        return (rc == SQLITE_BUSY, Int(log), Int(done))
+    }
+
+    /// Calls `body` with the WAL's frame count after every COMMIT of this connection (in the
+    /// committing thread, the write lock already released), instead of SQLite's automatic
+    /// checkpoint: registering it turns `wal_autocheckpoint` off. nil removes it.
+    func onWALCommit(_ body: ((Int) -> Void)?) {
+        let old = walHook
+        walHook = body.map { Unmanaged.passRetained(WALHook($0)) }
+        if let box = walHook {
+            sqlite3_wal_hook(handle, { context, _, _, frames in
+                Unmanaged<WALHook>.fromOpaque(context!).takeUnretainedValue().body(Int(frames))
+                return SQLITE_OK   // an error here would fail a COMMIT that did commit
+            }, box.toOpaque())
+        } else {
+            sqlite3_wal_hook(handle, nil, nil)
+        }
+        old?.release()
     }
 
     /// Runs one or more statements without bindings (schema, pragmas, BEGIN/COMMIT).

@@ -19,6 +19,8 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     let writerState = WriterState()
     public let path: String
     public let freeSpaceGuard: FreeSpaceGuard?
+    /// Copies the WAL into the database file off the writer's path (nil when read-only).
+    let checkpointer: SQLiteCheckpointer?
 
     /// Where committed rows go to the dispatcher (nil: no dispatcher, nothing handed off).
     let channel: DispatchChannel?
@@ -85,6 +87,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             : FreeSpaceGuard(path: path, minFreeBytes: options.minFreeBytes, probe: options.freeSpaceProbe ?? FreeSpaceGuard.statvfsAvailable)
         if options.readOnly {
             writer = nil
+            checkpointer = nil
             reader = try SQLiteDatabase(path: path, readOnly: true, busyTimeoutMillis: options.busyTimeoutMillis)
             let version = try reader.scalar("PRAGMA user_version").int ?? 0
             guard version == Self.schemaVersion else {
@@ -100,7 +103,16 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         for row in try db.query("SELECT token FROM unregistered_tokens UNION SELECT token FROM token_pacing") {
             if let t = row[0].string { writerState.watchedTokens.insert(t) }
         }
+        // Checkpoints leave the COMMIT path (SQLiteCheckpointer): the WAL hook replaces
+        // wal_autocheckpoint. A WAL that grew past the policy (a reader pinned it) is cut back
+        // to twice the restart size when the writer starts it over.
+        let pageSize = Int(try db.scalar("PRAGMA page_size").int ?? 4096)
+        try db.execute("PRAGMA journal_size_limit=\(2 * options.checkpoint.restartPages * (pageSize + 24))")
+        let ckpt = try SQLiteCheckpointer(path: path, synchronous: options.synchronous, policy: options.checkpoint, logger: options.logger)
+        checkpointer = ckpt
+        db.onWALCommit { frames in ckpt.committed(walFrames: frames) }
         let w = GroupCommitWriter(db: db, maxBatch: options.maxBatch)
+        w.betweenBatches = { db in ckpt.betweenBatches(db) }
         let state = writerState
         state.channel = channel
         w.beforeBatch = {
@@ -137,11 +149,16 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         writer = w
         reader = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis)
         w.start()
+        ckpt.start()
     }
 
-    deinit { writer?.close() }
+    deinit { close() }
 
-    public func close() { writer?.close() }
+    /// Commits what is queued, then checkpoints the whole WAL into the database file.
+    public func close() {
+        writer?.close()
+        checkpointer?.stop()
+    }
     func write<T>(_ work: @escaping (SQLiteDatabase) throws -> T) throws -> T {
         guard let writer else { throw StoreError.invalid("store opened read-only") }
         return try writer.perform(work)
@@ -167,4 +184,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
 
     /// Microseconds the writer spent inside transactions (BEGIN to the end of COMMIT) so far.
     public var writerTransactionMicros: Int { writer?.transactionTime ?? 0 }
+
+    /// The checkpointer's /metrics samples (WAL size, checkpoints, failures, restarts).
+    public func collectCheckpointMetrics(into r: inout PrometheusRegistry) { checkpointer?.collectMetrics(into: &r) }
 }

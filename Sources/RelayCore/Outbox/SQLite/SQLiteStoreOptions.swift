@@ -17,6 +17,10 @@ public struct SQLiteStoreOptions: Sendable {
     /// rebuilds the outbox: ~16 s per million rows), with a human-readable stage. relay-server
     /// uses it to extend systemd's start timeout (EXTEND_TIMEOUT_USEC) and to log progress.
     public var onSlowStart: (@Sendable (String) -> Void)?
+    /// When the background checkpointer copies the WAL into the database file (SQLiteCheckpointer).
+    public var checkpoint = SQLiteCheckpointPolicy()
+    /// Where the checkpointer reports failures (nil: nowhere).
+    public var logger: RelayLogger?
     public init(synchronous: Synchronous = .full, busyTimeoutMillis: Int32 = 5000, maxBatch: Int = 1024, readOnly: Bool = false) {
         self.synchronous = synchronous
         self.busyTimeoutMillis = busyTimeoutMillis
