@@ -37,7 +37,7 @@ private final class Fixture: Sendable {
             fatalError("fixture: \(error)")
         }
         var settings = IngestSettings()
-        settings.apps = [app]
+        store.ingestSettings = IngestStoreSettings(configuredApps: [app])
         settings.perCredential = RateLimit(perSecond: 0, burst: 1)
         settings.perPushToken = RateLimit(perSecond: 0, burst: 1)
         // Every fuzz input comes "from" one address: a 401 budget would turn later inputs into 429s.

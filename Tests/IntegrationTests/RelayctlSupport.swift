@@ -172,10 +172,11 @@ struct SeededDatabase {
     }
 
     private static func ingest(_ store: SQLiteOutboxStore, token: String, index: UInt32, secret: String) async throws -> String {
+        store.ingestSettings = IngestStoreSettings(configuredApps: [app], ttlMillis: 86_400_000, maxPending: 1000)
         let request = IngestRequest(
             response: NewResponse(app: nil, pushToken: token, sessionIdentifier: "6F1C5E0A-6C4B-4E59-9C3A-2D2B7C9B8E11",
                                   keyID: [1, 2, 3, 4], messageIndex: index, encryptedData: [UInt8](repeating: 0x42, count: 40)),
-            credentialHash: Credentials.hash(secret: secret), configuredApps: [app], ttlMillis: 86_400_000, maxPending: 1000)
+            credentialHash: Credentials.hash(secret: secret))
         let outcome: IngestOutcome = try await withCheckedThrowingContinuation { continuation in
             store.submit(request) { continuation.resume(with: $0) }
         }

@@ -186,8 +186,8 @@ import Testing
         let workers = WorkerPool(name: "test", threads: 1)
         defer { workers.close() }
         let metrics = RelayMetrics()
-        var settings = IngestSettings()
-        settings.apps = ["com.example.app"]
+        let settings = IngestSettings()
+        store.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"])
         let service = IngestService(store: store, settings: settings, metrics: metrics, logger: RelayLogger(capture: true), workers: workers)
         func call(_ svc: @escaping (APIRequest, @escaping @Sendable (APIResponse) -> Void) -> Void, _ method: String, _ path: String, body: String = "") -> APIResponse {
             let slot = ResultBox<APIResponse>()

@@ -201,8 +201,8 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         let gate = try holdWriter(s)
         let done = DispatchSemaphore(value: 0)
         let result = ResultBox<Result<IngestOutcome, StoreError>>()
-        s.submit(IngestRequest(response: sample(), credentialHash: Credentials.hash(secret: secret), configuredApps: ["com.example.app"],
-                               ttlMillis: 10_000, maxPending: 100)) { result.value = $0; done.signal() }
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 10_000, maxPending: 100)
+        s.submit(IngestRequest(response: sample(), credentialHash: Credentials.hash(secret: secret))) { result.value = $0; done.signal() }
         writer.enqueue({ db in try db.execute("INSERT INTO no_such_table VALUES (1)") }, completion: { _ in })
         gate.signal()
         done.wait()
@@ -262,12 +262,12 @@ func holdWriter(_ s: SQLiteOutboxStore) throws -> DispatchSemaphore {
 
     /// Holds the writer, queues `count` ingests behind it so they commit in one batch, releases it.
     func ingestInOneBatch(_ s: SQLiteOutboxStore, secret: String, from first: UInt32, count: Int) throws -> [IngestOutcome] {
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)
         let gate = try holdWriter(s)
         let done = DispatchSemaphore(value: 0)
         let results = Mutex<[IngestOutcome]>([])
         for i in 0..<count {
-            s.submit(IngestRequest(response: sample(index: first + UInt32(i)), credentialHash: Credentials.hash(secret: secret),
-                                   configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)) { r in
+            s.submit(IngestRequest(response: sample(index: first + UInt32(i)), credentialHash: Credentials.hash(secret: secret))) { r in
                 if case .success(let o) = r { results.withLock { $0.append(o) } }
                 done.signal()
             }

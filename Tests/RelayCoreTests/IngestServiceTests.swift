@@ -14,12 +14,13 @@ import Testing
         let workers = WorkerPool(name: "test", threads: 1)
         let secret: String
         let otherSecret: String
-        init(dir: TempDir, clock: TestClock, metrics: RelayMetrics = RelayMetrics(), settings: (inout IngestSettings) -> Void = { _ in }) throws {
+        init(dir: TempDir, clock: TestClock, metrics: RelayMetrics = RelayMetrics(), maxPending: Int = 1_000_000,
+             settings: (inout IngestSettings) -> Void = { _ in }) throws {
             store = try SQLiteOutboxStore(path: dir.db, clock: clock)
+            store.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app", "com.example.other"], maxPending: maxPending)
             secret = try store.createCredential(name: "a", apps: ["com.example.app"]).secret
             otherSecret = try store.createCredential(name: "b", apps: ["com.example.app", "com.example.other"]).secret
             var s = IngestSettings()
-            s.apps = ["com.example.app", "com.example.other"]
             settings(&s)
             service = IngestService(store: store, settings: s, metrics: metrics, logger: RelayLogger(capture: true), workers: workers)
         }
@@ -317,7 +318,7 @@ import Testing
     }
 
     @Test func outboxBoundAnswers503() throws {
-        let h = try Harness(dir: dir, clock: clock) { s in s.maxPending = 1 }
+        let h = try Harness(dir: dir, clock: clock, maxPending: 1)
         #expect(h.call(secret: h.secret, body: Self.body(index: 1)).status == 202)
         let r = h.call(secret: h.secret, body: Self.body(index: 2))
         #expect(r.status == 503 && r.header("retry-after") != nil && json(r)["error"] as? String == "outbox_full")

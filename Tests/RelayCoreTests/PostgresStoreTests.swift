@@ -162,13 +162,13 @@ struct PostgresStoreTests {
         let a = try f.openPostgres(nodeID: "a"), b = try f.openPostgres(nodeID: "b")
         defer { a.close(); b.close() }
         let c = try a.createCredential(name: "c", apps: ["com.example.app"])
+        for s in [a, b] { s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000) }
         let outcomes = Mutex<[IngestOutcome]>([])
         let group = DispatchGroup()
         for i in 0..<40 {
             for s in [a, b] {
                 group.enter()
-                s.submit(IngestRequest(response: sample(index: UInt32(i)), credentialHash: Credentials.hash(secret: c.secret),
-                                       configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)) { r in
+                s.submit(IngestRequest(response: sample(index: UInt32(i)), credentialHash: Credentials.hash(secret: c.secret))) { r in
                     if case .success(let o) = r { outcomes.withLock { $0.append(o) } }
                     group.leave()
                 }
@@ -209,10 +209,10 @@ struct PostgresStoreTests {
         try blocker.execute("BEGIN; LOCK TABLE credentials IN ACCESS EXCLUSIVE MODE")
         let done = DispatchGroup()
         let results = Mutex<[IngestOutcome]>([])
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)
         for i in 0..<101 {
             done.enter()
-            s.submit(IngestRequest(response: sample(index: UInt32(i)), credentialHash: Credentials.hash(secret: c.secret),
-                                   configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)) { r in
+            s.submit(IngestRequest(response: sample(index: UInt32(i)), credentialHash: Credentials.hash(secret: c.secret))) { r in
                 if case .success(let o) = r { results.withLock { $0.append(o) } }
                 done.leave()
             }

@@ -192,10 +192,10 @@ import Testing
         let outcomes = Mutex<[UInt32: Result<IngestOutcome, StoreError>]>([:])
         let done = DispatchGroup()
         // Five new responses and a duplicate of a first-run row, in one batch.
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)
         for index in [UInt32(10), 11, 12, 1, 13, 14] {
             done.enter()
-            s.submit(IngestRequest(response: sample(index: index), credentialHash: Credentials.hash(secret: secret),
-                                   configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)) { r in
+            s.submit(IngestRequest(response: sample(index: index), credentialHash: Credentials.hash(secret: secret))) { r in
                 outcomes.withLock { $0[index] = r }
                 done.leave()
             }

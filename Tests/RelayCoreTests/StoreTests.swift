@@ -30,6 +30,34 @@ import Testing
         #expect(throws: StoreError.self) { try f.open() }
     }
 
+    /// The configured apps, TTL and outbox bound are the store's (given once at start), not the
+    /// request's: a store never given them knows no app, and what it was given applies to
+    /// every later request.
+    @Test(arguments: StoreBackend.available)
+    func ingestIsCheckedAgainstTheStoresSettings(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let cred = try s.createCredential(name: "fleet", apps: ["com.example.app"])
+        #expect(s.ingestSettings == IngestStoreSettings())
+        func submit(_ index: UInt32) throws -> IngestOutcome {
+            let slot = ResultBox<Result<IngestOutcome, StoreError>>()
+            let done = DispatchSemaphore(value: 0)
+            s.submit(IngestRequest(response: sample(index: index), credentialHash: Credentials.hash(secret: cred.secret))) {
+                slot.value = $0
+                done.signal()
+            }
+            done.wait()
+            return try slot.value!.get()
+        }
+        #expect(try submit(1) == .unknownApp("com.example.app"))
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 5_000, maxPending: 2)
+        guard case .accepted(let id) = try submit(2) else { Issue.record("not accepted"); return }
+        #expect(try s.response(id: id)?.expiresAt == f.clock.nowMillis() + 5_000)
+        _ = try submit(3)
+        #expect(try submit(4) == .overCapacity)
+    }
+
     @Test(arguments: StoreBackend.available)
     func acceptedThenDuplicateReturnsSameIdAndState(_ backend: StoreBackend) throws {
         let f = try StoreFixture(backend)
@@ -57,12 +85,12 @@ import Testing
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         let results = Mutex<[UInt32: [IngestOutcome]]>([:])
         let done = DispatchGroup()
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)
         // 50 distinct responses, each submitted twice without waiting: most land in shared batches.
         for i in 0..<100 {
             done.enter()
             let index = UInt32(i % 50)
-            s.submit(IngestRequest(response: sample(index: index), credentialHash: Credentials.hash(secret: c.secret),
-                                   configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)) { r in
+            s.submit(IngestRequest(response: sample(index: index), credentialHash: Credentials.hash(secret: c.secret))) { r in
                 if case .success(let o) = r { results.withLock { $0[index, default: []].append(o) } }
                 done.leave()
             }
@@ -401,13 +429,13 @@ import Testing
         try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: row.createdAt + 1), attempt: nil)])
         #expect(try s.ingestNow(sample(index: 7), secret: a.secret) == .conflict)
         #expect(try s.ingestNow(sample(index: 7), secret: b.secret) == .duplicate(id: idB, state: .failed))
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)
         // Two credentials in one batch: one stores the row, the other gets the conflict.
         let results = Mutex<[String: IngestOutcome]>([:])
         let done = DispatchGroup()
         for (name, secret) in [("a", a.secret), ("b", b.secret)] {
             done.enter()
-            s.submit(IngestRequest(response: sample(token: String(repeating: "cd", count: 32), index: 1), credentialHash: Credentials.hash(secret: secret),
-                                   configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)) { r in
+            s.submit(IngestRequest(response: sample(token: String(repeating: "cd", count: 32), index: 1), credentialHash: Credentials.hash(secret: secret))) { r in
                 if case .success(let o) = r { results.withLock { $0[name] = o } }
                 done.leave()
             }
@@ -485,6 +513,7 @@ import Testing
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         let writer = try #require(s.writer)
         let gate = DispatchSemaphore(value: 0)
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 1000, maxPending: 1000)
         let before = writer.batchesCommitted
         // Hold the writer inside a job so the next submissions queue up behind it.
         let entered = DispatchSemaphore(value: 0)
@@ -494,8 +523,7 @@ import Testing
         let results = Mutex<[IngestOutcome]>([])
         for i in 0..<100 {
             done.enter()
-            s.submit(IngestRequest(response: sample(index: UInt32(i)), credentialHash: Credentials.hash(secret: c.secret),
-                                   configuredApps: ["com.example.app"], ttlMillis: 1000, maxPending: 1000)) { r in
+            s.submit(IngestRequest(response: sample(index: UInt32(i)), credentialHash: Credentials.hash(secret: c.secret))) { r in
                 if case .success(let o) = r { results.withLock { $0.append(o) } }
                 done.leave()
             }
@@ -519,8 +547,8 @@ import Testing
         entered.wait()
         let result = ResultBox<Result<IngestOutcome, StoreError>>()
         let done = DispatchSemaphore(value: 0)
-        s.submit(IngestRequest(response: sample(), credentialHash: Credentials.hash(secret: c.secret),
-                               configuredApps: ["com.example.app"], ttlMillis: 1000, maxPending: 1000)) {
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 1000, maxPending: 1000)
+        s.submit(IngestRequest(response: sample(), credentialHash: Credentials.hash(secret: c.secret))) {
             result.value = $0
             done.signal()
         }
@@ -760,8 +788,8 @@ final class RecordingExecutor: ThreadExecutor, @unchecked Sendable {
     }
 
     func submit(_ s: SQLiteOutboxStore, _ secret: String, index: UInt32, on executor: RecordingExecutor?, into results: Log) {
-        s.submit(IngestRequest(response: sample(index: index), credentialHash: Credentials.hash(secret: secret),
-                               configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000), on: executor) { r in
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)
+        s.submit(IngestRequest(response: sample(index: index), credentialHash: Credentials.hash(secret: secret)), on: executor) { r in
             results.withLock { $0.append((index, r)) }
         }
     }

@@ -35,7 +35,8 @@ extension OutboxStore {
     func ingestNow(_ r: NewResponse, secret: String, apps: Set<String> = ["com.example.app"], ttl: Int64 = 86_400_000, maxPending: Int = 1000) throws -> IngestOutcome {
         let slot = ResultBox<Result<IngestOutcome, StoreError>>()
         let done = DispatchSemaphore(value: 0)
-        submit(IngestRequest(response: r, credentialHash: Credentials.hash(secret: secret), configuredApps: apps, ttlMillis: ttl, maxPending: maxPending)) {
+        ingestSettings = IngestStoreSettings(configuredApps: apps, ttlMillis: ttl, maxPending: maxPending)
+        submit(IngestRequest(response: r, credentialHash: Credentials.hash(secret: secret))) {
             slot.value = $0
             done.signal()
         }

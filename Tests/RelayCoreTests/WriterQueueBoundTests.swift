@@ -23,10 +23,10 @@ import Testing
         let done = DispatchGroup()
         let accepted = Atomic<Int>(0)
         let refused = Atomic<Int>(0)
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 100_000)
         for i in 0..<(bound + 5) {
             done.enter()
-            s.submit(IngestRequest(response: sample(index: UInt32(i)), credentialHash: Credentials.hash(secret: c.secret),
-                                   configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 100_000)) { r in
+            s.submit(IngestRequest(response: sample(index: UInt32(i)), credentialHash: Credentials.hash(secret: c.secret))) { r in
                 switch r {
                 case .success(.accepted): accepted.add(1, ordering: .relaxed)
                 case .failure(.unavailable): refused.add(1, ordering: .relaxed)

@@ -84,8 +84,6 @@ public struct APIResponse: Sendable, Equatable {
 
 public struct IngestSettings: Sendable {
     public var limits = IngestLimits()
-    public var ttlMillis: Int64 = 86_400_000
-    public var maxPending: Int = 1_000_000
     public var perCredential = RateLimit(perSecond: 1000, burst: 2000)
     public var perPushToken = RateLimit(perSecond: 10, burst: 20)
     /// Failed authentications (401) per client address (IPv4 address or IPv6 /64): once the
@@ -102,7 +100,6 @@ public struct IngestSettings: Sendable {
     public var credentialMaxAgeMicros: Int64 = 1_000_000
     /// Retry-After (seconds) sent with 503.
     public var unavailableRetryAfterSeconds = 5
-    public var apps: Set<String> = []
     public init() {}
 }
 
@@ -397,8 +394,7 @@ public final class IngestService: Sendable {
         switch IngestValidation.validate(contentType: request.contentType, body: request.body, limits: settings.limits) {
         case .failure(let e): return finish(.error(e), e.code)
         case .success(let response):
-            ingest = IngestRequest(response: response, credentialHash: hash, configuredApps: settings.apps,
-                                   ttlMillis: settings.ttlMillis, maxPending: settings.maxPending)
+            ingest = IngestRequest(response: response, credentialHash: hash)
         }
         let t = tokenLimiter.take(ingest.response.pushToken)
         guard t.allowed else {

@@ -32,22 +32,34 @@ public struct NewResponse: Sendable, Equatable {
     }
 }
 
-/// One ingest: the response plus what the store must check in the same transaction as the
-/// insert (credential, app scope, unregistered token, outbox bound).
+/// One ingest: the response and the bearer it came with. The store checks it in the same
+/// transaction as the insert (credential, app scope, unregistered token, outbox bound) against
+/// its `IngestStoreSettings`.
 public struct IngestRequest: Sendable {
     public var response: NewResponse
     /// SHA-256 of the presented bearer secret.
     public var credentialHash: [UInt8]
-    /// Apps configured in this relay; an app outside it is `unknownApp`.
-    public var configuredApps: Set<String>
-    /// Time to live from acceptance; after it the row fails with reason "expired".
-    public var ttlMillis: Int64
-    /// The outbox bound: non-terminal rows above which ingest answers 503.
-    public var maxPending: Int
 
-    public init(response: NewResponse, credentialHash: [UInt8], configuredApps: Set<String>, ttlMillis: Int64, maxPending: Int) {
+    public init(response: NewResponse, credentialHash: [UInt8]) {
         self.response = response
         self.credentialHash = credentialHash
+    }
+}
+
+/// What every ingest is checked against, from the configuration: given to the store once at
+/// start (RelayService), not carried by each request. SIGHUP does not change these (a restart
+/// does).
+public struct IngestStoreSettings: Sendable, Equatable {
+    /// Apps configured in this relay (`apps[].bundleID`); an app outside it is `unknownApp`.
+    public var configuredApps: Set<String>
+    /// `ingest.ttlSeconds` in ms: time to live from acceptance; after it the row fails with
+    /// reason "expired".
+    public var ttlMillis: Int64
+    /// `store.maxPending`: non-terminal rows above which ingest answers 503.
+    public var maxPending: Int
+
+    /// No app configured: every ingest is `unknownApp` until the settings are given.
+    public init(configuredApps: Set<String> = [], ttlMillis: Int64 = 86_400_000, maxPending: Int = 1_000_000) {
         self.configuredApps = configuredApps
         self.ttlMillis = ttlMillis
         self.maxPending = maxPending
@@ -226,6 +238,8 @@ public protocol OutboxStore: AnyObject, Sendable {
     /// store calls the completion on a thread of its own.
     func submit(_ request: IngestRequest, on executor: (any ThreadExecutor)?,
                 completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void)
+    /// What `submit` checks every request against; read once per batch.
+    var ingestSettings: IngestStoreSettings { get set }
 
     // MARK: dispatcher
     /// Rows left inflight by a crash go back to queued (same id). Returns how many.

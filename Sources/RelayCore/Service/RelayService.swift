@@ -70,6 +70,8 @@ public final class RelayService: @unchecked Sendable {
             }) { logger.info("still starting", ["stage": stage]) }
         }) }
         self.store = store
+        store.ingestSettings = IngestStoreSettings(configuredApps: Set(c.apps.map(\.bundleID)), ttlMillis: Int64(c.ingest.ttlSeconds) * 1000,
+                                                   maxPending: c.store.maxPending)
         running.adopt(StopAction { [logger] _ in
             let counts = try? store.counts()
             store.close()
@@ -98,12 +100,9 @@ public final class RelayService: @unchecked Sendable {
 
         var settings = IngestSettings()
         settings.limits = IngestLimits(maxBodyBytes: c.ingest.maxBodyBytes)
-        settings.ttlMillis = Int64(c.ingest.ttlSeconds) * 1000
-        settings.maxPending = c.store.maxPending
         settings.perCredential = c.ingest.perCredential
         settings.perPushToken = c.ingest.perPushToken
         settings.authFailuresPerAddress = c.ingest.authFailuresPerAddress
-        settings.apps = Set(c.apps.map(\.bundleID))
         let ingest = IngestService(store: store, settings: settings, metrics: metrics, logger: logger, workers: workers)
 
         var limits = HTTPLimits()

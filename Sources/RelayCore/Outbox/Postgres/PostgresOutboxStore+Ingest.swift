@@ -19,7 +19,8 @@ extension PostgresOutboxStore {
     func ingestBatch(_ w: PostgresWorker<PendingIngest>, _ items: [PendingIngest]) {
         let result: (outcomes: [IngestOutcome], inserted: Int, touched: [String: Int64])
         do {
-            result = try w.transaction { c in try self.ingest(items, c) }
+            let settings = ingestSettings
+            result = try w.transaction { c in try self.ingest(items, settings, c) }
         } catch {
             let e = (error as? StoreError) ?? .invalid("\(error)")
             for i in items { i.completion(.failure(e)) }
@@ -77,7 +78,7 @@ extension PostgresOutboxStore {
         return out
     }
 
-    private func ingest(_ items: [PendingIngest], _ c: PostgresConnection) throws -> (outcomes: [IngestOutcome], inserted: Int, touched: [String: Int64]) {
+    private func ingest(_ items: [PendingIngest], _ settings: IngestStoreSettings, _ c: PostgresConnection) throws -> (outcomes: [IngestOutcome], inserted: Int, touched: [String: Int64]) {
         // 1. Credentials, in the same transaction: a revocation committed by relayctl (on any
         //    node) takes effect for the very next batch.
         let hashes = Array(Set(items.map(\.request.credentialHash)))
@@ -92,7 +93,7 @@ extension PostgresOutboxStore {
         for (n, item) in items.enumerated() {
             let req = item.request
             switch StoreRules.admit(credential: creds[req.credentialHash], presentedHash: req.credentialHash, requestedApp: req.response.app,
-                                    configuredApps: req.configuredApps) {
+                                    configuredApps: settings.configuredApps) {
             case .refused(let outcome):
                 outcomes[n] = outcome
             case .admitted(let credID, let app):
@@ -142,7 +143,7 @@ extension PostgresOutboxStore {
                 outcomes[cand.index] = .unregistered
                 continue
             }
-            guard capacityUsed < item.request.maxPending else {
+            guard capacityUsed < settings.maxPending else {
                 outcomes[cand.index] = .overCapacity
                 continue
             }
@@ -175,7 +176,7 @@ extension PostgresOutboxStore {
                 [.textArray(ids), .textArray(apps), .textArray(rs.map(\.pushToken)), .textArray(rs.map(\.sessionIdentifier)),
                  .bytesArray(rs.map(\.keyID)), .intArray(rs.map { Int64($0.messageIndex) }), .bytesArray(rs.map(\.encryptedData)),
                  .textArray(credIDs), .intArray(dues), .intArray(nows),
-                 .intArray(zip(insertItem, nows).map { $1 + items[$0].request.ttlMillis })])
+                 .intArray(nows.map { $0 + settings.ttlMillis })])
             let stored = Set(returned.compactMap { $0.first?.string })
             inserted = stored.count
             var lost: [Int] = []

@@ -45,11 +45,18 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     private let queryWorker: PostgresWorker<Void>
     private let pending = Mutex(Pending())
     let stats = Mutex((batches: 0, jobs: 0))
+    private let settings = Mutex(IngestStoreSettings())
     var touchedAt: [String: Int64] = [:]
     /// Response ids (UUIDv7, as SQLiteOutboxStore mints them), minted on the ingest thread only.
     var ids = TimeOrderedIDs()
 
     public var nodeID: String { options.nodeID }
+
+    /// Read once per ingest batch.
+    public var ingestSettings: IngestStoreSettings {
+        get { settings.withLock { $0 } }
+        set { settings.withLock { $0 = newValue } }
+    }
 
     /// Told after each ingest COMMIT that inserted rows (nil: no dispatcher). Rows are always
     /// inserted `queued` here: a claim takes the lease.

@@ -6,6 +6,11 @@ import POSIXThreads
 import Ratchet
 
 extension SQLiteOutboxStore {
+    public var ingestSettings: IngestStoreSettings {
+        get { writerState.sharedSettings.withLock { $0 } }
+        set { writerState.sharedSettings.withLock { $0 = newValue } }
+    }
+
     public func submit(_ request: IngestRequest, on executor: (any ThreadExecutor)?,
                        completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
         guard let writer else { return completion(.failure(.invalid("store opened read-only"))) }
@@ -39,8 +44,15 @@ extension SQLiteOutboxStore {
             self.completion = completion
         }
 
+        // What `ingest` reads: the request's fields and the store's settings for this batch.
+        var response: NewResponse { request.response }
+        var credentialHash: [UInt8] { request.credentialHash }
+        var configuredApps: Set<String> { state.settings.configuredApps }
+        var ttlMillis: Int64 { state.settings.ttlMillis }
+        var maxPending: Int { state.settings.maxPending }
+
         override func run(_ db: SQLiteDatabase) throws {
-            outcome = try SQLiteOutboxStore.ingest(request, now: now, db: db, state: state)
+            outcome = try SQLiteOutboxStore.ingest(self, now: now, db: db, state: state)
         }
 
         override func finish(_ error: StoreError?) {
@@ -100,7 +112,7 @@ extension SQLiteOutboxStore {
 
     /// Runs on the writer thread inside the batch transaction. A row inserted `inflight` on a
     /// channel slot joins `state.handedOff`, posted to the dispatcher after COMMIT.
-    private static func ingest(_ request: IngestRequest, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> IngestOutcome {
+    private static func ingest(_ request: IngestJob, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> IngestOutcome {
         // Credential: looked up in the same transaction, so a revocation committed by relayctl
         // takes effect for the very next batch.
         let cred: CachedCredential?

@@ -6,10 +6,12 @@ import FoundationEssentials
 import Glibc
 import POSIXThreads
 import Ratchet
+import Synchronization
 
 public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     // @unchecked Sendable: `writer` serialises every write on its own thread; `reader` is only
-    // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread).
+    // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread),
+    // except its `sharedSettings`, a Mutex.
     public static let schemaVersion = 5
 
     let writer: GroupCommitWriter?
@@ -26,6 +28,9 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     let channel: DispatchChannel?
 
     final class WriterState {
+        /// `ingestSettings`, set from any thread; copied into `settings` at each batch start.
+        let sharedSettings = Mutex(IngestStoreSettings())
+        var settings = IngestStoreSettings()
         /// queued + inflight + retry rows: read from outbox_stats at each batch start, adjusted
         /// by the batch's jobs, written back before COMMIT (so relayctl's changes from another
         /// process are seen, and start-up needs no count over the whole table).
@@ -116,6 +121,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         let state = writerState
         state.channel = channel
         w.beforeBatch = {
+            state.settings = state.sharedSettings.withLock { $0 }
             state.credentials.removeAll(keepingCapacity: true)
             state.lastCredential = nil
             state.reservedInBatch = 0
