@@ -32,8 +32,8 @@ import TestSupport
     static func ingest(_ s: SQLiteOutboxStore, _ r: NewResponse, secret: String, within seconds: Double = 60) -> Result<IngestOutcome, StoreError>? {
         let slot = ResultBox<Result<IngestOutcome, StoreError>>()
         let done = DispatchSemaphore(value: 0)
-        s.submit(IngestRequest(response: r, credentialHash: Credentials.hash(secret: secret), configuredApps: ["com.example.app"],
-                               ttlMillis: 86_400_000, maxPending: 1_000_000)) {
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 86_400_000, maxPending: 1_000_000)
+        s.submit(IngestRequest(response: r, credentialHash: Credentials.hash(secret: secret))) {
             slot.value = $0
             done.signal()
         }
