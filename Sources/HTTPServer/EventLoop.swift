@@ -388,29 +388,17 @@ final class TCPSocket {
             p.withMemoryRebound(to: sockaddr.self, capacity: 1) { uv_tcp_getpeername(tcp, $0, &len) }
         }
         guard rc == 0 else { return ("unknown", nil, nil) }
-        let bytes = withUnsafePointer(to: &storage) { p -> [UInt8] in
-            if Int32(p.pointee.ss_family) == AF_INET6 {
-                return p.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { a in withUnsafeBytes(of: a.pointee.sin6_addr) { Array($0) } }
-            }
-            return p.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { a in withUnsafeBytes(of: a.pointee.sin_addr) { Array($0) } }
-        }
-        return (peerText(&storage), PeerKey(addressBytes: bytes), bytes)
-    }
-
-    private func peerText(_ storage: inout sockaddr_storage) -> String {
-        var name = [CChar](repeating: 0, count: 64)
-        return withUnsafePointer(to: &storage) { p -> String in
+        let (bytes, port) = withUnsafePointer(to: &storage) { p -> ([UInt8], UInt16) in
             if Int32(p.pointee.ss_family) == AF_INET6 {
                 return p.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { a in
-                    uv_ip6_name(a, &name, name.count)
-                    return "[\(cArrayString(name))]:\(UInt16(bigEndian: a.pointee.sin6_port))"
+                    (withUnsafeBytes(of: a.pointee.sin6_addr) { Array($0) }, UInt16(bigEndian: a.pointee.sin6_port))
                 }
             }
             return p.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { a in
-                uv_ip4_name(a, &name, name.count)
-                return "\(cArrayString(name)):\(UInt16(bigEndian: a.pointee.sin_port))"
+                (withUnsafeBytes(of: a.pointee.sin_addr) { Array($0) }, UInt16(bigEndian: a.pointee.sin_port))
             }
         }
+        return (addressText(bytes, port: port) ?? "unknown", PeerKey(addressBytes: bytes), bytes)
     }
 
     private static func from(_ data: UnsafeMutableRawPointer?) -> TCPSocket {

@@ -11,6 +11,8 @@ import Glibc
 public struct IPNetwork: Sendable, Equatable, CustomStringConvertible {
     /// 4 or 16 bytes, host bits cleared.
     let bytes: [UInt8]
+    /// Per byte of `bytes`: the bits the prefix covers.
+    let mask: [UInt8]
     let prefixLength: Int
     public let description: String
 
@@ -24,12 +26,11 @@ public struct IPNetwork: Sendable, Equatable, CustomStringConvertible {
                   let p = Int(parts[1]), p <= maxPrefix else { return nil }
             prefix = p
         }
-        var masked = address
-        for i in 0..<masked.count {
+        mask = (0..<address.count).map { i in
             let bitsHere = max(0, min(8, prefix - i * 8))
-            masked[i] &= bitsHere == 0 ? 0 : UInt8(truncatingIfNeeded: 0xFF << (8 - bitsHere))
+            return bitsHere == 0 ? 0 : UInt8(truncatingIfNeeded: 0xFF << (8 - bitsHere))
         }
-        bytes = masked
+        bytes = zip(address, mask).map { $0 & $1 }
         prefixLength = prefix
         description = text
     }
@@ -42,12 +43,7 @@ public struct IPNetwork: Sendable, Equatable, CustomStringConvertible {
             a = Array(a[12...])
         }
         guard a.count == bytes.count else { return false }
-        for i in 0..<a.count {
-            let bitsHere = max(0, min(8, prefixLength - i * 8))
-            if bitsHere == 0 { break }
-            let mask = UInt8(truncatingIfNeeded: 0xFF << (8 - bitsHere))
-            if a[i] & mask != bytes[i] { return false }
-        }
+        for i in 0..<a.count where a[i] & mask[i] != bytes[i] { return false }
         return true
     }
 }
@@ -61,6 +57,21 @@ func ipAddressBytes(_ text: String) -> [UInt8]? {
     return nil
 }
 
+/// "192.0.2.7:51234" or "[2001:db8::1]:51234" (HTTPRequest.remoteAddress) from 4 or 16 address
+/// bytes and a port; nil for any other length.
+func addressText(_ address: [UInt8], port: UInt16) -> String? {
+    var buffer = [CChar](repeating: 0, count: 64)
+    let family: Int32
+    switch address.count {
+    case 4: family = AF_INET
+    case 16: family = AF_INET6
+    default: return nil
+    }
+    guard address.withUnsafeBytes({ inet_ntop(family, $0.baseAddress, &buffer, socklen_t(buffer.count)) }) != nil else { return nil }
+    let host = cArrayString(buffer)
+    return address.count == 4 ? "\(host):\(port)" : "[\(host)]:\(port)"
+}
+
 /// What a PROXY header says about the connection.
 public struct ProxyHeader: Sendable, Equatable {
     /// The client's address (4 or 16 bytes) and port; nil for a v2 LOCAL command (the proxy's
@@ -70,15 +81,7 @@ public struct ProxyHeader: Sendable, Equatable {
     public var sourcePort: UInt16
 
     /// "192.0.2.7:51234" or "[2001:db8::1]:51234", as HTTPRequest.remoteAddress writes it.
-    public var sourceText: String? {
-        guard let a = sourceAddress else { return nil }
-        var buffer = [CChar](repeating: 0, count: 64)
-        let family = a.count == 4 ? AF_INET : AF_INET6
-        let ok = a.withUnsafeBytes { inet_ntop(family, $0.baseAddress, &buffer, socklen_t(buffer.count)) } != nil
-        guard ok else { return nil }
-        let host = cArrayString(buffer)
-        return a.count == 4 ? "\(host):\(sourcePort)" : "[\(host)]:\(sourcePort)"
-    }
+    public var sourceText: String? { sourceAddress.flatMap { addressText($0, port: sourcePort) } }
 
     /// The per-address key of the source, or nil when there is none.
     public var sourceKey: PeerKey? { sourceAddress.flatMap(PeerKey.init(addressBytes:)) }
