@@ -164,8 +164,8 @@ enum AccessoryCommand {
             let u = UUID().uuidString
             return upper ? u : u.lowercased()
         }
-        guard let u = UUID(uuidString: text) else { throw UsageError("--\(name): expected a UUID (8-4-4-4-12 hex digits), got '\(text)'") }
-        return upper ? u.uuidString : u.uuidString.lowercased()
+        guard let bytes = UUIDText.parse(text) else { throw UsageError("--\(name): expected a UUID (8-4-4-4-12 hex digits), got '\(text)'") }
+        return UUIDText.format(bytes, uppercase: upper)
     }
 
     static func protocolInfo(_ args: ParsedArguments, suite: AccessoryCiphersuite, device: String) -> ProtocolInfo {

@@ -95,12 +95,14 @@ enum SendTestCommand {
         }
         let session: String
         if let s = args.optionalString("session") {
-            guard let uuid = UUID(uuidString: s) else { throw UsageError("--session: expected a UUID, got '\(s)'") }
-            session = uuid.uuidString
+            guard let bytes = UUIDText.parse(s) else { throw UsageError("--session: expected a UUID, got '\(s)'") }
+            session = UUIDText.format(bytes, uppercase: true)
         } else {
-            let b = RelayCrypto.sha256(Array("session".utf8) + rootKeyBytes)
-            session = UUID(uuid: (b[0], b[1], b[2], b[3], b[4], b[5], (b[6] & 0x0f) | 0x40, b[7], (b[8] & 0x3f) | 0x80,
-                                  b[9], b[10], b[11], b[12], b[13], b[14], b[15])).uuidString
+            // A version-4 UUID made of the root key's hash: the same session on every run.
+            var b = Array(RelayCrypto.sha256(Array("session".utf8) + rootKeyBytes).prefix(16))
+            b[6] = (b[6] & 0x0f) | 0x40
+            b[8] = (b[8] & 0x3f) | 0x80
+            session = UUIDText.format(b, uppercase: true)
         }
         let wait = try args.optionalDuration("wait")
         let app = args.optionalString("app")
