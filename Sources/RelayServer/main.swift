@@ -19,8 +19,9 @@ let usage = """
       -h, --help        Show this help.
 
     Signals: SIGTERM/SIGINT drain and stop (exit 0). SIGHUP reloads the ingest TLS
-    certificate, key and client CA and the apps' APNs key files without dropping connections
-    (a file that does not load keeps the previous one); other changes need a restart.
+    certificate, key and client CA and the apps' APNs key files and caFile without dropping
+    connections (a file that does not load keeps the previous one); other changes need a
+    restart.
     Exit codes: 64 usage, 1 runtime failure.
 
     """

@@ -31,6 +31,22 @@ struct RelayctlHelpTests {
         #expect(result.stdout == expected, "relayctl \(path.joined(separator: " ")) --help differs from \(file.lastPathComponent)")
     }
 
+    /// docs/operations.md's command table names every option send-test's help lists (its row
+    /// is the only place they are summed up; the other rows leave out --config/--db/--json).
+    @Test(arguments: [["send-test"]])
+    func theOperationsTableNamesEveryOption(_ path: [String]) throws {
+        let help = try Relayctl.run(path + ["--help"]).stdout
+        let options = help.split(separator: "\n").compactMap { line -> String? in
+            let t = line.drop { $0 == " " }
+            guard t.hasPrefix("--"), let name = t.split(separator: " ").first else { return nil }
+            return name == "--help" ? nil : String(name)
+        }
+        #expect(!options.isEmpty)
+        let runbook = try String(contentsOf: Relayctl.repoRoot.appendingPathComponent("docs/operations.md"), encoding: .utf8)
+        let row = try #require(runbook.split(separator: "\n").first { $0.hasPrefix("| `relayctl \(path.joined(separator: " ")) ") })
+        for option in options { #expect(row.contains(option), "docs/operations.md: relayctl \(path.joined(separator: " ")) lacks \(option)") }
+    }
+
     @Test func groupsWithoutASubcommandAreUsageErrors() throws {
         for group in ["tokens", "credentials"] {
             let r = try Relayctl.run([group])

@@ -229,7 +229,7 @@ public final class RelayService: @unchecked Sendable {
     }
 
     /// SIGHUP: re-reads the ingest certificate, private key and client CA, and each app's APNs
-    /// key files (.p8, or certificate, key and passphrase), from the paths the config named at
+    /// key files (.p8, or certificate, key and passphrase) and caFile, from the paths the config named at
     /// start. New ingest connections get the new certificate; open ones keep theirs. An app whose
     /// files changed gets a new APNs client (new connections, a new JWT); the old one finishes
     /// what it has in flight. If a file does not load, the running certificate or client stays
