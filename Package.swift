@@ -48,7 +48,7 @@ let package = Package(
         // Named pthreads and a condition variable for modules that must not link Foundation.
         .target(name: "POSIXThreads"),
         // APNs HTTP/2 client (nghttp2 client sessions over OpenSSL), ES256 JWT, result classification.
-        .target(name: "PushClient", dependencies: ["Basics", "NGHTTP2Support", "CNghttp2", "OpenSSLSupport", "COpenSSL"]),
+        .target(name: "PushClient", dependencies: ["Basics", "POSIXThreads", "NGHTTP2Support", "CNghttp2", "OpenSSLSupport", "COpenSSL"]),
         // The APNs look-alike used by tests, benchmarks and users' own tests.
         .target(name: "MockAPNs", dependencies: ["Basics", "HTTPServer", "POSIXThreads", "Ratchet", "KeyExchange", "PushClient", "OpenSSLSupport", "COpenSSL"]),
         // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API.

@@ -2,6 +2,7 @@
 // See docs/pushclient.md for the threading and reconnection design.
 import FoundationEssentials
 import Glibc
+import POSIXThreads
 import Synchronization
 
 /// Counters a slot thread bumps and tests read.
@@ -12,36 +13,6 @@ final class SlotStats: Sendable {
     let deadConnections = Atomic<Int>(0)
     let refusedRetries = Atomic<Int>(0)
     let maxStreamsInFlight = Atomic<Int>(0)
-}
-
-/// Runs `body` on a new joinable POSIX thread (no Foundation Thread needed).
-private final class ThreadBody {
-    let run: () -> Void
-    init(_ run: @escaping () -> Void) { self.run = run }
-}
-
-private func spawnThread(name: String, _ body: @escaping () -> Void) throws -> pthread_t {
-    let box = Unmanaged.passRetained(ThreadBody {
-        // pthread_setname_np is GNU-only and does not import; the kernel's per-thread comm
-        // file is the same thing (shown by top -H / ps -L). Best effort.
-        let fd = open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC)
-        if fd >= 0 {
-            let bytes = Array(name.utf8.prefix(15))
-            _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-            close(fd)
-        }
-        body()
-    }).toOpaque()
-    var tid = pthread_t()
-    let rc = pthread_create(&tid, nil, { arg in
-        Unmanaged<ThreadBody>.fromOpaque(arg!).takeRetainedValue().run()
-        return nil
-    }, box)
-    guard rc == 0 else {
-        Unmanaged<ThreadBody>.fromOpaque(box).release()
-        throw PushClientError.invalidConfiguration("cannot start a connection thread: \(String(cString: strerror(rc)))")
-    }
-    return tid
 }
 
 /// One connection slot: a thread that owns the slot's current HTTP/2 connection (plus older
@@ -103,7 +74,12 @@ final class ConnectionSlot: @unchecked Sendable {
     }
 
     func start() throws {
-        let tid = try spawnThread(name: "apns-slot-\(index)") { [self] in run() }
+        let tid: pthread_t
+        do {
+            tid = try startThread(name: "apns-slot-\(index)") { [self] in run() }
+        } catch {
+            throw PushClientError.invalidConfiguration("cannot start a connection thread: \(String(cString: strerror(error.code)))")
+        }
         inbox.withLock { $0.thread = tid }
     }
 
