@@ -145,17 +145,7 @@ public final class DeliveryRecorder: Sendable {
 /// `2026-11-30T13:19:35.123Z`: what ISO8601DateFormatter gives with fractional seconds, without
 /// creating a formatter per call (rounded to the millisecond, as the formatter does).
 func iso8601Millis(_ date: Date) -> String {
-    let ms = Int64((date.timeIntervalSince1970 * 1000).rounded())
-    var t = time_t(ms >= 0 ? ms / 1000 : (ms - 999) / 1000)
-    let milli = Int(ms - Int64(t) * 1000)
-    var parts = tm()
-    gmtime_r(&t, &parts)
-    func pad(_ v: Int32, _ width: Int) -> String {
-        let d = String(v)
-        return String(repeating: "0", count: max(0, width - d.count)) + d
-    }
-    return "\(pad(parts.tm_year + 1900, 4))-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
-        + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2)).\(pad(Int32(milli), 3))Z"
+    iso8601UTC(millis: Int64((date.timeIntervalSince1970 * 1000).rounded()))
 }
 
 extension MockDelivery {

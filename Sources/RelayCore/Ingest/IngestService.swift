@@ -5,6 +5,7 @@
 //   address spent its failure budget) -> 429 credential -> 415/413/400 body -> 429 push token
 //   -> in one store transaction: 401 revoked since (defence in depth), 400 unknown/ambiguous
 //   app, 403 scope, 200 duplicate, 410 unregistered token, 503 outbox bound, 202 after COMMIT.
+import Basics
 import FoundationEssentials
 import Glibc
 import HTTPServer

@@ -31,32 +31,18 @@ public struct PrometheusRegistry: Sendable {
         families[name] = Family(kind: kind, help: help)
     }
 
-    /// Adds one sample to the declared family `name`.
-    public mutating func sample(_ name: String, _ labels: KeyValuePairs<String, String> = [:], _ value: some BinaryInteger) {
-        append(name, suffix: "", labels, "\(value)")
-    }
-
-    public mutating func sample(_ name: String, _ labels: KeyValuePairs<String, String> = [:], _ value: Double) {
-        append(name, suffix: "", labels, "\(value)")
+    /// Adds one sample to the declared family `name` (integers and doubles as Swift prints them).
+    public mutating func sample(_ name: String, _ labels: KeyValuePairs<String, String> = [:], _ value: some Numeric & CustomStringConvertible) {
+        append(name, suffix: "", labels, value.description)
     }
 
     /// Declares and fills a family with a single unlabelled sample.
-    public mutating func counter(_ name: String, help: String, _ value: some BinaryInteger) {
+    public mutating func counter(_ name: String, help: String, _ value: some Numeric & CustomStringConvertible) {
         declare(name, .counter, help: help)
         sample(name, [:], value)
     }
 
-    public mutating func counter(_ name: String, help: String, _ value: Double) {
-        declare(name, .counter, help: help)
-        sample(name, [:], value)
-    }
-
-    public mutating func gauge(_ name: String, help: String, _ value: some BinaryInteger) {
-        declare(name, .gauge, help: help)
-        sample(name, [:], value)
-    }
-
-    public mutating func gauge(_ name: String, help: String, _ value: Double) {
+    public mutating func gauge(_ name: String, help: String, _ value: some Numeric & CustomStringConvertible) {
         declare(name, .gauge, help: help)
         sample(name, [:], value)
     }
