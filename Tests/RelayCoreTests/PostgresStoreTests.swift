@@ -199,7 +199,8 @@ struct PostgresStoreTests {
     }
 
     @Test func queuedIngestsCommitInOneTransaction() throws {
-        let s = try f.openPostgres(nodeID: "a")
+        // One ingest connection: with more, the next free one takes part of the queue.
+        let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
         defer { s.close() }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         let before = s.writerStats.batches

@@ -72,8 +72,9 @@ final class StoreFixture: @unchecked Sendable {
         }
     }
 
-    func openPostgres(nodeID: String, leaseMillis: Int64 = 60_000, channel: DispatchChannel? = nil) throws -> PostgresOutboxStore {
-        try PostgresOutboxStore(options: PostgresStoreOptions(url: pgURL, nodeID: nodeID, leaseMillis: leaseMillis), clock: clock, channel: channel)
+    func openPostgres(nodeID: String, leaseMillis: Int64 = 60_000, ingestConnections: Int = 2, channel: DispatchChannel? = nil) throws -> PostgresOutboxStore {
+        try PostgresOutboxStore(options: PostgresStoreOptions(url: pgURL, nodeID: nodeID, leaseMillis: leaseMillis, ingestConnections: ingestConnections),
+                                clock: clock, channel: channel)
     }
 
     /// Runs SQL directly against this fixture's database (checks that bypass the store).

@@ -72,11 +72,16 @@ final class PostgresConnection {
 
     deinit { PQfinish(conn) }
 
-    /// Statements sent since the owner last reset it (see PostgresWorker.withConnection).
+    /// Round trips (statements, or pipelines) since the owner last reset it (see
+    /// PostgresLink.withConnection).
     var statementsSent = 0
 
-    /// False once libpq noticed the server is gone; the owner then drops this connection.
-    var isOK: Bool { PQstatus(conn) == CONNECTION_OK }
+    /// Set when a pipeline's answers stopped making sense: the connection's state is unknown.
+    private var broken = false
+
+    /// False once libpq noticed the server is gone (or a pipeline broke); the owner then drops
+    /// this connection.
+    var isOK: Bool { !broken && PQstatus(conn) == CONNECTION_OK }
 
     /// Not inside a transaction block (or the connection is unusable).
     var isIdle: Bool { PQtransactionStatus(conn) == PQTRANS_IDLE }
@@ -141,6 +146,102 @@ final class PostgresConnection {
         return (sql + "\u{0}" + types.map(String.init).joined(separator: ","), types)
     }
 
+    /// Sends every statement and then one Sync in a single write (libpq pipeline mode) and reads
+    /// every answer: one round trip however many statements. Outside BEGIN ... COMMIT the
+    /// statements form one implicit transaction that commits at the Sync, durably with
+    /// synchronous_commit on; if one fails, the rest are skipped and nothing of them stays. So a
+    /// returned value means committed; a throw means nothing committed, or, with the connection
+    /// lost before the Sync's answer, that the outcome is unknown (`StoreError.unavailable`).
+    func pipeline(_ statements: [(sql: String, params: [PGValue])]) throws -> [(rows: [PGRow], affected: Int)] {
+        statementsSent += 1  // one round trip: a dead idle connection fails it before anything ran
+        guard PQenterPipelineMode(conn) == 1 else { throw failure(nil, "enter pipeline mode") }
+        defer {
+            // Fails only with answers still unread: the connection is then unusable.
+            if PQexitPipelineMode(conn) != 1 { broken = true }
+        }
+        enum Answer { case prepare(key: String, name: String), statement(index: Int) }
+        var answers: [Answer] = []
+        var preparing: [String: String] = [:]
+        for (i, st) in statements.enumerated() {
+            let encoded = st.params.map(Self.encode)
+            let (key, types) = Self.preparedKey(st.sql, encoded)
+            var name = prepared[key] ?? preparing[key]
+            if name == nil {
+                let n = "relay_\(prepared.count + preparing.count)"
+                guard types.withUnsafeBufferPointer({ PQsendPrepare(conn, n, st.sql, Int32(types.count), $0.baseAddress) }) == 1 else {
+                    broken = true
+                    throw failure(nil, "prepare " + Self.context(st.sql))
+                }
+                preparing[key] = n
+                answers.append(.prepare(key: key, name: n))
+                name = n
+            }
+            let sent = withParameters(encoded) { values, lengths, formats in
+                PQsendQueryPrepared(conn, name, Int32(encoded.count), values, lengths, formats, 1)
+            }
+            guard sent == 1 else {
+                broken = true
+                throw failure(nil, Self.context(st.sql))
+            }
+            answers.append(.statement(index: i))
+        }
+        guard PQpipelineSync(conn) == 1 else {
+            broken = true
+            throw failure(nil, "pipeline sync")
+        }
+        var out = [(rows: [PGRow], affected: Int)](repeating: ([], 0), count: statements.count)
+        var firstError: StoreError?
+        for answer in answers {
+            let context: () -> String = {
+                switch answer {
+                case .prepare(let key, _): return "prepare " + Self.context(String(key.prefix { $0 != "\u{0}" }))
+                case .statement(let i): return Self.context(statements[i].sql)
+                }
+            }
+            guard let handle = PQgetResult(conn) else { throw lostInPipeline(firstError) }
+            let result = PostgresResult(handle)
+            switch PQresultStatus(handle) {
+            case PGRES_COMMAND_OK, PGRES_TUPLES_OK:
+                switch answer {
+                case .prepare(let key, let name): prepared[key] = name
+                case .statement(let i): if firstError == nil { out[i] = (try result.rows(context: context()), result.affected) }
+                }
+            case PGRES_PIPELINE_ABORTED:
+                if firstError == nil { firstError = .postgres(sqlState: "", message: "pipeline aborted", context: context()) }
+            default:
+                if firstError == nil { firstError = failure(handle, context()) }
+            }
+            // Each statement's answers end with a NULL.
+            if let extra = PQgetResult(conn) {
+                PQclear(extra)
+                // libpq adds one when the server ended the connection (e.g. terminated it).
+                if PQstatus(conn) != CONNECTION_OK { throw lostInPipeline(nil) }
+                broken = true
+                throw StoreError.unavailable("PostgreSQL pipeline out of step after \(context())")
+            }
+        }
+        guard let sync = PQgetResult(conn) else { throw lostInPipeline(firstError) }
+        let syncStatus = PQresultStatus(sync)
+        guard syncStatus == PGRES_PIPELINE_SYNC else {
+            // An error raised by the implicit COMMIT itself: not committed. The connection's
+            // place in the protocol is then unclear, so it is replaced.
+            let error = syncStatus == PGRES_FATAL_ERROR ? failure(sync, "commit") : nil
+            PQclear(sync)
+            broken = true
+            throw error ?? StoreError.unavailable("PostgreSQL pipeline out of step at its Sync")
+        }
+        PQclear(sync)
+        if let firstError { throw firstError }
+        return out
+    }
+
+    /// The connection ended before the pipeline's Sync answered: whether it committed is unknown.
+    private func lostInPipeline(_ earlier: StoreError?) -> StoreError {
+        broken = true
+        if let earlier, case .unavailable = earlier { return earlier }
+        return .unavailable("PostgreSQL connection lost before the commit was confirmed: \(Self.clean(PQerrorMessage(conn)))")
+    }
+
     /// The start of a statement, on one line, for error messages (built only when one is thrown).
     static func context(_ sql: String) -> String { String(ASCII.trimLines(sql).prefix(60)) }
 
@@ -153,12 +254,12 @@ final class PostgresConnection {
 
     // MARK: parameter encoding (binary, network byte order)
 
-    private struct Encoded {
+    struct Encoded {
         var type: Oid
         var bytes: [UInt8]?
     }
 
-    private static func encode(_ v: PGValue) -> Encoded {
+    static func encode(_ v: PGValue) -> Encoded {
         switch v {
         case .null: return Encoded(type: 0, bytes: nil)
         case .int(let i): return Encoded(type: 20, bytes: withUnsafeBytes(of: i.bigEndian) { Array($0) })
@@ -177,7 +278,7 @@ final class PostgresConnection {
     /// A one-dimensional array in array_recv's binary form: ndim, has-null flag, element type,
     /// (length, lower bound 1), then each element as its byte length (-1: NULL) and its binary
     /// form. An empty array has ndim 0 and no dimension.
-    private static func binaryArray<E>(_ elements: [E], elementType: Oid, size: (E) -> Int?, write: (E, inout [UInt8]) -> Void) -> [UInt8] {
+    static func binaryArray<E>(_ elements: [E], elementType: Oid, size: (E) -> Int?, write: (E, inout [UInt8]) -> Void) -> [UInt8] {
         var out: [UInt8] = []
         var total = 20
         var hasNull = false

@@ -1,5 +1,9 @@
-// PostgresOutboxStore: the ingest batch (set-based statements in one transaction; facts
-// gathered here, decided by StoreRules).
+// PostgresOutboxStore: the ingest batch. Two round trips (libpq pipelines), facts gathered by
+// set-based statements, decided by StoreRules:
+//   1. read: credentials, stored rows with the batch's keys, unregistered tokens, pacing;
+//   2. write: one multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING and the credentials'
+//      last_used_at, as one implicit transaction that commits at the pipeline's Sync.
+// Completions (and so 202s) run only once the Sync answered, i.e. after the commit.
 import FoundationEssentials
 import Glibc
 import POSIXThreads
@@ -14,31 +18,39 @@ extension PostgresOutboxStore {
         if !ingestWorker.submit(item) { completion(.failure(.closed)) }
     }
 
-    /// Runs on the ingest thread with everything queued. One transaction; outcomes are handed
-    /// out only after COMMIT, or every item fails with the batch's error (-> 503, never 202).
-    func ingestBatch(_ w: PostgresWorker<PendingIngest>, _ items: [PendingIngest]) {
-        let result: (outcomes: [IngestOutcome], inserted: Int, touched: [String: Int64])
-        do {
-            let settings = ingestSettings
-            result = try w.transaction { c in try self.ingest(items, settings, c) }
-        } catch {
-            let e = (error as? StoreError) ?? .invalid("\(error)")
-            for i in items { i.completion(.failure(e)) }
-            return
+    /// Runs on an ingest thread with everything queued. Nothing is handed out before the write
+    /// pipeline's commit; if it fails, every item fails with its error (-> 503, never 202).
+    /// Deadlocks and serialization failures (possible between nodes) are retried a few times.
+    func ingestBatch(_ link: PostgresLink, _ items: [PendingIngest]) {
+        var result: [Result<IngestOutcome, StoreError>]
+        var attempt = 0
+        while true {
+            do {
+                let settings = ingestSettings
+                result = try link.withConnection { c in try self.ingest(items, settings, c) }
+                break
+            } catch {
+                if case .postgres(let state, _, _)? = error as? StoreError, PGState.isRetryable(state), attempt < 3 {
+                    attempt += 1
+                    continue
+                }
+                link.noteFailure(error)
+                let e = (error as? StoreError) ?? .invalid("\(error)")
+                for i in items { i.completion(.failure(e)) }
+                return
+            }
         }
-        for (id, at) in result.touched { touchedAt[id] = at }
-        adjustPending(result.inserted)
         stats.withLock {
             $0.batches += 1
             $0.jobs += items.count
         }
         // Before the completions, as on SQLite: whoever sees a 202 also sees the wake-up.
-        if result.inserted > 0 { channel?.wake() }
-        for (i, o) in zip(items, result.outcomes) { i.completion(.success(o)) }
+        if result.contains(where: { if case .success(.accepted) = $0 { true } else { false } }) { channel?.wake() }
+        for (i, r) in zip(items, result) { i.completion(r) }
         refreshPendingIfStale()
     }
 
-    private struct Key: Hashable {
+    private struct Key: Hashable, Comparable {
         var token: String
         var session: String
         var keyID: [UInt8]
@@ -48,6 +60,12 @@ extension PostgresOutboxStore {
             session = r.sessionIdentifier
             keyID = r.keyID
             index = Int64(r.messageIndex)
+        }
+        static func < (a: Key, b: Key) -> Bool {
+            if a.token != b.token { return a.token < b.token }
+            if a.session != b.session { return a.session < b.session }
+            if a.keyID != b.keyID { return a.keyID.lexicographicallyPrecedes(b.keyID) }
+            return a.index < b.index
         }
     }
 
@@ -62,15 +80,15 @@ extension PostgresOutboxStore {
             WHERE push_token = k.t AND session_id = k.s AND key_id = k.kid AND message_index = k.mi LIMIT 1) r
         """
 
-    /// The stored rows holding these keys, by position in `keys`.
-    private static func existing(_ keys: [Key], _ c: PostgresConnection) throws -> [Int: ExistingRow] {
-        guard !keys.isEmpty else { return [:] }
-        let rows = try c.query(existingSQL, [
-            .textArray(keys.map(\.token)), .textArray(keys.map(\.session)), .bytesArray(keys.map(\.keyID)), .intArray(keys.map(\.index)),
-        ])
+    private static func existingStatement(_ keys: [Key]) -> (sql: String, params: [PGValue]) {
+        (existingSQL, [.textArray(keys.map(\.token)), .textArray(keys.map(\.session)), .bytesArray(keys.map(\.keyID)), .intArray(keys.map(\.index))])
+    }
+
+    /// The stored rows holding the looked-up keys, by position among them.
+    private static func existingRows(_ rows: [PGRow], count: Int) throws -> [Int: ExistingRow] {
         var out: [Int: ExistingRow] = [:]
         for r in rows {
-            guard let n = r[0].int, n >= 1, n <= keys.count, let id = r[1].string,
+            guard let n = r[0].int, n >= 1, n <= count, let id = r[1].string,
                   let state = r[2].string.flatMap(ResponseState.init(rawValue:)), let cred = r[3].string
             else { throw StoreError.invalid("malformed responses row") }
             out[Int(n) - 1] = ExistingRow(id: id, state: state, credentialID: cred)
@@ -78,140 +96,157 @@ extension PostgresOutboxStore {
         return out
     }
 
-    private func ingest(_ items: [PendingIngest], _ settings: IngestStoreSettings, _ c: PostgresConnection) throws -> (outcomes: [IngestOutcome], inserted: Int, touched: [String: Int64]) {
-        // 1. Credentials, in the same transaction: a revocation committed by relayctl (on any
-        //    node) takes effect for the very next batch.
+    static let insertSQL = """
+        INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
+            state, attempts, next_attempt_at, created_at, expires_at, updated_at)
+        SELECT u.id, u.app, u.token, u.session, u.kid, u.mi, u.data, u.cred, 'queued', 0, u.due, u.now, u.exp, u.now
+        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bigint[], $7::bytea[], $8::text[],
+                    $9::bigint[], $10::bigint[], $11::bigint[])
+            AS u(id, app, token, session, kid, mi, data, cred, due, now, exp)
+        ON CONFLICT (push_token, session_id, key_id, message_index) DO NOTHING
+        RETURNING id
+        """
+
+    private func ingest(_ items: [PendingIngest], _ settings: IngestStoreSettings, _ c: PostgresConnection) throws
+        -> [Result<IngestOutcome, StoreError>] {
+        // 1. The facts, in one round trip. Credentials are read on every batch: a revocation
+        //    committed by relayctl (on any node) takes effect for the very next batch.
+        let keys = items.map { Key($0.request.response) }
         let hashes = Array(Set(items.map(\.request.credentialHash)))
+        let tokens = Array(Set(items.map(\.request.response.pushToken)))
+        let facts = try c.pipeline([
+            ("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ANY($1)", [.bytesArray(hashes)]),
+            Self.existingStatement(keys),
+            ("""
+             SELECT u.token, u.apns_timestamp, (SELECT max(r.created_at) FROM responses r WHERE r.push_token = u.token)
+             FROM unregistered_tokens u WHERE u.token = ANY($1)
+             """, [.textArray(tokens)]),
+            ("SELECT token, paced_until FROM token_pacing WHERE token = ANY($1)", [.textArray(tokens)]),
+        ])
         var creds: [[UInt8]: CredentialFacts] = [:]
-        for r in try c.query("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ANY($1)", [.bytesArray(hashes)]) {
+        for r in facts[0].rows {
             guard let id = r[0].string, let h = r[1].bytes else { continue }
             creds[h] = CredentialFacts(id: id, hash: h, apps: Credentials.splitApps(r[2].string ?? ""), revoked: !r[3].isNull)
         }
-        var outcomes = [IngestOutcome?](repeating: nil, count: items.count)
-        var candidates: [(index: Int, credID: String, app: String)] = []
+        let found = try Self.existingRows(facts[1].rows, count: keys.count)
+        var unregistered: [String: (reportedAt: Int64, lastSeen: Int64?)] = [:]
+        for r in facts[2].rows {
+            if let t = r[0].string, let ts = r[1].int { unregistered[t] = (ts, r[2].int) }
+        }
+        var pacedUntil: [String: Int64] = [:]
+        for r in facts[3].rows {
+            if let t = r[0].string, let p = r[1].int { pacedUntil[t] = p }
+        }
+
+        // 2. Decide each request in arrival order, as SQLiteOutboxStore does one by one.
+        var outcomes = [Result<IngestOutcome, StoreError>?](repeating: nil, count: items.count)
         var touched: [String: Int64] = [:]
+        var firstInBatch: [Key: Int] = [:]         // key -> the item that inserts it
+        var duplicateOf: [(item: Int, of: Int, credID: String)] = []
+        var wanted: [(item: Int, credID: String, app: String)] = []
         for (n, item) in items.enumerated() {
             let req = item.request
             switch StoreRules.admit(credential: creds[req.credentialHash], presentedHash: req.credentialHash, requestedApp: req.response.app,
                                     configuredApps: settings.configuredApps) {
             case .refused(let outcome):
-                outcomes[n] = outcome
+                outcomes[n] = .success(outcome)
             case .admitted(let credID, let app):
-                candidates.append((n, credID, app))
-                if StoreRules.lastUsedIsStale(touchedAt: touchedAt[credID], now: item.now) { touched[credID] = max(touched[credID] ?? 0, item.now) }
-            }
-        }
-
-        // 2. Dedupe against stored rows, then the token checks for what is left.
-        let keys = candidates.map { Key(items[$0.index].request.response) }
-        let found = try Self.existing(keys, c)
-        let tokens = Array(Set(candidates.map { items[$0.index].request.response.pushToken }))
-        var unregistered: [String: (reportedAt: Int64, lastSeen: Int64?)] = [:]
-        var pacedUntil: [String: Int64] = [:]
-        if !tokens.isEmpty {
-            for r in try c.query(
-                """
-                SELECT u.token, u.apns_timestamp, (SELECT max(r.created_at) FROM responses r WHERE r.push_token = u.token)
-                FROM unregistered_tokens u WHERE u.token = ANY($1)
-                """, [.textArray(tokens)]) {
-                if let t = r[0].string, let ts = r[1].int { unregistered[t] = (ts, r[2].int) }
-            }
-            for r in try c.query("SELECT token, paced_until FROM token_pacing WHERE token = ANY($1)", [.textArray(tokens)]) {
-                if let t = r[0].string, let p = r[1].int { pacedUntil[t] = p }
-            }
-        }
-
-        // 3. Decide each candidate in arrival order, as SQLiteOutboxStore does one by one.
-        var capacityUsed = pendingEstimate()
-        var firstInBatch: [Key: Int] = [:]  // key -> position in the insert arrays
-        var duplicateOf: [Int: (pos: Int, credID: String)] = [:]   // item index -> position in the insert arrays
-        var storedAs: [Int: ExistingRow] = [:]  // position -> the row holding its key after the INSERT
-        var insertItem: [Int] = []          // position -> item index
-        var ids: [String] = [], apps: [String] = [], credIDs: [String] = [], dues: [Int64] = []
-        for (k, (cand, key)) in zip(candidates, keys).enumerated() {
-            let item = items[cand.index]
-            let r = item.request.response
-            if let e = found[k] {
-                outcomes[cand.index] = StoreRules.dedupe(e, credentialID: cand.credID)
-                continue
-            }
-            if let pos = firstInBatch[key] {
-                duplicateOf[cand.index] = (pos, cand.credID)
-                continue
-            }
-            if let u = unregistered[r.pushToken], StoreRules.isUnregistered(cutoff: u.reportedAt, lastSeen: u.lastSeen) {
-                outcomes[cand.index] = .unregistered
-                continue
-            }
-            guard capacityUsed < settings.maxPending else {
-                outcomes[cand.index] = .overCapacity
-                continue
-            }
-            capacityUsed += 1
-            firstInBatch[key] = insertItem.count
-            insertItem.append(cand.index)
-            ids.append(self.ids.mint(nowMillis: item.now).id)
-            apps.append(cand.app)
-            credIDs.append(cand.credID)
-            dues.append(max(item.now, pacedUntil[r.pushToken] ?? 0))
-        }
-
-        // 4. One multi-row INSERT. A row another node inserted meanwhile conflicts (after
-        //    waiting for its commit) and is answered as the duplicate it is.
-        var inserted = 0
-        if !insertItem.isEmpty {
-            let rs = insertItem.map { items[$0].request.response }
-            let nows = insertItem.map { items[$0].now }
-            let returned = try c.query(
-                """
-                INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
-                    state, attempts, next_attempt_at, created_at, expires_at, updated_at)
-                SELECT u.id, u.app, u.token, u.session, u.kid, u.mi, u.data, u.cred, 'queued', 0, u.due, u.now, u.exp, u.now
-                FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bigint[], $7::bytea[], $8::text[],
-                            $9::bigint[], $10::bigint[], $11::bigint[])
-                    AS u(id, app, token, session, kid, mi, data, cred, due, now, exp)
-                ON CONFLICT (push_token, session_id, key_id, message_index) DO NOTHING
-                RETURNING id
-                """,
-                [.textArray(ids), .textArray(apps), .textArray(rs.map(\.pushToken)), .textArray(rs.map(\.sessionIdentifier)),
-                 .bytesArray(rs.map(\.keyID)), .intArray(rs.map { Int64($0.messageIndex) }), .bytesArray(rs.map(\.encryptedData)),
-                 .textArray(credIDs), .intArray(dues), .intArray(nows),
-                 .intArray(nows.map { $0 + settings.ttlMillis })])
-            let stored = Set(returned.compactMap { $0.first?.string })
-            inserted = stored.count
-            var lost: [Int] = []
-            for (pos, n) in insertItem.enumerated() {
-                if stored.contains(ids[pos]) {
-                    outcomes[n] = .accepted(id: ids[pos])
-                    storedAs[pos] = ExistingRow(id: ids[pos], state: .queued, credentialID: credIDs[pos])
+                if StoreRules.lastUsedIsStale(touchedAt: touchedAt.withLock({ $0[credID] }), now: item.now) {
+                    touched[credID] = max(touched[credID] ?? 0, item.now)
+                }
+                if let e = found[n] {
+                    outcomes[n] = .success(StoreRules.dedupe(e, credentialID: credID))
+                } else if let first = firstInBatch[keys[n]] {
+                    duplicateOf.append((n, first, credID))
+                } else if let u = unregistered[req.response.pushToken], StoreRules.isUnregistered(cutoff: u.reportedAt, lastSeen: u.lastSeen) {
+                    outcomes[n] = .success(.unregistered)
                 } else {
-                    lost.append(pos)
-                }
-            }
-            if !lost.isEmpty {
-                let lostKeys = lost.map { Key(items[insertItem[$0]].request.response) }
-                let now = try Self.existing(lostKeys, c)
-                for (k, pos) in lost.enumerated() {
-                    guard let e = now[k] else {
-                        // Inserted and gone again within our statement: let the batch retry.
-                        throw StoreError.postgres(sqlState: PGState.serializationFailure, message: "conflicting row vanished", context: "ingest")
-                    }
-                    outcomes[insertItem[pos]] = StoreRules.dedupe(e, credentialID: credIDs[pos])
-                    storedAs[pos] = e
+                    firstInBatch[keys[n]] = n
+                    wanted.append((n, credID, app))
                 }
             }
         }
-        for (n, dup) in duplicateOf {
-            if let row = storedAs[dup.pos] { outcomes[n] = StoreRules.dedupe(row, credentialID: dup.credID) }
+        // The outbox bound is the last check: reserved here, in arrival order, so batches in
+        // flight on other connections count too; given back for whatever is not stored.
+        let granted = reservePending(wanted.count, limit: settings.maxPending)
+        var insert: [(item: Int, credID: String, app: String, id: String)] = []
+        ids.withLock { gen in
+            for (k, w) in wanted.enumerated() {
+                if k < granted {
+                    insert.append((w.item, w.credID, w.app, gen.mint(nowMillis: items[w.item].now).id))
+                } else {
+                    outcomes[w.item] = .success(.overCapacity)
+                }
+            }
         }
 
-        // 5. last_used_at, at most once a minute per credential and node; in id order so two
-        //    nodes' batches take these row locks in the same order.
-        for id in touched.keys.sorted() {
-            try c.query("UPDATE credentials SET last_used_at = $1 WHERE id = $2 AND (last_used_at IS NULL OR last_used_at < $1)",
-                        [.int(touched[id]!), .text(id)])
+        // 3. One round trip that commits: the rows, then last_used_at (at most once a minute
+        //    per credential and node). Rows go in key order and credentials in id order, so
+        //    two batches (of this node or another) take their locks in the same order.
+        insert.sort { keys[$0.item] < keys[$1.item] }
+        var write: [(sql: String, params: [PGValue])] = []
+        if !insert.isEmpty {
+            let rs = insert.map { items[$0.item].request.response }
+            let nows = insert.map { items[$0.item].now }
+            write.append((Self.insertSQL, [
+                .textArray(insert.map(\.id)), .textArray(insert.map(\.app)), .textArray(rs.map(\.pushToken)),
+                .textArray(rs.map(\.sessionIdentifier)), .bytesArray(rs.map(\.keyID)), .intArray(rs.map { Int64($0.messageIndex) }),
+                .bytesArray(rs.map(\.encryptedData)), .textArray(insert.map(\.credID)),
+                .intArray(insert.map { max(items[$0.item].now, pacedUntil[items[$0.item].request.response.pushToken] ?? 0) }),
+                .intArray(nows), .intArray(nows.map { $0 + settings.ttlMillis }),
+            ]))
+        }
+        let touchedIDs = touched.keys.sorted()
+        for id in touchedIDs {
+            write.append(("UPDATE credentials SET last_used_at = $1 WHERE id = $2 AND (last_used_at IS NULL OR last_used_at < $1)",
+                          [.int(touched[id]!), .text(id)]))
+        }
+        var stored = Set<String>()
+        if !write.isEmpty {
+            do {
+                let answers = try c.pipeline(write)
+                if !insert.isEmpty { stored = Set(answers[0].rows.compactMap { $0.first?.string }) }
+            } catch {
+                adjustPending(-insert.count)
+                throw error
+            }
+            touchedAt.withLock { t in for id in touchedIDs { t[id] = max(t[id] ?? 0, touched[id]!) } }
+        }
+
+        // 4. Committed. A row another node (or connection) inserted meanwhile conflicted, after
+        //    waiting for its commit, and is answered as the duplicate it is.
+        var rowOf: [Int: Result<ExistingRow, StoreError>] = [:]   // item -> the row holding its key
+        var lost: [(item: Int, credID: String)] = []
+        for row in insert {
+            if stored.contains(row.id) {
+                outcomes[row.item] = .success(.accepted(id: row.id))
+                rowOf[row.item] = .success(ExistingRow(id: row.id, state: .queued, credentialID: row.credID))
+            } else {
+                lost.append((row.item, row.credID))
+            }
+        }
+        adjustPending(-lost.count)
+        if !lost.isEmpty {
+            var holders: Result<[Int: ExistingRow], StoreError>
+            do {
+                let st = Self.existingStatement(lost.map { keys[$0.item] })
+                holders = .success(try Self.existingRows(c.query(st.sql, st.params), count: lost.count))
+            } catch {
+                holders = .failure((error as? StoreError) ?? .invalid("\(error)"))
+            }
+            for (k, l) in lost.enumerated() {
+                // Gone again already (or the look-up failed): nothing of this request is stored.
+                let row = holders.flatMap { $0[k].map { .success($0) } ?? .failure(.unavailable("the stored row with this key vanished; retry")) }
+                rowOf[l.item] = row
+                outcomes[l.item] = row.map { StoreRules.dedupe($0, credentialID: l.credID) }
+            }
+        }
+        // A request repeating an earlier one of the batch shares its fate: the row it stored
+        // (or found), or its refusal by the outbox bound.
+        for d in duplicateOf {
+            outcomes[d.item] = rowOf[d.of].map { r in r.map { StoreRules.dedupe($0, credentialID: d.credID) } } ?? outcomes[d.of]
         }
         guard outcomes.allSatisfy({ $0 != nil }) else { throw StoreError.invalid("ingest batch left a request undecided") }
-        return (outcomes.map { $0! }, inserted, touched)
+        return outcomes.map { $0! }
     }
 }

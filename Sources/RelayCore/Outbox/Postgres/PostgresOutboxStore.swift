@@ -1,14 +1,14 @@
 // OutboxStore on PostgreSQL, so several relay-server nodes share one queue (docs/postgres.md).
 //
 // Same schema semantics as SQLiteOutboxStore, plus a lease (owner node + expiry) on inflight rows:
-// - ingest: group commit on one connection owned by the ingest thread. Everything queued runs
-//   as ONE transaction of set-based statements (credential lookup, dedupe, unregistered and
-//   pacing checks, one multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING), so a batch costs
-//   a handful of round trips and one WAL flush however many requests it holds. Completions (and
-//   so 202s) run only after COMMIT returned.
+// - ingest: group commit. Everything queued is one batch of set-based statements in two
+//   pipelined round trips (read the facts; INSERT ... ON CONFLICT DO NOTHING RETURNING and
+//   commit), so a batch costs two round trips and one WAL flush however many requests it holds.
+//   Two batches are in flight on two connections. Completions (and so 202s) run only after
+//   the commit was confirmed.
 // - dispatch: rows are claimed with FOR UPDATE SKIP LOCKED into a lease; apply only changes rows
 //   whose lease this node still holds; expired leases (a dead node's) are reclaimed by any node.
-// - reads (GET, relayctl, metrics) use a third connection, so they never wait behind a batch.
+// - reads (GET, relayctl, metrics) use their own connection, so they never wait behind a batch.
 // Each connection lives on its own store-owned thread (PostgresWorker) and reconnects with
 // back-off; while the database is away every call fails fast with StoreError.unavailable.
 // This file: state, opening, the shared outbox bound and the connections; each job is in
@@ -18,8 +18,8 @@ import Glibc
 import Synchronization
 
 public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
-    // @unchecked Sendable: every connection is confined to its worker's thread; `touchedAt` and
-    // `ids` are only used inside ingest batches (ingest thread); shared counters live in Mutexes.
+    // @unchecked Sendable: every connection is confined to the worker thread holding it; shared
+    // state (counters, `touchedAt`, `ids`) lives in Mutexes.
     public static let schemaVersion = 1
     /// pg_advisory_lock key serialising migrations between nodes starting at once.
     static let migrationLockKey: Int64 = 0x5245_4C41_594D_4947  // "RELAYMIG"
@@ -46,9 +46,10 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     private let pending = Mutex(Pending())
     let stats = Mutex((batches: 0, jobs: 0))
     private let settings = Mutex(IngestStoreSettings())
-    var touchedAt: [String: Int64] = [:]
-    /// Response ids (UUIDv7, as SQLiteOutboxStore mints them), minted on the ingest thread only.
-    var ids = TimeOrderedIDs()
+    /// When this node last wrote each credential's last_used_at.
+    let touchedAt = Mutex<[String: Int64]>([:])
+    /// Response ids (UUIDv7, as SQLiteOutboxStore mints them), one generator for every ingest thread.
+    let ids = Mutex(TimeOrderedIDs())
 
     public var nodeID: String { options.nodeID }
 
@@ -71,7 +72,8 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         self.channel = channel
         self.clock = clock
         self.logger = logger
-        ingestWorker = PostgresWorker(name: "pg-ingest", url: options.url, logger: logger, maxBatch: options.maxBatch)
+        ingestWorker = PostgresWorker(name: "pg-ingest", url: options.url, logger: logger, maxBatch: options.maxBatch,
+                                      connections: options.ingestConnections)
         dispatchWorker = PostgresWorker(name: "pg-dispatch", url: options.url, logger: logger)
         queryWorker = PostgresWorker(name: "pg-query", url: options.url, logger: logger)
         ingestWorker.start { [unowned self] w, items in self.ingestBatch(w, items) }
@@ -111,6 +113,19 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     /// changes show up at the next recount (every `pendingRefreshMillis`), so with N nodes the
     /// bound can be overshot by what the others accepted in that window (docs/postgres.md).
     func pendingEstimate() -> Int { pending.withLock { $0.estimate } }
+
+    /// Takes up to `wanted` places below `limit` (the outbox bound) and returns how many: the
+    /// first that many of a batch's requests, in arrival order, are stored. Under one lock, so
+    /// batches in flight at once never overshoot the bound together.
+    func reservePending(_ wanted: Int, limit: Int) -> Int {
+        guard wanted > 0 else { return 0 }
+        return pending.withLock { p in
+            let n = min(wanted, max(0, limit - p.estimate))
+            p.estimate += n
+            p.adjustments += Int64(n)
+            return n
+        }
+    }
 
     func adjustPending(_ n: Int) {
         guard n != 0 else { return }

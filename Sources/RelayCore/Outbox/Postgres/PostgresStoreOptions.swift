@@ -13,17 +13,22 @@ public struct PostgresStoreOptions: Sendable {
     /// so a live node's push is never reclaimed while its answer is on the way.
     public var leaseMillis: Int64
     public var maxBatch: Int
+    /// Ingest batches in flight at once, each on its own connection and thread: while one
+    /// waits for its commit's WAL flush the next is already being read and decided, and the
+    /// server flushes their commits together.
+    public var ingestConnections: Int
     /// Do not migrate; refuse writes (relayctl status/list next to running nodes).
     public var readOnly: Bool
     /// How often the shared outbox-bound estimate is recounted from the database.
     public var pendingRefreshMillis: Int64
 
-    public init(url: String, nodeID: String? = nil, leaseMillis: Int64 = 60_000, maxBatch: Int = 1024,
+    public init(url: String, nodeID: String? = nil, leaseMillis: Int64 = 60_000, maxBatch: Int = 1024, ingestConnections: Int = 2,
                 readOnly: Bool = false, pendingRefreshMillis: Int64 = 1_000) {
         self.url = url
         self.nodeID = nodeID ?? Self.defaultNodeID()
         self.leaseMillis = leaseMillis
         self.maxBatch = maxBatch
+        self.ingestConnections = ingestConnections
         self.readOnly = readOnly
         self.pendingRefreshMillis = pendingRefreshMillis
     }

@@ -1,67 +1,41 @@
-// One store-owned thread that owns one PostgreSQL connection. libpq's blocking calls run only
+// Store-owned threads, each owning one PostgreSQL connection. libpq's blocking calls run only
 // here: callers either enqueue a job and wait on a semaphore (their own thread blocks, never an
-// event loop: the OutboxStore contract), or `submit` an item that the thread batches with
-// everything else queued (group commit for ingest).
+// event loop: the OutboxStore contract), or `submit` an item that a thread batches with
+// everything else queued (group commit for ingest). A worker with several connections runs as
+// many threads on one queue, so several batches are in flight at once.
 //
-// The connection is opened lazily and reopened after it breaks, with jittered exponential
-// back-off; while backing off, jobs fail at once with `StoreError.unavailable` (ingest answers
-// 503) instead of queueing behind a dead database.
+// Each connection (PostgresLink) is opened lazily and reopened after it breaks, with jittered
+// exponential back-off; while backing off, jobs fail at once with `StoreError.unavailable`
+// (ingest answers 503) instead of queueing behind a dead database.
 import Dispatch
 import FoundationEssentials
 import Glibc
 import POSIXThreads
+import Synchronization
 
-final class PostgresWorker<Item>: @unchecked Sendable {
-    // @unchecked Sendable: the job queue is its own lock; `connection`,
-    // the back-off fields and `lostLogged` only on the worker thread (inside jobs and the batch
-    // handler, which run on it).
-    private enum Job {
-        case call(() -> Void)
-        case item(Item)
-    }
-
+/// One connection and its reconnect state. Used by one thread at a time (the worker hands each
+/// link to exactly one of its threads per job or batch).
+final class PostgresLink: @unchecked Sendable {
+    // @unchecked Sendable: every field is only touched by the thread that holds the link,
+    // and a link is handed from thread to thread through the worker's Mutex.
     let name: String
     private let url: String
     private let logger: RelayLogger?
-    private let jobs: JobQueue<Job>
-
     private var connection_: PostgresConnection?
     private var nextConnectAt: Int64 = 0
     private var backoffMillis: Int64 = 0
     private var lostLogged = false
-    /// Runs on the worker thread right after each (re)connect, e.g. `SET` session settings.
-    var onConnect: ((PostgresConnection) throws -> Void)?
 
     static var minBackoffMillis: Int64 { 50 }
     static var maxBackoffMillis: Int64 { 2_000 }
 
-    init(name: String, url: String, logger: RelayLogger?, maxBatch: Int = 1024) {
+    init(name: String, url: String, logger: RelayLogger?) {
         self.name = name
         self.url = url
         self.logger = logger
-        // One call alone, or the run of items at the head of the queue (up to maxBatch).
-        jobs = JobQueue(name: name) { queue in
-            guard case .item = queue[0] else { return 1 }
-            var n = 1
-            while n < queue.count, n < maxBatch, case .item = queue[n] { n += 1 }
-            return n
-        }
     }
 
-    /// Starts the thread. Nothing touches the database before this. `batchHandler` runs on the
-    /// worker thread with consecutive submitted items (at most `maxBatch`).
-    func start(batchHandler: @escaping (PostgresWorker<Item>, [Item]) -> Void = { _, _ in }) {
-        jobs.start { [self] taken in
-            if case .call(let call) = taken[0] { return call() }
-            batchHandler(self, taken.compactMap { if case .item(let i) = $0 { i } else { nil } })
-        }
-    }
-
-    deinit { close() }
-
-    // MARK: connection (worker thread only)
-
-    /// The live connection, (re)connecting if the back-off allows. Worker thread only.
+    /// The live connection, (re)connecting if the back-off allows.
     func connection() throws -> PostgresConnection {
         if let c = connection_, c.isOK { return c }
         if connection_ != nil { dropConnection(reason: "connection broken") }
@@ -71,7 +45,6 @@ final class PostgresWorker<Item>: @unchecked Sendable {
         }
         do {
             let c = try PostgresConnection(url: url, applicationName: "relay-\(name)")
-            try onConnect?(c)
             connection_ = c
             if lostLogged { logger?.info("database connection restored", ["connection": name]) }
             lostLogged = false
@@ -157,17 +130,63 @@ final class PostgresWorker<Item>: @unchecked Sendable {
         }
     }
 
+    func close() { connection_ = nil }
+}
+
+final class PostgresWorker<Item>: @unchecked Sendable {
+    // @unchecked Sendable: the job queue is its own lock; idle links are kept under a Mutex and
+    // each one is used by a single thread between taking it and putting it back.
+    private enum Job {
+        case call((PostgresLink) -> Void)
+        case item(Item)
+    }
+
+    let name: String
+    private let jobs: JobQueue<Job>
+    private let links: [PostgresLink]
+    private let idle: Mutex<[Int]>
+
+    /// `connections` threads serve one queue, each with its own connection: with more than
+    /// one, a batch is taken while earlier ones still wait for their commits.
+    init(name: String, url: String, logger: RelayLogger?, maxBatch: Int = 1024, connections: Int = 1) {
+        self.name = name
+        let n = max(1, connections)
+        links = (0..<n).map { PostgresLink(name: n == 1 ? name : "\(name)-\($0)", url: url, logger: logger) }
+        idle = Mutex(Array(0..<n))
+        // One call alone, or the run of items at the head of the queue (up to maxBatch).
+        jobs = JobQueue(name: name, threads: n) { queue in
+            guard case .item = queue[0] else { return 1 }
+            var n = 1
+            while n < queue.count, n < maxBatch, case .item = queue[n] { n += 1 }
+            return n
+        }
+    }
+
+    /// Starts the threads. Nothing touches the database before this. `batchHandler` runs on a
+    /// worker thread with consecutive submitted items (at most `maxBatch`) and that thread's link.
+    func start(batchHandler: @escaping (PostgresLink, [Item]) -> Void = { _, _ in }) {
+        jobs.start { [self] taken in
+            // As many threads as links: one is always idle when a thread gets here.
+            let i = idle.withLock { $0.removeLast() }
+            defer { idle.withLock { $0.append(i) } }
+            if case .call(let call) = taken[0] { return call(links[i]) }
+            batchHandler(links[i], taken.compactMap { if case .item(let item) = $0 { item } else { nil } })
+        }
+    }
+
+    deinit { close() }
+
     // MARK: callers
 
     /// Runs `body` on the worker thread and waits for it. Blocking: call from a thread you own.
-    func perform<T>(_ body: @escaping (PostgresWorker<Item>) throws -> T) throws -> T {
+    func perform<T>(_ body: @escaping (PostgresLink) throws -> T) throws -> T {
         let slot = ResultBox<Result<T, StoreError>>()  // written before signal(), read after wait()
         let done = DispatchSemaphore(value: 0)
-        let accepted = enqueue(.call { [unowned self] in
+        let accepted = enqueue(.call { link in
             do {
-                slot.value = .success(try body(self))
+                slot.value = .success(try body(link))
             } catch {
-                self.noteFailure(error)
+                link.noteFailure(error)
                 slot.value = .failure((error as? StoreError) ?? .invalid("\(error)"))
             }
             done.signal()
@@ -179,9 +198,9 @@ final class PostgresWorker<Item>: @unchecked Sendable {
 
     /// Runs `body` on the worker thread without waiting for it; errors are dropped (use for
     /// best-effort work such as recounting the outbox bound).
-    func enqueueDetached(_ body: @escaping (PostgresWorker<Item>) throws -> Void) {
-        _ = enqueue(.call { [unowned self] in
-            do { try body(self) } catch { self.noteFailure(error) }
+    func enqueueDetached(_ body: @escaping (PostgresLink) throws -> Void) {
+        _ = enqueue(.call { link in
+            do { try body(link) } catch { link.noteFailure(error) }
         })
     }
 
@@ -190,9 +209,9 @@ final class PostgresWorker<Item>: @unchecked Sendable {
 
     private func enqueue(_ job: Job) -> Bool { jobs.enqueue(job) }
 
-    /// Stops accepting jobs, runs what is queued, joins the thread and closes the connection.
+    /// Stops accepting jobs, runs what is queued, joins the threads and closes the connections.
     func close() {
         jobs.close()
-        connection_ = nil
+        for l in links { l.close() }
     }
 }
