@@ -41,8 +41,8 @@ static inline void cossl_sha256(const void *data, size_t len, unsigned char out[
 static inline void cossl_free(void *p) { OPENSSL_free(p); }
 
 // Drains this thread's OpenSSL error queue into `buf` as "error; error; ..." (NUL-terminated,
-// cut at `len`). Returns how many errors there were (0: `buf` is ""). One copy of the loop for
-// every module that reports OpenSSL failures (HTTPServer, PushClient, MockAPNs, relayctl).
+// cut at `len`). Returns how many errors there were (0: `buf` is ""). Called only by
+// OpenSSLSupport's OpenSSLErrors.drain, which every module uses.
 static inline int cossl_drain_errors(char *buf, size_t len) {
     int count = 0;
     size_t used = 0;

@@ -43,13 +43,21 @@ package struct HeaderBlock {
     }
 
     private mutating func copy(_ text: String) -> (UnsafeMutablePointer<UInt8>, Int) {
-        var text = text
         let start = bytes.baseAddress! + used
-        let n = text.withUTF8 { u -> Int in
-            precondition(u.count <= bytes.count - used, "HeaderBlock: more bytes than reserved")
+        let room = bytes.count - used
+        // Native strings lend their UTF-8 in place; others (bridged, never here) are copied first.
+        let n = text.utf8.withContiguousStorageIfAvailable { u -> Int in
+            precondition(u.count <= room, "HeaderBlock: more bytes than reserved")
             if let b = u.baseAddress { start.update(from: b, count: u.count) }
             return u.count
-        }
+        } ?? {
+            var copy = text
+            return copy.withUTF8 { u -> Int in
+                precondition(u.count <= room, "HeaderBlock: more bytes than reserved")
+                if let b = u.baseAddress { start.update(from: b, count: u.count) }
+                return u.count
+            }
+        }()
         used += n
         return (start, n)
     }
