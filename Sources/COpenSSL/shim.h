@@ -89,6 +89,36 @@ static inline int cossl_hkdf_derive(EVP_KDF_CTX *ctx,
     return EVP_KDF_derive(ctx, out, out_len, params);
 }
 
+// ---- RelayCore: SipHash-2-4 (EVP_MAC "SIPHASH"), the outbox's keyed dedupe hash ----------
+// A context keyed once; each hash re-initialises it with the same key (EVP_MAC_init with a NULL
+// key keeps the key: OpenSSL 3.0's siphash provider), so a hash costs no allocation.
+static inline EVP_MAC_CTX *cossl_siphash_new(const unsigned char key[16]) {
+    EVP_MAC *mac = EVP_MAC_fetch(NULL, "SIPHASH", NULL);
+    if (mac == NULL) return NULL;
+    EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(mac);
+    EVP_MAC_free(mac);   // the context holds its own reference
+    if (ctx == NULL) return NULL;
+    size_t size = 8;
+    OSSL_PARAM params[2];
+    params[0] = OSSL_PARAM_construct_size_t(OSSL_MAC_PARAM_SIZE, &size);
+    params[1] = OSSL_PARAM_construct_end();
+    if (!EVP_MAC_init(ctx, key, 16, params)) { EVP_MAC_CTX_free(ctx); return NULL; }
+    return ctx;
+}
+
+// The 8-byte tag of `data` read little-endian (SipHash's own word order). 0 on failure with
+// *ok = 0.
+static inline uint64_t cossl_siphash(EVP_MAC_CTX *ctx, const void *data, size_t len, int *ok) {
+    unsigned char out[8];
+    size_t outlen = 0;
+    *ok = EVP_MAC_init(ctx, NULL, 0, NULL) && EVP_MAC_update(ctx, data, len)
+        && EVP_MAC_final(ctx, out, &outlen, sizeof out) && outlen == 8;
+    if (!*ok) return 0;
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | out[i];
+    return v;
+}
+
 // ---- HTTPServer (issue 3) shims: begin ----
 // SSL_CTX_set_min_proto_version is a macro around SSL_CTX_ctrl.
 static inline int cossl_ctx_set_min_tls12(SSL_CTX *ctx) {

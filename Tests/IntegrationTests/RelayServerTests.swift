@@ -379,6 +379,40 @@ import Glibc
     }
 }
 
+/// Schema v6 keeps the newest dedupe keys in relay-server's memory: after a kill -9 the next
+/// start rebuilds them from the table, and a second relay-server on the same database file
+/// must stop instead of ingesting with a tail of its own.
+@Suite(.serialized) struct RelayDedupeProcessTests {
+    @Test func retriesAfterAKill9GetTheirIDsAndASecondServerIsRefused() throws {
+        let h = try RelayHarness(ingest: #""rateLimits":{"perPushToken":{"perSecond":0,"burst":1},"perCredential":{"perSecond":0,"burst":1}}"#)
+        try h.startRelay()
+        let headers = [("Content-Type", "application/json"), ("Authorization", "Bearer \(h.credential)")]
+        var sent: [(body: [UInt8], id: String)] = []
+        for _ in 0..<20 {
+            let (body, _) = try h.accessory.nextBody()
+            let r = try relayHTTP(h.relayPort, "POST", "/v1/responses", headers: headers, body: body)
+            guard r.status == 202, let id = r.json["id"] as? String else { Issue.record("POST answered \(r.status)"); return }
+            sent.append((body, id))
+        }
+        // The second server: same database, its own ports.
+        let config = try String(contentsOfFile: h.dir + "/relay.json", encoding: .utf8)
+            .replacingOccurrences(of: "\"port\":\(h.relayPort)", with: "\"port\":\(try relayFreePort())")
+            .replacingOccurrences(of: "\"port\":\(h.adminPort)", with: "\"port\":\(try relayFreePort())")
+        try config.write(toFile: h.dir + "/relay2.json", atomically: true, encoding: .utf8)
+        let second = try RelayChild(relayBinary("relay-server"), ["--config", h.dir + "/relay2.json"], name: "relay-server-2")
+        let status = second.wait(seconds: 30)
+        #expect(status != nil && status != 0, "the second relay-server exits")
+        #expect(second.stderr.contains("another relay-server ingests into") && second.stderr.contains("relay.db-ingest"), "\(second.stderr)")
+        h.relay?.signal(SIGKILL)
+        _ = h.relay?.wait(seconds: 10)
+        try h.startRelay()
+        for (body, id) in sent {
+            let r = try relayHTTP(h.relayPort, "POST", "/v1/responses", headers: headers, body: body)
+            #expect(r.status == 200 && r.json["id"] as? String == id, "retry after kill -9: \(r.status) \(r.json)")
+        }
+    }
+}
+
 /// sd_notify protocol: a unix datagram socket standing in for systemd.
 @Suite struct RelaySystemdTests {
     @Test func notifiesReadyWatchdogAndStopping() throws {

@@ -69,7 +69,7 @@ import Testing
         defer { store.close() }
 
         let db = try SQLiteDatabase(path: dir.db, readOnly: true)
-        #expect(try db.scalar("PRAGMA user_version").int == 5)
+        #expect(try db.scalar("PRAGMA user_version").int == Int64(SQLiteOutboxStore.schemaVersion))
         #expect(try db.query("SELECT \(Self.columns) FROM responses ORDER BY id") == before)
         #expect(try db.query("SELECT response_id, attempted_at, status FROM attempts ORDER BY id") == attemptsBefore)
         #expect(try db.scalar("SELECT pending FROM outbox_stats").int == 5)
@@ -83,9 +83,9 @@ import Testing
             #expect(UInt64(bitPattern: expected) == bytes[0..<8].reduce(UInt64(0)) { $0 << 8 | UInt64($1) })
         }
         #expect(Set(try db.query("SELECT id_high FROM responses").compactMap { $0[0].int }).count == seeds.count)
-        // Three indexes: the dedupe key, responses_claim, responses_done; none on id.
+        // responses_claim and responses_done (since v6 the dedupe key is in response_keys); none on id.
         let indexes = try db.query("SELECT name FROM pragma_index_list('responses') ORDER BY name").compactMap { $0[0].string }
-        #expect(indexes.count == 3 && indexes.contains("responses_claim") && indexes.contains("responses_done"), "\(indexes)")
+        #expect(indexes == ["responses_claim", "responses_done"], "\(indexes)")
         for name in indexes {
             let cols = try db.query("SELECT name FROM pragma_index_info(?)", [.text(name)]).compactMap { $0[0].string }
             #expect(!cols.contains("id"), "\(name): \(cols)")
@@ -159,9 +159,10 @@ import Testing
     }
 }
 
-/// A key clash at ingest: another process (or this one before a restart with the clock stepped
-/// back) minted the same high word. The INSERT fails for that row only; the store mints past it
-/// and the batch commits with every request accepted. Duplicates are still duplicates.
+/// A key clash at ingest: a row inserted by other means (a script's fixture) holds the high word
+/// the store mints next. The INSERT fails for that row only; the store mints past it and the
+/// batch commits with every request accepted. Duplicates are still duplicates. A restart with
+/// the clock stepped back mints above every id minted before (outbox_stats.minted_through).
 @Suite struct IngestKeyClashTests {
     let dir = TempDir()
 
@@ -183,8 +184,15 @@ import Testing
             guard case .accepted(let id) = try s.ingestNow(sample(index: 3), secret: secret) else { Issue.record("not accepted"); return }
             first.append(id)
         }
-        // "Restart" with the clock back at the first millisecond: a new generator mints its
-        // counter 0 there again, which the first row holds.
+        // A fixture row holds the word just past the newest id (what a restart mints next, the
+        // clock being back at the first millisecond).
+        let newest = try #require(UUIDText.high64(first[3]))
+        let fixture = UUIDText.format(high: UInt64(bitPattern: newest + 1), low: 0x8000_0000_0000_0000)
+        try SQLiteDatabase(path: dir.db).run("""
+            INSERT INTO responses (id_high, id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
+                state, attempts, next_attempt_at, created_at, expires_at, updated_at)
+            VALUES (?, ?, 'com.example.app', 'ff', 'S', X'01', 0, X'00', 'cred', 'delivered', 0, 0, 0, 0, 0)
+            """, [.integer(newest + 1), .text(fixture)])
         let back = TestClock(start)
         let s = try SQLiteOutboxStore(path: dir.db, clock: back)
         defer { s.close() }
@@ -212,11 +220,10 @@ import Testing
             newIDs.append(id)
         }
         #expect(newIDs.count == 5 && Set(newIDs + first).count == 9)
-        // Minted past the taken keys of that millisecond: counters 3, 4, ... in the old millisecond.
+        // Above every earlier id despite the clock, and past the fixture's word.
         let highs = newIDs.compactMap(UUIDText.high64)
-        let taken = try #require(UUIDText.high64(first[2]))
-        #expect(highs.count == 5 && highs.allSatisfy { $0 > taken } && highs == highs.sorted())
-        #expect(highs.first == taken + 1)
+        #expect(highs.count == 5 && highs.allSatisfy { $0 > newest + 1 } && highs == highs.sorted())
+        #expect(highs.first == newest + 2)
         for id in newIDs + first { #expect(try s.response(id: id)?.id == id) }
         #expect(try s.counts().byState[.queued] == 9)
     }

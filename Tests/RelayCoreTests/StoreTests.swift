@@ -16,9 +16,10 @@ import Testing
         let s = try f.open()
         defer { s.close() }
         // Each backend numbers its own migrations; outbox_stats is SQLite's pending-row counter
-        // (PostgreSQL counts with its own statistics).
+        // (PostgreSQL counts with its own statistics), response_keys its dedupe index (PostgreSQL
+        // keeps a UNIQUE constraint).
         #expect(try f.schemaVersion == (backend == .sqlite ? SQLiteOutboxStore.schemaVersion : PostgresOutboxStore.schemaVersion))
-        let tables = try f.tables.filter { $0 != "relay_schema_version" && $0 != "outbox_stats" }
+        let tables = try f.tables.filter { $0 != "relay_schema_version" && $0 != "outbox_stats" && $0 != "response_keys" }
         #expect(tables == ["attempts", "credentials", "responses", "token_pacing", "unregistered_tokens"])
     }
 
@@ -572,9 +573,14 @@ import Testing
         defer { server.close() }
         let secret = try server.createCredential(name: "c", apps: ["com.example.app"]).secret
         _ = try server.ingestNow(sample(index: 1), secret: secret, maxPending: 3)
-        // A second store on the same file (relayctl in another process) adds a pending row.
+        guard case .accepted(let failed) = try server.ingestNow(sample(index: 2), secret: secret, maxPending: 3) else { Issue.record("not accepted"); return }
+        _ = try server.claimDue(limit: 10)
+        try server.apply([DeliveryUpdate(id: failed, pushToken: sample().pushToken, outcome: .failed(reason: "BadDeviceToken"), attempt: nil)])
+        _ = try server.recoverInflight()
+        // A second store on the same file (relayctl retry in another process; only relay-server
+        // ingests) makes the failed row pending again.
         let other = try SQLiteOutboxStore(path: dir.db, clock: clock)
-        _ = try other.ingestNow(sample(index: 2), secret: secret, maxPending: 3)
+        #expect(try other.requeue(ids: [failed]) == 1)
         other.close()
         _ = try server.ingestNow(sample(index: 3), secret: secret, maxPending: 3)
         #expect(try server.ingestNow(sample(index: 4), secret: secret, maxPending: 3) == .overCapacity)

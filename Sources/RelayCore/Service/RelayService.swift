@@ -78,6 +78,9 @@ public final class RelayService: @unchecked Sendable {
             logger.info("stopped", ["queued": counts?.byState[.queued] ?? -1, "retry": counts?.byState[.retry] ?? -1,
                                     "inflight": counts?.byState[.inflight] ?? -1])
         })
+        // The SQLite store's ingest lock and dedupe tail: a second relay-server on the same
+        // file stops here, naming the lock.
+        if let s = store as? SQLiteOutboxStore { try naming("store") { try s.prepareIngest() } }
         var transports: [String: any PushTransport] = [:]
         for (i, app) in c.apps.enumerated() {
             let transport = SwappableTransport(try naming("apps[\(i)] (\(app.bundleID))") { try makeTransport(app, c) })

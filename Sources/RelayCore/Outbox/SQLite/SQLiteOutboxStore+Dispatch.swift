@@ -121,8 +121,7 @@ extension SQLiteOutboxStore {
                     state.pending -= changed
                     state.watchedTokens.insert(u.pushToken)
                     // Same transaction as the row's failure: no ingest can commit in between.
-                    let waiting = try db.scalar(
-                        "SELECT max(created_at) FROM responses WHERE push_token = ? AND state IN ('queued','inflight','retry')", [.text(u.pushToken)]).int
+                    let waiting = try Self.newestCreatedAt(of: u.pushToken, pendingOnly: true, db: db, state: state)
                     try db.run(
                         """
                         INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES (?, ?, ?)
@@ -139,9 +138,11 @@ extension SQLiteOutboxStore {
                             INSERT INTO token_pacing (token, paced_until, updated_at) VALUES (?, ?, ?)
                             ON CONFLICT (token) DO UPDATE SET paced_until = max(paced_until, excluded.paced_until), updated_at = excluded.updated_at
                             """, [.text(u.pushToken), .integer(until), .integer(now)])
-                        try db.run(
-                            "UPDATE responses SET next_attempt_at = ? WHERE push_token = ? AND state IN ('queued','retry') AND next_attempt_at < ?",
-                            [.integer(until), .text(u.pushToken), .integer(until)])
+                        for id in try Self.tokenRowIDs(u.pushToken, db: db, state: state) {
+                            try db.run(
+                                "UPDATE responses SET next_attempt_at = ? WHERE id_high = ? AND push_token = ? AND state IN ('queued','retry') AND next_attempt_at < ?",
+                                [.integer(until), .integer(id), .text(u.pushToken), .integer(until)])
+                        }
                     }
                 case .requeue:
                     try db.run(

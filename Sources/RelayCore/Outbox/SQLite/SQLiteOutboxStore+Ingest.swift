@@ -99,12 +99,13 @@ extension SQLiteOutboxStore {
         }
     }
 
+    /// A plain INSERT: the dedupe key was checked before it (SQLiteOutboxStore+Dedupe), so
+    /// the only constraint it can fail is the id_high key.
     private static func insertSQL(state: ResponseState) -> String {
         """
         INSERT INTO responses (id_high, id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
             state, attempts, next_attempt_at, created_at, expires_at, updated_at)
         VALUES (?12, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, '\(state.rawValue)', 0, ?9, ?10, ?11, ?10)
-        ON CONFLICT (push_token, session_id, key_id, message_index) DO NOTHING
         """
     }
     private static let insertQueuedSQL = insertSQL(state: .queued)
@@ -151,14 +152,19 @@ extension SQLiteOutboxStore {
         }
         let r = request.response
         var due = now
+        // Duplicates first, so a retried POST gets its 200 whatever else changed since.
+        if state.ingestLock == nil { try prepareIngest(db, state: state, path: state.databasePath) }
+        guard state.tail.count < state.tailLimit else {
+            throw StoreError.unavailable("the dedupe index is not being merged (\(state.mergeFailures) failed merges); see the log")
+        }
+        let h = state.hasher.hash(r)
+        if let dup = try existing(r, h: h, db: db, state: state) { return StoreRules.dedupe(dup, credentialID: credID) }
         // Slow path (rare): the token was reported unregistered or is paced, or the outbox is
-        // at its bound: check duplicates first so a retried POST still gets its 200.
-        // isEmpty first: hashing the token for an empty set cost ~1k instructions a row.
+        // at its bound. isEmpty first: hashing the token for an empty set cost ~1k instructions a row.
         if (!state.watchedTokens.isEmpty && state.watchedTokens.contains(r.pushToken)) || state.pending >= request.maxPending {
-            if let dup = try existing(r, db: db) { return StoreRules.dedupe(dup, credentialID: credID) }
             if let unreg = try db.query("SELECT apns_timestamp FROM unregistered_tokens WHERE token = ?", [.text(r.pushToken)]).first,
                let reportedAt = unreg[0].int {
-                let lastSeen = try db.scalar("SELECT max(created_at) FROM responses WHERE push_token = ?", [.text(r.pushToken)]).int
+                let lastSeen = try newestCreatedAt(of: r.pushToken, pendingOnly: false, db: db, state: state)
                 if StoreRules.isUnregistered(cutoff: reportedAt, lastSeen: lastSeen) { return .unregistered }
             }
             guard state.pending < request.maxPending else { return .overCapacity }
@@ -190,11 +196,10 @@ extension SQLiteOutboxStore {
                 try insert.stepOnce()
                 break
             } catch let error as StoreError where error.isPrimaryKeyConflict && clashes < maxKeyClashes {
-                // The id's high word is taken: another process on this file minted it in the
-                // same millisecond, or this one restarted after the clock stepped back. Only
-                // this statement failed (the dedupe conflict target does not cover the key, so
-                // it is not taken for a duplicate); move past the highest key of that
-                // millisecond (exact: we hold the write lock) and mint again.
+                // The id's high word is taken. Ids are minted above minted_through (also after
+                // a restart with the clock stepped back), so only a row inserted by other means
+                // (a script's fixture) can hold it. Only this statement failed; move past the
+                // highest key of that millisecond (exact: we hold the write lock) and mint again.
                 clashes += 1
                 let bucket = high & ~0xfff   // same ms, version 7, counter 0
                 let top = try db.scalar("SELECT max(id_high) FROM responses WHERE id_high BETWEEN ? AND ?",
@@ -203,16 +208,8 @@ extension SQLiteOutboxStore {
                 (id, high) = state.ids.mint(nowMillis: now)
             }
         }
-        let inserted = db.changes
-        if inserted == 0 {
-            // The dedupe key exists: answer with the stored row.
-            if handOff {
-                state.channel?.release(1)
-                state.reservedInBatch -= 1
-            }
-            guard let dup = try existing(r, db: db) else { throw StoreError.invalid("insert ignored but no duplicate found") }
-            return StoreRules.dedupe(dup, credentialID: credID)
-        }
+        state.tail.add(h, high, inBatch: true)
+        state.mintedInBatch = max(state.mintedInBatch, high)
         state.pending += 1
         guard handOff else {
             state.queuedInBatch += 1
@@ -228,13 +225,4 @@ extension SQLiteOutboxStore {
     /// Ingest attempts per row whose id's high word was taken (each moves past a whole
     /// millisecond's keys, so one is almost always enough).
     static let maxKeyClashes = 16
-
-    private static func existing(_ r: NewResponse, db: SQLiteDatabase) throws -> ExistingRow? {
-        let rows = try db.query(
-            "SELECT id, state, credential_id FROM responses WHERE push_token = ? AND session_id = ? AND key_id = ? AND message_index = ?",
-            [.text(r.pushToken), .text(r.sessionIdentifier), .blob(r.keyID), .integer(Int64(r.messageIndex))])
-        guard let row = rows.first, let id = row[0].string, let s = row[1].string.flatMap(ResponseState.init(rawValue:)),
-              let cred = row[2].string else { return nil }
-        return ExistingRow(id: id, state: s, credentialID: cred)
-    }
 }

@@ -28,7 +28,8 @@ extension SQLiteOutboxStore {
         if let s = filter.state { clauses.append("state = ?"); binds.append(.text(s.rawValue)) }
         if let a = filter.app { clauses.append("app = ?"); binds.append(.text(a)) }
         if let p = filter.tokenPrefix {
-            // Range on the unique index's leading column instead of LIKE (which ignores it).
+            // A range instead of LIKE. No index holds the token text (the dedupe index holds its
+            // hash), so this scans the table: relayctl list only.
             clauses.append("push_token >= ? AND push_token < ?")
             binds.append(.text(p.lowercased()))
             binds.append(.text(p.lowercased() + "\u{7f}"))

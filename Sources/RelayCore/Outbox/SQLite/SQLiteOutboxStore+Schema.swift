@@ -162,6 +162,48 @@ extension SQLiteOutboxStore {
         CREATE INDEX responses_claim ON responses (state, next_attempt_at) WHERE state = 'queued' OR state = 'inflight' OR state = 'retry';
         CREATE INDEX responses_done ON responses (state, updated_at) WHERE state = 'delivered' OR state = 'failed';
         """,
+        // v6: the UNIQUE dedupe index goes (with 1,000 interleaved tokens it put every row of a
+        // group commit on its own leaf page). The dedupe key is found through response_keys
+        // (h, id_high), h a keyed 64-bit hash of the key whose high half hashes the token, filled
+        // in large sorted merges off the ingest commit; keys above merged_through live in the
+        // ingesting store's memory (SQLiteOutboxStore+Dedupe). migrate() then fills
+        // response_keys for the stored rows, draws the hash key and sets both watermarks.
+        """
+        DROP INDEX responses_claim;
+        DROP INDEX responses_done;
+        ALTER TABLE responses RENAME TO responses_v5;
+        CREATE TABLE responses (
+            id_high INTEGER PRIMARY KEY,
+            id TEXT NOT NULL,
+            app TEXT NOT NULL,
+            push_token TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            key_id BLOB NOT NULL,
+            message_index INTEGER NOT NULL,
+            encrypted_data BLOB NOT NULL,
+            credential_id TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state = 'queued' OR state = 'inflight' OR state = 'retry' OR state = 'delivered' OR state = 'failed'),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            last_status INTEGER,
+            last_reason TEXT,
+            updated_at INTEGER NOT NULL
+        );
+        INSERT INTO responses SELECT * FROM responses_v5 ORDER BY id_high;
+        DROP TABLE responses_v5;
+        CREATE INDEX responses_claim ON responses (state, next_attempt_at) WHERE state = 'queued' OR state = 'inflight' OR state = 'retry';
+        CREATE INDEX responses_done ON responses (state, updated_at) WHERE state = 'delivered' OR state = 'failed';
+        CREATE TABLE response_keys (
+            h INTEGER NOT NULL,
+            id_high INTEGER NOT NULL,
+            PRIMARY KEY (h, id_high)
+        ) WITHOUT ROWID;
+        ALTER TABLE outbox_stats ADD COLUMN dedupe_key BLOB;
+        ALTER TABLE outbox_stats ADD COLUMN minted_through INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE outbox_stats ADD COLUMN merged_through INTEGER NOT NULL DEFAULT 0;
+        """,
     ]
 
     /// Schema v5's key of a stored id (its first 64 bits), for the migration's copy.
@@ -175,7 +217,7 @@ extension SQLiteOutboxStore {
     /// Applies every migration above the file's user_version, each in its own transaction.
     /// Refuses a database written by a newer relay.
     static func migrate(_ db: SQLiteDatabase, onSlowStart: (@Sendable (String) -> Void)? = nil,
-                        reportEveryMicros: Int64 = 1_000_000) throws {
+                        reportEveryMicros: Int64 = 1_000_000, dedupeHash: DedupeHashFunction? = nil) throws {
         try db.defineFunction("relay_id_rowid") { text in
             guard let text else { throw NotAUUID(id: "NULL") }
             guard let high = UUIDText.high64(text) else { throw NotAUUID(id: String(decoding: text.prefix(64), as: UTF8.self)) }
@@ -200,6 +242,7 @@ extension SQLiteOutboxStore {
                     } catch let error as StoreError where v == 4 && error.isPrimaryKeyConflict {
                         throw try v5KeyClash(db)
                     }
+                    if v == 5 { try buildDedupeIndex(db, override: dedupeHash) }
                 }
                 try db.execute("PRAGMA user_version = \(v + 1)")
             }

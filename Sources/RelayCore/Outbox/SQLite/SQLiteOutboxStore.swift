@@ -12,7 +12,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     // @unchecked Sendable: `writer` serialises every write on its own thread; `reader` is only
     // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread),
     // except its `sharedSettings`, a Mutex.
-    public static let schemaVersion = 5
+    public static let schemaVersion = 6
 
     let writer: GroupCommitWriter?
     let reader: SQLiteDatabase
@@ -75,6 +75,29 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         var markInflight: SQLiteStatement?
         var markExpired: SQLiteStatement?
         var lookupCredential: SQLiteStatement?
+        /// The dedupe index (SQLiteOutboxStore+Dedupe): the hash under this database's key, the
+        /// tail of unmerged keys and its watermarks, the ingest lock once taken.
+        var hasher: DedupeHasher!
+        var tail = DedupeTail()
+        var ingestLock: IngestLock?
+        var databasePath = ""
+        var mergedThrough: Int64 = 0
+        /// The highest id_high committed (minted_through), and minted in the open batch.
+        var committedHigh: Int64 = 0
+        var mintedInBatch: Int64 = 0
+        var mergeRows = SQLiteOutboxStore.defaultMergeRows
+        var mergeChunk = SQLiteOutboxStore.defaultMergeChunk
+        var merge: DedupeMerge?
+        var mergeRetryAt = 0
+        var tailLimit = 4 * SQLiteOutboxStore.defaultMergeRows
+        var mergeRequested = false
+        var merges = 0
+        var mergeFailures = 0
+        /// Tests: runs inside a merge transaction right before its COMMIT (a throw fails it).
+        var beforeMergeCommit: (() throws -> Void)?
+        var logger: RelayLogger?
+        var lookupKey: SQLiteStatement?
+        var readKeyRow: SQLiteStatement?
     }
 
     /// A credentials row as the ingest path needs it, apps already split (once per batch, not
@@ -104,7 +127,15 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         // synchronous before journal_mode, so no WAL frame is ever written at another level.
         try db.execute("PRAGMA synchronous=\(options.synchronous.rawValue)")
         try db.execute("PRAGMA journal_mode=WAL")
-        try Self.migrate(db, onSlowStart: options.onSlowStart)
+        try Self.migrate(db, onSlowStart: options.onSlowStart, dedupeHash: options.dedupeHash)
+        guard let key = try db.scalar("SELECT dedupe_key FROM outbox_stats WHERE id = 1").bytes else {
+            throw StoreError.invalid("database \(path) has no dedupe key in outbox_stats (schema v6 sets one)")
+        }
+        writerState.hasher = try DedupeHasher(key: key, override: options.dedupeHash)
+        writerState.databasePath = path
+        writerState.logger = options.logger
+        writerState.mergeRows = max(1, options.dedupeMergeRows)
+        writerState.tailLimit = 4 * writerState.mergeRows
         for row in try db.query("SELECT token FROM unregistered_tokens UNION SELECT token FROM token_pacing") {
             if let t = row[0].string { writerState.watchedTokens.insert(t) }
         }
@@ -117,9 +148,13 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         checkpointer = ckpt
         db.onWALCommit { frames in ckpt.committed(walFrames: frames) }
         let w = GroupCommitWriter(db: db, maxBatch: options.maxBatch)
-        w.betweenBatches = { db in ckpt.betweenBatches(db) }
         let state = writerState
         state.channel = channel
+        // The dedupe merge first, so the checkpoint that may follow copies its pages too.
+        w.betweenBatches = { db in
+            Self.maybeMerge(db, state: state)
+            ckpt.betweenBatches(db)
+        }
         w.beforeBatch = {
             state.settings = state.sharedSettings.withLock { $0 }
             state.credentials.removeAll(keepingCapacity: true)
@@ -133,6 +168,9 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             // The array itself is handed over (it is replaced, not emptied in place).
             channel?.committed(handedOff: state.handedOff, queued: state.queuedInBatch > 0)
             state.handedOff = []
+            state.tail.batchCommitted()
+            state.committedHigh = max(state.committedHigh, state.mintedInBatch)
+            state.mintedInBatch = 0
         }
         w.afterBegin = { db in
             let read = try db.held(&state.readPending, "SELECT pending FROM outbox_stats WHERE id = 1")
@@ -141,9 +179,12 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             state.pendingAtBatchStart = state.pending
         }
         w.beforeCommit = { db in
-            if state.pending != state.pendingAtBatchStart {
-                let write = try db.held(&state.writePending, "UPDATE outbox_stats SET pending = ? WHERE id = 1")
+            // One row, one page: the counter and the newest id minted (the tail's upper bound).
+            if state.pending != state.pendingAtBatchStart || state.mintedInBatch > state.committedHigh {
+                let write = try db.held(&state.writePending,
+                    "UPDATE outbox_stats SET pending = ?, minted_through = max(minted_through, ?) WHERE id = 1")
                 try write.bind(1, Int64(state.pending))
+                try write.bind(2, state.mintedInBatch)
                 try write.stepOnce()
             }
         }
@@ -151,6 +192,8 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             if state.reservedInBatch > 0 { channel?.release(state.reservedInBatch) }
             state.reservedInBatch = 0
             state.handedOff = []
+            state.tail.batchRolledBack()
+            state.mintedInBatch = 0
         }
         writer = w
         reader = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis)
@@ -158,11 +201,19 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         ckpt.start()
     }
 
-    deinit { close() }
+    deinit { shutdown() }   // no final merge: it would wait on the writer from any thread
 
-    /// Commits what is queued, then checkpoints the whole WAL into the database file.
+    /// Merges the dedupe tail (the next start then has none to rebuild), commits what is
+    /// queued, then checkpoints the whole WAL into the database file.
     public func close() {
+        let state = writerState
+        _ = try? write { _ in state.mergeRequested = state.ingestLock != nil }
+        shutdown()
+    }
+
+    private func shutdown() {
         writer?.close()
+        if writer != nil { writerState.ingestLock = nil }   // the writer thread has exited
         checkpointer?.stop()
     }
     func write<T>(_ work: @escaping (SQLiteDatabase) throws -> T) throws -> T {

@@ -19,8 +19,13 @@ public struct SQLiteStoreOptions: Sendable {
     public var onSlowStart: (@Sendable (String) -> Void)?
     /// When the background checkpointer copies the WAL into the database file (SQLiteCheckpointer).
     public var checkpoint = SQLiteCheckpointPolicy()
-    /// Where the checkpointer reports failures (nil: nowhere).
+    /// Where the checkpointer and the dedupe merge report failures (nil: nowhere).
     public var logger: RelayLogger?
+    /// Unmerged dedupe keys at which the writer merges them into the on-disk index (memory
+    /// and restart rebuild are bounded by it; larger merges share more index pages).
+    public var dedupeMergeRows: Int = SQLiteOutboxStore.defaultMergeRows
+    /// Tests only: replaces the keyed dedupe hash (e.g. a constant, to force collisions).
+    public var dedupeHash: DedupeHashFunction?
     public init(synchronous: Synchronous = .full, busyTimeoutMillis: Int32 = 5000, maxBatch: Int = 1024, readOnly: Bool = false) {
         self.synchronous = synchronous
         self.busyTimeoutMillis = busyTimeoutMillis

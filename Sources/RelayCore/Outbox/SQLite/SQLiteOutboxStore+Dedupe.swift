@@ -1,0 +1,356 @@
+// SQLiteOutboxStore: the dedupe key's index (schema v6, docs/architecture.md "Dedupe index").
+// A key (push token, session, key id, message index) is found through a 64-bit keyed hash `h`
+// whose high half hashes the token alone (a token's rows are one range of h). Keys of rows up
+// to `merged_through` are in `response_keys (h, id_high)`; the younger ones (the tail) are kept
+// in memory by the one ingesting store and merged into the table in large sorted batches, in
+// a transaction of their own, so an ingest COMMIT only appends. Every hash match is verified
+// against the row itself, so a collision or a stale entry never decides alone.
+import FoundationEssentials
+import Glibc
+import POSIXThreads
+import Ratchet
+internal import OpenSSLSupport
+
+/// The dedupe index's keyed hash (OpenSSLSupport.SipHash).
+typealias KeyedHash = SipHash
+
+/// A dedupe hash for tests (forced collisions): its high 32 bits must depend on the token only.
+public typealias DedupeHashFunction = @Sendable (_ pushToken: String, _ sessionID: String, _ keyID: [UInt8], _ messageIndex: UInt32) -> Int64
+
+/// h of a key under the database's SipHash key (outbox_stats.dedupe_key). Writer thread only.
+final class DedupeHasher {
+    private let mac: KeyedHash
+    private let override: DedupeHashFunction?
+    private var scratch: [UInt8] = []
+
+    init(key: [UInt8], override: DedupeHashFunction?) throws {
+        guard let mac = KeyedHash(key: key) else {
+            throw StoreError.invalid("cannot set up the dedupe hash (OpenSSL SIPHASH with a 16-byte key; the key has \(key.count) bytes)")
+        }
+        self.mac = mac
+        self.override = override
+    }
+
+    /// Length-prefixed fields, so no two keys encode alike.
+    private func append(_ bytes: some Collection<UInt8>) {
+        let n = UInt32(truncatingIfNeeded: bytes.count)
+        for shift in stride(from: 24, through: 0, by: -8) { scratch.append(UInt8(truncatingIfNeeded: n >> UInt32(shift))) }
+        scratch.append(contentsOf: bytes)
+    }
+
+    private func tokenWord(_ token: String) -> UInt64 {
+        scratch.removeAll(keepingCapacity: true)
+        append(token.utf8)
+        return mac.hash(scratch) & 0xffff_ffff_0000_0000
+    }
+
+    func hash(_ token: String, _ session: String, _ keyID: [UInt8], _ index: UInt32) -> Int64 {
+        if let override { return override(token, session, keyID, index) }
+        let high = tokenWord(token)   // leaves the token's encoding in scratch
+        append(session.utf8)
+        append(keyID)
+        for shift in stride(from: 24, through: 0, by: -8) { scratch.append(UInt8(truncatingIfNeeded: index >> UInt32(shift))) }
+        return Int64(bitPattern: high | mac.hash(scratch) >> 32)
+    }
+
+    func hash(_ r: NewResponse) -> Int64 { hash(r.pushToken, r.sessionIdentifier, r.keyID, r.messageIndex) }
+
+    /// The h range of a token's keys (signed order keeps it contiguous: one high half).
+    func tokenRange(_ token: String) -> ClosedRange<Int64> {
+        let high = override.map { UInt64(bitPattern: $0(token, "", [], 0)) & 0xffff_ffff_0000_0000 } ?? tokenWord(token)
+        return Int64(bitPattern: high)...Int64(bitPattern: high | 0xffff_ffff)
+    }
+}
+
+/// Keys of committed rows above merged_through (and those of the open batch), in memory.
+struct DedupeTail {
+    private var byKey: [Int64: Int64] = [:]
+    /// Further rows under an h already in byKey (a hash collision: rare).
+    private var more: [Int64: [Int64]] = [:]
+    private var byToken: [Int64: [Int64]] = [:]
+    private var batch: [(h: Int64, id: Int64)] = []
+    private(set) var count = 0
+
+    mutating func add(_ h: Int64, _ id: Int64, inBatch: Bool) {
+        if byKey[h] == nil { byKey[h] = id } else { more[h, default: []].append(id) }
+        byToken[h >> 32, default: []].append(id)
+        if inBatch { batch.append((h, id)) }
+        count += 1
+    }
+
+    /// The rows under h: the first, then any collisions.
+    func candidates(_ h: Int64) -> [Int64] {
+        guard let first = byKey[h] else { return [] }
+        return [first] + (more[h] ?? [])
+    }
+
+    func tokenIDs(_ range: ClosedRange<Int64>) -> [Int64] { byToken[range.lowerBound >> 32] ?? [] }
+
+    /// Every entry, sorted by (h, id): the merge's insert order.
+    func sorted() -> [(h: Int64, id: Int64)] {
+        var all: [(h: Int64, id: Int64)] = []
+        all.reserveCapacity(count)
+        for (h, id) in byKey { all.append((h, id)) }
+        for (h, ids) in more { for id in ids { all.append((h, id)) } }
+        return all.sorted { $0.h != $1.h ? $0.h < $1.h : $0.id < $1.id }
+    }
+
+    mutating func batchCommitted() { batch.removeAll(keepingCapacity: true) }
+
+    /// The open batch rolled back: its keys go, newest first.
+    mutating func batchRolledBack() {
+        for (h, id) in batch.reversed() {
+            if var list = more[h], let i = list.lastIndex(of: id) {
+                list.remove(at: i)
+                more[h] = list.isEmpty ? nil : list
+            } else if byKey[h] == id {
+                if var list = more[h], !list.isEmpty {
+                    byKey[h] = list.removeFirst()
+                    more[h] = list.isEmpty ? nil : list
+                } else {
+                    byKey[h] = nil
+                }
+            }
+            if var ids = byToken[h >> 32], let i = ids.lastIndex(of: id) {
+                ids.remove(at: i)
+                byToken[h >> 32] = ids.isEmpty ? nil : ids
+            }
+            count -= 1
+        }
+        batch.removeAll(keepingCapacity: true)
+    }
+
+    /// After a merge: only the keys of rows above `upTo` stay.
+    mutating func remove(through upTo: Int64) {
+        var kept = DedupeTail()
+        for (h, id) in sorted() where id > upTo { kept.add(h, id, inBatch: false) }
+        self = kept
+    }
+}
+
+/// A merge under way: the sorted keys up to `upTo`, written up to `next`.
+struct DedupeMerge {
+    var upTo: Int64
+    var entries: [(h: Int64, id: Int64)]
+    var next = 0
+}
+
+/// Who ingests into a database: one store at a time, since the tail lives in its memory.
+/// flock(2) on `<database>-ingest`: released by the kernel when the process dies.
+final class IngestLock {
+    let path: String
+    private let fd: Int32
+
+    init(database: String) throws {
+        path = database + "-ingest"
+        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            throw StoreError.invalid("cannot open the ingest lock \(path): \(String(cString: strerror(errno)))")
+        }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            let e = errno
+            Glibc.close(fd)
+            if e == EWOULDBLOCK {
+                throw StoreError.invalid("another relay-server ingests into \(database) (it holds \(path)): one relay-server per SQLite database; stop the other one, or give each its own store.path")
+            }
+            throw StoreError.invalid("cannot lock \(path): \(String(cString: strerror(e)))")
+        }
+        self.fd = fd
+    }
+
+    deinit { Glibc.close(fd) }   // releases the flock
+}
+
+extension SQLiteOutboxStore {
+    /// Tail keys at which the writer merges them into response_keys (after a batch, in
+    /// transactions of their own, `defaultMergeChunk` keys each); ingest refuses (503) above
+    /// four times as many (merges failing).
+    static let defaultMergeRows = 32_768
+    static let defaultMergeChunk = 4096
+
+    /// Takes the ingest lock and rebuilds the tail, once per store: relay-server calls it at
+    /// start (a second server on the same file fails there, naming the lock); otherwise the
+    /// first ingest does.
+    public func prepareIngest() throws {
+        let state = writerState
+        let path = self.path
+        try write { db in try Self.prepareIngest(db, state: state, path: path) }
+    }
+
+    static func prepareIngest(_ db: SQLiteDatabase, state: WriterState, path: String) throws {
+        guard state.ingestLock == nil else { return }
+        let lock = try IngestLock(database: path)
+        let row = try db.query("SELECT merged_through, minted_through FROM outbox_stats WHERE id = 1").first
+        let merged = row?[0].int ?? 0, minted = row?[1].int ?? 0
+        var tail = DedupeTail()
+        let scan = try db.statement("SELECT id_high, push_token, session_id, key_id, message_index FROM responses WHERE id_high > ? AND id_high <= ?")
+        defer { scan.reset() }
+        try scan.bind(1, merged)
+        try scan.bind(2, minted)
+        while try scan.next() {
+            let h = state.hasher.hash(scan.text(1), scan.text(2), scan.blob(3), UInt32(truncatingIfNeeded: scan.int64(4)))
+            tail.add(h, scan.int64(0), inBatch: false)
+        }
+        // Ids minted from now on are above every key minted before (a clock stepped back, a
+        // restart), so they are above the watermark and in the tail.
+        state.ids.advance(pastHigh: minted)
+        state.tail = tail
+        state.mergedThrough = merged
+        state.committedHigh = minted
+        state.ingestLock = lock
+    }
+
+    /// The stored row with r's dedupe key, if any: tail and index candidates, each verified.
+    static func existing(_ r: NewResponse, h: Int64, db: SQLiteDatabase, state: WriterState) throws -> ExistingRow? {
+        for id in state.tail.candidates(h) {
+            if let row = try verified(id, r, db: db, state: state) { return row }
+        }
+        let lookup = try db.held(&state.lookupKey, "SELECT id_high FROM response_keys WHERE h = ?")
+        try lookup.bind(1, h)
+        var ids: [Int64] = []
+        while try lookup.next() { ids.append(lookup.int64(0)) }
+        lookup.reset()
+        for id in ids {
+            if let row = try verified(id, r, db: db, state: state) { return row }
+        }
+        return nil
+    }
+
+    private static func verified(_ id: Int64, _ r: NewResponse, db: SQLiteDatabase, state: WriterState) throws -> ExistingRow? {
+        let read = try db.held(&state.readKeyRow,
+            "SELECT id, state, credential_id, push_token, session_id, key_id, message_index FROM responses WHERE id_high = ?")
+        defer { read.reset() }
+        try read.bind(1, id)
+        guard try read.next(), read.text(3) == r.pushToken, read.text(4) == r.sessionIdentifier, read.blob(5) == r.keyID,
+              read.int64(6) == Int64(r.messageIndex), let s = ResponseState(rawValue: read.text(1)) else { return nil }
+        return ExistingRow(id: read.text(0), state: s, credentialID: read.text(2))
+    }
+
+    /// Candidate rows of a token (callers check push_token on each): its index range, and the
+    /// tail (this store's, or, when it does not ingest, the unmerged rows read from the table).
+    static func tokenRowIDs(_ token: String, db: SQLiteDatabase, state: WriterState) throws -> [Int64] {
+        let range = state.hasher.tokenRange(token)
+        var ids = try db.query("SELECT id_high FROM response_keys WHERE h BETWEEN ? AND ?",
+                               [.integer(range.lowerBound), .integer(range.upperBound)]).compactMap { $0[0].int }
+        if state.ingestLock != nil {
+            ids += state.tail.tokenIDs(range)
+        } else {
+            ids += try db.query("""
+                SELECT id_high FROM responses WHERE push_token = ?
+                  AND id_high > (SELECT merged_through FROM outbox_stats WHERE id = 1)
+                  AND id_high <= (SELECT minted_through FROM outbox_stats WHERE id = 1)
+                """, [.text(token)]).compactMap { $0[0].int }
+        }
+        return ids
+    }
+
+    /// The newest created_at among a token's rows (pending ones only, or all), or nil.
+    static func newestCreatedAt(of token: String, pendingOnly: Bool, db: SQLiteDatabase, state: WriterState) throws -> Int64? {
+        let read = try db.statement(pendingOnly
+            ? "SELECT created_at FROM responses WHERE id_high = ? AND push_token = ? AND (state = 'queued' OR state = 'inflight' OR state = 'retry')"
+            : "SELECT created_at FROM responses WHERE id_high = ? AND push_token = ?")
+        var newest: Int64?
+        for id in try tokenRowIDs(token, db: db, state: state) {
+            try read.bind(1, id)
+            try read.bind(2, token)
+            if try read.next() { newest = max(newest ?? .min, read.int64(0)) }
+            read.reset()
+        }
+        return newest
+    }
+
+    /// One step of a merge of the tail into response_keys, in a transaction of its own. The
+    /// first step takes the tail's keys up to the newest committed id, sorted by h, leaving out
+    /// rows deleted since; each step writes `mergeChunk` of them (a short pause for ingest,
+    /// and each chunk's keys share the leaves of their h range); the last one also advances
+    /// merged_through, then the merged keys leave the tail. Keys written by earlier steps are
+    /// in both places meanwhile, which lookups tolerate; after a crash the rebuilt tail holds
+    /// them again and INSERT OR IGNORE skips them. A failed step changes nothing.
+    static func mergeStep(_ db: SQLiteDatabase, state: WriterState) throws {
+        guard state.ingestLock != nil, state.merge != nil || state.committedHigh > state.mergedThrough else { return }
+        do {
+            try db.execute("BEGIN IMMEDIATE")
+            if state.merge == nil {
+                let upTo = state.committedHigh
+                var present: Set<Int64> = []
+                present.reserveCapacity(state.tail.count)
+                let scan = try db.statement("SELECT id_high FROM responses WHERE id_high > ? AND id_high <= ?")
+                try scan.bind(1, state.mergedThrough)
+                try scan.bind(2, upTo)
+                while try scan.next() { present.insert(scan.int64(0)) }
+                scan.reset()
+                state.merge = DedupeMerge(upTo: upTo, entries: state.tail.sorted().filter { present.contains($0.id) })
+            }
+            guard let merge = state.merge else { return }
+            let end = min(merge.entries.count, merge.next + max(1, state.mergeChunk))
+            let insert = try db.statement("INSERT OR IGNORE INTO response_keys (h, id_high) VALUES (?, ?)")
+            for e in merge.entries[merge.next..<end] {
+                try insert.bind(1, e.h)
+                try insert.bind(2, e.id)
+                try insert.stepOnce()
+            }
+            let last = end == merge.entries.count
+            if last { try db.run("UPDATE outbox_stats SET merged_through = ? WHERE id = 1", [.integer(merge.upTo)]) }
+            try state.beforeMergeCommit?()
+            try db.execute("COMMIT")
+            state.merge?.next = end
+            if last {
+                state.tail.remove(through: merge.upTo)
+                state.mergedThrough = merge.upTo
+                state.merge = nil
+                state.merges += 1
+            }
+        } catch {
+            if !db.isAutocommit { try? db.execute("ROLLBACK") }
+            state.mergeFailures += 1
+            throw error
+        }
+    }
+
+    /// After each batch (writer thread): a merge step when the tail holds `mergeRows` keys or
+    /// a merge is under way; the whole merge on request (close). After a failed step the next
+    /// try waits for a quarter of `mergeRows` more keys.
+    static func maybeMerge(_ db: SQLiteDatabase, state: WriterState) {
+        guard state.ingestLock != nil else { return }
+        let due = state.merge != nil || state.tail.count >= state.mergeRows
+        guard state.mergeRequested || (due && state.tail.count >= state.mergeRetryAt) else { return }
+        let all = state.mergeRequested
+        state.mergeRequested = false
+        do {
+            repeat {
+                try mergeStep(db, state: state)
+            } while all && (state.merge != nil || state.committedHigh > state.mergedThrough)
+            state.mergeRetryAt = 0
+        } catch {
+            state.mergeRetryAt = state.tail.count + max(1, state.mergeRows / 4)
+            state.logger?.error("dedupe index merge failed (the keys stay in memory and answer as before; retried later)",
+                                ["error": "\(error)", "tailKeys": state.tail.count, "failures": state.mergeFailures])
+        }
+    }
+
+    /// schema v6's index over the rows already stored: a fresh SipHash key, every row's key
+    /// (sorted, so the table is appended to), and both watermarks at the newest v7 id.
+    static func buildDedupeIndex(_ db: SQLiteDatabase, override: DedupeHashFunction?) throws {
+        let key = RelayCrypto.randomBytes(16)
+        try db.run("UPDATE outbox_stats SET dedupe_key = ? WHERE id = 1", [.blob(key)])
+        let hasher = try DedupeHasher(key: key, override: override)
+        var entries: [(h: Int64, id: Int64)] = []
+        var newest: Int64 = 0
+        let scan = try db.statement("SELECT id_high, push_token, session_id, key_id, message_index FROM responses")
+        while try scan.next() {
+            let id = scan.int64(0)
+            entries.append((hasher.hash(scan.text(1), scan.text(2), scan.blob(3), UInt32(truncatingIfNeeded: scan.int64(4))), id))
+            // Only v7 ids are time-ordered; a migrated v4 id's random high word is no watermark.
+            if (UInt64(bitPattern: id) >> 12) & 0xf == 7 { newest = max(newest, id) }
+        }
+        scan.reset()
+        entries.sort { $0.h != $1.h ? $0.h < $1.h : $0.id < $1.id }
+        let insert = try db.statement("INSERT INTO response_keys (h, id_high) VALUES (?, ?)")
+        for e in entries {
+            try insert.bind(1, e.h)
+            try insert.bind(2, e.id)
+            try insert.stepOnce()
+        }
+        try db.run("UPDATE outbox_stats SET minted_through = ?, merged_through = ? WHERE id = 1", [.integer(newest), .integer(newest)])
+    }
+}
