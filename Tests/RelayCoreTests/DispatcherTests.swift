@@ -95,6 +95,24 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         #expect(try s.attempts(responseID: id).map(\.status) == [503, 503, 200])
     }
 
+    /// A retry due at once (ExpiredProviderToken: PushClient refreshed its token) is sent again
+    /// without waiting for the idle poll, although its outcome is written while the thread
+    /// goes on (the write's completion wakes it).
+    @Test func aRetryDueAtOnceIsSentAgainWithoutWaitingForThePoll() throws {
+        let (s, secret) = try setup()
+        defer { s.close() }
+        guard case .accepted(let id) = try s.ingestNow(sample(), secret: secret) else { Issue.record("no"); return }
+        let t = FakeTransport { _, n in
+            n == 1 ? PushAnswer(status: 403, reason: "ExpiredProviderToken", classification: .refreshTokenAndReconnect)
+                : PushAnswer(status: 200, reason: nil, classification: .done)
+        }
+        let d = Dispatcher(store: s, transports: ["com.example.app": t], options: DispatcherOptions(idlePollMillis: 600_000), clock: clock)
+        try d.start()
+        try waitUntil("delivered") { try s.response(id: id)?.state == .delivered }
+        d.stop()
+        #expect(try s.attempts(responseID: id).map(\.status) == [403, 200])
+    }
+
     @Test func unregisteredTokenIsRecorded() throws {
         let (s, secret) = try setup()
         defer { s.close() }

@@ -39,6 +39,8 @@ public final class Dispatcher: @unchecked Sendable {
     private let logger: RelayLogger
     private var thread: OSThread?
     private let exited = DispatchSemaphore(value: 0)
+    /// Outcome writes queued on the store and not finished yet (waited for before exit).
+    private let applying = DispatchGroup()
 
     /// `channel`: the one the store was given, for the hand-off; a fresh one means no hand-off
     /// (every row is claimed).
@@ -99,10 +101,7 @@ public final class Dispatcher: @unchecked Sendable {
                 case .send(let rows):
                     for row in rows { send(row) }
                 case .apply(let updates):
-                    do { try store.apply(updates) } catch {
-                        // The rows stay inflight in the database; they are requeued on restart.
-                        logger.error("could not record push outcomes", ["error": "\(error)", "count": updates.count])
-                    }
+                    apply(updates)
                 case .report(let push, let outcome):
                     report(push, outcome)
                 case .vacate(let count):
@@ -121,6 +120,7 @@ public final class Dispatcher: @unchecked Sendable {
                 case .wait(let millis):
                     next = machine.received(channel.take(waitingMillis: millis))
                 case .exit(let requeue):
+                    applying.wait()
                     do {
                         try store.apply(requeue)
                     } catch {
@@ -133,6 +133,23 @@ public final class Dispatcher: @unchecked Sendable {
         }
         channel.finish()
         exited.signal()
+    }
+
+    /// Queues the outcome writes and goes on: handed-off rows that arrive meanwhile are sent
+    /// without waiting for the writer's next COMMIT. A retry's due time is seen by the next
+    /// nextDueAt only once written, so its completion wakes the thread to look again.
+    private func apply(_ updates: [DeliveryUpdate]) {
+        let retries = updates.contains { if case .retry = $0.outcome { true } else { false } }
+        applying.enter()
+        store.apply(updates) { [channel, logger, applying] error in
+            if let error {
+                // The rows stay inflight in the database; they are requeued on restart.
+                logger.error("could not record push outcomes", ["error": "\(error)", "count": updates.count])
+            } else if retries {
+                channel.wake()
+            }
+            applying.leave()
+        }
     }
 
     private func send(_ row: OutboxRow) {

@@ -250,6 +250,9 @@ public protocol OutboxStore: AnyObject, Sendable {
     /// Earliest next_attempt_at among queued/retry rows.
     func nextDueAt() throws -> Int64?
     func apply(_ updates: [DeliveryUpdate]) throws
+    /// `apply` without waiting for it: `completion` runs once it committed (nil) or failed, on
+    /// a thread of the store's. Updates given later are applied after these.
+    func apply(_ updates: [DeliveryUpdate], completion: @escaping @Sendable (StoreError?) -> Void)
 
     // MARK: queries (relayctl, GET /v1/responses/<id>, metrics)
     func response(id: String) throws -> OutboxRow?
@@ -291,6 +294,16 @@ public protocol OutboxStore: AnyObject, Sendable {
 
 extension OutboxStore {
     public var freeSpaceGuard: FreeSpaceGuard? { nil }
+
+    /// A store without a write queue of its own applies at once, on the caller's thread.
+    public func apply(_ updates: [DeliveryUpdate], completion: @escaping @Sendable (StoreError?) -> Void) {
+        do {
+            try apply(updates)
+            completion(nil)
+        } catch {
+            completion((error as? StoreError) ?? .invalid("\(error)"))
+        }
+    }
 
     /// Completes on the store's own thread.
     public func submit(_ request: IngestRequest, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {

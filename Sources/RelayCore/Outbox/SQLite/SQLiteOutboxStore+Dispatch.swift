@@ -75,9 +75,23 @@ extension SQLiteOutboxStore {
 
     public func apply(_ updates: [DeliveryUpdate]) throws {
         guard !updates.isEmpty else { return }
+        try write(applying(updates))
+    }
+
+    /// Queued behind the writer's current batch; the dispatcher thread does not wait for it.
+    public func apply(_ updates: [DeliveryUpdate], completion: @escaping @Sendable (StoreError?) -> Void) {
+        guard !updates.isEmpty else { return completion(nil) }
+        guard let writer else { return completion(.invalid("store opened read-only")) }
+        writer.enqueue(applying(updates)) { result in
+            if case .failure(let error) = result { completion(error) } else { completion(nil) }
+        }
+    }
+
+    /// The outcome writes as one writer job.
+    private func applying(_ updates: [DeliveryUpdate]) -> (SQLiteDatabase) throws -> Void {
         let now = clock.nowMillis()
         let state = writerState
-        try write { db in
+        return { db in
             for u in updates {
                 // A row is found by its key and id (schema v5); an id that is not a UUID has no row.
                 guard let high = UUIDText.high64(u.id) else { continue }
