@@ -124,6 +124,43 @@ struct PostgresIngestBatchTests {
         #expect(try f.sql("SELECT count(*) FROM responses") == [["4"]])  // the gate's row too
     }
 
+    /// The ingest queue is bounded like SQLite's writer queue (StoreRules.maxWaitingIngests):
+    /// with the ingest thread held by a lock, requests past the bound are refused at once with
+    /// `.unavailable` (503 storage_unavailable) instead of growing the relay's memory, and the
+    /// queued ones all commit once the lock goes.
+    @Test func ingestsPastTheQueueBoundAreRefusedAndTheRestCommit() throws {
+        let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        s.ingestSettings = settings(maxPending: 100_000)
+        let bound = s.ingestWorker.maxQueuedItems
+        #expect(bound == StoreRules.maxWaitingIngests)
+        let blocker = try PostgresConnection(url: blockerURL, applicationName: "blocker")
+        try blocker.execute("BEGIN; LOCK TABLE credentials IN ACCESS EXCLUSIVE MODE")
+        let done = DispatchGroup()
+        done.enter()
+        s.submit(request(sample(token: String(repeating: "0f", count: 32), index: 0), c.secret)) { _ in done.leave() }
+        try waitForLockWait(f)   // the one ingest thread holds the gate's batch
+        let accepted = Mutex(0), refused = Mutex(0), other = Mutex<[String]>([])
+        for i in 0..<(bound + 5) {
+            done.enter()
+            s.submit(request(sample(index: UInt32(i)), c.secret)) { r in
+                switch r {
+                case .success(.accepted): accepted.withLock { $0 += 1 }
+                case .failure(.unavailable(let why)) where why.contains("queue is full"): refused.withLock { $0 += 1 }
+                default: other.withLock { $0.append("\(r)") }
+                }
+                done.leave()
+            }
+        }
+        #expect(refused.withLock { $0 } == 5)   // answered at once, while the lock still holds
+        try blocker.execute("COMMIT")
+        done.wait()
+        #expect(accepted.withLock { $0 } == bound)
+        #expect(other.withLock { $0 }.isEmpty)
+        #expect(try f.sql("SELECT count(*) FROM responses") == [["\(bound + 1)"]])
+    }
+
     @Test func oneBatchMixingCredentialsAndRefusalsDecidesEachRequestAlone() throws {
         let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
         defer { s.close() }

@@ -64,12 +64,10 @@ final class GroupCommitWriter: @unchecked Sendable {
     /// every batch, committed or not: against wall-clock time, how busy the one writer is.
     var transactionTime: Int { transactionMicros.load(ordering: .relaxed) }
 
-    /// Jobs that may wait before `refusedWhenQueueFull` jobs are refused: each holds a
-    /// validated request (up to a few KiB), and without a bound a load the disk cannot follow
-    /// grows the queue, and the relay's memory, without end. Eight full batches.
+    /// Jobs that may wait before `refusedWhenQueueFull` jobs are refused (StoreRules.maxWaitingIngests).
     let maxQueuedJobs: Int
 
-    init(db: SQLiteDatabase, maxBatch: Int = 1024, maxQueuedJobs: Int = 8192, name: String = "relay-sqlite-writer") {
+    init(db: SQLiteDatabase, maxBatch: Int = 1024, maxQueuedJobs: Int = StoreRules.maxWaitingIngests, name: String = "relay-sqlite-writer") {
         self.db = db
         self.maxQueuedJobs = maxQueuedJobs
         // Everything queued (up to maxBatch) goes into one transaction.

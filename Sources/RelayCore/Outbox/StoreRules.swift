@@ -18,6 +18,12 @@ struct ExistingRow: Sendable, Equatable {
 }
 
 enum StoreRules {
+    /// Ingest requests that may wait for a store (SQLite's writer queue, PostgreSQL's ingest
+    /// queue) before the next is refused with 503 `storage_unavailable`: each holds a validated
+    /// request (up to a few KiB), and without a bound a load the disk or the database cannot
+    /// follow grows the relay's memory without end. Eight full SQLite batches.
+    static let maxWaitingIngests = 8192
+
     /// Credential and app scope: either the refusal, or who stores the row under which app.
     enum Admission: Equatable {
         case refused(IngestOutcome)

@@ -15,7 +15,11 @@ extension PostgresOutboxStore {
                        completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
         guard !options.readOnly else { return completion(.failure(.invalid("store opened read-only"))) }
         let item = PendingIngest(request: request, now: clock.nowMillis(), completion: completion)
-        if !ingestWorker.submit(item) { completion(.failure(.closed)) }
+        switch ingestWorker.submit(item) {
+        case .queued: break
+        case .full: completion(.failure(.unavailable("the ingest queue is full (\(ingestWorker.maxQueuedItems) requests)")))
+        case .closed: completion(.failure(.closed))
+        }
     }
 
     /// Runs on an ingest thread with everything queued. Nothing is handed out before the write

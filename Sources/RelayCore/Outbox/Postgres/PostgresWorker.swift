@@ -136,7 +136,7 @@ final class PostgresLink: @unchecked Sendable {
 final class PostgresWorker<Item>: @unchecked Sendable {
     // @unchecked Sendable: the job queue is its own lock; idle links are kept under a Mutex and
     // each one is used by a single thread between taking it and putting it back.
-    private enum Job {
+    enum Job {
         case call((PostgresLink) -> Void)
         case item(Item)
     }
@@ -148,8 +148,14 @@ final class PostgresWorker<Item>: @unchecked Sendable {
 
     /// `connections` threads serve one queue, each with its own connection: with more than
     /// one, a batch is taken while earlier ones still wait for their commits.
-    init(name: String, url: String, logger: RelayLogger?, maxBatch: Int = 1024, connections: Int = 1) {
+    /// Items that may wait for the batch handler before `submit` answers `.full`
+    /// (StoreRules.maxWaitingIngests); calls are not counted against it.
+    let maxQueuedItems: Int
+
+    init(name: String, url: String, logger: RelayLogger?, maxBatch: Int = 1024, connections: Int = 1,
+         maxQueuedItems: Int = StoreRules.maxWaitingIngests) {
         self.name = name
+        self.maxQueuedItems = maxQueuedItems
         let n = max(1, connections)
         links = (0..<n).map { PostgresLink(name: n == 1 ? name : "\(name)-\($0)", url: url, logger: logger) }
         idle = Mutex(Array(0..<n))
@@ -204,8 +210,9 @@ final class PostgresWorker<Item>: @unchecked Sendable {
         })
     }
 
-    /// Queues an item for the batch handler. Returns false when the worker is closed.
-    func submit(_ item: Item) -> Bool { enqueue(.item(item)) }
+    /// Queues an item for the batch handler unless `maxQueuedItems` jobs already wait (`.full`)
+    /// or the worker is closed (`.closed`).
+    func submit(_ item: Item) -> JobQueue<Job>.EnqueueResult { jobs.enqueue(.item(item), limit: maxQueuedItems) }
 
     private func enqueue(_ job: Job) -> Bool { jobs.enqueue(job) }
 
