@@ -103,6 +103,7 @@ import TestSupport
         do {
             let s = try SQLiteOutboxStore(path: crashed)
             defer { s.close() }
+            try s.prepareIngest()   // as relay-server starts: the rebuild is queued, not awaited
             #expect(try Self.integrity(crashed) == "ok")
             try Self.expectDuplicates(s, ids, secret: secret, tokens: 2, "after kill -9, tail rebuilt from the table")
             #expect(try s.write { _ in s.writerState.tail.count } == 12, "rebuilt from rows above merged_through")

@@ -168,18 +168,28 @@ extension SQLiteOutboxStore {
     static let defaultMergeRows = 32_768
     static let defaultMergeChunk = 4096
 
-    /// Takes the ingest lock and rebuilds the tail, once per store: relay-server calls it at
-    /// start (a second server on the same file fails there, naming the lock); otherwise the
-    /// first ingest does.
+    /// Takes the ingest lock, once per store: relay-server calls it at start, so a second
+    /// server on the same file fails there, naming the lock (otherwise the first ingest takes
+    /// it). The tail is rebuilt by the writer's next job: ingests queue behind it, and the
+    /// start does not wait for it (32,768 rows after a kill -9).
     public func prepareIngest() throws {
+        guard let writer else { throw StoreError.invalid("store opened read-only") }
         let state = writerState
         let path = self.path
-        try write { db in try Self.prepareIngest(db, state: state, path: path) }
+        let lock: IngestLock
+        do {
+            lock = try IngestLock(database: path)
+        } catch {
+            // This store's own writer may hold it already (its first ingest took it).
+            if (try? write { _ in state.ingestLock != nil }) == true { return }
+            throw error
+        }
+        writer.enqueue({ db in try Self.prepareIngest(db, state: state, path: path, lock: lock) }, completion: { _ in })
     }
 
-    static func prepareIngest(_ db: SQLiteDatabase, state: WriterState, path: String) throws {
+    static func prepareIngest(_ db: SQLiteDatabase, state: WriterState, path: String, lock taken: IngestLock? = nil) throws {
         guard state.ingestLock == nil else { return }
-        let lock = try IngestLock(database: path)
+        let lock = try taken ?? IngestLock(database: path)
         let row = try db.query("SELECT merged_through, minted_through FROM outbox_stats WHERE id = 1").first
         let merged = row?[0].int ?? 0, minted = row?[1].int ?? 0
         var tail = DedupeTail()
