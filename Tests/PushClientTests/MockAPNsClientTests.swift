@@ -262,9 +262,16 @@ func sendAll(_ client: PushClient, _ requests: [PushRequest], upTo seconds: Doub
         // A push whose body had left when the connection died is reported, not sent again.
         let recordedIDs = rig.mock.deliveries.map(\.apnsID)
         #expect(recordedIDs.count == Set(recordedIDs).count)
-        // The next push goes out on a new connection.
+        // Pushes go out again on a new connection. The first one may still meet the dead
+        // connection if the client has not read its close yet (seen once in ~8 loaded runs):
+        // that one fails as a transport failure, never silently, and the next one reconnects.
         rig.mock.setFaults(FaultPlan())
-        #expect(isDelivered(await client.send(push())))
+        var recovered = false
+        for _ in 0..<3 where !recovered {
+            let answer = await client.send(push())
+            if isDelivered(answer) { recovered = true } else if case .transportFailure = answer {} else { Issue.record("got \(answer)") }
+        }
+        #expect(recovered)
         #expect(rig.mock.stats.connectionsSeen >= 2)
     }
 
