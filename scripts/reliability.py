@@ -133,7 +133,7 @@ class Env:
         run(["openssl", "x509", "-req", "-in", os.path.join(w, "server.csr"), "-CA", self.ca, "-CAkey", self.ca_key,
              "-CAcreateserial", "-out", self.cert, "-days", "2", "-extfile", ext])
 
-    def write_config(self, db_path=None):
+    def write_config(self, db_path=None, min_free_bytes=None):
         if db_path:
             self.db_path = db_path
         cfg = {
@@ -160,6 +160,8 @@ class Env:
         self.config = os.path.join(self.work, "relay.json")
         # 0600: relay-server warns about a config other users can read, and that warning would
         # stand in for the real last log line in the read-only case's note.
+        if min_free_bytes is not None:
+            cfg["store"]["minFreeBytes"] = min_free_bytes
         fd = os.open(self.config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -684,7 +686,10 @@ def section_storage(env, args, results):
         out.append({"case": "all", "pass": None, "note": f"tmpfs mount not possible here ({err}); skipped"})
         return
     try:
-        env.write_config(os.path.join(mnt, "relay.db"))
+        # minFreeBytes 0: the default 1 GiB floor would refuse every ingest on this 48 MiB tmpfs
+        # (/readyz 503 from the start); here the disk must really fill so failed COMMITs are
+        # exercised. The floor itself has its own tests (BoundedDiskTests).
+        env.write_config(os.path.join(mnt, "relay.db"), min_free_bytes=0)
         env.start_mock()
         env.start_relay()
         secret, _ = env.credential()
