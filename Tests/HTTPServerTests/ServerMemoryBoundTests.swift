@@ -108,7 +108,6 @@ private func smallBufferClient(port: Int) throws -> RawClient {
             var closed = false
             var received = 0
             var chunk = [UInt8](repeating: 0, count: 200)
-            let started = Date()
             for _ in 0..<500 where !closed {   // at most ~20 s; about 7 s when the timeout holds
                 if request.withUnsafeBytes({ send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) <= 0 { closed = true; break }
                 let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }

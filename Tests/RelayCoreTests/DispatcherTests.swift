@@ -249,7 +249,7 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         try d.start()
         defer { d.stop(grace: .milliseconds(10)) }
         for i in 0..<2 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: secret) }
-        try waitUntil("both slots sending") { t.sent.withLock { $0.count } == 2 }
+        waitUntil("both slots sending") { t.sent.withLock { $0.count } == 2 }
         let signalsBefore = ch.queuedWakeSignals
         for i in 2..<5 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: secret) }
         #expect(try s.counts().byState[.queued] == 3)
@@ -257,7 +257,7 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         // One push finishes: the freed slot takes a queued row at once (not at the 60 s poll).
         let first = t.held.withLock { $0.removeFirst() }
         first(PushAnswer(status: 200, reason: nil, classification: .done))
-        try waitUntil("a queued row claimed") { t.sent.withLock { $0.count } == 3 }
+        waitUntil("a queued row claimed") { t.sent.withLock { $0.count } == 3 }
         #expect(t.sent.withLock { $0.map(\.messageIndex) }.sorted() == [0, 1, 2])
         #expect(try s.counts().byState[.queued] == 2)
     }

@@ -16,7 +16,7 @@ public final class FreeSpaceGuard: Sendable {
     /// `probe` and `now` (monotonic microseconds) are injectable for tests; the probe runs at
     /// most once per `cacheMicros`, not once per request.
     public init(path: String, minFreeBytes: Int64, cacheMicros: Int64 = 1_000_000,
-                probe: @escaping Probe = FreeSpaceGuard.statvfsAvailable, now: @escaping @Sendable () -> Int64 = monotonicMicros) {
+                probe: @escaping Probe = FreeSpaceGuard.statvfsAvailable, now: @escaping @Sendable () -> Int64 = { monotonicMicros() }) {
         self.path = path
         self.minFreeBytes = minFreeBytes
         self.probe = probe

@@ -65,7 +65,7 @@ public final class RelayLogger: Sendable {
             return
         }
         lock.withLock { _ in
-            FileDescriptor.writeAll(fd, line)  // a failed log write has nowhere to be reported
+            _ = FileDescriptor.writeAll(fd, line)  // a failed log write has nowhere to be reported
         }
     }
 
