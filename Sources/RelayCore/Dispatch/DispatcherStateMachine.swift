@@ -45,8 +45,9 @@ struct DispatcherStateMachine {
     /// a wake (queued rows committed) or when the next due time has passed. With every ingest
     /// handed off, finishing pushes do not each cost an empty claim transaction.
     private(set) var mayHaveDue = true
-    /// Sent and not answered, by id.
-    private(set) var inflight: [String: OutboxRow] = [:]
+    /// Sent and not answered: id -> push token, all a requeue at stop needs (the answer brings
+    /// its row back in FinishedPush, so the row itself is not kept here).
+    private(set) var inflight: [String: String] = [:]
     /// Free slots when the inbox was last taken (what a claim may fill).
     private var freeSlots = 0
 
@@ -115,7 +116,7 @@ struct DispatcherStateMachine {
 
     private mutating func stopping(graceOver: Bool) -> [Action] {
         if inflight.isEmpty || graceOver {
-            let requeue = inflight.values.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .requeue, attempt: nil) }
+            let requeue = inflight.map { DeliveryUpdate(id: $0.key, pushToken: $0.value, outcome: .requeue, attempt: nil) }
             inflight.removeAll()
             phase = .stopped
             return [.exit(requeue: requeue)]
@@ -127,13 +128,13 @@ struct DispatcherStateMachine {
     /// app was removed from the configuration after the row was accepted).
     private mutating func route(_ rows: [OutboxRow]) -> (send: [OutboxRow], failed: [DeliveryUpdate]) {
         guard rows.contains(where: { !apps.contains($0.app) }) else {
-            for row in rows { inflight[row.id] = row }
+            for row in rows { inflight[row.id] = row.pushToken }
             return (rows, [])
         }
         var send: [OutboxRow] = [], failed: [DeliveryUpdate] = []
         for row in rows {
             if apps.contains(row.app) {
-                inflight[row.id] = row
+                inflight[row.id] = row.pushToken
                 send.append(row)
             } else {
                 failed.append(DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .failed(reason: "app_not_configured"), attempt: nil))
