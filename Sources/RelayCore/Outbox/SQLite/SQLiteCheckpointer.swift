@@ -16,11 +16,13 @@ import Synchronization
 /// Thresholds of the background checkpoints, in WAL frames (one page each).
 public struct SQLiteCheckpointPolicy: Sendable, Equatable {
     /// Frames not yet in the database file that start a background pass.
-    public var passivePages = 4096
+    public var passivePages = 1024
     /// WAL size from which the checkpointer catches up and has the writer restart the WAL.
-    public var restartPages = 16384
+    /// Small on purpose: every commit appends its hot pages again, and SQLite's lookup of a page
+    /// in the WAL walks all of that page's entries (docs/architecture.md "Checkpoints").
+    public var restartPages = 1024
     /// Frames the writer copies itself to restart the WAL (the checkpointer catches up first).
-    public var restartResiduePages = 1024
+    public var restartResiduePages = 256
     /// WAL size from which the writer checkpoints itself between batches (the checkpointer is
     /// failing, or a reader pins the WAL); commits continue either way.
     public var hardLimitPages = 65536
