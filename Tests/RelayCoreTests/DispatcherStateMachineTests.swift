@@ -17,8 +17,9 @@ import Testing
     }
 
     func inbox(free: Int, rows: [OutboxRow] = [], due: Bool = false, answers: [FinishedPush] = [], stop: Bool = false,
-               graceOver: Bool = false) -> DispatchInbox {
-        DispatchInbox(rows: rows, mayHaveDue: due, answers: answers, stopRequested: stop, graceOver: graceOver, freeSlots: free)
+               graceOver: Bool = false, at: Int64 = 0) -> DispatchInbox {
+        DispatchInbox(rows: rows, mayHaveDue: due, answers: answers, stopRequested: stop, graceOver: graceOver, freeSlots: free,
+                      takenAt: at)
     }
 
     func answer(_ r: OutboxRow, status: Int? = 200, at: Int64 = 100, duringStop: Bool = false) -> FinishedPush {
@@ -88,6 +89,42 @@ import Testing
         // Queued rows committed (a wake) also make it claim.
         _ = m.claimed([], limit: 10)
         #expect(m.received(inbox(free: 10, due: true)) == [.claim(limit: 10)])
+    }
+
+    @Test func answersAndHandedOffRowsReuseTheKnownDueTimeInsteadOfAskingTheStoreEachTime() {
+        var m = machine(claimBatch: 10, idle: 1000)
+        _ = m.received(inbox(free: 10, at: 5_000))
+        #expect(m.claimed([], limit: 10) == [.findNextDue])
+        #expect(m.nextDue(5_300, now: 5_000) == [.wait(millis: 300)])
+        // A handed-off row and then its answer: sleep on towards the same due time, no lookup.
+        let r = row(1)
+        #expect(m.received(inbox(free: 9, rows: [r], at: 5_100)) == [.send([r]), .wait(millis: 200)])
+        let done = answer(r, at: 5_200)
+        #expect(m.received(inbox(free: 10, answers: [done], at: 5_200))
+                == [.report(done, .delivered), .apply([delivered(r, at: 5_200)]), .wait(millis: 100)])
+        #expect(!m.mayHaveDue)
+        // The known time came: claim without a lookup.
+        let r2 = row(2)
+        #expect(m.received(inbox(free: 9, rows: [r2], at: 5_300)) == [.send([r2]), .wait(millis: 0)])
+        #expect(m.mayHaveDue)
+        #expect(m.received(inbox(free: 9, at: 5_300)) == [.claim(limit: 9)])
+    }
+
+    @Test func theKnownDueTimeIsDroppedByTheIdlePollAnEmptyWaitOrAWake() {
+        var m = machine(claimBatch: 10, idle: 1000)
+        _ = m.received(inbox(free: 10, at: 5_000))
+        _ = m.claimed([], limit: 10)
+        _ = m.nextDue(nil, now: 5_000)
+        #expect(m.received(inbox(free: 9, rows: [row(1)], at: 5_500)) == [.send([row(1)]), .wait(millis: 1000)])
+        // The idle poll's length later it is looked up again (rows another process wrote).
+        #expect(m.received(inbox(free: 8, rows: [row(2)], at: 6_000)) == [.send([row(2)]), .findNextDue])
+        // A wait that ended with nothing in the inbox: looked up again.
+        _ = m.nextDue(nil, now: 6_000)
+        #expect(m.received(inbox(free: 8, at: 6_100)) == [.findNextDue])
+        // A wake (queued rows or a retry committed): claim, and after the short claim look up.
+        _ = m.nextDue(nil, now: 6_100)
+        #expect(m.received(inbox(free: 8, due: true, at: 6_200)) == [.claim(limit: 8)])
+        #expect(m.claimed([row(3)], limit: 8) == [.send([row(3)]), .findNextDue])
     }
 
     @Test func aFailedClaimKeepsTheFlagAndSleepsUntilTheNextDueTime() {

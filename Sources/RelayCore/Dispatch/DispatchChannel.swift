@@ -174,6 +174,8 @@ struct DispatchInbox: Sendable, Equatable {
     var graceOver = false
     /// Slots free when it was taken (capacity minus reserved and in-flight rows).
     var freeSlots = 0
+    /// When it was taken (RelayClock ms; set by the dispatcher, which owns the clock).
+    var takenAt: Int64 = 0
 
     var isEmpty: Bool { rows.isEmpty && !mayHaveDue && answers.isEmpty && !stopRequested && !graceOver }
 }

@@ -93,7 +93,12 @@ public final class Dispatcher: @unchecked Sendable {
 
     private func run(_ start: DispatcherStateMachine) {
         var machine = start
-        var actions = machine.received(channel.take(waitingMillis: 0))
+        func take(waitingMillis millis: Int64?) -> DispatchInbox {
+            var inbox = channel.take(waitingMillis: millis)
+            inbox.takenAt = clock.nowMillis()
+            return inbox
+        }
+        var actions = machine.received(take(waitingMillis: 0))
         while !actions.isEmpty {
             var next: [DispatcherStateMachine.Action] = []
             for action in actions {
@@ -118,7 +123,7 @@ public final class Dispatcher: @unchecked Sendable {
                 case .findNextDue:
                     next = machine.nextDue(try? store.nextDueAt(), now: clock.nowMillis())
                 case .wait(let millis):
-                    next = machine.received(channel.take(waitingMillis: millis))
+                    next = machine.received(take(waitingMillis: millis))
                 case .exit(let requeue):
                     applying.wait()
                     do {

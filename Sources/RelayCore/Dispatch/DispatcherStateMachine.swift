@@ -50,6 +50,11 @@ struct DispatcherStateMachine {
     private(set) var inflight: [String: String] = [:]
     /// Free slots when the inbox was last taken (what a claim may fill).
     private var freeSlots = 0
+    /// The next due time last looked up, and until when it stands (RelayClock ms). Answers and
+    /// handed-off rows leave it as it is, so they cost no store query each; a wake (queued rows
+    /// committed, a retry written), a claim, or a wait that ended empty (the idle poll, which
+    /// notices rows another process wrote) drop it. nil: look it up.
+    private var knownDue: (at: Int64?, until: Int64)?
 
     init(claimBatch: Int, idlePollMillis: Int64, policy: DeliveryPolicy, apps: Set<String>) {
         self.claimBatch = claimBatch
@@ -77,15 +82,17 @@ struct DispatcherStateMachine {
         }
         if !updates.isEmpty { actions.append(.apply(updates)) }
         if inbox.mayHaveDue { mayHaveDue = true }
+        if inbox.mayHaveDue || inbox.isEmpty { knownDue = nil }
         if inbox.stopRequested && phase == .running { phase = .stopping }
         guard phase == .running else { return actions + stopping(graceOver: inbox.graceOver) }
         freeSlots = inbox.freeSlots + failed.count
-        return actions + claimOrWait()
+        return actions + claimOrWait(now: inbox.takenAt)
     }
 
     /// What a claim of `limit` rows returned (already counted in flight by the driver).
     mutating func claimed(_ rows: [OutboxRow], limit: Int) -> [Action] {
         if rows.count < limit { mayHaveDue = false }
+        knownDue = nil
         var actions: [Action] = []
         let (sendable, failed) = route(rows)
         if !sendable.isEmpty { actions.append(.send(sendable)) }
@@ -100,6 +107,11 @@ struct DispatcherStateMachine {
     /// The earliest queued/retry row's due time (nil: none, or it could not be read); `now` on
     /// the RelayClock.
     mutating func nextDue(_ at: Int64?, now: Int64) -> [Action] {
+        knownDue = (at, now + idlePollMillis)
+        return waitUntilDue(at, now: now)
+    }
+
+    private mutating func waitUntilDue(_ at: Int64?, now: Int64) -> [Action] {
         var wakeAt = now + idlePollMillis
         if let at {
             if at <= now { mayHaveDue = true }
@@ -108,9 +120,12 @@ struct DispatcherStateMachine {
         return [.wait(millis: max(0, wakeAt - now))]
     }
 
-    private mutating func claimOrWait() -> [Action] {
+    private mutating func claimOrWait(now: Int64) -> [Action] {
         guard freeSlots > 0 else { return [.wait(millis: idlePollMillis)] }  // the next answer wakes us
-        guard mayHaveDue else { return [.findNextDue] }
+        guard mayHaveDue else {
+            if let known = knownDue, now < known.until { return waitUntilDue(known.at, now: now) }
+            return [.findNextDue]
+        }
         return [.claim(limit: min(freeSlots, claimBatch))]
     }
 
