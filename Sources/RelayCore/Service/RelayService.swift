@@ -192,7 +192,7 @@ public final class RelayService: @unchecked Sendable {
         var listeners: [(name: String, metrics: HTTPServerMetrics)] = []
         if let s = ingestServer { listeners.append(("ingest", s.metrics)) }
         if let s = adminServer { listeners.append(("admin", s.metrics)) }
-        HTTPGlue.collectMetrics(listeners, into: &r)
+        r.collectHTTP(listeners)
         // Exported without TLS too (zeros), so one alert rule covers every node.
         let t = tlsReloads.withLock { $0 }
         r.declare("relay_tls_reloads_total", .counter,

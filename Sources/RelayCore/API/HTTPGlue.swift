@@ -1,5 +1,5 @@
-// Adapts the ingest/admin services (plain values) to HTTPServer's handler type, and renders
-// HTTPServer's counters for /metrics. Conversions only: the API lives in IngestService.swift.
+// Adapts the ingest/admin services (plain values, APITypes.swift) to HTTPServer's handler type.
+// Conversions only: the API's rules live in IngestService.swift and AdminService.swift.
 import FoundationEssentials
 import Ratchet
 import HTTPServer
@@ -85,42 +85,6 @@ enum HTTPGlue {
         case 500: return ClientError(status: 500, code: "internal_error", field: nil, message: "the server could not form a valid response")
         case 505: return ClientError(status: 505, code: "http_version_not_supported", field: nil, message: "only HTTP/1.0, HTTP/1.1 and HTTP/2 are supported")
         default: return ClientError(status: status, code: "malformed_request", field: nil, message: "malformed HTTP request (\(kind))")
-        }
-    }
-
-    /// HTTPServer's counters, one series per listener ("ingest", "admin") in each family; the
-    /// families are declared even when no listener runs.
-    static func collectMetrics(_ listeners: [(name: String, metrics: HTTPServerMetrics)], into r: inout PrometheusRegistry) {
-        let families: [(String, PrometheusRegistry.Kind, String)] = [
-            ("relay_http_connections_open", .gauge, "Open client connections."),
-            ("relay_http_connections_total", .counter, "Accepted client connections."),
-            ("relay_http_connections_refused_total", .counter, "Connections refused over the connection limit (total or per address)."),
-            ("relay_http_connections_refused_per_address_total", .counter,
-             "Connections refused because their address held ingest.maxConnectionsPerAddress."),
-            ("relay_http_responses_total", .counter, "Responses by status class."),
-            ("relay_http_parse_errors_total", .counter, "Malformed requests by kind."),
-            ("relay_http_tls_handshake_failures_total", .counter, "Failed TLS handshakes."),
-            ("relay_http_timeouts_total", .counter, "Connections closed by a header/body/idle/write timeout."),
-            ("relay_http_proxy_header_failures_total", .counter,
-             "Connections closed for the PROXY protocol: untrusted peer, or no valid header in time."),
-            ("relay_http_queued_output_bytes", .gauge, "Response bytes queued for clients that have not read them yet."),
-        ]
-        for (name, kind, help) in families { r.declare(name, kind, help: help) }
-        for (l, m) in listeners {
-            r.sample("relay_http_connections_open", ["listener": l], m.connectionsOpen)
-            r.sample("relay_http_connections_total", ["listener": l], m.connectionsTotal)
-            r.sample("relay_http_connections_refused_total", ["listener": l], m.connectionsRefused)
-            r.sample("relay_http_connections_refused_per_address_total", ["listener": l], m.connectionsRefusedPerAddress)
-            for cls in 1...5 where cls < m.requestsByStatusClass.count {
-                r.sample("relay_http_responses_total", ["listener": l, "class": "\(cls)xx"], m.requestsByStatusClass[cls])
-            }
-            for (kind, n) in m.parseErrorsByKind.sorted(by: { $0.key < $1.key }) {
-                r.sample("relay_http_parse_errors_total", ["listener": l, "kind": kind], n)
-            }
-            r.sample("relay_http_tls_handshake_failures_total", ["listener": l], m.tlsHandshakeFailures)
-            r.sample("relay_http_timeouts_total", ["listener": l], m.timeouts)
-            r.sample("relay_http_proxy_header_failures_total", ["listener": l], m.proxyHeaderFailures)
-            r.sample("relay_http_queued_output_bytes", ["listener": l], m.queuedOutputBytes)
         }
     }
 }

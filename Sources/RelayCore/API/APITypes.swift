@@ -1,0 +1,74 @@
+// The HTTP API as plain values: what HTTPGlue makes of a request, and what the services answer.
+// IngestService and AdminService take and give only these, so they are tested without sockets.
+import FoundationEssentials
+import HTTPServer
+
+public struct APIRequest: Sendable {
+    public var method: String
+    public var path: String
+    /// The only request headers the services read, picked out by HTTPGlue in one pass over the
+    /// request's fields (a dictionary of them cost ~2k instructions of hashing per request).
+    public var authorization: String?
+    public var contentType: String?
+    public var body: [UInt8]
+    public var requestID: String
+    /// The peer as HTTPServer reports it ("192.0.2.7:51234", "[2001:db8::1]:51234"); "" unknown.
+    public var remoteAddress: String
+    /// The peer's key for the per-address 401 budget (`HTTPRequest.clientKey`: its IPv4
+    /// address or IPv6 /64, worked out once per connection by the server).
+    public var clientKey: String
+
+    public init(method: String, path: String, authorization: String?, contentType: String?, body: [UInt8],
+                requestID: String, remoteAddress: String = "", clientKey: String? = nil) {
+        self.method = method
+        self.clientKey = clientKey ?? IngestService.clientKey(remoteAddress)
+        self.path = path
+        self.authorization = authorization
+        self.contentType = contentType
+        self.body = body
+        self.requestID = requestID
+        self.remoteAddress = remoteAddress
+    }
+
+    /// `headers` has lowercased names; only authorization and content-type are kept.
+    public init(method: String, path: String, headers: [String: String], body: [UInt8], requestID: String,
+                remoteAddress: String = "") {
+        self.init(method: method, path: path, authorization: headers["authorization"], contentType: headers["content-type"],
+                  body: body, requestID: requestID, remoteAddress: remoteAddress)
+    }
+}
+
+public struct APIResponse: Sendable, Equatable {
+    public var status: Int
+    public var headers: [(String, String)]
+    /// The body as it goes on the wire. Bytes, not a String: the 202 is written straight into
+    /// them and HTTPGlue hands the same array to HTTPServer (a String body cost a second
+    /// allocation and a copy per response on the loop thread, ~600 instructions).
+    public var bodyBytes: [UInt8]
+
+    /// The body as text (every API answer is JSON).
+    public var body: String {
+        get { String(decoding: bodyBytes, as: UTF8.self) }
+        set { bodyBytes = Array(newValue.utf8) }
+    }
+
+    public init(status: Int, headers: [(String, String)] = [], body: String) {
+        self.init(status: status, headers: headers, bodyBytes: Array(body.utf8))
+    }
+
+    public init(status: Int, headers: [(String, String)] = [], bodyBytes: [UInt8]) {
+        self.status = status
+        self.headers = headers
+        self.bodyBytes = bodyBytes
+    }
+
+    public static func == (a: APIResponse, b: APIResponse) -> Bool {
+        a.status == b.status && a.bodyBytes == b.bodyBytes && a.headers.map { "\($0.0):\($0.1)" } == b.headers.map { "\($0.0):\($0.1)" }
+    }
+
+    static func error(_ e: ClientError, headers: [(String, String)] = []) -> APIResponse {
+        APIResponse(status: e.status, headers: headers, body: e.jsonBody)
+    }
+
+    public func header(_ name: String) -> String? { headers.first { $0.0.lowercased() == name.lowercased() }?.1 }
+}

@@ -1,0 +1,71 @@
+// The admin listener's endpoints: /healthz, /readyz and /metrics (docs/operations.md).
+import FoundationEssentials
+
+/// /healthz, /readyz, /metrics for the admin listener. What they ask the database is reused for
+/// up to `maxAgeMillis`, so a scraper or probe polling in a loop costs it at most one outbox
+/// count and one write transaction a second; `workers` should be the admin's own (RelayService
+/// gives it one thread), so neither waits behind ingest reads nor holds them up.
+public final class AdminService: Sendable {
+    private let store: any OutboxStore
+    private let metrics: RelayMetrics
+    private let workers: WorkerPool
+    private let clock: any RelayClock
+    private let readiness: @Sendable () -> [String: Bool]
+    private let extraMetrics: @Sendable (inout PrometheusRegistry) -> Void
+    let maxAgeMillis: Int64 = 1000
+    /// The counts, nil when the store could not be read; times by `clock`, in ms.
+    private let counts: TimedValue<OutboxCounts?>
+    private let writable: TimedValue<Bool>
+
+    /// `readiness` returns named checks besides the database (e.g. "apns_credentials",
+    /// "dispatcher"); `extraMetrics` adds the rest of /metrics (HTTP server counters).
+    public init(store: any OutboxStore, metrics: RelayMetrics, workers: WorkerPool, clock: any RelayClock = SystemRelayClock(),
+                readiness: @escaping @Sendable () -> [String: Bool], extraMetrics: @escaping @Sendable (inout PrometheusRegistry) -> Void) {
+        self.store = store
+        self.metrics = metrics
+        self.workers = workers
+        self.clock = clock
+        counts = TimedValue(maxAge: maxAgeMillis)
+        writable = TimedValue(maxAge: maxAgeMillis)
+        self.readiness = readiness
+        self.extraMetrics = extraMetrics
+    }
+
+    public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIResponse) -> Void) {
+        guard request.method == "GET" || request.method == "HEAD" else {
+            return respond(APIResponse(status: 405, headers: [("allow", "GET, HEAD"), ("content-type", "application/json")],
+                                       body: "{\"error\":\"method_not_allowed\"}"))
+        }
+        switch request.path {
+        case "/healthz":
+            respond(APIResponse(status: 200, headers: [("content-type", "application/json")], body: "{\"status\":\"ok\"}"))
+        case "/readyz":
+            workers.submit { [self] in
+                var checks = readiness()
+                checks["database_writable"] = writable.value(now: clock.nowMillis()) { store.checkWritable() }
+                if let g = store.freeSpaceGuard { checks["storage_free_space"] = !g.isBelowFloor }
+                let ok = checks.values.allSatisfy { $0 }
+                let body = "{\"ready\":\(ok),\"checks\":{" + checks.sorted { $0.key < $1.key }.map { "\"\($0.key)\":\($0.value)" }.joined(separator: ",") + "}}"
+                respond(APIResponse(status: ok ? 200 : 503, headers: [("content-type", "application/json")], body: body))
+            }
+        case "/metrics":
+            workers.submit { [self] in
+                var r = PrometheusRegistry()
+                metrics.collect(into: &r)
+                if let c = counts.value(now: clock.nowMillis(), read: { try? store.counts() }) {
+                    r.declare("relay_outbox_responses", .gauge, help: "Responses in the outbox by state.")
+                    for s in ResponseState.allCases { r.sample("relay_outbox_responses", ["state": s.rawValue], c.byState[s] ?? 0) }
+                    let age = c.oldestPendingCreatedAt.map { Double(max(0, clock.nowMillis() - $0)) / 1000 } ?? 0
+                    r.gauge("relay_outbox_oldest_pending_age_seconds", help: "Age of the oldest queued or retry response.", age)
+                    r.gauge("relay_store_up", help: "1 when the outbox could be read.", 1)
+                } else {
+                    r.gauge("relay_store_up", help: "1 when the outbox could be read.", 0)
+                }
+                extraMetrics(&r)
+                respond(APIResponse(status: 200, headers: [("content-type", "text/plain; version=0.0.4")], body: r.render()))
+            }
+        default:
+            respond(APIResponse(status: 404, headers: [("content-type", "application/json")], body: "{\"error\":\"not_found\"}"))
+        }
+    }
+}
