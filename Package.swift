@@ -72,7 +72,7 @@ let package = Package(
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         // Test-only fault injection under SQLite's unix VFS (ENOSPC, EIO, short writes, EINTR).
         .target(name: "CSQLiteFault", dependencies: ["CSQLite"], path: "Tests/CSQLiteFault"),
-        .testTarget(name: "BasicsTests", dependencies: ["Basics"]),
+        .testTarget(name: "BasicsTests", dependencies: ["Basics", "COpenSSL"]),
         .testTarget(name: "OpenSSLSupportTests", dependencies: ["OpenSSLSupport"]),
         .testTarget(name: "RatchetTests", dependencies: ["Ratchet", "TestSupport"], exclude: ["Vectors"]),
         .testTarget(name: "KeyExchangeTests", dependencies: ["KeyExchange", "Ratchet", "COpenSSL"]),

@@ -89,7 +89,7 @@ static inline int cossl_hkdf_derive(EVP_KDF_CTX *ctx,
     return EVP_KDF_derive(ctx, out, out_len, params);
 }
 
-// ---- RelayCore: SipHash-2-4 (EVP_MAC "SIPHASH"), the outbox's keyed dedupe hash ----------
+// ---- SipHash-2-4 (EVP_MAC "SIPHASH"): the oracle BasicsTests checks Basics.SipHash24 against --
 // A context keyed once; each hash re-initialises it with the same key (EVP_MAC_init with a NULL
 // key keeps the key: OpenSSL 3.0's siphash provider), so a hash costs no allocation.
 static inline EVP_MAC_CTX *cossl_siphash_new(const unsigned char key[16]) {

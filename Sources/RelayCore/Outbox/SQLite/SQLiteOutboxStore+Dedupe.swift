@@ -5,14 +5,14 @@
 // in memory by the one ingesting store and merged into the table in large sorted batches, in
 // a transaction of their own, so an ingest COMMIT only appends. Every hash match is verified
 // against the row itself, so a collision or a stale entry never decides alone.
+import Basics
 import FoundationEssentials
 import Glibc
 import POSIXThreads
 import Ratchet
-internal import OpenSSLSupport
 
-/// The dedupe index's keyed hash (OpenSSLSupport.SipHash).
-typealias KeyedHash = SipHash
+/// The dedupe index's keyed hash.
+typealias KeyedHash = SipHash24
 
 /// A dedupe hash for tests (forced collisions): its high 32 bits must depend on the token only.
 public typealias DedupeHashFunction = @Sendable (_ pushToken: String, _ sessionID: String, _ keyID: [UInt8], _ messageIndex: UInt32) -> Int64
@@ -25,7 +25,7 @@ final class DedupeHasher {
 
     init(key: [UInt8], override: DedupeHashFunction?) throws {
         guard let mac = KeyedHash(key: key) else {
-            throw StoreError.invalid("cannot set up the dedupe hash (OpenSSL SIPHASH with a 16-byte key; the key has \(key.count) bytes)")
+            throw StoreError.invalid("cannot set up the dedupe hash (SipHash-2-4 needs a 16-byte key; the key has \(key.count) bytes)")
         }
         self.mac = mac
         self.override = override
