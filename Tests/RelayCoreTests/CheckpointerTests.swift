@@ -85,6 +85,33 @@ import TestSupport
     /// The old writer checkpointed inside its COMMIT (wal_autocheckpoint): a database file whose
     /// writes hang stopped every commit, and every client with it. Now only the checkpointer
     /// waits on them; the WAL takes the commits.
+    /// With everything copied the thread sleeps until a commit instead of ticking every
+    /// idleMillis; the next commit wakes it and its idle pass copies that commit too. (Counts
+    /// turns of the loop over a sleep: a loaded machine only makes fewer.)
+    @Test func anIdleCheckpointerSleepsUntilTheNextCommit() throws {
+        let tmp = TempDir()
+        defer { withExtendedLifetime(tmp) {} }
+        var rng = SeededGenerator(seed: 4)
+        let s = try Self.open(tmp.path + "/relay.db")   // idleMillis 20: 25 ticks in 0.5 s
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        _ = Self.ingestAll(s, 10, from: 0, secret: c.secret, &rng)
+        let ckpt = try #require(s.checkpointer)
+        // Settled: an idle pass copied the commits and the loop stopped turning.
+        var before = ckpt.stats.steps
+        #expect(Self.eventually {
+            usleep(100_000)
+            defer { before = ckpt.stats.steps }
+            return ckpt.stats.steps == before
+        }, "the checkpointer kept turning with nothing to copy")
+        let passes = ckpt.stats.passes
+        usleep(500_000)
+        #expect(ckpt.stats.steps - before <= 1, "turns while idle: \(ckpt.stats.steps - before)")
+        #expect(ckpt.stats.passes == passes)
+        _ = Self.ingestAll(s, 1, from: 10, secret: c.secret, &rng)
+        #expect(Self.eventually { ckpt.stats.passes > passes }, "a commit after the idle sleep was not copied")
+    }
+
     @Test func commitsGoOnWhileTheDatabaseFilesWritesHang() throws {
         let tmp = TempDir()
         defer { withExtendedLifetime(tmp) {} }

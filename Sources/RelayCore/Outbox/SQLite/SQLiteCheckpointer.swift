@@ -59,12 +59,15 @@ final class SQLiteCheckpointer: @unchecked Sendable {
     private let restartWanted = Atomic<Bool>(false)
     private let writerLastAt = Atomic<Int>(0)    // writer thread only; Atomic for Sendable
     private let overHardLimit = Atomic<Bool>(false)
+    /// Set by the checkpointer when everything is copied and it sleeps until the next commit.
+    private let sleepsUntilCommit = Atomic<Bool>(false)
 
     // /metrics.
     private let passes = Atomic<Int>(0)
     private let writerCheckpoints = Atomic<Int>(0)
     private let restarts = Atomic<Int>(0)
     private let failures = Atomic<Int>(0)
+    private let steps = Atomic<Int>(0)
 
     // Checkpointer thread only.
     private var backfilled = 0
@@ -92,7 +95,10 @@ final class SQLiteCheckpointer: @unchecked Sendable {
     /// The writer's WAL hook: called after each of its COMMITs with the WAL's frame count.
     func committed(walFrames frames: Int) {
         let before = walFrames.exchange(frames, ordering: .relaxed)
-        commits.add(1, ordering: .relaxed)
+        commits.add(1, ordering: .sequentiallyConsistent)
+        if sleepsUntilCommit.exchange(false, ordering: .sequentiallyConsistent) {
+            wake.withLock { wake.signal() }
+        }
         if frames < before {
             restarts.add(1, ordering: .relaxed)   // this commit started the WAL over
             wakeAt.store(policy.passivePages, ordering: .relaxed)
@@ -145,13 +151,14 @@ final class SQLiteCheckpointer: @unchecked Sendable {
     /// One decision: a pass when enough frames wait (or the WAL is idle, or the restart needs
     /// the checkpointer to catch up), else sleep until the writer's hook or the idle tick.
     private func step() {
+        steps.add(1, ordering: .relaxed)
         let frames = walFrames.load(ordering: .relaxed)
         if frames < max(backfilled, stuckAt) { (backfilled, stuckAt) = (0, 0) }   // the WAL was started over
         // Frames a pass could copy. After a pass that copied nothing (a reader holds them),
         // only frames written since count: no loop of empty passes.
         let floor = max(backfilled, stuckAt)
         let waiting = frames - floor
-        let seen = commits.load(ordering: .relaxed), now = monotonicMicros()
+        let seen = commits.load(ordering: .sequentiallyConsistent), now = monotonicMicros()
         if seen != lastSeenCommits { (lastSeenCommits, lastCommitSeenAt) = (seen, now) }
         let idle = now - lastCommitSeenAt >= policy.idleMillis * 1000
         // Idle: once per new frame count, and again every few ticks (a reader that pinned the
@@ -164,12 +171,22 @@ final class SQLiteCheckpointer: @unchecked Sendable {
         }
         idleTicks += 1
         let threshold = floor + policy.passivePages
+        // Everything copied: nothing to do until a commit, so no idle ticks meanwhile.
+        let quiet = frames <= backfilled
         wake.lock()
         defer { wake.unlock() }
         wakeAt.store(threshold, ordering: .relaxed)
         // Checked under the lock the hook signals under: a crossing after the load above is
         // either seen here or wakes the wait.
         if stopping || walFrames.load(ordering: .relaxed) >= threshold { return }
+        if quiet {
+            // Flag first, then look for a commit since `seen`: the hook bumps the count before
+            // it reads the flag, so either this sees the commit or the hook signals.
+            sleepsUntilCommit.store(true, ordering: .sequentiallyConsistent)
+            if commits.load(ordering: .sequentiallyConsistent) == seen { wake.wait() }
+            sleepsUntilCommit.store(false, ordering: .sequentiallyConsistent)
+            return
+        }
         _ = wake.wait(until: Date().addingTimeInterval(Double(policy.idleMillis) / 1000))
     }
 
@@ -241,12 +258,14 @@ final class SQLiteCheckpointer: @unchecked Sendable {
 
     struct Stats: Equatable {
         var walFrames, passes, writerCheckpoints, restarts, failures: Int
+        /// Turns of the checkpointer's loop (tests: an idle store's thread sleeps).
+        var steps = 0
     }
 
     var stats: Stats {
         Stats(walFrames: walFrames.load(ordering: .relaxed), passes: passes.load(ordering: .relaxed),
               writerCheckpoints: writerCheckpoints.load(ordering: .relaxed), restarts: restarts.load(ordering: .relaxed),
-              failures: failures.load(ordering: .relaxed))
+              failures: failures.load(ordering: .relaxed), steps: steps.load(ordering: .relaxed))
     }
 
     func collectMetrics(into r: inout PrometheusRegistry) {
