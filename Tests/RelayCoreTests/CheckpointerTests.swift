@@ -85,6 +85,28 @@ import TestSupport
     /// The old writer checkpointed inside its COMMIT (wal_autocheckpoint): a database file whose
     /// writes hang stopped every commit, and every client with it. Now only the checkpointer
     /// waits on them; the WAL takes the commits.
+    /// relayctl's writable open: no checkpointer thread, and SQLite's own autocheckpoint keeps
+    /// the WAL bounded.
+    @Test func withoutBackgroundCheckpointsSQLitesAutocheckpointBoundsTheWAL() throws {
+        let tmp = TempDir()
+        defer { withExtendedLifetime(tmp) {} }
+        let path = tmp.path + "/relay.db"
+        var rng = SeededGenerator(seed: 5)
+        var options = SQLiteStoreOptions()
+        options.backgroundCheckpoints = false
+        let s = try SQLiteOutboxStore(path: path, options: options)
+        #expect(s.checkpointer == nil)
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let ids = Self.ingestAll(s, 1500, from: 0, secret: c.secret, &rng)
+        #expect(ids.count == 1500)
+        // One commit per row: 1,500 rows wrote well over 1,000 frames (4 KiB each); the
+        // autocheckpoint (every 1,000) restarted the WAL, so the file never held them all.
+        let wal = try FileManager.default.attributesOfItem(atPath: path + "-wal")[.size] as? Int ?? 0
+        #expect(wal > 0 && wal < 1_400 * 4_120, "WAL of \(wal) bytes")
+        s.close()
+        try Self.expectRows(path, ids, "every row after the close")
+    }
+
     /// With everything copied the thread sleeps until a commit instead of ticking every
     /// idleMillis; the next commit wakes it and its idle pass copies that commit too. (Counts
     /// turns of the loop over a sleep: a loaded machine only makes fewer.)

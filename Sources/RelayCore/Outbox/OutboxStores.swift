@@ -9,7 +9,7 @@ public enum OutboxStores {
     /// the dispatcher's, which the store tells about committed rows.
     public static func open(_ config: RelayConfig.Store, readOnly: Bool = false, clock: any RelayClock = SystemRelayClock(),
                             logger: RelayLogger? = nil, channel: DispatchChannel? = nil,
-                            onSlowStart: (@Sendable (String) -> Void)? = nil) throws -> any OutboxStore {
+                            onSlowStart: (@Sendable (String) -> Void)? = nil, backgroundCheckpoints: Bool = true) throws -> any OutboxStore {
         switch config.kind {
         case "postgres":
             guard let url = config.url else { throw StoreError.invalid("store.url is required with store.kind \"postgres\"") }
@@ -21,6 +21,7 @@ public enum OutboxStores {
             options.minFreeBytes = config.minFreeBytes
             options.onSlowStart = onSlowStart
             options.logger = logger
+            options.backgroundCheckpoints = backgroundCheckpoints
             return try SQLiteOutboxStore(path: config.path, options: options, clock: clock, channel: channel)
         default:
             throw StoreError.invalid("unknown store kind \(config.kind)")

@@ -150,7 +150,8 @@ func openStore(_ location: RelayConfig.Store, readOnly: Bool) throws -> any Outb
         if !readOnly && location.kind == "sqlite" {
             try OutboxStores.open(location, readOnly: true).close()
         }
-        return try OutboxStores.open(location, readOnly: readOnly)
+        // Checkpoints are the server's job: see SQLiteStoreOptions.backgroundCheckpoints.
+        return try OutboxStores.open(location, readOnly: readOnly, backgroundCheckpoints: false)
     } catch {
         throw RuntimeFailure("cannot open \(OutboxStores.describe(location)): \(error)")
     }

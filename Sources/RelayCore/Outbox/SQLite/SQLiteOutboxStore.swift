@@ -144,16 +144,17 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         // to twice the restart size when the writer starts it over.
         let pageSize = Int(try db.scalar("PRAGMA page_size").int ?? 4096)
         try db.execute("PRAGMA journal_size_limit=\(2 * options.checkpoint.restartPages * (pageSize + 24))")
-        let ckpt = try SQLiteCheckpointer(path: path, synchronous: options.synchronous, policy: options.checkpoint, logger: options.logger)
+        let ckpt = options.backgroundCheckpoints
+            ? try SQLiteCheckpointer(path: path, synchronous: options.synchronous, policy: options.checkpoint, logger: options.logger) : nil
         checkpointer = ckpt
-        db.onWALCommit { frames in ckpt.committed(walFrames: frames) }
+        if let ckpt { db.onWALCommit { frames in ckpt.committed(walFrames: frames) } }
         let w = GroupCommitWriter(db: db, maxBatch: options.maxBatch)
         let state = writerState
         state.channel = channel
         // The dedupe merge first, so the checkpoint that may follow copies its pages too.
         w.betweenBatches = { db in
             Self.maybeMerge(db, state: state)
-            ckpt.betweenBatches(db)
+            ckpt?.betweenBatches(db)
         }
         w.beforeBatch = {
             state.settings = state.sharedSettings.withLock { $0 }
@@ -198,7 +199,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         writer = w
         reader = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis)
         w.start()
-        ckpt.start()
+        ckpt?.start()
     }
 
     deinit { shutdown() }   // no final merge: it would wait on the writer from any thread

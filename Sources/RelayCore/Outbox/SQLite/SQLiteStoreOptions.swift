@@ -19,6 +19,10 @@ public struct SQLiteStoreOptions: Sendable {
     public var onSlowStart: (@Sendable (String) -> Void)?
     /// When the background checkpointer copies the WAL into the database file (SQLiteCheckpointer).
     public var checkpoint = SQLiteCheckpointPolicy()
+    /// false for short-lived writers (relayctl): no checkpointer thread and no TRUNCATE
+    /// checkpoint at close (which could hold a running relay-server's writer for its copy);
+    /// SQLite's own PASSIVE autocheckpoint in the COMMIT instead, as any SQLite client.
+    public var backgroundCheckpoints = true
     /// Where the checkpointer and the dedupe merge report failures (nil: nowhere).
     public var logger: RelayLogger?
     /// Unmerged dedupe keys at which the writer merges them into the on-disk index (memory
