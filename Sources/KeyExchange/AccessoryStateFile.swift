@@ -41,20 +41,32 @@ public struct AccessoryStateFile: Codable, Sendable {
 
     public var info: ProtocolInfo { ProtocolInfo(ciphersuite: protocolInfo.ciphersuite, version: protocolInfo.version, identifier: protocolInfo.identifier) }
 
-    /// The accessory session from the key material, with the stored roots checked against it.
-    /// Errors name the state file's field.
-    public func session() throws(KeyExchangeError) -> AccessorySession {
+    /// What the file's key material gives, derived again (the stored roots are checked against
+    /// it, never trusted). Errors name the state file's field.
+    public func keyMaterial() throws(KeyExchangeError) -> AccessoryKeyMaterial {
         guard let suite = AccessoryCiphersuite(rawValue: ciphersuite) else { throw .unknownValue(field: "ciphersuite", value: ciphersuite) }
         func bytes(_ name: String, _ text: String) throws(KeyExchangeError) -> [UInt8] {
-            guard let b = [UInt8](hex: text) else { throw .unknownValue(field: name, value: "not hexadecimal") }
+            guard let b = [UInt8](hex: text) else { throw .notHexadecimal(field: name) }
             return b
         }
         let key = try AccessoryPrivateKey(suite, privateKey: try bytes("privateKey", privateKey), publicKey: try bytes("publicKey", publicKey))
-        let session = try AccessorySession(privateKey: key, protocolInfo: info, encapsulatedKey: try bytes("encapsulatedKey", encapsulatedKey))
+        let encapsulated = try bytes("encapsulatedKey", encapsulatedKey)
+        let session = try AccessorySession(privateKey: key, protocolInfo: info, encapsulatedKey: encapsulated)
         guard session.internetRoot(.accessoryToHost, bluetoothIdentifier: bluetoothUUID).exportedBytes.hexString == accessoryToHostRoot.lowercased(),
               session.internetRoot(.hostToAccessory, bluetoothIdentifier: bluetoothUUID).exportedBytes.hexString == hostToAccessoryRoot.lowercased() else {
-            throw .unknownValue(field: "accessoryToHostRoot", value: "does not match the key material (file corrupt or edited)")
+            throw .storedRootsMismatch
         }
-        return session
+        return AccessoryKeyMaterial(suite: suite, key: key, encapsulatedKey: encapsulated, session: session)
     }
+
+    /// The accessory session from the key material (`keyMaterial()`).
+    public func session() throws(KeyExchangeError) -> AccessorySession { try keyMaterial().session }
+}
+
+/// A state file's key material, checked (`AccessoryStateFile.keyMaterial()`).
+public struct AccessoryKeyMaterial: Sendable {
+    public var suite: AccessoryCiphersuite
+    public var key: AccessoryPrivateKey
+    public var encapsulatedKey: [UInt8]
+    public var session: AccessorySession
 }

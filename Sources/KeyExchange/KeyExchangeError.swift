@@ -24,6 +24,10 @@ public enum KeyExchangeError: Error, Equatable, Sendable, CustomStringConvertibl
     case unknownValue(field: String, value: String)
     /// OpenSSL failed; the text is OpenSSL's own message.
     case openSSL(String)
+    /// A state file's field that must be hexadecimal is not.
+    case notHexadecimal(field: String)
+    /// A state file's stored ratchet roots are not those its key material derives.
+    case storedRootsMismatch
 
     public var description: String {
         switch self {
@@ -38,6 +42,8 @@ public enum KeyExchangeError: Error, Equatable, Sendable, CustomStringConvertibl
         case .authenticationFailed: return "HPKE open: the tag does not verify"
         case let .unknownValue(field, value): return "\(field): unknown value \"\(value)\""
         case let .openSSL(text): return "OpenSSL: \(text)"
+        case let .notHexadecimal(field): return "\(field): not hexadecimal"
+        case .storedRootsMismatch: return "the stored ratchet roots do not match the key material (file corrupt or edited)"
         }
     }
 }

@@ -120,6 +120,26 @@ struct RelayctlAccessorySendTests {
         #expect((saved["sending"] as? [String: Any])?["nextIndex"] as? Int == 1)
     }
 
+    @Test("an edited state file: wrong roots exit 1, bad key fields exit 64, each naming the file's field")
+    func editedStateFile() throws {
+        let state = try pairedState()
+        let original = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: state))) as? [String: Any])
+        let root = try #require(original["accessoryToHostRoot"] as? String)
+        let flipped = (root.first == "0" ? "1" : "0") + root.dropFirst()
+        for (field, value, status, fragment) in [
+            ("accessoryToHostRoot", flipped, 1, "the stored ratchet roots do not match the key material"),
+            ("privateKey", "zz", 64, "privateKey: not hexadecimal"),
+            ("ciphersuite", "rsa", 64, "ciphersuite: expected xwing or p256, got 'rsa'"),
+            ("publicKey", "00", 64, "publicKey: expected"),
+        ] {
+            var edited = original
+            edited[field] = value
+            try JSONSerialization.data(withJSONObject: edited).write(to: URL(fileURLWithPath: state))
+            let r = try Relayctl.run(["accessory", "send", "--state", state, "--url", "http://127.0.0.1:1", "--credential", "rk"])
+            #expect(r.status == Int32(status) && r.stderr.contains(state) && r.stderr.contains(fragment), "\(field): \(r.status) \(r.stderr)")
+        }
+    }
+
     @Test("bad input is exit 64 naming the flag")
     func badInput() throws {
         let state = try pairedState()

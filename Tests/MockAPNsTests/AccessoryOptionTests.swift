@@ -50,7 +50,7 @@ import Ratchet
         let junk = FileManager.default.temporaryDirectory.appendingPathComponent("junk-\(UUID().uuidString).json").path
         try Data("{\"format\":1}".utf8).write(to: URL(fileURLWithPath: junk))
         defer { try? FileManager.default.removeItem(atPath: edited); try? FileManager.default.removeItem(atPath: junk) }
-        for (path, fragment) in [(edited, "does not match the key material"), (junk, "not an accessory state file"), ("/does/not/exist.json", "cannot read")] {
+        for (path, fragment) in [(edited, "the stored ratchet roots do not match the key material"), (junk, "not an accessory state file"), ("/does/not/exist.json", "cannot read")] {
             do {
                 _ = try MockAPNsCommandLine.parse(["--h2c", "--accessory", path])
                 Issue.record("\(path) accepted")

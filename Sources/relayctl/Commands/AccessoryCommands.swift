@@ -85,21 +85,19 @@ struct DerivedAccessory {
         do { state = try JSONDecoder().decode(AccessoryState.self, from: data) } catch {
             throw UsageError("\(path): not an accessory state file: \(error)")
         }
-        guard let suite = AccessoryCiphersuite(rawValue: state.ciphersuite) else { throw UsageError("\(path): ciphersuite: expected xwing or p256, got '\(state.ciphersuite)'") }
-        func hexField(_ name: String, _ value: String) throws -> [UInt8] {
-            guard let b = [UInt8](hex: value) else { throw UsageError("\(path): \(name): not hexadecimal") }
-            return b
+        do {
+            let m = try state.keyMaterial()
+            return (DerivedAccessory(suite: m.suite, key: m.key, info: state.info, bluetooth: state.bluetoothUUID,
+                                     encapsulatedKey: m.encapsulatedKey, session: m.session), state)
+        } catch .storedRootsMismatch {
+            throw RuntimeFailure("\(path): \(KeyExchangeError.storedRootsMismatch)")
+        } catch .unknownValue(field: "ciphersuite", let value) {
+            throw UsageError("\(path): ciphersuite: expected xwing or p256, got '\(value)'")
+        } catch let .notHexadecimal(field) {
+            throw UsageError("\(path): \(field): not hexadecimal")
+        } catch {
+            throw AccessoryCommand.usage(error, AccessoryCommand.stateFieldNames(path))
         }
-        let info = state.info
-        let derived = try AccessoryCommand.build(suite: suite, privateKey: try hexField("privateKey", state.privateKey),
-                                                 publicKey: try hexField("publicKey", state.publicKey),
-                                                 encapsulatedKey: try hexField("encapsulatedKey", state.encapsulatedKey),
-                                                 info: info, bluetooth: state.bluetoothUUID, names: AccessoryCommand.stateFieldNames(path))
-        guard derived.accessoryToHostRoot.exportedBytes.hexString == state.accessoryToHostRoot.lowercased(),
-              derived.hostToAccessoryRoot.exportedBytes.hexString == state.hostToAccessoryRoot.lowercased() else {
-            throw RuntimeFailure("\(path): the stored ratchet roots do not match the key material (file corrupt or edited)")
-        }
-        return (derived, state)
     }
 }
 
