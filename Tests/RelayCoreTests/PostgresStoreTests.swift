@@ -227,6 +227,36 @@ struct PostgresStoreTests {
         #expect(s.writerStats.batches - before == 2)
     }
 
+    /// The dispatcher's apply is queued on the dispatch connection's thread: a write that waits
+    /// for a row lock held elsewhere does not hold up the caller (the dispatcher thread, which
+    /// meanwhile sends handed-off rows); it completes once the lock is gone.
+    @Test func theDispatchersApplyDoesNotWaitForTheDatabase() throws {
+        let s = try f.openPostgres(nodeID: "a")
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let id = try ingestMany(s, secret: c.secret, count: 1)[0]
+        let row = try #require(try s.claimDue(limit: 1).first)
+        let blocker = try PostgresConnection(url: f.pgURL, applicationName: "relay-test-blocker")
+        try blocker.execute("BEGIN")
+        _ = try blocker.query("SELECT id FROM responses WHERE id = $1 FOR UPDATE", [.text(id)])
+        let returned = DispatchSemaphore(value: 0), completed = DispatchSemaphore(value: 0)
+        let error = ResultBox<StoreError?>()
+        DispatchQueue.global().async {
+            s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .delivered, attempt: nil)]) {
+                error.value = $0
+                completed.signal()
+            }
+            returned.signal()
+        }
+        #expect(returned.wait(timeout: .now() + 30) == .success, "apply waited for the locked row")
+        try waitForLockWait(f)   // the UPDATE is queued in PostgreSQL behind the lock
+        #expect(completed.wait(timeout: .now()) == .timedOut, "completed while the row was still locked")
+        try blocker.execute("ROLLBACK")
+        #expect(completed.wait(timeout: .now() + 30) == .success)
+        #expect((error.value ?? nil) == nil)
+        #expect(try s.response(id: id)?.state == .delivered)
+    }
+
     @Test func aKilledIdleConnectionIsReplacedWithoutFailingAnything() throws {
         let s = try f.openPostgres(nodeID: "a")
         defer { s.close() }

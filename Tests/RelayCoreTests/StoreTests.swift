@@ -158,6 +158,42 @@ import Testing
         guard case .accepted = try s.ingestNow(sample(index: 9), secret: c.secret, maxPending: 3) else { Issue.record("bound not freed"); return }
     }
 
+    /// The dispatcher's apply: queued on the store's own thread, completed once per call in
+    /// the order given, the rows written by then; after close it fails instead of never answering
+    /// (the dispatcher's stop waits for every completion).
+    @Test(arguments: StoreBackend.available)
+    func queuedApplyCompletesInOrderAfterItsWriteAndFailsOnceClosed(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        for i in 0..<6 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: c.secret) }
+        let claimed = try s.claimDue(limit: 10)
+        #expect(claimed.count == 6)
+        let order = Mutex<[Int]>([])
+        let done = DispatchGroup()
+        for (n, row) in claimed.enumerated() {
+            done.enter()
+            s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .delivered, attempt: nil)]) { error in
+                #expect(error == nil)
+                // Written before the completion runs: a read now sees it.
+                #expect((try? s.response(id: row.id))??.state == .delivered)
+                order.withLock { $0.append(n) }
+                done.leave()
+            }
+        }
+        #expect(done.wait(timeout: .now() + 60) == .success)
+        #expect(order.withLock { $0 } == Array(0..<6))
+        s.close()
+        let failed = ResultBox<StoreError?>()
+        let closedDone = DispatchSemaphore(value: 0)
+        s.apply([DeliveryUpdate(id: claimed[0].id, pushToken: claimed[0].pushToken, outcome: .delivered, attempt: nil)]) { error in
+            failed.value = error
+            closedDone.signal()
+        }
+        #expect(closedDone.wait(timeout: .now() + 60) == .success, "no completion after close")
+        #expect((failed.value ?? nil) != nil)
+    }
+
     @Test(arguments: StoreBackend.available)
     func claimStatesAndAttempts(_ backend: StoreBackend) throws {
         let f = try StoreFixture(backend)

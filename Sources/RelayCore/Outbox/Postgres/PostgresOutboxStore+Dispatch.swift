@@ -78,6 +78,29 @@ extension PostgresOutboxStore {
 
     public func apply(_ updates: [DeliveryUpdate]) throws {
         guard !updates.isEmpty else { return }
+        adjustPending(-(try writeTransaction(applying(updates))))
+    }
+
+    /// Queued on the dispatch connection's thread (in order, behind earlier writes); the
+    /// dispatcher thread does not wait for the round trips, as with SQLite's writer.
+    public func apply(_ updates: [DeliveryUpdate], completion: @escaping @Sendable (StoreError?) -> Void) {
+        guard !updates.isEmpty else { return completion(nil) }
+        guard !options.readOnly else { return completion(.invalid("store opened read-only")) }
+        let body = applying(updates)
+        let queued = dispatchWorker.enqueueDetached { [self] w in
+            do {
+                adjustPending(-(try w.transaction(body)))
+                completion(nil)
+            } catch {
+                completion((error as? StoreError) ?? .invalid("\(error)"))
+                throw error   // the worker notes the failure (reconnect back-off)
+            }
+        }
+        if !queued { completion(.closed) }
+    }
+
+    /// The outcome writes as one transaction's body; returns how many rows it finished.
+    private func applying(_ updates: [DeliveryUpdate]) -> (PostgresConnection) throws -> Int {
         let now = clock.nowMillis()
         let me = options.nodeID
         var ids: [String?] = [], states: [String?] = [], counted: [Int64?] = [], next: [Int64?] = [], status: [Int64?] = [], reasons: [String?] = []
@@ -104,7 +127,7 @@ extension PostgresOutboxStore {
             }
         }
         let attempts = updates.compactMap(\.attempt)
-        let finished: Int = try writeTransaction { c in
+        return { c in
             if !attempts.isEmpty {
                 // The attempt happened even if our lease was lost meanwhile: always recorded.
                 try c.query(
@@ -167,6 +190,5 @@ extension PostgresOutboxStore {
             }
             return changed.filter { $0.first?.string == "delivered" || $0.first?.string == "failed" }.count
         }
-        adjustPending(-finished)
     }
 }

@@ -41,7 +41,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     let clock: any RelayClock
     private let logger: RelayLogger?
     let ingestWorker: PostgresWorker<PendingIngest>
-    private let dispatchWorker: PostgresWorker<Void>
+    let dispatchWorker: PostgresWorker<Void>
     private let queryWorker: PostgresWorker<Void>
     private let pending = Mutex(Pending())
     let stats = Mutex((batches: 0, jobs: 0))

@@ -203,9 +203,11 @@ final class PostgresWorker<Item>: @unchecked Sendable {
     }
 
     /// Runs `body` on the worker thread without waiting for it; errors are dropped (use for
-    /// best-effort work such as recounting the outbox bound).
-    func enqueueDetached(_ body: @escaping (PostgresLink) throws -> Void) {
-        _ = enqueue(.call { link in
+    /// best-effort work such as recounting the outbox bound). false: the worker is closed and
+    /// `body` will never run.
+    @discardableResult
+    func enqueueDetached(_ body: @escaping (PostgresLink) throws -> Void) -> Bool {
+        enqueue(.call { link in
             do { try body(link) } catch { link.noteFailure(error) }
         })
     }
