@@ -152,13 +152,16 @@ final class SQLiteCheckpointer: @unchecked Sendable {
     /// the checkpointer to catch up), else sleep until the writer's hook or the idle tick.
     private func step() {
         steps.add(1, ordering: .relaxed)
+        // The commit count before the frame count: the hook publishes frames, then the count, so
+        // a count read here comes with its frames (a sleep below waits only for later commits).
+        let seen = commits.load(ordering: .sequentiallyConsistent)
         let frames = walFrames.load(ordering: .relaxed)
         if frames < max(backfilled, stuckAt) { (backfilled, stuckAt) = (0, 0) }   // the WAL was started over
         // Frames a pass could copy. After a pass that copied nothing (a reader holds them),
         // only frames written since count: no loop of empty passes.
         let floor = max(backfilled, stuckAt)
         let waiting = frames - floor
-        let seen = commits.load(ordering: .sequentiallyConsistent), now = monotonicMicros()
+        let now = monotonicMicros()
         if seen != lastSeenCommits { (lastSeenCommits, lastCommitSeenAt) = (seen, now) }
         let idle = now - lastCommitSeenAt >= policy.idleMillis * 1000
         // Idle: once per new frame count, and again every few ticks (a reader that pinned the
