@@ -25,6 +25,8 @@ before, after, version, openssl, swift_runs, py_runs = sys.argv[1:7]
 s = [json.loads(l) for l in swift_runs.splitlines() if l.strip()]
 p = [json.loads(l) for l in py_runs.splitlines() if l.strip()]
 names = {"xwingKeygen": "X-Wing keygen (from seed)", "xwingEncaps": "X-Wing encaps", "xwingDecaps": "X-Wing decaps", "hpkeExport": "HPKE export (32 bytes)"}
+print("## KeyExchange vs Python cryptography (scripts/bench-kex.sh, `make bench-kex`)")
+print()
 print(f"| operation | KeyExchange (Swift) /s | Python cryptography {version} /s | ratio Swift/Python |")
 print("|---|---:|---:|---:|")
 for key, label in names.items():
