@@ -7,6 +7,9 @@
 #  4. Growth: ingest 202/s and drain rate with 10k, 100k and 1M rows already queued.
 #  5. Instructions per response end to end (callgrind on a stripped copy; differential between
 #     two request counts so start-up cancels out).
+# BENCH_CG_ONLY=1 runs stage 5 alone and prints its figure; BENCH_CG_KEEP=DIR keeps the symbols
+# (strips debug info only, as valgrind 3.19 needs) and copies both callgrind outputs to DIR, so
+# two builds can be compared function by function: scripts/cg-diff.py OLD_DIR NEW_DIR.
 # Leaves no processes behind (the trap stops what it started, by pid).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,6 +79,7 @@ schema_db() {  # path: an empty database with the relay's schema
 write_post_lua "$WORK/post.lua"
 wrk_rps() { awk '/Requests\/sec/{print $2}' "$1"; }
 
+if [ -z "${BENCH_CG_ONLY:-}" ]; then   # stages 1-4
 # --- 1. latency at several offered loads ---------------------------------------------------
 write_config "$WORK/latency.db"
 start_relay
@@ -159,9 +163,16 @@ for n in $GROWTH; do
   rm -f "$db"*
 done
 
+fi   # stages 1-4
+
 # --- 5. instructions per response (callgrind, stripped copy) -------------------------------
 echo "== callgrind" >&2
-objcopy --strip-all "$BIN/relay-server" "$WORK/relay-server-stripped"
+if [ -n "${BENCH_CG_KEEP:-}" ]; then
+  mkdir -p "$BENCH_CG_KEEP"
+  objcopy --strip-debug "$BIN/relay-server" "$WORK/relay-server-stripped"
+else
+  objcopy --strip-all "$BIN/relay-server" "$WORK/relay-server-stripped"
+fi
 ir_run() {  # requests -> total instructions of the relay process
   local n=$1 db="$WORK/cg-$1.db"
   write_config "$db"
@@ -191,12 +202,17 @@ EOF
     sleep 0.2
   done
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+  if [ -n "${BENCH_CG_KEEP:-}" ]; then cp "$WORK"/callgrind.out.* "$BENCH_CG_KEEP/cg-$n.out"; fi
   awk '/^summary:|^totals:/{print $2; exit}' "$WORK"/callgrind.out.*
   rm -f "$db"*
 }
 N1=${BENCH_CG_N1:-300}; N2=${BENCH_CG_N2:-1300}
 IR1=$(ir_run "$N1"); IR2=$(ir_run "$N2")
 IR_PER=$(( (IR2 - IR1) / (N2 - N1) ))
+if [ -n "${BENCH_CG_ONLY:-}" ]; then
+  echo "$IR_PER instructions per response end to end: ($IR2 - $IR1) / ($N2 - $N1) sequential requests"
+  exit 0
+fi
 
 cat <<EOF
 ## Pipeline: ingest -> outbox -> APNs (mock)
