@@ -578,7 +578,7 @@ def _fault_row(env, args, secret, dl, name):
     if True:
         dl.poll()
         m0 = env.metrics()
-        closed0 = env.mock_stats().get("connectionsClosedByFault", 0)
+        closed0 = env.mock_stats().get("connectionsClosedByFault", 0) if name == "close" else 0
         load = Load(env.relay_port, secret, threads=args.threads, rate=args.rate).start()
         time.sleep(1.0)
         storm_token = load.tokens[0]

@@ -101,7 +101,7 @@ import TestSupport
         #expect(ids.count == 1500)
         // One commit per row: 1,500 rows wrote well over 1,000 frames (4 KiB each); the
         // autocheckpoint (every 1,000) restarted the WAL, so the file never held them all.
-        let wal = try FileManager.default.attributesOfItem(atPath: path + "-wal")[.size] as? Int ?? 0
+        let wal = Self.walSize(path)
         #expect(wal > 0 && wal < 1_400 * 4_120, "WAL of \(wal) bytes")
         s.close()
         try Self.expectRows(path, ids, "every row after the close")

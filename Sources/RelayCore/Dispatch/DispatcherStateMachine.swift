@@ -52,8 +52,9 @@ struct DispatcherStateMachine {
     private var freeSlots = 0
     /// The next due time last looked up, and until when it stands (RelayClock ms). Answers and
     /// handed-off rows leave it as it is, so they cost no store query each; a wake (queued rows
-    /// committed, a retry written), a claim, or a wait that ended empty (the idle poll, which
-    /// notices rows another process wrote) drop it. nil: look it up.
+    /// committed, a retry written) or a wait that ended empty (the idle poll, which notices rows
+    /// another process wrote) drop it. Only read while `mayHaveDue` is false, which only a short
+    /// claim sets, and that claim's `findNextDue` replaces it. nil: look it up.
     private var knownDue: (at: Int64?, until: Int64)?
 
     init(claimBatch: Int, idlePollMillis: Int64, policy: DeliveryPolicy, apps: Set<String>) {
@@ -92,7 +93,6 @@ struct DispatcherStateMachine {
     /// What a claim of `limit` rows returned (already counted in flight by the driver).
     mutating func claimed(_ rows: [OutboxRow], limit: Int) -> [Action] {
         if rows.count < limit { mayHaveDue = false }
-        knownDue = nil
         var actions: [Action] = []
         let (sendable, failed) = route(rows)
         if !sendable.isEmpty { actions.append(.send(sendable)) }
