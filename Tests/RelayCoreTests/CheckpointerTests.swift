@@ -107,6 +107,30 @@ import TestSupport
         try Self.expectRows(path, ids, "every row after the close")
     }
 
+    /// A relayctl-mode store closing next to a running server leaves the WAL to the server: no
+    /// TRUNCATE checkpoint of its own (which takes the write lock while it copies and would hold
+    /// the server's next COMMIT).
+    @Test func aStoreWithoutBackgroundCheckpointsLeavesTheServersWALAloneAtClose() throws {
+        let tmp = TempDir()
+        defer { withExtendedLifetime(tmp) {} }
+        let path = tmp.path + "/relay.db"
+        var rng = SeededGenerator(seed: 6)
+        var serverPolicy = Self.policy
+        serverPolicy.idleMillis = 60_000
+        let server = try Self.open(path, serverPolicy)
+        defer { server.close() }
+        let c = try server.createCredential(name: "c", apps: ["com.example.app"])
+        var options = SQLiteStoreOptions()
+        options.backgroundCheckpoints = false
+        let tool = try SQLiteOutboxStore(path: path, options: options)
+        _ = try tool.list(OutboxFilter(limit: 1))
+        _ = Self.ingestAll(server, 20, from: 0, secret: c.secret, &rng)
+        let before = Self.walSize(path)
+        #expect(before > 0)
+        tool.close()
+        #expect(Self.walSize(path) == before, "the tool's close truncated the server's WAL")
+    }
+
     /// With everything copied the thread sleeps until a commit instead of ticking every
     /// idleMillis; the next commit wakes it and its idle pass copies that commit too. (Counts
     /// turns of the loop over a sleep: a loaded machine only makes fewer.)
