@@ -42,10 +42,7 @@ private let pgConfigured = (ProcessInfo.processInfo.environment["RELAY_TEST_PG_U
             """
         try config.write(toFile: dir + "/relay.json", atomically: true, encoding: .utf8)
         let relay = try RelayChild(relayBinary("relay-server"), ["--config", dir + "/relay.json"], name: "relay-server")
-        try relayEventually("relay-server ready") {
-            guard relay.isRunning else { throw RelayITError("relay-server exited: \(relay.stderr)") }
-            return try relayHTTP(admin, "GET", "/readyz").status == 200
-        }
+        try relay.waitReady(adminPort: admin)
 
         let created = try Relayctl.run(["credentials", "create", "--config", dir + "/relay.json", "--name", "it", "--apps", Self.app, "--json"])
         #expect(created.status == 0, "\(created.stderr)")

@@ -296,8 +296,11 @@ struct PostgresMultiNodeTests {
             }
         }
         while sentCount.withLock({ $0 }) < killAt { Thread.sleep(forTimeInterval: 0.01) }
-        cluster.nodes[killed].kill9()
+        // Marked dead first: kill9() waits for the process to exit, and a client that picked the
+        // node meanwhile got a refused connection at once, again and again (21 unanswered once,
+        // over the 20 the check below allows for requests in flight at the kill).
         dead.withLock { $0 = true }
+        cluster.nodes[killed].kill9()
         group.wait()
 
         let ids = Set(accepted.withLock { $0.keys })

@@ -161,6 +161,23 @@ final class RelayChild: @unchecked Sendable {
 
     func signal(_ sig: Int32) { kill(process.processIdentifier, sig) }
 
+    /// Waits (bounded) until /readyz on `adminPort` answers 200. The error names what /readyz
+    /// last said and what the process logged, so a start that is only slow under load can be
+    /// told from one that is stuck.
+    func waitReady(adminPort: Int, seconds: Double = 20) throws {
+        var last = "no answer"
+        do {
+            try relayEventually("\(name) ready", seconds: seconds) {
+                guard isRunning else { throw RelayITError("\(name) exited: \(stderr)") }
+                let r = try relayHTTP(adminPort, "GET", "/readyz")
+                last = "\(r.status) \(r.text)"
+                return r.status == 200
+            }
+        } catch {
+            throw RelayITError("\(error); /readyz last answered: \(last); stderr: \(stderr)")
+        }
+    }
+
     /// Waits for exit up to `seconds`; returns the exit status or nil on timeout.
     func wait(seconds: Double) -> Int32? {
         let deadline = Date().addingTimeInterval(seconds)
@@ -302,11 +319,9 @@ final class RelayHarness {
 
     /// Starts relay-server and waits for /readyz.
     func startRelay() throws {
-        relay = try RelayChild(relayBinary("relay-server"), ["--config", dir + "/relay.json"], name: "relay-server")
-        try relayEventually("relay-server ready") {
-            guard relay?.isRunning == true else { throw RelayITError("relay-server exited: \(relay?.stderr ?? "")") }
-            return try relayHTTP(adminPort, "GET", "/readyz").status == 200
-        }
+        let child = try RelayChild(relayBinary("relay-server"), ["--config", dir + "/relay.json"], name: "relay-server")
+        relay = child
+        try child.waitReady(adminPort: adminPort)
         if credential.isEmpty { credential = try createCredential(apps: [Self.bundleID]) }
     }
 

@@ -237,10 +237,7 @@ import Glibc
         // APNs connection) = 120 of its default 10,000.
         h.relay = try RelayChild("/bin/sh", ["-c", #"ulimit -n 256 && exec "$0" --config "$1""#, relayBinary("relay-server"), h.dir + "/relay.json"],
                                  name: "relay-server")
-        try relayEventually("relay-server ready") {
-            guard h.relay?.isRunning == true else { throw RelayITError("relay-server exited: \(h.relay?.stderr ?? "")") }
-            return try relayHTTP(h.adminPort, "GET", "/readyz").status == 200
-        }
+        try h.relay!.waitReady(adminPort: h.adminPort)
         // The log is read from a pipe by another thread: being ready does not mean it has the line yet.
         try relayEventually("the open-file warning logged") {
             let log = h.relay?.stderr ?? ""
