@@ -13,7 +13,7 @@ APT_PACKAGES := libssl-dev libnghttp2-dev libsqlite3-dev libuv1-dev \
 
 BENCH_APT_PACKAGES := wrk nginx-light hyperfine valgrind redis-server redis-tools
 
-.PHONY: all deps bench-deps build release test bench bench-kex run fuzz soak reliability clean install
+.PHONY: all deps bench-deps build release test bench bench-kex run fuzz soak soak-http reliability clean install
 
 all: build
 
@@ -72,6 +72,12 @@ run: deps
 soak: deps
 	$(SWIFT) build $(SWIFT_FLAGS) --build-tests
 	RELAY_SOAK_ROUNDS=$${RELAY_SOAK_ROUNDS:-20} $(SWIFT) test $(SWIFT_FLAGS) --skip-build --filter RelayCrashTests
+
+# Random walks over HTTP connection states (ServerInputSoakTests): HTTP_SOAK_ROUNDS rounds
+# (default 300, ~2 min; make test runs 12) with a fresh seed, printed for replay (HTTP_SOAK_SEED).
+soak-http: deps
+	$(SWIFT) build $(SWIFT_FLAGS) --build-tests
+	HTTP_SOAK_ROUNDS=$${HTTP_SOAK_ROUNDS:-300} $(SWIFT) test $(SWIFT_FLAGS) --skip-build --filter ServerInputSoakTests
 
 # Crash (kill -9), fault-matrix, storage-fault and bad-input runs against release binaries
 # (scripts/reliability.sh, docs/reliability.md). RELIABILITY_ROUNDS kill -9 rounds (default 20).

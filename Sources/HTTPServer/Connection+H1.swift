@@ -220,8 +220,12 @@ extension Connection {
         processingH1 = true
         defer { processingH1 = false }
         withUnsafeMutablePointer(to: &self.parser) { parser in
-            if let bytes { parser.pointee.append(bytes) }
+            // Once no further request will be parsed, input is dropped instead of buffered:
+            // the socket stops reading then, but bytes of the read in progress still arrive.
+            if let bytes, !stopParsing { parser.pointee.append(bytes) }
             h1Events(parser)
+            if stopParsing { parser.pointee.discardInput() }
+            accountInput(parser.pointee.heldByteCount)
         }
     }
 

@@ -68,7 +68,12 @@ final class Connection: @unchecked Sendable {
     var baseSequence: UInt64 = 0
     var nextSequence: UInt64 = 0
     var requestsSeen = 0
-    var stopParsing = false
+    /// No further request of this connection will be parsed. From then on nothing is read
+    /// (what a read in progress still delivers is dropped), so input held cannot grow in this
+    /// state whatever the peer sends; a lingering close reads and discards a bounded amount.
+    var stopParsing = false {
+        didSet { if stopParsing && !oldValue { socket.stopReading() } }
+    }
     var pausedForPipeline = false
     var pendingContinue = false
     var processingH1 = false
@@ -76,6 +81,11 @@ final class Connection: @unchecked Sendable {
 
     // HTTP/2 state
     var h2: H2Session?
+
+    /// Input bytes this connection holds (parser buffer and request in progress, h2 streams
+    /// not yet handed to the handler, PROXY header and preface bytes), as last counted into
+    /// `ServerCore.bufferedInput`.
+    private(set) var inputHeld = 0
 
     // Timeouts, in loop milliseconds (uv_now).
     private let startedAt: UInt64
@@ -138,6 +148,7 @@ final class Connection: @unchecked Sendable {
         proxyBuffer.append(contentsOf: bytes)
         switch ProxyProtocol.parse(proxyBuffer) {
         case .needMore:
+            accountInput(heldOutsideHTTP1)
             updateTimer()
         case .invalid:
             core.recordProxyRefused()
@@ -160,6 +171,7 @@ final class Connection: @unchecked Sendable {
             }
             let rest = Array(proxyBuffer[length...])
             proxyBuffer = []
+            accountInput(0)
             armedDeadline = 0   // the header deadline is over; the next one may be later
             if rest.isEmpty {
                 updateTimer()
@@ -218,8 +230,24 @@ final class Connection: @unchecked Sendable {
             onPlaintext(bytes)
         }
         inRead = false
+        if mode != .http1 { accountInput(heldOutsideHTTP1) }
+        if inputHeld > 0 && core.inputOverBudget() { loop.closeGreediestInput() }
+        guard !closed else { return }
         flush()
         updateTimer()
+    }
+
+    /// Input held outside the HTTP/1 parser (h1Process counts the parser's own).
+    private var heldOutsideHTTP1: Int {
+        sniffed.count + proxyBuffer.count + (h2?.bufferedBytes ?? 0)
+    }
+
+    /// Records `held` as this connection's input in the server-wide gauge.
+    @inline(__always)
+    func accountInput(_ held: Int) {
+        guard held != inputHeld else { return }
+        core.accountInput(from: inputHeld, to: held)
+        inputHeld = held
     }
 
     private func onPlaintext(_ bytes: UnsafeRawBufferPointer) {
@@ -424,6 +452,7 @@ final class Connection: @unchecked Sendable {
 
     /// The socket's handles are closed: drop protocol state and leave the loop.
     func onSocketClosed() {
+        accountInput(0)
         h2 = nil
         tls = nil
         slots.removeAll()

@@ -290,6 +290,22 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
         conn.start()
     }
 
+    /// Closes the connections of this loop holding the most input until the server-wide input
+    /// total is back under its budget (or nothing here holds any): a few greedy peers lose
+    /// their connections instead of the process its memory or new clients their service.
+    func closeGreediestInput() {
+        while core.inputOverBudget() {
+            var greediest: Connection?
+            for conn in connections.values where !conn.closed && conn.inputHeld > (greediest?.inputHeld ?? 0) {
+                greediest = conn
+            }
+            guard let conn = greediest else { return }
+            core.recordInputBudgetClose()
+            conn.close()
+            conn.accountInput(0)
+        }
+    }
+
     /// Called by a connection once its socket's handles are closed.
     func remove(_ conn: Connection) {
         if connections.removeValue(forKey: ObjectIdentifier(conn)) != nil {

@@ -20,6 +20,8 @@ final class H2Stream {
     var headers: [HTTPField] = []
     var headerBytes = 0
     var body: [UInt8] = []
+    /// Header and body bytes of this stream counted in its session's `bufferedBytes`.
+    var held = 0
     /// Refused (too large): further data is dropped and the handler is never called.
     var rejected = false
     var dispatched = false
@@ -117,15 +119,16 @@ final class H2Session {
     /// that stopped receiving are dropped lazily from the front (receiveDeadline).
     private var receivingQueue: [H2Stream] = []
     private var receivingHead = 0
-    /// Body bytes held by streams not yet handed to the handler, and their cap: without it a
-    /// client could park maxConcurrentStreams half-sent bodies of up to maxBodyBytes each on one
-    /// connection (100 x 32 KiB on relay-server), where HTTP/1 holds at most one.
-    private var bufferedBodyBytes = 0
+    /// Header and body bytes held by streams not yet handed to the handler, and their cap:
+    /// without it a client could park maxConcurrentStreams half-sent requests of up to
+    /// maxHeaderListSize + maxBodyBytes each on one connection (100 x 48 KiB on relay-server),
+    /// where HTTP/1 holds at most one.
+    private(set) var bufferedBytes = 0
     /// Streams handed to the handler and not answered yet: while there are none, open streams
     /// only wait on the peer (its flow-control window, or its end of a stream), which the idle
     /// timeout covers; a client that opened no window used to hold the connection for ever.
     private(set) var handlersWorking = 0
-    private let maxBufferedBodyBytes: Int
+    private let maxBufferedBytes: Int
     /// Cap on `handlersWorking`: beyond it new requests are refused (REFUSED_STREAM). Open
     /// streams are capped by SETTINGS_MAX_CONCURRENT_STREAMS, but a stream the client resets
     /// after sending its request closes at once while its handler goes on working.
@@ -140,7 +143,7 @@ final class H2Session {
         self.connection = connection
         self.lastStreamActivity = connection.loop.now
         self.maxHeaderListSize = Int(settings.maxHeaderListSize)
-        self.maxBufferedBodyBytes = max(2 * connection.core.maxBodyBytes, 64 << 10)
+        self.maxBufferedBytes = max(2 * connection.core.maxBodyBytes, 64 << 10)
         self.maxUnansweredRequests = max(1, settings.maxUnansweredRequests)
         do throws(NGHTTP2Error) {
             session = try NGHTTP2Session(.server, callbacks: sharedCallbacks, userData: nil) { configureOptions($0, settings) }
@@ -185,10 +188,21 @@ final class H2Session {
         dropBody(st)
     }
 
-    /// Frees a stream's partial body (refused, reset or closed before the handler got it).
+    /// Frees a stream's partial request (refused, reset, closed or handed to the handler).
     private func dropBody(_ st: H2Stream) {
-        bufferedBodyBytes -= st.body.count
+        bufferedBytes -= st.held
+        st.held = 0
         st.body = []
+        st.headers = []
+    }
+
+    /// Refuses a stream that would take the connection's buffered requests past their cap
+    /// (REFUSED_STREAM: not processed, a client may retry it) rather than buffer more.
+    private func refuseOverBudget(_ st: H2Stream) {
+        st.rejected = true
+        dropBody(st)
+        connection.core.recordParseError("h2_buffered_body_limit")
+        session.resetStream(st.id, NGHTTP2_REFUSED_STREAM)
     }
 
     /// When the oldest stream still receiving its request runs out of time (nil: none is).
@@ -261,7 +275,14 @@ final class H2Session {
             return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue   // RST_STREAM for this stream only
         }
         // RFC 9110 6.5.1: a trailer never stands in for a header (HTTP/1.1 drops them too).
-        if isTrailer { return 0 }
+        if isTrailer || st.rejected { return 0 }
+        let added = name.count + value.count + 32
+        if bufferedBytes + added > maxBufferedBytes {
+            refuseOverBudget(st)
+            return 0
+        }
+        bufferedBytes += added
+        st.held += added
         if name.first == UInt8(ascii: ":") {
             // nghttp2 already checked the pseudo-header names: the second byte tells them apart.
             switch name.count > 1 ? name[1] : 0 {
@@ -284,17 +305,13 @@ final class H2Session {
             respond(streamID: st.id, response: connection.core.errorResponse(413, "body_too_large"), isHEAD: false, action: .keep)
             return
         }
-        if bufferedBodyBytes + data.count > maxBufferedBodyBytes {
-            // Over the connection's share: refuse this stream (REFUSED_STREAM: not processed, a
-            // client may retry it) rather than buffer more.
-            st.rejected = true
-            dropBody(st)
-            connection.core.recordParseError("h2_buffered_body_limit")
-            session.resetStream(st.id, NGHTTP2_REFUSED_STREAM)
+        if bufferedBytes + data.count > maxBufferedBytes {
+            refuseOverBudget(st)
             return
         }
         st.body.append(contentsOf: data)
-        bufferedBodyBytes += data.count
+        bufferedBytes += data.count
+        st.held += data.count
     }
 
     fileprivate func dispatch(_ st: H2Stream) {

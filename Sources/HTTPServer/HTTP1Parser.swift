@@ -106,6 +106,26 @@ package struct HTTP1Parser: Sendable {
     /// Bytes of input buffer held (memory cost of an idle connection).
     package var bufferCapacity: Int { storage.capacity }
 
+    /// Input this parser holds for the request in progress: unconsumed bytes, the head parsed so
+    /// far and the body collected so far. Bounded by maxHeaderBytes + maxBodyBytes + whatever
+    /// the caller appended since the last `next()` returned nil.
+    package var heldByteCount: Int {
+        (writeIndex - readIndex) + request.body.count + request.headBytes
+    }
+
+    /// Drops every unconsumed byte and frees the buffer, for a connection that will parse no
+    /// further request (after `Connection: close`, a refusal, shutdown): input kept past that
+    /// point could only grow. Later `append`s are the caller's to refuse.
+    package mutating func discardInput() {
+        guard storage.capacity > 0 || writeIndex > readIndex || !request.body.isEmpty || request.headBytes > 0 else { return }
+        storage = HTTP1InputStorage(capacity: 0)
+        readIndex = 0
+        writeIndex = 0
+        scanIndex = 0
+        request.body = []
+        request.headBytes = 0
+    }
+
     /// Buffer capacity kept between requests; a larger buffer (grown by a pipelined burst or a
     /// big read) is freed once empty, so idle keep-alive connections stay small.
     package static let retainedBufferCapacity = 16_384

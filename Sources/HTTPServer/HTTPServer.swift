@@ -22,6 +22,11 @@ final class ServerCore: Sendable {
     let proxyProtocol: ProxyProtocolConfiguration?
     /// Output bytes queued for peers (not yet taken by the kernel), over every connection.
     let queuedOutput = Atomic<Int>(0)
+    /// Input bytes held by connections (Connection.inputHeld), over every connection.
+    let bufferedInput = Atomic<Int>(0)
+    /// The most input one connection has held at once since the server started.
+    let largestConnectionInput = Atomic<Int>(0)
+    let maxBufferedInputBytesTotal: Int
     let maxRequestsPerConnection: Int
     let maxBodyBytes: Int
     let maxHeaderBytes: Int
@@ -54,6 +59,7 @@ final class ServerCore: Sendable {
         writeTimeoutMs = l.writeTimeout.milliseconds
         maxQueuedOutputBytes = max(0, l.maxQueuedOutputBytes)
         maxQueuedOutputBytesTotal = max(0, l.maxQueuedOutputBytesTotal)
+        maxBufferedInputBytesTotal = max(0, l.maxBufferedInputBytesTotal)
         socketSendBufferBytes = max(0, l.socketSendBufferBytes)
         proxyProtocol = configuration.proxyProtocol
         maxRequestsPerConnection = l.maxRequestsPerConnection
@@ -72,6 +78,26 @@ final class ServerCore: Sendable {
     func outputLimit() -> Int {
         maxQueuedOutputBytesTotal > 0 && queuedOutput.load(ordering: .relaxed) > maxQueuedOutputBytesTotal
             ? 0 : maxQueuedOutputBytes
+    }
+
+    /// Moves one connection's input from `old` to `new` bytes in the server-wide gauge.
+    @inline(__always)
+    func accountInput(from old: Int, to new: Int) {
+        bufferedInput.add(new - old, ordering: .relaxed)
+        if new > old && new > largestConnectionInput.load(ordering: .relaxed) {
+            var seen = largestConnectionInput.load(ordering: .relaxed)
+            while new > seen {
+                let (done, original) = largestConnectionInput.compareExchange(expected: seen, desired: new, ordering: .relaxed)
+                if done { break }
+                seen = original
+            }
+        }
+    }
+
+    /// Whether connections hold more input than `maxBufferedInputBytesTotal` allows.
+    @inline(__always)
+    func inputOverBudget() -> Bool {
+        maxBufferedInputBytesTotal > 0 && bufferedInput.load(ordering: .relaxed) > maxBufferedInputBytesTotal
     }
 
     func nextConnectionID() -> UInt64 { connectionIDs.add(1, ordering: .relaxed).newValue }
@@ -125,6 +151,7 @@ final class ServerCore: Sendable {
     }
     func recordProxyRefused() { counters.withLock { $0.proxyHeaderFailures += 1 } }
     func recordTimeout() { counters.withLock { $0.timeouts += 1 } }
+    func recordInputBudgetClose() { counters.withLock { $0.connectionsClosedForInputBudget += 1 } }
     func recordHandshakeFailure() { counters.withLock { $0.tlsHandshakeFailures += 1 } }
     func recordParseError(_ kind: String) { counters.withLock { $0.parseErrorsByKind[kind, default: 0] += 1 } }
     func recordStatus(_ status: Int) {
@@ -141,6 +168,8 @@ final class ServerCore: Sendable {
     var metrics: HTTPServerMetrics {
         var m = counters.withLock { $0 }
         m.queuedOutputBytes = queuedOutput.load(ordering: .relaxed)
+        m.bufferedInputBytes = bufferedInput.load(ordering: .relaxed)
+        m.largestConnectionInputBytes = largestConnectionInput.load(ordering: .relaxed)
         m.requestsByStatusClass = [0, status1xx.load(ordering: .relaxed), status2xx.load(ordering: .relaxed),
                                    status3xx.load(ordering: .relaxed), status4xx.load(ordering: .relaxed),
                                    status5xx.load(ordering: .relaxed)]

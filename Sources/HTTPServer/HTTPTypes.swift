@@ -368,6 +368,12 @@ public struct HTTPLimits: Sendable {
     /// Queued output over all connections: above it, every connection with output queued
     /// stops reading until its own queue is empty. 0 = no server-wide budget.
     public var maxQueuedOutputBytesTotal: Int = 64 << 20
+    /// Input held over all connections (`bufferedInputBytes`): when a read takes the total past
+    /// it, the connection holding the most input on that loop is closed, until the total is
+    /// back under it. Each connection holds at most maxHeaderBytes + maxBodyBytes + one read
+    /// (64 KiB) on HTTP/1 and max(2 x maxBodyBytes, 64 KiB) + one read on h2, so this only
+    /// bites when many connections are each mid-request at once. 0 = no server-wide budget.
+    public var maxBufferedInputBytesTotal: Int = 64 << 20
     /// SO_SNDBUF of accepted sockets (the kernel doubles it); 0 keeps the kernel's
     /// autotuning, which lets one connection whose peer does not read hold up to
     /// net.ipv4.tcp_wmem's maximum (4 MiB on Debian) of kernel memory.
@@ -453,6 +459,14 @@ public struct HTTPServerMetrics: Sendable, Equatable {
     public var proxyHeaderFailures: Int = 0
     /// Output bytes queued for peers right now, over all connections (a gauge).
     public var queuedOutputBytes: Int = 0
+    /// Input bytes held by connections right now (unparsed bytes, requests in progress, h2
+    /// streams not yet handed to the handler), over all connections (a gauge).
+    public var bufferedInputBytes: Int = 0
+    /// The most input one connection has held at once since the server started.
+    public var largestConnectionInputBytes: Int = 0
+    /// Connections closed because connections together held more input than
+    /// `maxBufferedInputBytesTotal` (the one holding most on its loop goes first).
+    public var connectionsClosedForInputBudget: Int = 0
 
     public init() {}
 

@@ -99,6 +99,73 @@ func floodWithoutReading(_ fds: [Int32], request: [UInt8], seconds: Double) -> I
     }
 }
 
+@Suite(.serialized) struct RelayServerInputBoundTests {
+    /// The abuse issue's sequence against the real binary, without a credential: one
+    /// connection (receive buffer 4 KiB) pipelines 520 `GET /nope` without reading, then one
+    /// request with `Connection: close`, then streams bytes. The relay used to go on reading
+    /// and buffering (+1,019 MiB in 3.4 s); now it stops reading once no request will be
+    /// parsed, so it holds at most head + body limits + one read, and its RSS stays put.
+    @Test func bytesAfterAClosingRequestAreNotBuffered() throws {
+        let h = try RelayHarness()
+        let path = h.dir + "/relay.json"
+        try String(contentsOfFile: path, encoding: .utf8).replacingOccurrences(of: #""level":"debug""#, with: #""level":"warning""#)
+            .write(toFile: path, atomically: true, encoding: .utf8)
+        try h.startRelay()
+        let pid = try #require(h.relay?.pid)
+        #expect(try relayHTTP(h.relayPort, "GET", "/").status == 404)
+        let before = try #require(residentKiB(pid: pid))
+        let fds = try openNonReadingClients(port: h.relayPort, count: 1)
+        defer { for fd in fds { close(fd) } }
+        let fd = fds[0]
+        func metric(_ name: String) throws -> Int? {
+            try relayHTTP(h.adminPort, "GET", "/metrics").text.split(separator: "\n")
+                .first { $0.hasPrefix(name + "{listener=\"ingest\"}") }
+                .flatMap { Int($0.split(separator: " ").last ?? "") }
+        }
+        func sendAll(_ bytes: [UInt8]) -> Bool {
+            var offset = 0
+            let deadline = Date().addingTimeInterval(5)
+            while offset < bytes.count && Date() < deadline {
+                let n = bytes[offset...].withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                if n > 0 { offset += n } else { usleep(5_000) }
+            }
+            return offset == bytes.count
+        }
+        // Pipelined GETs in batches until their answers back up in the relay (the kernel
+        // buffers are full and some output waits in the relay, below its 64 KiB pause), so
+        // the close that follows the last answer waits for a peer that never reads.
+        let batch = Array(String(repeating: "GET /nope HTTP/1.1\r\nHost: relay\r\n\r\n", count: 40).utf8)
+        var gets = 0
+        while gets < 4000, (try metric("relay_http_queued_output_bytes") ?? 0) == 0 {
+            #expect(sendAll(batch))
+            gets += 40
+            usleep(30_000)
+        }
+        #expect(sendAll(Array("GET /nope HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n".utf8)))
+        usleep(300_000)
+        let junk = [UInt8](repeating: UInt8(ascii: "x"), count: 65536)
+        var sent = 0
+        var quietMs = 0
+        let deadline = Date().addingTimeInterval(4)
+        while Date() < deadline && quietMs < 1000 {
+            let n = junk.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            if n > 0 { sent += n; quietMs = 0 } else if errno == EAGAIN || errno == EWOULDBLOCK { usleep(10_000); quietMs += 10 } else { break }
+        }
+        let after = try #require(residentKiB(pid: pid))
+        let grownMiB = Double(after - before) / 1024
+        let largest = try metric("relay_http_largest_connection_input_bytes")
+        print("relay RSS \(before) KiB -> \(after) KiB (+\(String(format: "%.1f", grownMiB)) MiB); \(gets) GETs, then \(sent) bytes taken after the closing request; largest connection input \(largest ?? -1)")
+        #expect(gets < 4000, "the answers never backed up in the relay")
+        // 16 KiB head + 2 x 16 KiB body + one 64 KiB read.
+        #expect(largest != nil && largest! <= 16_384 + 32_768 + 65_536 + 1024, "largest connection input \(largest ?? -1)")
+        // A socket the relay does not read takes its initial receive window (~128 KiB with
+        // Debian's tcp_rmem); one it reads grows to 6 MiB and more (6.7 MB in 4 s before).
+        #expect(sent < 4 << 20, "the relay kept taking input: \(sent) bytes")
+        #expect(grownMiB < 32, "relay grew by \(grownMiB) MiB")
+        #expect(try relayHTTP(h.relayPort, "GET", "/").status == 404)
+    }
+}
+
 /// One raw exchange: `bytes` on a fresh connection, the whole answer until the relay closes.
 func relayRawExchange(_ port: Int, _ bytes: [UInt8], timeout: Int = 10) throws -> String {
     let fd = try relayConnect(port, timeout: timeout)

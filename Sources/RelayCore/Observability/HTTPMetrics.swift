@@ -18,6 +18,10 @@ extension PrometheusRegistry {
             ("relay_http_proxy_header_failures_total", .counter,
              "Connections closed for the PROXY protocol: untrusted peer, or no valid header in time."),
             ("relay_http_queued_output_bytes", .gauge, "Response bytes queued for clients that have not read them yet."),
+            ("relay_http_buffered_input_bytes", .gauge, "Request bytes held by connections: unparsed input and requests in progress."),
+            ("relay_http_largest_connection_input_bytes", .gauge, "The most input one connection has held at once since start."),
+            ("relay_http_connections_closed_input_budget_total", .counter,
+             "Connections closed because connections together held more input than the server-wide budget."),
         ]
         for (name, kind, help) in families { declare(name, kind, help: help) }
         for (l, m) in listeners {
@@ -35,6 +39,9 @@ extension PrometheusRegistry {
             sample("relay_http_timeouts_total", ["listener": l], m.timeouts)
             sample("relay_http_proxy_header_failures_total", ["listener": l], m.proxyHeaderFailures)
             sample("relay_http_queued_output_bytes", ["listener": l], m.queuedOutputBytes)
+            sample("relay_http_buffered_input_bytes", ["listener": l], m.bufferedInputBytes)
+            sample("relay_http_largest_connection_input_bytes", ["listener": l], m.largestConnectionInputBytes)
+            sample("relay_http_connections_closed_input_budget_total", ["listener": l], m.connectionsClosedForInputBudget)
         }
     }
 }
