@@ -578,6 +578,19 @@ import Testing
         #expect(CredentialCache.Key([1, 2, 3]) == nil)
     }
 
+    /// Key's == looks at all four words (no early exit): a difference in any one byte, first
+    /// word or last, is a mismatch, and the same 32 bytes are a match.
+    @Test func keysDifferingInAnyByteAreUnequal() throws {
+        let hash = (0..<32).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
+        let key = try #require(CredentialCache.Key(hash))
+        #expect(key == (try #require(CredentialCache.Key(hash))))
+        for i in 0..<32 {
+            var other = hash
+            other[i] ^= 0x80
+            #expect(key != (try #require(CredentialCache.Key(other))), "byte \(i)")
+        }
+    }
+
     @Test func aFailedReadIsUnavailableToItsWaiters() {
         let t = Table()
         let cache = t.cache()

@@ -12,6 +12,12 @@ final class CredentialCache: Sendable {
     struct Key: Equatable {
         let a, b, c, d: UInt64
 
+        /// All four words, without an early exit: the time of a match does not depend on how
+        /// many leading words agree (docs/threat_model.md, "Forged or replayed submissions").
+        static func == (l: Key, r: Key) -> Bool {
+            ((l.a ^ r.a) | (l.b ^ r.b) | (l.c ^ r.c) | (l.d ^ r.d)) == 0
+        }
+
         init?(_ hash: [UInt8]) {
             guard hash.count == 32 else { return nil }
             (a, b, c, d) = hash.withUnsafeBytes {
@@ -23,7 +29,9 @@ final class CredentialCache: Sendable {
 
     /// The copy's credentials by hash: open addressing on the hash's first word (SHA-256 output
     /// is uniform, so it needs no hashing of its own). A Dictionary ran SipHash on every lookup:
-    /// ~250 of the ~470 instructions of a verdict (callgrind, -O).
+    /// ~250 of the ~470 instructions of a verdict (callgrind, -O). The probe's length depends on
+    /// the presented hash and on which slots are taken: that tells a prober about SHA-256
+    /// outputs, never about a secret (a preimage of a 256-bit random value).
     struct Table {
         private var slots: [(key: Key, id: String, revoked: Bool)?]
         private let mask: Int
