@@ -1,4 +1,5 @@
 import Ratchet
+internal import Synchronization
 internal import OpenSSLSupport
 
 /// HPKE (RFC 9180) base mode for the two ciphersuites Apple's accessories use,
@@ -99,11 +100,22 @@ public enum HPKE {
         public let exporterSecret: SecretKey
     }
 
-    /// An HPKE context (sender or recipient). A value type: seal/open advance its sequence number.
-    public struct Context: Sendable {
+    /// An HPKE context (sender or recipient). A class, so every holder shares one sequence
+    /// number: a copied value could seal twice under one nonce, which RFC 9180 5.2 forbids and
+    /// AES-GCM does not survive. seal and open take the number under a lock, so threads sharing
+    /// a context never use the same one either; it only moves forward.
+    public final class Context: Sendable {
         public let suite: Ciphersuite
         public let schedule: KeySchedule
-        public internal(set) var sequenceNumber: UInt64 = 0
+        private let sequence = Mutex<UInt64>(0)
+
+        init(suite: Ciphersuite, schedule: KeySchedule) {
+            self.suite = suite
+            self.schedule = schedule
+        }
+
+        /// How many messages this context has sealed or opened.
+        public var sequenceNumber: UInt64 { sequence.withLock { $0 } }
 
         /// Export(exporter_context, L) = LabeledExpand(exporter_secret, "sec", context, L).
         public func exportSecret(context: [UInt8], outputByteCount: Int) throws(KeyExchangeError) -> SecretKey {
@@ -115,10 +127,12 @@ public enum HPKE {
             return SecretKey(bytes: out)
         }
 
-        /// The nonce for the current sequence number: base_nonce XOR I2OSP(seq, Nn).
-        public var currentNonce: [UInt8] {
+        /// The nonce the next seal or open uses: base_nonce XOR I2OSP(seq, Nn).
+        public var currentNonce: [UInt8] { nonce(sequenceNumber) }
+
+        private func nonce(_ seq: UInt64) -> [UInt8] {
             var nonce = schedule.baseNonce
-            var seq = sequenceNumber
+            var seq = seq
             var i = nonce.count - 1
             while seq != 0 && i >= 0 {
                 nonce[i] ^= UInt8(truncatingIfNeeded: seq)
@@ -128,30 +142,35 @@ public enum HPKE {
             return nonce
         }
 
-        public mutating func seal(_ plaintext: [UInt8], aad: [UInt8] = []) throws(KeyExchangeError) -> [UInt8] {
+        public func seal(_ plaintext: [UInt8], aad: [UInt8] = []) throws(KeyExchangeError) -> [UInt8] {
             guard let cipher = suite.aead.cipher else { throw .unknownValue(field: "aead", value: "export-only") }
-            guard sequenceNumber < UInt64.max else { throw .messageLimitReached }
-            let ct: [UInt8]
-            do { ct = try cipher.seal(plaintext, key: schedule.key, nonce: currentNonce, aad: aad) } catch { throw .openSSL("\(error)") }
-            sequenceNumber += 1
-            return ct
+            return try sequence.withLock { seq throws(KeyExchangeError) -> [UInt8] in
+                guard seq < UInt64.max else { throw .messageLimitReached }
+                let ct: [UInt8]
+                do { ct = try cipher.seal(plaintext, key: schedule.key, nonce: nonce(seq), aad: aad) } catch { throw .openSSL("\(error)") }
+                seq += 1
+                return ct
+            }
         }
 
-        public mutating func open(_ ciphertext: [UInt8], aad: [UInt8] = []) throws(KeyExchangeError) -> [UInt8] {
+        /// A failed open leaves the sequence number where it was (RFC 9180 5.2).
+        public func open(_ ciphertext: [UInt8], aad: [UInt8] = []) throws(KeyExchangeError) -> [UInt8] {
             guard let cipher = suite.aead.cipher else { throw .unknownValue(field: "aead", value: "export-only") }
-            guard sequenceNumber < UInt64.max else { throw .messageLimitReached }
-            let pt: [UInt8]
-            do {
-                pt = try cipher.open(ciphertext, key: schedule.key, nonce: currentNonce, aad: aad)
-            } catch RatchetError.authenticationFailed {
-                throw .authenticationFailed
-            } catch RatchetError.sealedBoxTooShort {
-                throw .authenticationFailed
-            } catch {
-                throw .openSSL("\(error)")
+            return try sequence.withLock { seq throws(KeyExchangeError) -> [UInt8] in
+                guard seq < UInt64.max else { throw .messageLimitReached }
+                let pt: [UInt8]
+                do {
+                    pt = try cipher.open(ciphertext, key: schedule.key, nonce: nonce(seq), aad: aad)
+                } catch RatchetError.authenticationFailed {
+                    throw .authenticationFailed
+                } catch RatchetError.sealedBoxTooShort {
+                    throw .authenticationFailed
+                } catch {
+                    throw .openSSL("\(error)")
+                }
+                seq += 1
+                return pt
             }
-            sequenceNumber += 1
-            return pt
         }
     }
 

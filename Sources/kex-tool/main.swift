@@ -35,12 +35,11 @@ func crosscheck() {
             let message = bytes(c, "pythonMessage")
             let encLength = suite.hpke.kem.encapsulatedKeyLength
             var session = try AccessorySession(privateKey: key, protocolInfo: info, encapsulatedKey: Array(message[0..<encLength]))
-            var recipient = session.recipient
-            answer["pythonPlaintext"] = (try? recipient.open(Array(message[encLength...])))?.hexString ?? "open failed"
+            answer["pythonPlaintext"] = (try? session.recipient.open(Array(message[encLength...])))?.hexString ?? "open failed"
             answer["rootAccessoryToHost"] = session.internetRoot(.accessoryToHost, bluetoothIdentifier: bluetooth).exportedBytes.hexString
             answer["rootHostToAccessory"] = session.internetRoot(.hostToAccessory, bluetoothIdentifier: bluetooth).exportedBytes.hexString
             // Our message to the same key, as the iPhone.
-            var (enc, sender) = try AccessorySession.hostEncapsulate(ciphersuite: suite, accessoryPublicKey: key.publicKeyRaw, protocolInfo: info)
+            let (enc, sender) = try AccessorySession.hostEncapsulate(ciphersuite: suite, accessoryPublicKey: key.publicKeyRaw, protocolInfo: info)
             answer["swiftMessage"] = (enc + (try sender.seal(bytes(c, "plaintext")))).hexString
             answer["swiftRootAccessoryToHost"] = try sender.exportSecret(context: AccessorySession.internetContext(.accessoryToHost, bluetoothIdentifier: bluetooth), outputByteCount: 32).exportedBytes.hexString
             answer["swiftRootHostToAccessory"] = try sender.exportSecret(context: AccessorySession.internetContext(.hostToAccessory, bluetoothIdentifier: bluetooth), outputByteCount: 32).exportedBytes.hexString

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import Ratchet
 @testable import KeyExchange
@@ -66,6 +67,12 @@ struct RFC9180Case {
 private func decimal(_ text: String?) -> Int { Int(text ?? "") ?? -1 }
 private func bytes(_ e: [String: String], _ key: String) throws -> [UInt8] { try hex(e[key] ?? "") }
 
+/// Moves both contexts to `seq` by sealing and opening empty messages (contexts only go forward).
+private func advance(_ sender: HPKE.Context, _ recipient: HPKE.Context, to seq: UInt64) throws {
+    while sender.sequenceNumber < seq { _ = try recipient.open(try sender.seal([])) }
+    #expect(sender.sequenceNumber == seq && recipient.sequenceNumber == seq)
+}
+
 @Suite("HPKE (RFC 9180)")
 struct HPKETests {
     @Test("RFC 9180 A.3 and A.5, DHKEM(P-256, HKDF-SHA256) base mode: keys, key schedule, encryptions, exports",
@@ -81,9 +88,9 @@ struct HPKETests {
             #expect(skR.publicKeyX963 == (try c.f("pkRm")), "\(c.title) pkRm")
             let skE = try P256PrivateKey.derive(ikm: try c.f("ikmE"))
             #expect(skE.publicKeyX963 == (try c.f("pkEm")), "\(c.title) pkEm")
-            var (enc, sender) = try HPKE.setupBaseSender(suite: suite, recipientPublicKey: try c.f("pkRm"), info: try c.f("info"), ephemeral: .p256(skE))
+            let (enc, sender) = try HPKE.setupBaseSender(suite: suite, recipientPublicKey: try c.f("pkRm"), info: try c.f("info"), ephemeral: .p256(skE))
             #expect(enc == (try c.f("enc")))
-            var recipient = try HPKE.setupBaseRecipient(suite: suite, privateKey: .p256(skR), encapsulatedKey: enc, info: try c.f("info"))
+            let recipient = try HPKE.setupBaseRecipient(suite: suite, privateKey: .p256(skR), encapsulatedKey: enc, info: try c.f("info"))
             for ctx in [sender, recipient] {
                 #expect(ctx.schedule.sharedSecret.exportedBytes == (try c.f("shared_secret")), "\(c.title) shared_secret")
                 #expect(ctx.schedule.keyScheduleContext == (try c.f("key_schedule_context")), "\(c.title) key_schedule_context")
@@ -94,9 +101,10 @@ struct HPKETests {
             }
             #expect(c.encryptions.count == 6)
             for e in c.encryptions {
+                // The listed numbers skip some (0, 1, 2, 4, 255, 256): a context only moves
+                // forward, so the gaps are filled with messages of our own.
                 let seq = UInt64(decimal(e["sequence number"]))
-                sender.sequenceNumber = seq
-                recipient.sequenceNumber = seq
+                try advance(sender, recipient, to: seq)
                 #expect(sender.currentNonce == (try bytes(e, "nonce")), "\(c.title) nonce \(seq)")
                 let ct = try sender.seal(try bytes(e, "pt"), aad: try bytes(e, "aad"))
                 #expect(ct == (try bytes(e, "ct")), "\(c.title) ct \(seq)")
@@ -124,10 +132,10 @@ struct HPKETests {
             let key = try XWing.PrivateKey(seed: try hexField(c, "skRm"))
             #expect(key.publicKey == (try hexField(c, "pkRm")))
             let info = try hexField(c, "info")
-            var (enc, sender) = try HPKE.setupBaseSender(suite: suite, recipientPublicKey: key.publicKey, info: info,
+            let (enc, sender) = try HPKE.setupBaseSender(suite: suite, recipientPublicKey: key.publicKey, info: info,
                                                          ephemeral: .xWingSeed(try hexField(c, "ikmE")))
             #expect(enc == (try hexField(c, "enc")))
-            var recipient = try HPKE.setupBaseRecipient(suite: suite, privateKey: .xWing(key), encapsulatedKey: try hexField(c, "enc"), info: info)
+            let recipient = try HPKE.setupBaseRecipient(suite: suite, privateKey: .xWing(key), encapsulatedKey: try hexField(c, "enc"), info: info)
             for ctx in [sender, recipient] {
                 #expect(ctx.schedule.sharedSecret.exportedBytes == (try hexField(c, "shared_secret")))
                 #expect(ctx.schedule.key.exportedBytes == (try hexField(c, "key")))
@@ -137,7 +145,7 @@ struct HPKETests {
             let encryptions = try #require(c["encryptions"] as? [[String: Any]])
             for e in encryptions {
                 let nonce = try hexField(e, "nonce")
-                while sender.currentNonce != nonce && sender.sequenceNumber < 1000 { sender.sequenceNumber += 1; recipient.sequenceNumber += 1 }
+                while sender.currentNonce != nonce && sender.sequenceNumber < 1000 { try advance(sender, recipient, to: sender.sequenceNumber + 1) }
                 let ct = try sender.seal(try hexField(e, "pt"), aad: try hexField(e, "aad"))
                 #expect(ct == (try hexField(e, "ct")))
                 #expect(try recipient.open(ct, aad: try hexField(e, "aad")) == (try hexField(e, "pt")))
@@ -156,7 +164,7 @@ struct HPKETests {
         let key = P256PrivateKey.generate()
         let suite = HPKE.Ciphersuite.p256SHA256AES256GCM
         var (enc, sender) = try HPKE.setupBaseSender(suite: suite, recipientPublicKey: key.publicKeyRaw, info: [1, 2])
-        var recipient = try HPKE.setupBaseRecipient(suite: suite, privateKey: .p256(key), encapsulatedKey: enc, info: [1, 2])
+        let recipient = try HPKE.setupBaseRecipient(suite: suite, privateKey: .p256(key), encapsulatedKey: enc, info: [1, 2])
         let ct = try sender.seal([9, 9, 9], aad: [7])
         var bad = ct
         bad[0] ^= 1
@@ -186,5 +194,49 @@ struct HPKETests {
         var below = P256Curve.order
         below[31] -= 1
         #expect(throws: Never.self) { try P256PrivateKey(rawRepresentation: below) }
+    }
+
+    @Test("two seals from one context use two nonces, also through a second reference; the recipient opens them only in order")
+    func sealsNeverReuseANonce() throws {
+        let key = P256PrivateKey.generate()
+        let suite = HPKE.Ciphersuite.p256SHA256AES256GCM
+        let (enc, sender) = try HPKE.setupBaseSender(suite: suite, recipientPublicKey: key.publicKeyRaw, info: [5])
+        let recipient = try HPKE.setupBaseRecipient(suite: suite, privateKey: .p256(key), encapsulatedKey: enc, info: [5])
+        let plaintext: [UInt8] = Array("the same message".utf8)
+        let nonce0 = sender.currentNonce
+        let first = try sender.seal(plaintext)
+        #expect(sender.currentNonce != nonce0)
+        let first2 = try sender.seal(plaintext)
+        // A second holder of the context (what a copied struct used to be) continues its count.
+        let alias = sender
+        let third = try alias.seal(plaintext)
+        #expect(sender.sequenceNumber == 3)
+        #expect(Set([first, first2, third]).count == 3, "AES-GCM under one key and nonce gives the same bytes for the same plaintext")
+        #expect(throws: KeyExchangeError.authenticationFailed) { try recipient.open(first2) }
+        #expect(recipient.sequenceNumber == 0, "a failed open does not move the sequence")
+        for ct in [first, first2, third] { #expect(try recipient.open(ct) == plaintext) }
+        #expect(throws: KeyExchangeError.authenticationFailed) { try recipient.open(first) }
+    }
+
+    @Test("threads sealing through one context get distinct sequence numbers: each number opens a different message")
+    func concurrentSealsTakeDistinctNumbers() throws {
+        let key = P256PrivateKey.generate()
+        let suite = HPKE.Ciphersuite.p256SHA256AES256GCM
+        let (enc, sender) = try HPKE.setupBaseSender(suite: suite, recipientPublicKey: key.publicKeyRaw, info: [6])
+        let sealed = Mutex<[[UInt8]]>([])
+        let count = 64
+        DispatchQueue.concurrentPerform(iterations: count) { _ in
+            if let ct = try? sender.seal([1, 2, 3]) { sealed.withLock { $0.append(ct) } }
+        }
+        var remaining = sealed.withLock { $0 }
+        #expect(remaining.count == count && sender.sequenceNumber == UInt64(count))
+        let recipient = try HPKE.setupBaseRecipient(suite: suite, privateKey: .p256(key), encapsulatedKey: enc, info: [6])
+        // A failed open leaves the recipient's number alone, so each number is tried on every
+        // message left: 64 numbers opening 64 different messages means no number was sealed twice.
+        for seq in 0..<count {
+            let opened = try #require(remaining.firstIndex { (try? recipient.open($0)) != nil }, "no message opens at sequence number \(seq)")
+            remaining.remove(at: opened)
+        }
+        #expect(remaining.isEmpty && recipient.sequenceNumber == UInt64(count))
     }
 }
