@@ -28,7 +28,8 @@ let package = Package(
         .systemLibrary(name: "CPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
 
         // MARK: Libraries
-        // Hex, base64, UUID text, JSON string escaping and tokens, RFC 3339 times, write-all: once, no Foundation, no C.
+        // Hex, base64, UUID text, JSON string escaping and tokens, RFC 3339 times, write-all, files created
+        // without following symbolic links (DurableFile): once, no Foundation, no C.
         .target(name: "Basics"),
         // The OpenSSL pieces every module shares: error text, SHA-256, CSPRNG, constant-time
         // compare and wipe, PEM keys, ES256 (raw r||s), certificates, the P-256 group.

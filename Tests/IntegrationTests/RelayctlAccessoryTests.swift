@@ -51,6 +51,22 @@ struct RelayctlAccessoryTests {
         #expect(try Relayctl.run(["accessory", "pair", "--ciphersuite", suite, "--out", state, "--force"]).status == 0)
     }
 
+    @Test("pair --out a symbolic link is refused, with --force too; the link's target is neither created nor written")
+    func pairRefusesASymbolicLink() throws {
+        let link = tempPath("acc.json")
+        let victim = link + "-victim"
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: victim)
+        let dangling = try Relayctl.run(["accessory", "pair", "--ciphersuite", "p256", "--out", link])
+        #expect(dangling.status == 1 && dangling.stderr.contains("\(link) is a symbolic link; refusing to replace it"), "\(dangling.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: victim))
+        try Data("victim".utf8).write(to: URL(fileURLWithPath: victim))
+        let forced = try Relayctl.run(["accessory", "pair", "--ciphersuite", "p256", "--out", link, "--force"])
+        #expect(forced.status == 1 && forced.stderr.contains("is a symbolic link"), "\(forced.stderr)")
+        #expect(FileManager.default.contents(atPath: victim) == Data("victim".utf8))
+        let names = try FileManager.default.contentsOfDirectory(atPath: (link as NSString).deletingLastPathComponent).sorted()
+        #expect(names == ["acc.json", "acc.json-victim"], "no temporary left behind")
+    }
+
     @Test("derive from the X-Wing draft's first vector prints its shared secret",
           .enabled(if: FileManager.default.fileExists(atPath: vectorFile.path), "shared/vectors/kex absent: skipped"))
     func publishedVector() throws {

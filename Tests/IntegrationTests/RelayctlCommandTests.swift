@@ -354,4 +354,20 @@ struct RelayctlCommandTests {
         #expect(again.status == 1 && again.stderr.contains("refusing to overwrite"))
         #expect(try Relayctl.run(["backup", "--db", db.path]).status == 64)
     }
+
+    @Test("backup to a symbolic link is refused, dangling or not; the link's target is neither created nor written")
+    func backupRefusesASymbolicLink() async throws {
+        let db = try await SeededDatabase.make()
+        defer { db.remove() }
+        let link = db.directory.appendingPathComponent("backup.db").path
+        let victim = db.directory.appendingPathComponent("victim").path
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: victim)
+        let dangling = try Relayctl.run(["backup", link, "--db", db.path])
+        #expect(dangling.status == 1 && dangling.stderr.contains("\(link) is a symbolic link; refusing to create a file through it"), "\(dangling.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: victim))
+        try Data("victim".utf8).write(to: URL(fileURLWithPath: victim))
+        let existing = try Relayctl.run(["backup", link, "--db", db.path])
+        #expect(existing.status == 1 && existing.stderr.contains("is a symbolic link"), "\(existing.stderr)")
+        #expect(FileManager.default.contents(atPath: victim) == Data("victim".utf8))
+    }
 }

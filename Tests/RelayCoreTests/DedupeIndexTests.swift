@@ -273,6 +273,28 @@ import TestSupport
         try Self.expectDuplicates(s, ids, secret: c.secret, "after the rollback")
     }
 
+    @Test("a symbolic link at the ingest lock's name or at the database's is refused; nothing is created through it")
+    func symbolicLinksAreRefused() throws {
+        let victim = dir + "-victim"
+        defer { unlink(victim) }
+        try FileManager.default.createSymbolicLink(atPath: path + "-ingest", withDestinationPath: victim)
+        let s = try open()
+        defer { s.close() }
+        #expect(throws: StoreError.invalid("the ingest lock \(path)-ingest is a symbolic link; refusing to open it (remove the link)")) {
+            try s.prepareIngest()
+        }
+        #expect(!FileManager.default.fileExists(atPath: victim))
+        let linked = dir + "/linked.db"
+        try FileManager.default.createSymbolicLink(atPath: linked, withDestinationPath: victim)
+        do {
+            _ = try SQLiteOutboxStore(path: linked, options: SQLiteStoreOptions(), clock: TestClock())
+            Issue.record("a database path that is a symbolic link was opened")
+        } catch {
+            #expect("\(error)".contains("the database \(linked) is a symbolic link; refusing to open it for writing"), "\(error)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: victim))
+    }
+
     @Test func aSecondIngestingStoreIsRefusedAndRelayctlStillWrites() throws {
         let a = try open()
         try a.prepareIngest()

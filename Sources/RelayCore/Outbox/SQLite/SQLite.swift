@@ -1,6 +1,7 @@
 // The only file in RelayCore that sees SQLite's C API. One owner class per handle
 // (`SQLiteDatabase` owns the `sqlite3*`, `SQLiteStatement` owns each `sqlite3_stmt*`), every
 // return code checked and turned into `StoreError.sqlite` carrying sqlite3_errmsg.
+import Basics
 import FoundationEssentials
 internal import CSQLite
 
@@ -84,6 +85,11 @@ public final class SQLiteDatabase {
     public let path: String
 
     public init(path: String, readOnly: Bool = false, busyTimeoutMillis: Int32 = 5000) throws {
+        // SQLite follows a link at the database's own name (it refuses one at -wal, -shm and
+        // -journal by itself, O_NOFOLLOW), and a writable open creates the file: refused here.
+        if !readOnly && DurableFile.isSymbolicLink(path) {
+            throw StoreError.invalid("the database \(path) is a symbolic link; refusing to open it for writing (give the file's own path)")
+        }
         var db: OpaquePointer?
         let flags = readOnly
             ? (SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX)

@@ -143,9 +143,13 @@ final class IngestLock {
 
     init(database: String) throws {
         path = database + "-ingest"
-        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        // Kept across runs, so not O_EXCL; O_NOFOLLOW: a symbolic link at the name is refused,
+        // never created or opened through.
+        let fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else {
-            throw StoreError.invalid("cannot open the ingest lock \(path): \(String(cString: strerror(errno)))")
+            let e = errno
+            if e == ELOOP { throw StoreError.invalid("the ingest lock \(path) is a symbolic link; refusing to open it (remove the link)") }
+            throw StoreError.invalid("cannot open the ingest lock \(path): \(String(cString: strerror(e)))")
         }
         guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
             let e = errno
