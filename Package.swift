@@ -23,7 +23,7 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CUV", pkgConfig: "libuv", providers: [.apt(["libuv1-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
-        // Client side only (relayctl accessory send, send-test).
+        // Client side only (HTTPClient: relayctl accessory send, send-test).
         .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
         .systemLibrary(name: "CPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
 
@@ -52,12 +52,15 @@ let package = Package(
         .target(name: "PushClient", dependencies: ["Basics", "POSIXThreads", "NGHTTP2Support", "CNghttp2", "OpenSSLSupport", "COpenSSL"]),
         // The APNs look-alike used by tests, benchmarks and users' own tests.
         .target(name: "MockAPNs", dependencies: ["Basics", "HTTPServer", "POSIXThreads", "Ratchet", "KeyExchange", "PushClient", "OpenSSLSupport", "COpenSSL"]),
+        // A blocking HTTP client on libcurl, http/https only, no redirects, bounded replies (relayctl's
+        // accessory simulator; relay-server does not link it).
+        .target(name: "HTTPClient", dependencies: ["CCurl"]),
         // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API.
         .target(name: "RelayCore", dependencies: ["Basics", "HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "OpenSSLSupport"]),
 
         // MARK: Executables (thin: parse arguments, start a service)
         .executableTarget(name: "relay-server", dependencies: ["Basics", "RelayCore"], path: "Sources/RelayServer"),
-        .executableTarget(name: "relayctl", dependencies: ["Basics", "RelayCore", "Ratchet", "KeyExchange", "CCurl", "OpenSSLSupport"]),
+        .executableTarget(name: "relayctl", dependencies: ["Basics", "RelayCore", "Ratchet", "KeyExchange", "HTTPClient", "OpenSSLSupport"]),
         .executableTarget(name: "mock-apns", dependencies: ["MockAPNs"]),
         // Release-built micro-benchmark of the Ratchet module for scripts/bench-ratchet.sh.
         .executableTarget(name: "ratchet-bench", dependencies: ["Ratchet"]),
@@ -78,6 +81,7 @@ let package = Package(
         .testTarget(name: "RatchetTests", dependencies: ["Ratchet", "TestSupport"], exclude: ["Vectors"]),
         .testTarget(name: "KeyExchangeTests", dependencies: ["KeyExchange", "Ratchet", "COpenSSL"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "POSIXThreads", "TestSupport"]),
+        .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "TestSupport"]),
         .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs", "TestSupport"]),
         .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs", "KeyExchange", "Ratchet"]),
         .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "MockAPNs", "Ratchet", "POSIXThreads", "TestSupport", "CSQLiteFault"]),

@@ -1,6 +1,7 @@
-// libcurl (Debian 12 libcurl4-openssl-dev), the client side's HTTP library (relayctl accessory
-// send). curl_easy_setopt and curl_easy_getinfo are variadic, which Swift cannot call: the
-// static inline wrappers below pass one typed argument each. Prefix: ccurl_.
+// libcurl (Debian 12 libcurl4-openssl-dev), the client side's HTTP library (HTTPClient, for
+// relayctl accessory send and send-test). curl_easy_setopt and curl_easy_getinfo are variadic,
+// which Swift cannot call: the static inline wrappers below pass one typed argument each
+// (CURLOPT_PROTOCOLS_STR and the other string options go through ccurl_setopt_string). Prefix: ccurl_.
 #ifndef CCURL_SHIM_H
 #define CCURL_SHIM_H
 #include <curl/curl.h>

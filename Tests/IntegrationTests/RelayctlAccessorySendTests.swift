@@ -109,6 +109,17 @@ struct RelayctlAccessorySendTests {
         #expect(relay.requests.map { $0.json["messageIndex"] as? Int } == [0, 1])
     }
 
+    @Test("a redirect is not followed (to file:// or anywhere): exit 1 naming it, one request, no retry")
+    func redirectIsNotFollowed() throws {
+        let state = try pairedState()
+        let relay = try FakeRelay(statePath: state, script: [(302, "Location: file:///etc/passwd\r\n")])
+        defer { relay.listener.close() }
+        let r = try Relayctl.run(["accessory", "send", "--state", state, "--url", "http://127.0.0.1:\(relay.listener.port)", "--credential", "rk_test"])
+        #expect(r.status == 1 && r.stdout.contains("302") && r.stdout.contains("redirect to file:///etc/passwd not followed"), "\(r.stdout) \(r.stderr)")
+        #expect(!r.stdout.contains("root:"))
+        #expect(relay.requests.count == 1)
+    }
+
     @Test("no relay: retried, then exit 1; the index stays used")
     func unreachable() throws {
         let state = try pairedState()

@@ -4,6 +4,7 @@
 // from a state file over libcurl the way firmware will.
 import Basics
 import Foundation
+import HTTPClient
 import KeyExchange
 import Ratchet
 import RelayCore

@@ -3,6 +3,7 @@
 // transport failure, 5xx or 429 is retried with the same sealed bytes (the relay deduplicates).
 import Basics
 import Foundation
+import HTTPClient
 import Ratchet
 
 struct ResponseSender {
@@ -88,6 +89,7 @@ struct ResponseSender {
                 outcome.id = fields["id"] as? String
                 outcome.state = fields["state"] as? String
                 outcome.error = (fields["error"] as? String).map { e in [e, fields["field"] as? String].compactMap { $0 }.joined(separator: ": ") }
+                if (300..<400).contains(reply.status) { outcome.error = "redirect to \(reply.location ?? "nowhere") not followed" }
                 outcome.httpVersion = reply.httpVersion
                 if reply.status == 429, let after = reply.retryAfter { delay = min(30, max(0.05, after)) }
                 guard reply.status == 429 || reply.status >= 500 else { break }
