@@ -246,10 +246,19 @@ extension Connection {
             switch event {
             case .head(let head):
                 if head.expectContinue {
-                    if slotsHead == slots.count { out.append(contentsOf: continueLine) } else { pendingContinue = true }
+                    if let check = core.continueCheck {
+                        let sequence = nextSequence
+                        continueCheckSequence = sequence
+                        check(h1Request(head, body: []), HTTPContinueDecision(connection: self, sequence: sequence))
+                    } else if slotsHead == slots.count {
+                        out.append(contentsOf: continueLine)
+                    } else {
+                        pendingContinue = true
+                    }
                 }
             case .request(let request):
                 pendingContinue = false
+                continueCheckSequence = nil   // the body came anyway: the handler decides
                 requestsSeen += 1
                 let head = request.head
                 let keepAlive = head.keepAlive && !shuttingDown
@@ -260,16 +269,7 @@ extension Connection {
                 nextSequence += 1
                 slots.append(H1Slot(response: nil, keepAlive: keepAlive, isHEAD: isHEAD, version: head.version))
                 let responder = HTTPResponder(connection: self, sequence: sequence, streamID: 0, isHEAD: isHEAD)
-                var headers = HTTPHeaders(lowercasedFields: head.headerFields)
-                if head.target.utf8.first != UInt8(ascii: "/"), let parts = absoluteFormParts(head.target) {
-                    // RFC 9112 3.2.2: the target's authority replaces the Host field.
-                    headers.replaceOrAdd("host", String(parts.authority))
-                }
-                let req = HTTPRequest(method: head.method, target: head.target, version: head.version,
-                                      headers: headers, body: request.body,
-                                      remoteAddress: remoteAddress, tls: tlsInfo, connectionID: id, streamID: 0,
-                                      clientKey: clientKey)
-                core.handler(req, responder)
+                core.handler(h1Request(head, body: request.body), responder)
             case .failure(let error):
                 let kind = "\(error.kind.rawValue)"
                 core.recordParseError(kind)
@@ -293,6 +293,39 @@ extension Connection {
             if bodyStartedAt == 0 { bodyStartedAt = now }
             headStartedAt = 0
         }
+    }
+
+    func h1Request(_ head: HTTP1RequestHead, body: [UInt8]) -> HTTPRequest {
+        var headers = HTTPHeaders(lowercasedFields: head.headerFields)
+        if head.target.utf8.first != UInt8(ascii: "/"), let parts = absoluteFormParts(head.target) {
+            // RFC 9112 3.2.2: the target's authority replaces the Host field.
+            headers.replaceOrAdd("host", String(parts.authority))
+        }
+        return HTTPRequest(method: head.method, target: head.target, version: head.version,
+                           headers: headers, body: body,
+                           remoteAddress: remoteAddress, tls: tlsInfo, connectionID: id, streamID: 0,
+                           clientKey: clientKey)
+    }
+
+    /// The continue check's answer for the request that will have `sequence`: `100 Continue`,
+    /// or `refusal` as that request's answer in pipeline order, nothing more parsed or read.
+    /// Ignored once the request arrived whole (the handler answers it) or the connection ended.
+    func continueDecided(sequence: UInt64, refusal: HTTPResponse?) {
+        guard !closed, continueCheckSequence == sequence else { return }
+        continueCheckSequence = nil
+        if let refusal {
+            stopParsing = true
+            nextSequence += 1
+            slots.append(H1Slot(response: refusal, keepAlive: false, isHEAD: false, version: .http1_1))
+            h1Drain()
+            h1Process()   // drops the input buffered for the refused body (no-op when re-entered)
+        } else if slotsHead == slots.count {
+            out.append(contentsOf: continueLine)
+        } else {
+            pendingContinue = true
+        }
+        flush()
+        updateTimer()
     }
 
     func h1Complete(_ responder: HTTPResponder, _ response: HTTPResponse, _ action: ConnectionAction) {

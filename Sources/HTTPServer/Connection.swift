@@ -76,6 +76,8 @@ final class Connection: @unchecked Sendable {
     }
     var pausedForPipeline = false
     var pendingContinue = false
+    /// The sequence of the request whose `Expect: 100-continue` the continue check is deciding.
+    var continueCheckSequence: UInt64?
     var processingH1 = false
     var peerHalfClosed = false
 

@@ -14,6 +14,7 @@ enum LoopTask {
     case respond(Connection, HTTPResponder, HTTPResponse, ConnectionAction)
     case abort(Connection)
     case setMaxConcurrentStreams(Connection, UInt32)
+    case continueDecided(Connection, UInt64, HTTPResponse?)
     case run(@Sendable () -> Void)
     case beginShutdown
     case forceClose
@@ -219,6 +220,7 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
             case .respond(let c, let r, let resp, let action): c.complete(r, resp, action)
             case .abort(let c): c.close()
             case .setMaxConcurrentStreams(let c, let n): c.setMaxConcurrentStreams(n)
+            case .continueDecided(let c, let sequence, let refusal): c.continueDecided(sequence: sequence, refusal: refusal)
             case .run(let work): work()
             case .beginShutdown: beginShutdown()
             case .forceClose: forceClose()

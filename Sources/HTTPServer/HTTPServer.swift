@@ -34,6 +34,7 @@ final class ServerCore: Sendable {
     let cleartextHTTP2: Bool
     let serverHeaderLine: [UInt8]?
     let errorResponse: @Sendable (Int, String) -> HTTPResponse
+    let continueCheck: HTTPContinueCheck?
     private let connectionIDs = Atomic<UInt64>(0)
     private let openConnections = Atomic<Int>(0)
     /// Open connections per client address, when `maxConnectionsPerAddress` is set.
@@ -69,6 +70,7 @@ final class ServerCore: Sendable {
         cleartextHTTP2 = configuration.cleartextHTTP2
         serverHeaderLine = configuration.serverName.map { Array("server: \($0)\r\n".utf8) }
         errorResponse = configuration.errorResponse
+        continueCheck = configuration.continueCheck
     }
 
     /// How much output one connection may have queued before it stops reading requests:
@@ -174,6 +176,37 @@ final class ServerCore: Sendable {
                                    status3xx.load(ordering: .relaxed), status4xx.load(ordering: .relaxed),
                                    status5xx.load(ordering: .relaxed)]
         return m
+    }
+}
+
+/// The answer to an `Expect: 100-continue` head (HTTPContinueCheck). Callable from any
+/// thread; the first call wins.
+public final class HTTPContinueDecision: Sendable {
+    let connection: Connection
+    /// The sequence the request will have on its connection.
+    let sequence: UInt64
+    private let answered = Atomic<Bool>(false)
+
+    init(connection: Connection, sequence: UInt64) {
+        self.connection = connection
+        self.sequence = sequence
+    }
+
+    /// Sends `100 Continue` (after the answers to earlier pipelined requests).
+    public func proceed() { decide(nil) }
+
+    /// Sends `response` as the request's final answer, without reading its body; the
+    /// connection closes after it.
+    public func refuse(_ response: HTTPResponse) { decide(response) }
+
+    private func decide(_ refusal: HTTPResponse?) {
+        guard !answered.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        let loop = connection.loop
+        if loop.isCurrentThread {
+            connection.continueDecided(sequence: sequence, refusal: refusal)
+        } else {
+            loop.enqueue(.continueDecided(connection, sequence, refusal))
+        }
     }
 }
 

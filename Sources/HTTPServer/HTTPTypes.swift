@@ -299,6 +299,14 @@ public enum ConnectionAction: Sendable {
 /// server's shutdown still completes (after its grace period).
 public typealias HTTPHandler = @Sendable (HTTPRequest, HTTPResponder) -> Void
 
+/// HTTP/1.1 `Expect: 100-continue`: whether to invite the body. Called on a loop thread with
+/// the request head (`body` empty) as soon as it is complete; must not block. Answer through
+/// the decision from any thread: `proceed()` sends `100 Continue`; `refuse(response)` sends
+/// that final response instead and closes the connection after it, the body is never read
+/// and the request never reaches the handler. A body that arrives before the decision (a
+/// client that stopped waiting) makes the decision moot: the request goes to the handler.
+public typealias HTTPContinueCheck = @Sendable (HTTPRequest, HTTPContinueDecision) -> Void
+
 public struct TLSConfiguration: Sendable {
     public var certificatePath: String
     public var privateKeyPath: String
@@ -417,6 +425,9 @@ public struct HTTPServerConfiguration: Sendable {
     /// docs/http.md). Lets an application answer these in its own error format. Framing
     /// headers are the server's; the connection closes after HTTP/1.1 errors regardless.
     public var errorResponse: @Sendable (_ status: Int, _ kind: String) -> HTTPResponse
+    /// Decides `Expect: 100-continue` before `100 Continue` is sent (HTTPContinueCheck); nil
+    /// sends it as soon as the head is complete.
+    public var continueCheck: HTTPContinueCheck?
 
     /// `{"error":"<kind>"}`, the default `errorResponse`.
     public static let plainErrorResponse: @Sendable (Int, String) -> HTTPResponse = { status, kind in

@@ -166,6 +166,41 @@ func floodWithoutReading(_ fds: [Int32], request: [UInt8], seconds: Double) -> I
     }
 }
 
+@Suite(.serialized) struct RelayServerContinueTests {
+    /// `Expect: 100-continue` with a credential the relay does not know: 401 at once, before
+    /// the body is invited (it used to send 100 Continue first); with a valid one, 100 Continue
+    /// and then the body's answer.
+    @Test func continueComesOnlyAfterAuthentication() throws {
+        let h = try RelayHarness()
+        try h.startRelay()
+        let body = "{}"
+        func exchange(_ credential: String) throws -> (first: String, all: String) {
+            let fd = try relayConnect(h.relayPort, timeout: 10)
+            defer { close(fd) }
+            let head = "POST /v1/responses HTTP/1.1\r\nHost: relay\r\nAuthorization: Bearer \(credential)\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: \(body.utf8.count)\r\n\r\n"
+            _ = Array(head.utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            var buf = [UInt8](repeating: 0, count: 65536)
+            let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            let first = n > 0 ? String(decoding: buf[0..<n], as: UTF8.self) : ""
+            guard first.hasPrefix("HTTP/1.1 100 ") else { return (first, first) }
+            _ = Array((body + "").utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            var all = first
+            while !all.contains("x-request-id") || !all.hasSuffix("}") {
+                let m = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+                if m <= 0 { break }
+                all += String(decoding: buf[0..<m], as: UTF8.self)
+            }
+            return (first, all)
+        }
+        let unknown = try exchange("rk_" + String(repeating: "a", count: 40))
+        #expect(unknown.first.hasPrefix("HTTP/1.1 401 "), "unknown credential first got: \(unknown.first.prefix(40))")
+        #expect(!unknown.all.contains("100 Continue"))
+        let valid = try exchange(h.credential)
+        #expect(valid.first.hasPrefix("HTTP/1.1 100 "), "valid credential first got: \(valid.first.prefix(40))")
+        #expect(valid.all.contains("HTTP/1.1 400 "), "the body ({}) should be refused as invalid: \(valid.all.suffix(200))")
+    }
+}
+
 /// One raw exchange: `bytes` on a fresh connection, the whole answer until the relay closes.
 func relayRawExchange(_ port: Int, _ bytes: [UInt8], timeout: Int = 10) throws -> String {
     let fd = try relayConnect(port, timeout: timeout)

@@ -61,6 +61,15 @@ enum HTTPGlue {
         }
     }
 
+    /// `Expect: 100-continue` decided by a service: nil invites the body, a response refuses it.
+    static func continueCheck(_ service: @escaping @Sendable (APIRequest, @escaping @Sendable (APIResponse?) -> Void) -> Void) -> HTTPContinueCheck {
+        { request, decision in
+            service(apiRequest(request)) { answer in
+                if let answer { decision.refuse(httpResponse(answer)) } else { decision.proceed() }
+            }
+        }
+    }
+
     /// Requests HTTPServer refuses itself (malformed, far over the body limit, too slow) get
     /// the API's error format too, so a client's error handling sees one shape everywhere,
     /// and an x-request-id like every other response (the request's own id is not trusted:

@@ -9,7 +9,7 @@ import Synchronization
 
 final class CredentialCache: Sendable {
     /// A credential hash as four words.
-    struct Key: Equatable {
+    struct Key: Hashable {
         let a, b, c, d: UInt64
 
         /// All four words, without an early exit: the time of a match does not depend on how
@@ -80,6 +80,10 @@ final class CredentialCache: Sendable {
     private struct State {
         var copy: Copy?
         var reading = false
+        /// Hashes a read found unknown, with when that read began: a request whose address
+        /// has no failure budget left may wait for a read (it may hold a credential created
+        /// since), but not twice within `maxAgeMicros` for the same hash.
+        var absent = RecentMap<Key, Int64>(capacity: 65_536)
         var waiters: [(since: Int64, key: Key?, resume: @Sendable (Verdict) -> Void)] = []
     }
 
@@ -141,6 +145,13 @@ final class CredentialCache: Sendable {
         if startRead { run { [self] in read(startedAt: t) } }
     }
 
+    /// Whether a read begun less than `maxAgeMicros` ago found `hash` unknown.
+    func recentlyAbsent(_ hash: [UInt8]) -> Bool {
+        guard let key = Key(hash) else { return true }
+        let t = now()
+        return state.withLock { s in s.absent.value(key).map { t - $0 < maxAgeMicros } ?? false }
+    }
+
     /// Starts a read now (at start-up, so the first requests find a copy).
     func prime() {
         let t = now()
@@ -176,7 +187,12 @@ final class CredentialCache: Sendable {
                 guard w.since <= startedAt else { return false }
                 let v: Verdict
                 if let fresh {
-                    if let key = w.key, let e = fresh.byKey.find(key) { v = e.revoked ? .invalid : .valid(id: e.id) } else { v = .invalid }
+                    if let key = w.key, let e = fresh.byKey.find(key) {
+                        v = e.revoked ? .invalid : .valid(id: e.id)
+                    } else {
+                        v = .invalid
+                        if let key = w.key { s.absent.update(key, new: startedAt) { $0 = startedAt } }
+                    }
                 } else {
                     v = .unavailable
                 }

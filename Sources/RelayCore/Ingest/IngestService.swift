@@ -160,10 +160,13 @@ public final class IngestService: Sendable {
             return .refused
         case .pending(let knownValid):
             // Charged on admission (refunded if it authenticates), so requests waiting together
-            // cannot overrun the budget. With the budget spent, only a credential the old copy
-            // knew as valid may wait for the read: it may not be locked out by its neighbours.
+            // cannot overrun the budget. With the budget spent a credential still waits for the
+            // read (one created since the copy was read may not be locked out by its address's
+            // failures), unless a read begun within the revocation bound already found its hash
+            // unknown: repeated guesses of one secret cost no reads. Reads are coalesced, so
+            // guesses of many secrets cost one read at a time, not one each.
             let charge = chargeAuthFailure(finish.clientKey)
-            guard charge.allowed || knownValid else {
+            guard charge.allowed || knownValid || !credentials.recentlyAbsent(hash) else {
                 tooManyAuthFailures(finish, retryAfterSeconds: charge.retryAfterSeconds)
                 return .refused
             }
@@ -302,6 +305,34 @@ public final class IngestService: Sendable {
         finish(.error(ClientError(status: 429, code: "rate_limited", field: "authorization", message: "too many requests for this credential"),
                       headers: [("retry-after", String(c.retryAfterSeconds))]), "credential rate")
         return false
+    }
+
+    /// `Expect: 100-continue` on `POST /v1/responses`: completes with nil when the body is
+    /// welcome (the credential is valid and its bucket has room), else with the final answer
+    /// the request would get (401, 429 or 503), so a client learns it before sending the body.
+    /// The bucket is looked at, not charged: the request itself takes its token.
+    public func continueCheck(_ request: APIRequest, _ done: @escaping @Sendable (APIResponse?) -> Void) {
+        guard request.method == "POST", request.path == "/v1/responses" else { return done(nil) }
+        let finish = Exchange(service: self, request: request, start: monotonicMicros(), respond: done)
+        let hash = Self.bearerHash(request.authorization)
+        switch admit(hash, finish) {
+        case .refused: return
+        case .admitted: credentialBucketVerdict(hash!, finish, done)
+        case .pending(let charged):
+            credentials.afterRead(hash!) { [self] verdict in
+                guard resumed(verdict, charged: charged, finish) != nil else { return }
+                credentialBucketVerdict(hash!, finish, done)
+            }
+        }
+    }
+
+    private func credentialBucketVerdict(_ hash: [UInt8], _ finish: Exchange, _ done: @Sendable (APIResponse?) -> Void) {
+        guard credentialLimiter.limit.perSecond > 0 else { return done(nil) }
+        let c = credentialLimiter.peek(Array(hash.prefix(16)).hexString)
+        guard !c.allowed else { return done(nil) }
+        metrics.rateLimited(scope: "credential")
+        finish(.error(ClientError(status: 429, code: "rate_limited", field: "authorization", message: "too many requests for this credential"),
+                      headers: [("retry-after", String(c.retryAfterSeconds))]), "credential rate")
     }
 
     private func post(_ request: APIRequest, _ executor: (any ThreadExecutor)?, _ finish: Exchange) {

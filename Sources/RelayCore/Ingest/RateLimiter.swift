@@ -40,31 +40,72 @@ public struct TokenBucket: Sendable, Equatable {
 
 public final class RateLimiter: Sendable {
     public let limit: RateLimit
-    private let buckets: Mutex<RecentMap<String, TokenBucket>>
+    private let buckets: Mutex<Buckets>
 
-    /// At most `maxKeys` buckets; past it the least recently used one is dropped (a refilled
-    /// bucket, unless `maxKeys` keys were charged since it was last used).
+    private struct Buckets {
+        var recent: RecentMap<String, TokenBucket>
+        /// Buckets dropped from `recent` before they refilled, folded by key hash into a fixed
+        /// number of slots (the emptiest wins): a key that comes back starts from its slot, so
+        /// pushing a key out with `maxKeys` others never hands it a full budget again. Keys
+        /// that share a slot share its debt until it refills (at the limit's own rate).
+        var dropped: [TokenBucket?]
+    }
+    private static let droppedSlots = 16_384
+
+    /// At most `maxKeys` buckets; past it the least recently used one is dropped, its debt
+    /// kept in a fixed table (see `Buckets.dropped`).
     public init(limit: RateLimit, maxKeys: Int = 100_000) {
         self.limit = limit
-        buckets = Mutex(RecentMap(capacity: maxKeys))
+        buckets = Mutex(Buckets(recent: RecentMap(capacity: maxKeys), dropped: Array(repeating: nil, count: Self.droppedSlots)))
     }
 
     public func take(_ key: String, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
         guard limit.perSecond > 0 else { return (true, 0) }
         return buckets.withLock { b in
-            b.update(key, new: TokenBucket(limit: limit, nowMicros: nowMicros)) { $0.take(limit: limit, nowMicros: nowMicros) }
+            let slot = key.hashValue & (Self.droppedSlots - 1)
+            let start = b.recent.contains(key) ? nil : b.dropped[slot]
+            let result = b.recent.update(key, new: start ?? TokenBucket(limit: limit, nowMicros: nowMicros)) {
+                $0.take(limit: limit, nowMicros: nowMicros)
+            }
+            if let (gone, bucket) = b.recent.takeEvicted() {
+                fold(bucket, into: &b.dropped[gone.hashValue & (Self.droppedSlots - 1)], nowMicros: nowMicros)
+            }
+            return result
+        }
+    }
+
+    /// Keeps the emptier of `bucket` and `slot`, both refilled to now; a full one is dropped.
+    private func fold(_ bucket: TokenBucket, into slot: inout TokenBucket?, nowMicros: Int64) {
+        func refilled(_ b: TokenBucket) -> Double {
+            min(limit.burst, b.tokens + Double(max(0, nowMicros - b.updatedMicros)) / 1e6 * limit.perSecond)
+        }
+        let tokens = min(refilled(bucket), slot.map(refilled) ?? limit.burst)
+        guard tokens < limit.burst else { slot = nil; return }
+        var b = TokenBucket(limit: limit, nowMicros: nowMicros)
+        b.tokens = tokens
+        slot = b
+    }
+
+    /// Whether `take` would allow a request now, without taking anything.
+    public func peek(_ key: String, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
+        guard limit.perSecond > 0 else { return (true, 0) }
+        return buckets.withLock { b in
+            var copy: TokenBucket?
+            b.recent.updateIfPresent(key) { copy = $0 }
+            guard var bucket = copy else { return (true, 0) }
+            return bucket.take(limit: limit, nowMicros: nowMicros)
         }
     }
 
     /// Gives back a token taken by `take` (a charge that turned out not to be owed).
     public func refund(_ key: String) {
         guard limit.perSecond > 0 else { return }
-        buckets.withLock { b in b.updateIfPresent(key) { $0.tokens = min(limit.burst, $0.tokens + 1) } }
+        buckets.withLock { b in b.recent.updateIfPresent(key) { $0.tokens = min(limit.burst, $0.tokens + 1) } }
     }
 
     /// Buckets held (tests: the bound).
-    var count: Int { buckets.withLock { $0.count } }
-    func contains(_ key: String) -> Bool { buckets.withLock { $0.contains(key) } }
+    var count: Int { buckets.withLock { $0.recent.count } }
+    func contains(_ key: String) -> Bool { buckets.withLock { $0.recent.contains(key) } }
 }
 
 /// A map of at most `capacity` entries that drops the least recently updated one to make room:
@@ -78,6 +119,8 @@ struct RecentMap<Key: Hashable, Value> {
     private var older: [Int] = []   // towards the least recent; -1 at the tail
     private var head = -1           // most recently updated
     private var tail = -1           // least recently updated
+    /// The entry the last `update` pushed out to make room, until `takeEvicted`.
+    private var evicted: (Key, Value)?
     let capacity: Int
 
     init(capacity: Int) { self.capacity = max(1, capacity) }
@@ -99,6 +142,7 @@ struct RecentMap<Key: Hashable, Value> {
             i = tail
             unlink(i)
             index[keys[i]] = nil
+            evicted = (keys[i], values[i])
             keys[i] = key
             values[i] = v
         } else {
@@ -112,6 +156,15 @@ struct RecentMap<Key: Hashable, Value> {
         linkAtHead(i)
         return r
     }
+
+    /// The entry the last `update` dropped to make room, once.
+    mutating func takeEvicted() -> (Key, Value)? {
+        defer { evicted = nil }
+        return evicted
+    }
+
+    /// The entry for `key`, without changing its recency.
+    func value(_ key: Key) -> Value? { index[key].map { values[$0] } }
 
     /// Runs `body` on the entry for `key` if there is one, without changing its recency.
     mutating func updateIfPresent(_ key: Key, _ body: (inout Value) -> Void) {

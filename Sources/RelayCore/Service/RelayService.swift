@@ -141,6 +141,8 @@ public final class RelayService: @unchecked Sendable {
         }
         serverConfig.loopThreads = c.ingest.loopThreads
         serverConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: c.ingest.maxBodyBytes)
+        // Authentication and the credential's bucket before `100 Continue` invites the body.
+        serverConfig.continueCheck = HTTPGlue.continueCheck { ingest.continueCheck($0, $1) }
         let ingestServer = try naming("listen") { try HTTPServer(configuration: serverConfig, handler: HTTPGlue.handler { ingest.handle($0, on: $1, respond: $2) }) }
         try naming("listen") { try running.start(ingestServer, grace: grace) }
         self.ingestServer = ingestServer
