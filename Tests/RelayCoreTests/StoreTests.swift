@@ -876,7 +876,8 @@ final class RecordingExecutor: ThreadExecutor, @unchecked Sendable {
         try #require(s.writer).enqueue({ db in try db.execute("INSERT INTO no_such_table VALUES (1)") }, completion: { _ in })
         gate.signal()
         // Without an executor the completion runs on the writer thread, as before.
-        waitUntil("the direct completion ran") { results.withLock { $0.count == 1 } }
+        // The executor's task is handed over after the direct completion may already have run.
+        waitUntil("the direct completion ran and the loop got its task") { results.withLock { $0.count == 1 } && loop.queued == 1 }
         #expect(loop.runAll() == 1)
         let all = results.withLock { $0 }
         #expect(all.map(\.0) == [2, 1])
