@@ -37,6 +37,7 @@ test: deps
 	$(SWIFT) build $(SWIFT_FLAGS) --build-tests
 	scripts/pg-test.sh run -- $(SWIFT) test $(SWIFT_FLAGS) --skip-build --parallel
 	SWIFT_FLAGS="$(SWIFT_FLAGS)" scripts/kex-crosscheck.sh
+	SWIFT_FLAGS="$(SWIFT_FLAGS)" scripts/openapi-check.sh
 	FUZZ_BUILD_ONLY=1 scripts/fuzz.sh
 
 bench: deps bench-deps release

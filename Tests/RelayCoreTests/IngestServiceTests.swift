@@ -680,6 +680,34 @@ import Testing
         return slot.value!
     }
 
+    /// docs/openapi.yaml gives the admin listener's errors the API's error shape; they used to
+    /// lack `message` (`{"error":"not_found"}`).
+    @Test func adminErrorsHaveTheAPIErrorShape() throws {
+        let store = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        let workers = WorkerPool(name: "admin-test", threads: 1)
+        defer {
+            workers.close()
+            store.close()
+        }
+        let admin = AdminService(store: store, metrics: RelayMetrics(), workers: workers, clock: clock,
+                                 readiness: { [:] }, extraMetrics: { _ in })
+        let missing = call(admin, "/nope")
+        let slot = ResultBox<APIResponse>()
+        let done = DispatchSemaphore(value: 0)
+        admin.handle(APIRequest(method: "POST", path: "/healthz", authorization: nil, contentType: nil, body: [], requestID: "a")) {
+            slot.value = $0
+            done.signal()
+        }
+        done.wait()
+        let post = try #require(slot.value)
+        for (r, status, code) in [(missing, 404, "not_found"), (post, 405, "method_not_allowed")] {
+            let object = try JSONSerialization.jsonObject(with: Data(r.body.utf8)) as? [String: Any]
+            #expect(r.status == status)
+            #expect(object?["error"] as? String == code && !((object?["message"] as? String) ?? "").isEmpty, "\(r.body)")
+        }
+        #expect(post.headers.contains { $0.0 == "allow" && $0.1 == "GET, HEAD" })
+    }
+
     @Test func readyzAndMetricsReuseWhatTheyReadForASecond() throws {
         let store = try SQLiteOutboxStore(path: dir.db, clock: clock)
         let workers = WorkerPool(name: "admin-test", threads: 1)

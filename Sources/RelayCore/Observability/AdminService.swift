@@ -34,7 +34,7 @@ public final class AdminService: Sendable {
     public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIResponse) -> Void) {
         guard request.method == "GET" || request.method == "HEAD" else {
             return respond(APIResponse(status: 405, headers: [("allow", "GET, HEAD"), ("content-type", "application/json")],
-                                       body: "{\"error\":\"method_not_allowed\"}"))
+                                       body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody))
         }
         switch request.path {
         case "/healthz":
@@ -65,7 +65,8 @@ public final class AdminService: Sendable {
                 respond(APIResponse(status: 200, headers: [("content-type", "text/plain; version=0.0.4")], body: r.render()))
             }
         default:
-            respond(APIResponse(status: 404, headers: [("content-type", "application/json")], body: "{\"error\":\"not_found\"}"))
+            respond(APIResponse(status: 404, headers: [("content-type", "application/json")],
+                                body: ClientError(status: 404, code: "not_found", field: nil, message: "no such endpoint").jsonBody))
         }
     }
 }
