@@ -1,4 +1,4 @@
-// Token buckets keyed by credential hash, push token or client address. The bucket arithmetic is
+// Token buckets keyed by credential hash, (app, push token) or client address. The bucket arithmetic is
 // a pure value (`TokenBucket.take`) with time passed in; the limiter only adds a lock and a map
 // bounded by dropping the least recently used bucket (never all of them at once).
 import Synchronization
@@ -38,9 +38,9 @@ public struct TokenBucket: Sendable, Equatable {
     }
 }
 
-public final class RateLimiter: Sendable {
+public final class RateLimiter<Key: Hashable & Sendable>: Sendable {
     public let limit: RateLimit
-    private let buckets: Mutex<RecentMap<String, TokenBucket>>
+    private let buckets: Mutex<RecentMap<Key, TokenBucket>>
 
     /// At most `maxKeys` buckets; past it the least recently used one is dropped (a refilled
     /// bucket, unless `maxKeys` keys were charged since it was last used).
@@ -49,7 +49,7 @@ public final class RateLimiter: Sendable {
         buckets = Mutex(RecentMap(capacity: maxKeys))
     }
 
-    public func take(_ key: String, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
+    public func take(_ key: Key, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
         guard limit.perSecond > 0 else { return (true, 0) }
         return buckets.withLock { b in
             b.update(key, new: TokenBucket(limit: limit, nowMicros: nowMicros)) { $0.take(limit: limit, nowMicros: nowMicros) }
@@ -57,14 +57,14 @@ public final class RateLimiter: Sendable {
     }
 
     /// Gives back a token taken by `take` (a charge that turned out not to be owed).
-    public func refund(_ key: String) {
+    public func refund(_ key: Key) {
         guard limit.perSecond > 0 else { return }
         buckets.withLock { b in b.updateIfPresent(key) { $0.tokens = min(limit.burst, $0.tokens + 1) } }
     }
 
     /// Buckets held (tests: the bound).
     var count: Int { buckets.withLock { $0.count } }
-    func contains(_ key: String) -> Bool { buckets.withLock { $0.contains(key) } }
+    func contains(_ key: Key) -> Bool { buckets.withLock { $0.contains(key) } }
 }
 
 /// A map of at most `capacity` entries that drops the least recently updated one to make room:

@@ -161,17 +161,20 @@ public struct CredentialRecord: Sendable, Equatable {
 }
 
 /// What ingest authenticates a bearer against before any other work (IngestService's
-/// credential cache): no name, apps or times.
+/// credential cache), and the apps that key its push-token buckets: no name or times.
 public struct CredentialKey: Sendable, Equatable {
     public var id: String
     /// SHA-256 of the secret.
     public var hash: [UInt8]
     public var revoked: Bool
+    /// Fixed at creation (no command changes them), so a cached copy is exact.
+    public var apps: [String]
 
-    public init(id: String, hash: [UInt8], revoked: Bool) {
+    public init(id: String, hash: [UInt8], revoked: Bool, apps: [String] = []) {
         self.id = id
         self.hash = hash
         self.revoked = revoked
+        self.apps = apps
     }
 }
 

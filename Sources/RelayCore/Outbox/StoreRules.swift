@@ -34,14 +34,29 @@ enum StoreRules {
     /// compared again in constant time so a lookup index never decides alone.
     static func admit(credential: CredentialFacts?, presentedHash: [UInt8], requestedApp: String?, configuredApps: Set<String>) -> Admission {
         guard let c = credential, RelayCrypto.constantTimeEqual(c.hash, presentedHash), !c.revoked else { return .refused(.unauthorized) }
+        switch app(credentialApps: c.apps, requestedApp: requestedApp, configuredApps: configuredApps) {
+        case .app(let app): return .admitted(credentialID: c.id, app: app)
+        case .refused(let outcome): return .refused(outcome)
+        }
+    }
+
+    enum AppChoice: Equatable {
+        case app(String)
+        /// 400 `unknown_app` or `app_required`, or 403.
+        case refused(IngestOutcome)
+    }
+
+    /// The app a live credential's request goes to. IngestService asks it too, from its cached
+    /// copy of the credential: the push-token bucket is per app and charges admitted requests only.
+    static func app(credentialApps: [String], requestedApp: String?, configuredApps: Set<String>) -> AppChoice {
         if let named = requestedApp {
             guard configuredApps.contains(named) else { return .refused(.unknownApp(named)) }
-            guard c.apps.contains(named) else { return .refused(.forbidden(app: named)) }
-            return .admitted(credentialID: c.id, app: named)
+            guard credentialApps.contains(named) else { return .refused(.forbidden(app: named)) }
+            return .app(named)
         }
-        guard c.apps.count == 1 else { return .refused(.appRequired) }
-        guard configuredApps.contains(c.apps[0]) else { return .refused(.unknownApp(c.apps[0])) }
-        return .admitted(credentialID: c.id, app: c.apps[0])
+        guard credentialApps.count == 1 else { return .refused(.appRequired) }
+        guard configuredApps.contains(credentialApps[0]) else { return .refused(.unknownApp(credentialApps[0])) }
+        return .app(credentialApps[0])
     }
 
     /// Dedupe is scoped to the credential: its own retry gets the stored id and state; the same
