@@ -484,6 +484,54 @@ import Testing
         #expect(outcomes.values.filter { if case .accepted = $0 { true } else { false } }.count == 1)
     }
 
+    /// The dedupe key holds the app the row was stored for (SQLite schema v7, PostgreSQL v2):
+    /// the same four fields stored first under another app are no conflict, each app's retry
+    /// finds its own row, and within one app the credential rule stands (409 across credentials,
+    /// as during a rotation).
+    @Test(arguments: StoreBackend.available)
+    func dedupeIsScopedToTheApp(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let apps: Set<String> = ["com.example.app", "com.example.other"]
+        let a = try s.createCredential(name: "a", apps: ["com.example.app"])
+        let a2 = try s.createCredential(name: "a2", apps: ["com.example.app"])
+        let b = try s.createCredential(name: "b", apps: ["com.example.other"])
+        let both = try s.createCredential(name: "both", apps: ["com.example.app", "com.example.other"])
+        guard case .accepted(let idB) = try s.ingestNow(sample(index: 7), secret: b.secret, apps: apps),
+              case .accepted(let idA) = try s.ingestNow(sample(index: 7), secret: a.secret, apps: apps)
+        else { Issue.record("not accepted"); return }
+        #expect(idA != idB)
+        #expect(try s.response(id: idA)?.app == "com.example.app")
+        #expect(try s.response(id: idB)?.app == "com.example.other")
+        #expect(try s.ingestNow(sample(index: 7), secret: a.secret, apps: apps) == .duplicate(id: idA, state: .queued))
+        #expect(try s.ingestNow(sample(index: 7), secret: b.secret, apps: apps) == .duplicate(id: idB, state: .queued))
+        #expect(try s.ingestNow(sample(index: 7), secret: a2.secret, apps: apps) == .conflict)
+        // A credential of both apps: one row per app it names, each its own duplicate; under an
+        // app where another credential holds the key, a conflict.
+        guard case .accepted(let x) = try s.ingestNow(sample(index: 8, app: "com.example.app"), secret: both.secret, apps: apps),
+              case .accepted(let y) = try s.ingestNow(sample(index: 8, app: "com.example.other"), secret: both.secret, apps: apps)
+        else { Issue.record("not accepted"); return }
+        #expect(x != y)
+        #expect(try s.ingestNow(sample(index: 8, app: "com.example.other"), secret: both.secret, apps: apps) == .duplicate(id: y, state: .queued))
+        #expect(try s.ingestNow(sample(index: 7, app: "com.example.other"), secret: both.secret, apps: apps) == .conflict)
+        // Submitted together (in one batch, mostly): both apps' rows are stored.
+        let results = Mutex<[String: IngestOutcome]>([:])
+        let done = DispatchGroup()
+        for (name, secret) in [("a", a.secret), ("b", b.secret)] {
+            done.enter()
+            s.submit(IngestRequest(response: sample(token: String(repeating: "cd", count: 32), index: 1), credentialHash: Credentials.hash(secret: secret))) { r in
+                if case .success(let o) = r { results.withLock { $0[name] = o } }
+                done.leave()
+            }
+        }
+        done.wait()
+        let outcomes = results.withLock { $0 }
+        guard case .accepted(let p)? = outcomes["a"], case .accepted(let q)? = outcomes["b"] else { Issue.record("\(outcomes)"); return }
+        #expect(p != q)
+        #expect(try s.list(OutboxFilter()).count == 6)
+    }
+
     @Test(arguments: StoreBackend.available)
     func bothBackendsHoldTheSameColumns(_ backend: StoreBackend) throws {
         let f = try StoreFixture(backend)

@@ -80,4 +80,28 @@ import Testing
         let shared = h.post(h.a2, index: 2000)
         #expect(shared.status == 429 && shared.json["field"] as? String == "pushToken", "\(shared.body)")
     }
+
+    /// Issue 29 item 3 as reported: B (another app) posting A's key first gave A's real response
+    /// 409 `conflict` for good. The key holds the app: A gets 202 and its own row, each
+    /// tenant's retry finds its own row, and another credential of A's app still gets 409.
+    @Test(arguments: StoreBackend.available)
+    func anotherAppPostingAKeyFirstDoesNotConflict(_ backend: StoreBackend) throws {
+        let h = try Harness(backend)
+        let first = h.post(h.b, index: 41)
+        #expect(first.status == 202, "\(first.body)")
+        let idB = try #require(first.json["id"] as? String)
+        let mine = h.post(h.a, index: 41)
+        #expect(mine.status == 202, "\(mine.body)")
+        let idA = try #require(mine.json["id"] as? String)
+        #expect(idA != idB)
+        #expect(try h.store.response(id: idA)?.app == Self.appA)
+        let retryA = h.post(h.a, index: 41), retryB = h.post(h.b, index: 41)
+        #expect(retryA.status == 200 && retryA.json["id"] as? String == idA)
+        #expect(retryB.status == 200 && retryB.json["id"] as? String == idB)
+        // Within one app the key still belongs to the credential that stored it (rotation).
+        let rotated = h.post(h.a2, index: 41)
+        #expect(rotated.status == 409 && rotated.json["error"] as? String == "conflict" && rotated.json["field"] as? String == "messageIndex")
+        #expect(!rotated.body.contains(idA) && !rotated.body.contains(idB))
+        #expect(h.metrics.render().contains("relay_ingest_refused_total{code=\"conflict\"} 1"))
+    }
 }
