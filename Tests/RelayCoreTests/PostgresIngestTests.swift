@@ -141,6 +141,26 @@ struct PostgresIngestBatchTests {
         #expect(try f.sql("SELECT app FROM responses WHERE message_index = 1 ORDER BY app") == [["com.example.app"], ["com.example.other"]])
     }
 
+    /// A credential's second sealed box for a key within one batch (and after it): refused with
+    /// the id of the row the batch stored; the same box shares the id; another credential's is a
+    /// conflict.
+    @Test func anotherSealedBoxInOneBatchIsRefusedWithTheStoredID() throws {
+        let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
+        defer { s.close() }
+        let a = try s.createCredential(name: "a", apps: ["com.example.app"]), b = try s.createCredential(name: "b", apps: ["com.example.app"])
+        func boxed(_ box: UInt8) -> NewResponse { var r = sample(index: 1); r.encryptedData = [UInt8](repeating: box, count: 40); return r }
+        let batch = try oneBatch(s, a.secret, [request(boxed(5), a.secret), request(boxed(6), a.secret), request(boxed(5), a.secret),
+                                               request(boxed(6), b.secret)])
+        #expect(batch.committed == 2)
+        let got = try batch.results.map { try $0.get() }
+        guard case .accepted(let id) = got[0] else { Issue.record("\(got)"); return }
+        #expect(got[1] == .indexReused(id: id))
+        #expect(got[2] == .duplicate(id: id, state: .queued))
+        #expect(got[3] == .conflict)
+        #expect(try s.ingestNow(boxed(6), secret: a.secret) == .indexReused(id: id))
+        #expect(try f.sql("SELECT count(*) FROM responses WHERE message_index = 1") == [["1"]])
+    }
+
     /// The ingest queue is bounded like SQLite's writer queue (StoreRules.maxWaitingIngests):
     /// with the ingest thread held by a lock, requests past the bound are refused at once with
     /// `.unavailable` (503 storage_unavailable) instead of growing the relay's memory, and the

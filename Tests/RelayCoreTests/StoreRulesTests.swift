@@ -35,9 +35,14 @@ import Testing
     }
 
     @Test func dedupeAnswersOnlyTheOwnCredential() {
-        let row = ExistingRow(id: "0190", state: .delivered, credentialID: "cred_b")
-        #expect(StoreRules.dedupe(row, credentialID: "cred_b") == .duplicate(id: "0190", state: .delivered))
-        #expect(StoreRules.dedupe(row, credentialID: "cred_a") == .conflict)
+        let row = ExistingRow(id: "0190", state: .delivered, credentialID: "cred_b", encryptedData: [1, 2, 3])
+        #expect(StoreRules.dedupe(row, credentialID: "cred_b", encryptedData: [1, 2, 3]) == .duplicate(id: "0190", state: .delivered))
+        #expect(StoreRules.dedupe(row, credentialID: "cred_a", encryptedData: [1, 2, 3]) == .conflict)
+        // Another sealed box at the credential's own key: refused with its id; from another
+        // credential still only a conflict (the other row's box is not compared).
+        #expect(StoreRules.dedupe(row, credentialID: "cred_b", encryptedData: [1, 2, 4]) == .indexReused(id: "0190"))
+        #expect(StoreRules.dedupe(row, credentialID: "cred_b", encryptedData: [1, 2]) == .indexReused(id: "0190"))
+        #expect(StoreRules.dedupe(row, credentialID: "cred_a", encryptedData: [9]) == .conflict)
     }
 
     @Test func unregisteredUnlessSeenAfterTheCutoff() {

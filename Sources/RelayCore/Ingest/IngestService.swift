@@ -370,6 +370,11 @@ public final class IngestService: Sendable {
             case .conflict:
                 metrics.storeRefusal("conflict")
                 finish(.error(ClientError(status: 409, code: "conflict", field: "messageIndex", message: "another credential already sent this messageIndex for this push token, session and key")), "conflict")
+            case .indexReused(let id):
+                metrics.storeRefusal("index_reused")
+                finish(.error(ClientError(status: 409, code: "index_reused", field: "messageIndex",
+                                          message: "this messageIndex was already sent with other encryptedData (response \(id)); an index is used once: a second sealed box means a reused message key or an accessory state restored from a copy",
+                                          responseID: id)), "index reused \(id)")
             case .unauthorized:
                 // Revoked between the cache's read and this transaction.
                 _ = chargeAuthFailure(finish.clientKey)

@@ -72,6 +72,9 @@ public enum IngestOutcome: Sendable, Equatable {
     case duplicate(id: String, state: ResponseState)
     /// The same key was stored by another credential (nothing of that row is revealed).
     case conflict
+    /// The credential's own row holds the key with another sealed box: the message index was
+    /// used twice (StoreRules.dedupe). Nothing is stored; `id` is that row's.
+    case indexReused(id: String)
     case unauthorized
     case forbidden(app: String)
     /// The credential may use several apps and the body named none.

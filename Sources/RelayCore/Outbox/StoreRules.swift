@@ -10,11 +10,13 @@ struct CredentialFacts: Sendable, Equatable {
     var revoked: Bool
 }
 
-/// An existing row with the same (pushToken, sessionIdentifier, keyID, messageIndex).
+/// An existing row with the same dedupe key (app, pushToken, sessionIdentifier, keyID,
+/// messageIndex). Read only when a key matches, so new rows never pay for `encryptedData`.
 struct ExistingRow: Sendable, Equatable {
     var id: String
     var state: ResponseState
     var credentialID: String
+    var encryptedData: [UInt8]
 }
 
 enum StoreRules {
@@ -59,10 +61,15 @@ enum StoreRules {
         return .app(credentialApps[0])
     }
 
-    /// Dedupe is scoped to the credential: its own retry gets the stored id and state; the same
-    /// key from another credential is a conflict that says nothing about the other row.
-    static func dedupe(_ existing: ExistingRow, credentialID: String) -> IngestOutcome {
-        existing.credentialID == credentialID ? .duplicate(id: existing.id, state: existing.state) : .conflict
+    /// Dedupe is scoped to the credential: its own retry (the same sealed box) gets the stored id
+    /// and state; the same key from another credential is a conflict that says nothing about the
+    /// other row, whatever its box. Another box at the credential's own key is refused with the
+    /// stored id: an accessory persists (chainKey, messageIndex) before it sends, so an index
+    /// carries a second box only when a message key was reused or its state restored from a
+    /// copy, and that box must not be pushed.
+    static func dedupe(_ existing: ExistingRow, credentialID: String, encryptedData: [UInt8]) -> IngestOutcome {
+        guard existing.credentialID == credentialID else { return .conflict }
+        return existing.encryptedData == encryptedData ? .duplicate(id: existing.id, state: existing.state) : .indexReused(id: existing.id)
     }
 
     /// The token's record says `cutoff` (unregisteredCutoff); `lastSeen` is the newest

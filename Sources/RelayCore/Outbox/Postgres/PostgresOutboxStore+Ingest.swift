@@ -85,10 +85,10 @@ extension PostgresOutboxStore {
     /// into a scan of the whole table (a hash join planned while the table was small read every
     /// row of it on each batch).
     static let existingSQL = """
-        SELECT k.n, r.id, r.state, r.credential_id, r.app
+        SELECT k.n, r.id, r.state, r.credential_id, r.app, r.encrypted_data
         FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[]) WITH ORDINALITY AS k(t, s, kid, mi, n)
         CROSS JOIN LATERAL (
-            SELECT id, state, credential_id, app FROM responses
+            SELECT id, state, credential_id, app, encrypted_data FROM responses
             WHERE push_token = k.t AND session_id = k.s AND key_id = k.kid AND message_index = k.mi OFFSET 0) r
         """
 
@@ -102,9 +102,10 @@ extension PostgresOutboxStore {
         var out: [Int: [String: ExistingRow]] = [:]
         for r in rows {
             guard let n = r[0].int, n >= 1, n <= count, let id = r[1].string,
-                  let state = r[2].string.flatMap(ResponseState.init(rawValue:)), let cred = r[3].string, let app = r[4].string
+                  let state = r[2].string.flatMap(ResponseState.init(rawValue:)), let cred = r[3].string, let app = r[4].string,
+                  let data = r[5].bytes
             else { throw StoreError.invalid("malformed responses row") }
-            out[Int(n) - 1, default: [:]][app] = ExistingRow(id: id, state: state, credentialID: cred)
+            out[Int(n) - 1, default: [:]][app] = ExistingRow(id: id, state: state, credentialID: cred, encryptedData: data)
         }
         return out
     }
@@ -169,7 +170,7 @@ extension PostgresOutboxStore {
                 }
                 let key = Key(app: app, req.response)
                 if let e = found[n]?[app] {
-                    outcomes[n] = .success(StoreRules.dedupe(e, credentialID: credID))
+                    outcomes[n] = .success(StoreRules.dedupe(e, credentialID: credID, encryptedData: req.response.encryptedData))
                 } else if let first = firstInBatch[key] {
                     duplicateOf.append((n, first, credID))
                 } else if let u = unregistered[req.response.pushToken], StoreRules.isUnregistered(cutoff: u.reportedAt, lastSeen: u.lastSeen) {
@@ -234,7 +235,8 @@ extension PostgresOutboxStore {
         for row in insert {
             if stored.contains(row.id) {
                 outcomes[row.item] = .success(.accepted(id: row.id))
-                rowOf[row.item] = .success(ExistingRow(id: row.id, state: .queued, credentialID: row.credID))
+                rowOf[row.item] = .success(ExistingRow(id: row.id, state: .queued, credentialID: row.credID,
+                                                       encryptedData: items[row.item].request.response.encryptedData))
             } else {
                 lost.append((row.item, row.credID, row.key.app))
             }
@@ -252,13 +254,14 @@ extension PostgresOutboxStore {
                 // Gone again already (or the look-up failed): nothing of this request is stored.
                 let row = holders.flatMap { $0[k]?[l.app].map { .success($0) } ?? .failure(.unavailable("the stored row with this key vanished; retry")) }
                 rowOf[l.item] = row
-                outcomes[l.item] = row.map { StoreRules.dedupe($0, credentialID: l.credID) }
+                outcomes[l.item] = row.map { StoreRules.dedupe($0, credentialID: l.credID, encryptedData: items[l.item].request.response.encryptedData) }
             }
         }
         // A request repeating an earlier one of the batch shares its fate: the row it stored
         // (or found), or its refusal by the outbox bound.
         for d in duplicateOf {
-            outcomes[d.item] = rowOf[d.of].map { r in r.map { StoreRules.dedupe($0, credentialID: d.credID) } } ?? outcomes[d.of]
+            let data = items[d.item].request.response.encryptedData
+            outcomes[d.item] = rowOf[d.of].map { r in r.map { StoreRules.dedupe($0, credentialID: d.credID, encryptedData: data) } } ?? outcomes[d.of]
         }
         guard outcomes.allSatisfy({ $0 != nil }) else { throw StoreError.invalid("ingest batch left a request undecided") }
         return outcomes.map { $0! }

@@ -232,12 +232,12 @@ extension SQLiteOutboxStore {
 
     private static func verified(_ id: Int64, _ r: NewResponse, app: String, db: SQLiteDatabase, state: WriterState) throws -> ExistingRow? {
         let read = try db.held(&state.readKeyRow,
-            "SELECT id, state, credential_id, push_token, session_id, key_id, message_index, app FROM responses WHERE id_high = ?")
+            "SELECT id, state, credential_id, push_token, session_id, key_id, message_index, app, encrypted_data FROM responses WHERE id_high = ?")
         defer { read.reset() }
         try read.bind(1, id)
         guard try read.next(), read.text(3) == r.pushToken, read.text(4) == r.sessionIdentifier, read.blob(5) == r.keyID,
               read.int64(6) == Int64(r.messageIndex), read.text(7) == app, let s = ResponseState(rawValue: read.text(1)) else { return nil }
-        return ExistingRow(id: read.text(0), state: s, credentialID: read.text(2))
+        return ExistingRow(id: read.text(0), state: s, credentialID: read.text(2), encryptedData: read.blob(8))
     }
 
     /// Candidate rows of a token (callers check push_token on each): its index range, and the
