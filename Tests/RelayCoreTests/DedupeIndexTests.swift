@@ -70,6 +70,14 @@ import TestSupport
         // The app is part of the key (schema v7), and the token's half is still the token alone.
         #expect(a.hash(app: app, r) != a.hash(app: "com.example.other", r))
         #expect(a.tokenRange(r.pushToken).contains(a.hash(app: "com.example.other", r)))
+        // The stored format, computed independently (entries in response_keys outlive the
+        // process): the token's half, then the whole key, each field length-prefixed, the index
+        // big-endian, the app last.
+        func field(_ b: [UInt8]) -> [UInt8] { withUnsafeBytes(of: UInt32(b.count).bigEndian, Array.init) + b }
+        let token = field(Array(r.pushToken.utf8))
+        let all = token + field(Array(r.sessionIdentifier.utf8)) + field(r.keyID) + withUnsafeBytes(of: r.messageIndex.bigEndian, Array.init)
+            + field(Array(app.utf8))
+        #expect(a.hash(app: app, r) == Int64(bitPattern: h.hash(token) & 0xffff_ffff_0000_0000 | h.hash(all) >> 32))
     }
 
     @Test func mergesMoveTheTailToTheIndexAndDedupeHoldsAcrossThem() throws {
