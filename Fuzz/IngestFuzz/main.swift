@@ -12,7 +12,8 @@
 //   2. it agrees with the pure validator: 2xx only for a body IngestValidation accepts and a
 //      valid credential, and a validation failure is answered with exactly its status/code;
 //   3. a 202 row reads back from the store with the canonical fields the validator produced
-//      (a 200 names a row with the same dedupe key);
+//      (a 200 names a row with the same dedupe key and sealed box, a 409 index_reused one with
+//      the same key and another box);
 //   4. the same request again is 200 with the same id (never a second row);
 //   5. the validation fast path accepts only what the general path accepts, with the same result,
 //      and the bearer hash taken from the header bytes equals the hash of the parsed secret.
@@ -149,21 +150,22 @@ private func check(_ r: APIResponse, headers: [String: String], contentType: Str
                 fatalError("accepted with credential header \(headers["authorization"] ?? "<none>")")
             }
         }
-        guard r.status == 202 || r.status == 200 else { return }
+        let reused = r.status == 409 && object["error"] as? String == "index_reused"
+        guard r.status == 202 || r.status == 200 || reused else { return }
         guard let id = object["id"] as? String, UUID(uuidString: id) != nil, id == id.lowercased() else {
-            fatalError("2xx without a lowercase UUID id: \(r.body)")
+            fatalError("\(r.status) without a lowercase UUID id: \(r.body)")
         }
         let row: OutboxRow?
         do { row = try fixture.store.response(id: id) } catch { fatalError("store read: \(error)") }
-        guard let row else { fatalError("acknowledged id \(id) is not in the store") }
-        // The dedupe key must match; a 202 stored exactly this request, while a 200 names the
-        // row first stored under the same key (its ciphertext may differ: documented behaviour).
-        guard row.pushToken == response.pushToken, row.sessionIdentifier == response.sessionIdentifier,
+        guard let row else { fatalError("answered id \(id) is not in the store") }
+        // The dedupe key must match. A 202 stored exactly this request and a 200 names the row
+        // stored with the same sealed box; a 409 index_reused names the one with another box.
+        guard row.app == (response.app ?? app), row.pushToken == response.pushToken, row.sessionIdentifier == response.sessionIdentifier,
               row.keyID == response.keyID, row.messageIndex == response.messageIndex else {
             fatalError("answered id's row has another dedupe key: \(row) vs \(response)")
         }
-        if r.status == 202 && (row.encryptedData != response.encryptedData || row.app != (response.app ?? app)) {
-            fatalError("stored row differs from the validated request: \(row) vs \(response)")
+        if (row.encryptedData == response.encryptedData) == reused {
+            fatalError("\(r.status) \(r.body) for a row whose sealed box \(reused ? "is" : "is not") this request's: \(row) vs \(response)")
         }
         let token = row.pushToken.utf8
         guard token.count % 2 == 0, token.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }) else {

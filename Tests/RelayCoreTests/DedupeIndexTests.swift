@@ -63,10 +63,21 @@ import TestSupport
         #expect(throws: StoreError.self) { try DedupeHasher(key: [1, 2, 3], override: nil) }
         // Per database: two keys hash the same fields apart; the token's half is shared by its keys.
         let a = try DedupeHasher(key: (0..<16).map { UInt8($0) }, override: nil), b = try DedupeHasher(key: (1..<17).map { UInt8($0) }, override: nil)
-        let r = sample(index: 7)
-        #expect(a.hash(r) != b.hash(r))
-        #expect(a.tokenRange(r.pushToken).contains(a.hash(r)) && a.tokenRange(r.pushToken).contains(a.hash(sample(index: 8))))
-        #expect(a.hash(r) != a.hash(sample(index: 8)))
+        let r = sample(index: 7), app = "com.example.app"
+        #expect(a.hash(app: app, r) != b.hash(app: app, r))
+        #expect(a.tokenRange(r.pushToken).contains(a.hash(app: app, r)) && a.tokenRange(r.pushToken).contains(a.hash(app: app, sample(index: 8))))
+        #expect(a.hash(app: app, r) != a.hash(app: app, sample(index: 8)))
+        // The app is part of the key (schema v7), and the token's half is still the token alone.
+        #expect(a.hash(app: app, r) != a.hash(app: "com.example.other", r))
+        #expect(a.tokenRange(r.pushToken).contains(a.hash(app: "com.example.other", r)))
+        // The stored format, computed independently (entries in response_keys outlive the
+        // process): the token's half, then the whole key, each field length-prefixed, the index
+        // big-endian, the app last.
+        func field(_ b: [UInt8]) -> [UInt8] { withUnsafeBytes(of: UInt32(b.count).bigEndian, Array.init) + b }
+        let token = field(Array(r.pushToken.utf8))
+        let all = token + field(Array(r.sessionIdentifier.utf8)) + field(r.keyID) + withUnsafeBytes(of: r.messageIndex.bigEndian, Array.init)
+            + field(Array(app.utf8))
+        #expect(a.hash(app: app, r) == Int64(bitPattern: h.hash(token) & 0xffff_ffff_0000_0000 | h.hash(all) >> 32))
     }
 
     @Test func mergesMoveTheTailToTheIndexAndDedupeHoldsAcrossThem() throws {
@@ -115,7 +126,7 @@ import TestSupport
 
     /// Every key hashes alike: each lookup must still find its own row among all of them.
     @Test func forcedHashCollisionsAreResolvedByTheRows() throws {
-        let constant: DedupeHashFunction = { _, _, _, _ in 42 }
+        let constant: DedupeHashFunction = { _, _, _, _, _ in 42 }
         var ids: [Int: String] = [:]
         let c: CreatedCredential
         do {
@@ -408,7 +419,7 @@ import TestSupport
         let s = try SQLiteOutboxStore(path: path, clock: clock)
         defer { s.close() }
         let check = try SQLiteDatabase(path: path, readOnly: true)
-        #expect(try check.scalar("PRAGMA user_version").int == 6)
+        #expect(try check.scalar("PRAGMA user_version").int == Int64(SQLiteOutboxStore.schemaVersion))
         #expect(try check.scalar("SELECT count(*) FROM response_keys").int == 30)
         #expect(try check.scalar("SELECT minted_through FROM outbox_stats").int == newest)
         #expect(try check.scalar("SELECT merged_through FROM outbox_stats").int == newest)
@@ -417,10 +428,101 @@ import TestSupport
         #expect(try Self.integrity(path) == "ok")
         for (i, id) in ids {
             let state: ResponseState = i % 3 == 0 ? .delivered : .queued
-            #expect(try s.ingestNow(Self.response(i, token: i % 4), secret: secret) == .duplicate(id: id, state: state), "key \(i)")
+            var retry = Self.response(i, token: i % 4)
+            retry.encryptedData = [0]   // the box each row was stored with
+            #expect(try s.ingestNow(retry, secret: secret) == .duplicate(id: id, state: state), "key \(i)")
         }
         var more: [Int: String] = [:]
         try Self.ingest(s, 30..<33, secret: secret, tokens: 4, into: &more)
         for id in more.values { #expect((UUIDText.high64(id) ?? 0) > newest) }
+    }
+
+    /// v6's entry for a response: its key without the app, as a v6 relay hashed it.
+    static func v6Hash(_ mac: KeyedHash, _ r: NewResponse) -> Int64 {
+        func field(_ b: [UInt8]) -> [UInt8] { withUnsafeBytes(of: UInt32(b.count).bigEndian, Array.init) + b }
+        let token = field(Array(r.pushToken.utf8))
+        let all = token + field(Array(r.sessionIdentifier.utf8)) + field(r.keyID) + withUnsafeBytes(of: r.messageIndex.bigEndian, Array.init)
+        return Int64(bitPattern: mac.hash(token) & 0xffff_ffff_0000_0000 | mac.hash(all) >> 32)
+    }
+
+    /// A populated v6 file as a v6 relay killed mid-run left it: rows of two apps and three
+    /// credentials in several states, the older ones in response_keys under v6's hash (no app),
+    /// the newest above merged_through (their keys were only in the dead process's memory).
+    /// v7 writes every row's key with its app: each stored key answers its owner as before
+    /// (200), another credential of its app 409, and another app's credential is no conflict.
+    @Test func aV6DatabaseUpgradesToAppScopedKeys() throws {
+        let clock = TestClock()
+        let apps: Set<String> = ["com.example.app", "com.example.other"]
+        let owners = [(id: "cred_a", app: "com.example.app", secret: Credentials.generateSecret()),
+                      (id: "cred_b", app: "com.example.other", secret: Credentials.generateSecret()),
+                      (id: "cred_a2", app: "com.example.app", secret: Credentials.generateSecret())]
+        let key = RelayCrypto.randomBytes(16)
+        let mac = try #require(KeyedHash(key: key))
+        var gen = TimeOrderedIDs()
+        var rows: [(i: Int, id: String, high: Int64, owner: Int, state: ResponseState)] = []
+        do {
+            let db = try SQLiteDatabase(path: path)
+            try db.execute("PRAGMA journal_mode=WAL")
+            try db.defineFunction("relay_id_rowid") { _ in 0 }   // v5's copy of an empty table
+            try db.transaction {
+                for v in 0..<6 { try db.execute(SQLiteOutboxStore.migrations[v]) }
+                try db.execute("PRAGMA user_version = 6")
+            }
+            for o in owners {
+                try db.run("INSERT INTO credentials (id, name, hash, apps, created_at) VALUES (?, ?, ?, ?, 0)",
+                           [.text(o.id), .text(o.id), .blob(Credentials.hash(secret: o.secret)), .text(o.app)])
+            }
+            for i in 0..<24 {
+                let (id, high) = gen.mint(nowMillis: clock.nowMillis() - 10_000 + Int64(i))
+                let r = Self.response(i, token: i % 4), owner = i % 3, state: ResponseState = i % 4 == 0 ? .delivered : .queued
+                try db.run("""
+                    INSERT INTO responses (id_high, id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
+                        state, attempts, next_attempt_at, created_at, expires_at, updated_at)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ?, ?, ?)
+                    """, [.integer(high), .text(id), .text(owners[owner].app), .text(r.pushToken), .text(r.sessionIdentifier), .blob(r.keyID),
+                          .integer(Int64(i)), .blob(r.encryptedData), .text(owners[owner].id), .text(state.rawValue),
+                          .integer(clock.nowMillis() - 10_000), .integer(clock.nowMillis() + 86_400_000), .integer(clock.nowMillis() - 10_000)])
+                if i < 16 { try db.run("INSERT INTO response_keys (h, id_high) VALUES (?, ?)", [.integer(Self.v6Hash(mac, r)), .integer(high)]) }
+                rows.append((i, id, high, owner, state))
+            }
+            try db.run("UPDATE outbox_stats SET pending = ?, dedupe_key = ?, merged_through = ?, minted_through = ? WHERE id = 1",
+                       [.integer(Int64(rows.filter { $0.state == .queued }.count)), .blob(key), .integer(rows[15].high), .integer(rows[23].high)])
+        }
+        let s = try SQLiteOutboxStore(path: path, clock: clock)
+        let check = try SQLiteDatabase(path: path, readOnly: true)
+        #expect(try check.scalar("PRAGMA user_version").int == 7)
+        #expect(try Self.integrity(path) == "ok")
+        // Every row's entry under the v7 hash (same SipHash key), none under v6's; no tail left.
+        let hasher = try DedupeHasher(key: key, override: nil)
+        let want = Set(rows.map { r in "\(hasher.hash(app: owners[r.owner].app, Self.response(r.i, token: r.i % 4))) \(r.high)" })
+        let have = Set(try check.query("SELECT h, id_high FROM response_keys").map { "\($0[0].int ?? 0) \($0[1].int ?? 0)" })
+        #expect(have == want)
+        for r in rows { #expect(!have.contains("\(Self.v6Hash(mac, Self.response(r.i, token: r.i % 4))) \(r.high)")) }
+        #expect(try check.scalar("SELECT merged_through FROM outbox_stats").int == rows[23].high)
+        #expect(try check.scalar("SELECT minted_through FROM outbox_stats").int == rows[23].high)
+        #expect(try check.scalar("SELECT count(*) FROM responses").int == 24)
+        func expectAnswers(_ store: SQLiteOutboxStore, _ comment: Comment) throws {
+            for r in rows {
+                let request = Self.response(r.i, token: r.i % 4)
+                #expect(try store.ingestNow(request, secret: owners[r.owner].secret, apps: apps) == .duplicate(id: r.id, state: r.state), comment)
+                if owners[r.owner].app == "com.example.app" {
+                    // The app's other credential (a rotation): the key is still held.
+                    #expect(try store.ingestNow(request, secret: owners[r.owner == 0 ? 2 : 0].secret, apps: apps) == .conflict, comment)
+                }
+            }
+        }
+        try expectAnswers(s, "right after the migration")
+        // The other app's credential: a key of its own app, stored beside the first.
+        for r in rows.filter({ owners[$0.owner].app == "com.example.app" }) {
+            guard case .accepted(let id) = try s.ingestNow(Self.response(r.i, token: r.i % 4), secret: owners[1].secret, apps: apps) else {
+                Issue.record("row \(r.i): the other app's key was not accepted"); continue
+            }
+            #expect(try s.response(id: id)?.app == "com.example.other" && id != r.id)
+        }
+        s.close()
+        let again = try SQLiteOutboxStore(path: path, clock: clock)
+        defer { again.close() }
+        try expectAnswers(again, "after a restart")
+        #expect(try Self.integrity(path) == "ok")
     }
 }

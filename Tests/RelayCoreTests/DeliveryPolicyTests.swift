@@ -93,11 +93,11 @@ private func row(attempts: Int = 0, expiresAt: Int64 = 10_000_000) -> OutboxRow 
     }
 
     @Test func limiterKeysAreIndependentAndZeroDisables() {
-        let l = RateLimiter(limit: RateLimit(perSecond: 1, burst: 1))
+        let l = RateLimiter<String>(limit: RateLimit(perSecond: 1, burst: 1))
         #expect(l.take("a", nowMicros: 0).allowed)
         #expect(!l.take("a", nowMicros: 0).allowed)
         #expect(l.take("b", nowMicros: 0).allowed)
-        let off = RateLimiter(limit: RateLimit(perSecond: 0, burst: 1))
+        let off = RateLimiter<String>(limit: RateLimit(perSecond: 0, burst: 1))
         for _ in 0..<10 { #expect(off.take("a", nowMicros: 0).allowed) }
     }
 }

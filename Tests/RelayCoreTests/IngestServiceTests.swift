@@ -45,9 +45,9 @@ import Testing
         }
     }
 
-    static func body(index: Int = 1, token: String = String(repeating: "ab", count: 32), app: String? = nil) -> String {
+    static func body(index: Int = 1, token: String = String(repeating: "ab", count: 32), app: String? = nil, sealed: Data = Data(count: 40)) -> String {
         let appField = app.map { ",\"app\":\"\($0)\"" } ?? ""
-        return #"{"pushToken":"\#(token)","sessionIdentifier":"6F9619FF-8B86-D011-B42D-00C04FC964FF","keyID":"AQIDBA==","messageIndex":\#(index),"encryptedData":"\#(Data(count: 40).base64EncodedString())"\#(appField)}"#
+        return #"{"pushToken":"\#(token)","sessionIdentifier":"6F9619FF-8B86-D011-B42D-00C04FC964FF","keyID":"AQIDBA==","messageIndex":\#(index),"encryptedData":"\#(sealed.base64EncodedString())"\#(appField)}"#
     }
 
     func json(_ r: APIResponse) -> [String: Any] {
@@ -265,7 +265,7 @@ import Testing
     }
 
     @Test func theLimiterForgetsTheLeastRecentlyUsedBucketOnly() {
-        let limiter = RateLimiter(limit: RateLimit(perSecond: 0.001, burst: 1), maxKeys: 3)
+        let limiter = RateLimiter<String>(limit: RateLimit(perSecond: 0.001, burst: 1), maxKeys: 3)
         #expect(limiter.take("a", nowMicros: 0).allowed)
         #expect(limiter.take("b", nowMicros: 0).allowed)
         #expect(limiter.take("c", nowMicros: 0).allowed)
@@ -276,7 +276,7 @@ import Testing
         for i in 0..<1000 { _ = limiter.take("k\(i)", nowMicros: 4) }
         #expect(limiter.count == 3)
         // A refund gives back one token, up to the burst.
-        let r = RateLimiter(limit: RateLimit(perSecond: 0.001, burst: 2), maxKeys: 10)
+        let r = RateLimiter<String>(limit: RateLimit(perSecond: 0.001, burst: 2), maxKeys: 10)
         #expect(r.take("x", nowMicros: 0).allowed && r.take("x", nowMicros: 0).allowed && !r.take("x", nowMicros: 0).allowed)
         r.refund("x")
         r.refund("x")
@@ -288,7 +288,7 @@ import Testing
     /// it came back (an address with many /64s, or many tokens, could reset its own). Its debt
     /// is kept now, and it refills at the limit's rate only.
     @Test func evictionNeverRestoresABudget() {
-        let limiter = RateLimiter(limit: RateLimit(perSecond: 1, burst: 2), maxKeys: 3)
+        let limiter = RateLimiter<String>(limit: RateLimit(perSecond: 1, burst: 2), maxKeys: 3)
         #expect(limiter.take("spent", nowMicros: 0).allowed && limiter.take("spent", nowMicros: 0).allowed)
         #expect(!limiter.take("spent", nowMicros: 0).allowed)
         for i in 0..<10 { _ = limiter.take("other\(i)", nowMicros: 100) }
@@ -298,7 +298,7 @@ import Testing
         #expect(limiter.take("spent", nowMicros: 1_000_300).allowed)
         #expect(!limiter.take("spent", nowMicros: 1_000_300).allowed)
         // A bucket dropped full costs nothing when it returns.
-        let fresh = RateLimiter(limit: RateLimit(perSecond: 1, burst: 2), maxKeys: 2)
+        let fresh = RateLimiter<String>(limit: RateLimit(perSecond: 1, burst: 2), maxKeys: 2)
         #expect(fresh.take("x", nowMicros: 0).allowed)
         for i in 0..<4 { _ = fresh.take("y\(i)", nowMicros: 5_000_000) }
         #expect(fresh.take("x", nowMicros: 5_000_000).allowed && fresh.take("x", nowMicros: 5_000_000).allowed)
@@ -323,7 +323,7 @@ import Testing
     /// The spent-map case of the old limiter: when full it dropped every bucket at once, so
     /// filling it with other keys reset a spent one.
     @Test func aFullLimiterKeepsASpentBucketThatIsStillUsed() {
-        let limiter = RateLimiter(limit: RateLimit(perSecond: 0.001, burst: 1), maxKeys: 50)
+        let limiter = RateLimiter<String>(limit: RateLimit(perSecond: 0.001, burst: 1), maxKeys: 50)
         #expect(limiter.take("victim", nowMicros: 0).allowed)
         for i in 0..<500 {
             _ = limiter.take("k\(i)", nowMicros: 0)
@@ -565,24 +565,24 @@ import Testing
 
     @Test func aCopyIsTrustedForItsMaximumAgeFromItsRead() {
         let t = Table()
-        t.keys.withLock { $0 = [CredentialKey(id: "cred_a", hash: Self.a, revoked: false)] }
+        t.keys.withLock { $0 = [CredentialKey(id: "cred_a", hash: Self.a, revoked: false, apps: ["com.example.app"])] }
         let cache = t.cache()
         #expect(cache.verdict(Self.a) == .pending(knownValid: false))   // no copy yet
         let got = Mutex<[CredentialCache.Verdict]>([])
         cache.afterRead(Self.a) { v in got.withLock { $0.append(v) } }
         cache.afterRead(Self.b) { v in got.withLock { $0.append(v) } }
         #expect(t.runJobs() == 1)   // one read serves both
-        #expect(got.withLock { $0 } == [.valid(id: "cred_a"), .invalid])
+        #expect(got.withLock { $0 } == [.valid(id: "cred_a", apps: ["com.example.app"]), .invalid])
         t.now.withLock { $0 = 400 }
-        #expect(cache.verdict(Self.a) == .valid(id: "cred_a"))
+        #expect(cache.verdict(Self.a) == .valid(id: "cred_a", apps: ["com.example.app"]))
         #expect(t.jobs.withLock { $0.count } == 0)
         t.now.withLock { $0 = 600 }
-        #expect(cache.verdict(Self.a) == .valid(id: "cred_a"))      // and a background read starts
+        #expect(cache.verdict(Self.a) == .valid(id: "cred_a", apps: ["com.example.app"]))      // and a background read starts
         #expect(t.jobs.withLock { $0.count } == 1)
         // Revoked (by another process) before that read runs: the copy of t=0 is used until t=1000.
         t.keys.withLock { $0[0].revoked = true }
         t.now.withLock { $0 = 999 }
-        #expect(cache.verdict(Self.a) == .valid(id: "cred_a"))
+        #expect(cache.verdict(Self.a) == .valid(id: "cred_a", apps: ["com.example.app"]))
         t.now.withLock { $0 = 1000 }
         #expect(cache.verdict(Self.a) == .pending(knownValid: true))
         t.runJobs()
@@ -659,7 +659,7 @@ import Testing
         t.keys.withLock { $0 = [CredentialKey(id: "cred_a", hash: Self.a, revoked: false)] }
         cache.afterRead(Self.a) { v in got.withLock { $0.append(v) } }
         t.runJobs()
-        #expect(got.withLock { $0 } == [.unavailable, .valid(id: "cred_a")])
+        #expect(got.withLock { $0 } == [.unavailable, .valid(id: "cred_a", apps: [])])
     }
 }
 

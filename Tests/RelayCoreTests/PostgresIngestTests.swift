@@ -42,7 +42,7 @@ struct PostgresIngestTests {
         // A join planned on the empty table of a fresh database hashed the batch's keys and read
         // every row of responses on each batch from then on.
         let plan = try genericPlan(PostgresOutboxStore.existingSQL, types: "text[], text[], bytea[], bigint[]", args: "NULL, NULL, NULL, NULL")
-        #expect(plan.contains("Index Scan using responses_push_token_session_id_key_id_message_index_key"), "\(plan)")
+        #expect(plan.contains("Index Scan using responses_dedupe_key"), "\(plan)")
         #expect(!plan.contains("Seq Scan on responses"), "\(plan)")
     }
 }
@@ -122,6 +122,43 @@ struct PostgresIngestBatchTests {
         #expect(got[4] == .conflict)
         #expect(Set([stored, first, last]).count == 3)
         #expect(try f.sql("SELECT count(*) FROM responses") == [["4"]])  // the gate's row too
+    }
+
+    /// The same four fields under two apps in one batch are two keys: both rows are stored, and
+    /// each app's repeat in the batch shares its own app's row.
+    @Test func oneBatchStoresTheSameFieldsUnderTwoApps() throws {
+        let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
+        defer { s.close() }
+        let a = try s.createCredential(name: "a", apps: ["com.example.app"]), b = try s.createCredential(name: "b", apps: ["com.example.other"])
+        let batch = try oneBatch(s, a.secret, [request(sample(index: 1), a.secret), request(sample(index: 1), b.secret),
+                                               request(sample(index: 1), b.secret), request(sample(index: 1), a.secret)])
+        #expect(batch.committed == 2)
+        let got = try batch.results.map { try $0.get() }
+        guard case .accepted(let idA) = got[0], case .accepted(let idB) = got[1] else { Issue.record("\(got)"); return }
+        #expect(idA != idB)
+        #expect(got[2] == .duplicate(id: idB, state: .queued))
+        #expect(got[3] == .duplicate(id: idA, state: .queued))
+        #expect(try f.sql("SELECT app FROM responses WHERE message_index = 1 ORDER BY app") == [["com.example.app"], ["com.example.other"]])
+    }
+
+    /// A credential's second sealed box for a key within one batch (and after it): refused with
+    /// the id of the row the batch stored; the same box shares the id; another credential's is a
+    /// conflict.
+    @Test func anotherSealedBoxInOneBatchIsRefusedWithTheStoredID() throws {
+        let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
+        defer { s.close() }
+        let a = try s.createCredential(name: "a", apps: ["com.example.app"]), b = try s.createCredential(name: "b", apps: ["com.example.app"])
+        func boxed(_ box: UInt8) -> NewResponse { var r = sample(index: 1); r.encryptedData = [UInt8](repeating: box, count: 40); return r }
+        let batch = try oneBatch(s, a.secret, [request(boxed(5), a.secret), request(boxed(6), a.secret), request(boxed(5), a.secret),
+                                               request(boxed(6), b.secret)])
+        #expect(batch.committed == 2)
+        let got = try batch.results.map { try $0.get() }
+        guard case .accepted(let id) = got[0] else { Issue.record("\(got)"); return }
+        #expect(got[1] == .indexReused(id: id))
+        #expect(got[2] == .duplicate(id: id, state: .queued))
+        #expect(got[3] == .conflict)
+        #expect(try s.ingestNow(boxed(6), secret: a.secret) == .indexReused(id: id))
+        #expect(try f.sql("SELECT count(*) FROM responses WHERE message_index = 1") == [["1"]])
     }
 
     /// The ingest queue is bounded like SQLite's writer queue (StoreRules.maxWaitingIngests):

@@ -62,6 +62,60 @@ struct PostgresStoreTests {
         for s in opened.withLock({ $0 }) { s.close() }
     }
 
+    /// A version-1 database (dedupe key without the app) holding rows of two apps: version 2
+    /// replaces the UNIQUE key with one that holds the app and keeps every row as it was; each
+    /// stored key answers as before (200 to its owner, 409 to its app's other credential), and
+    /// another app's credential stores the same four fields beside it.
+    @Test func aVersion1DatabaseUpgradesToAppScopedKeys() throws {
+        let apps: Set<String> = ["com.example.app", "com.example.other"]
+        let owners = [(id: "cred_a", app: "com.example.app", secret: Credentials.generateSecret()),
+                      (id: "cred_b", app: "com.example.other", secret: Credentials.generateSecret()),
+                      (id: "cred_a2", app: "com.example.app", secret: Credentials.generateSecret())]
+        var gen = TimeOrderedIDs()
+        var rows: [(i: Int, id: String, owner: Int, state: ResponseState)] = []
+        do {
+            let c = try PostgresConnection(url: f.pgURL, applicationName: "relay-test-admin")
+            try c.execute("CREATE TABLE relay_schema_version (version bigint NOT NULL); INSERT INTO relay_schema_version VALUES (1)")
+            try c.execute(PostgresOutboxStore.migrations[0])
+            for o in owners {
+                try c.query("INSERT INTO credentials (id, name, hash, apps, created_at) VALUES ($1, $1, $2, $3, 0)",
+                            [.text(o.id), .bytes(Credentials.hash(secret: o.secret)), .text(o.app)])
+            }
+            let now = f.clock.nowMillis()
+            for i in 0..<12 {
+                let id = gen.mint(nowMillis: now - 10_000 + Int64(i)).id
+                let r = sample(token: String(format: "%064x", i % 4), index: UInt32(i)), owner = i % 3
+                let state: ResponseState = i % 4 == 0 ? .delivered : .queued
+                try c.query("""
+                    INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
+                        state, attempts, next_attempt_at, created_at, expires_at, updated_at)
+                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 0, $10, $10, $11, $10)
+                    """, [.text(id), .text(owners[owner].app), .text(r.pushToken), .text(r.sessionIdentifier), .bytes(r.keyID), .int(Int64(i)),
+                          .bytes(r.encryptedData), .text(owners[owner].id), .text(state.rawValue), .int(now - 10_000), .int(now + 86_400_000)])
+                rows.append((i, id, owner, state))
+            }
+        }
+        let columns = "id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id, state, created_at"
+        let before = try f.sql("SELECT \(columns) FROM responses ORDER BY id")
+        let s = try f.openPostgres(nodeID: "a")
+        defer { s.close() }
+        #expect(try f.schemaVersion == 2)
+        #expect(try f.sql("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = 'responses'::regclass AND contype = 'u'")
+                == [["UNIQUE (push_token, session_id, key_id, message_index, app)"]])
+        #expect(try f.sql("SELECT \(columns) FROM responses ORDER BY id") == before)
+        for r in rows {
+            let request = sample(token: String(format: "%064x", r.i % 4), index: UInt32(r.i))
+            #expect(try s.ingestNow(request, secret: owners[r.owner].secret, apps: apps) == .duplicate(id: r.id, state: r.state), "row \(r.i)")
+            guard owners[r.owner].app == "com.example.app" else { continue }
+            #expect(try s.ingestNow(request, secret: owners[r.owner == 0 ? 2 : 0].secret, apps: apps) == .conflict, "row \(r.i)")
+            guard case .accepted(let id) = try s.ingestNow(request, secret: owners[1].secret, apps: apps) else {
+                Issue.record("row \(r.i): the other app's key was not accepted"); continue
+            }
+            #expect(try s.response(id: id)?.app == "com.example.other")
+        }
+        #expect(try f.sql("SELECT count(*) FROM responses") == [["20"]])
+    }
+
     @Test func twoNodesClaimDisjointRows() throws {
         let a = try f.openPostgres(nodeID: "a"), b = try f.openPostgres(nodeID: "b")
         defer { a.close(); b.close() }

@@ -100,9 +100,11 @@ import Testing
             #expect(try store.attempts(responseID: seed.id).count == seed.attempts)
         }
         #expect(try store.response(id: "not-a-uuid") == nil)
-        // Dedupe: the same key as each migrated row answers with its id and state.
+        // Dedupe: the same key and sealed box as each migrated row answers with its id and state.
         for (i, seed) in seeds.enumerated() {
-            #expect(try store.ingestNow(sample(index: UInt32(i)), secret: secret) == .duplicate(id: seed.id, state: ResponseState(rawValue: seed.state)!))
+            var retry = sample(index: UInt32(i))
+            retry.encryptedData = [UInt8](repeating: UInt8(i), count: 40)
+            #expect(try store.ingestNow(retry, secret: secret) == .duplicate(id: seed.id, state: ResponseState(rawValue: seed.state)!))
         }
         // Outcome writes find migrated rows by id: recover, claim, deliver every pending row.
         #expect(try store.recoverInflight() == 2)

@@ -64,7 +64,7 @@ import Testing
     @Test func credentialColumnsAndTheAppsList() {
         let c: [SQLValue] = [.text("cred_1"), .text("ops"), .text("a,b,,c"), .integer(5), .null, .integer(9)]
         #expect(CredentialRecord(columns: c) == CredentialRecord(id: "cred_1", name: "ops", apps: ["a", "b", "c"], createdAt: 5, lastUsedAt: nil, revokedAt: 9))
-        #expect(CredentialKey(columns: [PGValue.text("cred_2"), .bytes([1]), .null]) == CredentialKey(id: "cred_2", hash: [1], revoked: false))
+        #expect(CredentialKey(columns: [PGValue.text("cred_2"), .bytes([1]), .null, .text("x.y,z")]) == CredentialKey(id: "cred_2", hash: [1], revoked: false, apps: ["x.y", "z"]))
         #expect(Credentials.splitApps(Credentials.joinApps(["x.y", "z"])) == ["x.y", "z"])
     }
 

@@ -22,10 +22,27 @@ import Testing
         #expect(StoreRules.admit(credential: cred(apps: ["a"]), presentedHash: hash, requestedApp: "z", configuredApps: apps) == .refused(.unknownApp("z")))
     }
 
+    /// The app rule alone, as ingest asks it (from its cached credential) before charging the
+    /// push-token bucket: the same answers admit gives a live credential.
+    @Test func appResolution() {
+        let apps: Set<String> = ["a", "b"]
+        #expect(StoreRules.app(credentialApps: ["a"], requestedApp: nil, configuredApps: apps) == .app("a"))
+        #expect(StoreRules.app(credentialApps: ["a", "b"], requestedApp: "b", configuredApps: apps) == .app("b"))
+        #expect(StoreRules.app(credentialApps: ["a", "b"], requestedApp: nil, configuredApps: apps) == .refused(.appRequired))
+        #expect(StoreRules.app(credentialApps: ["a"], requestedApp: "b", configuredApps: apps) == .refused(.forbidden(app: "b")))
+        #expect(StoreRules.app(credentialApps: ["c"], requestedApp: nil, configuredApps: apps) == .refused(.unknownApp("c")))
+        #expect(StoreRules.app(credentialApps: ["a", "z"], requestedApp: "z", configuredApps: apps) == .refused(.unknownApp("z")))
+    }
+
     @Test func dedupeAnswersOnlyTheOwnCredential() {
-        let row = ExistingRow(id: "0190", state: .delivered, credentialID: "cred_b")
-        #expect(StoreRules.dedupe(row, credentialID: "cred_b") == .duplicate(id: "0190", state: .delivered))
-        #expect(StoreRules.dedupe(row, credentialID: "cred_a") == .conflict)
+        let row = ExistingRow(id: "0190", state: .delivered, credentialID: "cred_b", encryptedData: [1, 2, 3])
+        #expect(StoreRules.dedupe(row, credentialID: "cred_b", encryptedData: [1, 2, 3]) == .duplicate(id: "0190", state: .delivered))
+        #expect(StoreRules.dedupe(row, credentialID: "cred_a", encryptedData: [1, 2, 3]) == .conflict)
+        // Another sealed box at the credential's own key: refused with its id; from another
+        // credential still only a conflict (the other row's box is not compared).
+        #expect(StoreRules.dedupe(row, credentialID: "cred_b", encryptedData: [1, 2, 4]) == .indexReused(id: "0190"))
+        #expect(StoreRules.dedupe(row, credentialID: "cred_b", encryptedData: [1, 2]) == .indexReused(id: "0190"))
+        #expect(StoreRules.dedupe(row, credentialID: "cred_a", encryptedData: [9]) == .conflict)
     }
 
     @Test func unregisteredUnlessSeenAfterTheCutoff() {

@@ -484,6 +484,104 @@ import Testing
         #expect(outcomes.values.filter { if case .accepted = $0 { true } else { false } }.count == 1)
     }
 
+    /// The dedupe key holds the app the row was stored for (SQLite schema v7, PostgreSQL v2):
+    /// the same four fields stored first under another app are no conflict, each app's retry
+    /// finds its own row, and within one app the credential rule stands (409 across credentials,
+    /// as during a rotation).
+    @Test(arguments: StoreBackend.available)
+    func dedupeIsScopedToTheApp(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let apps: Set<String> = ["com.example.app", "com.example.other"]
+        let a = try s.createCredential(name: "a", apps: ["com.example.app"])
+        let a2 = try s.createCredential(name: "a2", apps: ["com.example.app"])
+        let b = try s.createCredential(name: "b", apps: ["com.example.other"])
+        let both = try s.createCredential(name: "both", apps: ["com.example.app", "com.example.other"])
+        guard case .accepted(let idB) = try s.ingestNow(sample(index: 7), secret: b.secret, apps: apps),
+              case .accepted(let idA) = try s.ingestNow(sample(index: 7), secret: a.secret, apps: apps)
+        else { Issue.record("not accepted"); return }
+        #expect(idA != idB)
+        #expect(try s.response(id: idA)?.app == "com.example.app")
+        #expect(try s.response(id: idB)?.app == "com.example.other")
+        #expect(try s.ingestNow(sample(index: 7), secret: a.secret, apps: apps) == .duplicate(id: idA, state: .queued))
+        #expect(try s.ingestNow(sample(index: 7), secret: b.secret, apps: apps) == .duplicate(id: idB, state: .queued))
+        #expect(try s.ingestNow(sample(index: 7), secret: a2.secret, apps: apps) == .conflict)
+        // A credential of both apps: one row per app it names, each its own duplicate; under an
+        // app where another credential holds the key, a conflict.
+        guard case .accepted(let x) = try s.ingestNow(sample(index: 8, app: "com.example.app"), secret: both.secret, apps: apps),
+              case .accepted(let y) = try s.ingestNow(sample(index: 8, app: "com.example.other"), secret: both.secret, apps: apps)
+        else { Issue.record("not accepted"); return }
+        #expect(x != y)
+        #expect(try s.ingestNow(sample(index: 8, app: "com.example.other"), secret: both.secret, apps: apps) == .duplicate(id: y, state: .queued))
+        #expect(try s.ingestNow(sample(index: 7, app: "com.example.other"), secret: both.secret, apps: apps) == .conflict)
+        // Submitted together (in one batch, mostly): both apps' rows are stored.
+        let results = Mutex<[String: IngestOutcome]>([:])
+        let done = DispatchGroup()
+        for (name, secret) in [("a", a.secret), ("b", b.secret)] {
+            done.enter()
+            s.submit(IngestRequest(response: sample(token: String(repeating: "cd", count: 32), index: 1), credentialHash: Credentials.hash(secret: secret))) { r in
+                if case .success(let o) = r { results.withLock { $0[name] = o } }
+                done.leave()
+            }
+        }
+        done.wait()
+        let outcomes = results.withLock { $0 }
+        guard case .accepted(let p)? = outcomes["a"], case .accepted(let q)? = outcomes["b"] else { Issue.record("\(outcomes)"); return }
+        #expect(p != q)
+        #expect(try s.list(OutboxFilter()).count == 6)
+    }
+
+    /// A credential's own key with another sealed box is refused with the stored row's id, and
+    /// nothing is stored or changed; the same box is still its idempotent retry. Also once the row
+    /// is finished, and when the boxes arrive together; never across credentials (a conflict,
+    /// whatever the box).
+    @Test(arguments: StoreBackend.available)
+    func anotherSealedBoxAtAUsedIndexIsRefusedWithTheStoredID(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let a = try s.createCredential(name: "a", apps: ["com.example.app"])
+        let a2 = try s.createCredential(name: "a2", apps: ["com.example.app"])
+        func boxed(_ r: NewResponse, _ box: [UInt8]) -> NewResponse { var r = r; r.encryptedData = box; return r }
+        let other = boxed(sample(index: 7), [UInt8](repeating: 6, count: 40))
+        guard case .accepted(let id) = try s.ingestNow(sample(index: 7), secret: a.secret) else { Issue.record("not accepted"); return }
+        let before = try #require(try s.response(id: id))
+        #expect(try s.ingestNow(other, secret: a.secret) == .indexReused(id: id))
+        #expect(try s.ingestNow(boxed(sample(index: 7), sample().encryptedData + [5]), secret: a.secret) == .indexReused(id: id))
+        #expect(try s.ingestNow(sample(index: 7), secret: a.secret) == .duplicate(id: id, state: .queued))
+        #expect(try s.ingestNow(other, secret: a2.secret) == .conflict)
+        #expect(try s.response(id: id) == before)
+        #expect(try s.list(OutboxFilter()).count == 1)
+        // Delivered: the index stays used.
+        let row = try s.claimDue(limit: 1)[0]
+        try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .delivered, attempt: nil)])
+        #expect(try s.ingestNow(other, secret: a.secret) == .indexReused(id: id))
+        #expect(try s.ingestNow(sample(index: 7), secret: a.secret) == .duplicate(id: id, state: .delivered))
+        // Submitted together (in one batch, mostly; on PostgreSQL perhaps on two connections at
+        // once): one box is stored, the same box shares its id, the other is refused with it.
+        let boxes: [UInt8] = [5, 6, 5, 6]
+        let results = Mutex<[Int: IngestOutcome]>([:])
+        let done = DispatchGroup()
+        for (n, b) in boxes.enumerated() {
+            done.enter()
+            s.submit(IngestRequest(response: boxed(sample(token: String(repeating: "cd", count: 32), index: 1), [UInt8](repeating: b, count: 40)),
+                                   credentialHash: Credentials.hash(secret: a.secret))) { r in
+                if case .success(let o) = r { results.withLock { $0[n] = o } }
+                done.leave()
+            }
+        }
+        done.wait()
+        let outcomes = results.withLock { $0 }
+        let stored = outcomes.compactMap { n, o -> (Int, String)? in if case .accepted(let id) = o { (n, id) } else { nil } }
+        guard stored.count == 1, let (winner, storedID) = stored.first else { Issue.record("\(outcomes)"); return }
+        for (n, o) in outcomes where n != winner {
+            #expect(o == (boxes[n] == boxes[winner] ? .duplicate(id: storedID, state: .queued) : .indexReused(id: storedID)), "\(n): \(o)")
+        }
+        #expect(outcomes.count == 4)
+        #expect(try s.response(id: storedID)?.encryptedData == [UInt8](repeating: boxes[winner], count: 40))
+    }
+
     @Test(arguments: StoreBackend.available)
     func bothBackendsHoldTheSameColumns(_ backend: StoreBackend) throws {
         let f = try StoreFixture(backend)
@@ -739,10 +837,15 @@ import Testing
             #expect(got.state.rawValue == row[9].string)
             #expect(got.encryptedData == row[7].bytes)
         }
-        // Dedupe: the same (token, session, keyID, index) as each migrated row answers with its id and state.
+        // Dedupe: the same (token, session, keyID, index) and sealed box as each migrated row
+        // answers with its id and state; another box at its index is refused with its id.
         for (i, row) in before.enumerated() {
-            let outcome = try store.ingestNow(sample(index: UInt32(i)), secret: secret)
+            var retry = sample(index: UInt32(i))
+            retry.encryptedData = row[7].bytes ?? []
+            let outcome = try store.ingestNow(retry, secret: secret)
             #expect(outcome == .duplicate(id: row[1].string!, state: ResponseState(rawValue: row[9].string!)!))
+            retry.encryptedData.append(0xff)
+            #expect(try store.ingestNow(retry, secret: secret) == .indexReused(id: row[1].string!))
         }
         // A new response is accepted with a time-ordered id after the migrated ones.
         guard case .accepted(let newID) = try store.ingestNow(sample(index: 99), secret: secret) else {

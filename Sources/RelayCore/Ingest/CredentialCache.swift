@@ -33,7 +33,7 @@ final class CredentialCache: Sendable {
     /// the presented hash and on which slots are taken: that tells a prober about SHA-256
     /// outputs, never about a secret (a preimage of a 256-bit random value).
     struct Table {
-        private var slots: [(key: Key, id: String, revoked: Bool)?]
+        private var slots: [(key: Key, id: String, revoked: Bool, apps: [String])?]
         private let mask: Int
 
         init(_ keys: [CredentialKey]) {
@@ -45,14 +45,14 @@ final class CredentialCache: Sendable {
                 guard let key = Key(k.hash) else { continue }
                 var i = Int(truncatingIfNeeded: key.a) & mask
                 while let s = slots[i], s.key != key { i = (i + 1) & mask }
-                slots[i] = (key, k.id, k.revoked)
+                slots[i] = (key, k.id, k.revoked, k.apps)
             }
         }
 
-        func find(_ key: Key) -> (id: String, revoked: Bool)? {
+        func find(_ key: Key) -> (id: String, revoked: Bool, apps: [String])? {
             var i = Int(truncatingIfNeeded: key.a) & mask
             while let s = slots[i] {
-                if s.key == key { return (s.id, s.revoked) }
+                if s.key == key { return (s.id, s.revoked, s.apps) }
                 i = (i + 1) & mask
             }
             return nil
@@ -60,7 +60,8 @@ final class CredentialCache: Sendable {
     }
 
     enum Verdict: Sendable, Equatable {
-        case valid(id: String)
+        /// `apps`: what the credential may send for (StoreRules.app decides the request's).
+        case valid(id: String, apps: [String])
         /// Unknown or revoked as of a read at most `maxAgeMicros` old (or begun after the request).
         case invalid
         /// The copy is too old, or does not know the hash: wait for a read (`afterRead`).
@@ -126,7 +127,7 @@ final class CredentialCache: Sendable {
             if refresh { s.reading = true }
             // Revoked stays revoked; an unknown hash may be a credential created since the read.
             guard let entry else { return (.pending(knownValid: false), refresh) }
-            return (entry.revoked ? .invalid : .valid(id: entry.id), refresh)
+            return (entry.revoked ? .invalid : .valid(id: entry.id, apps: entry.apps), refresh)
         }
         if startRead { run { [self] in read(startedAt: t) } }
         return verdict
@@ -188,7 +189,7 @@ final class CredentialCache: Sendable {
                 let v: Verdict
                 if let fresh {
                     if let key = w.key, let e = fresh.byKey.find(key) {
-                        v = e.revoked ? .invalid : .valid(id: e.id)
+                        v = e.revoked ? .invalid : .valid(id: e.id, apps: e.apps)
                     } else {
                         v = .invalid
                         if let key = w.key { s.absent.update(key, new: startedAt) { $0 = startedAt } }

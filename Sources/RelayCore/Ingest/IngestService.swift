@@ -3,8 +3,9 @@
 // tested without sockets. Order of checks for POST /v1/responses (docs/api.md):
 //   401 (no/malformed/unknown/revoked bearer, from CredentialCache; 429 instead once the
 //   address spent its failure budget) -> 429 credential -> 415/413/400 body -> 429 push token
-//   -> in one store transaction: 401 revoked since (defence in depth), 400 unknown/ambiguous
-//   app, 403 scope, 200 duplicate, 410 unregistered token, 503 outbox bound, 202 after COMMIT.
+//   (per app, charged only when the credential may send for the app) -> in one store
+//   transaction: 401 revoked since (defence in depth), 400 unknown/ambiguous app, 403 scope,
+//   200 duplicate, 410 unregistered token, 503 outbox bound, 202 after COMMIT.
 import Basics
 import FoundationEssentials
 import Glibc
@@ -16,6 +17,7 @@ import Synchronization
 public struct IngestSettings: Sendable {
     public var limits = IngestLimits()
     public var perCredential = RateLimit(perSecond: 1000, burst: 2000)
+    /// Per (app, push token): another app's traffic naming the token never spends this app's.
     public var perPushToken = RateLimit(perSecond: 10, burst: 20)
     /// Failed authentications (401) per client address (IPv4 address or IPv6 /64): once the
     /// bucket is empty, requests from there that fail authentication get 429 instead of 401
@@ -34,13 +36,25 @@ public struct IngestSettings: Sendable {
     public init() {}
 }
 
+/// The push-token bucket's key.
+struct AppPushToken: Hashable, Sendable {
+    var app: String
+    var pushToken: String
+
+    // The token alone spreads the keys (hashing the app too cost ~200 instructions per
+    // request); a token has one key per app it is sent for, told apart by ==.
+    func hash(into hasher: inout Hasher) { hasher.combine(pushToken) }
+}
+
 public final class IngestService: Sendable {
     private let store: any OutboxStore
     private let settings: IngestSettings
-    private let credentialLimiter: RateLimiter
-    private let tokenLimiter: RateLimiter
-    private let authFailureLimiter: RateLimiter
-    private let slash48AuthFailureLimiter: RateLimiter
+    // The credential's bucket is its own, the address budgets charge failed authentications
+    // only; the push token is the one key several tenants can name, so its bucket is per app.
+    private let credentialLimiter: RateLimiter<String>
+    private let tokenLimiter: RateLimiter<AppPushToken>
+    private let authFailureLimiter: RateLimiter<String>
+    private let slash48AuthFailureLimiter: RateLimiter<String>
     private let credentials: CredentialCache
     private let metrics: RelayMetrics
     private let logger: RelayLogger
@@ -138,7 +152,7 @@ public final class IngestService: Sendable {
 
     /// Where authentication left a request.
     private enum Admission {
-        case admitted(credentialID: String)
+        case admitted(credentialID: String, apps: [String])
         /// Answered (401 or 429).
         case refused
         /// Wait for a credential read (`CredentialCache.afterRead`), then `resumed`; `charged`:
@@ -153,8 +167,8 @@ public final class IngestService: Sendable {
             return .refused
         }
         switch credentials.verdict(hash) {
-        case .valid(let id):
-            return .admitted(credentialID: id)
+        case .valid(let id, let apps):
+            return .admitted(credentialID: id, apps: apps)
         case .invalid, .unavailable:
             refuseAuthentication(finish, "unknown or revoked")
             return .refused
@@ -174,13 +188,13 @@ public final class IngestService: Sendable {
         }
     }
 
-    /// After the credential read a pending request waited for: the credential's id, or nil
-    /// when the request was answered.
-    private func resumed(_ verdict: CredentialCache.Verdict, charged: Bool, _ finish: Exchange) -> String? {
+    /// After the credential read a pending request waited for: the credential's id and apps, or
+    /// nil when the request was answered.
+    private func resumed(_ verdict: CredentialCache.Verdict, charged: Bool, _ finish: Exchange) -> (id: String, apps: [String])? {
         switch verdict {
-        case .valid(let id):
+        case .valid(let id, let apps):
             if charged { refundAuthFailure(finish.clientKey) }
-            return id
+            return (id, apps)
         case .invalid, .pending:
             if charged {
                 finish(.error(Self.unauthorized, headers: Self.authenticateHeaders), "unknown or revoked")
@@ -339,16 +353,17 @@ public final class IngestService: Sendable {
         let hash = Self.bearerHash(request.authorization)
         switch admit(hash, finish) {
         case .refused: return
-        case .admitted: authenticatedPost(request, hash!, executor, finish)
+        case .admitted(_, let apps): authenticatedPost(request, hash!, apps, executor, finish)
         case .pending(let charged):
             credentials.afterRead(hash!) { [self] verdict in
-                guard resumed(verdict, charged: charged, finish) != nil else { return }
-                authenticatedPost(request, hash!, executor, finish)
+                guard let credential = resumed(verdict, charged: charged, finish) else { return }
+                authenticatedPost(request, hash!, credential.apps, executor, finish)
             }
         }
     }
 
-    private func authenticatedPost(_ request: APIRequest, _ hash: [UInt8], _ executor: (any ThreadExecutor)?, _ finish: Exchange) {
+    /// `apps`: the credential's, from the cache (the store checks them again in its transaction).
+    private func authenticatedPost(_ request: APIRequest, _ hash: [UInt8], _ apps: [String], _ executor: (any ThreadExecutor)?, _ finish: Exchange) {
         guard withinCredentialRate(hash, finish) else { return }
         // The IngestRequest is built where the validated value is bound: a local in between
         // costs two copies of the Result and one of the request per POST.
@@ -358,11 +373,17 @@ public final class IngestService: Sendable {
         case .success(let response):
             ingest = IngestRequest(response: response, credentialHash: hash)
         }
-        let t = tokenLimiter.take(ingest.response.pushToken)
-        guard t.allowed else {
-            metrics.rateLimited(scope: "push_token")
-            return finish(.error(ClientError(status: 429, code: "rate_limited", field: "pushToken", message: "too many requests for this push token"),
-                                 headers: [("retry-after", String(t.retryAfterSeconds))]), "token rate")
+        // A request the store will refuse (400 unknown_app or app_required, 403) charges no
+        // bucket: it cannot spend the bucket of the app it names.
+        if tokenLimiter.limit.perSecond > 0,
+           case .app(let app) = StoreRules.app(credentialApps: apps, requestedApp: ingest.response.app,
+                                               configuredApps: store.ingestSettings.configuredApps) {
+            let t = tokenLimiter.take(AppPushToken(app: app, pushToken: ingest.response.pushToken))
+            guard t.allowed else {
+                metrics.rateLimited(scope: "push_token")
+                return finish(.error(ClientError(status: 429, code: "rate_limited", field: "pushToken", message: "too many requests for this push token"),
+                                     headers: [("retry-after", String(t.retryAfterSeconds))]), "token rate")
+            }
         }
         // Captures only the exchange (see Exchange).
         store.submit(ingest, on: executor) { [finish] result in finish.service.answer(result, finish) }
@@ -384,6 +405,11 @@ public final class IngestService: Sendable {
             case .conflict:
                 metrics.storeRefusal("conflict")
                 finish(.error(ClientError(status: 409, code: "conflict", field: "messageIndex", message: "another credential already sent this messageIndex for this push token, session and key")), "conflict")
+            case .indexReused(let id):
+                metrics.storeRefusal("index_reused")
+                finish(.error(ClientError(status: 409, code: "index_reused", field: "messageIndex",
+                                          message: "this messageIndex was already sent with other encryptedData (response \(id)); an index is used once: a second sealed box means a reused message key or an accessory state restored from a copy",
+                                          responseID: id)), "index reused \(id)")
             case .unauthorized:
                 // Revoked between the cache's read and this transaction.
                 _ = chargeAuthFailure(finish.clientKey)
@@ -409,11 +435,11 @@ public final class IngestService: Sendable {
         let hash = Self.bearerHash(request.authorization)
         switch admit(hash, finish) {
         case .refused: return
-        case .admitted(let credentialID): authenticatedGet(hash!, credentialID: credentialID, id: id, finish)
+        case .admitted(let credentialID, _): authenticatedGet(hash!, credentialID: credentialID, id: id, finish)
         case .pending(let charged):
             credentials.afterRead(hash!) { [self] verdict in
-                guard let credentialID = resumed(verdict, charged: charged, finish) else { return }
-                authenticatedGet(hash!, credentialID: credentialID, id: id, finish)
+                guard let credential = resumed(verdict, charged: charged, finish) else { return }
+                authenticatedGet(hash!, credentialID: credential.id, id: id, finish)
             }
         }
     }

@@ -1,4 +1,4 @@
-// Token buckets keyed by credential hash, push token or client address. The bucket arithmetic is
+// Token buckets keyed by credential hash, (app, push token) or client address. The bucket arithmetic is
 // a pure value (`TokenBucket.take`) with time passed in; the limiter only adds a lock and a map
 // bounded by dropping the least recently used bucket (never all of them at once).
 import Synchronization
@@ -38,37 +38,39 @@ public struct TokenBucket: Sendable, Equatable {
     }
 }
 
-public final class RateLimiter: Sendable {
+/// Slots of RateLimiter's table of dropped buckets (a generic class has no static stored property).
+private let droppedSlots = 16_384
+
+public final class RateLimiter<Key: Hashable & Sendable>: Sendable {
     public let limit: RateLimit
     private let buckets: Mutex<Buckets>
 
     private struct Buckets {
-        var recent: RecentMap<String, TokenBucket>
+        var recent: RecentMap<Key, TokenBucket>
         /// Buckets dropped from `recent` before they refilled, folded by key hash into a fixed
         /// number of slots (the emptiest wins): a key that comes back starts from its slot, so
         /// pushing a key out with `maxKeys` others never hands it a full budget again. Keys
         /// that share a slot share its debt until it refills (at the limit's own rate).
         var dropped: [TokenBucket?]
     }
-    private static let droppedSlots = 16_384
 
     /// At most `maxKeys` buckets; past it the least recently used one is dropped, its debt
     /// kept in a fixed table (see `Buckets.dropped`).
     public init(limit: RateLimit, maxKeys: Int = 100_000) {
         self.limit = limit
-        buckets = Mutex(Buckets(recent: RecentMap(capacity: maxKeys), dropped: Array(repeating: nil, count: Self.droppedSlots)))
+        buckets = Mutex(Buckets(recent: RecentMap(capacity: maxKeys), dropped: Array(repeating: nil, count: droppedSlots)))
     }
 
-    public func take(_ key: String, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
+    public func take(_ key: Key, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
         guard limit.perSecond > 0 else { return (true, 0) }
         return buckets.withLock { b in
-            let slot = key.hashValue & (Self.droppedSlots - 1)
+            let slot = key.hashValue & (droppedSlots - 1)
             let start = b.recent.contains(key) ? nil : b.dropped[slot]
             let result = b.recent.update(key, new: start ?? TokenBucket(limit: limit, nowMicros: nowMicros)) {
                 $0.take(limit: limit, nowMicros: nowMicros)
             }
             if let (gone, bucket) = b.recent.takeEvicted() {
-                fold(bucket, into: &b.dropped[gone.hashValue & (Self.droppedSlots - 1)], nowMicros: nowMicros)
+                fold(bucket, into: &b.dropped[gone.hashValue & (droppedSlots - 1)], nowMicros: nowMicros)
             }
             return result
         }
@@ -87,7 +89,7 @@ public final class RateLimiter: Sendable {
     }
 
     /// Whether `take` would allow a request now, without taking anything.
-    public func peek(_ key: String, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
+    public func peek(_ key: Key, nowMicros: Int64 = monotonicMicros()) -> (allowed: Bool, retryAfterSeconds: Int) {
         guard limit.perSecond > 0 else { return (true, 0) }
         return buckets.withLock { b in
             var copy: TokenBucket?
@@ -98,14 +100,14 @@ public final class RateLimiter: Sendable {
     }
 
     /// Gives back a token taken by `take` (a charge that turned out not to be owed).
-    public func refund(_ key: String) {
+    public func refund(_ key: Key) {
         guard limit.perSecond > 0 else { return }
         buckets.withLock { b in b.recent.updateIfPresent(key) { $0.tokens = min(limit.burst, $0.tokens + 1) } }
     }
 
     /// Buckets held (tests: the bound).
     var count: Int { buckets.withLock { $0.recent.count } }
-    func contains(_ key: String) -> Bool { buckets.withLock { $0.recent.contains(key) } }
+    func contains(_ key: Key) -> Bool { buckets.withLock { $0.recent.contains(key) } }
 }
 
 /// A map of at most `capacity` entries that drops the least recently updated one to make room:

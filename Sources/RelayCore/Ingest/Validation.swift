@@ -9,20 +9,25 @@ public struct ClientError: Error, Equatable, Sendable {
     public var code: String
     public var field: String?
     public var message: String
+    /// The caller's own stored response the refusal is about (409 `index_reused`), never another
+    /// credential's.
+    public var responseID: String?
 
-    public init(status: Int, code: String, field: String?, message: String) {
+    public init(status: Int, code: String, field: String?, message: String, responseID: String? = nil) {
         self.status = status
         self.code = code
         self.field = field
         self.message = message
+        self.responseID = responseID
     }
 
-    /// `{"error":"<code>","field":"<name>","message":"..."}`
+    /// `{"error":"<code>","field":"<name>","message":"..."}`, then `"id"` when there is one.
     public var jsonBody: String {
         var s = "{\"error\":\(jsonString(code))"
         if let field { s += ",\"field\":\(jsonString(field))" }
-        s += ",\"message\":\(jsonString(message))}"
-        return s
+        s += ",\"message\":\(jsonString(message))"
+        if let responseID { s += ",\"id\":\(jsonString(responseID))" }
+        return s + "}"
     }
 }
 

@@ -36,7 +36,7 @@ public final class RelayMetrics: Sendable {
     }
     public func rateLimited(scope: String) { state.withLock { $0.rateLimited[scope, default: 0] += 1 } }
     public func retry() { state.withLock { $0.retries += 1 } }
-    /// An ingest the store refused for a reason worth alerting on ("conflict", "storage_full").
+    /// An ingest the store refused for a reason worth alerting on ("conflict", "index_reused", "storage_full").
     public func storeRefusal(_ code: String) { state.withLock { $0.storeRefusals[code, default: 0] += 1 } }
 
     public func push(status: Int?, reason: String?, latencySeconds: Double, sinceIngestSeconds: Double?) {
@@ -60,8 +60,8 @@ public final class RelayMetrics: Sendable {
             r.sample("relay_rate_limited_total", ["scope": scope], n)
         }
         r.declare("relay_ingest_refused_total", .counter,
-                  help: "Ingests the store refused: conflict (the key belongs to another credential), storage_full (store.minFreeBytes).")
-        for code in ["conflict", "storage_full"] {
+                  help: "Ingests the store refused: conflict (the key belongs to another credential), index_reused (the credential's own key with another encryptedData), storage_full (store.minFreeBytes).")
+        for code in ["conflict", "index_reused", "storage_full"] {
             r.sample("relay_ingest_refused_total", ["code": code], s.storeRefusals[code] ?? 0)
         }
         r.declare("relay_pushes_total", .counter, help: "APNs answers by status and reason (status=\"transport\" when none arrived).")

@@ -72,6 +72,9 @@ public enum IngestOutcome: Sendable, Equatable {
     case duplicate(id: String, state: ResponseState)
     /// The same key was stored by another credential (nothing of that row is revealed).
     case conflict
+    /// The credential's own row holds the key with another sealed box: the message index was
+    /// used twice (StoreRules.dedupe). Nothing is stored; `id` is that row's.
+    case indexReused(id: String)
     case unauthorized
     case forbidden(app: String)
     /// The credential may use several apps and the body named none.
@@ -161,17 +164,20 @@ public struct CredentialRecord: Sendable, Equatable {
 }
 
 /// What ingest authenticates a bearer against before any other work (IngestService's
-/// credential cache): no name, apps or times.
+/// credential cache), and the apps that key its push-token buckets: no name or times.
 public struct CredentialKey: Sendable, Equatable {
     public var id: String
     /// SHA-256 of the secret.
     public var hash: [UInt8]
     public var revoked: Bool
+    /// Fixed at creation (no command changes them), so a cached copy is exact.
+    public var apps: [String]
 
-    public init(id: String, hash: [UInt8], revoked: Bool) {
+    public init(id: String, hash: [UInt8], revoked: Bool, apps: [String] = []) {
         self.id = id
         self.hash = hash
         self.revoked = revoked
+        self.apps = apps
     }
 }
 

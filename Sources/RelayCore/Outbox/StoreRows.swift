@@ -57,9 +57,9 @@ extension CredentialRecord {
 }
 
 extension CredentialKey {
-    /// id, hash, revoked_at.
+    /// id, hash, revoked_at, apps.
     init(columns c: some StoreColumns) {
-        self.init(id: c.string(0) ?? "", hash: c.bytes(1) ?? [], revoked: c.int(2) != nil)
+        self.init(id: c.string(0) ?? "", hash: c.bytes(1) ?? [], revoked: c.int(2) != nil, apps: Credentials.splitApps(c.string(3) ?? ""))
     }
 }
 

@@ -10,11 +10,13 @@ struct CredentialFacts: Sendable, Equatable {
     var revoked: Bool
 }
 
-/// An existing row with the same (pushToken, sessionIdentifier, keyID, messageIndex).
+/// An existing row with the same dedupe key (app, pushToken, sessionIdentifier, keyID,
+/// messageIndex). Read only when a key matches, so new rows never pay for `encryptedData`.
 struct ExistingRow: Sendable, Equatable {
     var id: String
     var state: ResponseState
     var credentialID: String
+    var encryptedData: [UInt8]
 }
 
 enum StoreRules {
@@ -34,20 +36,40 @@ enum StoreRules {
     /// compared again in constant time so a lookup index never decides alone.
     static func admit(credential: CredentialFacts?, presentedHash: [UInt8], requestedApp: String?, configuredApps: Set<String>) -> Admission {
         guard let c = credential, RelayCrypto.constantTimeEqual(c.hash, presentedHash), !c.revoked else { return .refused(.unauthorized) }
-        if let named = requestedApp {
-            guard configuredApps.contains(named) else { return .refused(.unknownApp(named)) }
-            guard c.apps.contains(named) else { return .refused(.forbidden(app: named)) }
-            return .admitted(credentialID: c.id, app: named)
+        switch app(credentialApps: c.apps, requestedApp: requestedApp, configuredApps: configuredApps) {
+        case .app(let app): return .admitted(credentialID: c.id, app: app)
+        case .refused(let outcome): return .refused(outcome)
         }
-        guard c.apps.count == 1 else { return .refused(.appRequired) }
-        guard configuredApps.contains(c.apps[0]) else { return .refused(.unknownApp(c.apps[0])) }
-        return .admitted(credentialID: c.id, app: c.apps[0])
     }
 
-    /// Dedupe is scoped to the credential: its own retry gets the stored id and state; the same
-    /// key from another credential is a conflict that says nothing about the other row.
-    static func dedupe(_ existing: ExistingRow, credentialID: String) -> IngestOutcome {
-        existing.credentialID == credentialID ? .duplicate(id: existing.id, state: existing.state) : .conflict
+    enum AppChoice: Equatable {
+        case app(String)
+        /// 400 `unknown_app` or `app_required`, or 403.
+        case refused(IngestOutcome)
+    }
+
+    /// The app a live credential's request goes to. IngestService asks it too, from its cached
+    /// copy of the credential: the push-token bucket is per app and charges admitted requests only.
+    static func app(credentialApps: [String], requestedApp: String?, configuredApps: Set<String>) -> AppChoice {
+        if let named = requestedApp {
+            guard configuredApps.contains(named) else { return .refused(.unknownApp(named)) }
+            guard credentialApps.contains(named) else { return .refused(.forbidden(app: named)) }
+            return .app(named)
+        }
+        guard credentialApps.count == 1 else { return .refused(.appRequired) }
+        guard configuredApps.contains(credentialApps[0]) else { return .refused(.unknownApp(credentialApps[0])) }
+        return .app(credentialApps[0])
+    }
+
+    /// Dedupe is scoped to the credential: its own retry (the same sealed box) gets the stored id
+    /// and state; the same key from another credential is a conflict that says nothing about the
+    /// other row, whatever its box. Another box at the credential's own key is refused with the
+    /// stored id: an accessory persists (chainKey, messageIndex) before it sends, so an index
+    /// carries a second box only when a message key was reused or its state restored from a
+    /// copy, and that box must not be pushed.
+    static func dedupe(_ existing: ExistingRow, credentialID: String, encryptedData: [UInt8]) -> IngestOutcome {
+        guard existing.credentialID == credentialID else { return .conflict }
+        return existing.encryptedData == encryptedData ? .duplicate(id: existing.id, state: existing.state) : .indexReused(id: existing.id)
     }
 
     /// The token's record says `cutoff` (unregisteredCutoff); `lastSeen` is the newest

@@ -54,48 +54,58 @@ extension PostgresOutboxStore {
         refreshPendingIfStale()
     }
 
+    /// A dedupe key: the app the request was admitted for (StoreRules.admit) and its four fields.
     private struct Key: Hashable, Comparable {
+        var app: String
         var token: String
         var session: String
         var keyID: [UInt8]
         var index: Int64
-        init(_ r: NewResponse) {
+        init(app: String, _ r: NewResponse) {
+            self.app = app
             token = r.pushToken
             session = r.sessionIdentifier
             keyID = r.keyID
             index = Int64(r.messageIndex)
         }
+        /// The UNIQUE key's column order.
         static func < (a: Key, b: Key) -> Bool {
             if a.token != b.token { return a.token < b.token }
             if a.session != b.session { return a.session < b.session }
             if a.keyID != b.keyID { return a.keyID.lexicographicallyPrecedes(b.keyID) }
-            return a.index < b.index
+            if a.index != b.index { return a.index < b.index }
+            return a.app < b.app
         }
     }
 
-    /// One probe of the UNIQUE key per looked-up key. LATERAL ... LIMIT 1 cannot be flattened
-    /// into a join, so no cached plan can turn it into a scan of the whole table (a hash join
-    /// planned while the table was small read every row of it on each batch).
+    /// One probe of the UNIQUE key's prefix per looked-up response: the rows with its four
+    /// fields under every app (one per app at most), since the app a request goes to is only
+    /// known once its credential is read in the same round trip. OFFSET 0, like a LIMIT, keeps
+    /// the LATERAL subquery from being flattened into a join, so no cached plan can turn it
+    /// into a scan of the whole table (a hash join planned while the table was small read every
+    /// row of it on each batch).
     static let existingSQL = """
-        SELECT k.n, r.id, r.state, r.credential_id
+        SELECT k.n, r.id, r.state, r.credential_id, r.app, r.encrypted_data
         FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[]) WITH ORDINALITY AS k(t, s, kid, mi, n)
         CROSS JOIN LATERAL (
-            SELECT id, state, credential_id FROM responses
-            WHERE push_token = k.t AND session_id = k.s AND key_id = k.kid AND message_index = k.mi LIMIT 1) r
+            SELECT id, state, credential_id, app, encrypted_data FROM responses
+            WHERE push_token = k.t AND session_id = k.s AND key_id = k.kid AND message_index = k.mi OFFSET 0) r
         """
 
-    private static func existingStatement(_ keys: [Key]) -> (sql: String, params: [PGValue]) {
-        (existingSQL, [.textArray(keys.map(\.token)), .textArray(keys.map(\.session)), .bytesArray(keys.map(\.keyID)), .intArray(keys.map(\.index))])
+    private static func existingStatement(_ rs: [NewResponse]) -> (sql: String, params: [PGValue]) {
+        (existingSQL, [.textArray(rs.map(\.pushToken)), .textArray(rs.map(\.sessionIdentifier)), .bytesArray(rs.map(\.keyID)),
+                       .intArray(rs.map { Int64($0.messageIndex) })])
     }
 
-    /// The stored rows holding the looked-up keys, by position among them.
-    private static func existingRows(_ rows: [PGRow], count: Int) throws -> [Int: ExistingRow] {
-        var out: [Int: ExistingRow] = [:]
+    /// The stored rows holding the looked-up fields, by position among them and by app.
+    private static func existingRows(_ rows: [PGRow], count: Int) throws -> [Int: [String: ExistingRow]] {
+        var out: [Int: [String: ExistingRow]] = [:]
         for r in rows {
             guard let n = r[0].int, n >= 1, n <= count, let id = r[1].string,
-                  let state = r[2].string.flatMap(ResponseState.init(rawValue:)), let cred = r[3].string
+                  let state = r[2].string.flatMap(ResponseState.init(rawValue:)), let cred = r[3].string, let app = r[4].string,
+                  let data = r[5].bytes
             else { throw StoreError.invalid("malformed responses row") }
-            out[Int(n) - 1] = ExistingRow(id: id, state: state, credentialID: cred)
+            out[Int(n) - 1, default: [:]][app] = ExistingRow(id: id, state: state, credentialID: cred, encryptedData: data)
         }
         return out
     }
@@ -107,7 +117,7 @@ extension PostgresOutboxStore {
         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bigint[], $7::bytea[], $8::text[],
                     $9::bigint[], $10::bigint[], $11::bigint[])
             AS u(id, app, token, session, kid, mi, data, cred, due, now, exp)
-        ON CONFLICT (push_token, session_id, key_id, message_index) DO NOTHING
+        ON CONFLICT (push_token, session_id, key_id, message_index, app) DO NOTHING
         RETURNING id
         """
 
@@ -115,12 +125,12 @@ extension PostgresOutboxStore {
         -> [Result<IngestOutcome, StoreError>] {
         // 1. The facts, in one round trip. Credentials are read on every batch: a revocation
         //    committed by relayctl (on any node) takes effect for the very next batch.
-        let keys = items.map { Key($0.request.response) }
+        let responses = items.map(\.request.response)
         let hashes = Array(Set(items.map(\.request.credentialHash)))
         let tokens = Array(Set(items.map(\.request.response.pushToken)))
         let facts = try c.pipeline([
             ("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ANY($1)", [.bytesArray(hashes)]),
-            Self.existingStatement(keys),
+            Self.existingStatement(responses),
             ("""
              SELECT u.token, u.apns_timestamp, (SELECT max(r.created_at) FROM responses r WHERE r.push_token = u.token)
              FROM unregistered_tokens u WHERE u.token = ANY($1)
@@ -132,7 +142,7 @@ extension PostgresOutboxStore {
             guard let id = r[0].string, let h = r[1].bytes else { continue }
             creds[h] = CredentialFacts(id: id, hash: h, apps: Credentials.splitApps(r[2].string ?? ""), revoked: !r[3].isNull)
         }
-        let found = try Self.existingRows(facts[1].rows, count: keys.count)
+        let found = try Self.existingRows(facts[1].rows, count: items.count)
         var unregistered: [String: (reportedAt: Int64, lastSeen: Int64?)] = [:]
         for r in facts[2].rows {
             if let t = r[0].string, let ts = r[1].int { unregistered[t] = (ts, r[2].int) }
@@ -147,7 +157,7 @@ extension PostgresOutboxStore {
         var touched: [String: Int64] = [:]
         var firstInBatch: [Key: Int] = [:]         // key -> the item that inserts it
         var duplicateOf: [(item: Int, of: Int, credID: String)] = []
-        var wanted: [(item: Int, credID: String, app: String)] = []
+        var wanted: [(item: Int, credID: String, key: Key)] = []
         for (n, item) in items.enumerated() {
             let req = item.request
             switch StoreRules.admit(credential: creds[req.credentialHash], presentedHash: req.credentialHash, requestedApp: req.response.app,
@@ -158,26 +168,27 @@ extension PostgresOutboxStore {
                 if StoreRules.lastUsedIsStale(touchedAt: touchedAt.withLock({ $0[credID] }), now: item.now) {
                     touched[credID] = max(touched[credID] ?? 0, item.now)
                 }
-                if let e = found[n] {
-                    outcomes[n] = .success(StoreRules.dedupe(e, credentialID: credID))
-                } else if let first = firstInBatch[keys[n]] {
+                let key = Key(app: app, req.response)
+                if let e = found[n]?[app] {
+                    outcomes[n] = .success(StoreRules.dedupe(e, credentialID: credID, encryptedData: req.response.encryptedData))
+                } else if let first = firstInBatch[key] {
                     duplicateOf.append((n, first, credID))
                 } else if let u = unregistered[req.response.pushToken], StoreRules.isUnregistered(cutoff: u.reportedAt, lastSeen: u.lastSeen) {
                     outcomes[n] = .success(.unregistered)
                 } else {
-                    firstInBatch[keys[n]] = n
-                    wanted.append((n, credID, app))
+                    firstInBatch[key] = n
+                    wanted.append((n, credID, key))
                 }
             }
         }
         // The outbox bound is the last check: reserved here, in arrival order, so batches in
         // flight on other connections count too; given back for whatever is not stored.
         let granted = reservePending(wanted.count, limit: settings.maxPending)
-        var insert: [(item: Int, credID: String, app: String, id: String)] = []
+        var insert: [(item: Int, credID: String, key: Key, id: String)] = []
         ids.withLock { gen in
             for (k, w) in wanted.enumerated() {
                 if k < granted {
-                    insert.append((w.item, w.credID, w.app, gen.mint(nowMillis: items[w.item].now).id))
+                    insert.append((w.item, w.credID, w.key, gen.mint(nowMillis: items[w.item].now).id))
                 } else {
                     outcomes[w.item] = .success(.overCapacity)
                 }
@@ -187,13 +198,13 @@ extension PostgresOutboxStore {
         // 3. One round trip that commits: the rows, then last_used_at (at most once a minute
         //    per credential and node). Rows go in key order and credentials in id order, so
         //    two batches (of this node or another) take their locks in the same order.
-        insert.sort { keys[$0.item] < keys[$1.item] }
+        insert.sort { $0.key < $1.key }
         var write: [(sql: String, params: [PGValue])] = []
         if !insert.isEmpty {
             let rs = insert.map { items[$0.item].request.response }
             let nows = insert.map { items[$0.item].now }
             write.append((Self.insertSQL, [
-                .textArray(insert.map(\.id)), .textArray(insert.map(\.app)), .textArray(rs.map(\.pushToken)),
+                .textArray(insert.map(\.id)), .textArray(insert.map(\.key.app)), .textArray(rs.map(\.pushToken)),
                 .textArray(rs.map(\.sessionIdentifier)), .bytesArray(rs.map(\.keyID)), .intArray(rs.map { Int64($0.messageIndex) }),
                 .bytesArray(rs.map(\.encryptedData)), .textArray(insert.map(\.credID)),
                 .intArray(insert.map { max(items[$0.item].now, pacedUntil[items[$0.item].request.response.pushToken] ?? 0) }),
@@ -220,35 +231,37 @@ extension PostgresOutboxStore {
         // 4. Committed. A row another node (or connection) inserted meanwhile conflicted, after
         //    waiting for its commit, and is answered as the duplicate it is.
         var rowOf: [Int: Result<ExistingRow, StoreError>] = [:]   // item -> the row holding its key
-        var lost: [(item: Int, credID: String)] = []
+        var lost: [(item: Int, credID: String, app: String)] = []
         for row in insert {
             if stored.contains(row.id) {
                 outcomes[row.item] = .success(.accepted(id: row.id))
-                rowOf[row.item] = .success(ExistingRow(id: row.id, state: .queued, credentialID: row.credID))
+                rowOf[row.item] = .success(ExistingRow(id: row.id, state: .queued, credentialID: row.credID,
+                                                       encryptedData: items[row.item].request.response.encryptedData))
             } else {
-                lost.append((row.item, row.credID))
+                lost.append((row.item, row.credID, row.key.app))
             }
         }
         adjustPending(-lost.count)
         if !lost.isEmpty {
-            var holders: Result<[Int: ExistingRow], StoreError>
+            var holders: Result<[Int: [String: ExistingRow]], StoreError>
             do {
-                let st = Self.existingStatement(lost.map { keys[$0.item] })
+                let st = Self.existingStatement(lost.map { items[$0.item].request.response })
                 holders = .success(try Self.existingRows(c.query(st.sql, st.params), count: lost.count))
             } catch {
                 holders = .failure((error as? StoreError) ?? .invalid("\(error)"))
             }
             for (k, l) in lost.enumerated() {
                 // Gone again already (or the look-up failed): nothing of this request is stored.
-                let row = holders.flatMap { $0[k].map { .success($0) } ?? .failure(.unavailable("the stored row with this key vanished; retry")) }
+                let row = holders.flatMap { $0[k]?[l.app].map { .success($0) } ?? .failure(.unavailable("the stored row with this key vanished; retry")) }
                 rowOf[l.item] = row
-                outcomes[l.item] = row.map { StoreRules.dedupe($0, credentialID: l.credID) }
+                outcomes[l.item] = row.map { StoreRules.dedupe($0, credentialID: l.credID, encryptedData: items[l.item].request.response.encryptedData) }
             }
         }
         // A request repeating an earlier one of the batch shares its fate: the row it stored
         // (or found), or its refusal by the outbox bound.
         for d in duplicateOf {
-            outcomes[d.item] = rowOf[d.of].map { r in r.map { StoreRules.dedupe($0, credentialID: d.credID) } } ?? outcomes[d.of]
+            let data = items[d.item].request.response.encryptedData
+            outcomes[d.item] = rowOf[d.of].map { r in r.map { StoreRules.dedupe($0, credentialID: d.credID, encryptedData: data) } } ?? outcomes[d.of]
         }
         guard outcomes.allSatisfy({ $0 != nil }) else { throw StoreError.invalid("ingest batch left a request undecided") }
         return outcomes.map { $0! }

@@ -6,8 +6,8 @@ import Synchronization
 extension PostgresOutboxStore {
     /// Index i is the migration to version i+1. Each backend numbers its own migrations: this
     /// v1 creates what SQLite reached in five steps (its v2-v5 changed only SQLite storage: the
-    /// pending counter, CHECK and index forms, the id_high row key), so version numbers are not
-    /// comparable across backends. Both hold the same tables and columns; PostgreSQL adds the
+    /// pending counter, CHECK and index forms, the id_high row key), and v2 is SQLite's v7 (the
+    /// app in the dedupe key), so version numbers are not comparable across backends. Both hold the same tables and columns; PostgreSQL adds the
     /// lease columns and partial indexes for the claim (StoreContractTests compare them).
     static let migrations: [String] = [
         // v1
@@ -66,6 +66,23 @@ extension PostgresOutboxStore {
             paced_until bigint NOT NULL,
             updated_at bigint NOT NULL
         );
+        """,
+        // v2: the dedupe key takes the app the row was stored for, so tenants sending the same
+        // four fields under two apps do not collide. The app goes last: a probe by the four
+        // fields is a prefix of the index (the ingest look-up, the unregistered token's newest
+        // row). Every v1 row is unique under the wider key, so building it cannot fail; it
+        // holds the table's lock while it builds. The old constraint is found by its definition
+        // rather than by PostgreSQL's generated name.
+        """
+        DO $$
+        DECLARE c name;
+        BEGIN
+            FOR c IN SELECT conname FROM pg_constraint WHERE conrelid = 'responses'::regclass AND contype = 'u'
+                     AND pg_get_constraintdef(oid) = 'UNIQUE (push_token, session_id, key_id, message_index)' LOOP
+                EXECUTE format('ALTER TABLE responses DROP CONSTRAINT %I', c);
+            END LOOP;
+        END $$;
+        ALTER TABLE responses ADD CONSTRAINT responses_dedupe_key UNIQUE (push_token, session_id, key_id, message_index, app);
         """,
     ]
 

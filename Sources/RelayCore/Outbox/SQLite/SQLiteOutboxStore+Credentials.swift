@@ -45,7 +45,7 @@ extension SQLiteOutboxStore {
             let g = try db.query("SELECT count(*), count(revoked_at), coalesce(max(created_at), 0) FROM credentials")[0]
             let generation = CredentialGeneration(count: Int(g[0].int ?? 0), revoked: Int(g[1].int ?? 0), newestCreatedAt: g[2].int ?? 0)
             guard generation != known else { return (generation, nil) }
-            let keys = try db.query("SELECT id, hash, revoked_at FROM credentials").map(CredentialKey.init(columns:))
+            let keys = try db.query("SELECT id, hash, revoked_at, apps FROM credentials").map(CredentialKey.init(columns:))
             return (generation, keys)
         }
     }

@@ -1,6 +1,7 @@
 // SQLiteOutboxStore: the dedupe key's index (schema v6, docs/architecture.md "Dedupe index").
-// A key (push token, session, key id, message index) is found through a 64-bit keyed hash `h`
-// whose high half hashes the token alone (a token's rows are one range of h). Keys of rows up
+// A key (app, push token, session, key id, message index; the app since v7) is found through a
+// 64-bit keyed hash `h` whose high half hashes the token alone (a token's rows, whatever their
+// app, are one range of h). Keys of rows up
 // to `merged_through` are in `response_keys (h, id_high)`; the younger ones (the tail) are kept
 // in memory by the one ingesting store and merged into the table in large sorted batches, in
 // a transaction of their own, so an ingest COMMIT only appends. Every hash match is verified
@@ -15,7 +16,7 @@ import Ratchet
 typealias KeyedHash = SipHash24
 
 /// A dedupe hash for tests (forced collisions): its high 32 bits must depend on the token only.
-public typealias DedupeHashFunction = @Sendable (_ pushToken: String, _ sessionID: String, _ keyID: [UInt8], _ messageIndex: UInt32) -> Int64
+public typealias DedupeHashFunction = @Sendable (_ app: String, _ pushToken: String, _ sessionID: String, _ keyID: [UInt8], _ messageIndex: UInt32) -> Int64
 
 /// h of a key under the database's SipHash key (outbox_stats.dedupe_key). Writer thread only.
 final class DedupeHasher {
@@ -44,20 +45,23 @@ final class DedupeHasher {
         return mac.hash(scratch) & 0xffff_ffff_0000_0000
     }
 
-    func hash(_ token: String, _ session: String, _ keyID: [UInt8], _ index: UInt32) -> Int64 {
-        if let override { return override(token, session, keyID, index) }
+    /// The low half covers the whole key, the app last (schema v7; v6 hashed the other four).
+    func hash(_ app: String, _ token: String, _ session: String, _ keyID: [UInt8], _ index: UInt32) -> Int64 {
+        if let override { return override(app, token, session, keyID, index) }
         let high = tokenWord(token)   // leaves the token's encoding in scratch
         append(session.utf8)
         append(keyID)
         for shift in stride(from: 24, through: 0, by: -8) { scratch.append(UInt8(truncatingIfNeeded: index >> UInt32(shift))) }
+        append(app.utf8)
         return Int64(bitPattern: high | mac.hash(scratch) >> 32)
     }
 
-    func hash(_ r: NewResponse) -> Int64 { hash(r.pushToken, r.sessionIdentifier, r.keyID, r.messageIndex) }
+    /// `app`: the one the request was admitted for (StoreRules.admit), not the body's field.
+    func hash(app: String, _ r: NewResponse) -> Int64 { hash(app, r.pushToken, r.sessionIdentifier, r.keyID, r.messageIndex) }
 
     /// The h range of a token's keys (signed order keeps it contiguous: one high half).
     func tokenRange(_ token: String) -> ClosedRange<Int64> {
-        let high = override.map { UInt64(bitPattern: $0(token, "", [], 0)) & 0xffff_ffff_0000_0000 } ?? tokenWord(token)
+        let high = override.map { UInt64(bitPattern: $0("", token, "", [], 0)) & 0xffff_ffff_0000_0000 } ?? tokenWord(token)
         return Int64(bitPattern: high)...Int64(bitPattern: high | 0xffff_ffff)
     }
 }
@@ -197,12 +201,12 @@ extension SQLiteOutboxStore {
         let row = try db.query("SELECT merged_through, minted_through FROM outbox_stats WHERE id = 1").first
         let merged = row?[0].int ?? 0, minted = row?[1].int ?? 0
         var tail = DedupeTail()
-        let scan = try db.statement("SELECT id_high, push_token, session_id, key_id, message_index FROM responses WHERE id_high > ? AND id_high <= ?")
+        let scan = try db.statement("SELECT id_high, app, push_token, session_id, key_id, message_index FROM responses WHERE id_high > ? AND id_high <= ?")
         defer { scan.reset() }
         try scan.bind(1, merged)
         try scan.bind(2, minted)
         while try scan.next() {
-            let h = state.hasher.hash(scan.text(1), scan.text(2), scan.blob(3), UInt32(truncatingIfNeeded: scan.int64(4)))
+            let h = state.hasher.hash(scan.text(1), scan.text(2), scan.text(3), scan.blob(4), UInt32(truncatingIfNeeded: scan.int64(5)))
             tail.add(h, scan.int64(0), inBatch: false)
         }
         // Ids minted from now on are above every key minted before (a clock stepped back, a
@@ -214,10 +218,10 @@ extension SQLiteOutboxStore {
         state.ingestLock = lock
     }
 
-    /// The stored row with r's dedupe key, if any: tail and index candidates, each verified.
-    static func existing(_ r: NewResponse, h: Int64, db: SQLiteDatabase, state: WriterState) throws -> ExistingRow? {
+    /// The stored row with r's dedupe key under `app`, if any: tail and index candidates, each verified.
+    static func existing(_ r: NewResponse, app: String, h: Int64, db: SQLiteDatabase, state: WriterState) throws -> ExistingRow? {
         for id in state.tail.candidates(h) {
-            if let row = try verified(id, r, db: db, state: state) { return row }
+            if let row = try verified(id, r, app: app, db: db, state: state) { return row }
         }
         let lookup = try db.held(&state.lookupKey, "SELECT id_high FROM response_keys WHERE h = ?")
         try lookup.bind(1, h)
@@ -225,19 +229,19 @@ extension SQLiteOutboxStore {
         while try lookup.next() { ids.append(lookup.int64(0)) }
         lookup.reset()
         for id in ids {
-            if let row = try verified(id, r, db: db, state: state) { return row }
+            if let row = try verified(id, r, app: app, db: db, state: state) { return row }
         }
         return nil
     }
 
-    private static func verified(_ id: Int64, _ r: NewResponse, db: SQLiteDatabase, state: WriterState) throws -> ExistingRow? {
+    private static func verified(_ id: Int64, _ r: NewResponse, app: String, db: SQLiteDatabase, state: WriterState) throws -> ExistingRow? {
         let read = try db.held(&state.readKeyRow,
-            "SELECT id, state, credential_id, push_token, session_id, key_id, message_index FROM responses WHERE id_high = ?")
+            "SELECT id, state, credential_id, push_token, session_id, key_id, message_index, app, encrypted_data FROM responses WHERE id_high = ?")
         defer { read.reset() }
         try read.bind(1, id)
         guard try read.next(), read.text(3) == r.pushToken, read.text(4) == r.sessionIdentifier, read.blob(5) == r.keyID,
-              read.int64(6) == Int64(r.messageIndex), let s = ResponseState(rawValue: read.text(1)) else { return nil }
-        return ExistingRow(id: read.text(0), state: s, credentialID: read.text(2))
+              read.int64(6) == Int64(r.messageIndex), read.text(7) == app, let s = ResponseState(rawValue: read.text(1)) else { return nil }
+        return ExistingRow(id: read.text(0), state: s, credentialID: read.text(2), encryptedData: read.blob(8))
     }
 
     /// Candidate rows of a token (callers check push_token on each): its index range, and the
@@ -342,20 +346,28 @@ extension SQLiteOutboxStore {
         }
     }
 
-    /// schema v6's index over the rows already stored: a fresh SipHash key, every row's key
-    /// (sorted, so the table is appended to), and both watermarks at the newest v7 id.
-    static func buildDedupeIndex(_ db: SQLiteDatabase, override: DedupeHashFunction?) throws {
-        let key = RelayCrypto.randomBytes(16)
-        try db.run("UPDATE outbox_stats SET dedupe_key = ? WHERE id = 1", [.blob(key)])
+    /// Schema v6's start of the index: a fresh SipHash key, and both watermarks at the newest
+    /// v7 id (only v7 ids are time-ordered; a migrated v4 id's random high word is no
+    /// watermark). The rows' keys are written by v7's `fillDedupeIndex`, which follows.
+    static func startDedupeIndex(_ db: SQLiteDatabase) throws {
+        let newest = try db.scalar("SELECT coalesce(max(id_high), 0) FROM responses WHERE (id_high >> 12) & 15 = 7").int ?? 0
+        try db.run("UPDATE outbox_stats SET dedupe_key = ?, minted_through = ?, merged_through = ? WHERE id = 1",
+                   [.blob(RelayCrypto.randomBytes(16)), .integer(newest), .integer(newest)])
+    }
+
+    /// Schema v7's index over every stored row: its key with the app, under the database's
+    /// SipHash key, sorted so the table is appended to. Every row up to minted_through then has
+    /// its entry, so merged_through moves there and no tail is left to rebuild.
+    static func fillDedupeIndex(_ db: SQLiteDatabase, override: DedupeHashFunction?) throws {
+        guard let key = try db.scalar("SELECT dedupe_key FROM outbox_stats WHERE id = 1").bytes else {
+            throw StoreError.invalid("schema v7 migration: outbox_stats has no dedupe key (schema v6 sets one)")
+        }
         let hasher = try DedupeHasher(key: key, override: override)
         var entries: [(h: Int64, id: Int64)] = []
-        var newest: Int64 = 0
-        let scan = try db.statement("SELECT id_high, push_token, session_id, key_id, message_index FROM responses")
+        let scan = try db.statement("SELECT id_high, app, push_token, session_id, key_id, message_index FROM responses")
         while try scan.next() {
-            let id = scan.int64(0)
-            entries.append((hasher.hash(scan.text(1), scan.text(2), scan.blob(3), UInt32(truncatingIfNeeded: scan.int64(4))), id))
-            // Only v7 ids are time-ordered; a migrated v4 id's random high word is no watermark.
-            if (UInt64(bitPattern: id) >> 12) & 0xf == 7 { newest = max(newest, id) }
+            entries.append((hasher.hash(scan.text(1), scan.text(2), scan.text(3), scan.blob(4), UInt32(truncatingIfNeeded: scan.int64(5))),
+                            scan.int64(0)))
         }
         scan.reset()
         entries.sort { $0.h != $1.h ? $0.h < $1.h : $0.id < $1.id }
@@ -365,6 +377,6 @@ extension SQLiteOutboxStore {
             try insert.bind(2, e.id)
             try insert.stepOnce()
         }
-        try db.run("UPDATE outbox_stats SET minted_through = ?, merged_through = ? WHERE id = 1", [.integer(newest), .integer(newest)])
+        try db.execute("UPDATE outbox_stats SET merged_through = minted_through WHERE id = 1")
     }
 }

@@ -157,8 +157,10 @@ extension SQLiteOutboxStore {
         guard state.tail.count < state.tailLimit else {
             throw StoreError.unavailable("the dedupe index is not being merged (\(state.mergeFailures) failed merges); see the log")
         }
-        let h = state.hasher.hash(r)
-        if let dup = try existing(r, h: h, db: db, state: state) { return StoreRules.dedupe(dup, credentialID: credID) }
+        let h = state.hasher.hash(app: app, r)
+        if let dup = try existing(r, app: app, h: h, db: db, state: state) {
+            return StoreRules.dedupe(dup, credentialID: credID, encryptedData: r.encryptedData)
+        }
         // Slow path (rare): the token was reported unregistered or is paced, or the outbox is
         // at its bound. isEmpty first: hashing the token for an empty set cost ~1k instructions a row.
         if (!state.watchedTokens.isEmpty && state.watchedTokens.contains(r.pushToken)) || state.pending >= request.maxPending {

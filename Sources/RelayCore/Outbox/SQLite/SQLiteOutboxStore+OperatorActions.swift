@@ -61,7 +61,7 @@ extension SQLiteOutboxStore {
             // The state is a literal (a terminal enum value, not client input) so the planner can
             // use the partial index responses_done, which a bound parameter would not prove.
             let rows = try db.query("""
-                SELECT id_high, id, push_token, session_id, key_id, message_index FROM responses
+                SELECT id_high, id, app, push_token, session_id, key_id, message_index FROM responses
                 WHERE state = '\(s.rawValue)' AND updated_at < ? ORDER BY updated_at LIMIT ?
                 """, [.integer(olderThan), .integer(Int64(max(0, limit)))])
             for r in rows {
@@ -69,7 +69,8 @@ extension SQLiteOutboxStore {
                 try db.run("DELETE FROM responses WHERE id_high = ?", [r[0]])
                 // Its dedupe entry (none yet while the row is in an ingesting store's tail: that
                 // store's merge leaves deleted rows out).
-                let h = state.hasher.hash(r[2].string ?? "", r[3].string ?? "", r[4].bytes ?? [], UInt32(truncatingIfNeeded: r[5].int ?? 0))
+                let h = state.hasher.hash(r[2].string ?? "", r[3].string ?? "", r[4].string ?? "", r[5].bytes ?? [],
+                                          UInt32(truncatingIfNeeded: r[6].int ?? 0))
                 try db.run("DELETE FROM response_keys WHERE h = ? AND id_high = ?", [.integer(h), r[0]])
             }
             return rows.count

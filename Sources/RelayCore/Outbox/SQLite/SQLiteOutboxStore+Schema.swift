@@ -166,8 +166,8 @@ extension SQLiteOutboxStore {
         // group commit on its own leaf page). The dedupe key is found through response_keys
         // (h, id_high), h a keyed 64-bit hash of the key whose high half hashes the token, filled
         // in large sorted merges off the ingest commit; keys above merged_through live in the
-        // ingesting store's memory (SQLiteOutboxStore+Dedupe). migrate() then fills
-        // response_keys for the stored rows, draws the hash key and sets both watermarks.
+        // ingesting store's memory (SQLiteOutboxStore+Dedupe). migrate() then draws the hash
+        // key and sets both watermarks; v7 fills response_keys for the stored rows.
         """
         DROP INDEX responses_claim;
         DROP INDEX responses_done;
@@ -203,6 +203,13 @@ extension SQLiteOutboxStore {
         ALTER TABLE outbox_stats ADD COLUMN dedupe_key BLOB;
         ALTER TABLE outbox_stats ADD COLUMN minted_through INTEGER NOT NULL DEFAULT 0;
         ALTER TABLE outbox_stats ADD COLUMN merged_through INTEGER NOT NULL DEFAULT 0;
+        """,
+        // v7: the dedupe key takes the app the row was stored for (tenants sending the same
+        // four fields under two apps do not collide), so h changes for every row. migrate()
+        // writes every row's key again under the same SipHash key; merged_through moves to
+        // minted_through (every row is indexed, no tail).
+        """
+        DELETE FROM response_keys;
         """,
     ]
 
@@ -242,7 +249,8 @@ extension SQLiteOutboxStore {
                     } catch let error as StoreError where v == 4 && error.isPrimaryKeyConflict {
                         throw try v5KeyClash(db)
                     }
-                    if v == 5 { try buildDedupeIndex(db, override: dedupeHash) }
+                    if v == 5 { try startDedupeIndex(db) }
+                    if v == 6 { try fillDedupeIndex(db, override: dedupeHash) }
                 }
                 try db.execute("PRAGMA user_version = \(v + 1)")
             }
