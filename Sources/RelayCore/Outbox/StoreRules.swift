@@ -71,15 +71,21 @@ enum StoreRules {
     /// (docs/benchmarks.md "Token walk").
     static let tokenWalkChunk = 1000
     /// How far a due row of a token whose 410 is still being recorded (its cutoff scan is under
-    /// way) is put back: it waits for the cutoff instead of drawing another 410.
+    /// way) is put back: it waits for the cutoff instead of drawing another 410. At least a
+    /// second, and as long as the scan has run so far, so a long scan puts each row back a few
+    /// times (the wait doubles), not once a second (docs/benchmarks.md "Token walk").
     static let tokenScanHoldMillis: Int64 = 1000
+    static func scanHoldUntil(scanStartedAt: Int64, now: Int64) -> Int64 {
+        now + max(tokenScanHoldMillis, now - scanStartedAt)
+    }
     /// The reason a row failed by its token's 410 carries without a push of its own (APNs'
     /// reason for that answer, so `relayctl retry --reason` finds both alike).
     static let unregisteredReason = "Unregistered"
 
     /// What a claim does with a due row (queued or retry). `unregisteredCutoff`: the token's
     /// unregistered_tokens cutoff, if any; `pacedUntil`: its token_pacing entry, if any;
-    /// `scanning`: a 410 for the token is being recorded (its cutoff not committed yet).
+    /// `scanStartedAt`: a 410 for the token is being recorded since then (its cutoff not
+    /// committed yet).
     enum ClaimVerdict: Equatable {
         case send
         /// Past its TTL: failed "expired" (as before a push).
@@ -92,10 +98,10 @@ enum StoreRules {
     }
 
     static func claimVerdict(createdAt: Int64, expiresAt: Int64, now: Int64, unregisteredCutoff: Int64?, pacedUntil: Int64?,
-                             scanning: Bool) -> ClaimVerdict {
+                             scanStartedAt: Int64? = nil) -> ClaimVerdict {
         if expiresAt <= now { return .expired }
         if let cutoff = unregisteredCutoff, createdAt <= cutoff { return .unregistered }
-        if scanning { return .postpone(until: now + tokenScanHoldMillis) }
+        if let started = scanStartedAt { return .postpone(until: scanHoldUntil(scanStartedAt: started, now: now)) }
         if let until = pacedUntil, until > now { return .postpone(until: until) }
         return .send
     }

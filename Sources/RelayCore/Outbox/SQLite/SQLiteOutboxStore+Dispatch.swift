@@ -56,7 +56,7 @@ extension SQLiteOutboxStore {
                     }
                 }
                 switch StoreRules.claimVerdict(createdAt: row.createdAt, expiresAt: row.expiresAt, now: now, unregisteredCutoff: facts.cutoff,
-                                               pacedUntil: facts.paced, scanning: !state.tokenScans.isEmpty && state.tokenScans[row.pushToken] != nil) {
+                                               pacedUntil: facts.paced, scanStartedAt: state.tokenScans.isEmpty ? nil : state.tokenScans[row.pushToken]?.startedAt) {
                 case .send:
                     break
                 case .expired:

@@ -18,6 +18,8 @@ struct TokenScan {
     /// Rows answered 410 (not candidates: they are failed before the cutoff is read, as before).
     var answered: Set<Int64> = []
     let range: ClosedRange<Int64>
+    /// RelayClock ms when the first 410 arrived (how long the token's due rows are put back).
+    var startedAt: Int64 = 0
     /// Next response_keys position to read past; nil once the index part is read.
     var keyCursor: (h: Int64, id: Int64)?
     /// The token's unmerged rows when the scan began (they may be merged meanwhile).
@@ -53,7 +55,7 @@ extension SQLiteOutboxStore {
         guard let high = UUIDText.high64(u.id) else { return }
         if state.tokenScans[u.pushToken] == nil {
             let range = state.hasher.tokenRange(u.pushToken)
-            var scan = TokenScan(range: range, tailIDs: [], arrivalsAfter: 0)
+            var scan = TokenScan(range: range, startedAt: state.clock.nowMillis(), tailIDs: [], arrivalsAfter: 0)
             scan.restart(tailIDs: try unmergedTokenIDs(u.pushToken, range: range, db: db, state: state),
                          arrivalsAfter: max(state.committedHigh, state.mintedInBatch))
             state.tokenScans[u.pushToken] = scan
@@ -114,9 +116,11 @@ extension SQLiteOutboxStore {
             scan.saw(createdAt: read.int64(0), id: id)
         }
         if let cursor = scan.keyCursor {
+            // The row value alone starts the search at the cursor (with `h BETWEEN` as well, SQLite
+            // seeks to the range's start and filters: every step would re-read the ones before).
             let keys = try db.query(
-                "SELECT h, id_high FROM response_keys WHERE h BETWEEN ? AND ? AND (h, id_high) > (?, ?) ORDER BY h, id_high LIMIT ?",
-                [.integer(scan.range.lowerBound), .integer(scan.range.upperBound), .integer(cursor.h), .integer(cursor.id), .integer(Int64(chunk))])
+                "SELECT h, id_high FROM response_keys WHERE (h, id_high) > (?, ?) AND h <= ? ORDER BY h, id_high LIMIT ?",
+                [.integer(cursor.h), .integer(cursor.id), .integer(scan.range.upperBound), .integer(Int64(chunk))])
             for k in keys { if let id = k[1].int { try look(id) } }
             if keys.count < chunk { scan.keyCursor = nil } else if let h = keys.last?[0].int, let id = keys.last?[1].int { scan.keyCursor = (h, id) }
         } else if scan.tailNext < scan.tailIDs.count {
