@@ -69,7 +69,6 @@ extension SQLiteOutboxStore {
                     try db.run("UPDATE responses SET state = 'failed', last_reason = ?, updated_at = ? WHERE rowid = ?",
                                [.text(StoreRules.unregisteredReason), .integer(now), .integer(rowid)])
                     state.pending -= 1
-                    state.failedByTokenMark += 1
                     continue
                 case .postpone(let until):
                     try db.run("UPDATE responses SET next_attempt_at = ? WHERE rowid = ?", [.integer(until), .integer(rowid)])

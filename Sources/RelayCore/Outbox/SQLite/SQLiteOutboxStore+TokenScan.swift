@@ -183,7 +183,6 @@ extension SQLiteOutboxStore {
             """, [.text(token), .integer(StoreRules.unregisteredCutoff(apnsTimestamp: apns, newestPendingCreatedAt: newestPending)), .integer(now)])
         state.tokenScans[token] = nil
         state.tokenScanOrder.removeAll { $0 == token }
-        state.tokenScansFinished += 1
         state.tokenScanWritten += scan.waiters   // told after COMMIT
         // The token's held rows are due again: the dispatcher's next claim fails them.
         state.channel?.wake()

@@ -105,11 +105,8 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         var tokenScanWritten: [(StoreError?) -> Void] = []
         var tokenWalkChunk = StoreRules.tokenWalkChunk
         var readScanRow: SQLiteStatement?
-        /// Scan steps run (read from any thread by tests), scans finished, rows a claim failed by
-        /// their token's cutoff.
+        /// Scan steps run (read from any thread: tests count the transactions a scan took).
         let tokenScanSteps = Atomic<Int>(0)
-        var tokenScansFinished = 0
-        var failedByTokenMark = 0
         /// For jobs the writer queues itself (the scan's next step); set once before it starts.
         weak var writer: GroupCommitWriter?
         var clock: any RelayClock = SystemRelayClock()
