@@ -75,5 +75,22 @@ import Testing
         #expect(!StoreRules.lastUsedIsStale(touchedAt: 1_000_000, now: 1_060_000))
         #expect(StoreRules.lastUsedIsStale(touchedAt: 1_000_000, now: 1_060_001))
     }
+
+    @Test func aClaimFailsRowsUpToTheCutoffAndPutsBackPacedOrScanningTokens() {
+        func v(created: Int64 = 100, expires: Int64 = 10_000, now: Int64 = 1_000, cutoff: Int64? = nil, paced: Int64? = nil,
+               scan: Int64? = nil) -> StoreRules.ClaimVerdict {
+            StoreRules.claimVerdict(createdAt: created, expiresAt: expires, now: now, unregisteredCutoff: cutoff, pacedUntil: paced, scanStartedAt: scan)
+        }
+        #expect(v() == .send)
+        #expect(v(expires: 1_000, cutoff: 500) == .expired)           // expiry first, as before a push
+        #expect(v(cutoff: 100) == .unregistered)                      // accepted at the cutoff: refused then too
+        #expect(v(cutoff: 99) == .send)                               // accepted after it: seen since
+        #expect(v(cutoff: 100, paced: 5_000) == .unregistered)
+        #expect(v(paced: 5_000) == .postpone(until: 5_000))
+        #expect(v(paced: 1_000) == .send)                             // pacing over
+        #expect(v(scan: 900) == .postpone(until: 2_000))              // at least a second
+        #expect(v(now: 9_000, scan: 4_000) == .postpone(until: 14_000))
+        #expect(StoreRules.scanHoldUntil(scanStartedAt: 4_000, now: 9_000) == 14_000)   // as long as the scan has run
+    }
 }
 

@@ -87,6 +87,58 @@ enum StoreRules {
         max(apnsTimestamp, newestPendingCreatedAt ?? .min)
     }
 
+    /// Token-wide work after an APNs answer reads or changes at most this many of the token's
+    /// rows per writer transaction, so a token with a million queued rows never holds the
+    /// writer (and the ingest batches queued behind it) for more than one such step
+    /// (docs/benchmarks.md "Token walk").
+    static let tokenWalkChunk = 1000
+    /// How far a due row of a token whose 410 is still being recorded (its cutoff scan is under
+    /// way) is put back: it waits for the cutoff instead of drawing another 410. At least a
+    /// second, and as long as the scan has run so far, so a long scan puts each row back a few
+    /// times (the wait doubles), not once a second (docs/benchmarks.md "Token walk").
+    static let tokenScanHoldMillis: Int64 = 1000
+    static func scanHoldUntil(scanStartedAt: Int64, now: Int64) -> Int64 {
+        now + max(tokenScanHoldMillis, now - scanStartedAt)
+    }
+    /// The reason a row failed by its token's 410 carries without a push of its own (APNs'
+    /// reason for that answer, so `relayctl retry --reason` finds both alike).
+    static let unregisteredReason = "Unregistered"
+
+    /// What a claim does with a due row (queued or retry). `unregisteredCutoff`: the token's
+    /// unregistered_tokens cutoff, if any; `pacedUntil`: its token_pacing entry, if any;
+    /// `scanStartedAt`: a 410 for the token is being recorded since then (its cutoff not
+    /// committed yet).
+    enum ClaimVerdict: Equatable {
+        case send
+        /// Past its TTL: failed "expired" (as before a push).
+        case expired
+        /// Accepted no later than its token's cutoff: APNs has said the token is gone, so it
+        /// fails as its own push would have, without one.
+        case unregistered
+        /// Its token is paced (TooManyRequests) or its 410 is being recorded: due again then.
+        case postpone(until: Int64)
+    }
+
+    static func claimVerdict(createdAt: Int64, expiresAt: Int64, now: Int64, unregisteredCutoff: Int64?, pacedUntil: Int64?,
+                             scanStartedAt: Int64? = nil) -> ClaimVerdict {
+        if expiresAt <= now { return .expired }
+        if let cutoff = unregisteredCutoff, createdAt <= cutoff { return .unregistered }
+        if let started = scanStartedAt { return .postpone(until: scanHoldUntil(scanStartedAt: started, now: now)) }
+        if let until = pacedUntil, until > now { return .postpone(until: until) }
+        return .send
+    }
+
+    /// `claimVerdict` for PostgreSQL's set-based claim (no scan there: an index gives the
+    /// cutoff at once): a CASE over `r` (the row), `u` (its unregistered_tokens row, if any) and
+    /// `p` (its token_pacing row, if any), `$1` = now, giving 'send', 'expired', 'unregistered'
+    /// or 'postpone' (until p.paced_until). Same order as above; StoreContractTests run both.
+    static let claimVerdictSQL = """
+        CASE WHEN r.expires_at <= $1 THEN 'expired'
+             WHEN u.apns_timestamp IS NOT NULL AND r.created_at <= u.apns_timestamp THEN 'unregistered'
+             WHEN p.paced_until > $1 THEN 'postpone'
+             ELSE 'send' END
+        """
+
     /// An operator requeue (relayctl retry) moves only these: inflight belongs to the
     /// dispatcher, a delivered row requeued would be pushed twice, a queued row is already due.
     static let requeueableStates: [ResponseState] = [.failed, .retry]

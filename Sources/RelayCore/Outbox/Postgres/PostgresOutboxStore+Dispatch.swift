@@ -41,8 +41,26 @@ extension PostgresOutboxStore {
 
     private static let reclaimSQL = claimSQL(
         "SELECT id FROM responses WHERE state = 'inflight' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2")
-    private static let dueSQL = claimSQL(
-        "SELECT id FROM responses WHERE state IN ('queued','retry') AND next_attempt_at <= $1 ORDER BY next_attempt_at LIMIT $2")
+
+    /// Due rows go through StoreRules.claimVerdict: sent (leased), failed (expired, or accepted
+    /// up to their token's 410 cutoff, without a push) or put back to their token's pacing end.
+    private static let dueSQL = """
+        WITH c AS (SELECT id FROM responses WHERE state IN ('queued','retry') AND next_attempt_at <= $1 ORDER BY next_attempt_at LIMIT $2
+                   FOR UPDATE SKIP LOCKED),
+        v AS (SELECT r.id, \(StoreRules.claimVerdictSQL) AS verdict, p.paced_until
+              FROM c JOIN responses r ON r.id = c.id
+              LEFT JOIN unregistered_tokens u ON u.token = r.push_token
+              LEFT JOIN token_pacing p ON p.token = r.push_token)
+        UPDATE responses r SET
+            state = CASE v.verdict WHEN 'send' THEN 'inflight' WHEN 'postpone' THEN r.state ELSE 'failed' END,
+            last_reason = CASE v.verdict WHEN 'expired' THEN 'expired' WHEN 'unregistered' THEN '\(StoreRules.unregisteredReason)' ELSE r.last_reason END,
+            next_attempt_at = CASE WHEN v.verdict = 'postpone' THEN v.paced_until ELSE r.next_attempt_at END,
+            lease_owner = CASE WHEN v.verdict = 'send' THEN $3 ELSE NULL END,
+            lease_expires_at = CASE WHEN v.verdict = 'send' THEN $4::bigint ELSE NULL END,
+            updated_at = CASE WHEN v.verdict = 'postpone' THEN r.updated_at ELSE $1 END
+        FROM v WHERE r.id = v.id
+        RETURNING \(rowColumns)
+        """
 
     public func claimDue(limit: Int) throws -> [OutboxRow] {
         guard limit > 0 else { return [] }
@@ -166,14 +184,8 @@ extension PostgresOutboxStore {
                     ON CONFLICT (token) DO UPDATE SET paced_until = GREATEST(token_pacing.paced_until, excluded.paced_until),
                         updated_at = excluded.updated_at
                     """, [.text(token), .int(until), .int(now)])
-                // Rows being claimed by another node right now are skipped, not waited for:
-                // they get their own 429 and pace themselves.
-                try c.query(
-                    """
-                    UPDATE responses SET next_attempt_at = $1 WHERE id IN (
-                        SELECT id FROM responses WHERE push_token = $2 AND state IN ('queued','retry') AND next_attempt_at < $1
-                        FOR UPDATE SKIP LOCKED)
-                    """, [.int(until), .text(token)])
+                // The token's other rows wait when they are claimed (StoreRules.claimVerdict),
+                // on any node: no walk over them here.
             }
             // In the transaction that failed the rows (after their UPDATE): an ingest batch on any
             // node either committed before (its rows count as waiting) or sees the record.

@@ -84,6 +84,11 @@ extension PostgresOutboxStore {
         END $$;
         ALTER TABLE responses ADD CONSTRAINT responses_dedupe_key UNIQUE (push_token, session_id, key_id, message_index, app);
         """,
+        // v3: the token's waiting rows by created_at, for a 410's cutoff (the newest of them)
+        // without reading every row of the token (StoreRules.tokenWalkChunk's issue).
+        """
+        CREATE INDEX responses_token_pending ON responses (push_token, created_at) WHERE state IN ('queued','inflight','retry');
+        """,
     ]
 
     static func schemaVersion(_ c: PostgresConnection) throws -> Int {

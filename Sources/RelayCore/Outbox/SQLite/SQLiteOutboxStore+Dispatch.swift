@@ -1,4 +1,5 @@
 // SQLiteOutboxStore: the dispatcher's SQL (recover, claim, apply outcomes) and the row decoder.
+import Dispatch
 import FoundationEssentials
 import Glibc
 import POSIXThreads
@@ -21,6 +22,7 @@ extension SQLiteOutboxStore {
         let now = clock.nowMillis()
         let state = writerState
         return try write { db in
+            Self.scheduleTokenScan(state)   // after a failed step: retried at the dispatcher's pace
             // One query per state so each walks (state, next_attempt_at) in order without a sort.
             var rows: [OutboxRow] = []
             var rowids: [Int64] = []
@@ -43,12 +45,33 @@ extension SQLiteOutboxStore {
             let markExpired = try db.held(&state.markExpired, "UPDATE responses SET state = 'failed', last_reason = 'expired', updated_at = ? WHERE rowid = ?")
             var claimed: [OutboxRow] = []
             claimed.reserveCapacity(rows.count)
+            var tokens: [String: (cutoff: Int64?, paced: Int64?)] = [:]
             for (var row, rowid) in zip(rows, rowids) {
-                if row.expiresAt <= now {
+                // Only a watched token has a cutoff or pacing to read (one look-up per token and claim).
+                var facts: (cutoff: Int64?, paced: Int64?) = (nil, nil)
+                if !state.watchedTokens.isEmpty, state.watchedTokens.contains(row.pushToken) {
+                    if let known = tokens[row.pushToken] { facts = known } else {
+                        facts = try Self.tokenFacts(row.pushToken, db: db)
+                        tokens[row.pushToken] = facts
+                    }
+                }
+                switch StoreRules.claimVerdict(createdAt: row.createdAt, expiresAt: row.expiresAt, now: now, unregisteredCutoff: facts.cutoff,
+                                               pacedUntil: facts.paced, scanStartedAt: state.tokenScans.isEmpty ? nil : state.tokenScans[row.pushToken]?.startedAt) {
+                case .send:
+                    break
+                case .expired:
                     try markExpired.bind(1, now)
                     try markExpired.bind(2, rowid)
                     try markExpired.stepOnce()
                     state.pending -= 1
+                    continue
+                case .unregistered:
+                    try db.run("UPDATE responses SET state = 'failed', last_reason = ?, updated_at = ? WHERE rowid = ?",
+                               [.text(StoreRules.unregisteredReason), .integer(now), .integer(rowid)])
+                    state.pending -= 1
+                    continue
+                case .postpone(let until):
+                    try db.run("UPDATE responses SET next_attempt_at = ? WHERE rowid = ?", [.integer(until), .integer(rowid)])
                     continue
                 }
                 try markInflight.bind(1, now)
@@ -73,97 +96,125 @@ extension SQLiteOutboxStore {
         }
     }
 
+    /// Returns once every outcome is written, a 410's with its token's cutoff.
     public func apply(_ updates: [DeliveryUpdate]) throws {
         guard !updates.isEmpty else { return }
-        try write(applying(updates))
+        let slot = ResultBox<StoreError?>()
+        let done = DispatchSemaphore(value: 0)
+        apply(updates) { error in
+            slot.value = error
+            done.signal()
+        }
+        done.wait()
+        if let error = slot.value ?? nil { throw error }
     }
 
     /// Queued behind the writer's current batch; the dispatcher thread does not wait for it.
+    /// `completion` runs once everything is written (a 410 after its token's cutoff scan).
     public func apply(_ updates: [DeliveryUpdate], completion: @escaping @Sendable (StoreError?) -> Void) {
         guard !updates.isEmpty else { return completion(nil) }
         guard let writer else { return completion(.invalid("store opened read-only")) }
-        writer.enqueue(applying(updates)) { result in
-            if case .failure(let error) = result { completion(error) } else { completion(nil) }
+        let scans = updates.filter { if case .unregistered = $0.outcome { true } else { false } }.count
+        // One answer per part: the job, and each 410 once its scan wrote it.
+        let parts = Countdown(scans + 1, completion)
+        writer.enqueue(applying(updates, written: parts.done)) { result in
+            if case .failure(let error) = result { parts.done(error) } else { parts.done(nil) }
         }
     }
 
-    /// The outcome writes as one writer job.
-    private func applying(_ updates: [DeliveryUpdate]) -> (SQLiteDatabase) throws -> Void {
+    /// The outcome writes as one writer job. A 410 waits for its token's cutoff scan
+    /// (SQLiteOutboxStore+TokenScan.swift), which writes it.
+    private func applying(_ updates: [DeliveryUpdate], written: @escaping (StoreError?) -> Void) -> (SQLiteDatabase) throws -> Void {
         let now = clock.nowMillis()
         let state = writerState
         return { db in
             for u in updates {
-                // A row is found by its key and id (schema v5); an id that is not a UUID has no row.
-                guard let high = UUIDText.high64(u.id) else { continue }
-                if let a = u.attempt {
-                    // Typed binds on held statements: this and the delivered UPDATE run once per push.
-                    let st = try db.held(&state.insertAttempt,
-                        "INSERT INTO attempts (response_id, attempted_at, status, reason, apns_timestamp, latency_us) VALUES (?, ?, ?, ?, ?, ?)")
-                    try st.bind(1, a.responseID)
-                    try st.bind(2, a.attemptedAt)
-                    try st.bind(3, a.status.map(Int64.init))
-                    try st.bind(4, a.reason)
-                    try st.bind(5, a.apnsTimestamp)
-                    try st.bind(6, a.latencyMicros)
-                    try st.stepOnce()
-                }
-                let status: SQLValue = u.attempt?.status.map { .integer(Int64($0)) } ?? .null
-                let reason: SQLValue = u.attempt?.reason.map { .text($0) } ?? .null
-                let counted = u.attempt == nil ? 0 : 1
-                var changed = 0
-                switch u.outcome {
-                case .delivered:
-                    let st = try db.held(&state.markDelivered,
-                        "UPDATE responses SET state = 'delivered', attempts = attempts + ?, last_status = ?, last_reason = NULL, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'")
-                    try st.bind(1, Int64(counted))
-                    try st.bind(2, u.attempt?.status.map(Int64.init))
-                    try st.bind(3, now)
-                    try st.bind(4, high)
-                    try st.bind(5, u.id)
-                    try st.stepOnce()
-                    changed = db.changes
-                    state.pending -= changed
-                case .failed(let why):
-                    changed = try db.run(
-                        "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
-                        [.integer(Int64(counted)), status, .text(why), .integer(now), .integer(high), .text(u.id)])
-                    state.pending -= changed
-                case .unregistered(let why, let ts):
-                    changed = try db.run(
-                        "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
-                        [.integer(Int64(counted)), status, .text(why), .integer(now), .integer(high), .text(u.id)])
-                    state.pending -= changed
-                    state.watchedTokens.insert(u.pushToken)
-                    // Same transaction as the row's failure: no ingest can commit in between.
-                    let waiting = try Self.newestCreatedAt(of: u.pushToken, pendingOnly: true, db: db, state: state)
-                    try db.run(
-                        """
-                        INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES (?, ?, ?)
-                        ON CONFLICT (token) DO UPDATE SET apns_timestamp = max(apns_timestamp, excluded.apns_timestamp), recorded_at = excluded.recorded_at
-                        """, [.text(u.pushToken), .integer(StoreRules.unregisteredCutoff(apnsTimestamp: ts, newestPendingCreatedAt: waiting)), .integer(now)])
-                case .retry(let at, let paceUntil):
-                    try db.run(
-                        "UPDATE responses SET state = 'retry', attempts = attempts + ?, next_attempt_at = ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
-                        [.integer(Int64(counted)), .integer(at), status, reason, .integer(now), .integer(high), .text(u.id)])
-                    if let until = paceUntil {
-                        state.watchedTokens.insert(u.pushToken)
-                        try db.run(
-                            """
-                            INSERT INTO token_pacing (token, paced_until, updated_at) VALUES (?, ?, ?)
-                            ON CONFLICT (token) DO UPDATE SET paced_until = max(paced_until, excluded.paced_until), updated_at = excluded.updated_at
-                            """, [.text(u.pushToken), .integer(until), .integer(now)])
-                        for id in try Self.tokenRowIDs(u.pushToken, db: db, state: state) {
-                            try db.run(
-                                "UPDATE responses SET next_attempt_at = ? WHERE id_high = ? AND push_token = ? AND state IN ('queued','retry') AND next_attempt_at < ?",
-                                [.integer(until), .integer(id), .text(u.pushToken), .integer(until)])
-                        }
-                    }
-                case .requeue:
-                    try db.run(
-                        "UPDATE responses SET state = 'queued', updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
-                        [.integer(now), .integer(high), .text(u.id)])
+                if case .unregistered = u.outcome {
+                    try Self.beginTokenScan(u, db: db, state: state, written: written)
+                } else {
+                    try Self.applyOutcome(u, now: now, db: db, state: state)
                 }
             }
         }
+    }
+
+    /// The token's cutoff (unregistered_tokens) and pacing (token_pacing), if any.
+    static func tokenFacts(_ token: String, db: SQLiteDatabase) throws -> (cutoff: Int64?, paced: Int64?) {
+        (try db.query("SELECT apns_timestamp FROM unregistered_tokens WHERE token = ?", [.text(token)]).first?[0].int,
+         try db.query("SELECT paced_until FROM token_pacing WHERE token = ?", [.text(token)]).first?[0].int)
+    }
+
+    /// One outcome's writes: its attempt and its row (inflight only). A 410's cutoff is written
+    /// by the scan that calls this; a TooManyRequests paces the token's other rows when they
+    /// are claimed (StoreRules.claimVerdict), not by a walk over them here.
+    static func applyOutcome(_ u: DeliveryUpdate, now: Int64, db: SQLiteDatabase, state: WriterState) throws {
+        // A row is found by its key and id (schema v5); an id that is not a UUID has no row.
+        guard let high = UUIDText.high64(u.id) else { return }
+        if let a = u.attempt {
+            // Typed binds on held statements: this and the delivered UPDATE run once per push.
+            let st = try db.held(&state.insertAttempt,
+                "INSERT INTO attempts (response_id, attempted_at, status, reason, apns_timestamp, latency_us) VALUES (?, ?, ?, ?, ?, ?)")
+            try st.bind(1, a.responseID)
+            try st.bind(2, a.attemptedAt)
+            try st.bind(3, a.status.map(Int64.init))
+            try st.bind(4, a.reason)
+            try st.bind(5, a.apnsTimestamp)
+            try st.bind(6, a.latencyMicros)
+            try st.stepOnce()
+        }
+        let status: SQLValue = u.attempt?.status.map { .integer(Int64($0)) } ?? .null
+        let reason: SQLValue = u.attempt?.reason.map { .text($0) } ?? .null
+        let counted = u.attempt == nil ? 0 : 1
+        switch u.outcome {
+        case .delivered:
+            let st = try db.held(&state.markDelivered,
+                "UPDATE responses SET state = 'delivered', attempts = attempts + ?, last_status = ?, last_reason = NULL, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'")
+            try st.bind(1, Int64(counted))
+            try st.bind(2, u.attempt?.status.map(Int64.init))
+            try st.bind(3, now)
+            try st.bind(4, high)
+            try st.bind(5, u.id)
+            try st.stepOnce()
+            state.pending -= db.changes
+        case .failed(let why), .unregistered(let why, _):
+            state.pending -= try db.run(
+                "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
+                [.integer(Int64(counted)), status, .text(why), .integer(now), .integer(high), .text(u.id)])
+        case .retry(let at, let paceUntil):
+            try db.run(
+                "UPDATE responses SET state = 'retry', attempts = attempts + ?, next_attempt_at = ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
+                [.integer(Int64(counted)), .integer(at), status, reason, .integer(now), .integer(high), .text(u.id)])
+            if let until = paceUntil {
+                state.watchedTokens.insert(u.pushToken)
+                try db.run(
+                    """
+                    INSERT INTO token_pacing (token, paced_until, updated_at) VALUES (?, ?, ?)
+                    ON CONFLICT (token) DO UPDATE SET paced_until = max(paced_until, excluded.paced_until), updated_at = excluded.updated_at
+                    """, [.text(u.pushToken), .integer(until), .integer(now)])
+            }
+        case .requeue:
+            try db.run(
+                "UPDATE responses SET state = 'queued', updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
+                [.integer(now), .integer(high), .text(u.id)])
+        }
+    }
+}
+
+/// Completes once after `count` parts, with the first error. Writer thread only (the job's
+/// completion and the scans' run there); @unchecked Sendable for the closures that carry it.
+final class Countdown: @unchecked Sendable {
+    private var remaining: Int
+    private var error: StoreError?
+    private let completion: (StoreError?) -> Void
+
+    init(_ count: Int, _ completion: @escaping (StoreError?) -> Void) {
+        remaining = count
+        self.completion = completion
+    }
+
+    func done(_ e: StoreError?) {
+        if error == nil { error = e }
+        remaining -= 1
+        if remaining == 0 { completion(error) }
     }
 }

@@ -98,6 +98,18 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         var logger: RelayLogger?
         var lookupKey: SQLiteStatement?
         var readKeyRow: SQLiteStatement?
+        // Token scans behind 410 cutoffs (SQLiteOutboxStore+TokenScan.swift), oldest first.
+        var tokenScans: [String: TokenScan] = [:]
+        var tokenScanOrder: [String] = []
+        var tokenScanQueued = false
+        var tokenScanWritten: [(StoreError?) -> Void] = []
+        var tokenWalkChunk = StoreRules.tokenWalkChunk
+        var readScanRow: SQLiteStatement?
+        /// Scan steps run (read from any thread: tests count the transactions a scan took).
+        let tokenScanSteps = Atomic<Int>(0)
+        /// For jobs the writer queues itself (the scan's next step); set once before it starts.
+        weak var writer: GroupCommitWriter?
+        var clock: any RelayClock = SystemRelayClock()
     }
 
     /// A credentials row as the ingest path needs it, apps already split (once per batch, not
@@ -151,6 +163,8 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         let w = GroupCommitWriter(db: db, maxBatch: options.maxBatch)
         let state = writerState
         state.channel = channel
+        state.writer = w
+        state.clock = clock
         // The dedupe merge first, so the checkpoint that may follow copies its pages too.
         w.betweenBatches = { db in
             Self.maybeMerge(db, state: state)
@@ -239,6 +253,9 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     public var writerStats: (batches: Int, jobs: Int) {
         (writer?.batchesCommitted ?? 0, writer?.jobsCommitted ?? 0)
     }
+
+    /// Steps run by 410 cutoff scans so far (SQLiteOutboxStore+TokenScan.swift).
+    var tokenScanSteps: Int { writerState.tokenScanSteps.load(ordering: .relaxed) }
 
     /// Microseconds the writer spent inside transactions (BEGIN to the end of COMMIT) so far.
     public var writerTransactionMicros: Int { writer?.transactionTime ?? 0 }
