@@ -303,6 +303,9 @@ public final class MockAPNsServer: Lifecycle {
     public var controlPort: Int { control?.localPort ?? 0 }
     public var deliveries: [MockDelivery] { core.recorder.deliveries }
     public var stats: MockStats { core.statsSnapshot }
+    /// TCP connections accepted so far, whatever became of them (TLS failures included).
+    public var connectionsAccepted: Int { apns.metrics.connectionsTotal }
+    public var tlsHandshakeFailures: Int { apns.metrics.tlsHandshakeFailures }
     public var faults: FaultPlan {
         get { core.faultPlan }
     }
