@@ -132,11 +132,19 @@ extension ConnectionSlot {
             c.session.finished.removeAll(keepingCapacity: true)
             for st in done { finish(st, on: c) }
         }
+        // A connection that ended before carrying a request (refused, TLS or ALPN error, no
+        // SETTINGS, GOAWAY before any stream) failed its setup: the pushes waiting for it get
+        // that error now, not after the next paced attempt; the caller's retry counts it.
+        if c === current && c.requestsCarried == 0 {
+            if c.state == .closed {
+                failQueue(c.failure ?? "connection closed before any request")
+            } else if let g = c.session.goAway {
+                failQueue("GOAWAY(\(H2ClientSession.errorName(g.errorCode))" + (g.debug.isEmpty ? "" : ", \(g.debug)")
+                          + ") before any request on a new connection")
+            }
+        }
         if c.state == .closed {
             let reason = c.failure ?? "connection closed"
-            // A connection that never opened failed its setup: the pushes waiting for it get
-            // that error now rather than waiting for the next paced attempt.
-            if !c.wasReady && c === current { failQueue(reason) }
             for st in c.session.abandonAll() where !st.done { lost(st, reason: reason) }
         }
     }

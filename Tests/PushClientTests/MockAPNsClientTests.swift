@@ -51,14 +51,16 @@ final class MockRig {
 
     /// Connection pacing scaled down (20 ms doubling to 200 ms, 600 a minute) unless a test
     /// is about pacing: these tests reconnect on purpose, faster than production allows.
-    func client(connections: Int = 1, requestTimeout: Duration = .seconds(5), pingInterval: Duration = .seconds(60),
+    func client(connections: Int = 1, requestTimeout: Duration = .seconds(5), connectTimeout: Duration = .seconds(5),
+                pingInterval: Duration = .seconds(60),
                 pacing: ConnectionPacing = ConnectionPacing(backoffBase: .milliseconds(20), backoffCap: .milliseconds(200),
                                                             maxNewConnections: 600),
                 url: String? = nil) throws -> PushClient {
         try PushClient(configuration: .init(environment: .custom(url: url ?? self.url),
                                             credentials: .token(key), caFile: cleartext ? nil : dir.file("ca.pem"),
                                             connections: connections, requestTimeout: requestTimeout,
-                                            pingInterval: pingInterval, connectionPacing: pacing, clock: clock))
+                                            connectTimeout: connectTimeout, pingInterval: pingInterval,
+                                            connectionPacing: pacing, clock: clock))
     }
 
     deinit { mock.stop() }
