@@ -102,6 +102,33 @@ import Testing
         #expect(client.engineStats.timeoutPings == 0)
     }
 
+    /// APNs' "the connection is going away" answers: the push gets its answer, the pushes
+    /// already in flight on that connection finish on it, and the next ones go to a new
+    /// connection. A 500 concerns one request only: the connection stays.
+    @Test(arguments: [(503, "Shutdown", true), (400, "IdleTimeout", true), (500, "InternalServerError", false)])
+    func connectionLevelAnswersRetireTheConnection(status: Int, reason: String, retires: Bool) throws {
+        let rig = try MockRig(faults: [FaultRule(deviceToken: "5100", latencyMs: 300),
+                                       FaultRule(deviceToken: "dead", status: status, reason: reason)])
+        let client = try rig.client(connections: 1, pacing: Self.pacing)
+        defer { client.shutdown() }
+        #expect(sendAll(client, [push()])[0].map(isDelivered) == true)   // unlocks the stream limit
+        let slow = (0..<5).map { push("5100", index: UInt32($0)) }
+        let box = Mutex<[String: PushResult]>([:])
+        for r in slow { client.send(r) { result in box.withLock { $0[r.apnsIDString] = result } } }
+        let answer = sendAll(client, [push("dead")])[0]
+        #expect(answer == .rejected(status: status, reason: APNsReason(rawValue: reason), timestamp: nil))
+        #expect(eventually(upTo: 10) { box.withLock { $0.count } == slow.count })
+        #expect(box.withLock { $0.values.allSatisfy(isDelivered) })
+        let later = sendAll(client, (0..<5).map { push(index: UInt32(10 + $0)) })
+        #expect(later.allSatisfy { $0.map(isDelivered) == true })
+        let byConnection = Dictionary(grouping: rig.mock.deliveries, by: \.connectionID)
+        #expect(byConnection.count == (retires ? 2 : 1))
+        // The slow pushes finished on the first connection, after the answer that retired it.
+        let first = try #require(byConnection.keys.min())
+        #expect(Set(slow.map(\.apnsIDString)).isSubset(of: Set(byConnection[first, default: []].map(\.apnsID))))
+        #expect(client.engineStats.connectionsOpened == (retires ? 2 : 1))
+    }
+
     enum SetupFault: String, CaseIterable, Sendable {
         case untrustedCertificate, refused, stalledHandshake, goAwayBeforeFirstStream
     }
