@@ -51,6 +51,8 @@ final class Connection: @unchecked Sendable {
     static let lingerShutdownMs: UInt64 = 500
     static let lingerMaxBytes = 64 << 10
     var shuttingDown = false
+    /// HTTPAdmission.goAwayAtStart: GOAWAY right after the server's SETTINGS.
+    var goAwayAtStart = false
     /// Reading stopped because too much output is queued for a peer that does not read
     /// (`ServerCore.outputLimit`).
     var pausedForWrites = false
@@ -295,7 +297,7 @@ final class Connection: @unchecked Sendable {
             close()
             return
         }
-        if shuttingDown { h2?.submitGoAway() }
+        if shuttingDown || goAwayAtStart { h2?.submitGoAway() }
     }
 
     func onEOF() {

@@ -262,6 +262,11 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
             socket.close()
             return
         }
+        let admission = core.admission?() ?? .serve
+        if admission == .close {
+            socket.close()
+            return
+        }
         if shuttingDown || !core.reserveConnection() {
             core.recordRefused()
             socket.close()
@@ -288,6 +293,8 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
         socket.owner = conn
         connections[ObjectIdentifier(conn)] = conn
         connectionCount.add(1, ordering: .relaxed)
+        if admission == .stall { return }   // never read: closed when the server stops
+        conn.goAwayAtStart = admission == .goAwayAtStart
         socket.startReading()
         conn.start()
     }

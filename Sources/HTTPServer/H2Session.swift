@@ -316,6 +316,13 @@ final class H2Session {
 
     fileprivate func dispatch(_ st: H2Stream) {
         guard !st.rejected, !st.dispatched else { return }
+        if connection.goAwayAtStart {
+            // HTTPAdmission.goAwayAtStart: a request that raced the GOAWAY is not processed.
+            st.rejected = true
+            dropBody(st)
+            session.resetStream(st.id, NGHTTP2_REFUSED_STREAM)
+            return
+        }
         if handlersWorking >= maxUnansweredRequests {
             st.rejected = true
             dropBody(st)

@@ -35,6 +35,7 @@ final class ServerCore: Sendable {
     let serverHeaderLine: [UInt8]?
     let errorResponse: @Sendable (Int, String) -> HTTPResponse
     let continueCheck: HTTPContinueCheck?
+    let admission: (@Sendable () -> HTTPAdmission)?
     private let connectionIDs = Atomic<UInt64>(0)
     private let openConnections = Atomic<Int>(0)
     /// Open connections per client address, when `maxConnectionsPerAddress` is set.
@@ -71,6 +72,7 @@ final class ServerCore: Sendable {
         serverHeaderLine = configuration.serverName.map { Array("server: \($0)\r\n".utf8) }
         errorResponse = configuration.errorResponse
         continueCheck = configuration.continueCheck
+        admission = configuration.admission
     }
 
     /// How much output one connection may have queued before it stops reading requests:

@@ -403,6 +403,18 @@ public struct HTTPLimits: Sendable {
     }
 }
 
+/// What a server does with a connection it just accepted (`HTTPServerConfiguration.admission`).
+public enum HTTPAdmission: Sendable, Equatable {
+    case serve
+    /// Close it at once, before any byte is read or written.
+    case close
+    /// Keep it open and never read from it (no TLS handshake, no HTTP/2 preface): it ends
+    /// when the peer gives up or the server stops.
+    case stall
+    /// HTTP/2 only: send SETTINGS, then GOAWAY(NO_ERROR, last stream 0) before any stream.
+    case goAwayAtStart
+}
+
 public struct HTTPServerConfiguration: Sendable {
     public var host: String
     /// 0 = ephemeral; read the bound port from `HTTPServer.localPort`.
@@ -428,6 +440,9 @@ public struct HTTPServerConfiguration: Sendable {
     /// Decides `Expect: 100-continue` before `100 Continue` is sent (HTTPContinueCheck); nil
     /// sends it as soon as the head is complete.
     public var continueCheck: HTTPContinueCheck?
+    /// Asked once per accepted connection, on its loop thread (keep it short); nil serves every
+    /// connection. For test servers that misbehave on purpose (mock-apns' connection faults).
+    public var admission: (@Sendable () -> HTTPAdmission)?
 
     /// `{"error":"<kind>"}`, the default `errorResponse`.
     public static let plainErrorResponse: @Sendable (Int, String) -> HTTPResponse = { status, kind in

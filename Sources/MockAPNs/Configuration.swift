@@ -377,8 +377,12 @@ public enum MockAPNsCommandLine {
       --fault close-after=10                             drop the TCP connection after 10 streams
       --fault goaway-after-errors=5                      GOAWAY after 5 error answers (410 excluded)
       --fault expire-tokens-before=UNIXSECONDS           403 ExpiredProviderToken for older tokens
+      --fault refuse-connections                         close each new connection at accept
+      --fault stall-handshake                            accept new connections, never read them
+      --fault goaway-before-first-stream                 SETTINGS, then GOAWAY before any stream
       keys: token, fraction, status, reason, timestamp (410, ms), latency (ms), stall, abort,
-            goaway-after, close-after, goaway-after-errors, expire-tokens-before
+            goaway-after, close-after, goaway-after-errors, expire-tokens-before,
+            refuse-connections, stall-handshake, goaway-before-first-stream
 
     Other:
       --config PATH                 JSON file with the same settings (keys: listen, control,

@@ -78,7 +78,8 @@ struct ControlAPI: Sendable {
         }
         guard let list = rulesObject as? [[String: Any]] else { throw MockConfigurationError("faults: rules must be an array of objects") }
         let known = Set(["deviceToken", "fraction", "status", "reason", "timestampMs", "latencyMs", "stall", "abort", "goAwayAfter",
-                         "closeAfter", "goAwayAfterErrors", "expireTokensIssuedBefore"])
+                         "closeAfter", "goAwayAfterErrors", "expireTokensIssuedBefore", "refuseConnections", "stallHandshake",
+                         "goAwayBeforeFirstStream"])
         var rules: [FaultRule] = []
         for (i, item) in list.enumerated() {
             if let unknown = Set(item.keys).subtracting(known).sorted().first {

@@ -232,6 +232,10 @@ public struct MockStats: Sendable, Equatable {
     public var connectionsSeen = 0
     public var goAwaysSent = 0
     public var connectionsClosed = 0
+    /// Connections closed at accept, never read, or sent GOAWAY before any stream (faults).
+    public var connectionsRefused = 0
+    public var handshakesStalled = 0
+    public var goAwaysBeforeFirstStream = 0
     public var verified = 0
     public var verifyFailed = 0
 
@@ -240,6 +244,8 @@ public struct MockStats: Sendable, Equatable {
             "requests": requests, "accepted": accepted, "stalled": stalled, "aborted": aborted,
             "byStatusReason": byStatusReason, "connections": connectionsSeen,
             "goAwaysSent": goAwaysSent, "connectionsClosedByFault": connectionsClosed,
+            "connectionsRefused": connectionsRefused, "handshakesStalled": handshakesStalled,
+            "goAwaysBeforeFirstStream": goAwaysBeforeFirstStream,
             "verified": verified, "verifyFailed": verifyFailed,
         ]
     }

@@ -5,7 +5,9 @@ import Foundation
 
 /// One fault rule. Request-level rules match by `deviceToken` (if set) and then by `fraction`
 /// (if set, the share of matching requests hit; default all). Connection-level rules
-/// (`goAwayAfter`, `closeAfter`) count streams per connection.
+/// (`goAwayAfter`, `closeAfter`) count streams per connection. Connection-start rules
+/// (`refuseConnections`, `stallHandshake`, `goAwayBeforeFirstStream`) act on each new
+/// connection (`fraction` applies; `deviceToken` cannot: no request has arrived).
 public struct FaultRule: Codable, Sendable, Equatable {
     /// Only requests to this device token (hex, case-insensitive).
     public var deviceToken: String?
@@ -31,16 +33,29 @@ public struct FaultRule: Codable, Sendable, Equatable {
     public var goAwayAfterErrors: Int?
     /// Answer 403 ExpiredProviderToken for provider tokens with iat before this (UNIX seconds).
     public var expireTokensIssuedBefore: Int64?
+    /// Close each new connection right after accepting it (before TLS).
+    public var refuseConnections: Bool?
+    /// Accept each new connection and never read from it: the TLS handshake (or h2c preface)
+    /// never completes, until the client gives up.
+    public var stallHandshake: Bool?
+    /// Complete TLS, send SETTINGS, then GOAWAY(NO_ERROR, last stream 0) before any stream.
+    public var goAwayBeforeFirstStream: Bool?
 
     public init(deviceToken: String? = nil, fraction: Double? = nil, status: Int? = nil, reason: String? = nil,
                 timestampMs: Int64? = nil, latencyMs: Int? = nil, stall: Bool? = nil, abort: Bool? = nil,
                 goAwayAfter: Int? = nil, closeAfter: Int? = nil, goAwayAfterErrors: Int? = nil,
-                expireTokensIssuedBefore: Int64? = nil) {
+                expireTokensIssuedBefore: Int64? = nil, refuseConnections: Bool? = nil, stallHandshake: Bool? = nil,
+                goAwayBeforeFirstStream: Bool? = nil) {
         self.deviceToken = deviceToken; self.fraction = fraction; self.status = status; self.reason = reason
         self.timestampMs = timestampMs; self.latencyMs = latencyMs; self.stall = stall; self.abort = abort
         self.goAwayAfter = goAwayAfter; self.closeAfter = closeAfter; self.goAwayAfterErrors = goAwayAfterErrors
         self.expireTokensIssuedBefore = expireTokensIssuedBefore
+        self.refuseConnections = refuseConnections; self.stallHandshake = stallHandshake
+        self.goAwayBeforeFirstStream = goAwayBeforeFirstStream
     }
+
+    /// Acts on new connections rather than on requests.
+    var actsOnConnectionStart: Bool { refuseConnections == true || stallHandshake == true || goAwayBeforeFirstStream == true }
 
     /// Checks ranges and that the rule does something.
     public func validated() throws -> FaultRule {
@@ -54,10 +69,13 @@ public struct FaultRule: Codable, Sendable, Equatable {
         if let token = deviceToken, token.isEmpty || !token.utf8.allSatisfy(Hex.isDigit) {
             throw MockConfigurationError("fault: deviceToken must be hex")
         }
+        if actsOnConnectionStart && deviceToken != nil {
+            throw MockConfigurationError("fault: refuseConnections, stallHandshake and goAwayBeforeFirstStream act before any request: deviceToken cannot apply")
+        }
         let acts = status != nil || latencyMs != nil || stall == true || abort == true || goAwayAfter != nil || closeAfter != nil
             || goAwayAfterErrors != nil
-            || expireTokensIssuedBefore != nil
-        if !acts { throw MockConfigurationError("fault: rule does nothing (set status, latencyMs, stall, abort, goAwayAfter, closeAfter, goAwayAfterErrors or expireTokensIssuedBefore)") }
+            || expireTokensIssuedBefore != nil || actsOnConnectionStart
+        if !acts { throw MockConfigurationError("fault: rule does nothing (set status, latencyMs, stall, abort, goAwayAfter, closeAfter, goAwayAfterErrors, expireTokensIssuedBefore, refuseConnections, stallHandshake or goAwayBeforeFirstStream)") }
         return self
     }
 
@@ -93,6 +111,9 @@ public struct FaultRule: Codable, Sendable, Equatable {
             case "closeafter": closeAfter = try int(need())
             case "goawayaftererrors": goAwayAfterErrors = try int(need())
             case "expiretokensissuedbefore", "expiretokensbefore": expireTokensIssuedBefore = Int64(try int(need()))
+            case "refuseconnections", "refuse": refuseConnections = value.map { $0 == "true" || $0 == "1" } ?? true
+            case "stallhandshake": stallHandshake = value.map { $0 == "true" || $0 == "1" } ?? true
+            case "goawaybeforefirststream", "goawayfirst": goAwayBeforeFirstStream = value.map { $0 == "true" || $0 == "1" } ?? true
             default: throw MockConfigurationError("fault: unknown key \(pair[0])")
             }
         }
@@ -116,6 +137,9 @@ public struct FaultDecision: Sendable, Equatable {
     public var latencyMs = 0
     public static let none = FaultDecision()
 }
+
+/// What to do with a connection the moment it is accepted.
+public enum ConnectionStartFault: Sendable, Equatable { case none, refuse, stallHandshake, goAwayBeforeFirstStream }
 
 /// What to do with the connection after answering its Nth stream.
 public enum ConnectionFault: Sendable, Equatable { case none, goAway, close }
@@ -161,6 +185,17 @@ public struct FaultPlan: Codable, Sendable, Equatable {
     }
 
     var countsErrors: Bool { rules.contains { $0.goAwayAfterErrors != nil } }
+
+    /// The first matching connection-start rule decides (in rule order); `random` as in `decide`.
+    public func connectionStart(random: () -> Double) -> ConnectionStartFault {
+        for rule in rules where rule.actsOnConnectionStart {
+            if let fraction = rule.fraction, !(random() < fraction) { continue }
+            if rule.refuseConnections == true { return .refuse }
+            if rule.stallHandshake == true { return .stallHandshake }
+            return .goAwayBeforeFirstStream
+        }
+        return .none
+    }
 
     /// The earliest-acceptable-iat cut-off across rules (the latest one wins).
     public var expireTokensIssuedBefore: Int64? { rules.compactMap(\.expireTokensIssuedBefore).max() }

@@ -58,6 +58,22 @@ final class MockCore: Sendable {
 
     var statsSnapshot: MockStats { stats.withLock { $0 } }
 
+    /// Connection-start faults, asked by the server for every accepted connection.
+    func admission() -> HTTPAdmission {
+        switch faultPlan.connectionStart(random: configuration.random) {
+        case .none: return .serve
+        case .refuse:
+            stats.withLock { $0.connectionsRefused += 1 }
+            return .close
+        case .stallHandshake:
+            stats.withLock { $0.handshakesStalled += 1 }
+            return .stall
+        case .goAwayBeforeFirstStream:
+            stats.withLock { $0.goAwaysBeforeFirstStream += 1 }
+            return .goAwayAtStart
+        }
+    }
+
     // MARK: The APNs request path
 
     func handle(_ request: HTTPRequest, _ responder: HTTPResponder) {
@@ -272,9 +288,10 @@ public final class MockAPNsServer: Lifecycle {
         limits.maxBodyBytes = 64 * 1024
         limits.maxRequestsPerConnection = Int.max
         limits.idleTimeout = .seconds(3600)
-        let apnsConfiguration = HTTPServerConfiguration(host: configuration.host, port: configuration.port, tls: tls,
+        var apnsConfiguration = HTTPServerConfiguration(host: configuration.host, port: configuration.port, tls: tls,
                                                         cleartextHTTP2: true, http2: http2, limits: limits,
                                                         loopThreads: configuration.loopThreads)
+        apnsConfiguration.admission = { core.admission() }
         let apnsServer = try HTTPServer(configuration: apnsConfiguration) { request, responder in
             core.handle(request, responder)
         }
@@ -303,6 +320,9 @@ public final class MockAPNsServer: Lifecycle {
     public var controlPort: Int { control?.localPort ?? 0 }
     public var deliveries: [MockDelivery] { core.recorder.deliveries }
     public var stats: MockStats { core.statsSnapshot }
+    /// TCP connections accepted so far, whatever became of them (TLS failures included).
+    public var connectionsAccepted: Int { apns.metrics.connectionsTotal }
+    public var tlsHandshakeFailures: Int { apns.metrics.tlsHandshakeFailures }
     public var faults: FaultPlan {
         get { core.faultPlan }
     }

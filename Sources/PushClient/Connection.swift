@@ -27,8 +27,14 @@ final class H2Connection {
     private var pingAcksSeen = 0
     /// Requests submitted on this connection so far.
     var requestsCarried = 0
-    /// No new streams: GOAWAY received, replaced after a timeout or token change, or dead.
+    /// No new streams: GOAWAY, 503 Shutdown or 400 IdleTimeout received, a token change, or dead.
     var retired = false
+    /// A 200 arrived on this connection (the pacer was told once).
+    var delivered = false
+    /// A stream timed out here and no response has arrived since: one stream at a time, so a
+    /// slow server is not handed requests that will time out too (each may become a duplicate
+    /// when the caller retries it).
+    var probation = false
 
     init(endpoint: Endpoint, tlsContext: TLSClientContext?, connectTimeout: Duration) throws {
         self.endpoint = endpoint
@@ -54,7 +60,7 @@ final class H2Connection {
     /// error, so nothing is sent on nghttp2's default guess of 100.
     var hasStreamCapacity: Bool {
         state == .open && !retired && session.settingsReceived && session.goAway == nil
-            && session.streams.count < session.remoteMaxConcurrentStreams
+            && session.streams.count < (probation ? 1 : session.remoteMaxConcurrentStreams)
     }
 
     var pollEvents: Int16 {

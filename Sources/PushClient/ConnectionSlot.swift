@@ -13,6 +13,8 @@ final class SlotStats: Sendable {
     let deadConnections = Atomic<Int>(0)
     let refusedRetries = Atomic<Int>(0)
     let maxStreamsInFlight = Atomic<Int>(0)
+    let timeoutPings = Atomic<Int>(0)
+    let openingsDeferred = Atomic<Int>(0)
 }
 
 /// One connection slot: a thread that owns the slot's current HTTP/2 connection (plus older
@@ -43,8 +45,8 @@ final class ConnectionSlot: @unchecked Sendable {
     /// Pushes waiting for a stream, oldest first (retries go to the front).
     var queue: [PendingPush] = []
     var queueHead = 0
-    /// The next push must go to a fresh connection (a stream timed out on the current one).
-    var reconnectNext = false
+    /// The pacer's answer when the slot last wanted a connection and had to wait.
+    var nextOpenAt: ContinuousClock.Instant?
     var stopping = false
     /// No stream deadline is earlier than this (conservative: may be stale-early, never late).
     var earliestStreamDeadline = ContinuousClock.Instant.now + .seconds(86_400)
@@ -170,9 +172,7 @@ final class ConnectionSlot: @unchecked Sendable {
 
     private func pollTimeoutMS(now: ContinuousClock.Instant) -> Int32 {
         var wake = now + .seconds(1)
-        if queueHead < queue.count {
-            for p in queue[queueHead...] where p.deadline < wake { wake = p.deadline }
-        }
+        if current == nil && queueHead < queue.count { wake = min(wake, nextOpenAt ?? now) }
         if earliestStreamDeadline < wake { wake = earliestStreamDeadline }
         if let c = current {
             if !c.wasReady { wake = min(wake, c.connectDeadline) }

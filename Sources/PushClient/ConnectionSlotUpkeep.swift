@@ -1,22 +1,13 @@
 // Connection management on the slot thread: deadlines, PINGs, replacing dead or retired
-// connections, and collecting what each connection's session reported.
+// connections (paced by the client's ConnectionPacer), and collecting what each connection's
+// session reported.
 import FoundationEssentials
 
 extension ConnectionSlot {
-    /// Pushes whose deadline passed: queued ones complete, in-flight ones are reset.
+    /// In-flight pushes whose deadline passed are reset and failed. A timeout alone does not
+    /// condemn the connection (APNs may just be slow): it gets a PING, and only an unanswered
+    /// PING retires it (`maintain`).
     func expire(_ now: ContinuousClock.Instant) {
-        if queueHead < queue.count, queue[queueHead...].contains(where: { $0.deadline <= now }) {
-            var kept: [PendingPush] = []
-            var expired: [PendingPush] = []
-            for p in queue[queueHead...] { if p.deadline <= now { expired.append(p) } else { kept.append(p) } }
-            do {
-                queue = kept
-                queueHead = 0
-                let why = current.map { $0.wasReady ? "waiting for a free stream" : "still connecting to \(shared.endpoint.authority)" }
-                    ?? "no connection"
-                for p in expired { complete(p, .transportFailure("timeout: request timed out before it could be sent (\(why))")) }
-            }
-        }
         guard now >= earliestStreamDeadline else { return }
         var earliest = now + .seconds(86_400)
         for c in [current].compactMap({ $0 }) + draining {
@@ -24,8 +15,8 @@ extension ConnectionSlot {
                 if st.push.deadline <= now {
                     st.done = true
                     c.session.cancel(st)
-                    // The connection may be black-holed: this slot's next push goes to a fresh one.
-                    if c === current { reconnectNext = true }
+                    c.probation = true
+                    if c === current { probe(c, now) }
                     complete(st.push, .transportFailure("timeout: no response within requestTimeout (stream \(st.id))"))
                 } else if st.push.deadline < earliest {
                     earliest = st.push.deadline
@@ -33,6 +24,15 @@ extension ConnectionSlot {
             }
         }
         earliestStreamDeadline = earliest
+    }
+
+    /// PINGs `c` unless a PING is already waiting for its ACK.
+    private func probe(_ c: H2Connection, _ now: ContinuousClock.Instant) {
+        guard c.isOpen, c.pingSentAt == nil else { return }
+        if let error = c.session.ping() { return c.fail(error) }
+        c.pingSentAt = now
+        stats.pingsSent.add(1, ordering: .relaxed)
+        stats.timeoutPings.add(1, ordering: .relaxed)
     }
 
     /// Connection upkeep: replace dead or retired connections, PING idle ones, close drained ones.
@@ -59,7 +59,7 @@ extension ConnectionSlot {
                     }
                 }
             }
-            if let c = current, c.retired || c.state == .closed { retireCurrent() }
+            if let c = current, c.retired || c.state == .closed { retireCurrent(now: now) }
         }
         draining.removeAll { d in
             if d.state == .closed { return true }
@@ -76,21 +76,33 @@ extension ConnectionSlot {
             }
             return false
         }
-        if current == nil && queueHead < queue.count && !stopping { openConnection() }
+        if current == nil && queueHead < queue.count && !stopping {
+            if let wait = nextOpenAt, wait > now { return }
+            nextOpenAt = shared.pacer.withLock { $0.tryOpen(now: now, random: shared.random()) }
+            if nextOpenAt == nil {
+                openConnection(now)
+            } else {
+                stats.openingsDeferred.add(1, ordering: .relaxed)
+            }
+        }
     }
 
-    func retireCurrent() {
+    /// The current connection takes no new streams: its open streams finish while it drains,
+    /// and the pacer counts its end before the next connection may start.
+    func retireCurrent(now: ContinuousClock.Instant) {
         guard let c = current else { return }
         c.retired = true
         current = nil
+        shared.pacer.withLock { $0.failed(now: now, random: shared.random()) }
         if c.state != .closed && c.streamCount > 0 { draining.append(c) } else if c.state != .closed { c.closeGracefully() }
     }
 
-    func openConnection() {
+    func openConnection(_ now: ContinuousClock.Instant) {
         do {
             current = try H2Connection(endpoint: shared.endpoint, tlsContext: shared.tls, connectTimeout: shared.connectTimeout)
             stats.connectionsOpened.add(1, ordering: .relaxed)
         } catch {
+            shared.pacer.withLock { $0.failed(now: now, random: shared.random()) }
             failQueue("\(error)")
         }
     }
@@ -102,12 +114,10 @@ extension ConnectionSlot {
         for p in all { complete(p, .transportFailure(message)) }
     }
 
-
-
     func reapAll() {
         if let c = current { reap(c) }
         for d in draining { reap(d) }
-        if let c = current, c.state == .closed { retireCurrent() }
+        if let c = current, c.state == .closed { retireCurrent(now: .now) }
     }
 
     /// Handles streams that ended, PING ACKs, GOAWAY, and a connection that closed.
@@ -120,13 +130,21 @@ extension ConnectionSlot {
         if !c.session.finished.isEmpty {
             let done = c.session.finished
             c.session.finished.removeAll(keepingCapacity: true)
-            for st in done { finish(st) }
+            for st in done { finish(st, on: c) }
+        }
+        // A connection that ended before carrying a request (refused, TLS or ALPN error, no
+        // SETTINGS, GOAWAY before any stream) failed its setup: the pushes waiting for it get
+        // that error now, not after the next paced attempt; the caller's retry counts it.
+        if c === current && c.requestsCarried == 0 {
+            if c.state == .closed {
+                failQueue(c.failure ?? "connection closed before any request")
+            } else if let g = c.session.goAway {
+                failQueue("GOAWAY(\(H2ClientSession.errorName(g.errorCode))" + (g.debug.isEmpty ? "" : ", \(g.debug)")
+                          + ") before any request on a new connection")
+            }
         }
         if c.state == .closed {
             let reason = c.failure ?? "connection closed"
-            // A connection that never opened failed its setup: the pushes waiting for it get
-            // that error now rather than a timeout later.
-            if !c.wasReady && c === current { failQueue(reason) }
             for st in c.session.abandonAll() where !st.done { lost(st, reason: reason) }
         }
     }

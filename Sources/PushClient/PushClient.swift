@@ -21,6 +21,11 @@ public final class PushClient: Sendable {
         guard configuration.pingInterval > .zero else {
             throw PushClientError.invalidConfiguration("pingInterval must be positive")
         }
+        let pacing = configuration.connectionPacing
+        guard pacing.backoffBase > .zero, pacing.backoffCap >= pacing.backoffBase, pacing.maxNewConnections >= 1,
+              pacing.window > .zero else {
+            throw PushClientError.invalidConfiguration("connectionPacing needs backoffBase > 0, backoffCap >= backoffBase, maxNewConnections >= 1 and window > 0")
+        }
         let endpoint = try Endpoint(url: configuration.environment.baseURL)
         if let ca = configuration.caFile, access(ca, R_OK) != 0 {
             throw PushClientError.invalidConfiguration("caFile \(ca) is not readable")
@@ -44,7 +49,7 @@ public final class PushClient: Sendable {
         }
         shared = ClientShared(endpoint: endpoint, tls: tls, tokens: tokens, clock: configuration.clock,
                               requestTimeout: configuration.requestTimeout, connectTimeout: configuration.connectTimeout,
-                              pingInterval: configuration.pingInterval)
+                              pingInterval: configuration.pingInterval, pacing: pacing)
         // OpenSSL's socket BIO writes with plain write(2): a server that closed its end would
         // raise SIGPIPE, whose default action kills the process. Ignore it process-wide (as
         // HTTPServer does for libuv); the write then fails with EPIPE and the connection closes.
@@ -60,7 +65,7 @@ public final class PushClient: Sendable {
     /// Thread-safe and never blocks. `completion` runs exactly once, on a client thread: keep
     /// it short (it delays other pushes on that connection).
     public func send(_ request: PushRequest, completion: @escaping @Sendable (PushResult) -> Void) {
-        let push = PendingPush(request: request, completion: completion, deadline: .now + shared.requestTimeout)
+        let push = PendingPush(request: request, completion: completion)
         if let refusal = Self.validate(request) {
             push.local = refusal
         } else {
@@ -95,6 +100,8 @@ public final class PushClient: Sendable {
             total.pingAcks += s.stats.pingAcks.load(ordering: .relaxed)
             total.deadConnections += s.stats.deadConnections.load(ordering: .relaxed)
             total.refusedRetries += s.stats.refusedRetries.load(ordering: .relaxed)
+            total.timeoutPings += s.stats.timeoutPings.load(ordering: .relaxed)
+            total.openingsDeferred += s.stats.openingsDeferred.load(ordering: .relaxed)
             total.maxStreamsInFlight = max(total.maxStreamsInFlight, s.stats.maxStreamsInFlight.load(ordering: .relaxed))
         }
     }
@@ -110,6 +117,10 @@ struct EngineStats: Sendable, Equatable {
     var refusedRetries = 0
     /// Most streams one connection carried at once.
     var maxStreamsInFlight = 0
+    /// PINGs sent because a stream timed out (the answer decides whether the connection stays).
+    var timeoutPings = 0
+    /// Times a slot wanted a connection and the pacer made it wait.
+    var openingsDeferred = 0
 }
 
 /// Immutable state every slot reads.
@@ -123,9 +134,13 @@ final class ClientShared: Sendable {
     let pingInterval: Duration
     /// How long a PING may go unanswered before the connection counts as dead.
     let pingTimeout: Duration
+    /// One pacer for all slots: a server that refuses one slot refuses the others too.
+    let pacer: Mutex<ConnectionPacer>
+    let random: @Sendable () -> Double
 
     init(endpoint: Endpoint, tls: TLSClientContext?, tokens: TokenProvider?, clock: any PushClock,
-         requestTimeout: Duration, connectTimeout: Duration, pingInterval: Duration) {
+         requestTimeout: Duration, connectTimeout: Duration, pingInterval: Duration, pacing: ConnectionPacing,
+         random: @escaping @Sendable () -> Double = { Double.random(in: 0..<1) }) {
         self.endpoint = endpoint
         self.tls = tls
         self.tokens = tokens
@@ -133,6 +148,8 @@ final class ClientShared: Sendable {
         self.requestTimeout = requestTimeout
         self.connectTimeout = connectTimeout
         self.pingInterval = pingInterval
+        pacer = Mutex(ConnectionPacer(pacing))
+        self.random = random
         // At least 1 s (a loaded machine must not look dead), at most 10 s.
         pingTimeout = min(max(pingInterval, .seconds(1)), .seconds(10))
     }

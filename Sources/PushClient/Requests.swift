@@ -14,8 +14,9 @@ final class PendingPush: @unchecked Sendable {
     /// The `apns-id` sent: the response callbacks compare the echoed one with it.
     var apnsID: String { request.apnsID.text }
     let completion: @Sendable (PushResult) -> Void
-    /// Monotonic: queueing, retries and the wait for the response all fit inside it.
-    let deadline: ContinuousClock.Instant
+    /// Monotonic, set each time the push is written to a connection (requestTimeout from
+    /// then): time spent queued for a connection or a stream does not count.
+    var deadline = ContinuousClock.Instant.now + .seconds(86_400 * 365)
     /// Retries after a connection was lost before any body byte left (at most one), or after
     /// ExpiredProviderToken (at most one).
     var attempt = 0
@@ -25,10 +26,9 @@ final class PendingPush: @unchecked Sendable {
     /// Refused before any I/O; completed on the slot thread like everything else.
     var local: PushResult?
 
-    init(request: PushRequest, completion: @escaping @Sendable (PushResult) -> Void, deadline: ContinuousClock.Instant) {
+    init(request: PushRequest, completion: @escaping @Sendable (PushResult) -> Void) {
         self.request = request
         self.completion = completion
-        self.deadline = deadline
     }
 }
 
@@ -56,15 +56,6 @@ extension ConnectionSlot {
     func submitQueued() {
         while queueHead < queue.count, let c = current, c.hasStreamCapacity {
             let p = queue[queueHead]
-            if reconnectNext {
-                reconnectNext = false
-                shared.tokens?.connectionReset(slot: index)
-                if c.requestsCarried > 0 {
-                    retireCurrent()
-                    openConnection()
-                    return
-                }
-            }
             var generation: Int? = nil
             var auth: String? = nil
             if let tokens = shared.tokens {
@@ -72,8 +63,7 @@ extension ConnectionSlot {
                     let t = try tokens.token(slot: index, now: shared.clock.now())
                     // A token change this soon on this connection would earn a 429: new connection.
                     if t.freshConnection && c.requestsCarried > 0 {
-                        retireCurrent()
-                        openConnection()
+                        retireCurrent(now: .now)
                         return
                     }
                     generation = t.generation
@@ -98,6 +88,7 @@ extension ConnectionSlot {
                 tokens.connectionOpened(slot: index, generation: generation, now: shared.clock.now())
             }
             c.requestsCarried += 1
+            p.deadline = .now + shared.requestTimeout
             if c.streamCount > stats.maxStreamsInFlight.load(ordering: .relaxed) {
                 stats.maxStreamsInFlight.store(c.streamCount, ordering: .relaxed)
             }

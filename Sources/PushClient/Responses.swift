@@ -4,10 +4,10 @@ import FoundationEssentials
 
 extension ConnectionSlot {
 
-    func finish(_ st: ClientStream) {
+    func finish(_ st: ClientStream, on c: H2Connection) {
         guard !st.done else { return }
         st.done = true
-        if st.responseComplete && st.status > 0 { return respond(st) }
+        if st.responseComplete && st.status > 0 { return respond(st, on: c) }
         if st.refused { return retryRefused(st.push) }
         lost(st, reason: "stream \(st.id) reset by server (\(H2ClientSession.errorName(st.closeCode ?? 0)))")
     }
@@ -18,7 +18,6 @@ extension ConnectionSlot {
         if st.refused || !st.headersSent { return retryRefused(st.push) }
         if st.bodyBytesSent == 0 && st.push.attempt == 0 {
             st.push.attempt += 1
-            reconnectNext = true
             return requeue(st.push)
         }
         complete(st.push, .transportFailure(reason))
@@ -41,9 +40,20 @@ extension ConnectionSlot {
         }
     }
 
-    func respond(_ st: ClientStream) {
+    func respond(_ st: ClientStream, on c: H2Connection) {
         let p = st.push
         let result = Self.result(status: st.status, apnsID: st.apnsID, uniqueID: st.uniqueID, body: st.responseBody, sentID: p.apnsID)
+        c.probation = false
+        switch result {
+        case .delivered where !c.delivered:
+            c.delivered = true
+            shared.pacer.withLock { $0.succeeded() }
+        case .rejected(_, .shutdown, _), .rejected(_, .idleTimeout, _):
+            // About the connection, not the push: APNs is closing it. Streams in flight finish
+            // on it; new ones wait for the next (paced) connection.
+            c.retired = true
+        default: break
+        }
         if case .rejected(_, let reason, _) = result, let gen = st.tokenGeneration, let tokens = shared.tokens {
             let now = shared.clock.now()
             if reason == .expiredProviderToken {

@@ -102,18 +102,21 @@ public struct PushClientConfiguration: Sendable {
     public var caFile: String?
     /// Number of HTTP/2 connections; each is owned by its own thread (docs/pushclient.md).
     public var connections: Int
-    /// Whole-request budget from `send` until the response is complete (queueing and retries included).
+    /// Time a request may wait for its response, counted from when it is written to a
+    /// connection (time queued for a connection or a free stream does not count).
     public var requestTimeout: Duration
     public var connectTimeout: Duration
     /// A connection idle this long gets an HTTP/2 PING; no ACK within min(max(pingInterval, 1 s), 10 s)
     /// and it is replaced.
     public var pingInterval: Duration
+    /// Back-off and rate limit for opening connections (docs/pushclient.md, "Connection discipline").
+    public var connectionPacing: ConnectionPacing
     public var clock: any PushClock
 
     public init(environment: APNsEnvironment, credentials: APNsCredentials, caFile: String? = nil,
                 connections: Int = 2, requestTimeout: Duration = .seconds(10),
                 connectTimeout: Duration = .seconds(5), pingInterval: Duration = .seconds(60),
-                clock: any PushClock = SystemPushClock()) {
+                connectionPacing: ConnectionPacing = ConnectionPacing(), clock: any PushClock = SystemPushClock()) {
         self.environment = environment
         self.credentials = credentials
         self.caFile = caFile
@@ -121,6 +124,7 @@ public struct PushClientConfiguration: Sendable {
         self.requestTimeout = requestTimeout
         self.connectTimeout = connectTimeout
         self.pingInterval = pingInterval
+        self.connectionPacing = connectionPacing
         self.clock = clock
     }
 }

@@ -51,8 +51,24 @@ import Testing
         #expect(errors.connectionFault(afterStream: 9, errors: 2) == .goAway)
     }
 
+    @Test func connectionStartFaultsDecideEachNewConnection() throws {
+        #expect(FaultPlan().connectionStart(random: { 0 }) == .none)
+        #expect(FaultPlan(rules: [try FaultRule(commandLine: "refuse-connections")]).connectionStart(random: { 0.9 }) == .refuse)
+        #expect(FaultPlan(rules: [try FaultRule(commandLine: "stall-handshake")]).connectionStart(random: { 0 }) == .stallHandshake)
+        let goAway = FaultPlan(rules: [try FaultRule(commandLine: "status=500"), try FaultRule(commandLine: "goaway-before-first-stream")])
+        #expect(goAway.connectionStart(random: { 0 }) == .goAwayBeforeFirstStream)
+        // Request rules ignore it and it ignores them.
+        #expect(goAway.decide(deviceToken: "aa", nowMs: 0, random: { 0 }).rejection?.status == 500)
+        #expect(FaultPlan(rules: [try FaultRule(commandLine: "goaway-before-first-stream")]).decide(deviceToken: "aa", nowMs: 0, random: { 0 }) == .none)
+        let half = FaultPlan(rules: [try FaultRule(commandLine: "refuse,fraction=0.5")])
+        #expect(half.connectionStart(random: { 0.4 }) == .refuse)
+        #expect(half.connectionStart(random: { 0.6 }) == .none)
+        let json = #"{"refuseConnections":true,"fraction":0.5}"#
+        #expect(try JSONDecoder().decode(FaultRule.self, from: Data(json.utf8)) == (try FaultRule(commandLine: "refuse-connections,fraction=0.5")))
+    }
+
     @Test func badRulesAreRefused() {
-        for text in ["status=200", "fraction=2,status=500", "reason=Unregistered", "goaway-after=0", "token=xyz,status=410", "bogus=1", "fraction=0.5", "latency=abc"] {
+        for text in ["status=200", "fraction=2,status=500", "reason=Unregistered", "goaway-after=0", "token=xyz,status=410", "bogus=1", "fraction=0.5", "latency=abc", "refuse,token=ab", "stall-handshake,token=ab"] {
             #expect(throws: MockConfigurationError.self, "\(text)") { try FaultRule(commandLine: text) }
         }
     }

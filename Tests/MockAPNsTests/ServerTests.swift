@@ -124,6 +124,23 @@ import Testing
         // before a GOAWAY sent after that response can arrive.)
     }
 
+    /// Connection-start faults as curl sees them: no response at all, counted in /stats, and
+    /// gone once the plan is cleared.
+    @Test(arguments: [("refuseConnections", "connectionsRefused"), ("stallHandshake", "handshakesStalled"),
+                      ("goAwayBeforeFirstStream", "goAwaysBeforeFirstStream")])
+    func connectionStartFaultsSeenByCurl(field: String, counter: String) throws {
+        let mock = try MockHarness()
+        #expect(try mock.controlRequest("POST", "/faults", body: #"{"\#(field)":true}"#).status == 200)
+        let failed = try mock.curl(headers: mock.accessoryHeaders(), body: Fixture.accessoryBody(), timeout: 2)
+        #expect(failed.exit != 0 && failed.status == 0, "curl exit \(failed.exit), status \(failed.status)")
+        let stats = try mock.controlRequest("GET", "/stats").json as? [String: Any]
+        #expect((stats?[counter] as? Int ?? 0) >= 1, "\(String(describing: stats))")
+        #expect(mock.server.deliveries.isEmpty)
+        #expect(try mock.controlRequest("DELETE", "/faults").status == 200)
+        let ok = try mock.curl(headers: mock.accessoryHeaders(), body: Fixture.accessoryBody())
+        #expect(ok.status == 200)
+    }
+
     @Test func stalledStreamTimesOutInCurlWhileOthersAreAnswered() throws {
         let mock = try MockHarness()
         let set = try mock.controlRequest("POST", "/faults", body: #"[{"stall":true,"deviceToken":"dead"}]"#)

@@ -49,12 +49,18 @@ final class MockRig {
 
     var url: String { "\(cleartext ? "http" : "https")://127.0.0.1:\(mock.port)" }
 
-    func client(connections: Int = 1, requestTimeout: Duration = .seconds(5), pingInterval: Duration = .seconds(60),
+    /// Connection pacing scaled down (20 ms doubling to 200 ms, 600 a minute) unless a test
+    /// is about pacing: these tests reconnect on purpose, faster than production allows.
+    func client(connections: Int = 1, requestTimeout: Duration = .seconds(5), connectTimeout: Duration = .seconds(5),
+                pingInterval: Duration = .seconds(60),
+                pacing: ConnectionPacing = ConnectionPacing(backoffBase: .milliseconds(20), backoffCap: .milliseconds(200),
+                                                            maxNewConnections: 600),
                 url: String? = nil) throws -> PushClient {
         try PushClient(configuration: .init(environment: .custom(url: url ?? self.url),
                                             credentials: .token(key), caFile: cleartext ? nil : dir.file("ca.pem"),
                                             connections: connections, requestTimeout: requestTimeout,
-                                            pingInterval: pingInterval, clock: clock))
+                                            connectTimeout: connectTimeout, pingInterval: pingInterval,
+                                            connectionPacing: pacing, clock: clock))
     }
 
     deinit { mock.stop() }
@@ -169,10 +175,13 @@ func sendAll(_ client: PushClient, _ requests: [PushRequest], upTo seconds: Doub
         let late = await client.send(push("4000"))
         guard case .transportFailure(let m) = late else { Issue.record("expected a timeout, got \(late)"); return }
         #expect(m.hasPrefix("timeout"), "\(m)")
-        // The timed-out stream moved the slot to a fresh connection: the next push opens it and
-        // is delivered (the client recovers).
+        // The timed-out stream costs a PING, not the connection: the mock answers it, and the
+        // next push is delivered on the same connection.
         let after = await client.send(push("0200"))
         #expect(isDelivered(after), "\(after)")
+        #expect(client.engineStats.timeoutPings == 1)
+        #expect(client.engineStats.connectionsOpened == 1)
+        #expect(rig.mock.stats.connectionsSeen == 1)
     }
 
     @Test func stalledStreamTimesOutAndOthersStillFlow() async throws {
@@ -307,12 +316,12 @@ func sendAll(_ client: PushClient, _ requests: [PushRequest], upTo seconds: Doub
     /// A connection that started late in a token's life must not swap tokens 15 minutes later:
     /// the client opens a fresh connection for the new token instead of earning a 429.
     @Test func lateConnectionGetsFreshConnectionAtRotation() async throws {
-        let rig = try MockRig(faults: [FaultRule(deviceToken: "dead", stall: true)])
+        let rig = try MockRig(faults: [FaultRule(deviceToken: "dead", abort: true)])
         let client = try rig.client(requestTimeout: .milliseconds(400))
         defer { client.shutdown() }
         #expect(isDelivered(await client.send(push())))          // t=0, connection A, token 1
         rig.clock.advance(minutes: 35)
-        _ = await client.send(push("dead"))                     // times out: the slot reconnects
+        _ = await client.send(push("dead"))                     // the mock drops A: the slot reconnects
         #expect(isDelivered(await client.send(push())))          // t=35, connection B, token 1
         rig.clock.advance(minutes: 15)
         #expect(isDelivered(await client.send(push())))          // t=50, token 2: must be connection C

@@ -399,6 +399,7 @@ import Testing
         let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../config/relay.example.json").standardized.path
         let c = try RelayConfig.load(path: path, environment: [:])
         #expect(!c.apps.isEmpty)
+        #expect(c.dispatch.maxNewConnectionsPerMinute == 10)
     }
 
     static let badCases: [(String, String)] = [
@@ -409,6 +410,7 @@ import Testing
         (#"{"store":{"synchronous":"OFF"},"apps":[]}"#, "store.synchronous"),
         (#"{"store":{"kind":"mysql"},"apps":[]}"#, "store.kind"),
         (#"{"dispatch":{"maxInflight":0},"apps":[]}"#, "dispatch.maxInflight"),
+        (#"{"dispatch":{"maxNewConnectionsPerMinute":0},"apps":[]}"#, "dispatch.maxNewConnectionsPerMinute"),
         (#"{"ingest":{"maxConnectionsPerAddress":-1},"apps":[]}"#, "ingest.maxConnectionsPerAddress"),
         (#"{"ingest":{"rateLimits":{"perPushToken":{"perSecond":-1}}},"apps":[]}"#, "ingest.rateLimits.perPushToken.perSecond"),
         (#"{"ingest":{"rateLimits":{"authFailuresPerAddress":{"burst":0}}},"apps":[]}"#, "ingest.rateLimits.authFailuresPerAddress.burst"),

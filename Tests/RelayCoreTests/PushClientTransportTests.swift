@@ -76,7 +76,7 @@ final class TransportRig {
     let mock: MockAPNsServer
     let transport: PushClientTransport
 
-    init() throws {
+    init(faults: [MockAPNs.FaultRule] = [], configure: (inout PushClientConfiguration) -> Void = { _ in }) throws {
         let p8 = dir.path + "/AuthKey.p8"
         let openssl = Process()
         openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
@@ -88,10 +88,13 @@ final class TransportRig {
         c.tls = .cleartextH2
         c.controlPort = nil
         c.allowedBundleIDs = ["com.example.app"]
+        c.faults = MockAPNs.FaultPlan(rules: faults)
         mock = try MockAPNsServer(configuration: c)
         try mock.start()
         let key = try TokenKey(p8Path: p8, keyID: "ABC123DEFG", teamID: "DEF123GHIJ")
-        let client = try PushClient(configuration: .init(environment: .custom(url: "http://127.0.0.1:\(mock.port)"), credentials: .token(key)))
+        var configuration = PushClientConfiguration(environment: .custom(url: "http://127.0.0.1:\(mock.port)"), credentials: .token(key))
+        configure(&configuration)
+        let client = try PushClient(configuration: configuration)
         transport = PushClientTransport(client: client, bundleID: "com.example.app")
     }
 

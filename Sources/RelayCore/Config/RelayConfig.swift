@@ -68,6 +68,8 @@ public struct RelayConfig: Sendable, Equatable {
         public var backoffCapMillis = 300_000
         public var tooManyRequestsDelayMillis = 60_000
         public var connectionsPerApp = 2
+        /// New APNs connections an app may open per minute (PushClient's ConnectionPacing).
+        public var maxNewConnectionsPerMinute = 10
         public var requestTimeoutMillis = 10_000
         public var shutdownGraceMillis = 5_000
     }
@@ -226,13 +228,14 @@ public struct RelayConfig: Sendable, Equatable {
         }
         if var d = try r.child("dispatch") {
             try d.object(allowed: ["maxInflight", "claimBatch", "backoffBaseMs", "backoffCapMs", "tooManyRequestsDelayMs",
-                                   "connectionsPerApp", "requestTimeoutMs", "shutdownGraceMs"])
+                                   "connectionsPerApp", "maxNewConnectionsPerMinute", "requestTimeoutMs", "shutdownGraceMs"])
             c.dispatch.maxInflight = try d.int("maxInflight", 1...100_000) ?? c.dispatch.maxInflight
             c.dispatch.claimBatch = try d.int("claimBatch", 1...10_000) ?? c.dispatch.claimBatch
             c.dispatch.backoffBaseMillis = try d.int("backoffBaseMs", 1...3_600_000) ?? c.dispatch.backoffBaseMillis
             c.dispatch.backoffCapMillis = try d.int("backoffCapMs", 1...86_400_000) ?? c.dispatch.backoffCapMillis
             c.dispatch.tooManyRequestsDelayMillis = try d.int("tooManyRequestsDelayMs", 0...86_400_000) ?? c.dispatch.tooManyRequestsDelayMillis
             c.dispatch.connectionsPerApp = try d.int("connectionsPerApp", 1...64) ?? c.dispatch.connectionsPerApp
+            c.dispatch.maxNewConnectionsPerMinute = try d.int("maxNewConnectionsPerMinute", 1...600) ?? c.dispatch.maxNewConnectionsPerMinute
             c.dispatch.requestTimeoutMillis = try d.int("requestTimeoutMs", 100...600_000) ?? c.dispatch.requestTimeoutMillis
             c.dispatch.shutdownGraceMillis = try d.int("shutdownGraceMs", 0...600_000) ?? c.dispatch.shutdownGraceMillis
             guard c.dispatch.backoffCapMillis >= c.dispatch.backoffBaseMillis else {

@@ -38,6 +38,7 @@ public final class PushClientTransport: PushTransport {
         var pc = PushClientConfiguration(environment: env, credentials: creds)
         pc.caFile = app.caFile
         pc.connections = config.dispatch.connectionsPerApp
+        pc.connectionPacing.maxNewConnections = config.dispatch.maxNewConnectionsPerMinute
         pc.requestTimeout = .milliseconds(config.dispatch.requestTimeoutMillis)
         return PushClientTransport(client: try PushClient(configuration: pc), bundleID: app.bundleID)
     }

@@ -1,0 +1,77 @@
+// The dispatcher over a real PushClient and mock-apns while APNs refuses connections or answers
+// too slowly: no row fails because the client waits out its connection back-off, connections
+// stay bounded, and nothing is pushed twice because of the back-off. Scaled timings (pacing
+// 100 ms doubling to 800 ms, row back-off 50-400 ms); counts asserted.
+import Foundation
+import MockAPNs
+import PushClient
+import Testing
+@testable import RelayCore
+
+@Suite(.serialized) struct DispatcherConnectionDisciplineTests {
+    let dir = TempDir()
+
+    static func configure(requestTimeout: Duration) -> (inout PushClientConfiguration) -> Void {
+        { c in
+            c.connections = 2
+            c.requestTimeout = requestTimeout
+            c.connectTimeout = .milliseconds(300)
+            c.connectionPacing = ConnectionPacing(backoffBase: .milliseconds(100), backoffCap: .milliseconds(800), maxNewConnections: 1000)
+        }
+    }
+
+    /// Ingests `count` rows, dispatches them with the fault on for `faultSeconds`, clears it and
+    /// waits (bounded) until no row is pending. Returns the store's counts.
+    func run(_ rig: TransportRig, count: Int, faultSeconds: Double) throws -> (ids: [String], counts: OutboxCounts, store: SQLiteOutboxStore) {
+        let s = try SQLiteOutboxStore(path: dir.db, clock: SystemRelayClock())
+        let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
+        var ids: [String] = []
+        for i in 0..<count {
+            if case .accepted(let id) = try s.ingestNow(sample(index: UInt32(i)), secret: secret) { ids.append(id) }
+        }
+        let d = Dispatcher(store: s, transports: ["com.example.app": rig.transport],
+                           options: DispatcherOptions(idlePollMillis: 20, policy: DeliveryPolicy(backoffBaseMillis: 50, backoffCapMillis: 400)))
+        try d.start()
+        Thread.sleep(forTimeInterval: faultSeconds)
+        rig.mock.setFaults(MockAPNs.FaultPlan())
+        let end = Date() + 30
+        while Date() < end, try s.counts().pending > 0 { usleep(20_000) }
+        d.stop()
+        return (ids, try s.counts(), s)
+    }
+
+    @Test func refusedConnectionsFailNoRowAndPushNothingTwice() throws {
+        let rig = try TransportRig(faults: [MockAPNs.FaultRule(refuseConnections: true)], configure: Self.configure(requestTimeout: .seconds(2)))
+        let (ids, counts, store) = try run(rig, count: 40, faultSeconds: 1.5)
+        defer { store.close() }
+        #expect(counts.byState[.delivered] == ids.count, "\(counts.byState)")
+        let delivered = rig.mock.deliveries.map(\.apnsID)
+        #expect(delivered.count == ids.count)
+        #expect(Set(delivered) == Set(ids.map { $0.lowercased() }))
+        // 1.5 s of refusals: the first attempt per slot, then one per back-off step (floors
+        // 50, 100, 200, 400, 400 ms): at most 7; the old client made one per failure at once.
+        let refused = rig.mock.stats.connectionsRefused
+        print("dispatcher, refused connections: \(refused) attempts refused, \(ids.count) rows delivered once each")
+        #expect(refused >= 2 && refused <= 9)
+    }
+
+    /// Answers take 1.5 s for 2 s, the request timeout is 300 ms: every push written meanwhile
+    /// times out and the dispatcher retries it. Both connections stay (PINGs answered), each
+    /// carries one stream at a time, and every row is delivered once the server is fast again.
+    /// A push that timed out was received, so its retry is a repeat at the mock: those are the
+    /// pushes in flight when the server turned slow (all 40 here: this mock grants 1000 streams
+    /// at once) plus the writes the probation allows afterwards (one per connection per 300 ms,
+    /// at most 2 x 7 + 2 in 2 s), not 0.
+    @Test func slowServerKeepsTwoConnectionsAndBoundsRepeats() throws {
+        let rig = try TransportRig(faults: [MockAPNs.FaultRule(latencyMs: 1500)], configure: Self.configure(requestTimeout: .milliseconds(300)))
+        let (ids, counts, store) = try run(rig, count: 40, faultSeconds: 2)
+        defer { store.close() }
+        #expect(counts.byState[.delivered] == ids.count, "\(counts.byState)")
+        let delivered = rig.mock.deliveries.map(\.apnsID)
+        #expect(Set(delivered) == Set(ids.map { $0.lowercased() }))
+        let repeats = delivered.count - Set(delivered).count
+        print("dispatcher, slow server: \(rig.mock.connectionsAccepted) connections, \(repeats) repeats for \(ids.count) rows")
+        #expect(rig.mock.connectionsAccepted == 2)
+        #expect(repeats <= ids.count + 16)
+    }
+}
