@@ -13,9 +13,17 @@ APT_PACKAGES := libssl-dev libnghttp2-dev libsqlite3-dev libuv1-dev \
 
 BENCH_APT_PACKAGES := wrk nginx-light hyperfine valgrind redis-server redis-tools
 
-.PHONY: all deps bench-deps build release test bench bench-kex run fuzz soak soak-http reliability clean install
+.PHONY: all deps bench-deps build-info build release test bench bench-kex run fuzz soak soak-http reliability clean install
 
 all: build
+
+# The package version (one place: Sources/BuildInfo/BuildInfo.swift) and the commit every build
+# target records first (scripts/build-info.sh; `--version`, relay_build_info). A plain
+# `swift build` works too and reports the last recorded commit, or "unknown" in a fresh clone.
+VERSION := $(shell sed -n 's/^ *public static let version = "\(.*\)"$$/\1/p' Sources/BuildInfo/BuildInfo.swift)
+
+build-info:
+	@scripts/build-info.sh
 
 # Idempotent: installs only what is missing. Needs root (or sudo) on a fresh Debian 12.
 deps:
@@ -24,16 +32,16 @@ deps:
 bench-deps:
 	@scripts/apt-install.sh $(BENCH_APT_PACKAGES)
 
-build:
+build: build-info
 	$(SWIFT) build -c $(CONFIG) $(SWIFT_FLAGS)
 
-release:
+release: build-info
 	$(SWIFT) build -c release $(SWIFT_FLAGS)
 
 # The default suite: unit tests plus integration tests driving the real binaries on loopback.
 # scripts/pg-test.sh starts a throwaway PostgreSQL (temp dir, loopback port) for the PostgreSQL
 # store tests, sets RELAY_TEST_PG_URL, and stops it afterwards even when tests fail.
-test: deps
+test: deps build-info
 	$(SWIFT) build $(SWIFT_FLAGS) --build-tests
 	scripts/pg-test.sh run -- $(SWIFT) test $(SWIFT_FLAGS) --skip-build --parallel
 	SWIFT_FLAGS="$(SWIFT_FLAGS)" scripts/kex-crosscheck.sh
@@ -54,7 +62,7 @@ clean:
 # $(DESTDIR)/etc/accessory-relay/, docs and the state dir (deploy/install.sh; docs/operations.md).
 # BUILT=<dir> installs already built binaries instead of building release ones first.
 BUILT ?=
-install:
+install: build-info
 ifeq ($(BUILT),)
 	$(SWIFT) build -c release $(SWIFT_FLAGS) --product relay-server
 	$(SWIFT) build -c release $(SWIFT_FLAGS) --product relayctl
@@ -69,13 +77,13 @@ run: deps
 	scripts/run.sh
 
 # The kill -9 durability test in a longer loop (RELAY_SOAK_ROUNDS rounds, default 20).
-soak: deps
+soak: deps build-info
 	$(SWIFT) build $(SWIFT_FLAGS) --build-tests
 	RELAY_SOAK_ROUNDS=$${RELAY_SOAK_ROUNDS:-20} $(SWIFT) test $(SWIFT_FLAGS) --skip-build --filter RelayCrashTests
 
 # Random walks over HTTP connection states (ServerInputSoakTests): HTTP_SOAK_ROUNDS rounds
 # (default 300, ~2 min; make test runs 12) with a fresh seed, printed for replay (HTTP_SOAK_SEED).
-soak-http: deps
+soak-http: deps build-info
 	$(SWIFT) build $(SWIFT_FLAGS) --build-tests
 	HTTP_SOAK_ROUNDS=$${HTTP_SOAK_ROUNDS:-300} $(SWIFT) test $(SWIFT_FLAGS) --skip-build --filter ServerInputSoakTests
 
