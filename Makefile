@@ -13,7 +13,10 @@ APT_PACKAGES := libssl-dev libnghttp2-dev libsqlite3-dev libuv1-dev \
 
 BENCH_APT_PACKAGES := wrk nginx-light hyperfine valgrind redis-server redis-tools
 
-.PHONY: all deps bench-deps build-info build release test bench bench-kex run fuzz soak soak-http reliability clean install
+# `make deb`: dpkg-shlibdeps (dpkg-dev), lintian, help2man (the manual pages).
+DEB_APT_PACKAGES := dpkg-dev lintian help2man
+
+.PHONY: all deps bench-deps deb-deps build-info build release deb deb-check test bench bench-kex run fuzz soak soak-http reliability clean install
 
 all: build
 
@@ -32,11 +35,34 @@ deps:
 bench-deps:
 	@scripts/apt-install.sh $(BENCH_APT_PACKAGES)
 
+deb-deps:
+	@scripts/apt-install.sh $(DEB_APT_PACKAGES)
+
 build: build-info
 	$(SWIFT) build -c $(CONFIG) $(SWIFT_FLAGS)
 
 release: build-info
 	$(SWIFT) build -c release $(SWIFT_FLAGS)
+
+# The Debian package build-deb/accessory-relay_<version>-<revision>_<arch>.deb (scripts/build-deb.sh,
+# docs/operations.md "Debian package"): release binaries with the Swift runtime linked statically
+# (--static-swift-stdlib; its own build directory, so it never mixes with `make release`),
+# Depends: from dpkg-shlibdeps, checked by scripts/check-deb.sh (file list, Depends:, lintian).
+DEB_REVISION ?= 1
+DEB_BUILD_PATH ?= .build-static
+# -z relro -z now: full RELRO (the GOT read-only after start), as Debian's hardening flags give C.
+DEB_SWIFT_FLAGS = -c release --static-swift-stdlib -Xlinker -z -Xlinker relro -Xlinker -z -Xlinker now \
+	--build-path $(DEB_BUILD_PATH) $(SWIFT_FLAGS)
+DEB_FILE = build-deb/accessory-relay_$(VERSION)-$(DEB_REVISION)_$(shell dpkg --print-architecture).deb
+deb: deps deb-deps build-info
+	$(SWIFT) build $(DEB_SWIFT_FLAGS) --product relay-server
+	$(SWIFT) build $(DEB_SWIFT_FLAGS) --product relayctl
+	$(SWIFT) build $(DEB_SWIFT_FLAGS) --product mock-apns
+	BUILT="$$($(SWIFT) build $(DEB_SWIFT_FLAGS) --show-bin-path)" VERSION=$(VERSION) DEB_REVISION=$(DEB_REVISION) scripts/build-deb.sh
+
+# Checks the package `make deb` built (a few seconds; no build).
+deb-check: deb-deps
+	scripts/check-deb.sh $(DEB_FILE)
 
 # The default suite: unit tests plus integration tests driving the real binaries on loopback.
 # scripts/pg-test.sh starts a throwaway PostgreSQL (temp dir, loopback port) for the PostgreSQL
@@ -46,6 +72,9 @@ test: deps build-info
 	scripts/pg-test.sh run -- $(SWIFT) test $(SWIFT_FLAGS) --skip-build --parallel
 	SWIFT_FLAGS="$(SWIFT_FLAGS)" scripts/kex-crosscheck.sh
 	FUZZ_BUILD_ONLY=1 scripts/fuzz.sh
+	@# The Debian package, when `make deb` built one of this version (its release build is too slow
+	@# for every test run; the check takes seconds).
+	@if [ -f $(DEB_FILE) ]; then $(MAKE) --no-print-directory deb-check; else echo "deb-check: skipped ($(DEB_FILE) not built; make deb)"; fi
 
 bench: deps bench-deps release
 	scripts/bench.sh
