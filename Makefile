@@ -13,10 +13,11 @@ APT_PACKAGES := libssl-dev libnghttp2-dev libsqlite3-dev libuv1-dev \
 
 BENCH_APT_PACKAGES := wrk nginx-light hyperfine valgrind redis-server redis-tools
 
-# `make deb`: dpkg-shlibdeps (dpkg-dev), lintian, help2man (the manual pages).
-DEB_APT_PACKAGES := dpkg-dev lintian help2man
+# `make deb`: dpkg-shlibdeps (dpkg-dev), lintian, help2man (the manual pages); debootstrap for
+# `make deb-install-test`.
+DEB_APT_PACKAGES := dpkg-dev lintian help2man debootstrap
 
-.PHONY: all deps bench-deps deb-deps build-info build release deb deb-check test bench bench-kex run fuzz soak soak-http reliability clean install
+.PHONY: all deps bench-deps deb-deps build-info build release deb deb-check deb-install-test test bench bench-kex run fuzz soak soak-http reliability clean install
 
 all: build
 
@@ -63,6 +64,12 @@ deb: deps deb-deps build-info
 # Checks the package `make deb` built (a few seconds; no build).
 deb-check: deb-deps
 	scripts/check-deb.sh $(DEB_FILE)
+
+# Installs the built package into a throwaway Debian 12 root with apt and drives install, a relay
+# run as the service user, upgrade, remove and purge (scripts/deb-install-test.sh; root and
+# deb.debian.org needed, about a minute; not part of `make test`).
+deb-install-test: deb-deps
+	scripts/deb-install-test.sh $(DEB_FILE)
 
 # The default suite: unit tests plus integration tests driving the real binaries on loopback.
 # scripts/pg-test.sh starts a throwaway PostgreSQL (temp dir, loopback port) for the PostgreSQL

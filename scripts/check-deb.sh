@@ -65,7 +65,8 @@ if command -v lintian > /dev/null; then
   out=$(lintian --fail-on error,warning --display-info "$deb" 2>&1 | grep -v 'with root privileges') || true
   lintian --fail-on error,warning --display-info "$deb" > /dev/null 2>&1 || { echo "$out"; fail "lintian"; }
   [ -z "$out" ] || { echo "$out"; fail "lintian reported tags without an override"; }
-  lintian --display-info --show-overrides "$deb" 2>/dev/null | grep '^O:' | sed 's/^/check-deb: lintian (overridden): /' || true
+  lintian --display-info --show-overrides "$deb" 2>/dev/null | grep '^O:' | awk '{print $3}' | sort | uniq -c \
+    | awk '{printf "check-deb: lintian: overridden (deploy/debian/lintian-overrides): %s x%s\n", $2, $1}' || true
 else
   fail "lintian not installed (make deb-deps)"
 fi
