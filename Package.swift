@@ -31,6 +31,10 @@ let package = Package(
         // Hex, base64, UUID text, JSON string escaping and tokens, RFC 3339 times, write-all, files created
         // without following symbolic links (DurableFile): once, no Foundation, no C.
         .target(name: "Basics"),
+        // The package version and the git commit a build was made from (--version, /metrics).
+        // The commit is a header `make` writes (scripts/build-info.sh): C only for __has_include.
+        .target(name: "CBuildInfo"),
+        .target(name: "BuildInfo", dependencies: ["CBuildInfo"]),
         // The OpenSSL pieces every module shares: error text, SHA-256, CSPRNG, constant-time
         // compare and wipe, PEM keys, ES256 (raw r||s), certificates, the P-256 group.
         .target(name: "OpenSSLSupport", dependencies: ["COpenSSL"]),
@@ -56,12 +60,12 @@ let package = Package(
         // accessory simulator; relay-server does not link it).
         .target(name: "HTTPClient", dependencies: ["CCurl"]),
         // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API.
-        .target(name: "RelayCore", dependencies: ["Basics", "HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "OpenSSLSupport"]),
+        .target(name: "RelayCore", dependencies: ["Basics", "BuildInfo", "HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "OpenSSLSupport"]),
 
         // MARK: Executables (thin: parse arguments, start a service)
-        .executableTarget(name: "relay-server", dependencies: ["Basics", "RelayCore"], path: "Sources/RelayServer"),
-        .executableTarget(name: "relayctl", dependencies: ["Basics", "RelayCore", "Ratchet", "KeyExchange", "HTTPClient", "OpenSSLSupport"]),
-        .executableTarget(name: "mock-apns", dependencies: ["MockAPNs"]),
+        .executableTarget(name: "relay-server", dependencies: ["Basics", "BuildInfo", "RelayCore"], path: "Sources/RelayServer"),
+        .executableTarget(name: "relayctl", dependencies: ["Basics", "BuildInfo", "RelayCore", "Ratchet", "KeyExchange", "HTTPClient", "OpenSSLSupport"]),
+        .executableTarget(name: "mock-apns", dependencies: ["BuildInfo", "MockAPNs"]),
         // Release-built micro-benchmark of the Ratchet module for scripts/bench-ratchet.sh.
         .executableTarget(name: "ratchet-bench", dependencies: ["Ratchet"]),
         // KeyExchange driven by scripts: scripts/kex-crosscheck.py (make test) and scripts/bench-kex.sh.
@@ -85,7 +89,7 @@ let package = Package(
         .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs", "TestSupport"]),
         .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs", "KeyExchange", "Ratchet"]),
         .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "MockAPNs", "Ratchet", "POSIXThreads", "TestSupport", "CSQLiteFault"]),
-        .testTarget(name: "IntegrationTests", dependencies: ["Ratchet", "RelayCore", "TestSupport"], exclude: ["Golden"]),
+        .testTarget(name: "IntegrationTests", dependencies: ["BuildInfo", "Ratchet", "RelayCore", "TestSupport"], exclude: ["Golden"]),
     ],
     swiftLanguageModes: [.v6]
 )

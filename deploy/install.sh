@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # `make install`: binaries, systemd unit, sysusers entry, example config, docs, state directory.
+# scripts/build-deb.sh stages the Debian package with it too (the knobs below).
 # PREFIX/DESTDIR aware for packaging; /etc/accessory-relay and /var/lib/accessory-relay are fixed
 # because the unit's ConfigurationDirectory=/StateDirectory= put them there.
 # With an empty DESTDIR and root, it also creates the service user and owns the state directory.
@@ -12,18 +13,22 @@ cd "$(dirname "$0")/.."
 : "${UNITDIR:=$PREFIX/lib/systemd/system}"
 : "${SYSUSERSDIR:=$PREFIX/lib/sysusers.d}"
 : "${DOCDIR:=$PREFIX/share/doc/accessory-relay}"
+# Alert rules, dashboard and the low-port drop-in example (the Debian package: /usr/share/accessory-relay).
+: "${SHAREDIR:=$DOCDIR/examples}"
+# mock-apns is left out of `make install` (a test tool); the package ships it.
+: "${BINARIES:=relay-server relayctl}"
 : "${BUILT:?BUILT must name the directory holding the built relay-server and relayctl}"
 CONFDIR=/etc/accessory-relay
 STATEDIR=/var/lib/accessory-relay
 SERVICE_USER=accessory-relay
 
-for bin in relay-server relayctl; do
+for bin in $BINARIES; do
   [ -x "$BUILT/$bin" ] || { echo "error: $BUILT/$bin not built (run 'make release')" >&2; exit 1; }
 done
 [ -f config/relay.example.json ] || { echo "error: config/relay.example.json missing" >&2; exit 1; }
 
-install -d -m 0755 "$DESTDIR$BINDIR" "$DESTDIR$UNITDIR" "$DESTDIR$SYSUSERSDIR" "$DESTDIR$DOCDIR/examples"
-install -m 0755 "$BUILT/relay-server" "$BUILT/relayctl" "$DESTDIR$BINDIR/"
+install -d -m 0755 "$DESTDIR$BINDIR" "$DESTDIR$UNITDIR" "$DESTDIR$SYSUSERSDIR" "$DESTDIR$DOCDIR" "$DESTDIR$SHAREDIR"
+for bin in $BINARIES; do install -m 0755 "$BUILT/$bin" "$DESTDIR$BINDIR/"; done
 
 # The checked-in unit says /usr/local; point it at where the binaries and docs really go.
 sed -e "s#/usr/local/bin/#$BINDIR/#g" -e "s#/usr/local/share/doc/accessory-relay#$DOCDIR#g" \
@@ -47,7 +52,7 @@ grep -q "\"$STATEDIR/relay.db\"" "$DESTDIR$CONFDIR/relay.example.json" \
 # Docs and monitoring examples beside them.
 for f in README.md docs/*.md; do [ -f "$f" ] && install -m 0644 "$f" "$DESTDIR$DOCDIR/"; done
 install -m 0644 deploy/systemd/privileged-port.conf.example deploy/prometheus/alerts.yml \
-  deploy/grafana/relay-dashboard.json "$DESTDIR$DOCDIR/examples/"
+  deploy/grafana/relay-dashboard.json "$DESTDIR$SHAREDIR/"
 
 # State: the DB lives here. systemd would create it too (StateDirectory=); creating it now lets
 # relayctl and backups work before the first start.
@@ -64,7 +69,7 @@ if [ -z "$DESTDIR" ] && [ "$(id -u)" -eq 0 ]; then
 fi
 
 cat <<NEXT
-installed relay-server and relayctl in $DESTDIR$BINDIR, unit in $DESTDIR$UNITDIR.
+installed $BINARIES in $DESTDIR$BINDIR, unit in $DESTDIR$UNITDIR.
 next (see $DOCDIR/operations.md):
   cp $CONFDIR/relay.example.json $CONFDIR/relay.json   # then edit: apps, keys, listeners
   chown root:$SERVICE_USER $CONFDIR/relay.json && chmod 0640 $CONFDIR/relay.json

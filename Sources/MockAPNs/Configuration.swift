@@ -396,6 +396,7 @@ public enum MockAPNsCommandLine {
       --threads N                   event-loop threads for the APNs port (default 1)
       --ready-file PATH             once listening, write {"port","controlPort","caPath"} JSON here
       --verbose                     one stderr line per request
+      --version                     the version and git commit, alone (handled by main.swift)
       -h, --help                    this text
 
     Logs go to stderr. SIGTERM/SIGINT shut down cleanly. Exit codes: 0 ok, 64 usage, 1 runtime.

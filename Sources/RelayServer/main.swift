@@ -3,10 +3,11 @@
 // the signal handling.
 import Glibc
 import Basics
+import BuildInfo
 import RelayCore
 
 let usage = """
-    Usage: relay-server [--config <file>] [--check-config]
+    Usage: relay-server [--config <file>] [--check-config] | --version
 
     Accepts encrypted AccessoryNotifications responses over HTTP, stores each durably in an
     SQLite outbox before answering 202, and delivers them to APNs.
@@ -16,6 +17,7 @@ let usage = """
                         Every key is documented in config/relay.example.json.
       --check-config    Load and validate the configuration (and that the files it names
                         are readable), print its warnings, then exit.
+      --version         Print the version and the git commit it was built from.
       -h, --help        Show this help.
 
     Signals: SIGTERM/SIGINT drain and stop (exit 0). SIGHUP reloads the ingest TLS
@@ -42,6 +44,9 @@ while let arg = args.popFirst() {
     switch arg {
     case "-h", "--help":
         output(usage, to: 1)
+        exit(0)
+    case "--version":
+        output(BuildInfo.versionLine("relay-server") + "\n", to: 1)
         exit(0)
     case "--config":
         guard let p = args.popFirst(), !p.isEmpty else { fail("--config needs a file path\n\n\(usage)", code: 64) }
@@ -74,6 +79,7 @@ if checkOnly {
 }
 
 let logger = RelayLogger(minimum: config.log.level, format: config.log.format)
+logger.info("relay-server starting", ["version": BuildInfo.version, "commit": BuildInfo.commit, "config": configPath])
 for w in warnings { logger.warning(w.message, ["key": w.key]) }
 let service = RelayService(config: config, logger: logger, makeTransport: PushClientTransport.make)
 do {

@@ -2,6 +2,7 @@
 // `credentials`, ...): write a `static var <name>: Command` in its own file (see
 // RatchetCommands.swift) and append it to `RelayCtl.root.subcommands`. Parsing, `--help` at
 // every level and the exit-code policy come from here and Arguments.swift.
+import BuildInfo
 
 /// Exit statuses (sysexits.h for usage).
 enum ExitStatus {
@@ -36,7 +37,8 @@ struct Command {
 
 enum RelayCtl {
     static var root: Command {
-        .group("relayctl", "Operate the accessory notification relay and check its cryptography.", [
+        .group("relayctl", "Operate the accessory notification relay and check its cryptography.",
+               discussion: "'relayctl --version [--json]' prints the version and the git commit it was built from.", [
             status, list, show, retry, purge, tokens, credentials, backup, sendTest, checkConfig,
             ratchet, accessory,
         ])
@@ -47,6 +49,9 @@ enum RelayCtl {
         var path = [root.name]
         var command = root
         var rest = arguments[...]
+        if arguments.first == "--version" {
+            return version(Array(arguments.dropFirst()), console: console)
+        }
         // Walk down the groups.
         while command.run == nil {
             guard let word = rest.first else {
@@ -86,6 +91,21 @@ enum RelayCtl {
             console.error("error: \(error)")
             return ExitStatus.failure
         }
+    }
+
+    /// `relayctl --version [--json]`: the only option of the root.
+    private static func version(_ rest: [String], console: Console) -> Int32 {
+        switch rest {
+        case []:
+            console.out(BuildInfo.versionLine("relayctl"))
+        case ["--json"]:
+            console.out(JSON.object([("program", .string("relayctl")), ("version", .string(BuildInfo.version)),
+                                     ("commit", .string(BuildInfo.commit))]).rendered)
+        default:
+            console.error("error: '--version' takes only '--json'\nRun 'relayctl --help' for usage.")
+            return ExitStatus.usage
+        }
+        return ExitStatus.ok
     }
 
     private static func isHelp(_ word: String) -> Bool { word == "--help" || word == "-h" }

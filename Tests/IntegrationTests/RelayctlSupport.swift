@@ -26,12 +26,12 @@ enum Relayctl {
         var stderr: String
     }
 
-    /// Runs relayctl to completion. Every command here is local and quick; stdout and stderr are
+    /// Runs relayctl (or `executable`) to completion. Every command here is local and quick; stdout and stderr are
     /// drained on their own threads so a large output cannot block the child.
     @discardableResult
-    static func run(_ arguments: [String], environment: [String: String] = [:]) throws -> Result {
+    static func run(_ arguments: [String], environment: [String: String] = [:], executable: String? = nil) throws -> Result {
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: path)
+        process.executableURL = URL(fileURLWithPath: executable ?? path)
         process.arguments = arguments
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         let out = Pipe(), err = Pipe()

@@ -1,4 +1,5 @@
 // Process-wide counters and histograms of the ingest API and the dispatcher, for /metrics.
+import BuildInfo
 import FoundationEssentials
 import Synchronization
 
@@ -51,6 +52,10 @@ public final class RelayMetrics: Sendable {
     /// Adds the process-wide counters and histograms to a /metrics page.
     public func collect(into r: inout PrometheusRegistry) {
         let s = state.withLock { $0 }
+        // The usual Prometheus idiom: a constant 1 whose labels say what is running, for joins
+        // (`* on(instance) group_left(version) relay_build_info`) and upgrade dashboards.
+        r.declare("relay_build_info", .gauge, help: "Always 1; the labels are the relay's version and the git commit it was built from.")
+        r.sample("relay_build_info", ["version": BuildInfo.version, "commit": BuildInfo.commit], 1)
         r.declare("relay_ingest_requests_total", .counter, help: "Ingest requests by HTTP status.")
         for (status, n) in s.ingestByStatus.sorted(by: { $0.key < $1.key }) {
             r.sample("relay_ingest_requests_total", ["status": "\(status)"], n)

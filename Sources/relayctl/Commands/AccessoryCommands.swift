@@ -227,14 +227,25 @@ enum AccessoryCommand {
             pushToken: RelayCrypto.randomBytes(32).hexString, sessionIdentifier: UUID().uuidString,
             sending: SendingRatchet(rootSecret: accessory.accessoryToHostRoot).state)
         try writeState(state, to: out)
+        if args.flag("json") {
+            console.out(JSON.object([
+                ("stateFile", .string(out)), ("ciphersuite", .string(suite.rawValue)), ("protocolInfo", .string(info.text)),
+                ("publicKey", .string(key.publicKeyRaw.hexString)), ("encapsulatedKey", .string(encapsulatedKey.hexString)),
+                ("keyID", .object([("hex", .string(keyID.hexString)), ("base64", .string(Base64.encode(keyID)))])),
+                ("bluetoothUUID", .string(bluetooth)),
+                ("hostToAccessoryRoot", .string(state.hostToAccessoryRoot)), ("accessoryToHostRoot", .string(state.accessoryToHostRoot)),
+                ("pushToken", .string(state.pushToken)), ("sessionIdentifier", .string(state.sessionIdentifier)),
+            ]).rendered)
+            return
+        }
         let fields: [(String, String)] = [
             ("state", out), ("ciphersuite", suite.rawValue), ("protocolInfo", info.text),
             ("publicKey", key.publicKeyRaw.hexString), ("encapsulatedKey", encapsulatedKey.hexString),
-            ("keyID", Base64.encode(keyID)), ("bluetoothUUID", bluetooth),
+            ("keyID", Base64.encode(keyID) + " (hex " + keyID.hexString + ")"), ("bluetoothUUID", bluetooth),
             ("hostToAccessoryRoot", state.hostToAccessoryRoot), ("accessoryToHostRoot", state.accessoryToHostRoot),
             ("pushToken", state.pushToken), ("sessionIdentifier", state.sessionIdentifier),
         ]
-        printFields(fields, args, console)
+        console.out(fields.map { "\($0.0): \($0.1)" }.joined(separator: "\n"))
     }
 
     // MARK: derive
@@ -268,42 +279,36 @@ enum AccessoryCommand {
                                 info: protocolInfo(args, suite: suite, device: device), bluetooth: bluetooth)
         }
         let schedule = derived.session.recipient.schedule
-        var fields: [(String, String)] = [
-            ("ciphersuite", derived.suite.hpke == .xWingSHA256AES256GCM ? "XWingMLKEM768X25519_SHA256_AES_GCM_256 (KEM 0x647a, KDF 0x0001, AEAD 0x0002)"
-                                                                          : "P256_SHA256_AES_GCM_256 (KEM 0x0010, KDF 0x0001, AEAD 0x0002)"),
-            ("privateKey", derived.key.privateKeyBytes.exportedBytes.hexString),
-            ("publicKey (raw representation)", derived.key.publicKeyRaw.hexString),
-            ("keyID = SHA-384(publicKey)[0:4]", derived.session.keyID.hexString + " (base64 " + Base64.encode(derived.session.keyID) + ")"),
-            ("encapsulatedKey", derived.encapsulatedKey.hexString),
-        ]
+        let hpke = derived.suite.hpke
+        let hpkeName = hpke == .xWingSHA256AES256GCM ? "XWingMLKEM768X25519_SHA256_AES_GCM_256" : "P256_SHA256_AES_GCM_256"
+        let keyID = derived.session.keyID
+        // Decapsulation, then RFC 9180's key schedule, each under a stable name (the draft's or
+        // the RFC's) for --json and under its formula for people.
+        var steps: [(name: String, label: String, value: [UInt8])] = []
         if case let .xWing(k) = derived.key {
-            for (name, value) in try XWing.trace(privateKey: k, ciphertext: derived.encapsulatedKey) { fields.append((name, value.hexString)) }
+            for (label, value) in try XWing.trace(privateKey: k, ciphertext: derived.encapsulatedKey) {
+                steps.append((stepName(label), label, value))
+            }
         } else if case let .p256(k) = derived.key {
-            for (name, value) in try k.dhkemTrace(encapsulatedKey: derived.encapsulatedKey) { fields.append((name, value.hexString)) }
+            for (label, value) in try k.dhkemTrace(encapsulatedKey: derived.encapsulatedKey) {
+                steps.append((stepName(label), label, value))
+            }
         }
-        let suiteID = derived.suite.hpke.suiteID
-        fields += [
-            ("shared_secret", schedule.sharedSecret.exportedBytes.hexString),
-            ("protocolInfo (info)", derived.info.text),
-            ("protocolInfo hex", derived.info.bytes.hexString),
-            ("suite_id", suiteID.hexString),
-            ("psk_id_hash", schedule.pskIDHash.hexString),
-            ("info_hash", schedule.infoHash.hexString),
-            ("key_schedule_context", schedule.keyScheduleContext.hexString),
-            ("secret", schedule.secret.exportedBytes.hexString),
-            ("key", schedule.key.exportedBytes.hexString),
-            ("base_nonce", schedule.baseNonce.hexString),
-            ("exporter_secret", schedule.exporterSecret.exportedBytes.hexString),
+        steps += [
+            ("shared_secret", "shared_secret", schedule.sharedSecret.exportedBytes),
+            ("suite_id", "suite_id", hpke.suiteID),
+            ("psk_id_hash", "psk_id_hash", schedule.pskIDHash),
+            ("info_hash", "info_hash", schedule.infoHash),
+            ("key_schedule_context", "key_schedule_context", schedule.keyScheduleContext),
+            ("secret", "secret", schedule.secret.exportedBytes),
+            ("key", "key", schedule.key.exportedBytes),
+            ("base_nonce", "base_nonce", schedule.baseNonce),
+            ("exporter_secret", "exporter_secret", schedule.exporterSecret.exportedBytes),
         ]
-        for direction in [AccessorySession.Direction.hostToAccessory, .accessoryToHost] {
-            let context = AccessorySession.internetContext(direction, bluetoothIdentifier: derived.bluetooth)
-            fields.append(("context \(direction.rawValue)", String(decoding: context, as: UTF8.self)))
-            fields.append(("root \(direction.rawValue) = Export(context, 32)",
-                           derived.session.internetRoot(direction, bluetoothIdentifier: derived.bluetooth).exportedBytes.hexString))
-        }
-        let a2h = derived.accessoryToHostRoot
-        let (m0, _) = Ratchet.ratchetStep(chainKey: a2h, messageIndex: 0)
-        fields.append(("AccessoryToHost messageKey[0]", m0.exportedBytes.hexString))
+        let h2aContext = String(decoding: AccessorySession.internetContext(.hostToAccessory, bluetoothIdentifier: derived.bluetooth), as: UTF8.self)
+        let a2hContext = String(decoding: AccessorySession.internetContext(.accessoryToHost, bluetoothIdentifier: derived.bluetooth), as: UTF8.self)
+        let (m0, _) = Ratchet.ratchetStep(chainKey: derived.accessoryToHostRoot, messageIndex: 0)
+        var bluetoothKey: (reading: BluetoothContextReading, feature: String, context: String, key: [UInt8])? = nil
         if let feature = args.optionalString("feature-id") {
             let reading: BluetoothContextReading
             switch args.optionalString("bluetooth-reading") ?? "text" {
@@ -312,21 +317,74 @@ enum AccessoryCommand {
             case let other: throw UsageError("--bluetooth-reading: expected text or data-description, got '\(other)'")
             }
             let context = AccessorySession.bluetoothContext(protocolInfo: derived.info, featureID: feature, reading: reading)
-            fields.append(("bluetooth context (\(reading.rawValue))", String(decoding: context, as: UTF8.self)))
-            fields.append(("bluetooth response key = Export(context, 32)", derived.session.bluetoothResponseSecret(featureID: feature, reading: reading).exportedBytes.hexString))
+            bluetoothKey = (reading, feature, String(decoding: context, as: UTF8.self),
+                            derived.session.bluetoothResponseSecret(featureID: feature, reading: reading).exportedBytes)
         }
-        printFields(fields, args, console)
+
+        if args.flag("json") {
+            // docs/relayctl-json.md: bytes as lowercase hex strings, IDs as numbers, text as text.
+            console.out(JSON.object([
+                ("ciphersuite", .string(derived.suite.rawValue)),
+                ("hpkeSuite", .object([("name", .string(hpkeName)), ("kemID", .number(Int64(hpke.kem.rawValue))),
+                                       ("kdfID", .number(Int64(hpke.kdf.rawValue))), ("aeadID", .number(Int64(hpke.aead.rawValue)))])),
+                ("protocolInfo", .object([("text", .string(derived.info.text)), ("hex", .string(derived.info.bytes.hexString))])),
+                ("bluetoothUUID", .string(derived.bluetooth)),
+                ("privateKey", .string(derived.key.privateKeyBytes.exportedBytes.hexString)),
+                ("publicKey", .string(derived.key.publicKeyRaw.hexString)),
+                ("keyID", .object([("hex", .string(keyID.hexString)), ("base64", .string(Base64.encode(keyID)))])),
+                ("encapsulatedKey", .string(derived.encapsulatedKey.hexString)),
+                ("steps", .array(steps.map { .object([("name", .string($0.name)), ("value", .string($0.value.hexString))]) })),
+                ("contexts", .object([("hostToAccessory", .string(h2aContext)), ("accessoryToHost", .string(a2hContext))])),
+                ("hostToAccessoryRoot", .string(derived.hostToAccessoryRoot.exportedBytes.hexString)),
+                ("accessoryToHostRoot", .string(derived.accessoryToHostRoot.exportedBytes.hexString)),
+                ("accessoryToHostMessageKey0", .string(m0.exportedBytes.hexString)),
+                ("bluetooth", bluetoothKey.map { b in
+                    .object([("featureID", .string(b.feature)), ("reading", .string(b.reading.rawValue)),
+                             ("context", .string(b.context)), ("responseKey", .string(b.key.hexString))])
+                } ?? .null),
+            ]).rendered)
+            return
+        }
+        var fields: [(String, String)] = [
+            ("ciphersuite", "\(hpkeName) (KEM 0x\(hex16(hpke.kem.rawValue)), KDF 0x\(hex16(hpke.kdf.rawValue)), AEAD 0x\(hex16(hpke.aead.rawValue)))"),
+            ("privateKey", derived.key.privateKeyBytes.exportedBytes.hexString),
+            ("publicKey (raw representation)", derived.key.publicKeyRaw.hexString),
+            ("keyID = SHA-384(publicKey)[0:4]", keyID.hexString + " (base64 " + Base64.encode(keyID) + ")"),
+            ("encapsulatedKey", derived.encapsulatedKey.hexString),
+        ]
+        let kemSteps = steps.count - 9
+        fields += steps[..<kemSteps].map { ($0.label, $0.value.hexString) }
+        fields.append(("shared_secret", schedule.sharedSecret.exportedBytes.hexString))
+        fields += [("protocolInfo (info)", derived.info.text), ("protocolInfo hex", derived.info.bytes.hexString)]
+        fields += steps[(kemSteps + 1)...].map { ($0.label, $0.value.hexString) }
+        fields += [
+            ("context HostToAccessory", h2aContext),
+            ("root HostToAccessory = Export(context, 32)", derived.hostToAccessoryRoot.exportedBytes.hexString),
+            ("context AccessoryToHost", a2hContext),
+            ("root AccessoryToHost = Export(context, 32)", derived.accessoryToHostRoot.exportedBytes.hexString),
+            ("AccessoryToHost messageKey[0]", m0.exportedBytes.hexString),
+        ]
+        if let b = bluetoothKey {
+            fields.append(("bluetooth context (\(b.reading.rawValue))", b.context))
+            fields.append(("bluetooth response key = Export(context, 32)", b.key.hexString))
+        }
+        console.out(fields.map { "\($0.0): \($0.1)" }.joined(separator: "\n"))
     }
+
+    /// A KEM trace label ("ss_M = ML-KEM-768.Decaps(sk_M, ct_M)", "ML-KEM d = expanded[0:32]")
+    /// -> its stable --json name ("ss_M", "d"): the draft's or RFC 9180's own name for the value.
+    /// The DHKEM's output is "kem_shared_secret": "shared_secret" is the key schedule's input.
+    static func stepName(_ label: String) -> String {
+        var name = label.components(separatedBy: " = ")[0]
+        if name.hasPrefix("ML-KEM ") { name.removeFirst("ML-KEM ".count) }
+        if name.hasPrefix("shared_secret") || name == "ss" { return "kem_shared_secret" }
+        if name.hasPrefix("eae_prk") { return "eae_prk" }
+        return name
+    }
+
+    static func hex16(_ n: UInt16) -> String { [UInt8(n >> 8), UInt8(n & 0xff)].hexString }
 
     // MARK: helpers
-
-    static func printFields(_ fields: [(String, String)], _ args: ParsedArguments, _ console: Console) {
-        if args.flag("json") {
-            console.out(JSON.object(fields.map { ($0.0, .string($0.1)) }).rendered)
-        } else {
-            console.out(fields.map { "\($0.0): \($0.1)" }.joined(separator: "\n"))
-        }
-    }
 
     /// Durable replace with mode 0600: the file holds the accessory's private key and its ratchet position.
     static func writeState(_ state: AccessoryState, to path: String) throws {
@@ -400,17 +458,16 @@ extension AccessoryCommand {
                 try writeState(state, to: statePath)
             }
             allAccepted = allAccepted && outcome.accepted
-            var entry: [(String, JSON)] = [("index", .number(Int64(outcome.index))), ("status", .number(Int64(outcome.status))),
-                                           ("attempts", .number(Int64(outcome.attempts))), ("http", .string(outcome.httpVersion))]
-            if let id = outcome.id { entry.append(("id", .string(id))) }
-            if let s = outcome.state { entry.append(("state", .string(s))) }
-            if let e = outcome.error { entry.append(("error", .string(e))) }
-            results.append(.object(entry))
+            // Every key always present (null when the relay gave none), as send-test's responses.
+            results.append(.object([("index", .number(Int64(outcome.index))), ("status", .number(Int64(outcome.status))),
+                                    ("attempts", .number(Int64(outcome.attempts))), ("http", .string(outcome.httpVersion)),
+                                    ("id", outcome.id.map(JSON.string) ?? .null), ("state", outcome.state.map(JSON.string) ?? .null),
+                                    ("error", outcome.error.map(JSON.string) ?? .null)]))
             let what = outcome.status == 409 ? "conflict: the index is taken by another credential (final)" : (outcome.error ?? outcome.state ?? "")
             lines.append("index \(outcome.index): \(outcome.status == 0 ? "no answer" : String(outcome.status)) \(what) (attempts \(outcome.attempts)\(outcome.id.map { ", id \($0)" } ?? ""))")
         }
         if args.flag("json") {
-            console.out(JSON.object([("state", .string(statePath)), ("keyID", .string(Base64.encode(keyID))),
+            console.out(JSON.object([("stateFile", .string(statePath)), ("keyID", .string(Base64.encode(keyID))),
                                      ("pushToken", .string(state.pushToken)), ("sessionIdentifier", .string(state.sessionIdentifier)),
                                      ("responses", .array(results))]).rendered)
         } else {

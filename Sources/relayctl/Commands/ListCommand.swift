@@ -19,8 +19,8 @@ struct ResponseJSON: Encodable {
     var createdAt: String
     var expiresAt: String
     var updatedAt: String
-    var lastStatus: Int?
-    var lastReason: String?
+    @Nullable var lastStatus: Int?
+    @Nullable var lastReason: String?
 
     init(_ row: OutboxRow) {
         id = row.id; app = row.app; pushToken = row.pushToken; sessionIdentifier = row.sessionIdentifier
@@ -33,10 +33,10 @@ struct ResponseJSON: Encodable {
 
 struct AttemptJSON: Encodable {
     var attemptedAt: String
-    var status: Int?
-    var reason: String?
-    var apnsTimestamp: String?
-    var latencyMillis: Double?
+    @Nullable var status: Int?
+    @Nullable var reason: String?
+    @Nullable var apnsTimestamp: String?
+    @Nullable var latencyMillis: Double?
 
     init(_ a: AttemptRecord) {
         attemptedAt = isoTime(a.attemptedAt); status = a.status; reason = a.reason

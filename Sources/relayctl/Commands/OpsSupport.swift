@@ -98,6 +98,20 @@ func renderTable(_ header: [String], _ rows: [[String]], rightAligned: Set<Int> 
     return ([line(header)] + rows.map(line)).joined(separator: "\n") + "\n"
 }
 
+/// An optional field of `--json` output written as `null` when absent, never left out: every
+/// object of a command has the same keys (docs/relayctl-json.md), so scripts need no "has key" checks.
+/// (Synthesized Encodable skips nil optionals; a non-optional wrapper makes it call encode.)
+@propertyWrapper
+struct Nullable<Value: Encodable>: Encodable {
+    var wrappedValue: Value?
+    init(wrappedValue: Value?) { self.wrappedValue = wrappedValue }
+
+    func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        if let wrappedValue { try container.encode(wrappedValue) } else { try container.encodeNil() }
+    }
+}
+
 /// `--json` output: stable key order so scripts and diffs are predictable.
 func renderJSON<T: Encodable>(_ value: T) throws -> String {
     let encoder = JSONEncoder()

@@ -95,7 +95,11 @@ enum RetryCommand {
 }
 
 enum PurgeCommand {
-    struct Output: Encodable { var dryRun: Bool; var olderThanSeconds: Int64; var deleted: [String: Int] }
+    /// `deleted`: a count for each state asked for (--delivered, --failed), null for the other.
+    struct Output: Encodable {
+        struct Deleted: Encodable { @Nullable var delivered: Int?; @Nullable var failed: Int? }
+        var dryRun: Bool; var olderThanSeconds: Int64; var deleted: Deleted
+    }
 
     static func run(_ args: ParsedArguments, _ console: Console) throws {
         let states = [ResponseState.delivered, .failed].filter { args.flag($0.rawValue) }
@@ -105,15 +109,17 @@ enum PurgeCommand {
         let store = try openStore(args, readOnly: dryRun)
         defer { store.close() }
         let cutoff = nowMillis() - olderThan
-        var output = Output(dryRun: dryRun, olderThanSeconds: olderThan / 1000, deleted: [:])
+        var counts: [ResponseState: Int] = [:]
         for state in states {
-            output.deleted[state.rawValue] = try storeCall("purging \(state.rawValue) responses") {
+            counts[state] = try storeCall("purging \(state.rawValue) responses") {
                 try store.purge(state: state, olderThan: cutoff, dryRun: dryRun)
             }
         }
+        let output = Output(dryRun: dryRun, olderThanSeconds: olderThan / 1000,
+                            deleted: .init(delivered: counts[.delivered], failed: counts[.failed]))
         if args.flag("json") { return emit(console, try renderJSON(output)) }
         let verb = dryRun ? "would delete" : "deleted"
-        console.out(states.map { "\(verb) \(output.deleted[$0.rawValue] ?? 0) \($0.rawValue) responses older than \(formatDuration(millis: olderThan))" }
+        console.out(states.map { "\(verb) \(counts[$0] ?? 0) \($0.rawValue) responses older than \(formatDuration(millis: olderThan))" }
             .joined(separator: "\n"))
     }
 }

@@ -51,12 +51,13 @@ enum SendTestCommand {
     struct Sent: Encodable {
         var index: UInt32
         var status: Int
-        var id: String?
-        var state: String?
-        var error: String?
-        var finalState: String?
-        var lastStatus: Int?
-        var lastReason: String?
+        @Nullable var id: String?
+        @Nullable var state: String?
+        @Nullable var error: String?
+        /// --wait only (null without): what GET /v1/responses/<id> last said.
+        @Nullable var finalState: String? = nil
+        @Nullable var lastStatus: Int? = nil
+        @Nullable var lastReason: String? = nil
     }
 
     struct Output: Encodable {

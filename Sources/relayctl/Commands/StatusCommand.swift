@@ -16,12 +16,12 @@ extension RelayCtl {
 
 enum StatusCommand {
     struct Report: Encodable {
-        struct Database: Encodable { var kind: String; var path: String; var bytes: Int64?; var walBytes: Int64? }
+        struct Database: Encodable { var kind: String; var path: String; @Nullable var bytes: Int64?; @Nullable var walBytes: Int64? }
         struct LastHour: Encodable { var delivered: Int; var failed: Int; var failedByReason: [String: Int] }
         var database: Database
         var outbox: [String: Int]
         var pending: Int
-        var oldestPendingAgeSeconds: Int64?
+        @Nullable var oldestPendingAgeSeconds: Int64?
         var lastHour: LastHour
         var unregisteredTokens: Int
         var credentials: Int
@@ -29,9 +29,9 @@ enum StatusCommand {
         /// store.retention as configured (defaults with --db) and, for SQLite, the free-space
         /// floor and what is free now on the database's filesystem.
         var retention: Retention
-        var disk: Disk?
+        @Nullable var disk: Disk?
         struct Retention: Encodable { var deliveredSeconds: Int64; var failedSeconds: Int64; var source: String }
-        struct Disk: Encodable { var freeBytes: Int64?; var minFreeBytes: Int64 }
+        struct Disk: Encodable { @Nullable var freeBytes: Int64?; var minFreeBytes: Int64 }
     }
 
     static func run(_ args: ParsedArguments, _ console: Console) throws {

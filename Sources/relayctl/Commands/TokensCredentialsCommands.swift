@@ -88,7 +88,7 @@ enum TokensCommand {
 
 enum CredentialsCommand {
     struct CredentialJSON: Encodable {
-        var id: String; var name: String; var apps: [String]; var createdAt: String; var lastUsedAt: String?; var revokedAt: String?
+        var id: String; var name: String; var apps: [String]; var createdAt: String; @Nullable var lastUsedAt: String?; @Nullable var revokedAt: String?
         init(_ c: CredentialRecord) {
             id = c.id; name = c.name; apps = c.apps; createdAt = isoTime(c.createdAt)
             lastUsedAt = c.lastUsedAt.map(isoTime); revokedAt = c.revokedAt.map(isoTime)
