@@ -68,6 +68,19 @@ func floodWithoutReading(_ fds: [Int32], request: [UInt8], seconds: Double) -> I
     return total
 }
 
+/// A relay at log level warning (a debug line per request would make it wait on the test's
+/// stderr pipe), answering, with its pid and resident KiB at rest.
+func startQuietRelay() throws -> (RelayHarness, Int32, Int) {
+    let h = try RelayHarness()
+    let path = h.dir + "/relay.json"
+    try String(contentsOfFile: path, encoding: .utf8).replacingOccurrences(of: #""level":"debug""#, with: #""level":"warning""#)
+        .write(toFile: path, atomically: true, encoding: .utf8)
+    try h.startRelay()
+    let pid = try #require(h.relay?.pid)
+    #expect(try relayHTTP(h.relayPort, "GET", "/").status == 404)
+    return (h, pid, try #require(residentKiB(pid: pid)))
+}
+
 @Suite(.serialized) struct RelayServerMemoryTests {
     /// 300 connections pipeline GETs and never read the answers. Each HTTP/1 connection used
     /// to queue up to 1 MiB of output before it stopped reading, and the write timeout restarted
@@ -75,15 +88,7 @@ func floodWithoutReading(_ fds: [Int32], request: [UInt8], seconds: Double) -> I
     /// connection (64 KiB) and in total, so the growth stays well under 64 MiB; a well-behaved
     /// client is still answered meanwhile.
     @Test func connectionsThatNeverReadDoNotGrowTheRelay() throws {
-        let h = try RelayHarness()
-        // A debug line per request would make the relay wait on the test's stderr pipe.
-        let path = h.dir + "/relay.json"
-        try String(contentsOfFile: path, encoding: .utf8).replacingOccurrences(of: #""level":"debug""#, with: #""level":"warning""#)
-            .write(toFile: path, atomically: true, encoding: .utf8)
-        try h.startRelay()
-        let pid = try #require(h.relay?.pid)
-        #expect(try relayHTTP(h.relayPort, "GET", "/").status == 404)
-        let before = try #require(residentKiB(pid: pid))
+        let (h, pid, before) = try startQuietRelay()
         let fds = try openNonReadingClients(port: h.relayPort, count: 300)
         defer { for fd in fds { close(fd) } }
         let request = Array("GET / HTTP/1.1\r\nHost: relay\r\n\r\n".utf8)
@@ -106,14 +111,7 @@ func floodWithoutReading(_ fds: [Int32], request: [UInt8], seconds: Double) -> I
     /// and buffering (+1,019 MiB in 3.4 s); now it stops reading once no request will be
     /// parsed, so it holds at most head + body limits + one read, and its RSS stays put.
     @Test func bytesAfterAClosingRequestAreNotBuffered() throws {
-        let h = try RelayHarness()
-        let path = h.dir + "/relay.json"
-        try String(contentsOfFile: path, encoding: .utf8).replacingOccurrences(of: #""level":"debug""#, with: #""level":"warning""#)
-            .write(toFile: path, atomically: true, encoding: .utf8)
-        try h.startRelay()
-        let pid = try #require(h.relay?.pid)
-        #expect(try relayHTTP(h.relayPort, "GET", "/").status == 404)
-        let before = try #require(residentKiB(pid: pid))
+        let (h, pid, before) = try startQuietRelay()
         let fds = try openNonReadingClients(port: h.relayPort, count: 1)
         defer { for fd in fds { close(fd) } }
         let fd = fds[0]

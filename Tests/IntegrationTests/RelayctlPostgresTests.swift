@@ -45,7 +45,8 @@ struct RelayctlPostgresTests {
         let status = try #require(try Relayctl.json(try Relayctl.run(["status", "--config", config, "--json"])) as? [String: Any])
         let database = try #require(status["database"] as? [String: Any])
         #expect(database["kind"] as? String == "postgres")
-        #expect(database["bytes"] == nil)
+        #expect(database["bytes"] is NSNull)   // docs/relayctl-json.md: null for PostgreSQL
+        #expect(database["walBytes"] is NSNull)
         #expect(status["credentials"] as? Int == 1)
         #expect((status["outbox"] as? [String: Int])?.values.reduce(0, +) == 0)
         #expect(try Relayctl.run(["list", "--config", config]).stdout == "no responses match\n")

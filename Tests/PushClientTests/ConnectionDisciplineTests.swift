@@ -71,14 +71,15 @@ import Testing
               + "\(ids.count - Set(ids).count) duplicates")
     }
 
-    /// A server that answers one stream at a time in 100 ms, with a 250 ms request timeout and
-    /// 20 pushes at once: time spent queued does not count, so every push gets its full budget
-    /// and is answered. A caller that retries transport failures (as the dispatcher does) sends
+    /// A server that answers one stream at a time in 100 ms, with a 1 s request timeout and
+    /// 20 pushes at once (2 s of queue): time spent queued does not count, so every push gets
+    /// its full budget and is answered. (The budget is 10x the latency so a loaded 2-core CI
+    /// machine stays inside it; counted from `send`, the second half of the queue cannot.) A caller that retries transport failures (as the dispatcher does) sends
     /// nothing twice, and one connection carries everything. (With the deadline counted from
     /// `send`, pushes written late timed out on the wire and their retries were duplicates.)
     @Test func queuedTimeDoesNotCountAgainstTheRequest() throws {
         let rig = try MockRig(faults: [FaultRule(latencyMs: 100)], streams: (initial: 1, max: 1))
-        let client = try rig.client(connections: 1, requestTimeout: .milliseconds(250), pacing: Self.pacing)
+        let client = try rig.client(connections: 1, requestTimeout: .milliseconds(1_000), pacing: Self.pacing)
         defer { client.shutdown() }
         let requests = (0..<20).map { push(index: UInt32($0)) }
         let done = Mutex<[String: PushResult]>([:])
