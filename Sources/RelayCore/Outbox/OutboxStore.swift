@@ -181,18 +181,16 @@ public struct CredentialKey: Sendable, Equatable {
     }
 }
 
-/// Changes with every credential created or revoked: the table only gains rows and revoked
-/// rows (nothing deletes one or clears revoked_at), so the two counts, with the newest
-/// created_at against a delete-and-create done by hand, tell that a cached copy is current.
+/// The credentials table's change counter (`credential_generation`), bumped by triggers in the
+/// transaction of every insert, delete or change of a row's id, hash, apps or revoked_at,
+/// whoever makes it: equal generations mean the same credentials, so a cached copy read at
+/// one generation is current while the counter has not moved. (Not last_used_at, which ingest
+/// writes.)
 public struct CredentialGeneration: Sendable, Equatable {
-    public var count: Int
-    public var revoked: Int
-    public var newestCreatedAt: Int64
+    public var value: Int64
 
-    public init(count: Int, revoked: Int, newestCreatedAt: Int64) {
-        self.count = count
-        self.revoked = revoked
-        self.newestCreatedAt = newestCreatedAt
+    public init(_ value: Int64) {
+        self.value = value
     }
 }
 

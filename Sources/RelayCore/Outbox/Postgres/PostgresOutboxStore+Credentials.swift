@@ -41,8 +41,9 @@ extension PostgresOutboxStore {
 
     public func credentialKeys(unlessAt known: CredentialGeneration?) throws -> (generation: CredentialGeneration, keys: [CredentialKey]?) {
         try read { c in
-            let g = try c.query("SELECT count(*), count(revoked_at), coalesce(max(created_at), 0) FROM credentials")[0]
-            let generation = CredentialGeneration(count: Int(g[0].int ?? 0), revoked: Int(g[1].int ?? 0), newestCreatedAt: g[2].int ?? 0)
+            // The generation before the rows (two autocommit reads): a change between them is
+            // seen as a newer generation at the next read, never hidden under an older one.
+            let generation = CredentialGeneration(try c.query("SELECT generation FROM credential_generation WHERE id = 1").first?.first?.int ?? 0)
             guard generation != known else { return (generation, nil) }
             let keys = try c.query("SELECT id, hash, revoked_at, apps FROM credentials").map(CredentialKey.init(columns:))
             return (generation, keys)

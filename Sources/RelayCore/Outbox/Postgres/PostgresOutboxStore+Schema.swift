@@ -89,6 +89,33 @@ extension PostgresOutboxStore {
         """
         CREATE INDEX responses_token_pending ON responses (push_token, created_at) WHERE state IN ('queued','inflight','retry');
         """,
+        // v4: an exact generation of the credentials table for CredentialCache (SQLite's v8): a
+        // counter a statement trigger bumps in the transaction of every change to what the cache
+        // copies (insert, delete, truncate, id/hash/apps/revoked_at), whoever writes it.
+        // last_used_at, written by ingest, does not bump it (UPDATE OF lists the columns), so
+        // ingest never locks the counter's row. The function keeps the search_path it was
+        // created under, so a session with another search_path (psql by hand) bumps this
+        // schema's counter. The counts and newest created_at it replaces could come back to
+        // earlier values (revoke + delete + create with the clock set back). Written to run
+        // again over itself (a database whose version was set back).
+        """
+        CREATE TABLE IF NOT EXISTS credential_generation (
+            id int PRIMARY KEY CHECK (id = 1),
+            generation bigint NOT NULL
+        );
+        INSERT INTO credential_generation (id, generation) VALUES (1, 1) ON CONFLICT DO NOTHING;
+        CREATE OR REPLACE FUNCTION relay_credentials_changed() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+        BEGIN
+            UPDATE credential_generation SET generation = generation + 1 WHERE id = 1;
+            RETURN NULL;
+        END $$;
+        DROP TRIGGER IF EXISTS credentials_changed ON credentials;
+        DROP TRIGGER IF EXISTS credentials_truncated ON credentials;
+        CREATE TRIGGER credentials_changed AFTER INSERT OR DELETE OR UPDATE OF id, hash, apps, revoked_at ON credentials
+            FOR EACH STATEMENT EXECUTE FUNCTION relay_credentials_changed();
+        CREATE TRIGGER credentials_truncated AFTER TRUNCATE ON credentials
+            FOR EACH STATEMENT EXECUTE FUNCTION relay_credentials_changed();
+        """,
     ]
 
     static func schemaVersion(_ c: PostgresConnection) throws -> Int {

@@ -211,6 +211,26 @@ extension SQLiteOutboxStore {
         """
         DELETE FROM response_keys;
         """,
+        // v8: an exact generation of the credentials table for CredentialCache: a counter that
+        // triggers bump in the transaction of every change to what the cache copies (insert,
+        // delete, id/hash/apps/revoked_at), whoever writes it (relay, relayctl, sqlite3 by
+        // hand). last_used_at, written by ingest, does not bump it. The counts and newest
+        // created_at it replaces could come back to earlier values (revoke + delete + create
+        // with the clock set back) and keep a revoked credential valid in a node's copy.
+        // Written to run again over itself (a file whose user_version was set back).
+        """
+        CREATE TABLE IF NOT EXISTS credential_generation (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            generation INTEGER NOT NULL
+        );
+        INSERT OR IGNORE INTO credential_generation (id, generation) VALUES (1, 1);
+        CREATE TRIGGER IF NOT EXISTS credentials_inserted AFTER INSERT ON credentials
+            BEGIN UPDATE credential_generation SET generation = generation + 1 WHERE id = 1; END;
+        CREATE TRIGGER IF NOT EXISTS credentials_deleted AFTER DELETE ON credentials
+            BEGIN UPDATE credential_generation SET generation = generation + 1 WHERE id = 1; END;
+        CREATE TRIGGER IF NOT EXISTS credentials_updated AFTER UPDATE OF id, hash, apps, revoked_at ON credentials
+            BEGIN UPDATE credential_generation SET generation = generation + 1 WHERE id = 1; END;
+        """,
     ]
 
     /// Schema v5's key of a stored id (its first 64 bits), for the migration's copy.
