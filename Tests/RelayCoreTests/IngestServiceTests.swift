@@ -675,6 +675,11 @@ import Testing
 @Suite struct CredentialGenerationTests {
     static let app = "com.example.app"
 
+    /// The PostgreSQL trigger that takes the credentials lock has the store's key written in it.
+    @Test func theCredentialsTriggerLocksTheStoresKey() {
+        #expect(PostgresOutboxStore.migrations[3].contains("pg_advisory_xact_lock(\(PostgresOutboxStore.credentialsLockKey))"))
+    }
+
     /// The generation moves with each change the cache copies (whoever makes it: a DELETE by
     /// hand too), never back to an earlier value, and not with last_used_at (ingest's write).
     @Test(arguments: StoreBackend.available)

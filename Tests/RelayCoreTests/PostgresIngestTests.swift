@@ -45,6 +45,20 @@ struct PostgresIngestTests {
         #expect(plan.contains("Index Scan using responses_dedupe_key"), "\(plan)")
         #expect(!plan.contains("Seq Scan on responses"), "\(plan)")
     }
+
+    /// The INSERT's re-check probes keys (credentials, unregistered tokens, and the token's rows
+    /// by the dedupe key's prefix) in a plan made on empty tables: unregistered_tokens is never
+    /// pruned, and a scan of it per batch would grow with every 410 ever recorded.
+    @Test func theInsertsReCheckProbesKeysEvenPlannedOnAnEmptyTable() throws {
+        let s = try f.openPostgres(nodeID: "a")
+        defer { s.close() }
+        let plan = try genericPlan(PostgresOutboxStore.insertSQL,
+                                   types: "text[], text[], text[], text[], bytea[], bigint[], bytea[], text[], bigint[], bigint[], bigint[]",
+                                   args: Array(repeating: "NULL", count: 11).joined(separator: ", "))
+        #expect(plan.contains("Index Scan using unregistered_tokens_pkey") || plan.contains("Index Only Scan using unregistered_tokens_pkey"), "\(plan)")
+        #expect(plan.contains("Index Scan using credentials_pkey"), "\(plan)")
+        #expect(!plan.contains("Seq Scan on"), "\(plan)")
+    }
 }
 
 /// Batches made on purpose: a first request waits for a lock on credentials on the one ingest
@@ -311,5 +325,174 @@ struct PostgresIngestBatchTests {
             Issue.record("\(String(describing: first.value)) \(String(describing: second.value))"); return
         }
         #expect(try f.sql("SELECT count(*) FROM responses") == [["3"]])
+    }
+}
+
+/// One write transaction (issue 30 item 3, issue 29 item 6): the batch's read is its own
+/// round trip, but the INSERT checks the credential and the token's 410 record again under
+/// locks that a revocation and a 410's record take exclusive, so neither slips in between
+/// the check and the commit: a revocation or a 410 committed after the read refuses the
+/// batch (401, 410), and one that starts during the write waits for its commit.
+extension PostgresIngestBatchTests {
+    /// Runs `body` once, on the ingest thread, between the next batch's read and its write.
+    func betweenReadAndWrite(_ s: PostgresOutboxStore, _ body: @escaping @Sendable () throws -> Void) {
+        let once = Mutex(true)
+        s.ingestWillWrite.withLock {
+            $0 = {
+                guard once.withLock({ let first = $0; $0 = false; return first }) else { return }
+                do { try body() } catch { Issue.record("between read and write: \(error)") }
+            }
+        }
+    }
+
+    /// Waits until one of the store's connections waits for an advisory lock (ingest's locks).
+    func waitForAdvisoryWait() throws {
+        for _ in 0..<1000 {
+            if try f.sql("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' AND application_name = '\(f.schema)'") != [["0"]] { return }
+            usleep(10_000)
+        }
+        throw StoreError.invalid("nothing waited for an advisory lock")
+    }
+
+    @Test func aRevocationCommittedBetweenTheReadAndTheInsertIsRefused() throws {
+        let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        betweenReadAndWrite(s) {
+            let revoked = try s.revokeCredential(id: c.record.id)   // committed and returned
+            #expect(revoked)
+        }
+        s.ingestSettings = settings()
+        #expect(try s.ingestNow(sample(index: 1), secret: c.secret, apps: apps) == .unauthorized)
+        #expect(try f.sql("SELECT count(*) FROM responses") == [["0"]])
+        #expect(try f.sql("SELECT last_used_at FROM credentials WHERE id = '\(c.record.id)'") == [[nil]])
+        #expect(try s.ingestNow(sample(index: 2), secret: c.secret, apps: apps) == .unauthorized)
+        // The place taken under the outbox bound was given back.
+        let d = try s.createCredential(name: "d", apps: ["com.example.app"])
+        guard case .accepted = try s.ingestNow(sample(index: 3), secret: d.secret, apps: apps, maxPending: 1) else { Issue.record("bound not given back"); return }
+    }
+
+    @Test func a410RecordedBetweenTheReadAndTheInsertIsRefusedAndTheTokenStaysRefused() throws {
+        let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let token = String(repeating: "de", count: 32)
+        guard case .accepted = try s.ingestNow(sample(token: token, index: 1), secret: c.secret, apps: apps) else { Issue.record("not accepted"); return }
+        let sent = try s.claimDue(limit: 1)
+        #expect(sent.count == 1)
+        f.clock.advance(5)
+        let answeredAt = f.clock.nowMillis()
+        f.clock.advance(5)
+        betweenReadAndWrite(s) {
+            try s.apply([DeliveryUpdate(id: sent[0].id, pushToken: token,
+                                        outcome: .unregistered(reason: "Unregistered", apnsTimestamp: answeredAt), attempt: nil)])
+        }
+        #expect(try s.ingestNow(sample(token: token, index: 2), secret: c.secret, apps: apps) == .unregistered)
+        f.clock.advance(5)
+        #expect(try s.ingestNow(sample(token: token, index: 3), secret: c.secret, apps: apps) == .unregistered)
+        #expect(try f.sql("SELECT count(*) FROM responses WHERE push_token = '\(token)'") == [["1"]])
+    }
+
+    /// The other order: the write holds its locks (here stalled by another transaction holding
+    /// the key it inserts) when the revocation starts. The revocation waits on the credentials
+    /// lock, before touching the row, so the write's last_used_at UPDATE of the same row does
+    /// not deadlock with it; the batch commits (202: admitted before the revocation), then the
+    /// revocation, and the next request is 401.
+    @Test func aRevocationDuringTheWriteWaitsForItsCommit() throws {
+        let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let blocker = try PostgresConnection(url: blockerURL, applicationName: "blocker")
+        try blocker.execute("""
+            BEGIN; INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
+                state, next_attempt_at, created_at, expires_at, updated_at)
+            VALUES ('blocker', 'com.example.app', '\(String(repeating: "ab", count: 32))', '6F9619FF-8B86-D011-B42D-00C04FC964FF',
+                    '\\x01020304', 1, '\\x00', 'x', 'queued', 0, 0, 0, 0)
+            """)
+        let (first, firstDone) = submitWithoutWaiting(s, request(sample(index: 1), c.secret))
+        try waitForLockWait(f)   // the INSERT waits for the blocker's key, holding the ingest locks
+        let revoked = ResultBox<Result<Bool, Error>>()
+        let revokeDone = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            revoked.value = Result { try s.revokeCredential(id: c.record.id) }
+            revokeDone.signal()
+        }
+        try waitForAdvisoryWait()
+        #expect(revoked.value == nil)
+        try blocker.execute("ROLLBACK")
+        #expect(firstDone.wait(timeout: .now() + 60) == .success)
+        #expect(revokeDone.wait(timeout: .now() + 60) == .success)
+        guard case .success(.accepted)? = first.value else { Issue.record("\(String(describing: first.value))"); return }
+        #expect(try revoked.value?.get() == true)
+        #expect(try s.ingestNow(sample(index: 2), secret: c.secret, apps: apps) == .unauthorized)
+    }
+
+    /// A 410 recorded while a write holds the token's lock waits for its commit; that row then
+    /// counts in the cutoff: the token stays refused, and the row fails without a push.
+    @Test func a410DuringTheWriteWaitsForItsCommitAndTheTokenStaysRefused() throws {
+        let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let token = String(repeating: "de", count: 32)
+        guard case .accepted = try s.ingestNow(sample(token: token, index: 1), secret: c.secret, apps: apps) else { Issue.record("not accepted"); return }
+        let sent = try s.claimDue(limit: 1)
+        #expect(sent.count == 1)
+        f.clock.advance(5)
+        let answeredAt = f.clock.nowMillis()
+        f.clock.advance(5)
+        let blocker = try PostgresConnection(url: blockerURL, applicationName: "blocker")
+        try blocker.execute("""
+            BEGIN; INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
+                state, next_attempt_at, created_at, expires_at, updated_at)
+            VALUES ('blocker', 'com.example.app', '\(token)', '6F9619FF-8B86-D011-B42D-00C04FC964FF',
+                    '\\x01020304', 2, '\\x00', 'x', 'queued', 0, 0, 0, 0)
+            """)
+        let (racing, racingDone) = submitWithoutWaiting(s, request(sample(token: token, index: 2), c.secret))
+        try waitForLockWait(f)
+        let applied = ResultBox<StoreError?>()
+        let appliedDone = DispatchSemaphore(value: 0)
+        s.apply([DeliveryUpdate(id: sent[0].id, pushToken: token, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: answeredAt),
+                                attempt: nil)]) { error in
+            applied.value = .some(error)
+            appliedDone.signal()
+        }
+        try waitForAdvisoryWait()
+        #expect(applied.value == nil)
+        try blocker.execute("ROLLBACK")
+        #expect(racingDone.wait(timeout: .now() + 60) == .success)
+        #expect(appliedDone.wait(timeout: .now() + 60) == .success)
+        guard case .success(.accepted(let racingID))? = racing.value else { Issue.record("\(String(describing: racing.value))"); return }
+        #expect(applied.value == .some(nil))
+        f.clock.advance(5)
+        #expect(try s.ingestNow(sample(token: token, index: 3), secret: c.secret, apps: apps) == .unregistered)
+        // The racing row is failed at its claim, not pushed.
+        #expect(try s.claimDue(limit: 10).isEmpty)
+        #expect(try f.sql("SELECT state, last_reason FROM responses WHERE id = '\(racingID)'") == [["failed", StoreRules.unregisteredReason]])
+    }
+
+    /// claimDue is one statement: a claim that fails (here a trigger refuses the due row's
+    /// UPDATE) leaves every row as it was, the expired lease it would have taken over too.
+    /// Before, the reclaim of expired leases committed on its own first: those rows stayed
+    /// leased to this node and unsent until the lease ran out again.
+    @Test func aClaimThatFailsChangesNoRow() throws {
+        let dead = try f.openPostgres(nodeID: "dead", leaseMillis: 1_000)
+        let c = try dead.createCredential(name: "c", apps: ["com.example.app"])
+        _ = try dead.ingestNow(sample(index: 1), secret: c.secret, apps: apps)
+        #expect(try dead.claimDue(limit: 1).count == 1)
+        dead.close()
+        f.clock.advance(2_000)   // its lease expired
+        let s = try f.openPostgres(nodeID: "a")
+        defer { s.close() }
+        _ = try s.ingestNow(sample(index: 2), secret: c.secret, apps: apps)
+        let admin = try PostgresConnection(url: f.pgURL, applicationName: "relay-test-admin")
+        try admin.execute("""
+            CREATE FUNCTION refuse_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN IF OLD.state = 'queued' THEN RAISE EXCEPTION 'refused by the test'; END IF; RETURN NEW; END $$;
+            CREATE TRIGGER refuse_claim BEFORE UPDATE ON responses FOR EACH ROW EXECUTE FUNCTION refuse_claim();
+            """)
+        #expect(throws: StoreError.self) { try s.claimDue(limit: 10) }
+        #expect(try f.sql("SELECT message_index, state, lease_owner FROM responses ORDER BY message_index") == [["1", "inflight", "dead"], ["2", "queued", nil]])
+        try admin.execute("DROP TRIGGER refuse_claim ON responses")
+        #expect(try s.claimDue(limit: 10).map(\.messageIndex).sorted() == [1, 2])
     }
 }

@@ -79,6 +79,12 @@ enum StoreRules {
         return lastSeen <= cutoff
     }
 
+    /// `isUnregistered` for PostgreSQL's INSERT, which checks it again under the token's lock:
+    /// `cutoff` and `lastSeen` are SQL expressions (`lastSeen` NULL: no row of the token).
+    static func isUnregisteredSQL(cutoff: String, lastSeen: String) -> String {
+        "coalesce(\(lastSeen), \(cutoff)) <= \(cutoff)"
+    }
+
     /// What a 410 records, in the transaction that fails its row: APNs' timestamp, raised to the
     /// newest response of the token still waiting then. Those were accepted before the relay knew
     /// (between APNs' answer and this commit) and must not pass for the token coming back, or

@@ -23,32 +23,21 @@ extension PostgresOutboxStore {
         r.next_attempt_at, r.created_at, r.expires_at, r.last_status, r.last_reason, r.updated_at
         """
 
-    /// The claim: lock candidates without waiting for rows another node is claiming (SKIP
-    /// LOCKED), lease them to this node, or fail them as expired past their TTL.
-    private static func claimSQL(_ candidates: String) -> String {
-        """
-        WITH c AS (\(candidates) FOR UPDATE SKIP LOCKED)
-        UPDATE responses r SET
-            state = CASE WHEN r.expires_at <= $1 THEN 'failed' ELSE 'inflight' END,
-            last_reason = CASE WHEN r.expires_at <= $1 THEN 'expired' ELSE r.last_reason END,
-            lease_owner = CASE WHEN r.expires_at <= $1 THEN NULL ELSE $3 END,
-            lease_expires_at = CASE WHEN r.expires_at <= $1 THEN NULL ELSE $4 END,
-            updated_at = $1
-        FROM c WHERE r.id = c.id
-        RETURNING \(rowColumns)
-        """
-    }
-
-    private static let reclaimSQL = claimSQL(
-        "SELECT id FROM responses WHERE state = 'inflight' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2")
-
-    /// Due rows go through StoreRules.claimVerdict: sent (leased), failed (expired, or accepted
-    /// up to their token's 410 cutoff, without a push) or put back to their token's pacing end.
-    private static let dueSQL = """
-        WITH c AS (SELECT id FROM responses WHERE state IN ('queued','retry') AND next_attempt_at <= $1 ORDER BY next_attempt_at LIMIT $2
-                   FOR UPDATE SKIP LOCKED),
-        v AS (SELECT r.id, \(StoreRules.claimVerdictSQL) AS verdict, p.paced_until
-              FROM c JOIN responses r ON r.id = c.id
+    /// The claim, one statement (so one transaction: a lost answer never leaves half of it
+    /// committed): candidates locked without waiting for rows another node is claiming (SKIP
+    /// LOCKED), expired leases first (their rows have waited longest: a node died holding
+    /// them), then due rows up to the limit. An expired lease is leased again, or failed as
+    /// expired past its TTL; a due row goes through StoreRules.claimVerdict: sent (leased),
+    /// failed (expired, or accepted up to its token's 410 cutoff, without a push) or put back
+    /// to its token's pacing end.
+    private static let claimSQL = """
+        WITH rc AS (SELECT id FROM responses WHERE state = 'inflight' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2
+                    FOR UPDATE SKIP LOCKED),
+        dc AS (SELECT id FROM responses WHERE state IN ('queued','retry') AND next_attempt_at <= $1 ORDER BY next_attempt_at
+               LIMIT $2 - (SELECT count(*) FROM rc) FOR UPDATE SKIP LOCKED),
+        v AS (SELECT r.id, CASE WHEN r.state = 'inflight' THEN (CASE WHEN r.expires_at <= $1 THEN 'expired' ELSE 'send' END)
+                                ELSE \(StoreRules.claimVerdictSQL) END AS verdict, p.paced_until
+              FROM (SELECT id FROM rc UNION ALL SELECT id FROM dc) c JOIN responses r ON r.id = c.id
               LEFT JOIN unregistered_tokens u ON u.token = r.push_token
               LEFT JOIN token_pacing p ON p.token = r.push_token)
         UPDATE responses r SET
@@ -65,17 +54,8 @@ extension PostgresOutboxStore {
     public func claimDue(limit: Int) throws -> [OutboxRow] {
         guard limit > 0 else { return [] }
         let now = clock.nowMillis()
-        let params: (Int) -> [PGValue] = { [options] n in
-            [.int(now), .int(Int64(n)), .text(options.nodeID), .int(now + options.leaseMillis)]
-        }
-        let rows: [OutboxRow] = try write { c in
-            // Expired leases first: their rows have waited longest (a node died holding them).
-            var rows = try c.query(Self.reclaimSQL, params(limit)).map(OutboxRow.init(columns:))
-            if rows.count < limit {
-                rows += try c.query(Self.dueSQL, params(limit - rows.count)).map(OutboxRow.init(columns:))
-            }
-            return rows
-        }
+        let params: [PGValue] = [.int(now), .int(Int64(limit)), .text(options.nodeID), .int(now + options.leaseMillis)]
+        let rows: [OutboxRow] = try write { c in try c.query(Self.claimSQL, params).map(OutboxRow.init(columns:)) }
         adjustPending(-rows.filter { $0.state == .failed }.count)
         return rows.filter { $0.state == .inflight }.sorted { ($0.nextAttemptAt, $0.createdAt) < ($1.nextAttemptAt, $1.createdAt) }
     }
@@ -145,7 +125,12 @@ extension PostgresOutboxStore {
             }
         }
         let attempts = updates.compactMap(\.attempt)
+        let unregTokens = unreg.keys.sorted()
         return { c in
+            // The 410's tokens locked first (before any row lock of this transaction): an ingest
+            // write holding one of them commits first, and its rows count in the cutoff below;
+            // one that comes later finds the record in its INSERT's re-check (ingestLocksSQL).
+            if !unregTokens.isEmpty { try c.query(Self.unregisteredLocksSQL, [.textArray(unregTokens)]) }
             if !attempts.isEmpty {
                 // The attempt happened even if our lease was lost meanwhile: always recorded.
                 try c.query(
@@ -189,7 +174,7 @@ extension PostgresOutboxStore {
             }
             // In the transaction that failed the rows (after their UPDATE): an ingest batch on any
             // node either committed before (its rows count as waiting) or sees the record.
-            for token in unreg.keys.sorted() {
+            for token in unregTokens {
                 let waiting = try c.query(
                     "SELECT max(created_at) FROM responses WHERE push_token = $1 AND state IN ('queued','inflight','retry')",
                     [.text(token)]).first?.first?.int

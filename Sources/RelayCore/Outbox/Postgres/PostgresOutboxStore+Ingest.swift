@@ -1,8 +1,11 @@
 // PostgresOutboxStore: the ingest batch. Two round trips (libpq pipelines), facts gathered by
 // set-based statements, decided by StoreRules:
 //   1. read: credentials, stored rows with the batch's keys, unregistered tokens, pacing;
-//   2. write: one multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING and the credentials'
-//      last_used_at, as one implicit transaction that commits at the pipeline's Sync.
+//   2. write, one implicit transaction that commits at the pipeline's Sync: the credentials
+//      lock and the batch's token locks (shared), one multi-row INSERT that checks again, under
+//      those locks, that each row's credential is not revoked and its token not unregistered
+//      (a revocation or a 410 committed since the read), ON CONFLICT DO NOTHING, and the
+//      credentials' last_used_at.
 // Completions (and so 202s) run only once the Sync answered, i.e. after the commit.
 import FoundationEssentials
 import Glibc
@@ -110,15 +113,53 @@ extension PostgresOutboxStore {
         return out
     }
 
+    /// Taken first in each ingest write, shared: ingest batches never wait for each other. A
+    /// credentials change takes credentialsLockKey exclusive (schema v4's trigger) and a 410's
+    /// record its token's lock (unregisteredLocksSQL), so neither commits between the
+    /// INSERT's re-check and this transaction's commit. One order (ascending keys) everywhere.
+    static let ingestLocksSQL = """
+        SELECT count(pg_advisory_xact_lock_shared(k)) FROM (
+            SELECT k FROM (SELECT \(credentialsLockKey)::bigint AS k UNION SELECT \(tokenLockSQL("t")) FROM unnest($1::text[]) AS t) a
+            ORDER BY k OFFSET 0) s
+        """
+
+    /// The 410 path's side of ingestLocksSQL: the tokens' locks, exclusive, before their record.
+    static let unregisteredLocksSQL = """
+        SELECT count(pg_advisory_xact_lock(k)) FROM (
+            SELECT DISTINCT \(tokenLockSQL("t")) AS k FROM unnest($1::text[]) AS t ORDER BY k OFFSET 0) s
+        """
+
+    /// The rows, in key order, each inserted only if its credential is still live and its token
+    /// not unregistered (StoreRules.isUnregistered) as of this statement, which runs under the
+    /// locks above: what the read decided is checked again where it cannot change before the
+    /// commit. Returns only the rows not inserted, with why: revoked, unregistered, or neither
+    /// (another transaction stored the key: ON CONFLICT). The look-ups probe each table's key
+    /// per credential and per token (LATERAL ... OFFSET 0, as existingSQL), whatever a cached
+    /// plan made of an empty table.
     static let insertSQL = """
-        INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
-            state, attempts, next_attempt_at, created_at, expires_at, updated_at)
-        SELECT u.id, u.app, u.token, u.session, u.kid, u.mi, u.data, u.cred, 'queued', 0, u.due, u.now, u.exp, u.now
-        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bigint[], $7::bytea[], $8::text[],
-                    $9::bigint[], $10::bigint[], $11::bigint[])
-            AS u(id, app, token, session, kid, mi, data, cred, due, now, exp)
-        ON CONFLICT (push_token, session_id, key_id, message_index, app) DO NOTHING
-        RETURNING id
+        WITH u AS MATERIALIZED (
+            SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bigint[], $7::bytea[], $8::text[],
+                                 $9::bigint[], $10::bigint[], $11::bigint[]) WITH ORDINALITY
+                AS u(id, app, token, session, kid, mi, data, cred, due, now, exp, n)),
+        live AS (
+            SELECT k.cred AS id FROM (SELECT DISTINCT cred FROM u) k
+            CROSS JOIN LATERAL (SELECT 1 FROM credentials c WHERE c.id = k.cred AND c.revoked_at IS NULL OFFSET 0) l),
+        gone AS (
+            SELECT t.token FROM (SELECT DISTINCT token FROM u) t
+            CROSS JOIN LATERAL (
+                SELECT 1 FROM unregistered_tokens x WHERE x.token = t.token
+                AND \(StoreRules.isUnregisteredSQL(cutoff: "x.apns_timestamp", lastSeen: "(SELECT max(r.created_at) FROM responses r WHERE r.push_token = x.token)"))
+                OFFSET 0) g),
+        ins AS (
+            INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
+                state, attempts, next_attempt_at, created_at, expires_at, updated_at)
+            SELECT u.id, u.app, u.token, u.session, u.kid, u.mi, u.data, u.cred, 'queued', 0, u.due, u.now, u.exp, u.now
+            FROM u WHERE u.cred IN (SELECT id FROM live) AND u.token NOT IN (SELECT token FROM gone)
+            ORDER BY u.n
+            ON CONFLICT (push_token, session_id, key_id, message_index, app) DO NOTHING
+            RETURNING id)
+        SELECT u.n, u.cred NOT IN (SELECT id FROM live), u.token IN (SELECT token FROM gone)
+        FROM u WHERE u.id NOT IN (SELECT id FROM ins)
         """
 
     private func ingest(_ items: [PendingIngest], _ settings: IngestStoreSettings, _ c: PostgresConnection) throws
@@ -195,14 +236,17 @@ extension PostgresOutboxStore {
             }
         }
 
-        // 3. One round trip that commits: the rows, then last_used_at (at most once a minute
-        //    per credential and node). Rows go in key order and credentials in id order, so
-        //    two batches (of this node or another) take their locks in the same order.
+        // 3. One round trip that commits: the locks, the rows (checked again under them), then
+        //    last_used_at (at most once a minute per credential and node). Rows go in key order
+        //    and credentials in id order, so two batches (of this node or another) take their
+        //    row locks in the same order.
+        if let hook = ingestWillWrite.withLock({ $0 }) { hook() }
         insert.sort { $0.key < $1.key }
         var write: [(sql: String, params: [PGValue])] = []
         if !insert.isEmpty {
             let rs = insert.map { items[$0.item].request.response }
             let nows = insert.map { items[$0.item].now }
+            write.append((Self.ingestLocksSQL, [.textArray(Array(Set(rs.map(\.pushToken))))]))
             write.append((Self.insertSQL, [
                 .textArray(insert.map(\.id)), .textArray(insert.map(\.key.app)), .textArray(rs.map(\.pushToken)),
                 .textArray(rs.map(\.sessionIdentifier)), .bytesArray(rs.map(\.keyID)), .intArray(rs.map { Int64($0.messageIndex) }),
@@ -213,14 +257,21 @@ extension PostgresOutboxStore {
         }
         let touchedIDs = touched.keys.sorted()
         for id in touchedIDs {
-            write.append(("UPDATE credentials SET last_used_at = $1 WHERE id = $2 AND (last_used_at IS NULL OR last_used_at < $1)",
+            write.append(("UPDATE credentials SET last_used_at = $1 WHERE id = $2 AND (last_used_at IS NULL OR last_used_at < $1) AND revoked_at IS NULL",
                           [.int(touched[id]!), .text(id)]))
         }
-        var stored = Set<String>()
+        // Rows not inserted, by position in `insert`: refused by the re-check, or their key taken.
+        var notStored: [Int: (revoked: Bool, unregistered: Bool)] = [:]
         if !write.isEmpty {
             do {
                 let answers = try c.pipeline(write)
-                if !insert.isEmpty { stored = Set(answers[0].rows.compactMap { $0.first?.string }) }
+                if !insert.isEmpty {
+                    for r in answers[1].rows {
+                        guard let n = r[0].int, n >= 1, n <= insert.count, let revoked = r[1].bool, let gone = r[2].bool
+                        else { throw StoreError.invalid("malformed insert answer") }
+                        notStored[Int(n) - 1] = (revoked, gone)
+                    }
+                }
             } catch {
                 adjustPending(-insert.count)
                 throw error
@@ -228,20 +279,28 @@ extension PostgresOutboxStore {
             touchedAt.withLock { t in for id in touchedIDs { t[id] = max(t[id] ?? 0, touched[id]!) } }
         }
 
-        // 4. Committed. A row another node (or connection) inserted meanwhile conflicted, after
-        //    waiting for its commit, and is answered as the duplicate it is.
+        // 4. Committed. A credential revoked or a token recorded unregistered since the read
+        //    refuses its rows as the read would have. A row another node (or connection)
+        //    inserted meanwhile conflicted, after waiting for its commit, and is answered as the
+        //    duplicate it is.
         var rowOf: [Int: Result<ExistingRow, StoreError>] = [:]   // item -> the row holding its key
         var lost: [(item: Int, credID: String, app: String)] = []
-        for row in insert {
-            if stored.contains(row.id) {
+        for (k, row) in insert.enumerated() {
+            if let refused = notStored[k] {
+                if refused.revoked {
+                    outcomes[row.item] = .success(.unauthorized)
+                } else if refused.unregistered {
+                    outcomes[row.item] = .success(.unregistered)
+                } else {
+                    lost.append((row.item, row.credID, row.key.app))
+                }
+            } else {
                 outcomes[row.item] = .success(.accepted(id: row.id))
                 rowOf[row.item] = .success(ExistingRow(id: row.id, state: .queued, credentialID: row.credID,
                                                        encryptedData: items[row.item].request.response.encryptedData))
-            } else {
-                lost.append((row.item, row.credID, row.key.app))
             }
         }
-        adjustPending(-lost.count)
+        adjustPending(-notStored.count)
         if !lost.isEmpty {
             var holders: Result<[Int: [String: ExistingRow]], StoreError>
             do {
@@ -259,9 +318,16 @@ extension PostgresOutboxStore {
         }
         // A request repeating an earlier one of the batch shares its fate: the row it stored
         // (or found), or its refusal by the outbox bound.
+        // A 401 is the first one's credential's, not this one's: it may retry.
         for d in duplicateOf {
             let data = items[d.item].request.response.encryptedData
-            outcomes[d.item] = rowOf[d.of].map { r in r.map { StoreRules.dedupe($0, credentialID: d.credID, encryptedData: data) } } ?? outcomes[d.of]
+            if let r = rowOf[d.of] {
+                outcomes[d.item] = r.map { StoreRules.dedupe($0, credentialID: d.credID, encryptedData: data) }
+            } else if case .success(.unauthorized)? = outcomes[d.of], insert.first(where: { $0.item == d.of })?.credID != d.credID {
+                outcomes[d.item] = .failure(.unavailable("the request stored first with this key was refused; retry"))
+            } else {
+                outcomes[d.item] = outcomes[d.of]
+            }
         }
         guard outcomes.allSatisfy({ $0 != nil }) else { throw StoreError.invalid("ingest batch left a request undecided") }
         return outcomes.map { $0! }

@@ -96,8 +96,13 @@ extension PostgresOutboxStore {
         // ingest never locks the counter's row. The function keeps the search_path it was
         // created under, so a session with another search_path (psql by hand) bumps this
         // schema's counter. The counts and newest created_at it replaces could come back to
-        // earlier values (revoke + delete + create with the clock set back). Written to run
-        // again over itself (a database whose version was set back).
+        // earlier values (revoke + delete + create with the clock set back). The same change
+        // first takes the credentials lock exclusive (credentialsLockKey, 0x52454C4159435244
+        // = 5928228328057295428), which every ingest write holds shared: a revocation commits
+        // before an insert's re-check of its credential or after that insert's commit (docs/
+        // postgres.md "One write transaction"). BEFORE the statement, so it holds no row lock
+        // that a waiting ingest needs. Written to run again over itself (a database whose
+        // version was set back).
         """
         CREATE TABLE IF NOT EXISTS credential_generation (
             id int PRIMARY KEY CHECK (id = 1),
@@ -115,6 +120,17 @@ extension PostgresOutboxStore {
             FOR EACH STATEMENT EXECUTE FUNCTION relay_credentials_changed();
         CREATE TRIGGER credentials_truncated AFTER TRUNCATE ON credentials
             FOR EACH STATEMENT EXECUTE FUNCTION relay_credentials_changed();
+        CREATE OR REPLACE FUNCTION relay_credentials_lock() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_advisory_xact_lock(5928228328057295428);
+            RETURN NULL;
+        END $$;
+        DROP TRIGGER IF EXISTS credentials_lock ON credentials;
+        DROP TRIGGER IF EXISTS credentials_lock_truncate ON credentials;
+        CREATE TRIGGER credentials_lock BEFORE INSERT OR DELETE OR UPDATE OF id, hash, apps, revoked_at ON credentials
+            FOR EACH STATEMENT EXECUTE FUNCTION relay_credentials_lock();
+        CREATE TRIGGER credentials_lock_truncate BEFORE TRUNCATE ON credentials
+            FOR EACH STATEMENT EXECUTE FUNCTION relay_credentials_lock();
         """,
     ]
 

@@ -23,6 +23,20 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     public static let schemaVersion = 4
     /// pg_advisory_lock key serialising migrations between nodes starting at once.
     static let migrationLockKey: Int64 = 0x5245_4C41_594D_4947  // "RELAYMIG"
+    /// Transaction advisory lock over the credentials: every ingest write holds it shared, and
+    /// every change of a credential takes it exclusive (schema v4's BEFORE trigger, whoever
+    /// writes), so a revocation commits before the insert's re-check or after its commit, never
+    /// between (docs/postgres.md "One write transaction"). The trigger has this number written
+    /// in it: changing it needs a migration.
+    static let credentialsLockKey: Int64 = 0x5245_4C41_5943_5244  // "RELAYCRD"
+    /// Transaction advisory locks over push tokens, one per bucket of hashtext(token): shared by
+    /// each ingest write for its tokens, exclusive while a 410 is recorded. 256 buckets bound the
+    /// locks one batch holds (PostgreSQL's lock table is max_locks_per_transaction x
+    /// connections); a 410 also waits for batches holding another token of its bucket.
+    static let tokenLockBase: Int64 = 0x5245_4C41_5954_4B00  // "RELAYTK" + bucket
+    static func tokenLockSQL(_ token: String) -> String { "(\(tokenLockBase)::bigint + (hashtext(\(token)) & 255))" }
+    /// Test hook: runs on the ingest thread after a batch's read and before its write.
+    let ingestWillWrite = Mutex<(@Sendable () -> Void)?>(nil)
 
     struct PendingIngest {
         let request: IngestRequest
