@@ -30,16 +30,22 @@ extension PostgresOutboxStore {
     /// expired past its TTL; a due row goes through StoreRules.claimVerdict: sent (leased),
     /// failed (expired, or accepted up to its token's 410 cutoff, without a push) or put back
     /// to its token's pacing end.
+    /// The candidates carry the columns the verdict needs (no second join to responses, which
+    /// a generic plan made a hash join over the whole table), and the token look-ups probe
+    /// each table's key per row (LATERAL ... OFFSET 0) whatever a cached plan expects. The
+    /// LIMIT over both is the plain parameter, so the planner knows how many rows the UPDATE
+    /// joins (a computed LIMIT made it hash-join the whole table); the due rows are read, and
+    /// locked, only as far as that LIMIT asks (rows first, expired leases before due rows).
     private static let claimSQL = """
-        WITH rc AS (SELECT id FROM responses WHERE state = 'inflight' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2
-                    FOR UPDATE SKIP LOCKED),
-        dc AS (SELECT id FROM responses WHERE state IN ('queued','retry') AND next_attempt_at <= $1 ORDER BY next_attempt_at
-               LIMIT $2 - (SELECT count(*) FROM rc) FOR UPDATE SKIP LOCKED),
+        WITH rc AS (SELECT id, state, push_token, created_at, expires_at FROM responses
+                    WHERE state = 'inflight' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED),
+        dc AS (SELECT id, state, push_token, created_at, expires_at FROM responses
+               WHERE state IN ('queued','retry') AND next_attempt_at <= $1 ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED),
         v AS (SELECT r.id, CASE WHEN r.state = 'inflight' THEN (CASE WHEN r.expires_at <= $1 THEN 'expired' ELSE 'send' END)
                                 ELSE \(StoreRules.claimVerdictSQL) END AS verdict, p.paced_until
-              FROM (SELECT id FROM rc UNION ALL SELECT id FROM dc) c JOIN responses r ON r.id = c.id
-              LEFT JOIN unregistered_tokens u ON u.token = r.push_token
-              LEFT JOIN token_pacing p ON p.token = r.push_token)
+              FROM (SELECT * FROM rc UNION ALL SELECT * FROM dc LIMIT $2) r
+              LEFT JOIN LATERAL (SELECT apns_timestamp FROM unregistered_tokens WHERE token = r.push_token OFFSET 0) u ON true
+              LEFT JOIN LATERAL (SELECT paced_until FROM token_pacing WHERE token = r.push_token OFFSET 0) p ON true)
         UPDATE responses r SET
             state = CASE v.verdict WHEN 'send' THEN 'inflight' WHEN 'postpone' THEN r.state ELSE 'failed' END,
             last_reason = CASE v.verdict WHEN 'expired' THEN 'expired' WHEN 'unregistered' THEN '\(StoreRules.unregisteredReason)' ELSE r.last_reason END,
