@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 
 BUNDLE = "com.example.reliability"
@@ -1155,6 +1156,10 @@ def main():
         code = 0 if all_pass(results) else 1
     except KeyboardInterrupt:
         code = 130
+    except Exception:
+        # The results name what broke the run, so a caller holding only the JSON can say why.
+        results["error"] = traceback.format_exc()
+        raise
     finally:
         kill_all()
         results["pass"] = code == 0

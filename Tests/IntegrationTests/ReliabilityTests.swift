@@ -64,9 +64,10 @@ enum Reliability {
         p.waitUntilExit()
         try? handle.close()
         guard let data = try? Data(contentsOf: json),
-              let object = try JSONSerialization.jsonObject(with: data) as? [String: Any] else {
+              var object = try JSONSerialization.jsonObject(with: data) as? [String: Any] else {
             throw RunError(description: "no results (exit \(p.terminationStatus)): \(tail(log))")
         }
+        if object["pass"] as? Bool != true { object["harnessLogTail"] = tail(log) }  // shown by a failed expectation
         return object
     }
 
