@@ -39,7 +39,7 @@ extension PushClient {
         // Checked through withUTF8 pointer loops: `utf8.allSatisfy` walked String.UTF8View's
         // index machinery, ~2.3k instructions per push for a 64-character token (callgrind).
         var token = r.deviceToken
-        let tokenOK = token.withUTF8 { b in b.count <= 400 && b.allSatisfy(Hex.isDigit) }
+        let tokenOK = token.withUTF8 { PushToken.isValid($0) }
         if !tokenOK { return .rejected(status: 400, reason: .badDeviceToken, timestamp: nil) }
         if r.bundleID.isEmpty { return .rejected(status: 400, reason: .missingTopic, timestamp: nil) }
         var topic = r.bundleID

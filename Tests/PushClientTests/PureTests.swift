@@ -182,8 +182,9 @@ import Testing
         #expect(check("ab", "") == .rejected(status: 400, reason: .missingTopic, timestamp: nil))
         #expect(check("ab", "com.x\r\nevil: 1") == .rejected(status: 400, reason: .badTopic, timestamp: nil))
         #expect(check("00FFaB") == nil)                                          // either case of hex
-        #expect(check(String(repeating: "a", count: 400)) == nil)                 // the longest accepted
-        #expect(check(String(repeating: "a", count: 402)) == .rejected(status: 400, reason: .badDeviceToken, timestamp: nil))
+        #expect(check(String(repeating: "a", count: 200)) == nil)                 // the longest accepted (Basics.PushToken)
+        #expect(check(String(repeating: "a", count: 202)) == .rejected(status: 400, reason: .badDeviceToken, timestamp: nil))
+        #expect(check("abc") == .rejected(status: 400, reason: .badDeviceToken, timestamp: nil))   // odd
         #expect(check("ab", "com.example:app") == .rejected(status: 400, reason: .badTopic, timestamp: nil))
         #expect(check("ab", "com.exämple") == .rejected(status: 400, reason: .badTopic, timestamp: nil))  // non-ASCII
         #expect(check("ab", priority: 7) == .rejected(status: 400, reason: .badPriority, timestamp: nil))
