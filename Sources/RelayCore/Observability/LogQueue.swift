@@ -16,9 +16,9 @@ final class LogQueue: @unchecked Sendable {
     struct Bounds: Sendable, Equatable {
         var bytes: Int
         var lines: Int
-        /// 4 MiB and 16,384 lines: ~20,000 request lines at debug (~200 bytes each) is a few
-        /// seconds of full-speed ingest, enough to ride out a slow reader; a blocked one costs
-        /// at most 4 MiB.
+        /// 4 MiB and 16,384 lines: at debug (~200-byte request and delivered lines, ~3 MiB)
+        /// that is about a second of full-speed ingest, enough to ride out a reader's hiccup;
+        /// at info, far more than the relay logs. A reader that stopped costs at most 4 MiB.
         static let standard = Bounds(bytes: 4 << 20, lines: 16_384)
     }
 
