@@ -12,6 +12,8 @@ import Testing
         let store: SQLiteOutboxStore
         let service: IngestService
         let workers = WorkerPool(name: "test", threads: 1)
+        /// Captures; its clock for rate-limited lines stands still (one 10 s window).
+        let logger = RelayLogger(minimum: .info, format: .json, capture: true, bounds: .standard, monotonic: { 0 })
         let secret: String
         let otherSecret: String
         init(dir: TempDir, clock: TestClock, metrics: RelayMetrics = RelayMetrics(), maxPending: Int = 1_000_000,
@@ -22,7 +24,7 @@ import Testing
             otherSecret = try store.createCredential(name: "b", apps: ["com.example.app", "com.example.other"]).secret
             var s = IngestSettings()
             settings(&s)
-            service = IngestService(store: store, settings: s, metrics: metrics, logger: RelayLogger(capture: true), workers: workers)
+            service = IngestService(store: store, settings: s, metrics: metrics, logger: logger, workers: workers)
         }
         deinit {
             workers.close()
@@ -356,17 +358,27 @@ import Testing
     }
 
     @Test func outboxBoundAnswers503() throws {
-        let h = try Harness(dir: dir, clock: clock, maxPending: 1)
+        let h = try Harness(dir: dir, clock: clock, maxPending: 1) { s in s.perPushToken = RateLimit(perSecond: 0, burst: 1) }
         #expect(h.call(secret: h.secret, body: Self.body(index: 1)).status == 202)
         let r = h.call(secret: h.secret, body: Self.body(index: 2))
         #expect(r.status == 503 && r.header("retry-after") != nil && json(r)["error"] as? String == "outbox_full")
+        // Under overload the log does not grow with the refused load: one line per 10 s.
+        for i in 3..<203 { #expect(h.call(secret: h.secret, body: Self.body(index: i)).status == 503) }
+        let lines = h.logger.capturedLines.filter { $0.contains(#""msg":"request""#) }
+        #expect(lines.count == 1 && lines[0].contains(#""status":503"#) && lines[0].contains(#""note":"outbox full""#), "\(lines)")
+        h.logger.reportRepeats()  // the window has not ended: nothing yet
+        #expect(h.logger.capturedLines.count == 1)
     }
 
     @Test func storageFailureIs503NeverAccepted() throws {
-        let h = try Harness(dir: dir, clock: clock)
+        let h = try Harness(dir: dir, clock: clock) { s in s.perPushToken = RateLimit(perSecond: 0, burst: 1) }
         h.store.close()  // the writer refuses every job from now on
         let r = h.call(secret: h.secret, body: Self.body())
         #expect(r.status == 503 && json(r)["error"] as? String == "storage_unavailable")
+        for _ in 0..<99 { #expect(h.call(secret: h.secret, body: Self.body()).status == 503) }
+        let lines = h.logger.capturedLines
+        #expect(lines.count == 2, "one storage error line and one request line, not one per request: \(lines)")
+        #expect(lines.contains { $0.contains(#""msg":"storage error on ingest""#) })
     }
 
     @Test func unregisteredTokenAnswers410() throws {

@@ -117,7 +117,7 @@ public final class Dispatcher: @unchecked Sendable {
                         channel.occupy(rows.count)
                         next = machine.claimed(rows, limit: limit)
                     } catch {
-                        logger.error("claim failed", ["error": "\(error)"])
+                        logger.limited(.error, "claim failed", ["error": "\(error)"])
                         next = machine.claimFailed()
                     }
                 case .findNextDue:
@@ -149,7 +149,7 @@ public final class Dispatcher: @unchecked Sendable {
         store.apply(updates) { [channel, logger, applying] error in
             if let error {
                 // The rows stay inflight in the database; they are requeued on restart.
-                logger.error("could not record push outcomes", ["error": "\(error)", "count": updates.count])
+                logger.limited(.error, "could not record push outcomes", ["error": "\(error)", "count": updates.count])
             } else if retries {
                 channel.wake()
             }

@@ -116,8 +116,16 @@ public final class IngestService: Sendable {
             // dropped: at the default level every 2xx would pay for it.
             let logger = service.logger
             if level >= logger.minimum {
-                logger.log(level, "request", ["request_id": requestID, "method": method, "path": path,
-                                              "status": r.status, "duration_us": micros, "note": note ?? ""])
+                if level == .debug {
+                    logger.log(level, "request", ["request_id": requestID, "method": method, "path": path,
+                                                  "status": r.status, "duration_us": micros, "note": note ?? ""])
+                } else {
+                    // A 5xx is refused load or a storage failure: it comes in storms, one line
+                    // per 10 s per status and note (5xx notes are fixed strings).
+                    logger.limited(level, "request", key: "request \(r.status) \(note ?? "")",
+                                   ["request_id": requestID, "method": method, "path": path,
+                                    "status": r.status, "duration_us": micros, "note": note ?? ""])
+                }
             }
             respond(r)
         }
@@ -203,7 +211,7 @@ public final class IngestService: Sendable {
             }
         case .unavailable:
             if charged { refundAuthFailure(finish.clientKey) }
-            logger.error("storage error reading credentials", ["request_id": finish.requestID])
+            logger.limited(.error, "storage error reading credentials", ["request_id": finish.requestID])
             finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "credentials could not be read; retry later"),
                           headers: [("retry-after", String(settings.unavailableRetryAfterSeconds))]), "storage")
         }
@@ -394,7 +402,7 @@ public final class IngestService: Sendable {
         let retryAfterSeconds = settings.unavailableRetryAfterSeconds
         switch result {
         case .failure(let error):
-            logger.error("storage error on ingest", ["request_id": finish.requestID, "error": "\(error)"])
+            logger.limited(.error, "storage error on ingest", ["request_id": finish.requestID, "error": "\(error)"])
             finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "the response was not stored; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), "storage")
         case .success(let outcome):
             switch outcome {
@@ -423,7 +431,7 @@ public final class IngestService: Sendable {
             case .unregistered:
                 finish(.error(ClientError(status: 410, code: "push_token_unregistered", field: "pushToken", message: "APNs reported this push token unregistered")), nil)
             case .overCapacity:
-                finish(.error(ClientError(status: 503, code: "outbox_full", field: nil, message: "the outbox is over its configured bound; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), nil)
+                finish(.error(ClientError(status: 503, code: "outbox_full", field: nil, message: "the outbox is over its configured bound; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), "outbox full")
             case .storageFull:
                 metrics.storeRefusal("storage_full")
                 finish(.error(ClientError(status: 503, code: "storage_full", field: nil, message: "the relay's disk is below its free-space floor; the response was not stored; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), "storage full")
@@ -457,7 +465,7 @@ public final class IngestService: Sendable {
                 let attempts = try store.attempts(responseID: row.id)
                 finish(APIResponse(status: 200, body: Self.render(row, attempts)), nil)
             } catch {
-                logger.error("storage error on read", ["request_id": finish.requestID, "error": "\(error)"])
+                logger.limited(.error, "storage error on read", ["request_id": finish.requestID, "error": "\(error)"])
                 finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "retry later"), headers: [("retry-after", "1")]), "storage")
             }
         }, whenFull: {

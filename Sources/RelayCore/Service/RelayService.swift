@@ -206,6 +206,9 @@ public final class RelayService: @unchecked Sendable {
                   help: "SIGHUP reloads of an app's changed APNs key files, by result (failed: the previous client is still used).")
         r.sample("relay_apns_credential_reloads_total", ["result": "ok"], a.ok)
         r.sample("relay_apns_credential_reloads_total", ["result": "failed"], a.failed)
+        r.counter("relay_log_dropped_total",
+                  help: "Log lines dropped because stderr did not keep up (the queue to it held 4 MiB or 16,384 lines); the log says how many at each gap.",
+                  logger.droppedLines)
         if let store, let w = OutboxStores.writerStats(store) {
             r.counter("relay_store_commits_total", help: "Group-commit transactions committed.", w.batches)
             r.counter("relay_store_jobs_total", help: "Jobs (ingests and dispatcher writes) committed.", w.jobs)
@@ -222,7 +225,7 @@ public final class RelayService: @unchecked Sendable {
 
     /// The drain: stop taking requests (in-flight HTTP requests still complete, and their rows
     /// commit before their 202), then let in-flight pushes finish or return to queued, then
-    /// close the database. Safe to call more than once.
+    /// close the database, then write out the log queue (at most 2 s). Safe to call more than once.
     public func stop() {
         stopLock.lock()
         defer { stopLock.unlock() }
@@ -231,6 +234,9 @@ public final class RelayService: @unchecked Sendable {
         SystemdNotifier.notify("STOPPING=1\nSTATUS=draining")
         logger.info("draining")
         running.stopAll()
+        // The last lines ("stopped") reach stderr before the process exits; a stderr nobody
+        // reads gets 2 s, not a hung stop.
+        logger.flush(timeout: .seconds(2))
     }
 
     /// SIGHUP: re-reads the ingest certificate, private key and client CA, and each app's APNs
