@@ -45,7 +45,7 @@ extension PushClient {
         var topic = r.bundleID
         let topicOK = topic.withUTF8 { b in b.allSatisfy { $0 > 0x20 && $0 < 0x7f && $0 != UInt8(ascii: ":") } }
         if !topicOK { return .rejected(status: 400, reason: .badTopic, timestamp: nil) }
-        if let p = r.priority, ![10, 5, 1].contains(p) { return .rejected(status: 400, reason: .badPriority, timestamp: nil) }
+        if ![10, 5, 1].contains(r.priority) { return .rejected(status: 400, reason: .badPriority, timestamp: nil) }
         if let e = r.expiration, e < 0 { return .rejected(status: 400, reason: .badExpirationDate, timestamp: nil) }
         return nil
     }
@@ -108,7 +108,7 @@ extension ConnectionSlot {
             ("apns-id", r.apnsID.text),
         ]
         if let e = r.expiration { fields.append(("apns-expiration", String(e))) }
-        if let p = r.priority { fields.append(("apns-priority", String(p))) }
+        fields.append(("apns-priority", String(r.priority)))
         if let authorization { fields.append(("authorization", authorization)) }
         fields.append(("content-type", "application/json"))
         return RequestHead(path: "/3/device/" + r.deviceToken.lowercased(), fields: fields)

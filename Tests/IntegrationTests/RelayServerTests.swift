@@ -139,6 +139,28 @@ import Glibc
         #expect(try h.sql("SELECT count(*) FROM unregistered_tokens WHERE token = '\(accessory.pushToken)'") == "1")
     }
 
+    /// Issue 31: BadDeviceToken marks the token end to end (config -> DeliveryPolicy -> store ->
+    /// ingest): 400 bad_device_token naming pushToken during the hold, then one probe; once APNs
+    /// takes the token (the fault cleared), the probe's 200 lifts the mark.
+    @Test func badDeviceTokenMarksTheTokenUntilAProbeIsDelivered() throws {
+        let accessory = TestAccessory()
+        let h = try RelayHarness(dispatch: #""badDeviceTokenHoldSeconds":1"#,
+                                 mockFaults: ["status=400,reason=BadDeviceToken,token=\(accessory.pushToken)"], accessory: accessory)
+        try h.startRelay()
+        let id = try #require(try h.post(try accessory.nextBody().body).json["id"] as? String)
+        try relayEventually("failed") { try h.get(id).json["state"] as? String == "failed" }
+        #expect(try h.get(id).json["lastReason"] as? String == "BadDeviceToken")
+        let refused = try h.post(try accessory.nextBody().body)
+        #expect(refused.status == 400 && refused.json["error"] as? String == "bad_device_token" && refused.json["field"] as? String == "pushToken")
+        #expect((refused.json["message"] as? String ?? "").contains("sandbox"))
+        try h.clearFaults()
+        usleep(1_100_000)
+        let probe = try #require(try h.post(try accessory.nextBody().body).json["id"] as? String)
+        try relayEventually("probe delivered") { try h.get(probe).json["state"] as? String == "delivered" }
+        #expect(try h.sql("SELECT count(*) FROM unregistered_tokens") == "0")
+        #expect(try h.post(try accessory.nextBody().body).status == 202)
+    }
+
     @Test func tooManyRequestsPacesTheTokenThenDelivers() throws {
         let accessory = TestAccessory()
         let h = try RelayHarness(dispatch: #""tooManyRequestsDelayMs":1500"#,

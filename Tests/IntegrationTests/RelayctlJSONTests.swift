@@ -83,7 +83,7 @@ private let attempt: Shape = .object([
     "attemptedAt": .string, "status": .nullable(.int), "reason": .nullable(.string), "apnsTimestamp": .nullable(.string),
     "latencyMillis": .nullable(.number),
 ])
-private let token: Shape = .object(["token": .hex, "apnsTimestamp": .string, "recordedAt": .string])
+private let token: Shape = .object(["token": .hex, "reason": .string, "apnsTimestamp": .string, "recordedAt": .string])
 private let credential: Shape = .object([
     "id": .string, "name": .string, "apps": .array(.string), "createdAt": .string,
     "lastUsedAt": .nullable(.string), "revokedAt": .nullable(.string),

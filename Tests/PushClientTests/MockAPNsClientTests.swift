@@ -100,6 +100,8 @@ func sendAll(_ client: PushClient, _ requests: [PushRequest], upTo seconds: Doub
         let deliveries = rig.mock.deliveries
         #expect(Set(deliveries.map(\.apnsID)) == Set(requests.map(\.apnsIDString)))
         #expect(deliveries.allSatisfy { $0.push.topic == "com.example.app.push-type.accessory" && $0.push.pushType == "accessory" })
+        // apns-priority is on the wire on every push, as 10 (mock-apns records what it parsed).
+        #expect(deliveries.allSatisfy { $0.push.priority == 10 })
         let body = try #require(deliveries.first { $0.apnsID == requests[5].apnsIDString }).push.payload
         #expect(body == requests[5].payload.jsonBody())
         #expect(Set(deliveries.map(\.connectionID)).count == 2)   // both slots carried traffic

@@ -148,8 +148,8 @@ import Testing
                                         authorization: "bearer x.y.z")
         #expect(plain.path == "/3/device/abcd")
         #expect(fields(plain) == ["apns-push-type: accessory", "apns-topic: com.example.app.push-type.accessory",
-                                  "apns-id: a0b1c2d3-e4f5-4677-8899-aabbccddeeff", "authorization: bearer x.y.z",
-                                  "content-type: application/json"])
+                                  "apns-id: a0b1c2d3-e4f5-4677-8899-aabbccddeeff", "apns-priority: 10",
+                                  "authorization: bearer x.y.z", "content-type: application/json"])
         let full = ConnectionSlot.head(PushRequest(deviceToken: "ab", bundleID: "com.example.app", apnsID: id, payload: samplePayload(),
                                                    expiration: 0, priority: 5),
                                         authorization: nil)
@@ -171,7 +171,7 @@ import Testing
     }
 
     @Test func localRefusals() {
-        func check(_ token: String, _ bundle: String = "com.example.app", priority: Int? = nil, expiration: Int? = nil) -> PushResult? {
+        func check(_ token: String, _ bundle: String = "com.example.app", priority: Int = PushRequest.immediatePriority, expiration: Int? = nil) -> PushResult? {
             PushClient.validate(PushRequest(deviceToken: token, bundleID: bundle, payload: samplePayload(),
                                             expiration: expiration, priority: priority))
         }

@@ -117,12 +117,13 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         let (s, secret) = try setup()
         defer { s.close() }
         _ = try s.ingestNow(sample(), secret: secret)
-        let t = FakeTransport { _, _ in PushAnswer(status: 410, reason: "Unregistered", apnsTimestamp: 1_900_000_000_000, classification: .terminal("Unregistered")) }
+        let apnsTimestamp = clock.nowMillis() - 60_000
+        let t = FakeTransport { _, _ in PushAnswer(status: 410, reason: "Unregistered", apnsTimestamp: apnsTimestamp, classification: .terminal("Unregistered")) }
         let d = Dispatcher(store: s, transports: ["com.example.app": t], clock: clock)
         try d.start()
         try waitUntil("token recorded") { try !s.unregisteredTokens().isEmpty }
         d.stop()
-        #expect(try s.unregisteredTokens()[0].apnsTimestamp == 1_900_000_000_000)
+        #expect(try s.unregisteredTokens()[0].apnsTimestamp == apnsTimestamp)
         #expect(try s.ingestNow(sample(index: 2), secret: secret) == .unregistered)
     }
 

@@ -390,6 +390,19 @@ import Testing
         let r = h.call(secret: h.secret, body: Self.body(index: 2))
         #expect(r.status == 410 && json(r)["error"] as? String == "push_token_unregistered")
     }
+
+    /// Issue 31: a BadDeviceToken mark answers 400 bad_device_token naming pushToken, and says
+    /// what usually causes it.
+    @Test func badDeviceTokenAnswers400NamingThePushToken() throws {
+        let h = try Harness(dir: dir, clock: clock)
+        #expect(h.call(secret: h.secret, body: Self.body(index: 1)).status == 202)
+        let row = try h.store.claimDue(limit: 1)[0]
+        try h.store.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .unregistered(reason: "BadDeviceToken", apnsTimestamp: clock.nowMillis()), attempt: nil)])
+        let r = h.call(secret: h.secret, body: Self.body(index: 2))
+        let body = json(r)
+        #expect(r.status == 400 && body["error"] as? String == "bad_device_token" && body["field"] as? String == "pushToken")
+        #expect((body["message"] as? String ?? "").contains("sandbox token sent to the production endpoint"))
+    }
 }
 
 @Suite struct ConfigTests {
@@ -412,6 +425,7 @@ import Testing
         let c = try RelayConfig.load(path: path, environment: [:])
         #expect(!c.apps.isEmpty)
         #expect(c.dispatch.maxNewConnectionsPerMinute == 10)
+        #expect(c.dispatch.unregisteredQuarantineSeconds == 3600 && c.dispatch.badDeviceTokenHoldSeconds == 3600)
     }
 
     static let badCases: [(String, String)] = [
@@ -423,6 +437,8 @@ import Testing
         (#"{"store":{"kind":"mysql"},"apps":[]}"#, "store.kind"),
         (#"{"dispatch":{"maxInflight":0},"apps":[]}"#, "dispatch.maxInflight"),
         (#"{"dispatch":{"maxNewConnectionsPerMinute":0},"apps":[]}"#, "dispatch.maxNewConnectionsPerMinute"),
+        (#"{"dispatch":{"unregisteredQuarantineSeconds":-1},"apps":[]}"#, "dispatch.unregisteredQuarantineSeconds"),
+        (#"{"dispatch":{"badDeviceTokenHoldSeconds":2592001},"apps":[]}"#, "dispatch.badDeviceTokenHoldSeconds"),
         (#"{"ingest":{"maxConnectionsPerAddress":-1},"apps":[]}"#, "ingest.maxConnectionsPerAddress"),
         (#"{"ingest":{"rateLimits":{"perPushToken":{"perSecond":-1}}},"apps":[]}"#, "ingest.rateLimits.perPushToken.perSecond"),
         (#"{"ingest":{"rateLimits":{"authFailuresPerAddress":{"burst":0}}},"apps":[]}"#, "ingest.rateLimits.authFailuresPerAddress.burst"),

@@ -124,6 +124,23 @@ struct PostgresIngestBatchTests {
         #expect(try f.sql("SELECT count(*) FROM responses") == [["4"]])  // the gate's row too
     }
 
+    /// A marked token past its hold lets ONE response of a batch through as the probe (the
+    /// hold restarts in the batch's commit); the others of that batch are refused.
+    @Test func oneProbePerHoldInsideOneBatch() throws {
+        let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
+        defer { s.close() }
+        let a = try s.createCredential(name: "a", apps: ["com.example.app"])
+        _ = try s.ingestNow(sample(index: 0), secret: a.secret)
+        let row = try s.claimDue(limit: 1)[0]
+        try StoreContractTests.mark(s, row, at: f.clock.nowMillis())
+        f.clock.advance(3_600_000)
+        let batch = try oneBatch(s, a.secret, (1...3).map { request(sample(index: UInt32($0)), a.secret) })
+        let got = try batch.results.map { try $0.get() }
+        guard case .accepted = got[0] else { Issue.record("\(got)"); return }
+        #expect(Array(got[1...]) == [.unregistered, .unregistered])
+        #expect(try s.unregisteredTokens().first?.recordedAt == f.clock.nowMillis())
+    }
+
     /// The same four fields under two apps in one batch are two keys: both rows are stored, and
     /// each app's repeat in the batch shares its own app's row.
     @Test func oneBatchStoresTheSameFieldsUnderTwoApps() throws {

@@ -72,6 +72,11 @@ public struct RelayConfig: Sendable, Equatable {
         public var maxNewConnectionsPerMinute = 10
         public var requestTimeoutMillis = 10_000
         public var shutdownGraceMillis = 5_000
+        /// How long a token APNs answered 410 for is refused at ingest before one response goes
+        /// through as a probe (StoreRules.markAdmission); 0 = refused until `relayctl tokens forget`.
+        public var unregisteredQuarantineSeconds = 3_600
+        /// The same for a 400 BadDeviceToken token; 0 = such answers mark nothing.
+        public var badDeviceTokenHoldSeconds = 3_600
     }
     public enum Environment: Sendable, Equatable { case production, sandbox, custom(url: String) }
     public enum Credentials: Sendable, Equatable {
@@ -228,7 +233,8 @@ public struct RelayConfig: Sendable, Equatable {
         }
         if var d = try r.child("dispatch") {
             try d.object(allowed: ["maxInflight", "claimBatch", "backoffBaseMs", "backoffCapMs", "tooManyRequestsDelayMs",
-                                   "connectionsPerApp", "maxNewConnectionsPerMinute", "requestTimeoutMs", "shutdownGraceMs"])
+                                   "connectionsPerApp", "maxNewConnectionsPerMinute", "requestTimeoutMs", "shutdownGraceMs",
+                                   "unregisteredQuarantineSeconds", "badDeviceTokenHoldSeconds"])
             c.dispatch.maxInflight = try d.int("maxInflight", 1...100_000) ?? c.dispatch.maxInflight
             c.dispatch.claimBatch = try d.int("claimBatch", 1...10_000) ?? c.dispatch.claimBatch
             c.dispatch.backoffBaseMillis = try d.int("backoffBaseMs", 1...3_600_000) ?? c.dispatch.backoffBaseMillis
@@ -238,6 +244,8 @@ public struct RelayConfig: Sendable, Equatable {
             c.dispatch.maxNewConnectionsPerMinute = try d.int("maxNewConnectionsPerMinute", 1...600) ?? c.dispatch.maxNewConnectionsPerMinute
             c.dispatch.requestTimeoutMillis = try d.int("requestTimeoutMs", 100...600_000) ?? c.dispatch.requestTimeoutMillis
             c.dispatch.shutdownGraceMillis = try d.int("shutdownGraceMs", 0...600_000) ?? c.dispatch.shutdownGraceMillis
+            c.dispatch.unregisteredQuarantineSeconds = try d.int("unregisteredQuarantineSeconds", 0...31_536_000) ?? c.dispatch.unregisteredQuarantineSeconds
+            c.dispatch.badDeviceTokenHoldSeconds = try d.int("badDeviceTokenHoldSeconds", 0...2_592_000) ?? c.dispatch.badDeviceTokenHoldSeconds
             guard c.dispatch.backoffCapMillis >= c.dispatch.backoffBaseMillis else {
                 throw ConfigError(key: "dispatch.backoffCapMs", message: "must be at least dispatch.backoffBaseMs")
             }

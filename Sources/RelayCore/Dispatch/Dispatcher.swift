@@ -174,8 +174,11 @@ public final class Dispatcher: @unchecked Sendable {
         switch outcome {
         case .delivered:
             logger.debug("delivered", ["id": row.id, "app": row.app])
-        case .failed(let reason), .unregistered(let reason, _):
+        case .failed(let reason):
             logger.info("push failed", ["id": row.id, "app": row.app, "token": redactToken(row.pushToken), "status": answer.status ?? 0, "reason": reason])
+        case .unregistered(let reason, _):
+            // The token's queued responses fail with it and ingest refuses it for its hold.
+            logger.info("push failed, token marked", ["id": row.id, "app": row.app, "token": redactToken(row.pushToken), "status": answer.status ?? 0, "reason": reason])
         case .retry(let at, let pace):
             logger.info("push retry scheduled", ["id": row.id, "status": answer.status ?? 0, "reason": answer.reason ?? "", "in_ms": at - push.at, "paced": pace != nil])
         case .requeue:

@@ -5,7 +5,7 @@
 //   address spent its failure budget) -> 429 credential -> 415/413/400 body -> 429 push token
 //   (per app, charged only when the credential may send for the app) -> in one store
 //   transaction: 401 revoked since (defence in depth), 400 unknown/ambiguous app, 403 scope,
-//   200 duplicate, 410 unregistered token, 503 outbox bound, 202 after COMMIT.
+//   200 duplicate, 410 unregistered / 400 bad_device_token marked token, 503 outbox bound, 202 after COMMIT.
 import Basics
 import FoundationEssentials
 import Glibc
@@ -430,6 +430,9 @@ public final class IngestService: Sendable {
                 finish(.error(ClientError(status: 400, code: "unknown_app", field: "app", message: "\(app) is not configured in this relay")), nil)
             case .unregistered:
                 finish(.error(ClientError(status: 410, code: "push_token_unregistered", field: "pushToken", message: "APNs reported this push token unregistered")), nil)
+            case .badDeviceToken:
+                finish(.error(ClientError(status: 400, code: "bad_device_token", field: "pushToken",
+                                          message: "APNs answered BadDeviceToken for this push token: it is not a token of this app's APNs environment (often a sandbox token sent to the production endpoint, or the reverse); refused for a while, then one response is tried again")), nil)
             case .overCapacity:
                 finish(.error(ClientError(status: 503, code: "outbox_full", field: nil, message: "the outbox is over its configured bound; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), "outbox full")
             case .storageFull:

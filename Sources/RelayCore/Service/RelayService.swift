@@ -71,7 +71,9 @@ public final class RelayService: @unchecked Sendable {
         }) }
         self.store = store
         store.ingestSettings = IngestStoreSettings(configuredApps: Set(c.apps.map(\.bundleID)), ttlMillis: Int64(c.ingest.ttlSeconds) * 1000,
-                                                   maxPending: c.store.maxPending)
+                                                   maxPending: c.store.maxPending,
+                                                   unregisteredQuarantineMillis: Int64(c.dispatch.unregisteredQuarantineSeconds) * 1000,
+                                                   badDeviceTokenHoldMillis: Int64(c.dispatch.badDeviceTokenHoldSeconds) * 1000)
         running.adopt(StopAction { [logger] _ in
             let counts = try? store.counts()
             store.close()
@@ -87,8 +89,9 @@ public final class RelayService: @unchecked Sendable {
             transports[app.bundleID] = transport
             appTransports.append((transport, Self.credentialFingerprint(app)))
         }
-        let policy = DeliveryPolicy(backoffBaseMillis: Int64(c.dispatch.backoffBaseMillis), backoffCapMillis: Int64(c.dispatch.backoffCapMillis),
+        var policy = DeliveryPolicy(backoffBaseMillis: Int64(c.dispatch.backoffBaseMillis), backoffCapMillis: Int64(c.dispatch.backoffCapMillis),
                                     tooManyRequestsDelayMillis: Int64(c.dispatch.tooManyRequestsDelayMillis))
+        policy.marksBadDeviceTokens = c.dispatch.badDeviceTokenHoldSeconds > 0
         let dispatcher = Dispatcher(store: store, transports: transports,
                                     options: DispatcherOptions(maxInflight: c.dispatch.maxInflight, claimBatch: c.dispatch.claimBatch, policy: policy),
                                     channel: channel, metrics: metrics, logger: logger)

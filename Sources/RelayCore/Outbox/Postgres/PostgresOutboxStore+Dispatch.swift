@@ -42,18 +42,18 @@ extension PostgresOutboxStore {
     private static let reclaimSQL = claimSQL(
         "SELECT id FROM responses WHERE state = 'inflight' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2")
 
-    /// Due rows go through StoreRules.claimVerdict: sent (leased), failed (expired, or accepted
-    /// up to their token's 410 cutoff, without a push) or put back to their token's pacing end.
+    /// Due rows go through StoreRules.claimVerdict: sent (leased), failed (expired, or covered
+    /// by their token's mark, with its reason, without a push) or put back to their token's pacing end.
     private static let dueSQL = """
         WITH c AS (SELECT id FROM responses WHERE state IN ('queued','retry') AND next_attempt_at <= $1 ORDER BY next_attempt_at LIMIT $2
                    FOR UPDATE SKIP LOCKED),
-        v AS (SELECT r.id, \(StoreRules.claimVerdictSQL) AS verdict, p.paced_until
+        v AS (SELECT r.id, \(StoreRules.claimVerdictSQL) AS verdict, p.paced_until, u.reason AS mark_reason
               FROM c JOIN responses r ON r.id = c.id
               LEFT JOIN unregistered_tokens u ON u.token = r.push_token
               LEFT JOIN token_pacing p ON p.token = r.push_token)
         UPDATE responses r SET
             state = CASE v.verdict WHEN 'send' THEN 'inflight' WHEN 'postpone' THEN r.state ELSE 'failed' END,
-            last_reason = CASE v.verdict WHEN 'expired' THEN 'expired' WHEN 'unregistered' THEN '\(StoreRules.unregisteredReason)' ELSE r.last_reason END,
+            last_reason = CASE v.verdict WHEN 'expired' THEN 'expired' WHEN 'unregistered' THEN v.mark_reason ELSE r.last_reason END,
             next_attempt_at = CASE WHEN v.verdict = 'postpone' THEN v.paced_until ELSE r.next_attempt_at END,
             lease_owner = CASE WHEN v.verdict = 'send' THEN $3 ELSE NULL END,
             lease_expires_at = CASE WHEN v.verdict = 'send' THEN $4::bigint ELSE NULL END,
@@ -123,7 +123,7 @@ extension PostgresOutboxStore {
         let me = options.nodeID
         var ids: [String?] = [], states: [String?] = [], counted: [Int64?] = [], next: [Int64?] = [], status: [Int64?] = [], reasons: [String?] = []
         var pace: [String: Int64] = [:]
-        var unreg: [String: Int64] = [:]
+        var unreg: [String: (ts: Int64, reason: String)] = [:]
         for u in updates {
             let s = u.attempt?.status.map { Int64($0) }
             ids.append(u.id)
@@ -136,7 +136,7 @@ extension PostgresOutboxStore {
                 states.append("failed"); next.append(nil); reasons.append(why)
             case .unregistered(let why, let ts):
                 states.append("failed"); next.append(nil); reasons.append(why)
-                unreg[u.pushToken] = max(unreg[u.pushToken] ?? .min, ts)
+                if ts >= unreg[u.pushToken]?.ts ?? .min { unreg[u.pushToken] = (ts, why) }
             case .retry(let at, let until):
                 states.append("retry"); next.append(at); reasons.append(u.attempt?.reason)
                 if let until { pace[u.pushToken] = max(pace[u.pushToken] ?? .min, until) }
@@ -159,10 +159,11 @@ extension PostgresOutboxStore {
                      .intArray(attempts.map(\.apnsTimestamp)), .intArray(attempts.map(\.latencyMicros)), .text(me)])
             }
             // Only rows whose lease this node still holds: after an expired lease another node
-            // owns the row and its outcome stands.
+            // owns the row and its outcome stands. A probe's 200 (a row its token's mark does not
+            // cover, StoreRules.deliveredClearsMark) removes the mark in the same statement.
             let changed = try c.query(
                 """
-                UPDATE responses r SET
+                WITH done AS (UPDATE responses r SET
                     state = u.state,
                     attempts = r.attempts + u.counted,
                     next_attempt_at = COALESCE(u.next, r.next_attempt_at),
@@ -171,7 +172,10 @@ extension PostgresOutboxStore {
                     lease_owner = NULL, lease_expires_at = NULL, updated_at = $7
                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[]) AS u(id, state, counted, next, status, reason)
                 WHERE r.id = u.id AND r.state = 'inflight' AND r.lease_owner = $8
-                RETURNING u.state
+                RETURNING u.state, r.push_token, r.created_at),
+                cleared AS (DELETE FROM unregistered_tokens m USING done
+                            WHERE done.state = 'delivered' AND m.token = done.push_token AND NOT (\(StoreRules.coveredSQL(row: "done", mark: "m"))))
+                SELECT state FROM done
                 """,
                 [.textArray(ids), .textArray(states), .intArray(counted), .intArray(next), .intArray(status), .textArray(reasons),
                  .int(now), .text(me)])
@@ -195,10 +199,11 @@ extension PostgresOutboxStore {
                     [.text(token)]).first?.first?.int
                 try c.query(
                     """
-                    INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES ($1, $2, $3)
+                    INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at, reason) VALUES ($1, $2, $3, $4)
                     ON CONFLICT (token) DO UPDATE SET apns_timestamp = GREATEST(unregistered_tokens.apns_timestamp, excluded.apns_timestamp),
-                        recorded_at = excluded.recorded_at
-                    """, [.text(token), .int(StoreRules.unregisteredCutoff(apnsTimestamp: unreg[token]!, newestPendingCreatedAt: waiting)), .int(now)])
+                        recorded_at = excluded.recorded_at, reason = excluded.reason
+                    """, [.text(token), .int(StoreRules.markCutoff(apnsTimestamp: unreg[token]!.ts, newestPendingCreatedAt: waiting, now: now)),
+                          .int(now), .text(unreg[token]!.reason)])
             }
             return changed.filter { $0.first?.string == "delivered" || $0.first?.string == "failed" }.count
         }

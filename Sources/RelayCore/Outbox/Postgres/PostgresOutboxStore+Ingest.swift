@@ -1,6 +1,6 @@
 // PostgresOutboxStore: the ingest batch. Two round trips (libpq pipelines), facts gathered by
 // set-based statements, decided by StoreRules:
-//   1. read: credentials, stored rows with the batch's keys, unregistered tokens, pacing;
+//   1. read: credentials, stored rows with the batch's keys, token marks, pacing;
 //   2. write: one multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING and the credentials'
 //      last_used_at, as one implicit transaction that commits at the pipeline's Sync.
 // Completions (and so 202s) run only once the Sync answered, i.e. after the commit.
@@ -131,10 +131,7 @@ extension PostgresOutboxStore {
         let facts = try c.pipeline([
             ("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ANY($1)", [.bytesArray(hashes)]),
             Self.existingStatement(responses),
-            ("""
-             SELECT u.token, u.apns_timestamp, (SELECT max(r.created_at) FROM responses r WHERE r.push_token = u.token)
-             FROM unregistered_tokens u WHERE u.token = ANY($1)
-             """, [.textArray(tokens)]),
+            ("SELECT token, recorded_at, reason FROM unregistered_tokens WHERE token = ANY($1)", [.textArray(tokens)]),
             ("SELECT token, paced_until FROM token_pacing WHERE token = ANY($1)", [.textArray(tokens)]),
         ])
         var creds: [[UInt8]: CredentialFacts] = [:]
@@ -143,10 +140,11 @@ extension PostgresOutboxStore {
             creds[h] = CredentialFacts(id: id, hash: h, apps: Credentials.splitApps(r[2].string ?? ""), revoked: !r[3].isNull)
         }
         let found = try Self.existingRows(facts[1].rows, count: items.count)
-        var unregistered: [String: (reportedAt: Int64, lastSeen: Int64?)] = [:]
+        var marks: [String: (recordedAt: Int64, reason: String)] = [:]
         for r in facts[2].rows {
-            if let t = r[0].string, let ts = r[1].int { unregistered[t] = (ts, r[2].int) }
+            if let t = r[0].string, let at = r[1].int { marks[t] = (at, r[2].string ?? StoreRules.unregisteredReason) }
         }
+        var probes: [Int: String] = [:]   // item -> its token, whose hold starts again if it is stored
         var pacedUntil: [String: Int64] = [:]
         for r in facts[3].rows {
             if let t = r[0].string, let p = r[1].int { pacedUntil[t] = p }
@@ -173,9 +171,15 @@ extension PostgresOutboxStore {
                     outcomes[n] = .success(StoreRules.dedupe(e, credentialID: credID, encryptedData: req.response.encryptedData))
                 } else if let first = firstInBatch[key] {
                     duplicateOf.append((n, first, credID))
-                } else if let u = unregistered[req.response.pushToken], StoreRules.isUnregistered(cutoff: u.reportedAt, lastSeen: u.lastSeen) {
-                    outcomes[n] = .success(.unregistered)
+                } else if let m = marks[req.response.pushToken],
+                          case .refused(let outcome) = StoreRules.markAdmission(reason: m.reason, recordedAt: m.recordedAt, now: item.now, settings: settings) {
+                    outcomes[n] = .success(outcome)
                 } else {
+                    let token = req.response.pushToken
+                    if let m = marks[token], StoreRules.markAdmission(reason: m.reason, recordedAt: m.recordedAt, now: item.now, settings: settings) == .probe {
+                        marks[token]?.recordedAt = item.now   // one probe per hold, in this batch too
+                        probes[n] = token
+                    }
                     firstInBatch[key] = n
                     wanted.append((n, credID, key))
                 }
@@ -210,6 +214,12 @@ extension PostgresOutboxStore {
                 .intArray(insert.map { max(items[$0.item].now, pacedUntil[items[$0.item].request.response.pushToken] ?? 0) }),
                 .intArray(nows), .intArray(nows.map { $0 + settings.ttlMillis }),
             ]))
+        }
+        // A probe's hold starts again with it (only if it is stored: it commits with the rows).
+        var rearmed: [String: Int64] = [:]
+        for row in insert { if let token = probes[row.item] { rearmed[token] = max(rearmed[token] ?? .min, items[row.item].now) } }
+        for token in rearmed.keys.sorted() {
+            write.append(("UPDATE unregistered_tokens SET recorded_at = $2 WHERE token = $1 AND recorded_at < $2", [.text(token), .int(rearmed[token]!)]))
         }
         let touchedIDs = touched.keys.sorted()
         for id in touchedIDs {

@@ -89,6 +89,11 @@ extension PostgresOutboxStore {
         """
         CREATE INDEX responses_token_pending ON responses (push_token, created_at) WHERE state IN ('queued','inflight','retry');
         """,
+        // v4: a token mark says why (StoreRules "token marks"): 410 Unregistered / ExpiredToken
+        // or 400 BadDeviceToken; every earlier row was a 410's.
+        """
+        ALTER TABLE unregistered_tokens ADD COLUMN reason text NOT NULL DEFAULT 'Unregistered';
+        """,
     ]
 
     static func schemaVersion(_ c: PostgresConnection) throws -> Int {

@@ -211,6 +211,11 @@ extension SQLiteOutboxStore {
         """
         DELETE FROM response_keys;
         """,
+        // v8: a token mark says why (StoreRules "token marks"): 410 Unregistered / ExpiredToken
+        // or 400 BadDeviceToken; every earlier row was a 410's.
+        """
+        ALTER TABLE unregistered_tokens ADD COLUMN reason TEXT NOT NULL DEFAULT 'Unregistered';
+        """,
     ]
 
     /// Schema v5's key of a stored id (its first 64 bits), for the migration's copy.
