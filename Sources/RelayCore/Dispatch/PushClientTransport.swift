@@ -13,8 +13,9 @@ public final class PushClientTransport: PushTransport {
         self.bundleID = bundleID
     }
 
-    /// One PushClient (its own connections and JWT) per configured app.
-    public static func make(app: RelayConfig.App, config: RelayConfig) throws -> any PushTransport {
+    /// One PushClient (its own connections) per configured app; the provider token comes from
+    /// `tokens` (process-wide by default: one JWT per team and key, kept across reloads).
+    public static func make(app: RelayConfig.App, config: RelayConfig, tokens: TokenRegistry = .shared) throws -> any PushTransport {
         let env: APNsEnvironment
         switch app.environment {
         case .production: env = .production
@@ -40,7 +41,17 @@ public final class PushClientTransport: PushTransport {
         pc.connections = config.dispatch.connectionsPerApp
         pc.connectionPacing.maxNewConnections = config.dispatch.maxNewConnectionsPerMinute
         pc.requestTimeout = .milliseconds(config.dispatch.requestTimeoutMillis)
+        pc.tokenRegistry = tokens
         return PushClientTransport(client: try PushClient(configuration: pc), bundleID: app.bundleID)
+    }
+
+    /// relay_apns_provider_tokens_minted_total{team}: JWTs this process signed (docs/pushclient.md).
+    static func collectTokenMetrics(into r: inout PrometheusRegistry, tokens: TokenRegistry = .shared) {
+        r.declare("relay_apns_provider_tokens_minted_total", .counter,
+                  help: "APNs provider tokens (JWTs) signed by this process, by team ID. Apple advises at most one per 20 minutes per team.")
+        for (team, n) in tokens.mintedByTeam().sorted(by: { $0.key < $1.key }) {
+            r.sample("relay_apns_provider_tokens_minted_total", ["team": team], n)
+        }
     }
 
     static func answer(_ result: PushResult) -> PushAnswer {

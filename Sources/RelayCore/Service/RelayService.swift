@@ -206,6 +206,7 @@ public final class RelayService: @unchecked Sendable {
                   help: "SIGHUP reloads of an app's changed APNs key files, by result (failed: the previous client is still used).")
         r.sample("relay_apns_credential_reloads_total", ["result": "ok"], a.ok)
         r.sample("relay_apns_credential_reloads_total", ["result": "failed"], a.failed)
+        PushClientTransport.collectTokenMetrics(into: &r)
         if let store, let w = OutboxStores.writerStats(store) {
             r.counter("relay_store_commits_total", help: "Group-commit transactions committed.", w.batches)
             r.counter("relay_store_jobs_total", help: "Jobs (ingests and dispatcher writes) committed.", w.jobs)
