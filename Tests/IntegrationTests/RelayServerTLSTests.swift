@@ -267,14 +267,26 @@ struct RelayServerTLSTests {
         try replaceKey(try Data(contentsOf: URL(fileURLWithPath: h.dir + "/other.p8")))
         h.relay?.signal(SIGHUP)
         try relayEventually("APNs reload logged") { log("APNs credentials reloaded") == 1 }
-        _ = try post()
+        let refused = try post()
         try relayEventually("the mock refuses the other key's token") {
-            try relayHTTP(h.adminPort, "GET", "/metrics").text.contains(#"relay_pushes_total{status="403",reason="InvalidProviderToken"} 1"#)
+            try relayHTTP(h.adminPort, "GET", "/metrics").text.contains(#"relay_pushes_total{status="403",reason="InvalidProviderToken"} "#)
         }
+        // The app is paused, not its row failed: /readyz names it, the gauge and one log line say why.
+        try relayEventually("paused app named by /readyz") {
+            let r = try relayHTTP(h.adminPort, "GET", "/readyz")
+            return r.status == 503 && r.text.contains(#""paused":{"\#(RelayHarness.bundleID)":"InvalidProviderToken"}"#)
+        }
+        #expect(try relayHTTP(h.adminPort, "GET", "/metrics").text
+            .contains(#"relay_app_paused{app="\#(RelayHarness.bundleID)",reason="InvalidProviderToken"} 1"#))
+        #expect(log("app paused") == 1)
 
         try replaceKey(original)
         h.relay?.signal(SIGHUP)
         try relayEventually("second APNs reload logged") { log("APNs credentials reloaded") == 2 }
+        // The reload resumed the app: the row refused under the other key goes out too.
+        try delivered(refused)
+        #expect(log("app resumed") == 1)
+        #expect(try relayHTTP(h.adminPort, "GET", "/readyz").status == 200)
         try delivered(try post())
         let metrics = try relayHTTP(h.adminPort, "GET", "/metrics").text
         #expect(metrics.contains(#"relay_apns_credential_reloads_total{result="ok"} 2"#)

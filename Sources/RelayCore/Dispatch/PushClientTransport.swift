@@ -4,13 +4,19 @@
 import FoundationEssentials
 import PushClient
 
+/// How PushClient words a transport failure caused by the signing key (Requests.swift).
+let signingFailurePrefix = "cannot sign provider token"
+
 public final class PushClientTransport: PushTransport {
     private let client: PushClient
     private let bundleID: String
+    /// The key or certificate files, named when they turn out unusable (a pause's log line).
+    private let credentialFiles: String
 
-    public init(client: PushClient, bundleID: String) {
+    public init(client: PushClient, bundleID: String, credentialFiles: String = "") {
         self.client = client
         self.bundleID = bundleID
+        self.credentialFiles = credentialFiles
     }
 
     /// One PushClient (its own connections) per configured app; the provider token comes from
@@ -42,7 +48,12 @@ public final class PushClientTransport: PushTransport {
         pc.connectionPacing.maxNewConnections = config.dispatch.maxNewConnectionsPerMinute
         pc.requestTimeout = .milliseconds(config.dispatch.requestTimeoutMillis)
         pc.tokenRegistry = tokens
-        return PushClientTransport(client: try PushClient(configuration: pc), bundleID: app.bundleID)
+        let files: String
+        switch app.credentials {
+        case .token(let p8, _, _): files = p8
+        case .certificate(let cert, let key, _): files = cert == key ? cert : cert + ", " + key
+        }
+        return PushClientTransport(client: try PushClient(configuration: pc), bundleID: app.bundleID, credentialFiles: files)
     }
 
     /// relay_apns_provider_tokens_minted_total{team}: JWTs this process signed (docs/pushclient.md).
@@ -54,7 +65,7 @@ public final class PushClientTransport: PushTransport {
         }
     }
 
-    static func answer(_ result: PushResult) -> PushAnswer {
+    static func answer(_ result: PushResult, credentialFiles: String = "") -> PushAnswer {
         let cls: AnswerClass
         switch classify(result) {
         case .done: cls = .done
@@ -70,6 +81,10 @@ public final class PushClientTransport: PushTransport {
             return PushAnswer(status: status, reason: reason.rawValue,
                               apnsTimestamp: timestamp.map { Int64(($0.timeIntervalSince1970 * 1000).rounded()) }, classification: cls)
         case .transportFailure(let what):
+            // The key could not sign: a file problem no retry cures (PauseRule pauses the app).
+            if what.hasPrefix(signingFailurePrefix) {
+                return PushAnswer(status: nil, reason: "\(PauseRule.credentialFilePrefix): \(credentialFiles): \(what)", classification: cls)
+            }
             return PushAnswer(status: nil, reason: what, classification: cls)
         }
     }
@@ -85,7 +100,7 @@ public final class PushClientTransport: PushTransport {
         // apns-expiration = the row's own expiry: APNs stops storing it when we would stop retrying.
         let request = PushRequest(deviceToken: row.pushToken, bundleID: bundleID, apnsID: id, payload: payload,
                                   expiration: Int(row.expiresAt / 1000))
-        client.send(request) { completion(Self.answer($0)) }
+        client.send(request) { [credentialFiles] in completion(Self.answer($0, credentialFiles: credentialFiles)) }
     }
 
     public func shutdown() { client.shutdown() }

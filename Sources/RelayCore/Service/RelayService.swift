@@ -157,6 +157,7 @@ public final class RelayService: @unchecked Sendable {
                 readiness: { [weak dispatcher] in
                     ["dispatcher_running": dispatcher?.isRunning ?? false, "apns_credentials_loaded": credentialsLoaded]
                 },
+                paused: { [weak dispatcher] in dispatcher?.paused ?? [:] },
                 extraMetrics: { [weak self] r in self?.collectMetrics(into: &r) })
             var adminConfig = HTTPServerConfiguration(host: c.admin.host, port: c.admin.port)
             adminConfig.limits.maxBodyBytes = 1024
@@ -207,6 +208,7 @@ public final class RelayService: @unchecked Sendable {
         r.sample("relay_apns_credential_reloads_total", ["result": "ok"], a.ok)
         r.sample("relay_apns_credential_reloads_total", ["result": "failed"], a.failed)
         PushClientTransport.collectTokenMetrics(into: &r)
+        dispatcher?.collectPauseMetrics(into: &r)
         if let store, let w = OutboxStores.writerStats(store) {
             r.counter("relay_store_commits_total", help: "Group-commit transactions committed.", w.batches)
             r.counter("relay_store_jobs_total", help: "Jobs (ingests and dispatcher writes) committed.", w.jobs)
@@ -276,6 +278,9 @@ public final class RelayService: @unchecked Sendable {
                 old.shutdown()
                 apnsReloads.withLock { $0.ok += 1 }
                 logger.info("APNs credentials reloaded", ["app": app.bundleID])
+                // New key files: a pause for the old ones ends now (the first answer re-pauses
+                // if they are still refused).
+                dispatcher?.resume(app: app.bundleID)
             } catch {
                 apnsReloads.withLock { $0.failed += 1 }
                 logger.error("APNs credentials reload failed: still using the previous ones",
