@@ -306,8 +306,8 @@ struct RelayServerTLSTests {
 
     /// A push certificate renewed in place (the case reload serves): after the HUP the new
     /// files are what APNs sees. mock-apns checks client certificates against its CA, so a
-    /// certificate from elsewhere is refused in the handshake (pushes retried), and the real one
-    /// back delivers them, the retried one included.
+    /// certificate from elsewhere is refused in the handshake (the app pauses: issue 25 item 5),
+    /// and the real one back resumes it and delivers the held row.
     @Test func sighupReloadsARenewedPushCertificate() throws {
         let h = try RelayHarness()
         let dir = h.dir
@@ -350,11 +350,16 @@ struct RelayServerTLSTests {
         h.relay?.signal(SIGHUP)
         try relayEventually("reload with the other certificate") { reloads() == 1 }
         let held = try post()
-        try relayEventually("the mock refuses the other certificate") {
-            let lines = try relayHTTP(h.adminPort, "GET", "/metrics").text.split(separator: "\n")
-            return lines.contains { $0.hasPrefix("relay_push_retries_total ") && $0 != "relay_push_retries_total 0" }
+        // Refused in the handshake: not a transient failure. The app pauses as credential_file
+        // (/readyz names it, one log line names the file), the row waits without an attempt.
+        try relayEventually("the mock refuses the other certificate: app paused") {
+            let r = try relayHTTP(h.adminPort, "GET", "/readyz")
+            return r.status == 503 && r.text.contains(#""paused":{"\#(RelayHarness.bundleID)":"credential_file"}"#)
         }
+        #expect(h.relay?.stderr.components(separatedBy: "app paused").count == 2)
+        #expect(h.relay?.stderr.contains("push.pem") == true)
         #expect(try !h.deliveries().contains { ($0["apnsId"] as? String) == held })
+        #expect(try h.sql("SELECT attempts FROM responses WHERE id = '\(held)'") == "0")
 
         try swapIn("good")
         h.relay?.signal(SIGHUP)

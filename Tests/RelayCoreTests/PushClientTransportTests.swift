@@ -6,6 +6,32 @@ import Testing
 @testable import RelayCore
 
 @Suite struct PushClientTransportTests {
+    /// Which transport failures pause the app as "credential_file" (texts as PushClient and
+    /// OpenSSL 3 give them): our key could not sign, or APNs refused our client certificate.
+    @Test func credentialTransportFailuresPauseOthersDoNot() {
+        let paused = [
+            "cannot sign provider token: OpenSSL: EVP_DigestSign failed",
+            "TLS handshake with api.push.apple.com failed: SSL error:0A00045C:SSL routines::tlsv13 alert certificate required",
+            "TLS handshake with 127.0.0.1 failed: SSL error:0A000415:SSL routines::sslv3 alert certificate expired",
+            "TLS handshake with 127.0.0.1 failed: SSL error:0A000418:SSL routines::tlsv1 alert unknown ca",
+        ]
+        let transient = [
+            "TLS handshake with 127.0.0.1 failed: SSL error:0A000086:SSL routines::certificate verify failed",
+            "TLS handshake with 127.0.0.1 failed: SSL connection closed during handshake (Connection reset by peer)",
+            "connect 127.0.0.1:2197: Connection refused", "timeout: no response within requestTimeout (stream 1)", "shutdown",
+        ]
+        for what in paused {
+            let a = PushClientTransport.answer(.transportFailure(what), credentialFiles: "/etc/relay/push.pem")
+            #expect(PauseRule.reason(status: a.status, reason: a.reason) == "credential_file", "\(what)")
+            #expect(a.reason?.contains("/etc/relay/push.pem") == true)
+        }
+        for what in transient {
+            let a = PushClientTransport.answer(.transportFailure(what), credentialFiles: "/etc/relay/push.pem")
+            #expect(PauseRule.reason(status: a.status, reason: a.reason) == nil, "\(what)")
+            #expect(a.reason == what)
+        }
+    }
+
     @Test func answersMapStatusReasonTimestampAndClassification() {
         let ok = PushClientTransport.answer(.delivered(apnsID: "x", uniqueID: nil))
         #expect(ok == PushAnswer(status: 200, reason: nil, classification: .done))

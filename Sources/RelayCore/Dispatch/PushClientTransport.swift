@@ -65,6 +65,19 @@ public final class PushClientTransport: PushTransport {
         }
     }
 
+    /// TLS alerts a server sends about the client's certificate, as OpenSSL words them
+    /// ("tlsv13 alert certificate required", "sslv3 alert certificate expired"). Only received
+    /// alerts match: when we refuse the server's certificate OpenSSL says "certificate verify
+    /// failed", which stays a transport failure (connection back-off).
+    static let certificateAlerts = [" alert certificate required", " alert bad certificate", " alert certificate revoked",
+                                    " alert certificate expired", " alert certificate unknown", " alert unknown ca",
+                                    " alert unsupported certificate"]
+
+    /// A transport failure that is about our credentials, not the network (pure; tested).
+    static func isCredentialFailure(_ what: String) -> Bool {
+        what.hasPrefix(signingFailurePrefix) || certificateAlerts.contains { what.contains($0) }
+    }
+
     static func answer(_ result: PushResult, credentialFiles: String = "") -> PushAnswer {
         let cls: AnswerClass
         switch classify(result) {
@@ -81,8 +94,9 @@ public final class PushClientTransport: PushTransport {
             return PushAnswer(status: status, reason: reason.rawValue,
                               apnsTimestamp: timestamp.map { Int64(($0.timeIntervalSince1970 * 1000).rounded()) }, classification: cls)
         case .transportFailure(let what):
-            // The key could not sign: a file problem no retry cures (PauseRule pauses the app).
-            if what.hasPrefix(signingFailurePrefix) {
+            // The key could not sign, or APNs refused our certificate in the handshake: a
+            // credential problem no retry cures (PauseRule pauses the app, probes continue).
+            if Self.isCredentialFailure(what) {
                 return PushAnswer(status: nil, reason: "\(PauseRule.credentialFilePrefix): \(credentialFiles): \(what)", classification: cls)
             }
             return PushAnswer(status: nil, reason: what, classification: cls)
