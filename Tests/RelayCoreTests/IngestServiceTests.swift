@@ -400,6 +400,7 @@ import Testing
         let c = try RelayConfig.load(path: path, environment: [:])
         #expect(!c.apps.isEmpty)
         #expect(c.dispatch.maxNewConnectionsPerMinute == 10)
+        #expect(c.dispatch.pauseProbeBaseMillis == 1_000 && c.dispatch.pauseProbeCapMillis == 300_000)
     }
 
     static let badCases: [(String, String)] = [
@@ -411,6 +412,8 @@ import Testing
         (#"{"store":{"kind":"mysql"},"apps":[]}"#, "store.kind"),
         (#"{"dispatch":{"maxInflight":0},"apps":[]}"#, "dispatch.maxInflight"),
         (#"{"dispatch":{"maxNewConnectionsPerMinute":0},"apps":[]}"#, "dispatch.maxNewConnectionsPerMinute"),
+        (#"{"dispatch":{"pauseProbeBaseMs":5},"apps":[]}"#, "dispatch.pauseProbeBaseMs"),
+        (#"{"dispatch":{"pauseProbeBaseMs":2000,"pauseProbeCapMs":1000},"apps":[]}"#, "dispatch.pauseProbeCapMs"),
         (#"{"ingest":{"maxConnectionsPerAddress":-1},"apps":[]}"#, "ingest.maxConnectionsPerAddress"),
         (#"{"ingest":{"rateLimits":{"perPushToken":{"perSecond":-1}}},"apps":[]}"#, "ingest.rateLimits.perPushToken.perSecond"),
         (#"{"ingest":{"rateLimits":{"authFailuresPerAddress":{"burst":0}}},"apps":[]}"#, "ingest.rateLimits.authFailuresPerAddress.burst"),

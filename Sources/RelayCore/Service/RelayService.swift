@@ -90,7 +90,9 @@ public final class RelayService: @unchecked Sendable {
         let policy = DeliveryPolicy(backoffBaseMillis: Int64(c.dispatch.backoffBaseMillis), backoffCapMillis: Int64(c.dispatch.backoffCapMillis),
                                     tooManyRequestsDelayMillis: Int64(c.dispatch.tooManyRequestsDelayMillis))
         let dispatcher = Dispatcher(store: store, transports: transports,
-                                    options: DispatcherOptions(maxInflight: c.dispatch.maxInflight, claimBatch: c.dispatch.claimBatch, policy: policy),
+                                    options: DispatcherOptions(maxInflight: c.dispatch.maxInflight, claimBatch: c.dispatch.claimBatch, policy: policy,
+                                                               pause: PauseSchedule(baseMillis: Int64(c.dispatch.pauseProbeBaseMillis),
+                                                                                    capMillis: Int64(c.dispatch.pauseProbeCapMillis))),
                                     channel: channel, metrics: metrics, logger: logger)
         let grace = Duration.milliseconds(c.dispatch.shutdownGraceMillis)
         try running.start(dispatcher, grace: grace)
