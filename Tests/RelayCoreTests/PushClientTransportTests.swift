@@ -101,8 +101,10 @@ final class TransportRig {
     let dir = TempDir()
     let mock: MockAPNsServer
     let transport: PushClientTransport
+    let client: PushClient
 
-    init(faults: [MockAPNs.FaultRule] = [], configure: (inout PushClientConfiguration) -> Void = { _ in }) throws {
+    /// `checkTokens`: the mock verifies the provider tokens (and can then call them expired).
+    init(faults: [MockAPNs.FaultRule] = [], checkTokens: Bool = false, configure: (inout PushClientConfiguration) -> Void = { _ in }) throws {
         let p8 = dir.path + "/AuthKey.p8"
         let openssl = Process()
         openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
@@ -115,12 +117,13 @@ final class TransportRig {
         c.controlPort = nil
         c.allowedBundleIDs = ["com.example.app"]
         c.faults = MockAPNs.FaultPlan(rules: faults)
+        if checkTokens { c.tokenKeys = [try MockTokenKey(keyID: "ABC123DEFG", teamID: "DEF123GHIJ", pemPath: p8)] }
         mock = try MockAPNsServer(configuration: c)
         try mock.start()
         let key = try TokenKey(p8Path: p8, keyID: "ABC123DEFG", teamID: "DEF123GHIJ")
         var configuration = PushClientConfiguration(environment: .custom(url: "http://127.0.0.1:\(mock.port)"), credentials: .token(key))
         configure(&configuration)
-        let client = try PushClient(configuration: configuration)
+        client = try PushClient(configuration: configuration)
         transport = PushClientTransport(client: client, bundleID: "com.example.app")
     }
 
