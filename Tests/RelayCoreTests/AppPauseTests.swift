@@ -140,6 +140,12 @@ import Testing
         let a = m.received(DispatchInbox(answers: [lost], freeSlots: 10, takenAt: 1100))
         #expect(m.paused[Self.app]?.step == 1 && m.paused[Self.app]?.probeAt == 3100 && m.paused[Self.app]?.reason == "BadCertificate")
         if case .retry = updates(a).first?.outcome {} else { Issue.record("a transport failure retries as usual: \(a)") }
+        // A 503 for the next probe says nothing about the credentials either.
+        #expect(sent(m.claimed([row(2)], limit: 10, now: 3100)) == [row(2)])
+        let busy = FinishedPush(row: row(2), answer: PushAnswer(status: 503, reason: "ServiceUnavailable", classification: .backOff), at: 3200,
+                                latencyMicros: 5, random: 1)
+        let b = m.received(DispatchInbox(answers: [busy], freeSlots: 10, takenAt: 3200))
+        #expect(m.paused[Self.app]?.step == 2 && !b.contains { if case .resumed = $0 { true } else { false } })
     }
 
     @Test func aReloadResumesAtOnce() {

@@ -192,7 +192,8 @@ struct DispatcherStateMachine {
 
     /// One answer's update, and the pause or resume it causes. An answer PauseRule names
     /// pauses the app (or, for its probe, moves to the next probe step) and releases the row
-    /// unsent; any other HTTP answer while paused shows the credentials work again: resumed.
+    /// unsent; any other answer below 500 while paused shows APNs accepted the credentials:
+    /// resumed. A 5xx or no answer says nothing about them: a probe's moves to the next step.
     private mutating func settle(_ push: FinishedPush) -> (DeliveryUpdate, [Action]) {
         let row = push.row, answer = push.answer
         if let reason = PauseRule.reason(status: answer.status, reason: answer.reason) {
@@ -215,12 +216,12 @@ struct DispatcherStateMachine {
         }
         var events: [Action] = []
         if var p = paused[row.app] {
-            if answer.status != nil {
+            if let status = answer.status, status < 500 {
                 paused[row.app] = nil
                 events.append(.resumed(app: row.app, why: "probe accepted"))
             } else if p.probe == row.id {
-                // No answer at all (connect, TLS, timeout): it says nothing about the
-                // credentials; the row retries as usual and the next probe waits a step longer.
+                // No answer (connect, TLS, timeout) or a 5xx: nothing about the credentials;
+                // the row retries as usual and the next probe waits a step longer.
                 p.step += 1
                 p.probe = nil
                 p.probeAt = push.at + pause.delay(step: p.step, random: push.random)
