@@ -32,6 +32,39 @@ import Testing
         }
     }
 
+    /// Two apps of one team configured with the same .p8 sign with one JWT (PushClientTransport
+    /// .make hands both clients the registry's provider); the mock verifies every token. With
+    /// a registry per app (the behaviour before) it was two.
+    @Test func twoAppsOfOneTeamShareOneProviderToken() throws {
+        let rig = try TransportRig(checkTokens: true)
+        let apps = ["com.example.app", "com.example.other"]
+        var mock = MockAPNsConfiguration()
+        mock.tls = .cleartextH2
+        mock.controlPort = nil
+        mock.allowedBundleIDs = apps
+        mock.tokenKeys = [try MockTokenKey(keyID: "ABC123DEFG", teamID: "DEF123GHIJ", pemPath: rig.dir.path + "/AuthKey.p8")]
+        let server = try MockAPNsServer(configuration: mock)
+        try server.start()
+        defer { server.stop() }
+        let appsJSON = apps.map { #"{"bundleID":"\#($0)","environment":"custom","url":"http://127.0.0.1:\#(server.port)","token":{"p8Path":"AuthKey.p8","keyID":"ABC123DEFG","teamID":"DEF123GHIJ"}}"# }
+        let config = try RelayConfig.parse(Array(#"{"apps":[\#(appsJSON.joined(separator: ","))]}"#.utf8), baseDirectory: rig.dir.path)
+        let registry = TokenRegistry()
+        let transports = try config.apps.map { try PushClientTransport.make(app: $0, config: config, tokens: registry) }
+        defer { for t in transports { t.shutdown() } }
+        for (i, t) in transports.enumerated() {
+            var row = transportRow(id: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5\(i)", session: "6F9619FF-8B86-D011-B42D-00C04FC964FF")
+            row.app = apps[i]
+            let box = Mutex<PushAnswer?>(nil)
+            let done = DispatchSemaphore(value: 0)
+            t.send(row) { a in box.withLock { $0 = a }; done.signal() }
+            _ = done.wait(timeout: .now() + 10)
+            #expect(box.withLock { $0 } == PushAnswer(status: 200, reason: nil, classification: .done))
+        }
+        #expect(registry.mintedByTeam() == ["DEF123GHIJ": 1])
+        #expect(Set(server.deliveries.compactMap { $0.push.claims?.issuedAt }).count == 1)
+        #expect(Set(server.deliveries.map(\.push.topic)).count == 2)
+    }
+
     @Test func answersMapStatusReasonTimestampAndClassification() {
         let ok = PushClientTransport.answer(.delivered(apnsID: "x", uniqueID: nil))
         #expect(ok == PushAnswer(status: 200, reason: nil, classification: .done))
