@@ -105,6 +105,12 @@ import Testing
         #expect(updates(b) == [release(rows[0], at: 3020)])
         #expect(m.paused[Self.app]?.step == 1)
         #expect(!b.contains { if case .paused = $0 { true } else { false } })   // no second log line
+        // A probe refused for another reason says so once (the reason /readyz shows changes).
+        var other = m
+        _ = other.claimed([rows[3]], limit: 10, now: 3020)
+        let changed = other.received(DispatchInbox(answers: [refused(rows[3], at: 3030, reason: "TopicDisallowed")], freeSlots: 10, takenAt: 3030))
+        #expect(changed.contains(.paused(app: Self.app, reason: "TopicDisallowed", detail: "TopicDisallowed")))
+        #expect(other.paused[Self.app]?.reason == "TopicDisallowed" && other.paused[Self.app]?.step == 2)
         // The in-flight rows of before the pause answered meanwhile do not move the step.
         let c = m.received(DispatchInbox(answers: [refused(rows[2], at: 1030)], freeSlots: 10, takenAt: 1030))
         #expect(updates(c) == [release(rows[2], at: 3020)] && m.paused[Self.app]?.step == 1)

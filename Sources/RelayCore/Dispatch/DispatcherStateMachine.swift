@@ -204,8 +204,13 @@ struct DispatcherStateMachine {
                 if p.probe == row.id {
                     p.step += 1
                     p.probe = nil
-                    p.reason = reason
                     p.probeAt = push.at + pause.delay(step: p.step, random: push.random)
+                    // Still paused, for another reason now (e.g. a new key with the wrong topic):
+                    // a state change of its own, said once.
+                    if p.reason != reason {
+                        p.reason = reason
+                        events.append(.paused(app: row.app, reason: reason, detail: answer.reason ?? ""))
+                    }
                 }
             } else {
                 p = PausedApp(reason: reason, step: 0, probeAt: push.at + pause.delay(step: 0, random: push.random), probe: nil)
