@@ -52,6 +52,9 @@ extension PushClient {
 }
 
 extension ConnectionSlot {
+    /// This slot's connection id at the TokenProvider (unique among the provider's clients).
+    var tokenConnection: Int { shared.firstTokenConnection + index }
+
     /// Starts queued pushes while the current connection has room under the server's limit.
     func submitQueued() {
         while queueHead < queue.count, let c = current, c.hasStreamCapacity {
@@ -60,7 +63,7 @@ extension ConnectionSlot {
             var auth: String? = nil
             if let tokens = shared.tokens {
                 do {
-                    let t = try tokens.token(slot: index, now: shared.clock.now())
+                    let t = try tokens.token(slot: tokenConnection, now: shared.clock.now())
                     // A token change this soon on this connection would earn a 429: new connection.
                     if t.freshConnection && c.requestsCarried > 0 {
                         retireCurrent(now: .now)
@@ -85,7 +88,7 @@ extension ConnectionSlot {
             }
             if c.requestsCarried == 0, let generation, let tokens = shared.tokens {
                 // The token's first use on this connection is now, not when the policy chose it.
-                tokens.connectionOpened(slot: index, generation: generation, now: shared.clock.now())
+                tokens.connectionOpened(slot: tokenConnection, generation: generation, now: shared.clock.now())
             }
             c.requestsCarried += 1
             p.deadline = .now + shared.requestTimeout

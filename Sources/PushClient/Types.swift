@@ -50,6 +50,8 @@ public struct TokenKey: Sendable {
     public let keyID: String
     public let teamID: String
     let signingKey: AsymmetricKey
+    /// SHA-256 of the .p8 text: TokenRegistry shares a token only between identical keys.
+    let fingerprint: [UInt8]
 
     public init(p8PEM: String, keyID: String, teamID: String) throws {
         try Self.checkIdentifier(keyID, field: "keyID")
@@ -57,6 +59,7 @@ public struct TokenKey: Sendable {
         self.keyID = keyID
         self.teamID = teamID
         self.signingKey = try ProviderToken.signingKey(pem: p8PEM)
+        self.fingerprint = SHA256.hash(Array(p8PEM.utf8))
     }
 
     public init(p8Path: String, keyID: String, teamID: String) throws {
@@ -112,6 +115,9 @@ public struct PushClientConfiguration: Sendable {
     /// Back-off and rate limit for opening connections (docs/pushclient.md, "Connection discipline").
     public var connectionPacing: ConnectionPacing
     public var clock: any PushClock
+    /// Where token credentials get their provider token. nil: a registry of this client's own
+    /// (tests); the relay passes `TokenRegistry.shared` so apps of one team share one token.
+    public var tokenRegistry: TokenRegistry?
 
     public init(environment: APNsEnvironment, credentials: APNsCredentials, caFile: String? = nil,
                 connections: Int = 2, requestTimeout: Duration = .seconds(10),

@@ -55,12 +55,14 @@ final class MockRig {
                 pingInterval: Duration = .seconds(60),
                 pacing: ConnectionPacing = ConnectionPacing(backoffBase: .milliseconds(20), backoffCap: .milliseconds(200),
                                                             maxNewConnections: 600),
-                url: String? = nil) throws -> PushClient {
-        try PushClient(configuration: .init(environment: .custom(url: url ?? self.url),
-                                            credentials: .token(key), caFile: cleartext ? nil : dir.file("ca.pem"),
-                                            connections: connections, requestTimeout: requestTimeout,
-                                            connectTimeout: connectTimeout, pingInterval: pingInterval,
-                                            connectionPacing: pacing, clock: clock))
+                url: String? = nil, key: TokenKey? = nil, registry: TokenRegistry? = nil) throws -> PushClient {
+        var c = PushClientConfiguration(environment: .custom(url: url ?? self.url),
+                                        credentials: .token(key ?? self.key), caFile: cleartext ? nil : dir.file("ca.pem"),
+                                        connections: connections, requestTimeout: requestTimeout,
+                                        connectTimeout: connectTimeout, pingInterval: pingInterval,
+                                        connectionPacing: pacing, clock: clock)
+        c.tokenRegistry = registry
+        return try PushClient(configuration: c)
     }
 
     deinit { mock.stop() }

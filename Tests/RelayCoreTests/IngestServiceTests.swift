@@ -426,6 +426,7 @@ import Testing
         #expect(!c.apps.isEmpty)
         #expect(c.dispatch.maxNewConnectionsPerMinute == 10)
         #expect(c.dispatch.unregisteredQuarantineSeconds == 3600 && c.dispatch.badDeviceTokenHoldSeconds == 3600)
+        #expect(c.dispatch.pauseProbeBaseMillis == 1_000 && c.dispatch.pauseProbeCapMillis == 300_000)
     }
 
     static let badCases: [(String, String)] = [
@@ -439,6 +440,8 @@ import Testing
         (#"{"dispatch":{"maxNewConnectionsPerMinute":0},"apps":[]}"#, "dispatch.maxNewConnectionsPerMinute"),
         (#"{"dispatch":{"unregisteredQuarantineSeconds":-1},"apps":[]}"#, "dispatch.unregisteredQuarantineSeconds"),
         (#"{"dispatch":{"badDeviceTokenHoldSeconds":2592001},"apps":[]}"#, "dispatch.badDeviceTokenHoldSeconds"),
+        (#"{"dispatch":{"pauseProbeBaseMs":5},"apps":[]}"#, "dispatch.pauseProbeBaseMs"),
+        (#"{"dispatch":{"pauseProbeBaseMs":2000,"pauseProbeCapMs":1000},"apps":[]}"#, "dispatch.pauseProbeCapMs"),
         (#"{"ingest":{"maxConnectionsPerAddress":-1},"apps":[]}"#, "ingest.maxConnectionsPerAddress"),
         (#"{"ingest":{"rateLimits":{"perPushToken":{"perSecond":-1}}},"apps":[]}"#, "ingest.rateLimits.perPushToken.perSecond"),
         (#"{"ingest":{"rateLimits":{"authFailuresPerAddress":{"burst":0}}},"apps":[]}"#, "ingest.rateLimits.authFailuresPerAddress.burst"),

@@ -1,7 +1,7 @@
 // docs/pushclient.md "Every APNs reason" against the code: one row per documented reason with
 // Apple's status, and what its last column says the relay does is what PushClient's classify
-// and DeliveryPolicy decide (rows saying "pause app" or "new token" belong to the paused-app
-// state, issue 31 item 3, and are not checked here).
+// and DeliveryPolicy decide; the rows saying "pause app" are PauseRule's reasons (the
+// dispatcher's paused-app state); "new token" rows are PushClient's own re-mint.
 import Foundation
 import PushClient
 import Testing
@@ -50,11 +50,23 @@ import Testing
             case .retry(_, let pace):
                 let says = r.relay.hasPrefix("retry") || r.relay.hasPrefix("retire the connection (as after GOAWAY); retry")
                 #expect(says && (pace != nil) == r.relay.hasPrefix("retry after"), "\(r.reason): \(outcome)")
-            case .delivered, .requeue:
+            case .delivered, .requeue, .release:
                 Issue.record("\(r.reason): \(outcome)")
             }
             checked += 1
         }
         #expect(checked >= 20)   // every reason but the paused-app ones
+    }
+
+    /// The rows saying "pause app" (ExpiredProviderToken's: after PushClient's own new token) are
+    /// exactly the reasons the dispatcher's PauseRule pauses on.
+    @Test func thePauseRowsAreThePauseRule() throws {
+        let rows = try Self.rows()
+        #expect(!rows.isEmpty)
+        for r in rows {
+            let pauses = PauseRule.reason(status: r.status, reason: r.reason) != nil
+            #expect(pauses == r.relay.contains("pause app"), "\(r.status) \(r.reason): the table says '\(r.relay)'")
+        }
+        #expect(Set(rows.filter { $0.relay.contains("pause app") }.map(\.reason)) == PauseRule.reasons)
     }
 }

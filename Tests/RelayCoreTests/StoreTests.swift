@@ -243,6 +243,60 @@ import Testing
         #expect(outcomes.map(\.reason) == [nil, "BadDeviceToken"])
     }
 
+    /// A paused app's row goes back as if never sent: queued, due at the next probe, attempts,
+    /// attempt history and last status/reason as they were (docs/pushclient.md "Paused apps").
+    @Test(arguments: StoreBackend.available)
+    func releaseReturnsARowWithoutCountingAnAttempt(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        guard case .accepted(let id) = try s.ingestNow(sample(), secret: c.secret) else { Issue.record("not accepted"); return }
+        var row = try #require(try s.claimDue(limit: 10).first)
+        let t = f.clock.nowMillis()
+        try s.apply([DeliveryUpdate(id: id, pushToken: row.pushToken, outcome: .retry(at: t, paceTokenUntil: nil),
+                                    attempt: AttemptRecord(responseID: id, attemptedAt: t, status: 503, reason: "ServiceUnavailable"))])
+        row = try #require(try s.claimDue(limit: 10).first)
+        try s.apply([DeliveryUpdate(id: id, pushToken: row.pushToken, outcome: .release(at: t + 4000), attempt: nil)])
+        let released = try #require(try s.response(id: id))
+        #expect(released.state == .queued && released.nextAttemptAt == t + 4000)
+        #expect(released.attempts == 1 && released.lastStatus == 503 && released.lastReason == "ServiceUnavailable")
+        #expect(try s.attempts(responseID: id).count == 1)
+        #expect(try s.counts().byState[.queued] == 1)
+        #expect(try s.claimDue(limit: 10).isEmpty)
+        #expect(try s.nextDueAt() == t + 4000)
+        f.clock.advance(4000)
+        #expect(try s.claimDue(limit: 10).map(\.id) == [id])
+    }
+
+    /// A reload ends a pause: the app's released rows become due now; retry rows (their own
+    /// back-off) and other apps' rows keep their times.
+    @Test(arguments: StoreBackend.available)
+    func hastenQueuedMakesOnlyTheAppsReleasedRowsDue(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app", "com.example.other"])
+        var ids: [String] = []
+        for (i, app) in ["com.example.app", "com.example.app", "com.example.other"].enumerated() {
+            let outcome = try s.ingestNow(sample(token: String(repeating: "c\(i)", count: 32), index: UInt32(i), app: app), secret: c.secret,
+                                       apps: ["com.example.app", "com.example.other"])
+            if case .accepted(let id) = outcome { ids.append(id) } else { Issue.record("\(app): \(outcome)") }
+        }
+        let rows = try s.claimDue(limit: 10)
+        #expect(rows.count == 3)
+        let t = f.clock.nowMillis()
+        try s.apply(rows.map { row in
+            row.id == ids[1]
+                ? DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .retry(at: t + 60_000, paceTokenUntil: nil),
+                                 attempt: AttemptRecord(responseID: row.id, attemptedAt: t, status: 503, reason: "ServiceUnavailable"))
+                : DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .release(at: t + 60_000), attempt: nil)
+        })
+        #expect(try s.hastenQueued(app: "com.example.app") == 1)
+        #expect(try s.claimDue(limit: 10).map(\.id) == [ids[0]])
+        #expect(try s.response(id: ids[2])?.nextAttemptAt == t + 60_000)
+    }
+
     @Test(arguments: StoreBackend.available)
     func expiredRowsFailAtClaim(_ backend: StoreBackend) throws {
         let f = try StoreFixture(backend)

@@ -67,6 +67,9 @@ public struct RelayConfig: Sendable, Equatable {
         public var backoffBaseMillis = 1000
         public var backoffCapMillis = 300_000
         public var tooManyRequestsDelayMillis = 60_000
+        /// Probe waits of a paused app (PauseSchedule): base doubling to cap, equal jitter.
+        public var pauseProbeBaseMillis = 1_000
+        public var pauseProbeCapMillis = 300_000
         public var connectionsPerApp = 2
         /// New APNs connections an app may open per minute (PushClient's ConnectionPacing).
         public var maxNewConnectionsPerMinute = 10
@@ -233,13 +236,15 @@ public struct RelayConfig: Sendable, Equatable {
         }
         if var d = try r.child("dispatch") {
             try d.object(allowed: ["maxInflight", "claimBatch", "backoffBaseMs", "backoffCapMs", "tooManyRequestsDelayMs",
-                                   "connectionsPerApp", "maxNewConnectionsPerMinute", "requestTimeoutMs", "shutdownGraceMs",
+                                   "pauseProbeBaseMs", "pauseProbeCapMs", "connectionsPerApp", "maxNewConnectionsPerMinute", "requestTimeoutMs", "shutdownGraceMs",
                                    "unregisteredQuarantineSeconds", "badDeviceTokenHoldSeconds"])
             c.dispatch.maxInflight = try d.int("maxInflight", 1...100_000) ?? c.dispatch.maxInflight
             c.dispatch.claimBatch = try d.int("claimBatch", 1...10_000) ?? c.dispatch.claimBatch
             c.dispatch.backoffBaseMillis = try d.int("backoffBaseMs", 1...3_600_000) ?? c.dispatch.backoffBaseMillis
             c.dispatch.backoffCapMillis = try d.int("backoffCapMs", 1...86_400_000) ?? c.dispatch.backoffCapMillis
             c.dispatch.tooManyRequestsDelayMillis = try d.int("tooManyRequestsDelayMs", 0...86_400_000) ?? c.dispatch.tooManyRequestsDelayMillis
+            c.dispatch.pauseProbeBaseMillis = try d.int("pauseProbeBaseMs", 10...3_600_000) ?? c.dispatch.pauseProbeBaseMillis
+            c.dispatch.pauseProbeCapMillis = try d.int("pauseProbeCapMs", 10...3_600_000) ?? c.dispatch.pauseProbeCapMillis
             c.dispatch.connectionsPerApp = try d.int("connectionsPerApp", 1...64) ?? c.dispatch.connectionsPerApp
             c.dispatch.maxNewConnectionsPerMinute = try d.int("maxNewConnectionsPerMinute", 1...600) ?? c.dispatch.maxNewConnectionsPerMinute
             c.dispatch.requestTimeoutMillis = try d.int("requestTimeoutMs", 100...600_000) ?? c.dispatch.requestTimeoutMillis
@@ -248,6 +253,9 @@ public struct RelayConfig: Sendable, Equatable {
             c.dispatch.badDeviceTokenHoldSeconds = try d.int("badDeviceTokenHoldSeconds", 0...2_592_000) ?? c.dispatch.badDeviceTokenHoldSeconds
             guard c.dispatch.backoffCapMillis >= c.dispatch.backoffBaseMillis else {
                 throw ConfigError(key: "dispatch.backoffCapMs", message: "must be at least dispatch.backoffBaseMs")
+            }
+            guard c.dispatch.pauseProbeCapMillis >= c.dispatch.pauseProbeBaseMillis else {
+                throw ConfigError(key: "dispatch.pauseProbeCapMs", message: "must be at least dispatch.pauseProbeBaseMs")
             }
         }
         // A lease shorter than an APNs request could expire while the answer is on its way, and

@@ -151,6 +151,9 @@ public enum DeliveryOutcome: Sendable, Equatable {
     case retry(at: Int64, paceTokenUntil: Int64?)
     /// Not attempted (shutdown): back to queued, attempts unchanged.
     case requeue
+    /// Not counted as an attempt (its app is paused: docs/pushclient.md "Paused apps"): back to
+    /// queued, due at `at`, attempts and last status/reason unchanged, no attempt recorded.
+    case release(at: Int64)
 }
 
 public struct DeliveryUpdate: Sendable, Equatable {
@@ -275,6 +278,9 @@ public protocol OutboxStore: AnyObject, Sendable {
     func claimDue(limit: Int) throws -> [OutboxRow]
     /// Earliest next_attempt_at among queued/retry rows.
     func nextDueAt() throws -> Int64?
+    /// The app's queued rows due later (released while it was paused) become due now: after a
+    /// reload they need not wait for the next probe time. Returns how many.
+    func hastenQueued(app: String) throws -> Int
     func apply(_ updates: [DeliveryUpdate]) throws
     /// `apply` without waiting for it: `completion` runs once it committed (nil) or failed, on
     /// a thread of the store's. Updates given later are applied after these.

@@ -93,7 +93,9 @@ public final class RelayService: @unchecked Sendable {
                                     tooManyRequestsDelayMillis: Int64(c.dispatch.tooManyRequestsDelayMillis))
         policy.marksBadDeviceTokens = c.dispatch.badDeviceTokenHoldSeconds > 0
         let dispatcher = Dispatcher(store: store, transports: transports,
-                                    options: DispatcherOptions(maxInflight: c.dispatch.maxInflight, claimBatch: c.dispatch.claimBatch, policy: policy),
+                                    options: DispatcherOptions(maxInflight: c.dispatch.maxInflight, claimBatch: c.dispatch.claimBatch, policy: policy,
+                                                               pause: PauseSchedule(baseMillis: Int64(c.dispatch.pauseProbeBaseMillis),
+                                                                                    capMillis: Int64(c.dispatch.pauseProbeCapMillis))),
                                     channel: channel, metrics: metrics, logger: logger)
         let grace = Duration.milliseconds(c.dispatch.shutdownGraceMillis)
         try running.start(dispatcher, grace: grace)
@@ -160,6 +162,7 @@ public final class RelayService: @unchecked Sendable {
                 readiness: { [weak dispatcher] in
                     ["dispatcher_running": dispatcher?.isRunning ?? false, "apns_credentials_loaded": credentialsLoaded]
                 },
+                paused: { [weak dispatcher] in dispatcher?.paused ?? [:] },
                 extraMetrics: { [weak self] r in self?.collectMetrics(into: &r) })
             var adminConfig = HTTPServerConfiguration(host: c.admin.host, port: c.admin.port)
             adminConfig.limits.maxBodyBytes = 1024
@@ -212,6 +215,8 @@ public final class RelayService: @unchecked Sendable {
         r.counter("relay_log_dropped_total",
                   help: "Log lines dropped because stderr did not keep up (the queue to it held 4 MiB or 16,384 lines); the log says how many at each gap.",
                   logger.droppedLines)
+        PushClientTransport.collectTokenMetrics(into: &r)
+        dispatcher?.collectPauseMetrics(into: &r)
         if let store, let w = OutboxStores.writerStats(store) {
             r.counter("relay_store_commits_total", help: "Group-commit transactions committed.", w.batches)
             r.counter("relay_store_jobs_total", help: "Jobs (ingests and dispatcher writes) committed.", w.jobs)
@@ -284,6 +289,9 @@ public final class RelayService: @unchecked Sendable {
                 old.shutdown()
                 apnsReloads.withLock { $0.ok += 1 }
                 logger.info("APNs credentials reloaded", ["app": app.bundleID])
+                // New key files: a pause for the old ones ends now (the first answer re-pauses
+                // if they are still refused).
+                dispatcher?.resume(app: app.bundleID)
             } catch {
                 apnsReloads.withLock { $0.failed += 1 }
                 logger.error("APNs credentials reload failed: still using the previous ones",

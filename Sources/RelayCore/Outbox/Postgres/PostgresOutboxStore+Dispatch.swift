@@ -18,6 +18,14 @@ extension PostgresOutboxStore {
         }
     }
 
+    public func hastenQueued(app: String) throws -> Int {
+        let now = clock.nowMillis()
+        return try write { c in
+            try c.run("UPDATE responses SET next_attempt_at = $1 WHERE state = 'queued' AND next_attempt_at > $1 AND app = $2",
+                      [.int(now), .text(app)]).affected
+        }
+    }
+
     static let rowColumns = """
         r.id, r.app, r.push_token, r.session_id, r.key_id, r.message_index, r.encrypted_data, r.credential_id, r.state, r.attempts,
         r.next_attempt_at, r.created_at, r.expires_at, r.last_status, r.last_reason, r.updated_at
@@ -142,6 +150,8 @@ extension PostgresOutboxStore {
                 if let until { pace[u.pushToken] = max(pace[u.pushToken] ?? .min, until) }
             case .requeue:
                 states.append("queued"); next.append(nil); reasons.append(nil)
+            case .release(let at):
+                states.append("queued"); next.append(at); reasons.append(nil)
             }
         }
         let attempts = updates.compactMap(\.attempt)

@@ -85,6 +85,15 @@ extension SQLiteOutboxStore {
         }
     }
 
+    public func hastenQueued(app: String) throws -> Int {
+        let now = clock.nowMillis()
+        return try write { db in
+            // state = 'queued' as a literal: the partial claim index narrows it to those rows.
+            try db.run("UPDATE responses SET next_attempt_at = ? WHERE state = 'queued' AND next_attempt_at > ? AND app = ?",
+                       [.integer(now), .integer(now), .text(app)])
+        }
+    }
+
     public func nextDueAt() throws -> Int64? {
         try read { db in
             let a = try db.scalar("SELECT min(next_attempt_at) FROM responses WHERE state = 'queued'").int
@@ -211,6 +220,10 @@ extension SQLiteOutboxStore {
             try db.run(
                 "UPDATE responses SET state = 'queued', updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
                 [.integer(now), .integer(high), .text(u.id)])
+        case .release(let at):
+            try db.run(
+                "UPDATE responses SET state = 'queued', next_attempt_at = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
+                [.integer(at), .integer(now), .integer(high), .text(u.id)])
         }
     }
 }
