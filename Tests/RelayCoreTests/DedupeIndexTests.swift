@@ -490,7 +490,7 @@ import TestSupport
         }
         let s = try SQLiteOutboxStore(path: path, clock: clock)
         let check = try SQLiteDatabase(path: path, readOnly: true)
-        #expect(try check.scalar("PRAGMA user_version").int == 7)
+        #expect(try check.scalar("PRAGMA user_version").int == Int64(SQLiteOutboxStore.schemaVersion))
         #expect(try Self.integrity(path) == "ok")
         // Every row's entry under the v7 hash (same SipHash key), none under v6's; no tail left.
         let hasher = try DedupeHasher(key: key, override: nil)

@@ -99,7 +99,7 @@ struct PostgresStoreTests {
         let before = try f.sql("SELECT \(columns) FROM responses ORDER BY id")
         let s = try f.openPostgres(nodeID: "a")
         defer { s.close() }
-        #expect(try f.schemaVersion == 3)
+        #expect(try f.schemaVersion == PostgresOutboxStore.schemaVersion)
         #expect(try f.sql("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = 'responses'::regclass AND contype = 'u'")
                 == [["UNIQUE (push_token, session_id, key_id, message_index, app)"]])
         #expect(try f.sql("SELECT \(columns) FROM responses ORDER BY id") == before)

@@ -195,10 +195,11 @@ struct PostgresTokenIndexTests {
         }
         // Back to v2 (the app-scoped dedupe key) as it was shipped: no token index.
         _ = try f.sql("DROP INDEX responses_token_pending")
+        _ = try f.sql("DROP TABLE webhook_deliveries, events")   // v4's (delivery events)
         try f.setSchemaVersion(2)
         let s = try f.open()
         defer { s.close() }
-        #expect(try f.schemaVersion == 3)
+        #expect(try f.schemaVersion == PostgresOutboxStore.schemaVersion)
         #expect(try f.sql("SELECT indexdef FROM pg_indexes WHERE schemaname = '\(f.schema)' AND indexname = 'responses_token_pending'").first?.first??
             .contains("(push_token, created_at)") == true)
         let answered = try s.claimDue(limit: 1)[0]

@@ -181,6 +181,7 @@ extension SQLiteOutboxStore {
             INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES (?, ?, ?)
             ON CONFLICT (token) DO UPDATE SET apns_timestamp = max(apns_timestamp, excluded.apns_timestamp), recorded_at = excluded.recorded_at
             """, [.text(token), .integer(StoreRules.unregisteredCutoff(apnsTimestamp: apns, newestPendingCreatedAt: newestPending)), .integer(now)])
+        try recordTokenEvents(token: token, answered: scan.updates.compactMap { UUIDText.high64($0.id) }, unregisteredAt: apns, now: now, db: db, state: state)
         state.tokenScans[token] = nil
         state.tokenScanOrder.removeAll { $0 == token }
         state.tokenScanWritten += scan.waiters   // told after COMMIT
