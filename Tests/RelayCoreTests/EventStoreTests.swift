@@ -236,6 +236,37 @@ import Testing
         #expect(events.count == 2 && events[1].sequence > events[0].sequence)
     }
 
+    /// The sweeper applies store.retention to events as to their rows, and the backlog bound:
+    /// the oldest pending dropped, counted and logged.
+    @Test(arguments: StoreBackend.available)
+    func theRetentionSweeperRemovesOldEventsAndBoundsTheBacklog(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        s.eventSettings = EventStoreSettings(webhooks: [WebhookSubscription(name: "w")], maxBacklogPerWebhook: 2)
+        let (_, cred, rows) = try claimed(s, 4)
+        try s.apply([DeliveryUpdate(id: rows[0].id, pushToken: rows[0].pushToken, outcome: .delivered, attempt: nil),
+                     DeliveryUpdate(id: rows[1].id, pushToken: rows[1].pushToken, outcome: .failed(reason: "BadDeviceToken"), attempt: nil)])
+        f.clock.advance(5000)
+        try s.apply(Array(rows[2...]).map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .delivered, attempt: nil) })
+        let logger = RelayLogger(capture: true)
+        let sweeper = RetentionSweeper(store: s, policy: RetentionPolicy(deliveredSeconds: 4, failedSeconds: 3600), clock: f.clock, logger: logger, batch: 1)
+        sweeper.sweepOnce()
+        // The old delivered event went (its row too); the failed one is kept for an hour.
+        let left = try s.events(credentialID: cred, after: 0, limit: 10)
+        #expect(left.map(\.type) == [.responseFailed, .responseDelivered, .responseDelivered])
+        // Three pending for "w" over a bound of two: the oldest dropped.
+        #expect(try s.webhookDeliveryCounts()["w"] == [.pending: 2])
+        let now = f.clock.nowMillis()
+        #expect(try s.claimWebhookDeliveries(webhook: "w", now: now, leaseUntil: now + 1, limit: 10).map(\.event.id) == Array(left[1...]).map(\.id))
+        var r = PrometheusRegistry()
+        sweeper.collectMetrics(into: &r)
+        let text = r.render()
+        #expect(text.contains("relay_webhook_backlog_dropped_total{webhook=\"w\"} 1"))
+        #expect(text.contains("relay_events_removed_total 1"))
+        #expect(logger.capturedLines.contains { $0.contains("webhook backlog over events.maxBacklogPerWebhook") })
+    }
+
     @Test func cursorsRoundTripAndRefuseAnythingElse() {
         for v: Int64 in [0, 1, 255, 1 << 40, .max] {
             #expect(EventCursor.decode(EventCursor.encode(v)) == v)

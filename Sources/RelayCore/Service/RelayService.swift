@@ -72,6 +72,9 @@ public final class RelayService: @unchecked Sendable {
         self.store = store
         store.ingestSettings = IngestStoreSettings(configuredApps: Set(c.apps.map(\.bundleID)), ttlMillis: Int64(c.ingest.ttlSeconds) * 1000,
                                                    maxPending: c.store.maxPending)
+        // Before the dispatcher's first outcome. The subscriptions are the sender's
+        // `events.webhooks` (names, types, apps); none here means events are kept for the feed only.
+        store.eventSettings = EventStoreSettings(webhooks: [], maxBacklogPerWebhook: c.events.maxBacklogPerWebhook)
         running.adopt(StopAction { [logger] _ in
             let counts = try? store.counts()
             store.close()
