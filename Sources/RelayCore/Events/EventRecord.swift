@@ -131,10 +131,12 @@ public struct WebhookDeliveryFilter: Sendable {
     public var webhook: String?
     public var state: WebhookDeliveryState?
     public var type: EventType?
+    public var eventID: String?
     public var limit: Int
 
-    public init(webhook: String? = nil, state: WebhookDeliveryState? = nil, type: EventType? = nil, limit: Int = 100) {
+    public init(webhook: String? = nil, state: WebhookDeliveryState? = nil, type: EventType? = nil, eventID: String? = nil, limit: Int = 100) {
         self.webhook = webhook
+        self.eventID = eventID?.lowercased()
         self.state = state
         self.type = type
         self.limit = limit
@@ -169,6 +171,8 @@ public protocol EventStore: WebhookOutbox {
     /// The newest sequence committed (the feed's start), or 0.
     func lastEventSequence() throws -> Int64
     func event(id: String) throws -> StoredEvent?
+    /// Every credential's events, newest first (relayctl).
+    func listEvents(type: EventType?, limit: Int) throws -> [StoredEvent]
     func webhookDeliveries(_ filter: WebhookDeliveryFilter) throws -> [WebhookDeliveryRecord]
     /// The event's deliveries (of `webhook`, or every webhook's) pending again, due now, same
     /// id, attempts kept. Returns how many.

@@ -108,6 +108,13 @@ extension PostgresOutboxStore {
         }
     }
 
+    public func listEvents(type: EventType?, limit: Int) throws -> [StoredEvent] {
+        try read { c in
+            try c.query("SELECT \(Self.eventColumns) FROM events e WHERE $1::text IS NULL OR e.type = $1 ORDER BY e.seq DESC LIMIT $2",
+                        [type.map { .text($0.rawValue) } ?? .null, .int(Int64(max(0, limit)))]).map { try EventRecord(columns: $0).stored }
+        }
+    }
+
     static let deliveryColumns = "d.webhook, d.state, d.attempts, d.first_attempt_at, d.next_attempt_at, d.last_error, d.updated_at"
 
     public func webhookDeliveries(_ filter: WebhookDeliveryFilter) throws -> [WebhookDeliveryRecord] {
@@ -120,6 +127,7 @@ extension PostgresOutboxStore {
         if let w = filter.webhook { clauses.append("d.webhook = " + bind(.text(w))) }
         if let s = filter.state { clauses.append("d.state = " + bind(.text(s.rawValue))) }
         if let t = filter.type { clauses.append("e.type = " + bind(.text(t.rawValue))) }
+        if let id = filter.eventID { clauses.append("e.id = " + bind(.text(id))) }
         let whereSQL = clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND ")
         let limit = bind(.int(Int64(max(0, filter.limit))))
         return try read { [binds] c in

@@ -98,6 +98,13 @@ extension SQLiteOutboxStore {
         }
     }
 
+    public func listEvents(type: EventType?, limit: Int) throws -> [StoredEvent] {
+        try read { db in
+            try db.query("SELECT \(Self.eventColumns) FROM events e WHERE ?1 IS NULL OR e.type = ?1 ORDER BY e.seq DESC LIMIT ?2",
+                         [type.map { .text($0.rawValue) } ?? .null, .integer(Int64(max(0, limit)))]).map { try EventRecord(columns: $0).stored }
+        }
+    }
+
     static let deliveryColumns = "d.webhook, d.state, d.attempts, d.first_attempt_at, d.next_attempt_at, d.last_error, d.updated_at"
 
     public func webhookDeliveries(_ filter: WebhookDeliveryFilter) throws -> [WebhookDeliveryRecord] {
@@ -106,6 +113,7 @@ extension SQLiteOutboxStore {
         if let w = filter.webhook { clauses.append("d.webhook = ?"); binds.append(.text(w)) }
         if let s = filter.state { clauses.append("d.state = '\(s.rawValue)'") }
         if let t = filter.type { clauses.append("e.type = ?"); binds.append(.text(t.rawValue)) }
+        if let id = filter.eventID { clauses.append("d.seq = ? AND e.id = ?"); binds += [.integer(UUIDText.high64(id) ?? 0), .text(id)] }
         let whereSQL = clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND ")
         binds.append(.integer(Int64(max(0, filter.limit))))
         return try read { db in
