@@ -166,8 +166,11 @@ public protocol EventStore: WebhookOutbox {
     /// `body` runs after each commit of this process that wrote events (the feed's long polls
     /// wake on it; other nodes' events are found by polling).
     func observeEvents(_ body: @escaping @Sendable () -> Void)
-    /// The credential's events after `sequence`, in commit order, at most `limit`.
-    func events(credentialID: String, after sequence: Int64, limit: Int) throws -> [StoredEvent]
+    /// The credential's events after `sequence`, in commit order, at most `limit`; `next` is
+    /// where the following read starts (past the last event returned, or past every event
+    /// examined, of any credential, when fewer were found: a store may examine a bounded
+    /// stretch per read instead of keeping an index by credential).
+    func eventPage(credentialID: String, after sequence: Int64, limit: Int) throws -> EventPage
     /// The newest sequence committed (the feed's start), or 0.
     func lastEventSequence() throws -> Int64
     func event(id: String) throws -> StoredEvent?
@@ -187,4 +190,21 @@ public protocol EventStore: WebhookOutbox {
     /// Drops the oldest pending deliveries of each webhook above `max`; returns the dropped count
     /// per webhook (only those that dropped some).
     func trimWebhookBacklogs(max: Int) throws -> [String: Int]
+}
+
+public struct EventPage: Sendable, Equatable {
+    public var events: [StoredEvent]
+    public var next: Int64
+
+    public init(events: [StoredEvent], next: Int64) {
+        self.events = events
+        self.next = next
+    }
+}
+
+extension EventStore {
+    /// One page's events (tests, tools).
+    public func events(credentialID: String, after sequence: Int64, limit: Int) throws -> [StoredEvent] {
+        try eventPage(credentialID: credentialID, after: sequence, limit: limit).events
+    }
 }

@@ -65,7 +65,7 @@ final class EventFeed: Sendable {
         var credentialID: String
         var query: EventFeedQuery
         var deadlineMicros: Int64
-        var answer: @Sendable (Result<[StoredEvent], StoreError>?) -> Void
+        var answer: @Sendable (Result<EventPage, StoreError>?) -> Void
     }
 
     private struct State {
@@ -92,14 +92,16 @@ final class EventFeed: Sendable {
     /// Reads now; with nothing to return and time left, waits. `answer(nil)`: the worker pool
     /// is full (a 503).
     func serve(credentialID: String, query: EventFeedQuery, deadlineMicros: Int64,
-               answer: @escaping @Sendable (Result<[StoredEvent], StoreError>?) -> Void) {
+               answer: @escaping @Sendable (Result<EventPage, StoreError>?) -> Void) {
         workers.submit({ [self] in
-            let result = Result { try store.events(credentialID: credentialID, after: query.after, limit: query.limit) }.mapError {
+            let result = Result { try store.eventPage(credentialID: credentialID, after: query.after, limit: query.limit) }.mapError {
                 ($0 as? StoreError) ?? .invalid("\($0)")
             }
-            if case .success(let events) = result, events.isEmpty, monotonicMicros() < deadlineMicros,
-               park(Waiter(credentialID: credentialID, query: query, deadlineMicros: deadlineMicros, answer: answer)) {
-                return
+            if case .success(let page) = result, page.events.isEmpty, monotonicMicros() < deadlineMicros {
+                // Waits from where the read stopped (past other credentials' events).
+                var q = query
+                q.after = page.next
+                if park(Waiter(credentialID: credentialID, query: q, deadlineMicros: deadlineMicros, answer: answer)) { return }
             }
             answer(result)
         }, whenFull: { answer(nil) })
@@ -166,14 +168,14 @@ final class EventFeed: Sendable {
 
     /// `{"events":[{"id":...,"type":...,"timestamp":...,"data":{...}}, ...],"next":"<cursor>"}`:
     /// each entry is the webhook body with the event id in front.
-    static func render(_ events: [StoredEvent], after: Int64) -> [UInt8] {
+    static func render(_ page: EventPage) -> [UInt8] {
         var out = Array("{\"events\":[".utf8)
-        for (i, e) in events.enumerated() {
+        for (i, e) in page.events.enumerated() {
             if i > 0 { out.append(UInt8(ascii: ",")) }
             out += Array("{\"id\":\"\(e.id)\",".utf8)
             out += e.body.dropFirst()
         }
-        out += Array("],\"next\":\"\(EventCursor.encode(events.last?.sequence ?? after))\"}".utf8)
+        out += Array("],\"next\":\"\(EventCursor.encode(page.next))\"}".utf8)
         return out
     }
 }

@@ -498,8 +498,8 @@ public final class IngestService: Sendable {
         let deadline = monotonicMicros() + Int64(q.waitSeconds) * 1_000_000
         feed.serve(credentialID: credentialID, query: q, deadlineMicros: deadline) { [logger] result in
             switch result {
-            case .success(let events)?:
-                finish(APIResponse(status: 200, bodyBytes: EventFeed.render(events, after: q.after)), nil)
+            case .success(let page)?:
+                finish(APIResponse(status: 200, bodyBytes: EventFeed.render(page)), nil)
             case .failure(let error)?:
                 logger.error("storage error on events read", ["request_id": finish.requestID, "error": "\(error)"])
                 finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "retry later"), headers: [("retry-after", "1")]), "storage")

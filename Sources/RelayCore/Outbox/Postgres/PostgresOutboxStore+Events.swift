@@ -91,10 +91,12 @@ extension PostgresOutboxStore {
 
     // MARK: the feed and relayctl (query connection)
 
-    public func events(credentialID: String, after sequence: Int64, limit: Int) throws -> [StoredEvent] {
+    /// By the credential's index (events_credential): `next` is the last event returned.
+    public func eventPage(credentialID: String, after sequence: Int64, limit: Int) throws -> EventPage {
         try read { c in
-            try c.query("SELECT \(Self.eventColumns) FROM events e WHERE e.credential_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3",
-                        [.text(credentialID), .int(sequence), .int(Int64(max(0, limit)))]).map { try EventRecord(columns: $0).stored }
+            let events = try c.query("SELECT \(Self.eventColumns) FROM events e WHERE e.credential_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3",
+                                     [.text(credentialID), .int(sequence), .int(Int64(max(0, limit)))]).map { try EventRecord(columns: $0).stored }
+            return EventPage(events: events, next: events.last?.sequence ?? sequence)
         }
     }
 

@@ -214,7 +214,8 @@ extension SQLiteOutboxStore {
         // v8: delivery events (docs/events.md). An event is inserted by the transaction that
         // commits its outcome, with a copy of the response's fields (never the sealed box); `seq`
         // is the first 64 bits of its UUIDv7 id, minted by the writer in commit order, so the
-        // table is appended at its right edge and the feed pages by rowid. A webhook's delivery
+        // table is appended at its right edge and the feed pages by rowid (no index by credential:
+        // SQLiteOutboxStore.feedScanRows). A webhook's delivery
         // of an event is a row of webhook_deliveries written in the same transaction; only its
         // pending rows are indexed by webhook for the sender's claim (oldest event first); the key
         // (seq, webhook) serves retention, which deletes an event with its deliveries.
@@ -239,7 +240,6 @@ extension SQLiteOutboxStore {
             finished_at INTEGER,
             unregistered_at INTEGER
         );
-        CREATE INDEX events_credential ON events (credential_id, seq);
         CREATE TABLE webhook_deliveries (
             webhook TEXT NOT NULL,
             seq INTEGER NOT NULL,
