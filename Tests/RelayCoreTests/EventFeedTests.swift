@@ -111,6 +111,36 @@ import Testing
         #expect(events(r).compactMap { ($0["data"] as? [String: Any])?["id"] as? String } == ids)
     }
 
+    /// The store tells the feed of its commits (OutboxStore.observeEvents): with the fallback
+    /// poll ten minutes away, only that wakes the waiting read.
+    @Test(arguments: StoreBackend.available)
+    func aCommitWakesAWaitingReadWithoutThePoll(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        let workers = WorkerPool(name: "feed-test", threads: 1)
+        defer {
+            workers.close()
+            s.close()
+        }
+        let feed = EventFeed(store: s, workers: workers, pollMillis: 600_000)
+        s.observeEvents { [weak feed] in feed?.eventsCommitted() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        _ = try s.ingestNow(sample(), secret: c.secret)
+        let row = try s.claimDue(limit: 1)[0]
+        let done = DispatchSemaphore(value: 0)
+        let slot = ResultBox<Result<EventPage, StoreError>?>()
+        feed.serve(credentialID: c.record.id, query: EventFeedQuery(after: 0, limit: 10, waitSeconds: 600),
+                   deadlineMicros: monotonicMicros() + 600_000_000) {
+            slot.value = $0
+            done.signal()
+        }
+        waitUntil("the read is waiting") { feed.waitingCount == 1 }
+        try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .delivered, attempt: nil)])
+        #expect(done.wait(timeout: .now() + 20) == .success)
+        guard case .success(let page)?? = slot.value else { Issue.record("no page: \(String(describing: slot.value))"); return }
+        #expect(page.events.count == 1 && page.events[0].type == .responseDelivered)
+    }
+
     @Test func aLongPollWithNothingToSayEndsEmptyAtItsDeadline() throws {
         let h = try Harness(dir: dir, clock: clock)
         // Another credential's event does not answer this one's poll.
