@@ -94,6 +94,10 @@ struct ReliabilityTests {
         let extra = crash["extraDeliveries"] as? Int ?? .max
         let bound = crash["duplicateBound"] as? Int ?? 0
         #expect(extra <= bound, "\(extra) duplicate deliveries exceed what was inflight at the kills (\(bound))")
+        // Delivery events (docs/events.md): after every kill and at the end, each terminal
+        // response has exactly its one event and no other response has any.
+        #expect(crash["eventMismatches"] as? Int == 0, "events disagree with their responses: \(crash["roundLog"] ?? "")")
+        #expect(crash["deliveredEvents"] as? Int == states["delivered"], "one response.delivered event per delivered response")
     }
 
     @Test func faultRowsRecoverWithoutLoss() throws {

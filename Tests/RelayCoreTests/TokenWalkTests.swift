@@ -198,6 +198,7 @@ struct PostgresTokenIndexTests {
         _ = try f.sql("DROP INDEX responses_token_pending")
         _ = try f.sql("ALTER TABLE unregistered_tokens DROP COLUMN reason")
         _ = try f.sql("INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES ('\(StoreContractTests.otherToken)', 1, 1)")
+        _ = try f.sql("DROP TABLE webhook_deliveries, events")   // v5 (delivery events)
         try f.setSchemaVersion(2)
         let s = try f.open()
         defer { s.close() }

@@ -108,6 +108,15 @@ public struct RelayConfig: Sendable, Equatable {
     public var apps: [App] = []
     public var log = Log()
     public var watchdog = true
+    public var events = Events()
+
+    /// `events`: delivery events (docs/events.md). The webhooks (`events.webhooks`) are the
+    /// sender's configuration; the store reads the backlog bound.
+    public struct Events: Sendable, Equatable {
+        /// `events.maxBacklogPerWebhook`: pending deliveries a webhook may have before the oldest
+        /// are dropped (counted in relay_webhook_backlog_dropped_total, logged as an error).
+        public var maxBacklogPerWebhook = EventStoreSettings.defaultMaxBacklogPerWebhook
+    }
 
     public init() {}
 
@@ -138,7 +147,7 @@ public struct RelayConfig: Sendable, Equatable {
         }
         var r = ConfigReader(root, path: "", base: baseDirectory)
         var c = RelayConfig()
-        try r.object(allowed: ["listen", "admin", "store", "ingest", "dispatch", "apps", "log", "watchdog"])
+        try r.object(allowed: ["listen", "admin", "store", "ingest", "dispatch", "apps", "log", "watchdog", "events"])
         if var l = try r.child("listen") {
             try l.object(allowed: ["host", "port", "tls", "proxyProtocol"])
             c.listen.host = try l.string("host") ?? c.listen.host
@@ -337,6 +346,13 @@ public struct RelayConfig: Sendable, Equatable {
             }
         }
         c.watchdog = try r.bool("watchdog") ?? true
+        if var e = try r.child("events") {
+            try e.object(allowed: ["webhooks", "maxBacklogPerWebhook"])
+            if let n = try e.nonNegative("maxBacklogPerWebhook", max: 1_000_000_000) {
+                guard n > 0 else { throw ConfigError(key: "events.maxBacklogPerWebhook", message: "must be at least 1") }
+                c.events.maxBacklogPerWebhook = Int(n)
+            }
+        }
         if c.listen.proxyProtocol && c.ingest.trustedProxies.isEmpty {
             throw ConfigError(key: "ingest.trustedProxies", message: "required when listen.proxyProtocol is true: the load balancers' addresses (CIDR)")
         }

@@ -59,6 +59,7 @@ public final class IngestService: Sendable {
     private let metrics: RelayMetrics
     private let logger: RelayLogger
     private let workers: WorkerPool
+    let feed: EventFeed
 
     public init(store: any OutboxStore, settings: IngestSettings, metrics: RelayMetrics, logger: RelayLogger,
                 workers: WorkerPool) {
@@ -75,6 +76,9 @@ public final class IngestService: Sendable {
         self.metrics = metrics
         self.logger = logger
         self.workers = workers
+        let feed = EventFeed(store: store, workers: workers)
+        self.feed = feed
+        store.observeEvents { [weak feed] in feed?.eventsCommitted() }
         credentials.prime()
     }
 
@@ -146,6 +150,11 @@ public final class IngestService: Sendable {
                 return finish(APIResponse(status: 405, headers: [("allow", "GET, HEAD")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody), nil)
             }
             get(request, id: String(request.path.dropFirst("/v1/responses/".count)), finish)
+        } else if request.path == "/v1/events" {
+            guard request.method == "GET" || request.method == "HEAD" else {
+                return finish(APIResponse(status: 405, headers: [("allow", "GET, HEAD")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody), nil)
+            }
+            events(request, finish)
         } else {
             finish(.error(ClientError(status: 404, code: "not_found", field: nil, message: "no such endpoint")), nil)
         }
@@ -474,6 +483,41 @@ public final class IngestService: Sendable {
         }, whenFull: {
             finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "too many reads waiting; retry later"), headers: [("retry-after", "1")]), "readers full")
         })
+    }
+
+    /// GET /v1/events: authenticated first (as GET /v1/responses/<id>), then the query.
+    private func events(_ request: APIRequest, _ finish: Exchange) {
+        let hash = Self.bearerHash(request.authorization)
+        switch admit(hash, finish) {
+        case .refused: return
+        case .admitted(let credentialID, _): authenticatedEvents(hash!, credentialID: credentialID, query: request.query, finish)
+        case .pending(let charged):
+            credentials.afterRead(hash!) { [self] verdict in
+                guard let credential = resumed(verdict, charged: charged, finish) else { return }
+                authenticatedEvents(hash!, credentialID: credential.id, query: request.query, finish)
+            }
+        }
+    }
+
+    private func authenticatedEvents(_ hash: [UInt8], credentialID: String, query: String, _ finish: Exchange) {
+        guard withinCredentialRate(hash, finish) else { return }
+        let q: EventFeedQuery
+        switch EventFeedQuery.parse(query) {
+        case .failure(let e): return finish(.error(e), nil)
+        case .success(let parsed): q = parsed
+        }
+        let deadline = monotonicMicros() + Int64(q.waitSeconds) * 1_000_000
+        feed.serve(credentialID: credentialID, query: q, deadlineMicros: deadline) { [logger] result in
+            switch result {
+            case .success(let page)?:
+                finish(APIResponse(status: 200, bodyBytes: EventFeed.render(page)), nil)
+            case .failure(let error)?:
+                logger.error("storage error on events read", ["request_id": finish.requestID, "error": "\(error)"])
+                finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "retry later"), headers: [("retry-after", "1")]), "storage")
+            case nil:
+                finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "too many reads waiting; retry later"), headers: [("retry-after", "1")]), "readers full")
+            }
+        }
     }
 
     static func iso(_ ms: Int64) -> String {

@@ -258,7 +258,7 @@ public struct OutboxFilter: Sendable {
 /// The storage boundary. Implementations are thread-safe. Blocking methods must be called from
 /// a thread the caller owns (never an event loop or Swift's cooperative pool); `submit` never
 /// blocks and completes after the transaction committed.
-public protocol OutboxStore: AnyObject, Sendable {
+public protocol OutboxStore: EventStore {
     // MARK: ingest (hot path)
     /// `executor`: where the completion should run (the HTTP loop that answers). A store that
     /// commits many ingests per transaction may run every completion of one executor in one

@@ -74,6 +74,9 @@ public final class RelayService: @unchecked Sendable {
                                                    maxPending: c.store.maxPending,
                                                    unregisteredQuarantineMillis: Int64(c.dispatch.unregisteredQuarantineSeconds) * 1000,
                                                    badDeviceTokenHoldMillis: Int64(c.dispatch.badDeviceTokenHoldSeconds) * 1000)
+        // Before the dispatcher's first outcome. The subscriptions are the sender's
+        // `events.webhooks` (names, types, apps); none here means events are kept for the feed only.
+        store.eventSettings = EventStoreSettings(webhooks: [], maxBacklogPerWebhook: c.events.maxBacklogPerWebhook)
         running.adopt(StopAction { [logger] _ in
             let counts = try? store.counts()
             store.close()

@@ -76,15 +76,20 @@ extension PostgresOutboxStore {
         let params: (Int) -> [PGValue] = { [options] n in
             [.int(now), .int(Int64(n)), .text(options.nodeID), .int(now + options.leaseMillis)]
         }
-        let rows: [OutboxRow] = try write { c in
+        // One transaction: a row failed here (expired, or behind its token's 410) gets its
+        // event in the same commit.
+        let rows: [OutboxRow] = try writeTransaction { [self] c in
             // Expired leases first: their rows have waited longest (a node died holding them).
             var rows = try c.query(Self.reclaimSQL, params(limit)).map(OutboxRow.init(columns:))
             if rows.count < limit {
                 rows += try c.query(Self.dueSQL, params(limit - rows.count)).map(OutboxRow.init(columns:))
             }
+            try insertResponseEvents(c, responseIDs: rows.filter { $0.state == .failed }.map(\.id), now: now)
             return rows
         }
-        adjustPending(-rows.filter { $0.state == .failed }.count)
+        let failed = rows.filter { $0.state == .failed }.count
+        adjustPending(-failed)
+        if failed > 0 { eventsCommitted() }
         return rows.filter { $0.state == .inflight }.sorted { ($0.nextAttemptAt, $0.createdAt) < ($1.nextAttemptAt, $1.createdAt) }
     }
 
@@ -104,7 +109,9 @@ extension PostgresOutboxStore {
 
     public func apply(_ updates: [DeliveryUpdate]) throws {
         guard !updates.isEmpty else { return }
-        adjustPending(-(try writeTransaction(applying(updates))))
+        let finished = try writeTransaction(applying(updates))
+        adjustPending(-finished)
+        if finished > 0 { eventsCommitted() }
     }
 
     /// Queued on the dispatch connection's thread (in order, behind earlier writes); the
@@ -115,7 +122,9 @@ extension PostgresOutboxStore {
         let body = applying(updates)
         let queued = dispatchWorker.enqueueDetached { [self] w in
             do {
-                adjustPending(-(try w.transaction(body)))
+                let finished = try w.transaction(body)
+                adjustPending(-finished)
+                if finished > 0 { eventsCommitted() }
                 completion(nil)
             } catch {
                 completion((error as? StoreError) ?? .invalid("\(error)"))
@@ -132,6 +141,7 @@ extension PostgresOutboxStore {
         var ids: [String?] = [], states: [String?] = [], counted: [Int64?] = [], next: [Int64?] = [], status: [Int64?] = [], reasons: [String?] = []
         var pace: [String: Int64] = [:]
         var unreg: [String: (ts: Int64, reason: String)] = [:]
+        var answered: [String: [String]] = [:]
         for u in updates {
             let s = u.attempt?.status.map { Int64($0) }
             ids.append(u.id)
@@ -145,6 +155,7 @@ extension PostgresOutboxStore {
             case .unregistered(let why, let ts):
                 states.append("failed"); next.append(nil); reasons.append(why)
                 if ts >= unreg[u.pushToken]?.ts ?? .min { unreg[u.pushToken] = (ts, why) }
+                answered[u.pushToken, default: []].append(u.id)
             case .retry(let at, let until):
                 states.append("retry"); next.append(at); reasons.append(u.attempt?.reason)
                 if let until { pace[u.pushToken] = max(pace[u.pushToken] ?? .min, until) }
@@ -155,7 +166,7 @@ extension PostgresOutboxStore {
             }
         }
         let attempts = updates.compactMap(\.attempt)
-        return { c in
+        return { [self] c in
             if !attempts.isEmpty {
                 // The attempt happened even if our lease was lost meanwhile: always recorded.
                 try c.query(
@@ -182,10 +193,10 @@ extension PostgresOutboxStore {
                     lease_owner = NULL, lease_expires_at = NULL, updated_at = $7
                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[]) AS u(id, state, counted, next, status, reason)
                 WHERE r.id = u.id AND r.state = 'inflight' AND r.lease_owner = $8
-                RETURNING u.state, r.push_token, r.created_at),
+                RETURNING u.state, r.push_token, r.created_at, r.id),
                 cleared AS (DELETE FROM unregistered_tokens m USING done
                             WHERE done.state = 'delivered' AND m.token = done.push_token AND NOT (\(StoreRules.coveredSQL(row: "done", mark: "m"))))
-                SELECT state FROM done
+                SELECT state, id FROM done
                 """,
                 [.textArray(ids), .textArray(states), .intArray(counted), .intArray(next), .intArray(status), .textArray(reasons),
                  .int(now), .text(me)])
@@ -215,7 +226,19 @@ extension PostgresOutboxStore {
                     """, [.text(token), .int(StoreRules.markCutoff(apnsTimestamp: unreg[token]!.ts, newestPendingCreatedAt: waiting, now: now)),
                           .int(now), .text(unreg[token]!.reason)])
             }
-            return changed.filter { $0.first?.string == "delivered" || $0.first?.string == "failed" }.count
+            // The events of the rows this commit finishes (those whose lease this node held).
+            let finished = changed.filter { $0.first?.string == "delivered" || $0.first?.string == "failed" }.compactMap { $0[1].string }
+            try insertResponseEvents(c, responseIDs: finished, now: now)
+            // token.unregistered is a 410's event: a BadDeviceToken mark fails rows (their own
+            // response.failed events) and says nothing about the token's registration.
+            let unregistered = unreg.filter { $0.value.reason != StoreRules.badDeviceTokenReason }.mapValues(\.ts)
+            if !unregistered.isEmpty {
+                let changedIDs = Set(finished)
+                try insertTokenEvents(c, answered: answered.filter { unregistered[$0.key] != nil }.mapValues { $0.filter(changedIDs.contains) }
+                                        .filter { !$0.value.isEmpty },
+                                      unregisteredAt: unregistered, now: now)
+            }
+            return finished.count
         }
     }
 }

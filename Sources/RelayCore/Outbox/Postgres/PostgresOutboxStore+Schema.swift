@@ -94,6 +94,46 @@ extension PostgresOutboxStore {
         """
         ALTER TABLE unregistered_tokens ADD COLUMN reason text NOT NULL DEFAULT 'Unregistered';
         """,
+        // v5: delivery events (docs/events.md), the same tables and columns as SQLite's v9. seq is
+        // taken under a transaction-level advisory lock held to COMMIT (PostgresOutboxStore+Events),
+        // so on every node seq order is commit order and a feed reader past seq n never misses a
+        // later commit with a smaller seq.
+        """
+        CREATE TABLE events (
+            seq bigserial PRIMARY KEY,
+            id text NOT NULL UNIQUE,
+            type text NOT NULL,
+            created_at bigint NOT NULL,
+            credential_id text,
+            app text NOT NULL,
+            push_token text NOT NULL,
+            response_id text,
+            session_id text,
+            key_id bytea,
+            message_index bigint,
+            state text,
+            status bigint,
+            reason text,
+            attempts bigint,
+            accepted_at bigint,
+            finished_at bigint,
+            unregistered_at bigint
+        );
+        CREATE INDEX events_credential ON events (credential_id, seq);
+        CREATE TABLE webhook_deliveries (
+            webhook text NOT NULL,
+            seq bigint NOT NULL,
+            state text NOT NULL CHECK (state IN ('pending','delivered','dead')),
+            attempts bigint NOT NULL DEFAULT 0,
+            first_attempt_at bigint,
+            next_attempt_at bigint NOT NULL,
+            lease_until bigint NOT NULL DEFAULT 0,
+            last_error text,
+            updated_at bigint NOT NULL,
+            PRIMARY KEY (seq, webhook)
+        );
+        CREATE INDEX webhook_deliveries_pending ON webhook_deliveries (webhook, seq) WHERE state = 'pending';
+        """,
     ]
 
     static func schemaVersion(_ c: PostgresConnection) throws -> Int {

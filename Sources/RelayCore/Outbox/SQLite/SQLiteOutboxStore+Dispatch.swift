@@ -64,11 +64,13 @@ extension SQLiteOutboxStore {
                     try markExpired.bind(2, rowid)
                     try markExpired.stepOnce()
                     state.pending -= 1
+                    try Self.recordResponseEvent(rowid: rowid, delivered: false, now: now, db: db, state: state)
                     continue
                 case .unregistered:
                     try db.run("UPDATE responses SET state = 'failed', last_reason = ?, updated_at = ? WHERE rowid = ?",
                                [.text(facts.reason), .integer(now), .integer(rowid)])
                     state.pending -= 1
+                    try Self.recordResponseEvent(rowid: rowid, delivered: false, now: now, db: db, state: state)
                     continue
                 case .postpone(let until):
                     try db.run("UPDATE responses SET next_attempt_at = ? WHERE rowid = ?", [.integer(until), .integer(rowid)])
@@ -200,10 +202,13 @@ extension SQLiteOutboxStore {
                StoreRules.deliveredClearsMark(createdAt: created, cutoff: cutoff) {
                 try db.run("DELETE FROM unregistered_tokens WHERE token = ?", [.text(u.pushToken)])
             }
+            if changed > 0 { try recordResponseEvent(rowid: high, delivered: true, now: now, db: db, state: state) }
         case .failed(let why), .unregistered(let why, _):
-            state.pending -= try db.run(
+            let changed = try db.run(
                 "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
                 [.integer(Int64(counted)), status, .text(why), .integer(now), .integer(high), .text(u.id)])
+            state.pending -= changed
+            if changed > 0 { try recordResponseEvent(rowid: high, delivered: false, now: now, db: db, state: state) }
         case .retry(let at, let paceUntil):
             try db.run(
                 "UPDATE responses SET state = 'retry', attempts = attempts + ?, next_attempt_at = ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",

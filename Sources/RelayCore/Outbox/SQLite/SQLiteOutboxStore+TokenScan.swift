@@ -184,6 +184,11 @@ extension SQLiteOutboxStore {
                 reason = excluded.reason
             """, [.text(token), .integer(StoreRules.markCutoff(apnsTimestamp: apns, newestPendingCreatedAt: newestPending, now: now)), .integer(now),
                   .text(marks.last?.reason ?? StoreRules.unregisteredReason)])
+        // token.unregistered is a 410's event; a BadDeviceToken mark fails the rows (their own
+        // response.failed events) and tells nothing about the token's registration.
+        if marks.last?.reason != StoreRules.badDeviceTokenReason {
+            try recordTokenEvents(token: token, answered: scan.updates.compactMap { UUIDText.high64($0.id) }, unregisteredAt: apns, now: now, db: db, state: state)
+        }
         state.tokenScans[token] = nil
         state.tokenScanOrder.removeAll { $0 == token }
         state.tokenScanWritten += scan.waiters   // told after COMMIT
