@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 
 BUNDLE = "com.example.reliability"
@@ -452,6 +453,19 @@ def classify_missing(env, missing):
 # Sections
 
 
+def event_mismatches(env):
+    """Rows whose delivery events disagree with their state (docs/events.md): a terminal response
+    without exactly one event of its type, or an event of a response that is not terminal. An
+    event is written in the outcome's transaction, so a kill -9 anywhere leaves none of these."""
+    return env.db("""
+        SELECT count(*) FROM responses r
+        LEFT JOIN (SELECT response_id, count(*) AS n, min(type) AS t FROM events WHERE response_id IS NOT NULL GROUP BY response_id) e
+          ON e.response_id = r.id
+        WHERE CASE WHEN r.state IN ('delivered', 'failed') THEN coalesce(e.n, 0) != 1 OR e.t != 'response.' || r.state
+                   ELSE e.n IS NOT NULL END""")[0][0] + env.db("""
+        SELECT count(*) FROM events e WHERE e.response_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM responses r WHERE r.id = e.response_id)""")[0][0]
+
+
 def section_crash(env, args, results):
     log(f"crash: {args.rounds} rounds of kill -9")
     env.start_mock()
@@ -482,10 +496,11 @@ def section_crash(env, args, results):
             inflight = env.db("SELECT count(*) FROM responses WHERE state = 'inflight'")[0][0]
             queued = env.db("SELECT count(*) FROM responses WHERE state IN ('queued','retry')")[0][0]
             integrity = env.integrity()
+            events_off = event_mismatches(env)
             inflight_at_kills += inflight
             rounds.append({"round": r, "upSeconds": round(up, 2), "mockKilled": kill_mock,
                            "ackedSoFar": acked_before, "inflightAtKill": inflight, "queuedAtKill": queued,
-                           "integrity": integrity})
+                           "integrity": integrity, "eventMismatches": events_off})
             log(f"  round {r}: killed after {up:.2f}s, acked so far {acked_before}, inflight {inflight}, queued {queued}, "
                 f"integrity_check {integrity}" + (" (mock-apns killed too)" if kill_mock else ""))
             time.sleep(rng.uniform(0.0, 0.3))
@@ -509,14 +524,17 @@ def section_crash(env, args, results):
     bound = inflight_at_kills + mock_kills * 256
     integrity_ok = sum(1 for r in rounds if r["integrity"] == "ok")
     final_integrity = env.integrity()
+    events_off = sum(r["eventMismatches"] for r in rounds) + event_mismatches(env)
+    events = env.db("SELECT count(*) FROM events WHERE type = 'response.delivered'")[0][0]
     ok = (integrity_ok == len(rounds) and final_integrity == "ok" and not lost and drained and counts["queued"] == counts["inflight"] == counts["retry"] == 0
-          and counts["failed"] == 0 and extra <= bound and len(acked) > 0)
+          and counts["failed"] == 0 and extra <= bound and len(acked) > 0 and events_off == 0 and events == counts["delivered"])
     res = {"rounds": len(rounds), "mockKills": mock_kills, "acked": len(acked), "statusCounts": dict(status),
            "unanswered": errors, "delivered": len(acked) - len(missing), "answered200NotLogged": len(answered),
            "lost": len(lost), "lostIds": lost[:20], "duplicateIds": dups, "extraDeliveries": extra,
            "duplicateBound": bound, "inflightAtKills": inflight_at_kills, "drained": drained,
            "finalStates": counts, "relayctlStatus": st, "integrityOkRounds": integrity_ok,
-           "finalIntegrity": final_integrity, "roundLog": rounds, "pass": ok}
+           "finalIntegrity": final_integrity, "eventMismatches": events_off, "deliveredEvents": events,
+           "roundLog": rounds, "pass": ok}
     results["crash"] = res
     log(f"crash: acked {len(acked)}, lost {len(lost)}, duplicates {extra} (bound {bound}), final {counts}, "
         f"integrity_check ok after {integrity_ok}/{len(rounds)} kills and at the end: {final_integrity}: "
@@ -1155,6 +1173,10 @@ def main():
         code = 0 if all_pass(results) else 1
     except KeyboardInterrupt:
         code = 130
+    except Exception:
+        # The results name what broke the run, so a caller holding only the JSON can say why.
+        results["error"] = traceback.format_exc()
+        raise
     finally:
         kill_all()
         results["pass"] = code == 0

@@ -41,7 +41,28 @@ public final class CurlClient {
 
     public struct TransportError: Error, CustomStringConvertible, Equatable, Sendable {
         public var description: String
+        /// The TLS handshake failed for a reason a retry cannot change: the server refused our
+        /// certificate (or asked for one we did not give), or we refused its (unknown CA, wrong
+        /// name), or a certificate or key file is unusable. `tlsFailureIsFinal` decides.
+        public var tlsRefused = false
     }
+
+    /// Whether libcurl's `code` (raw CURLcode) with its error text is a TLS failure no retry
+    /// cures. A reset during the handshake (CURLE_SSL_CONNECT_ERROR without a TLS alert) is
+    /// not: an overloaded server does that. With TLS 1.3 the server's refusal of a client
+    /// certificate arrives after the client's handshake, on the first read (CURLE_RECV_ERROR
+    /// carrying the alert, e.g. "tlsv13 alert certificate required").
+    public static func tlsFailureIsFinal(curlCode code: Int, detail: String) -> Bool {
+        if finalTLSCodes.contains(code) { return true }
+        let alert = detail.contains(" alert ")
+        return alert && (code == Int(CURLE_SSL_CONNECT_ERROR.rawValue) || code == Int(CURLE_RECV_ERROR.rawValue))
+    }
+
+    /// Peer verification failed, our certificate, key, CA or CRL file is unusable, no common
+    /// cipher, pinned key mismatch, a client certificate the TLS library refused.
+    private static let finalTLSCodes: Set<Int> = Set([CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CIPHER,
+                                                        CURLE_SSL_CACERT_BADFILE, CURLE_SSL_CRL_BADFILE, CURLE_SSL_ISSUER_ERROR,
+                                                        CURLE_SSL_PINNEDPUBKEYNOTMATCH, CURLE_SSL_CLIENTCERT].map { Int($0.rawValue) })
 
     /// Schemes libcurl may use, for the URL given and (were redirects followed) any Location.
     static let allowedProtocols = "http,https"
@@ -149,7 +170,8 @@ public final class CurlClient {
         }
         guard code == CURLE_OK else {
             let detail = String(decoding: errorBuffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-            throw TransportError(description: "\(method) \(url): \(detail.isEmpty ? String(cString: curl_easy_strerror(code)) : detail)")
+            throw TransportError(description: "\(method) \(url): \(detail.isEmpty ? String(cString: curl_easy_strerror(code)) : detail)",
+                                 tlsRefused: Self.tlsFailureIsFinal(curlCode: Int(code.rawValue), detail: detail))
         }
         let version: String
         switch ccurl_http_version(curl) {

@@ -27,7 +27,10 @@ final class MockCore: Sendable {
     private let connections = Mutex<[UInt64: ConnectionState]>([:])
     private let stats = Mutex(MockStats())
     private let tokenCache = Mutex<[String: Result<ProviderTokenClaims, ProviderTokenFailure>]>([:])
-    private let delayQueue = DispatchQueue(label: "mock-apns.latency", attributes: .concurrent)
+    /// Serial on purpose: a labelled serial queue targets libdispatch's overcommitting pool, which
+    /// adds a thread when its threads block; a concurrent one shares the ncpu-wide pool, where a
+    /// busy process (the test runner on 2 cores) held delayed answers back by seconds.
+    private let delayQueue = DispatchQueue(label: "mock-apns.latency")
 
     init(configuration: MockAPNsConfiguration) throws {
         self.configuration = configuration

@@ -94,8 +94,8 @@ public struct RequestValidator: Sendable {
         guard path == prefix || path.hasPrefix(prefix + "/") else { return reject(404, .badPath, "path must be /3/device/<token>") }
         let token = path.dropFirst(prefix.count).drop(while: { $0 == "/" })
         guard !token.isEmpty else { return reject(400, .missingDeviceToken, "no device token in the path") }
-        guard !token.contains("/"), token.utf8.count % 2 == 0, token.utf8.allSatisfy(Hex.isDigit) else {
-            return reject(400, .badDeviceToken, "device token must be an even number of hex digits")
+        guard PushToken.isValid(token) else {
+            return reject(400, .badDeviceToken, "device token must be \(PushToken.ruleText)")
         }
 
         var seen = Set<String>()

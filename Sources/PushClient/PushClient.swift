@@ -34,7 +34,7 @@ public final class PushClient: Sendable {
         var tokens: TokenProvider? = nil
         switch configuration.credentials {
         case .token(let key):
-            tokens = TokenProvider(key: key)
+            tokens = (configuration.tokenRegistry ?? TokenRegistry()).provider(for: key, now: configuration.clock.now())
         case .certificate(let cert, let key, let pass):
             guard access(cert, R_OK) == 0 else {
                 throw PushClientError.invalidConfiguration("certificatePath \(cert) is not readable")
@@ -49,7 +49,8 @@ public final class PushClient: Sendable {
         }
         shared = ClientShared(endpoint: endpoint, tls: tls, tokens: tokens, clock: configuration.clock,
                               requestTimeout: configuration.requestTimeout, connectTimeout: configuration.connectTimeout,
-                              pingInterval: configuration.pingInterval, pacing: pacing)
+                              pingInterval: configuration.pingInterval, pacing: pacing,
+                              firstTokenConnection: tokens?.reserveConnections(configuration.connections) ?? 0)
         // OpenSSL's socket BIO writes with plain write(2): a server that closed its end would
         // raise SIGPIPE, whose default action kills the process. Ignore it process-wide (as
         // HTTPServer does for libuv); the write then fails with EPIPE and the connection closes.
@@ -60,7 +61,13 @@ public final class PushClient: Sendable {
         for s in slots { try s.start() }
     }
 
-    deinit { shutdown() }
+    deinit {
+        shutdown()
+        shared.tokens?.releaseConnections(first: shared.firstTokenConnection, count: slots.count)
+    }
+
+    /// This client's provider token source (nil with certificate credentials).
+    public var tokenProvider: TokenProvider? { shared.tokens }
 
     /// Thread-safe and never blocks. `completion` runs exactly once, on a client thread: keep
     /// it short (it delays other pushes on that connection).
@@ -137,10 +144,13 @@ final class ClientShared: Sendable {
     /// One pacer for all slots: a server that refuses one slot refuses the others too.
     let pacer: Mutex<ConnectionPacer>
     let random: @Sendable () -> Double
+    /// Slot i is connection `firstTokenConnection + i` to the (possibly shared) TokenProvider.
+    let firstTokenConnection: Int
 
     init(endpoint: Endpoint, tls: TLSClientContext?, tokens: TokenProvider?, clock: any PushClock,
          requestTimeout: Duration, connectTimeout: Duration, pingInterval: Duration, pacing: ConnectionPacing,
-         random: @escaping @Sendable () -> Double = { Double.random(in: 0..<1) }) {
+         firstTokenConnection: Int = 0, random: @escaping @Sendable () -> Double = { Double.random(in: 0..<1) }) {
+        self.firstTokenConnection = firstTokenConnection
         self.endpoint = endpoint
         self.tls = tls
         self.tokens = tokens

@@ -39,19 +39,22 @@ extension PushClient {
         // Checked through withUTF8 pointer loops: `utf8.allSatisfy` walked String.UTF8View's
         // index machinery, ~2.3k instructions per push for a 64-character token (callgrind).
         var token = r.deviceToken
-        let tokenOK = token.withUTF8 { b in b.count <= 400 && b.allSatisfy(Hex.isDigit) }
+        let tokenOK = token.withUTF8 { PushToken.isValid($0) }
         if !tokenOK { return .rejected(status: 400, reason: .badDeviceToken, timestamp: nil) }
         if r.bundleID.isEmpty { return .rejected(status: 400, reason: .missingTopic, timestamp: nil) }
         var topic = r.bundleID
         let topicOK = topic.withUTF8 { b in b.allSatisfy { $0 > 0x20 && $0 < 0x7f && $0 != UInt8(ascii: ":") } }
         if !topicOK { return .rejected(status: 400, reason: .badTopic, timestamp: nil) }
-        if let p = r.priority, ![10, 5, 1].contains(p) { return .rejected(status: 400, reason: .badPriority, timestamp: nil) }
+        if ![10, 5, 1].contains(r.priority) { return .rejected(status: 400, reason: .badPriority, timestamp: nil) }
         if let e = r.expiration, e < 0 { return .rejected(status: 400, reason: .badExpirationDate, timestamp: nil) }
         return nil
     }
 }
 
 extension ConnectionSlot {
+    /// This slot's connection id at the TokenProvider (unique among the provider's clients).
+    var tokenConnection: Int { shared.firstTokenConnection + index }
+
     /// Starts queued pushes while the current connection has room under the server's limit.
     func submitQueued() {
         while queueHead < queue.count, let c = current, c.hasStreamCapacity {
@@ -60,7 +63,7 @@ extension ConnectionSlot {
             var auth: String? = nil
             if let tokens = shared.tokens {
                 do {
-                    let t = try tokens.token(slot: index, now: shared.clock.now())
+                    let t = try tokens.token(slot: tokenConnection, now: shared.clock.now())
                     // A token change this soon on this connection would earn a 429: new connection.
                     if t.freshConnection && c.requestsCarried > 0 {
                         retireCurrent(now: .now)
@@ -85,7 +88,7 @@ extension ConnectionSlot {
             }
             if c.requestsCarried == 0, let generation, let tokens = shared.tokens {
                 // The token's first use on this connection is now, not when the policy chose it.
-                tokens.connectionOpened(slot: index, generation: generation, now: shared.clock.now())
+                tokens.connectionOpened(slot: tokenConnection, generation: generation, now: shared.clock.now())
             }
             c.requestsCarried += 1
             p.deadline = .now + shared.requestTimeout
@@ -108,7 +111,7 @@ extension ConnectionSlot {
             ("apns-id", r.apnsID.text),
         ]
         if let e = r.expiration { fields.append(("apns-expiration", String(e))) }
-        if let p = r.priority { fields.append(("apns-priority", String(p))) }
+        fields.append(("apns-priority", String(r.priority)))
         if let authorization { fields.append(("authorization", authorization)) }
         fields.append(("content-type", "application/json"))
         return RequestHead(path: "/3/device/" + r.deviceToken.lowercased(), fields: fields)

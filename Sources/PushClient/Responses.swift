@@ -52,14 +52,20 @@ extension ConnectionSlot {
             // About the connection, not the push: APNs is closing it. Streams in flight finish
             // on it; new ones wait for the next (paced) connection.
             c.retired = true
+        case .rejected(_, .tooManyProviderTokenUpdates, _):
+            // Apple: the connection stays unusable for a while. Retire it; the slot's next
+            // connection carries the current token as its first (not an update).
+            c.retired = true
+            shared.tokens?.connectionReset(slot: tokenConnection)
         default: break
         }
         if case .rejected(_, let reason, _) = result, let gen = st.tokenGeneration, let tokens = shared.tokens {
             let now = shared.clock.now()
             if reason == .expiredProviderToken {
-                tokens.expired(generation: gen, now: now)
-                // Rejected, so never delivered: one retry with the new token is safe.
-                if p.attempt == 0 {
+                // Rejected, so never delivered: one retry with a new token is safe. When the
+                // policy keeps the dead token (one early re-mint per 20 minutes), the answer
+                // goes back to the caller, which pauses the app (docs/pushclient.md).
+                if tokens.expired(generation: gen, now: now), p.attempt == 0 {
                     p.attempt += 1
                     return requeue(p)
                 }

@@ -6,9 +6,13 @@
 // (429). One token per key is shared by all connections.
 //
 // Our policy:
-// - Mint when there is no token, when it is >= 50 min old, or when APNs called it expired
-//   (at most once a minute, so a wrong system clock cannot turn into a mint per request).
+// - Mint when there is no token, when it is >= 50 min old, or when APNs called it expired.
+//   Apple asks for at most one new token per 20 minutes: an ExpiredProviderToken for a token
+//   >= 20 min old mints; for a younger one it mints once, and not again for 20 minutes (a
+//   wrong host clock then costs one JWT per 20 minutes, not one per answer or per minute).
 //   `requestRefresh` (e.g. after InvalidProviderToken) mints only if the token is >= 20 min old.
+// - One policy serves every connection of every client using the key in this process
+//   (TokenRegistry): connection ids are unique per provider, not per client.
 // - Connections are identified by the client's connection slot (one thread holding one HTTP/2
 //   connection at a time): the slot tells the policy when it replaces its connection
 //   (`connectionReset`) and when a new connection first carries a token (`connectionOpened`).
@@ -21,7 +25,8 @@ import FoundationEssentials
 public struct TokenPolicy: Sendable, Equatable {
     public static let refreshAge: TimeInterval = 50 * 60
     public static let minimumTimeOnConnection: TimeInterval = 20 * 60
-    public static let minimumExpiredRemintInterval: TimeInterval = 60
+    /// After an early (< 20 min) mint for ExpiredProviderToken, the next early one waits this long.
+    public static let minimumExpiredRemintInterval: TimeInterval = 20 * 60
 
     /// Identity of a minted token: bump-only generation and its `iat`.
     public struct Issued: Sendable, Equatable {
@@ -71,13 +76,19 @@ public struct TokenPolicy: Sendable, Equatable {
     }
 
     /// APNs answered ExpiredProviderToken for a request that carried `generation`.
-    /// Stale reports (a newer token already exists) are ignored.
-    public mutating func expired(generation: Int, now: Date) {
-        guard let current, generation == current.generation else { return }
-        if let last = lastExpiredMint, now.timeIntervalSince(last) < Self.minimumExpiredRemintInterval { return }
+    /// Returns whether the next request gets another token than `generation` (a retry is
+    /// worth it); false when the guard keeps the dead one (the caller should pause, not retry).
+    /// Stale reports (a newer token already exists) are ignored and return true.
+    @discardableResult
+    public mutating func expired(generation: Int, now: Date) -> Bool {
+        guard let current, generation == current.generation else { return true }
+        if mustMint { return true }
+        let young = now.timeIntervalSince(current.issuedAt) < Self.minimumTimeOnConnection
+        if young, let last = lastExpiredMint, now.timeIntervalSince(last) < Self.minimumExpiredRemintInterval { return false }
         lastExpiredMint = now
         mustMint = true
         for (id, slot) in slots where slot.generation == generation { freshNeeded.insert(id) }
+        return true
     }
 
     /// Ask for a new token for another reason; honoured only if the current one is >= 20 min

@@ -50,6 +50,8 @@ public struct TokenKey: Sendable {
     public let keyID: String
     public let teamID: String
     let signingKey: AsymmetricKey
+    /// SHA-256 of the .p8 text: TokenRegistry shares a token only between identical keys.
+    let fingerprint: [UInt8]
 
     public init(p8PEM: String, keyID: String, teamID: String) throws {
         try Self.checkIdentifier(keyID, field: "keyID")
@@ -57,6 +59,7 @@ public struct TokenKey: Sendable {
         self.keyID = keyID
         self.teamID = teamID
         self.signingKey = try ProviderToken.signingKey(pem: p8PEM)
+        self.fingerprint = SHA256.hash(Array(p8PEM.utf8))
     }
 
     public init(p8Path: String, keyID: String, teamID: String) throws {
@@ -112,6 +115,9 @@ public struct PushClientConfiguration: Sendable {
     /// Back-off and rate limit for opening connections (docs/pushclient.md, "Connection discipline").
     public var connectionPacing: ConnectionPacing
     public var clock: any PushClock
+    /// Where token credentials get their provider token. nil: a registry of this client's own
+    /// (tests); the relay passes `TokenRegistry.shared` so apps of one team share one token.
+    public var tokenRegistry: TokenRegistry?
 
     public init(environment: APNsEnvironment, credentials: APNsCredentials, caFile: String? = nil,
                 connections: Int = 2, requestTimeout: Duration = .seconds(10),
@@ -183,13 +189,14 @@ public struct PushRequest: Sendable {
     public var payload: AccessoryPayload
     /// `apns-expiration` (UNIX seconds, 0 = deliver once); omitted when nil.
     public var expiration: Int?
-    /// `apns-priority` (10, 5 or 1); omitted when nil.
-    public var priority: Int?
+    /// `apns-priority`, sent on every push (10, 5 or 1; anything else is refused locally with
+    /// 400 BadPriority, as APNs would). Default 10, `immediatePriority` (docs/pushclient.md).
+    public var priority: Int
 
     /// With the apns-id as checked text (`APNsID("...")`): what the relay uses, its outbox row
     /// ids are the apns-ids, kept as text.
     public init(deviceToken: String, bundleID: String, apnsID: APNsID, payload: AccessoryPayload,
-                expiration: Int? = nil, priority: Int? = nil) {
+                expiration: Int? = nil, priority: Int = PushRequest.immediatePriority) {
         self.deviceToken = deviceToken
         self.bundleID = bundleID
         self.apnsID = apnsID
@@ -199,10 +206,17 @@ public struct PushRequest: Sendable {
     }
 
     public init(deviceToken: String, bundleID: String, apnsID: UUID = UUID(), payload: AccessoryPayload,
-                expiration: Int? = nil, priority: Int? = nil) {
+                expiration: Int? = nil, priority: Int = PushRequest.immediatePriority) {
         self.init(deviceToken: deviceToken, bundleID: bundleID, apnsID: APNsID(apnsID), payload: payload,
                   expiration: expiration, priority: priority)
     }
+
+    /// Apple: 10 sends the notification immediately, 5 "based on power considerations" (may be
+    /// grouped, delayed or throttled), 1 "prioritizes the device's power considerations over all
+    /// other factors"; APNs assumes 10 when the header is absent. An accessory response is a
+    /// person's answer to a notification (a quick reply, an action) that the phone should act on
+    /// now, so 10, written out rather than left to APNs' default.
+    public static let immediatePriority = 10
 
     public var topic: String { bundleID + ".push-type.accessory" }
     /// The `apns-id` header's value: `apnsID.text`.

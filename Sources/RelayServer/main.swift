@@ -81,7 +81,7 @@ if checkOnly {
 let logger = RelayLogger(minimum: config.log.level, format: config.log.format)
 logger.info("relay-server starting", ["version": BuildInfo.version, "commit": BuildInfo.commit, "config": configPath])
 for w in warnings { logger.warning(w.message, ["key": w.key]) }
-let service = RelayService(config: config, logger: logger, makeTransport: PushClientTransport.make)
+let service = RelayService(config: config, logger: logger, makeTransport: { try PushClientTransport.make(app: $0, config: $1) })
 do {
     try service.start()
 } catch {

@@ -39,7 +39,7 @@ enum RelayCtl {
     static var root: Command {
         .group("relayctl", "Operate the accessory notification relay and check its cryptography.",
                discussion: "'relayctl --version [--json]' prints the version and the git commit it was built from.", [
-            status, list, show, retry, purge, tokens, credentials, backup, sendTest, checkConfig,
+            status, list, show, retry, purge, tokens, credentials, events, backup, sendTest, checkConfig,
             ratchet, accessory,
         ])
     }

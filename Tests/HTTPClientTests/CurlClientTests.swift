@@ -94,6 +94,25 @@ private func body(_ count: Int) -> [UInt8] { [UInt8](repeating: UInt8(ascii: "x"
 @Suite struct CurlClientTests {
     let client = CurlClient()
 
+    /// libcurl's codes and texts as 7.88 on OpenSSL 3 gives them (the texts from real runs).
+    @Test("a TLS handshake refused by either side is final; a reset or a timeout is not")
+    func whichTLSFailuresAreFinal() {
+        let cases: [(code: Int, detail: String, final: Bool)] = [
+            (56, "OpenSSL SSL_read: error:0A00045C:SSL routines::tlsv13 alert certificate required, errno 0", true),
+            (35, "OpenSSL/3.0.17: error:0A000418:SSL routines::tlsv1 alert unknown ca", true),
+            (60, "SSL certificate problem: self-signed certificate", true),
+            (58, "could not load PEM client certificate, OpenSSL error error:80000002:system library::No such file or directory", true),
+            (77, "error setting certificate file: /nonexistent", true),
+            (35, "OpenSSL SSL_connect: Connection reset by peer in connection to 127.0.0.1:8443", false),
+            (56, "Recv failure: Connection reset by peer", false),
+            (7, "Failed to connect to 127.0.0.1 port 1 after 0 ms: Couldn't connect to server", false),
+            (28, "Operation timed out after 10001 milliseconds with 0 bytes received", false),
+        ]
+        for c in cases {
+            #expect(CurlClient.tlsFailureIsFinal(curlCode: c.code, detail: c.detail) == c.final, "\(c.code) \(c.detail)")
+        }
+    }
+
     @Test("a body of exactly the cap (1 MiB) is read whole; one byte more is refused with an error naming the cap")
     func responseBodiesAreCapped() throws {
         let cap = CurlClient.Options().maxResponseBodyBytes

@@ -68,8 +68,8 @@ func floodWithoutReading(_ fds: [Int32], request: [UInt8], seconds: Double) -> I
     return total
 }
 
-/// A relay at log level warning (a debug line per request would make it wait on the test's
-/// stderr pipe), answering, with its pid and resident KiB at rest.
+/// A relay at log level warning (at debug, a line per request would fill the log queue: up to
+/// 4 MiB of the resident size measured here), answering, with its pid and resident KiB at rest.
 func startQuietRelay() throws -> (RelayHarness, Int32, Int) {
     let h = try RelayHarness()
     let path = h.dir + "/relay.json"

@@ -127,7 +127,9 @@ final class RelayChild: @unchecked Sendable {
     private let log = RelayLogBuffer()
     private var errPipe: Pipe?
 
-    init(_ path: String, _ arguments: [String], name: String, environment: [String: String] = [:]) throws {
+    /// `readStderr: false` leaves stderr a pipe nobody reads (it fills at 64 KiB); what it
+    /// holds is read only after the process exited.
+    init(_ path: String, _ arguments: [String], name: String, environment: [String: String] = [:], readStderr: Bool = true) throws {
         self.name = name
         process.executableURL = URL(fileURLWithPath: path)
         process.arguments = arguments
@@ -140,11 +142,11 @@ final class RelayChild: @unchecked Sendable {
         process.standardError = err
         process.standardOutput = FileHandle.nullDevice
         let log = self.log
-        err.fileHandleForReading.readabilityHandler = { h in
+        if readStderr { err.fileHandleForReading.readabilityHandler = { h in
             let d = h.availableData
             if d.isEmpty { h.readabilityHandler = nil; return }
             log.bytes.withLock { $0 += d }
-        }
+        } }
         try process.run()
     }
 
@@ -318,8 +320,8 @@ final class RelayHarness {
     }
 
     /// Starts relay-server and waits for /readyz.
-    func startRelay() throws {
-        let child = try RelayChild(relayBinary("relay-server"), ["--config", dir + "/relay.json"], name: "relay-server")
+    func startRelay(readStderr: Bool = true) throws {
+        let child = try RelayChild(relayBinary("relay-server"), ["--config", dir + "/relay.json"], name: "relay-server", readStderr: readStderr)
         relay = child
         try child.waitReady(adminPort: adminPort)
         if credential.isEmpty { credential = try createCredential(apps: [Self.bundleID]) }

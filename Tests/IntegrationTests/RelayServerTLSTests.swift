@@ -207,26 +207,36 @@ struct RelayServerTLSTests {
         let paired = try Relayctl.run(["accessory", "pair", "--ciphersuite", "p256", "--out", state])
         try #require(paired.status == 0, "\(paired.stderr)")
         let send = ["accessory", "send", "--state", state, "--url", "https://127.0.0.1:\(h.relayPort)", "--credential", h.credential,
-                    "--ca-file", dir + "/server.pem", "--retries", "0", "--json"]
+                    "--ca-file", dir + "/server.pem", "--json"]
 
-        let refused = try Relayctl.run(send)
+        // No client certificate: the relay refuses the handshake. Not retried (the default is 5
+        // retries; before, all 6 attempts repeated the same refused handshake), a clear message,
+        // exit 1, and the other responses of the run are not tried.
+        let refused = try Relayctl.run(send + ["--count", "3"])
         #expect(refused.status == 1, "\(refused.stdout)\(refused.stderr)")
-        #expect(refused.stderr.contains("not every response was accepted"), "\(refused.stderr)")
-        let refusal = try #require((try Relayctl.json(refused) as? [String: Any])?["responses"] as? [[String: Any]]).first
-        #expect(refusal?["status"] as? Int == 0)
+        #expect(refused.stderr.contains("TLS handshake with the relay failed and was not retried")
+                && refused.stderr.contains("--client-cert"), "\(refused.stderr)")
+        let refusals = try #require((try Relayctl.json(refused) as? [String: Any])?["responses"] as? [[String: Any]])
+        #expect(refusals.count == 1)
+        let refusal = refusals.first
+        #expect(refusal?["status"] as? Int == 0 && refusal?["attempts"] as? Int == 1)
         let error = refusal?["error"] as? String ?? ""
         #expect(error.contains("SSL") && error.contains("certificate required"), "\(error)")
         #expect(try h.sql("SELECT count(*) FROM responses") == "0")
+        // A relay certificate this host does not trust (no --ca-file): the same, from our side.
+        let untrusted = try Relayctl.run(send.filter { $0 != "--ca-file" && $0 != dir + "/server.pem" })
+        #expect(untrusted.status == 1 && untrusted.stderr.contains("--ca-file"), "\(untrusted.stderr)")
+        #expect((try Relayctl.json(untrusted) as? [String: Any]).flatMap { ($0["responses"] as? [[String: Any]])?.first?["attempts"] as? Int } == 1)
 
         let accepted = try Relayctl.run(send + ["--client-cert", dir + "/client.pem", "--client-key", dir + "/client.key"])
         #expect(accepted.status == 0, "\(accepted.stdout)\(accepted.stderr)")
         let response = try #require((try Relayctl.json(accepted) as? [String: Any])?["responses"] as? [[String: Any]]).first
         #expect(response?["status"] as? Int == 202)
-        // The refused attempt used index 0 (persisted before it left); the accepted one is index 1.
-        #expect(response?["index"] as? Int == 1)
+        // The refused attempts used indexes 0 and 1 (persisted before they left); the accepted one is index 2.
+        #expect(response?["index"] as? Int == 2)
         let id = try #require(response?["id"] as? String)
         let token = try #require((try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: state))) as? [String: Any])?["pushToken"] as? String)
-        #expect(try h.sql("SELECT message_index || ' ' || push_token FROM responses WHERE id = '\(id)'") == "1 \(token)")
+        #expect(try h.sql("SELECT message_index || ' ' || push_token FROM responses WHERE id = '\(id)'") == "2 \(token)")
     }
 
     /// The APNs key files reload on SIGHUP too, app by app and only when they changed: a broken
@@ -267,14 +277,26 @@ struct RelayServerTLSTests {
         try replaceKey(try Data(contentsOf: URL(fileURLWithPath: h.dir + "/other.p8")))
         h.relay?.signal(SIGHUP)
         try relayEventually("APNs reload logged") { log("APNs credentials reloaded") == 1 }
-        _ = try post()
+        let refused = try post()
         try relayEventually("the mock refuses the other key's token") {
-            try relayHTTP(h.adminPort, "GET", "/metrics").text.contains(#"relay_pushes_total{status="403",reason="InvalidProviderToken"} 1"#)
+            try relayHTTP(h.adminPort, "GET", "/metrics").text.contains(#"relay_pushes_total{status="403",reason="InvalidProviderToken"} "#)
         }
+        // The app is paused, not its row failed: /readyz names it, the gauge and one log line say why.
+        try relayEventually("paused app named by /readyz") {
+            let r = try relayHTTP(h.adminPort, "GET", "/readyz")
+            return r.status == 503 && r.text.contains(#""paused":{"\#(RelayHarness.bundleID)":"InvalidProviderToken"}"#)
+        }
+        #expect(try relayHTTP(h.adminPort, "GET", "/metrics").text
+            .contains(#"relay_app_paused{app="\#(RelayHarness.bundleID)",reason="InvalidProviderToken"} 1"#))
+        #expect(log("app paused") == 1)
 
         try replaceKey(original)
         h.relay?.signal(SIGHUP)
         try relayEventually("second APNs reload logged") { log("APNs credentials reloaded") == 2 }
+        // The reload resumed the app: the row refused under the other key goes out too.
+        try delivered(refused)
+        #expect(log("app resumed") == 1)
+        #expect(try relayHTTP(h.adminPort, "GET", "/readyz").status == 200)
         try delivered(try post())
         let metrics = try relayHTTP(h.adminPort, "GET", "/metrics").text
         #expect(metrics.contains(#"relay_apns_credential_reloads_total{result="ok"} 2"#)
@@ -284,8 +306,8 @@ struct RelayServerTLSTests {
 
     /// A push certificate renewed in place (the case reload serves): after the HUP the new
     /// files are what APNs sees. mock-apns checks client certificates against its CA, so a
-    /// certificate from elsewhere is refused in the handshake (pushes retried), and the real one
-    /// back delivers them, the retried one included.
+    /// certificate from elsewhere is refused in the handshake (the app pauses: issue 25 item 5),
+    /// and the real one back resumes it and delivers the held row.
     @Test func sighupReloadsARenewedPushCertificate() throws {
         let h = try RelayHarness()
         let dir = h.dir
@@ -328,11 +350,16 @@ struct RelayServerTLSTests {
         h.relay?.signal(SIGHUP)
         try relayEventually("reload with the other certificate") { reloads() == 1 }
         let held = try post()
-        try relayEventually("the mock refuses the other certificate") {
-            let lines = try relayHTTP(h.adminPort, "GET", "/metrics").text.split(separator: "\n")
-            return lines.contains { $0.hasPrefix("relay_push_retries_total ") && $0 != "relay_push_retries_total 0" }
+        // Refused in the handshake: not a transient failure. The app pauses as credential_file
+        // (/readyz names it, one log line names the file), the row waits without an attempt.
+        try relayEventually("the mock refuses the other certificate: app paused") {
+            let r = try relayHTTP(h.adminPort, "GET", "/readyz")
+            return r.status == 503 && r.text.contains(#""paused":{"\#(RelayHarness.bundleID)":"credential_file"}"#)
         }
+        #expect(h.relay?.stderr.components(separatedBy: "app paused").count == 2)
+        #expect(h.relay?.stderr.contains("push.pem") == true)
         #expect(try !h.deliveries().contains { ($0["apnsId"] as? String) == held })
+        #expect(try h.sql("SELECT attempts FROM responses WHERE id = '\(held)'") == "0")
 
         try swapIn("good")
         h.relay?.signal(SIGHUP)

@@ -139,6 +139,28 @@ import Glibc
         #expect(try h.sql("SELECT count(*) FROM unregistered_tokens WHERE token = '\(accessory.pushToken)'") == "1")
     }
 
+    /// Issue 31: BadDeviceToken marks the token end to end (config -> DeliveryPolicy -> store ->
+    /// ingest): 400 bad_device_token naming pushToken during the hold, then one probe; once APNs
+    /// takes the token (the fault cleared), the probe's 200 lifts the mark.
+    @Test func badDeviceTokenMarksTheTokenUntilAProbeIsDelivered() throws {
+        let accessory = TestAccessory()
+        let h = try RelayHarness(dispatch: #""badDeviceTokenHoldSeconds":1"#,
+                                 mockFaults: ["status=400,reason=BadDeviceToken,token=\(accessory.pushToken)"], accessory: accessory)
+        try h.startRelay()
+        let id = try #require(try h.post(try accessory.nextBody().body).json["id"] as? String)
+        try relayEventually("failed") { try h.get(id).json["state"] as? String == "failed" }
+        #expect(try h.get(id).json["lastReason"] as? String == "BadDeviceToken")
+        let refused = try h.post(try accessory.nextBody().body)
+        #expect(refused.status == 400 && refused.json["error"] as? String == "bad_device_token" && refused.json["field"] as? String == "pushToken")
+        #expect((refused.json["message"] as? String ?? "").contains("sandbox"))
+        try h.clearFaults()
+        usleep(1_100_000)
+        let probe = try #require(try h.post(try accessory.nextBody().body).json["id"] as? String)
+        try relayEventually("probe delivered") { try h.get(probe).json["state"] as? String == "delivered" }
+        #expect(try h.sql("SELECT count(*) FROM unregistered_tokens") == "0")
+        #expect(try h.post(try accessory.nextBody().body).status == 202)
+    }
+
     @Test func tooManyRequestsPacesTheTokenThenDelivers() throws {
         let accessory = TestAccessory()
         let h = try RelayHarness(dispatch: #""tooManyRequestsDelayMs":1500"#,
@@ -180,6 +202,35 @@ import Glibc
         #expect(history.dropLast().allSatisfy { $0["status"] as? Int == 503 })
         #expect(history.last?["status"] as? Int == 200)
         #expect(try h.deliveries().filter { ($0["apnsId"] as? String) == id }.count == 1)
+    }
+
+    /// The issue's scenario end to end, scaled: 10 responses while mock-apns answers
+    /// InvalidProviderToken for 3 s (probes 100 ms doubling to 400 ms): none fails, the app is
+    /// paused meanwhile (/readyz 503 naming it), and every one is delivered once after, with
+    /// one attempt in its history (the refused sends were not attempts).
+    @Test func invalidProviderTokenPausesTheAppAndFailsNothing() throws {
+        let h = try RelayHarness(dispatch: #""pauseProbeBaseMs":100,"pauseProbeCapMs":400"#,
+                                 mockFaults: ["status=403,reason=InvalidProviderToken"])
+        try h.startRelay()
+        var ids: [String] = []
+        for _ in 0..<10 { ids.append(try #require(try h.post(try h.accessory.nextBody().body).json["id"] as? String)) }
+        try relayEventually("paused app named by /readyz") {
+            let r = try relayHTTP(h.adminPort, "GET", "/readyz")
+            return r.status == 503 && r.text.contains(#""paused":{"\#(RelayHarness.bundleID)":"InvalidProviderToken"}"#)
+        }
+        Thread.sleep(forTimeInterval: 3)
+        #expect(try h.sql("SELECT count(*) FROM responses WHERE state = 'failed'") == "0")
+        #expect(try h.sql("SELECT count(*) FROM attempts") == "0")
+        try h.clearFaults()
+        try relayEventually("all delivered") { try h.sql("SELECT count(*) FROM responses WHERE state = 'delivered'") == "10" }
+        for id in ids {
+            let history = try #require(try h.get(id).json["history"] as? [[String: Any]])
+            #expect(history.map { $0["status"] as? Int } == [200])
+            #expect(try h.deliveries().filter { ($0["apnsId"] as? String) == id }.count == 1)
+        }
+        #expect(try relayHTTP(h.adminPort, "GET", "/readyz").status == 200)
+        let log = h.relay?.stderr ?? ""
+        #expect(log.components(separatedBy: "app paused").count == 2 && log.components(separatedBy: "app resumed").count == 2)
     }
 
     @Test func ttlExpiryFailsTheRow() throws {

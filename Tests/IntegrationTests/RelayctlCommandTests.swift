@@ -229,7 +229,7 @@ struct RelayctlCommandTests {
 
         let forget = try Relayctl.run(["tokens", "forget", token, "--db", db.path])
         #expect(forget.status == 0, "\(forget.stderr)")
-        #expect(try Relayctl.run(["tokens", "list", "--db", db.path]).stdout == "no unregistered tokens\n")
+        #expect(try Relayctl.run(["tokens", "list", "--db", db.path]).stdout == "no marked tokens\n")
         #expect(try Relayctl.run(["tokens", "forget", token, "--db", db.path]).status == 1)
         #expect(try Relayctl.run(["tokens", "--db", db.path]).status == 64)
         #expect(try Relayctl.run(["tokens", "drop", token, "--db", db.path]).status == 64)

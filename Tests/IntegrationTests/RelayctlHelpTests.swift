@@ -10,6 +10,7 @@ struct RelayctlHelpTests {
         [], ["status"], ["list"], ["show"], ["retry"], ["purge"],
         ["tokens"], ["tokens", "list"], ["tokens", "show"], ["tokens", "forget"],
         ["credentials"], ["credentials", "create"], ["credentials", "list"], ["credentials", "revoke"],
+        ["events"], ["events", "list"], ["events", "show"], ["events", "replay"],
         ["backup"], ["check-config"], ["send-test"],
     ]
 

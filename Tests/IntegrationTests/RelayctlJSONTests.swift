@@ -54,7 +54,7 @@ private func mismatches(_ value: Value, _ shape: Shape, at path: String = "$") -
 /// The commands pinned below; `everyCommandIsPinned` compares it with the help tree.
 private let covered: Set<String> = [
     "status", "list", "show", "retry", "purge", "tokens list", "tokens show", "tokens forget",
-    "credentials create", "credentials list", "credentials revoke", "backup", "check-config", "send-test",
+    "credentials create", "credentials list", "credentials revoke", "events list", "events show", "events replay", "backup", "check-config", "send-test",
     "accessory pair", "accessory derive", "accessory send",
     "ratchet step", "ratchet chain", "ratchet keyid", "ratchet seal", "ratchet open", "ratchet body encode", "ratchet body decode",
 ]
@@ -83,7 +83,7 @@ private let attempt: Shape = .object([
     "attemptedAt": .string, "status": .nullable(.int), "reason": .nullable(.string), "apnsTimestamp": .nullable(.string),
     "latencyMillis": .nullable(.number),
 ])
-private let token: Shape = .object(["token": .hex, "apnsTimestamp": .string, "recordedAt": .string])
+private let token: Shape = .object(["token": .hex, "reason": .string, "apnsTimestamp": .string, "recordedAt": .string])
 private let credential: Shape = .object([
     "id": .string, "name": .string, "apps": .array(.string), "createdAt": .string,
     "lastUsedAt": .nullable(.string), "revokedAt": .nullable(.string),
@@ -96,7 +96,15 @@ private let status: Shape = .object([
     "unregisteredTokens": .int, "credentials": .int, "revokedCredentials": .int,
     "retention": .object(["deliveredSeconds": .int, "failedSeconds": .int, "source": .string]),
     "disk": .nullable(.object(["freeBytes": .nullable(.int), "minFreeBytes": .int])),
+    "webhooks": .map(.object(["pending": .int, "dead": .int])),
 ])
+private let event: Shape = .object([
+    "id": .string, "sequence": .int, "type": .string, "createdAt": .string, "credentialID": .nullable(.string), "app": .string, "body": .string,
+])
+private func delivery(event e: Shape) -> Shape {
+    .object(["webhook": .string, "state": .string, "attempts": .int, "firstAttemptAt": .nullable(.string), "nextAttemptAt": .string,
+             "lastError": .nullable(.string), "updatedAt": .string, "event": e])
+}
 private let keyID: Shape = .object(["hex": .hex, "base64": .string])
 private let pair: Shape = .object([
     "stateFile": .string, "ciphersuite": .string, "protocolInfo": .string, "publicKey": .hex, "encapsulatedKey": .hex,
@@ -150,6 +158,16 @@ struct RelayctlJSONTests {
         try pin("credentials list", [] + d, .array(credential))
         guard case .object(let c) = created, case .object(let cred) = c["credential"]!, case .string(let id) = cred["id"]! else { return }
         try pin("credentials revoke", [id] + d, .object(["revoked": .string]))
+        guard case .array(let events) = try pin("events list", [] + d, .array(event)) else { Issue.record("events list: not an array"); return }
+        // delivered, BadDeviceToken, 410 (its response and its token), expired; then two more.
+        #expect(events.count == db.eventIDs.count && db.eventIDs.count == 7)
+        try pin("events list", ["--webhook", "backend", "--type", "response.failed"] + d, .array(delivery(event: event)))
+        guard case .array(let dead) = try pin("events list", ["--state", "dead"] + d, .array(delivery(event: event))) else { return }
+        #expect(dead.count == 1)
+        try pin("events show", [db.eventIDs[0]] + d, .object(["event": event, "deliveries": .array(delivery(event: .null))]))
+        let replayed = try pin("events replay", ["--dead", "--webhook", "backend"] + d, .object(["replayed": .int]))
+        if case .object(let o) = replayed, case .int(let n)? = o["replayed"] { #expect(n == 1) } else { Issue.record("replay: \(replayed)") }
+        try pin("events replay", ["--id", db.eventIDs[1]] + d, .object(["replayed": .int]))
         try pin("backup", [db.directory.appendingPathComponent("copy.db").path] + d,
                 .object(["source": .string, "backup": .string, "bytes": .int, "responses": .int]))
         try pin("check-config", [db.directory.appendingPathComponent("absent.json").path],

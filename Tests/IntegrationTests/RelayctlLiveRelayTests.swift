@@ -199,11 +199,12 @@ struct RelayctlLiveRelayTests {
     }
 
     @Test func retryAndPurgeUnderLoadLoseNothingAndDeliverNothingTwice() throws {
-        // Every fifth response fails terminally on its first attempt (BadDeviceToken); relayctl
-        // requeues failed rows and purges delivered ones while traffic flows.
+        // Every fifth response fails terminally on its first attempt (BadExpirationDate: a
+        // failure of the row alone; BadDeviceToken would mark the shared token, docs/api.md
+        // "Token marks"); relayctl requeues failed rows and purges delivered ones while traffic flows.
         let transport = RecordingTransport { row in
             row.messageIndex % 5 == 0 && row.attempts == 0
-                ? PushAnswer(status: 400, reason: "BadDeviceToken", classification: .terminal("BadDeviceToken"))
+                ? PushAnswer(status: 400, reason: "BadExpirationDate", classification: .terminal("BadExpirationDate"))
                 : PushAnswer(status: 200, reason: nil, classification: .done)
         }
         let relay = try LiveRelay(transport: transport)
@@ -221,7 +222,7 @@ struct RelayctlLiveRelayTests {
         operatorResults.start {
             var results: [Int32] = []
             for round in 0..<8 {
-                results.append(try Relayctl.run(["retry", "--failed", "--reason", "BadDeviceToken", "--db", db]).status)
+                results.append(try Relayctl.run(["retry", "--failed", "--reason", "BadExpirationDate", "--db", db]).status)
                 results.append(try Relayctl.run(["purge", "--delivered", "--older-than", "1ms", "--db", db]).status)
                 if round % 2 == 0 { results.append(try Relayctl.run(["status", "--db", db]).status) }
             }

@@ -87,6 +87,8 @@ struct SeededDatabase {
     var tokens: [String: String] = [:]
     var credentialSecret = ""
     var credentialID = ""
+    /// Events of the seed's outcomes (oldest first); the first is dead for webhook "backend".
+    var eventIDs: [String] = []
     /// Wall-clock milliseconds the seed's "now" was taken at: its rows are two hours and ten
     /// minutes older than this.
     var seededAtMillis: Int64 = 0
@@ -101,6 +103,7 @@ struct SeededDatabase {
         seeded.seededAtMillis = now
         let store = try SQLiteOutboxStore(path: seeded.path, clock: clock)
         defer { store.close() }
+        store.eventSettings = EventStoreSettings(webhooks: [WebhookSubscription(name: "backend")])
         let credential = try store.createCredential(name: "fleet-test", apps: [app])
         seeded.credentialSecret = credential.secret
         seeded.credentialID = credential.record.id
@@ -168,6 +171,9 @@ struct SeededDatabase {
             }
         }
         try store.apply(updates)
+        let deliveries = try store.claimWebhookDeliveries(webhook: "backend", now: clock.nowMillis(), leaseUntil: clock.nowMillis() + 1000, limit: 100)
+        seeded.eventIDs = deliveries.map(\.event.id)
+        try store.recordWebhookResults(webhook: "backend", [(deliveries[0].event.id, .dead(attemptedAt: clock.nowMillis(), error: "status 500"))])
         return seeded
     }
 

@@ -64,9 +64,10 @@ enum Reliability {
         p.waitUntilExit()
         try? handle.close()
         guard let data = try? Data(contentsOf: json),
-              let object = try JSONSerialization.jsonObject(with: data) as? [String: Any] else {
+              var object = try JSONSerialization.jsonObject(with: data) as? [String: Any] else {
             throw RunError(description: "no results (exit \(p.terminationStatus)): \(tail(log))")
         }
+        if object["pass"] as? Bool != true { object["harnessLogTail"] = tail(log) }  // shown by a failed expectation
         return object
     }
 
@@ -93,6 +94,10 @@ struct ReliabilityTests {
         let extra = crash["extraDeliveries"] as? Int ?? .max
         let bound = crash["duplicateBound"] as? Int ?? 0
         #expect(extra <= bound, "\(extra) duplicate deliveries exceed what was inflight at the kills (\(bound))")
+        // Delivery events (docs/events.md): after every kill and at the end, each terminal
+        // response has exactly its one event and no other response has any.
+        #expect(crash["eventMismatches"] as? Int == 0, "events disagree with their responses: \(crash["roundLog"] ?? "")")
+        #expect(crash["deliveredEvents"] as? Int == states["delivered"], "one response.delivered event per delivered response")
     }
 
     @Test func faultRowsRecoverWithoutLoss() throws {

@@ -71,17 +71,17 @@ import Testing
               + "\(ids.count - Set(ids).count) duplicates")
     }
 
-    /// A server that answers one stream at a time in 100 ms, with a 1 s request timeout and
-    /// 20 pushes at once (2 s of queue): time spent queued does not count, so every push gets
-    /// its full budget and is answered. (The budget is 10x the latency so a loaded 2-core CI
-    /// machine stays inside it; counted from `send`, the second half of the queue cannot.) A caller that retries transport failures (as the dispatcher does) sends
-    /// nothing twice, and one connection carries everything. (With the deadline counted from
-    /// `send`, pushes written late timed out on the wire and their retries were duplicates.)
+    /// A server that answers one stream at a time in 50 ms, with a 3 s request timeout and
+    /// 100 pushes at once (5 s of queue): time spent queued does not count, so every push gets
+    /// its full budget and is answered. (The budget is 60x the latency so a loaded 2-core CI
+    /// machine stays inside it; counted from `send`, the last 40 of the queue cannot.)
+    /// A caller that retries transport failures (as the dispatcher does) sends nothing twice,
+    /// and one connection carries everything.
     @Test func queuedTimeDoesNotCountAgainstTheRequest() throws {
-        let rig = try MockRig(faults: [FaultRule(latencyMs: 100)], streams: (initial: 1, max: 1))
-        let client = try rig.client(connections: 1, requestTimeout: .milliseconds(1_000), pacing: Self.pacing)
+        let rig = try MockRig(faults: [FaultRule(latencyMs: 50)], streams: (initial: 1, max: 1))
+        let client = try rig.client(connections: 1, requestTimeout: .milliseconds(3_000), pacing: Self.pacing)
         defer { client.shutdown() }
-        let requests = (0..<20).map { push(index: UInt32($0)) }
+        let requests = (0..<100).map { push(index: UInt32($0)) }
         let done = Mutex<[String: PushResult]>([:])
         let tries = Mutex(0)
         @Sendable func attempt(_ r: PushRequest, _ left: Int) {
@@ -92,7 +92,7 @@ import Testing
             }
         }
         for r in requests { attempt(r, 3) }
-        #expect(eventually(upTo: 20) { done.withLock { $0.count } == requests.count })
+        #expect(eventually(upTo: 90) { done.withLock { $0.count } == requests.count })
         let results = done.withLock { $0 }
         #expect(results.values.allSatisfy(isDelivered), "\(results.values.filter { !isDelivered($0) })")
         #expect(tries.withLock { $0 } == requests.count)

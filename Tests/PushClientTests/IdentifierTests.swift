@@ -28,7 +28,7 @@ import TestSupport
     @Test func frozenWireBytesFromTextAndFromUUID() throws {
         let expectedFields = ["apns-push-type: accessory", "apns-topic: com.example.app.push-type.accessory",
                               "apns-id: a0b1c2d3-e4f5-4677-8899-aabbccddeeff", "apns-expiration: 1800000000",
-                              "authorization: bearer x.y.z", "content-type: application/json"]
+                              "apns-priority: 10", "authorization: bearer x.y.z", "content-type: application/json"]
         let expectedBody = #"{"aps":{"encryptedData":"AQIDBAU=","sessionIdentifier":"E621E1F8-C36C-495A-93FC-0C247A3E6E5F","keyID":"CQgHBg==","messageIndex":"77"}}"#
         let fromUUID = Self.request(id: APNsID(UUID(uuidString: "A0B1C2D3-E4F5-4677-8899-AABBCCDDEEFF")!),
                                     session: SessionIdentifier(UUID(uuidString: "e621e1f8-c36c-495a-93fc-0c247a3e6e5f")!))

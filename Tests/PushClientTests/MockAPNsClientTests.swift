@@ -55,12 +55,14 @@ final class MockRig {
                 pingInterval: Duration = .seconds(60),
                 pacing: ConnectionPacing = ConnectionPacing(backoffBase: .milliseconds(20), backoffCap: .milliseconds(200),
                                                             maxNewConnections: 600),
-                url: String? = nil) throws -> PushClient {
-        try PushClient(configuration: .init(environment: .custom(url: url ?? self.url),
-                                            credentials: .token(key), caFile: cleartext ? nil : dir.file("ca.pem"),
-                                            connections: connections, requestTimeout: requestTimeout,
-                                            connectTimeout: connectTimeout, pingInterval: pingInterval,
-                                            connectionPacing: pacing, clock: clock))
+                url: String? = nil, key: TokenKey? = nil, registry: TokenRegistry? = nil) throws -> PushClient {
+        var c = PushClientConfiguration(environment: .custom(url: url ?? self.url),
+                                        credentials: .token(key ?? self.key), caFile: cleartext ? nil : dir.file("ca.pem"),
+                                        connections: connections, requestTimeout: requestTimeout,
+                                        connectTimeout: connectTimeout, pingInterval: pingInterval,
+                                        connectionPacing: pacing, clock: clock)
+        c.tokenRegistry = registry
+        return try PushClient(configuration: c)
     }
 
     deinit { mock.stop() }
@@ -100,6 +102,8 @@ func sendAll(_ client: PushClient, _ requests: [PushRequest], upTo seconds: Doub
         let deliveries = rig.mock.deliveries
         #expect(Set(deliveries.map(\.apnsID)) == Set(requests.map(\.apnsIDString)))
         #expect(deliveries.allSatisfy { $0.push.topic == "com.example.app.push-type.accessory" && $0.push.pushType == "accessory" })
+        // apns-priority is on the wire on every push, as 10 (mock-apns records what it parsed).
+        #expect(deliveries.allSatisfy { $0.push.priority == 10 })
         let body = try #require(deliveries.first { $0.apnsID == requests[5].apnsIDString }).push.payload
         #expect(body == requests[5].payload.jsonBody())
         #expect(Set(deliveries.map(\.connectionID)).count == 2)   // both slots carried traffic

@@ -148,8 +148,8 @@ import Testing
                                         authorization: "bearer x.y.z")
         #expect(plain.path == "/3/device/abcd")
         #expect(fields(plain) == ["apns-push-type: accessory", "apns-topic: com.example.app.push-type.accessory",
-                                  "apns-id: a0b1c2d3-e4f5-4677-8899-aabbccddeeff", "authorization: bearer x.y.z",
-                                  "content-type: application/json"])
+                                  "apns-id: a0b1c2d3-e4f5-4677-8899-aabbccddeeff", "apns-priority: 10",
+                                  "authorization: bearer x.y.z", "content-type: application/json"])
         let full = ConnectionSlot.head(PushRequest(deviceToken: "ab", bundleID: "com.example.app", apnsID: id, payload: samplePayload(),
                                                    expiration: 0, priority: 5),
                                         authorization: nil)
@@ -171,7 +171,7 @@ import Testing
     }
 
     @Test func localRefusals() {
-        func check(_ token: String, _ bundle: String = "com.example.app", priority: Int? = nil, expiration: Int? = nil) -> PushResult? {
+        func check(_ token: String, _ bundle: String = "com.example.app", priority: Int = PushRequest.immediatePriority, expiration: Int? = nil) -> PushResult? {
             PushClient.validate(PushRequest(deviceToken: token, bundleID: bundle, payload: samplePayload(),
                                             expiration: expiration, priority: priority))
         }
@@ -182,8 +182,9 @@ import Testing
         #expect(check("ab", "") == .rejected(status: 400, reason: .missingTopic, timestamp: nil))
         #expect(check("ab", "com.x\r\nevil: 1") == .rejected(status: 400, reason: .badTopic, timestamp: nil))
         #expect(check("00FFaB") == nil)                                          // either case of hex
-        #expect(check(String(repeating: "a", count: 400)) == nil)                 // the longest accepted
-        #expect(check(String(repeating: "a", count: 402)) == .rejected(status: 400, reason: .badDeviceToken, timestamp: nil))
+        #expect(check(String(repeating: "a", count: 200)) == nil)                 // the longest accepted (Basics.PushToken)
+        #expect(check(String(repeating: "a", count: 202)) == .rejected(status: 400, reason: .badDeviceToken, timestamp: nil))
+        #expect(check("abc") == .rejected(status: 400, reason: .badDeviceToken, timestamp: nil))   // odd
         #expect(check("ab", "com.example:app") == .rejected(status: 400, reason: .badTopic, timestamp: nil))
         #expect(check("ab", "com.exämple") == .rejected(status: 400, reason: .badTopic, timestamp: nil))  // non-ASCII
         #expect(check("ab", priority: 7) == .rejected(status: 400, reason: .badPriority, timestamp: nil))

@@ -15,8 +15,17 @@ private func row(attempts: Int = 0, expiresAt: Int64 = 10_000_000) -> OutboxRow 
     }
 
     @Test func terminalFailsWithReason() {
+        let a = PushAnswer(status: 413, reason: "PayloadTooLarge", classification: .terminal("PayloadTooLarge"))
+        #expect(policy.decide(a, row: row(), now: 5, random: 0.5) == .failed(reason: "PayloadTooLarge"))
+    }
+
+    /// BadDeviceToken marks its token (at the answer's time) unless dispatch.badDeviceTokenHoldSeconds is 0.
+    @Test func badDeviceTokenMarksTheTokenUnlessTheHoldIsOff() {
         let a = PushAnswer(status: 400, reason: "BadDeviceToken", classification: .terminal("BadDeviceToken"))
-        #expect(policy.decide(a, row: row(), now: 5, random: 0.5) == .failed(reason: "BadDeviceToken"))
+        #expect(policy.decide(a, row: row(), now: 5, random: 0.5) == .unregistered(reason: "BadDeviceToken", apnsTimestamp: 5))
+        var off = policy
+        off.marksBadDeviceTokens = false
+        #expect(off.decide(a, row: row(), now: 5, random: 0.5) == .failed(reason: "BadDeviceToken"))
     }
 
     @Test func gone410RecordsApnsTimestamp() {

@@ -51,7 +51,8 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
             if case .accepted(let id) = try s.ingestNow(sample(index: UInt32(i)), secret: secret) { ids.append(id) }
         }
         let t = FakeTransport { row, _ in
-            row.messageIndex == 3 ? PushAnswer(status: 400, reason: "BadTopic", classification: .terminal("BadTopic"))
+            // A push-level refusal (BadTopic would pause the whole app: AppPauseTests).
+            row.messageIndex == 3 ? PushAnswer(status: 413, reason: "PayloadTooLarge", classification: .terminal("PayloadTooLarge"))
                 : PushAnswer(status: 200, reason: nil, classification: .done)
         }
         let d = Dispatcher(store: s, transports: ["com.example.app": t], options: DispatcherOptions(maxInflight: 4, claimBatch: 3), clock: clock)
@@ -63,8 +64,8 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         let c = try s.counts()
         #expect(c.byState[.delivered] == 19 && c.byState[.failed] == 1)
         let failed = try s.list(OutboxFilter(state: .failed))[0]
-        #expect(failed.messageIndex == 3 && failed.lastReason == "BadTopic" && failed.lastStatus == 400)
-        #expect(try s.attempts(responseID: failed.id).map(\.reason) == ["BadTopic"])
+        #expect(failed.messageIndex == 3 && failed.lastReason == "PayloadTooLarge" && failed.lastStatus == 413)
+        #expect(try s.attempts(responseID: failed.id).map(\.reason) == ["PayloadTooLarge"])
         #expect(t.shutdowns.withLock { $0 } == 1)
     }
 
@@ -95,15 +96,16 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         #expect(try s.attempts(responseID: id).map(\.status) == [503, 503, 200])
     }
 
-    /// A retry due at once (ExpiredProviderToken: PushClient refreshed its token) is sent again
-    /// without waiting for the idle poll, although its outcome is written while the thread
-    /// goes on (the write's completion wakes it).
+    /// A retry due at once (refreshTokenAndReconnect) is sent again without waiting for the idle
+    /// poll, although its outcome is written while the thread goes on (the write's completion
+    /// wakes it). No reason: an ExpiredProviderToken reaching the dispatcher pauses the app
+    /// instead (AppPauseTests), the class alone is what this is about.
     @Test func aRetryDueAtOnceIsSentAgainWithoutWaitingForThePoll() throws {
         let (s, secret) = try setup()
         defer { s.close() }
         guard case .accepted(let id) = try s.ingestNow(sample(), secret: secret) else { Issue.record("no"); return }
         let t = FakeTransport { _, n in
-            n == 1 ? PushAnswer(status: 403, reason: "ExpiredProviderToken", classification: .refreshTokenAndReconnect)
+            n == 1 ? PushAnswer(status: 403, reason: nil, classification: .refreshTokenAndReconnect)
                 : PushAnswer(status: 200, reason: nil, classification: .done)
         }
         let d = Dispatcher(store: s, transports: ["com.example.app": t], options: DispatcherOptions(idlePollMillis: 600_000), clock: clock)
@@ -117,12 +119,13 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         let (s, secret) = try setup()
         defer { s.close() }
         _ = try s.ingestNow(sample(), secret: secret)
-        let t = FakeTransport { _, _ in PushAnswer(status: 410, reason: "Unregistered", apnsTimestamp: 1_900_000_000_000, classification: .terminal("Unregistered")) }
+        let apnsTimestamp = clock.nowMillis() - 60_000
+        let t = FakeTransport { _, _ in PushAnswer(status: 410, reason: "Unregistered", apnsTimestamp: apnsTimestamp, classification: .terminal("Unregistered")) }
         let d = Dispatcher(store: s, transports: ["com.example.app": t], clock: clock)
         try d.start()
         try waitUntil("token recorded") { try !s.unregisteredTokens().isEmpty }
         d.stop()
-        #expect(try s.unregisteredTokens()[0].apnsTimestamp == 1_900_000_000_000)
+        #expect(try s.unregisteredTokens()[0].apnsTimestamp == apnsTimestamp)
         #expect(try s.ingestNow(sample(index: 2), secret: secret) == .unregistered)
     }
 

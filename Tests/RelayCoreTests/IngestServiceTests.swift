@@ -12,6 +12,8 @@ import Testing
         let store: SQLiteOutboxStore
         let service: IngestService
         let workers = WorkerPool(name: "test", threads: 1)
+        /// Captures; its clock for rate-limited lines stands still (one 10 s window).
+        let logger = RelayLogger(minimum: .info, format: .json, capture: true, bounds: .standard, monotonic: { 0 })
         let secret: String
         let otherSecret: String
         init(dir: TempDir, clock: TestClock, metrics: RelayMetrics = RelayMetrics(), maxPending: Int = 1_000_000,
@@ -22,7 +24,7 @@ import Testing
             otherSecret = try store.createCredential(name: "b", apps: ["com.example.app", "com.example.other"]).secret
             var s = IngestSettings()
             settings(&s)
-            service = IngestService(store: store, settings: s, metrics: metrics, logger: RelayLogger(capture: true), workers: workers)
+            service = IngestService(store: store, settings: s, metrics: metrics, logger: logger, workers: workers)
         }
         deinit {
             workers.close()
@@ -356,17 +358,27 @@ import Testing
     }
 
     @Test func outboxBoundAnswers503() throws {
-        let h = try Harness(dir: dir, clock: clock, maxPending: 1)
+        let h = try Harness(dir: dir, clock: clock, maxPending: 1) { s in s.perPushToken = RateLimit(perSecond: 0, burst: 1) }
         #expect(h.call(secret: h.secret, body: Self.body(index: 1)).status == 202)
         let r = h.call(secret: h.secret, body: Self.body(index: 2))
         #expect(r.status == 503 && r.header("retry-after") != nil && json(r)["error"] as? String == "outbox_full")
+        // Under overload the log does not grow with the refused load: one line per 10 s.
+        for i in 3..<203 { #expect(h.call(secret: h.secret, body: Self.body(index: i)).status == 503) }
+        let lines = h.logger.capturedLines.filter { $0.contains(#""msg":"request""#) }
+        #expect(lines.count == 1 && lines[0].contains(#""status":503"#) && lines[0].contains(#""note":"outbox full""#), "\(lines)")
+        h.logger.reportRepeats()  // the window has not ended: nothing yet
+        #expect(h.logger.capturedLines.count == 1)
     }
 
     @Test func storageFailureIs503NeverAccepted() throws {
-        let h = try Harness(dir: dir, clock: clock)
+        let h = try Harness(dir: dir, clock: clock) { s in s.perPushToken = RateLimit(perSecond: 0, burst: 1) }
         h.store.close()  // the writer refuses every job from now on
         let r = h.call(secret: h.secret, body: Self.body())
         #expect(r.status == 503 && json(r)["error"] as? String == "storage_unavailable")
+        for _ in 0..<99 { #expect(h.call(secret: h.secret, body: Self.body()).status == 503) }
+        let lines = h.logger.capturedLines
+        #expect(lines.count == 2, "one storage error line and one request line, not one per request: \(lines)")
+        #expect(lines.contains { $0.contains(#""msg":"storage error on ingest""#) })
     }
 
     @Test func unregisteredTokenAnswers410() throws {
@@ -377,6 +389,19 @@ import Testing
         try h.store.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: clock.nowMillis()), attempt: nil)])
         let r = h.call(secret: h.secret, body: Self.body(index: 2))
         #expect(r.status == 410 && json(r)["error"] as? String == "push_token_unregistered")
+    }
+
+    /// Issue 31: a BadDeviceToken mark answers 400 bad_device_token naming pushToken, and says
+    /// what usually causes it.
+    @Test func badDeviceTokenAnswers400NamingThePushToken() throws {
+        let h = try Harness(dir: dir, clock: clock)
+        #expect(h.call(secret: h.secret, body: Self.body(index: 1)).status == 202)
+        let row = try h.store.claimDue(limit: 1)[0]
+        try h.store.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .unregistered(reason: "BadDeviceToken", apnsTimestamp: clock.nowMillis()), attempt: nil)])
+        let r = h.call(secret: h.secret, body: Self.body(index: 2))
+        let body = json(r)
+        #expect(r.status == 400 && body["error"] as? String == "bad_device_token" && body["field"] as? String == "pushToken")
+        #expect((body["message"] as? String ?? "").contains("sandbox token sent to the production endpoint"))
     }
 }
 
@@ -400,6 +425,8 @@ import Testing
         let c = try RelayConfig.load(path: path, environment: [:])
         #expect(!c.apps.isEmpty)
         #expect(c.dispatch.maxNewConnectionsPerMinute == 10)
+        #expect(c.dispatch.unregisteredQuarantineSeconds == 3600 && c.dispatch.badDeviceTokenHoldSeconds == 3600)
+        #expect(c.dispatch.pauseProbeBaseMillis == 1_000 && c.dispatch.pauseProbeCapMillis == 300_000)
     }
 
     static let badCases: [(String, String)] = [
@@ -411,6 +438,10 @@ import Testing
         (#"{"store":{"kind":"mysql"},"apps":[]}"#, "store.kind"),
         (#"{"dispatch":{"maxInflight":0},"apps":[]}"#, "dispatch.maxInflight"),
         (#"{"dispatch":{"maxNewConnectionsPerMinute":0},"apps":[]}"#, "dispatch.maxNewConnectionsPerMinute"),
+        (#"{"dispatch":{"unregisteredQuarantineSeconds":-1},"apps":[]}"#, "dispatch.unregisteredQuarantineSeconds"),
+        (#"{"dispatch":{"badDeviceTokenHoldSeconds":2592001},"apps":[]}"#, "dispatch.badDeviceTokenHoldSeconds"),
+        (#"{"dispatch":{"pauseProbeBaseMs":5},"apps":[]}"#, "dispatch.pauseProbeBaseMs"),
+        (#"{"dispatch":{"pauseProbeBaseMs":2000,"pauseProbeCapMs":1000},"apps":[]}"#, "dispatch.pauseProbeCapMs"),
         (#"{"ingest":{"maxConnectionsPerAddress":-1},"apps":[]}"#, "ingest.maxConnectionsPerAddress"),
         (#"{"ingest":{"rateLimits":{"perPushToken":{"perSecond":-1}}},"apps":[]}"#, "ingest.rateLimits.perPushToken.perSecond"),
         (#"{"ingest":{"rateLimits":{"authFailuresPerAddress":{"burst":0}}},"apps":[]}"#, "ingest.rateLimits.authFailuresPerAddress.burst"),
@@ -677,7 +708,7 @@ import Testing
 
     /// The PostgreSQL trigger that takes the credentials lock has the store's key written in it.
     @Test func theCredentialsTriggerLocksTheStoresKey() {
-        #expect(PostgresOutboxStore.migrations[3].contains("pg_advisory_xact_lock(\(PostgresOutboxStore.credentialsLockKey))"))
+        #expect(PostgresOutboxStore.migrations[5].contains("pg_advisory_xact_lock(\(PostgresOutboxStore.credentialsLockKey))"))
     }
 
     /// The generation moves with each change the cache copies (whoever makes it: a DELETE by

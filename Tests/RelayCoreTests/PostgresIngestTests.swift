@@ -46,15 +46,15 @@ struct PostgresIngestTests {
         #expect(!plan.contains("Seq Scan on responses"), "\(plan)")
     }
 
-    /// The INSERT's re-check probes keys (credentials, unregistered tokens, and the token's rows
-    /// by the dedupe key's prefix) in a plan made on empty tables: unregistered_tokens is never
+    /// The INSERT's re-check probes keys (credentials, the token marks) in a plan made on empty
+    /// tables: unregistered_tokens is never
     /// pruned, and a scan of it per batch would grow with every 410 ever recorded.
     @Test func theInsertsReCheckProbesKeysEvenPlannedOnAnEmptyTable() throws {
         let s = try f.openPostgres(nodeID: "a")
         defer { s.close() }
         let plan = try genericPlan(PostgresOutboxStore.insertSQL,
-                                   types: "text[], text[], text[], text[], bytea[], bigint[], bytea[], text[], bigint[], bigint[], bigint[]",
-                                   args: Array(repeating: "NULL", count: 11).joined(separator: ", "))
+                                   types: "text[], text[], text[], text[], bytea[], bigint[], bytea[], text[], bigint[], bigint[], bigint[], bigint[], bigint",
+                                   args: Array(repeating: "NULL", count: 13).joined(separator: ", "))
         #expect(plan.contains("Index Scan using unregistered_tokens_pkey") || plan.contains("Index Only Scan using unregistered_tokens_pkey"), "\(plan)")
         #expect(plan.contains("Index Scan using credentials_pkey"), "\(plan)")
         #expect(!plan.contains("Seq Scan on"), "\(plan)")
@@ -136,6 +136,23 @@ struct PostgresIngestBatchTests {
         #expect(got[4] == .conflict)
         #expect(Set([stored, first, last]).count == 3)
         #expect(try f.sql("SELECT count(*) FROM responses") == [["4"]])  // the gate's row too
+    }
+
+    /// A marked token past its hold lets ONE response of a batch through as the probe (the
+    /// hold restarts in the batch's commit); the others of that batch are refused.
+    @Test func oneProbePerHoldInsideOneBatch() throws {
+        let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
+        defer { s.close() }
+        let a = try s.createCredential(name: "a", apps: ["com.example.app"])
+        _ = try s.ingestNow(sample(index: 0), secret: a.secret)
+        let row = try s.claimDue(limit: 1)[0]
+        try StoreContractTests.mark(s, row, at: f.clock.nowMillis())
+        f.clock.advance(3_600_000)
+        let batch = try oneBatch(s, a.secret, (1...3).map { request(sample(index: UInt32($0)), a.secret) })
+        let got = try batch.results.map { try $0.get() }
+        guard case .accepted = got[0] else { Issue.record("\(got)"); return }
+        #expect(Array(got[1...]) == [.unregistered, .unregistered])
+        #expect(try s.unregisteredTokens().first?.recordedAt == f.clock.nowMillis())
     }
 
     /// The same four fields under two apps in one batch are two keys: both rows are stored, and
@@ -390,6 +407,44 @@ extension PostgresIngestBatchTests {
         #expect(try s.ingestNow(sample(token: token, index: 2), secret: c.secret, apps: apps) == .unregistered)
         f.clock.advance(5)
         #expect(try s.ingestNow(sample(token: token, index: 3), secret: c.secret, apps: apps) == .unregistered)
+        #expect(try f.sql("SELECT count(*) FROM responses WHERE push_token = '\(token)'") == [["1"]])
+    }
+
+    /// The same for a BadDeviceToken mark (the token marks' other kind): 400, not 410.
+    @Test func aBadDeviceTokenMarkRecordedBetweenTheReadAndTheInsertIsRefused() throws {
+        let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let token = String(repeating: "db", count: 32)
+        guard case .accepted = try s.ingestNow(sample(token: token, index: 1), secret: c.secret, apps: apps) else { Issue.record("not accepted"); return }
+        let sent = try s.claimDue(limit: 1)
+        #expect(sent.count == 1)
+        f.clock.advance(5)
+        betweenReadAndWrite(s) {
+            try s.apply([DeliveryUpdate(id: sent[0].id, pushToken: token,
+                                        outcome: .unregistered(reason: "BadDeviceToken", apnsTimestamp: f.clock.nowMillis()), attempt: nil)])
+        }
+        #expect(try s.ingestNow(sample(token: token, index: 2), secret: c.secret, apps: apps) == .badDeviceToken)
+        #expect(try s.ingestNow(sample(token: token, index: 3), secret: c.secret, apps: apps) == .badDeviceToken)
+        #expect(try f.sql("SELECT count(*) FROM responses WHERE push_token = '\(token)'") == [["1"]])
+    }
+
+    /// A probe let through on another node (its hold re-armed) between this batch's read, which
+    /// saw the hold over, and its insert: the batch is refused, as one probe per hold allows.
+    @Test func aProbeTakenByAnotherNodeBetweenTheReadAndTheInsertIsRefused() throws {
+        let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let token = String(repeating: "dc", count: 32)
+        guard case .accepted = try s.ingestNow(sample(token: token, index: 1), secret: c.secret, apps: apps) else { Issue.record("not accepted"); return }
+        let sent = try s.claimDue(limit: 1)
+        try s.apply([DeliveryUpdate(id: sent[0].id, pushToken: token,
+                                    outcome: .unregistered(reason: "Unregistered", apnsTimestamp: f.clock.nowMillis()), attempt: nil)])
+        f.clock.advance(3_600_001)   // the quarantine is over: the next response is the probe
+        betweenReadAndWrite(s) {
+            _ = try f.sql("UPDATE unregistered_tokens SET recorded_at = \(f.clock.nowMillis()) WHERE token = '\(token)'")
+        }
+        #expect(try s.ingestNow(sample(token: token, index: 2), secret: c.secret, apps: apps) == .unregistered)
         #expect(try f.sql("SELECT count(*) FROM responses WHERE push_token = '\(token)'") == [["1"]])
     }
 

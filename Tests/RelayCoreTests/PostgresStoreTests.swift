@@ -330,8 +330,17 @@ struct PostgresStoreTests {
         let url = proxy.url(for: f.pgURL, targetPort: target)
         let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: url, nodeID: "a"), clock: f.clock)
         defer { s.close() }
-        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
-        guard case .accepted = try s.ingestNow(sample(index: 1), secret: c.secret) else { Issue.record("not accepted"); return }
+        // Set-up through the proxy, a thread of this busy test process: a connection it was slow
+        // to carry puts a worker in its reconnect back-off (make test once failed here, before
+        // the outage), so the set-up waits that out; the outage below is what is under test.
+        func settled<T>(_ body: () throws -> T) throws -> T {
+            let deadline = ContinuousClock.now + .seconds(20)
+            while true {
+                do { return try body() } catch where ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.1) }
+            }
+        }
+        let c = try settled { try s.createCredential(name: "c", apps: ["com.example.app"]) }
+        guard case .accepted = try settled({ try s.ingestNow(sample(index: 1), secret: c.secret) }) else { Issue.record("not accepted"); return }
         proxy.cut()
         // Down: every ingest fails (503 upstream, never 202) and nothing is stored.
         for i in 2...4 {

@@ -6,6 +6,65 @@ import Testing
 @testable import RelayCore
 
 @Suite struct PushClientTransportTests {
+    /// Which transport failures pause the app as "credential_file" (texts as PushClient and
+    /// OpenSSL 3 give them): our key could not sign, or APNs refused our client certificate.
+    @Test func credentialTransportFailuresPauseOthersDoNot() {
+        let paused = [
+            "cannot sign provider token: OpenSSL: EVP_DigestSign failed",
+            "TLS handshake with api.push.apple.com failed: SSL error:0A00045C:SSL routines::tlsv13 alert certificate required",
+            "TLS handshake with 127.0.0.1 failed: SSL error:0A000415:SSL routines::sslv3 alert certificate expired",
+            "TLS handshake with 127.0.0.1 failed: SSL error:0A000418:SSL routines::tlsv1 alert unknown ca",
+        ]
+        let transient = [
+            "TLS handshake with 127.0.0.1 failed: SSL error:0A000086:SSL routines::certificate verify failed",
+            "TLS handshake with 127.0.0.1 failed: SSL connection closed during handshake (Connection reset by peer)",
+            "connect 127.0.0.1:2197: Connection refused", "timeout: no response within requestTimeout (stream 1)", "shutdown",
+        ]
+        for what in paused {
+            let a = PushClientTransport.answer(.transportFailure(what), credentialFiles: "/etc/relay/push.pem")
+            #expect(PauseRule.reason(status: a.status, reason: a.reason) == "credential_file", "\(what)")
+            #expect(a.reason?.contains("/etc/relay/push.pem") == true)
+        }
+        for what in transient {
+            let a = PushClientTransport.answer(.transportFailure(what), credentialFiles: "/etc/relay/push.pem")
+            #expect(PauseRule.reason(status: a.status, reason: a.reason) == nil, "\(what)")
+            #expect(a.reason == what)
+        }
+    }
+
+    /// Two apps of one team configured with the same .p8 sign with one JWT (PushClientTransport
+    /// .make hands both clients the registry's provider); the mock verifies every token. With
+    /// a registry per app (the behaviour before) it was two.
+    @Test func twoAppsOfOneTeamShareOneProviderToken() throws {
+        let rig = try TransportRig(checkTokens: true)
+        let apps = ["com.example.app", "com.example.other"]
+        var mock = MockAPNsConfiguration()
+        mock.tls = .cleartextH2
+        mock.controlPort = nil
+        mock.allowedBundleIDs = apps
+        mock.tokenKeys = [try MockTokenKey(keyID: "ABC123DEFG", teamID: "DEF123GHIJ", pemPath: rig.dir.path + "/AuthKey.p8")]
+        let server = try MockAPNsServer(configuration: mock)
+        try server.start()
+        defer { server.stop() }
+        let appsJSON = apps.map { #"{"bundleID":"\#($0)","environment":"custom","url":"http://127.0.0.1:\#(server.port)","token":{"p8Path":"AuthKey.p8","keyID":"ABC123DEFG","teamID":"DEF123GHIJ"}}"# }
+        let config = try RelayConfig.parse(Array(#"{"apps":[\#(appsJSON.joined(separator: ","))]}"#.utf8), baseDirectory: rig.dir.path)
+        let registry = TokenRegistry()
+        let transports = try config.apps.map { try PushClientTransport.make(app: $0, config: config, tokens: registry) }
+        defer { for t in transports { t.shutdown() } }
+        for (i, t) in transports.enumerated() {
+            var row = transportRow(id: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5\(i)", session: "6F9619FF-8B86-D011-B42D-00C04FC964FF")
+            row.app = apps[i]
+            let box = Mutex<PushAnswer?>(nil)
+            let done = DispatchSemaphore(value: 0)
+            t.send(row) { a in box.withLock { $0 = a }; done.signal() }
+            _ = done.wait(timeout: .now() + 10)
+            #expect(box.withLock { $0 } == PushAnswer(status: 200, reason: nil, classification: .done))
+        }
+        #expect(registry.mintedByTeam() == ["DEF123GHIJ": 1])
+        #expect(Set(server.deliveries.compactMap { $0.push.claims?.issuedAt }).count == 1)
+        #expect(Set(server.deliveries.map(\.push.topic)).count == 2)
+    }
+
     @Test func answersMapStatusReasonTimestampAndClassification() {
         let ok = PushClientTransport.answer(.delivered(apnsID: "x", uniqueID: nil))
         #expect(ok == PushAnswer(status: 200, reason: nil, classification: .done))
@@ -75,8 +134,10 @@ final class TransportRig {
     let dir = TempDir()
     let mock: MockAPNsServer
     let transport: PushClientTransport
+    let client: PushClient
 
-    init(faults: [MockAPNs.FaultRule] = [], configure: (inout PushClientConfiguration) -> Void = { _ in }) throws {
+    /// `checkTokens`: the mock verifies the provider tokens (and can then call them expired).
+    init(faults: [MockAPNs.FaultRule] = [], checkTokens: Bool = false, configure: (inout PushClientConfiguration) -> Void = { _ in }) throws {
         let p8 = dir.path + "/AuthKey.p8"
         let openssl = Process()
         openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
@@ -89,12 +150,13 @@ final class TransportRig {
         c.controlPort = nil
         c.allowedBundleIDs = ["com.example.app"]
         c.faults = MockAPNs.FaultPlan(rules: faults)
+        if checkTokens { c.tokenKeys = [try MockTokenKey(keyID: "ABC123DEFG", teamID: "DEF123GHIJ", pemPath: p8)] }
         mock = try MockAPNsServer(configuration: c)
         try mock.start()
         let key = try TokenKey(p8Path: p8, keyID: "ABC123DEFG", teamID: "DEF123GHIJ")
         var configuration = PushClientConfiguration(environment: .custom(url: "http://127.0.0.1:\(mock.port)"), credentials: .token(key))
         configure(&configuration)
-        let client = try PushClient(configuration: configuration)
+        client = try PushClient(configuration: configuration)
         transport = PushClientTransport(client: client, bundleID: "com.example.app")
     }
 

@@ -45,14 +45,44 @@ import Testing
         #expect(StoreRules.dedupe(row, credentialID: "cred_a", encryptedData: [9]) == .conflict)
     }
 
-    @Test func unregisteredUnlessSeenAfterTheCutoff() {
-        #expect(StoreRules.isUnregistered(cutoff: 10, lastSeen: nil))
-        #expect(StoreRules.isUnregistered(cutoff: 10, lastSeen: 9))
-        #expect(StoreRules.isUnregistered(cutoff: 10, lastSeen: 10))   // same millisecond: not after
-        #expect(!StoreRules.isUnregistered(cutoff: 10, lastSeen: 11))
-        #expect(StoreRules.unregisteredCutoff(apnsTimestamp: 10, newestPendingCreatedAt: nil) == 10)
-        #expect(StoreRules.unregisteredCutoff(apnsTimestamp: 10, newestPendingCreatedAt: 12) == 12)
-        #expect(StoreRules.unregisteredCutoff(apnsTimestamp: 10, newestPendingCreatedAt: 3) == 10)
+    /// The cutoff a mark records, and the one rule every row meets it by, in any state.
+    @Test func markCutoffCoversEveryRowAcceptedUpToIt() {
+        #expect(StoreRules.markCutoff(apnsTimestamp: 10, newestPendingCreatedAt: nil, now: 50) == 10)
+        #expect(StoreRules.markCutoff(apnsTimestamp: 10, newestPendingCreatedAt: 12, now: 50) == 12)
+        #expect(StoreRules.markCutoff(apnsTimestamp: 10, newestPendingCreatedAt: 3, now: 50) == 10)
+        // APNs' clock ahead of ours: the cutoff stops at now, so the probes that follow are pushed.
+        #expect(StoreRules.markCutoff(apnsTimestamp: 900, newestPendingCreatedAt: 12, now: 50) == 50)
+        // (createdAt, cutoff) -> covered: a pending row fails at claim, a delivered one keeps the mark.
+        let table: [(created: Int64, cutoff: Int64, covered: Bool)] = [(9, 10, true), (10, 10, true), (11, 10, false), (.min, 0, true)]
+        for t in table {
+            #expect(StoreRules.isCovered(createdAt: t.created, cutoff: t.cutoff) == t.covered)
+            #expect(StoreRules.deliveredClearsMark(createdAt: t.created, cutoff: t.cutoff) == !t.covered)
+            #expect((StoreRules.claimVerdict(createdAt: t.created, expiresAt: .max, now: 0, unregisteredCutoff: t.cutoff, pacedUntil: nil) == .unregistered)
+                    == t.covered)
+        }
+        #expect(StoreRules.coveredSQL(row: "r", mark: "u") == "r.created_at <= u.apns_timestamp")
+    }
+
+    /// Ingest for a marked token: refused during the hold, then one probe (the store restarts the
+    /// hold with it); a 410 hold of 0 refuses until forgotten, a BadDeviceToken hold of 0 holds nothing.
+    @Test func markAdmissionHoldsThenLetsOneProbeThrough() {
+        let s = IngestStoreSettings(unregisteredQuarantineMillis: 1_000, badDeviceTokenHoldMillis: 500)
+        let strict = IngestStoreSettings(unregisteredQuarantineMillis: 0, badDeviceTokenHoldMillis: 0)
+        let rows: [(reason: String, recorded: Int64, now: Int64, settings: IngestStoreSettings, want: StoreRules.MarkAdmission)] = [
+            ("Unregistered", 100, 100, s, .refused(.unregistered)),
+            ("Unregistered", 100, 1_099, s, .refused(.unregistered)),
+            ("Unregistered", 100, 1_100, s, .probe),
+            ("ExpiredToken", 100, 1_099, s, .refused(.unregistered)),
+            ("BadDeviceToken", 100, 599, s, .refused(.badDeviceToken)),
+            ("BadDeviceToken", 100, 600, s, .probe),
+            ("Unregistered", 100, .max, strict, .refused(.unregistered)),
+            ("BadDeviceToken", 100, 100, strict, .open),
+            ("Unregistered", .max - 10, .max, s, .refused(.unregistered)),   // no overflow into a probe
+        ]
+        for r in rows {
+            #expect(StoreRules.markAdmission(reason: r.reason, recordedAt: r.recorded, now: r.now, settings: r.settings) == r.want,
+                    "\(r.reason) recorded \(r.recorded) now \(r.now)")
+        }
     }
 
     @Test func requeueRules() {

@@ -20,7 +20,7 @@ import Testing
         // keeps a UNIQUE constraint).
         #expect(try f.schemaVersion == (backend == .sqlite ? SQLiteOutboxStore.schemaVersion : PostgresOutboxStore.schemaVersion))
         let tables = try f.tables.filter { $0 != "relay_schema_version" && $0 != "outbox_stats" && $0 != "response_keys" }
-        #expect(tables == ["attempts", "credential_generation", "credentials", "responses", "token_pacing", "unregistered_tokens"])
+        #expect(tables == ["attempts", "credential_generation", "credentials", "events", "responses", "token_pacing", "unregistered_tokens", "webhook_deliveries"])
     }
 
     @Test(arguments: StoreBackend.available)
@@ -243,6 +243,60 @@ import Testing
         #expect(outcomes.map(\.reason) == [nil, "BadDeviceToken"])
     }
 
+    /// A paused app's row goes back as if never sent: queued, due at the next probe, attempts,
+    /// attempt history and last status/reason as they were (docs/pushclient.md "Paused apps").
+    @Test(arguments: StoreBackend.available)
+    func releaseReturnsARowWithoutCountingAnAttempt(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        guard case .accepted(let id) = try s.ingestNow(sample(), secret: c.secret) else { Issue.record("not accepted"); return }
+        var row = try #require(try s.claimDue(limit: 10).first)
+        let t = f.clock.nowMillis()
+        try s.apply([DeliveryUpdate(id: id, pushToken: row.pushToken, outcome: .retry(at: t, paceTokenUntil: nil),
+                                    attempt: AttemptRecord(responseID: id, attemptedAt: t, status: 503, reason: "ServiceUnavailable"))])
+        row = try #require(try s.claimDue(limit: 10).first)
+        try s.apply([DeliveryUpdate(id: id, pushToken: row.pushToken, outcome: .release(at: t + 4000), attempt: nil)])
+        let released = try #require(try s.response(id: id))
+        #expect(released.state == .queued && released.nextAttemptAt == t + 4000)
+        #expect(released.attempts == 1 && released.lastStatus == 503 && released.lastReason == "ServiceUnavailable")
+        #expect(try s.attempts(responseID: id).count == 1)
+        #expect(try s.counts().byState[.queued] == 1)
+        #expect(try s.claimDue(limit: 10).isEmpty)
+        #expect(try s.nextDueAt() == t + 4000)
+        f.clock.advance(4000)
+        #expect(try s.claimDue(limit: 10).map(\.id) == [id])
+    }
+
+    /// A reload ends a pause: the app's released rows become due now; retry rows (their own
+    /// back-off) and other apps' rows keep their times.
+    @Test(arguments: StoreBackend.available)
+    func hastenQueuedMakesOnlyTheAppsReleasedRowsDue(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app", "com.example.other"])
+        var ids: [String] = []
+        for (i, app) in ["com.example.app", "com.example.app", "com.example.other"].enumerated() {
+            let outcome = try s.ingestNow(sample(token: String(repeating: "c\(i)", count: 32), index: UInt32(i), app: app), secret: c.secret,
+                                       apps: ["com.example.app", "com.example.other"])
+            if case .accepted(let id) = outcome { ids.append(id) } else { Issue.record("\(app): \(outcome)") }
+        }
+        let rows = try s.claimDue(limit: 10)
+        #expect(rows.count == 3)
+        let t = f.clock.nowMillis()
+        try s.apply(rows.map { row in
+            row.id == ids[1]
+                ? DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .retry(at: t + 60_000, paceTokenUntil: nil),
+                                 attempt: AttemptRecord(responseID: row.id, attemptedAt: t, status: 503, reason: "ServiceUnavailable"))
+                : DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .release(at: t + 60_000), attempt: nil)
+        })
+        #expect(try s.hastenQueued(app: "com.example.app") == 1)
+        #expect(try s.claimDue(limit: 10).map(\.id) == [ids[0]])
+        #expect(try s.response(id: ids[2])?.nextAttemptAt == t + 60_000)
+    }
+
     @Test(arguments: StoreBackend.available)
     func expiredRowsFailAtClaim(_ backend: StoreBackend) throws {
         let f = try StoreFixture(backend)
@@ -324,17 +378,131 @@ import Testing
         #expect(try s.ingestNow(sample(index: 2), secret: c.secret) == .duplicate(id: early, state: .queued))
     }
 
+    /// A 410 and the token's rows in other states: the old row fails, and the mark is kept
+    /// whatever APNs' timestamp says against the rows (the push that drew it went out after them).
+    static func mark(_ s: any OutboxStore, _ row: OutboxRow, reason: String = "Unregistered", status: Int = 410, at ts: Int64) throws {
+        try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .unregistered(reason: reason, apnsTimestamp: ts),
+                                    attempt: AttemptRecord(responseID: row.id, attemptedAt: ts, status: status, reason: reason, apnsTimestamp: ts))])
+    }
+
+    /// Issue 31: a row delivered after APNs' timestamp (accepted and delivered before the 410
+    /// was known) used to open the token again: ingest compared the cutoff, which only moved
+    /// with pending rows, with the newest row in any state.
     @Test(arguments: StoreBackend.available)
-    func unregisteredBeforeLastSeenDoesNotRefuse(_ backend: StoreBackend) throws {
+    func aNewerDeliveredRowDoesNotReopenAMarkedToken(_ backend: StoreBackend) throws {
         let f = try StoreFixture(backend)
         let s = try f.open()
         defer { s.close() }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         _ = try s.ingestNow(sample(index: 1), secret: c.secret)
+        let old = try s.claimDue(limit: 1)[0]
+        let apnsTimestamp = f.clock.nowMillis()
+        f.clock.advance(5)
+        _ = try s.ingestNow(sample(index: 2), secret: c.secret)
+        let newer = try s.claimDue(limit: 1)[0]
+        try s.apply([DeliveryUpdate(id: newer.id, pushToken: newer.pushToken, outcome: .delivered, attempt: nil)])
+        f.clock.advance(5)
+        try Self.mark(s, old, at: apnsTimestamp)
+        #expect(try s.ingestNow(sample(index: 3), secret: c.secret) == .unregistered)
+        // The same when APNs' timestamp is older than every row of the token.
+        #expect(try s.forgetToken(old.pushToken))
+        _ = try s.ingestNow(sample(index: 4), secret: c.secret)
         let row = try s.claimDue(limit: 1)[0]
-        // APNs says the token died before we last saw it: the token is seen as alive again.
-        try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: row.createdAt - 1), attempt: nil)])
-        guard case .accepted = try s.ingestNow(sample(index: 2), secret: c.secret) else { Issue.record("refused"); return }
+        try Self.mark(s, row, at: row.createdAt - 1)
+        #expect(try s.ingestNow(sample(index: 5), secret: c.secret) == .unregistered)
+    }
+
+    /// After the quarantine one response goes through and is pushed (the hold starts again
+    /// with it); its 200 removes the mark, a covered row's 200 does not.
+    @Test(arguments: StoreBackend.available)
+    func aProbeAfterTheQuarantineIsPushedAndItsDeliveryClearsTheMark(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        for i in 1...2 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: c.secret, quarantine: 1000) }
+        let both = try s.claimDue(limit: 2)
+        try Self.mark(s, both[0], at: f.clock.nowMillis())
+        // Pushed beside the one that drew the 410: its 200 says nothing about after the mark.
+        try s.apply([DeliveryUpdate(id: both[1].id, pushToken: both[1].pushToken, outcome: .delivered, attempt: nil)])
+        #expect(try s.unregisteredTokens().count == 1)
+        f.clock.advance(999)
+        #expect(try s.ingestNow(sample(index: 3), secret: c.secret, quarantine: 1000) == .unregistered)
+        f.clock.advance(1)
+        guard case .accepted(let probe) = try s.ingestNow(sample(index: 3), secret: c.secret, quarantine: 1000) else { Issue.record("no probe"); return }
+        #expect(try s.ingestNow(sample(index: 4), secret: c.secret, quarantine: 1000) == .unregistered)   // one per hold
+        #expect(try s.claimDue(limit: 5).map(\.id) == [probe])
+        try s.apply([DeliveryUpdate(id: probe, pushToken: both[0].pushToken, outcome: .delivered, attempt: nil)])
+        #expect(try s.unregisteredTokens().isEmpty)
+        guard case .accepted = try s.ingestNow(sample(index: 4), secret: c.secret, quarantine: 1000) else { Issue.record("still refused"); return }
+    }
+
+    /// A probe answered 410 again renews the mark (its hold from the answer); quarantine 0
+    /// refuses until forgotten, however long.
+    @Test(arguments: StoreBackend.available)
+    func aProbeAnsweredGoneRenewsTheMarkAndZeroRefusesUntilForgotten(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        _ = try s.ingestNow(sample(index: 1), secret: c.secret)
+        try Self.mark(s, try s.claimDue(limit: 1)[0], at: f.clock.nowMillis())
+        f.clock.advance(86_400_000 * 30)
+        #expect(try s.ingestNow(sample(index: 2), secret: c.secret, quarantine: 0) == .unregistered)
+        guard case .accepted(let probe) = try s.ingestNow(sample(index: 2), secret: c.secret, quarantine: 1000) else { Issue.record("no probe"); return }
+        let row = try #require(try s.claimDue(limit: 5).first)
+        #expect(row.id == probe)
+        f.clock.advance(200)
+        try Self.mark(s, row, at: f.clock.nowMillis())
+        let marks = try s.unregisteredTokens()
+        #expect(marks.count == 1 && marks[0].recordedAt == f.clock.nowMillis() && marks[0].apnsTimestamp >= row.createdAt)
+        f.clock.advance(999)
+        #expect(try s.ingestNow(sample(index: 3), secret: c.secret, quarantine: 1000) == .unregistered)
+    }
+
+    /// Issue 31: BadDeviceToken marks the token for dispatch.badDeviceTokenHoldSeconds: ingest
+    /// answers bad_device_token, the token's queued rows fail with that reason without a push,
+    /// then one probe; with a hold of 0 the mark holds nothing.
+    @Test(arguments: StoreBackend.available)
+    func badDeviceTokenMarksTheTokenForItsHold(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        _ = try s.ingestNow(sample(index: 1), secret: c.secret)
+        let answered = try s.claimDue(limit: 1)[0]
+        guard case .accepted(let queued) = try s.ingestNow(sample(index: 2), secret: c.secret) else { Issue.record("not accepted"); return }
+        _ = try s.ingestNow(sample(token: StoreContractTests.otherToken, index: 1), secret: c.secret)
+        try Self.mark(s, answered, reason: "BadDeviceToken", status: 400, at: f.clock.nowMillis())
+        #expect(try s.unregisteredTokens().map(\.reason) == ["BadDeviceToken"])
+        #expect(try s.ingestNow(sample(index: 3), secret: c.secret, badDeviceTokenHold: 500) == .badDeviceToken)
+        #expect(try s.claimDue(limit: 5).map(\.pushToken) == [StoreContractTests.otherToken])
+        let failed = try #require(try s.response(id: queued))
+        #expect(failed.state == .failed && failed.lastReason == "BadDeviceToken" && failed.attempts == 0)
+        #expect(try s.response(id: answered.id)?.lastReason == "BadDeviceToken")
+        #expect(try s.ingestNow(sample(index: 3), secret: c.secret, badDeviceTokenHold: 0) != .badDeviceToken)
+        f.clock.advance(500)
+        guard case .accepted = try s.ingestNow(sample(index: 4), secret: c.secret, badDeviceTokenHold: 500) else { Issue.record("no probe"); return }
+        #expect(try s.ingestNow(sample(index: 5), secret: c.secret, badDeviceTokenHold: 500) == .badDeviceToken)
+    }
+
+    /// The migration that gave marks a reason (SQLite v8, PostgreSQL v4): marks recorded
+    /// before it are 410s, and hold as such.
+    @Test(arguments: StoreBackend.available)
+    func marksFromBeforeTheReasonColumnAre410Marks(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        try f.open().close()
+        _ = try f.sql("ALTER TABLE unregistered_tokens DROP COLUMN reason")
+        _ = try f.sql("INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES ('\(StoreContractTests.otherToken)', 1, \(f.clock.nowMillis()))")
+        _ = try f.sql("DROP TABLE webhook_deliveries")   // the next migration's (delivery events)
+        _ = try f.sql("DROP TABLE events")
+        try f.setSchemaVersion(backend == .sqlite ? 7 : 3)
+        let s = try f.open()
+        defer { s.close() }
+        #expect(try f.schemaVersion == (backend == .sqlite ? SQLiteOutboxStore.schemaVersion : PostgresOutboxStore.schemaVersion))
+        #expect(try s.unregisteredTokens().map(\.reason) == ["Unregistered"])
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        #expect(try s.ingestNow(sample(token: StoreContractTests.otherToken, index: 1), secret: c.secret) == .unregistered)
     }
 
     @Test(arguments: StoreBackend.available)
@@ -591,7 +759,7 @@ import Testing
                           "attempts", "next_attempt_at", "created_at", "expires_at", "last_status", "last_reason", "updated_at"],
             "attempts": ["id", "response_id", "attempted_at", "status", "reason", "apns_timestamp", "latency_us"],
             "credentials": ["id", "name", "hash", "apps", "created_at", "last_used_at", "revoked_at"],
-            "unregistered_tokens": ["token", "apns_timestamp", "recorded_at"],
+            "unregistered_tokens": ["token", "apns_timestamp", "recorded_at", "reason"],
             "token_pacing": ["token", "paced_until", "updated_at"],
         ]
         // What each backend adds for itself: SQLite's row key, PostgreSQL's leases.

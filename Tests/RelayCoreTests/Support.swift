@@ -32,10 +32,12 @@ func sample(token: String = String(repeating: "ab", count: 32), index: UInt32 = 
 
 extension OutboxStore {
     /// Blocking ingest for tests.
-    func ingestNow(_ r: NewResponse, secret: String, apps: Set<String> = ["com.example.app"], ttl: Int64 = 86_400_000, maxPending: Int = 1000) throws -> IngestOutcome {
+    func ingestNow(_ r: NewResponse, secret: String, apps: Set<String> = ["com.example.app"], ttl: Int64 = 86_400_000, maxPending: Int = 1000,
+                   quarantine: Int64 = 3_600_000, badDeviceTokenHold: Int64 = 3_600_000) throws -> IngestOutcome {
         let slot = ResultBox<Result<IngestOutcome, StoreError>>()
         let done = DispatchSemaphore(value: 0)
-        ingestSettings = IngestStoreSettings(configuredApps: apps, ttlMillis: ttl, maxPending: maxPending)
+        ingestSettings = IngestStoreSettings(configuredApps: apps, ttlMillis: ttl, maxPending: maxPending,
+                                             unregisteredQuarantineMillis: quarantine, badDeviceTokenHoldMillis: badDeviceTokenHold)
         submit(IngestRequest(response: r, credentialHash: Credentials.hash(secret: secret))) {
             slot.value = $0
             done.signal()

@@ -142,7 +142,7 @@ extension StoreContractTests {
         let total = s.tokenScanSteps
         #expect(total >= 5)   // 5,000 rows, 1,000 a step
         #expect((stepsWhenOtherCommitted.withLock { $0 } ?? .max) < total)
-        #expect(try s.unregisteredTokens().first?.apnsTimestamp == StoreRules.unregisteredCutoff(apnsTimestamp: ts, newestPendingCreatedAt: f.clock.nowMillis()))
+        #expect(try s.unregisteredTokens().first?.apnsTimestamp == StoreRules.markCutoff(apnsTimestamp: ts, newestPendingCreatedAt: f.clock.nowMillis(), now: f.clock.nowMillis()))
     }
 
     @Test func aRestartDuringTheScanLeavesTheAnsweredRowToBeSentAgain() throws {
@@ -193,12 +193,18 @@ struct PostgresTokenIndexTests {
             try StoreContractTests.fill(s, token: StoreContractTests.busyToken, count: 50, secret: c.secret)
             s.close()
         }
-        // Back to v2 (the app-scoped dedupe key) as it was shipped: no token index.
+        // Back to v2 (the app-scoped dedupe key) as it was shipped: no token index, and a 410
+        // mark without a reason (v4 adds it: the old marks are 410s).
         _ = try f.sql("DROP INDEX responses_token_pending")
+        _ = try f.sql("ALTER TABLE unregistered_tokens DROP COLUMN reason")
+        _ = try f.sql("INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES ('\(StoreContractTests.otherToken)', 1, 1)")
+        _ = try f.sql("DROP TABLE webhook_deliveries, events")   // v5 (delivery events)
         try f.setSchemaVersion(2)
         let s = try f.open()
         defer { s.close() }
         #expect(try f.schemaVersion == PostgresOutboxStore.schemaVersion)
+        #expect(try s.unregisteredTokens().map(\.reason) == ["Unregistered"])
+        #expect(try s.forgetToken(StoreContractTests.otherToken))
         #expect(try f.sql("SELECT indexdef FROM pg_indexes WHERE schemaname = '\(f.schema)' AND indexname = 'responses_token_pending'").first?.first??
             .contains("(push_token, created_at)") == true)
         let answered = try s.claimDue(limit: 1)[0]

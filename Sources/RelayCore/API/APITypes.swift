@@ -6,6 +6,8 @@ import HTTPServer
 public struct APIRequest: Sendable {
     public var method: String
     public var path: String
+    /// The request target after "?" ("" without one), as sent.
+    public var query: String
     /// The only request headers the services read, picked out by HTTPGlue in one pass over the
     /// request's fields (a dictionary of them cost ~2k instructions of hashing per request).
     public var authorization: String?
@@ -19,8 +21,9 @@ public struct APIRequest: Sendable {
     public var clientKey: String
 
     public init(method: String, path: String, authorization: String?, contentType: String?, body: [UInt8],
-                requestID: String, remoteAddress: String = "", clientKey: String? = nil) {
+                requestID: String, remoteAddress: String = "", clientKey: String? = nil, query: String = "") {
         self.method = method
+        self.query = query
         self.clientKey = clientKey ?? IngestService.clientKey(remoteAddress)
         self.path = path
         self.authorization = authorization

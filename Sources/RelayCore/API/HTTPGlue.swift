@@ -41,7 +41,8 @@ enum HTTPGlue {
         // credential, so a 401, as the parser refuses two Content-Length or Host fields.
         if authorizations > 1 { authorization = nil }
         return APIRequest(method: r.method, path: r.path, authorization: authorization, contentType: contentType, body: r.body,
-                          requestID: requestID(given: givenID), remoteAddress: r.remoteAddress, clientKey: r.clientKey)
+                          requestID: requestID(given: givenID), remoteAddress: r.remoteAddress, clientKey: r.clientKey,
+                          query: r.target.utf8.count == r.path.utf8.count ? "" : r.target.firstIndex(of: "?").map { String(r.target[r.target.index(after: $0)...]) } ?? "")
     }
 
     /// The full body even for HEAD: HTTPServer sends a HEAD answer's headers only, with the

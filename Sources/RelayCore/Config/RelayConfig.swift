@@ -67,11 +67,19 @@ public struct RelayConfig: Sendable, Equatable {
         public var backoffBaseMillis = 1000
         public var backoffCapMillis = 300_000
         public var tooManyRequestsDelayMillis = 60_000
+        /// Probe waits of a paused app (PauseSchedule): base doubling to cap, equal jitter.
+        public var pauseProbeBaseMillis = 1_000
+        public var pauseProbeCapMillis = 300_000
         public var connectionsPerApp = 2
         /// New APNs connections an app may open per minute (PushClient's ConnectionPacing).
         public var maxNewConnectionsPerMinute = 10
         public var requestTimeoutMillis = 10_000
         public var shutdownGraceMillis = 5_000
+        /// How long a token APNs answered 410 for is refused at ingest before one response goes
+        /// through as a probe (StoreRules.markAdmission); 0 = refused until `relayctl tokens forget`.
+        public var unregisteredQuarantineSeconds = 3_600
+        /// The same for a 400 BadDeviceToken token; 0 = such answers mark nothing.
+        public var badDeviceTokenHoldSeconds = 3_600
     }
     public enum Environment: Sendable, Equatable { case production, sandbox, custom(url: String) }
     public enum Credentials: Sendable, Equatable {
@@ -100,6 +108,15 @@ public struct RelayConfig: Sendable, Equatable {
     public var apps: [App] = []
     public var log = Log()
     public var watchdog = true
+    public var events = Events()
+
+    /// `events`: delivery events (docs/events.md). The webhooks (`events.webhooks`) are the
+    /// sender's configuration; the store reads the backlog bound.
+    public struct Events: Sendable, Equatable {
+        /// `events.maxBacklogPerWebhook`: pending deliveries a webhook may have before the oldest
+        /// are dropped (counted in relay_webhook_backlog_dropped_total, logged as an error).
+        public var maxBacklogPerWebhook = EventStoreSettings.defaultMaxBacklogPerWebhook
+    }
 
     public init() {}
 
@@ -130,7 +147,7 @@ public struct RelayConfig: Sendable, Equatable {
         }
         var r = ConfigReader(root, path: "", base: baseDirectory)
         var c = RelayConfig()
-        try r.object(allowed: ["listen", "admin", "store", "ingest", "dispatch", "apps", "log", "watchdog"])
+        try r.object(allowed: ["listen", "admin", "store", "ingest", "dispatch", "apps", "log", "watchdog", "events"])
         if var l = try r.child("listen") {
             try l.object(allowed: ["host", "port", "tls", "proxyProtocol"])
             c.listen.host = try l.string("host") ?? c.listen.host
@@ -228,18 +245,26 @@ public struct RelayConfig: Sendable, Equatable {
         }
         if var d = try r.child("dispatch") {
             try d.object(allowed: ["maxInflight", "claimBatch", "backoffBaseMs", "backoffCapMs", "tooManyRequestsDelayMs",
-                                   "connectionsPerApp", "maxNewConnectionsPerMinute", "requestTimeoutMs", "shutdownGraceMs"])
+                                   "pauseProbeBaseMs", "pauseProbeCapMs", "connectionsPerApp", "maxNewConnectionsPerMinute", "requestTimeoutMs", "shutdownGraceMs",
+                                   "unregisteredQuarantineSeconds", "badDeviceTokenHoldSeconds"])
             c.dispatch.maxInflight = try d.int("maxInflight", 1...100_000) ?? c.dispatch.maxInflight
             c.dispatch.claimBatch = try d.int("claimBatch", 1...10_000) ?? c.dispatch.claimBatch
             c.dispatch.backoffBaseMillis = try d.int("backoffBaseMs", 1...3_600_000) ?? c.dispatch.backoffBaseMillis
             c.dispatch.backoffCapMillis = try d.int("backoffCapMs", 1...86_400_000) ?? c.dispatch.backoffCapMillis
             c.dispatch.tooManyRequestsDelayMillis = try d.int("tooManyRequestsDelayMs", 0...86_400_000) ?? c.dispatch.tooManyRequestsDelayMillis
+            c.dispatch.pauseProbeBaseMillis = try d.int("pauseProbeBaseMs", 10...3_600_000) ?? c.dispatch.pauseProbeBaseMillis
+            c.dispatch.pauseProbeCapMillis = try d.int("pauseProbeCapMs", 10...3_600_000) ?? c.dispatch.pauseProbeCapMillis
             c.dispatch.connectionsPerApp = try d.int("connectionsPerApp", 1...64) ?? c.dispatch.connectionsPerApp
             c.dispatch.maxNewConnectionsPerMinute = try d.int("maxNewConnectionsPerMinute", 1...600) ?? c.dispatch.maxNewConnectionsPerMinute
             c.dispatch.requestTimeoutMillis = try d.int("requestTimeoutMs", 100...600_000) ?? c.dispatch.requestTimeoutMillis
             c.dispatch.shutdownGraceMillis = try d.int("shutdownGraceMs", 0...600_000) ?? c.dispatch.shutdownGraceMillis
+            c.dispatch.unregisteredQuarantineSeconds = try d.int("unregisteredQuarantineSeconds", 0...31_536_000) ?? c.dispatch.unregisteredQuarantineSeconds
+            c.dispatch.badDeviceTokenHoldSeconds = try d.int("badDeviceTokenHoldSeconds", 0...2_592_000) ?? c.dispatch.badDeviceTokenHoldSeconds
             guard c.dispatch.backoffCapMillis >= c.dispatch.backoffBaseMillis else {
                 throw ConfigError(key: "dispatch.backoffCapMs", message: "must be at least dispatch.backoffBaseMs")
+            }
+            guard c.dispatch.pauseProbeCapMillis >= c.dispatch.pauseProbeBaseMillis else {
+                throw ConfigError(key: "dispatch.pauseProbeCapMs", message: "must be at least dispatch.pauseProbeBaseMs")
             }
         }
         // A lease shorter than an APNs request could expire while the answer is on its way, and
@@ -321,6 +346,13 @@ public struct RelayConfig: Sendable, Equatable {
             }
         }
         c.watchdog = try r.bool("watchdog") ?? true
+        if var e = try r.child("events") {
+            try e.object(allowed: ["webhooks", "maxBacklogPerWebhook"])
+            if let n = try e.nonNegative("maxBacklogPerWebhook", max: 1_000_000_000) {
+                guard n > 0 else { throw ConfigError(key: "events.maxBacklogPerWebhook", message: "must be at least 1") }
+                c.events.maxBacklogPerWebhook = Int(n)
+            }
+        }
         if c.listen.proxyProtocol && c.ingest.trustedProxies.isEmpty {
             throw ConfigError(key: "ingest.trustedProxies", message: "required when listen.proxyProtocol is true: the load balancers' addresses (CIDR)")
         }

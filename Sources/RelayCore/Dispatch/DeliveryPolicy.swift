@@ -38,6 +38,8 @@ public struct DeliveryPolicy: Sendable, Equatable {
     public var tooManyRequestsDelayMillis: Int64 = 60_000
     /// Delay before retrying after ExpiredProviderToken (PushClient has already refreshed).
     public var refreshRetryDelayMillis: Int64 = 0
+    /// 400 BadDeviceToken marks its token like a 410 (dispatch.badDeviceTokenHoldSeconds > 0).
+    public var marksBadDeviceTokens = true
 
     public init(backoffBaseMillis: Int64 = 1_000, backoffCapMillis: Int64 = 300_000, tooManyRequestsDelayMillis: Int64 = 60_000, refreshRetryDelayMillis: Int64 = 0) {
         self.backoffBaseMillis = backoffBaseMillis
@@ -71,6 +73,11 @@ public struct DeliveryPolicy: Sendable, Equatable {
         case .terminal(let reason):
             if answer.status == 410 {
                 return .unregistered(reason: reason, apnsTimestamp: answer.apnsTimestamp ?? now)
+            }
+            // The same 400 would answer every push to the token (and errors count against the
+            // connection): mark it, so its queued rows fail without a push and ingest refuses it.
+            if answer.status == 400, reason == StoreRules.badDeviceTokenReason, marksBadDeviceTokens {
+                return .unregistered(reason: reason, apnsTimestamp: now)
             }
             return .failed(reason: reason)
         case .refreshTokenAndReconnect:

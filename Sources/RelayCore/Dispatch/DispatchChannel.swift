@@ -68,6 +68,16 @@ public final class DispatchChannel: @unchecked Sendable {
     /// instead of at the next poll.
     public func wake() { committed(handedOff: [], queued: true) }
 
+    /// The app's credentials were reloaded: end its pause (if any) and send its rows again.
+    public func resume(app: String) {
+        condition.lock()
+        defer { condition.unlock() }
+        guard phase != .finished else { return }
+        inbox.resumeApps.insert(app)
+        inbox.mayHaveDue = true
+        condition.signal()
+    }
+
     /// How many times queued rows woke the dispatcher thread (for tests).
     var queuedWakeSignals: Int { condition.withLock { queuedSignals } }
 
@@ -170,6 +180,8 @@ struct DispatchInbox: Sendable, Equatable {
     var rows: [OutboxRow] = []
     var mayHaveDue = false
     var answers: [FinishedPush] = []
+    /// Apps whose pause ends now (a reload gave them new credentials).
+    var resumeApps: Set<String> = []
     var stopRequested = false
     var graceOver = false
     /// Slots free when it was taken (capacity minus reserved and in-flight rows).
@@ -177,5 +189,5 @@ struct DispatchInbox: Sendable, Equatable {
     /// When it was taken (RelayClock ms; set by the dispatcher, which owns the clock).
     var takenAt: Int64 = 0
 
-    var isEmpty: Bool { rows.isEmpty && !mayHaveDue && answers.isEmpty && !stopRequested && !graceOver }
+    var isEmpty: Bool { rows.isEmpty && !mayHaveDue && answers.isEmpty && resumeApps.isEmpty && !stopRequested && !graceOver }
 }

@@ -7,6 +7,7 @@ import Dispatch
 import FoundationEssentials
 import Glibc
 import POSIXThreads
+import Synchronization
 
 public struct DispatcherOptions: Sendable {
     /// Most pushes waiting for an APNs answer at once.
@@ -17,11 +18,15 @@ public struct DispatcherOptions: Sendable {
     /// process, e.g. `relayctl retry`, is noticed).
     public var idlePollMillis: Int64 = 1_000
     public var policy = DeliveryPolicy()
-    public init(maxInflight: Int = 256, claimBatch: Int = 256, idlePollMillis: Int64 = 1_000, policy: DeliveryPolicy = .init()) {
+    /// Probe times of a paused app (AppPause.swift).
+    public var pause = PauseSchedule()
+    public init(maxInflight: Int = 256, claimBatch: Int = 256, idlePollMillis: Int64 = 1_000, policy: DeliveryPolicy = .init(),
+                pause: PauseSchedule = .init()) {
         self.maxInflight = maxInflight
         self.claimBatch = claimBatch
         self.idlePollMillis = idlePollMillis
         self.policy = policy
+        self.pause = pause
     }
 }
 
@@ -41,6 +46,8 @@ public final class Dispatcher: @unchecked Sendable {
     private let exited = DispatchSemaphore(value: 0)
     /// Outcome writes queued on the store and not finished yet (waited for before exit).
     private let applying = DispatchGroup()
+    /// Paused apps and why (app -> APNs reason or "credential_file"): /readyz and /metrics read it.
+    private let pausedApps = Mutex<[String: String]>([:])
 
     /// `channel`: the one the store was given, for the hand-off; a fresh one means no hand-off
     /// (every row is claimed).
@@ -63,7 +70,7 @@ public final class Dispatcher: @unchecked Sendable {
         if recovered > 0 { logger.info("recovered inflight rows", ["count": recovered]) }
         channel.open(capacity: options.maxInflight)
         let machine = DispatcherStateMachine(claimBatch: options.claimBatch, idlePollMillis: options.idlePollMillis,
-                                             policy: options.policy, apps: Set(transports.keys))
+                                             policy: options.policy, apps: Set(transports.keys), pause: options.pause)
         let t = OSThread { [self] in
             self.run(machine)
         }
@@ -78,6 +85,22 @@ public final class Dispatcher: @unchecked Sendable {
     public func wake() { channel.wake() }
 
     public var inflightCount: Int { channel.inflightCount }
+
+    /// Apps paused now, with the reason (docs/pushclient.md "Paused apps").
+    public var paused: [String: String] { pausedApps.withLock { $0 } }
+
+    /// A reload gave `app` new credentials: end its pause now, without waiting for a probe.
+    public func resume(app: String) { channel.resume(app: app) }
+
+    /// relay_app_paused{app,reason}: 1 while paused (reason set), 0 otherwise (reason "").
+    public func collectPauseMetrics(into r: inout PrometheusRegistry) {
+        let now = paused
+        r.declare("relay_app_paused", .gauge,
+                  help: "1 while the app is paused by a credential or configuration answer (reason: the APNs reason, or credential_file); its rows wait, unsent and uncounted.")
+        for app in transports.keys.sorted() {
+            r.sample("relay_app_paused", ["app": app, "reason": now[app] ?? ""], now[app] == nil ? 0 : 1)
+        }
+    }
 
     /// Stops claiming; waits up to `grace` for pushes in flight, returns the rest to queued,
     /// and shuts the transports down. Blocking.
@@ -115,15 +138,28 @@ public final class Dispatcher: @unchecked Sendable {
                     do {
                         let rows = try store.claimDue(limit: limit)
                         channel.occupy(rows.count)
-                        next = machine.claimed(rows, limit: limit)
+                        next = machine.claimed(rows, limit: limit, now: clock.nowMillis())
                     } catch {
-                        logger.error("claim failed", ["error": "\(error)"])
+                        logger.limited(.error, "claim failed", ["error": "\(error)"])
                         next = machine.claimFailed()
                     }
                 case .findNextDue:
                     next = machine.nextDue(try? store.nextDueAt(), now: clock.nowMillis())
                 case .wait(let millis):
                     next = machine.received(take(waitingMillis: millis))
+                case .paused(let app, let reason, let detail):
+                    pausedApps.withLock { $0[app] = reason }
+                    logger.error("app paused: APNs refuses its credentials or configuration; its responses wait (not failed, no attempt counted), one probe per back-off step",
+                                 ["app": app, "reason": reason, "detail": detail])
+                case .resumed(let app, let why):
+                    pausedApps.withLock { $0[app] = nil }
+                    logger.info("app resumed", ["app": app, "why": why])
+                    if why == "reload" {
+                        applying.wait()   // the releases written first, then made due
+                        do { _ = try store.hastenQueued(app: app) } catch {
+                            logger.error("could not make the resumed app's responses due (they go out at their probe time)", ["app": app, "error": "\(error)"])
+                        }
+                    }
                 case .exit(let requeue):
                     applying.wait()
                     do {
@@ -144,12 +180,17 @@ public final class Dispatcher: @unchecked Sendable {
     /// without waiting for the writer's next COMMIT. A retry's due time is seen by the next
     /// nextDueAt only once written, so its completion wakes the thread to look again.
     private func apply(_ updates: [DeliveryUpdate]) {
-        let retries = updates.contains { if case .retry = $0.outcome { true } else { false } }
+        let retries = updates.contains {
+            switch $0.outcome {
+            case .retry, .release: true
+            default: false
+            }
+        }
         applying.enter()
         store.apply(updates) { [channel, logger, applying] error in
             if let error {
                 // The rows stay inflight in the database; they are requeued on restart.
-                logger.error("could not record push outcomes", ["error": "\(error)", "count": updates.count])
+                logger.limited(.error, "could not record push outcomes", ["error": "\(error)", "count": updates.count])
             } else if retries {
                 channel.wake()
             }
@@ -174,11 +215,14 @@ public final class Dispatcher: @unchecked Sendable {
         switch outcome {
         case .delivered:
             logger.debug("delivered", ["id": row.id, "app": row.app])
-        case .failed(let reason), .unregistered(let reason, _):
+        case .failed(let reason):
             logger.info("push failed", ["id": row.id, "app": row.app, "token": redactToken(row.pushToken), "status": answer.status ?? 0, "reason": reason])
+        case .unregistered(let reason, _):
+            // The token's queued responses fail with it and ingest refuses it for its hold.
+            logger.info("push failed, token marked", ["id": row.id, "app": row.app, "token": redactToken(row.pushToken), "status": answer.status ?? 0, "reason": reason])
         case .retry(let at, let pace):
             logger.info("push retry scheduled", ["id": row.id, "status": answer.status ?? 0, "reason": answer.reason ?? "", "in_ms": at - push.at, "paced": pace != nil])
-        case .requeue:
+        case .requeue, .release:
             break
         }
     }

@@ -30,6 +30,11 @@ struct DispatcherStateMachine {
         case wait(millis: Int64?)
         /// Return these unanswered rows to queued, then end the thread.
         case exit(requeue: [DeliveryUpdate])
+        /// The app is paused from now (log it once; /readyz and the gauge follow `paused`).
+        case paused(app: String, reason: String, detail: String)
+        /// The app's pause ended (`why`: "probe accepted" or "reload"). After a reload its
+        /// released rows are made due now (`hastenQueued`), so they need not wait for a probe time.
+        case resumed(app: String, why: String)
     }
 
     let claimBatch: Int
@@ -39,6 +44,13 @@ struct DispatcherStateMachine {
     let policy: DeliveryPolicy
     /// Apps with a transport; a row for another app fails with "app_not_configured".
     let apps: Set<String>
+    let pause: PauseSchedule
+    /// Apps whose answers said their credentials or configuration are wrong (AppPause.swift):
+    /// their rows are released unsent, one probe per PauseSchedule step.
+    private(set) var paused: [String: PausedApp] = [:]
+    /// The RelayClock time last seen (inbox taken, next due looked up): a claim's rows are
+    /// routed against it.
+    private var now: Int64 = 0
 
     private(set) var phase = Phase.running
     /// Whether a claim could find anything. Cleared when a claim came back short; set again by
@@ -57,11 +69,12 @@ struct DispatcherStateMachine {
     /// claim sets, and that claim's `findNextDue` replaces it. nil: look it up.
     private var knownDue: (at: Int64?, until: Int64)?
 
-    init(claimBatch: Int, idlePollMillis: Int64, policy: DeliveryPolicy, apps: Set<String>) {
+    init(claimBatch: Int, idlePollMillis: Int64, policy: DeliveryPolicy, apps: Set<String>, pause: PauseSchedule = PauseSchedule()) {
         self.claimBatch = claimBatch
         self.idlePollMillis = idlePollMillis
         self.policy = policy
         self.apps = apps
+        self.pause = pause
     }
 
     /// The inbox: answers, handed-off rows, wake, stop, end of grace.
@@ -69,6 +82,10 @@ struct DispatcherStateMachine {
         guard phase != .stopped else { return [] }
         var actions: [Action] = []
         var updates: [DeliveryUpdate] = []
+        now = max(now, inbox.takenAt)
+        for app in inbox.resumeApps.sorted() where paused.removeValue(forKey: app) != nil {
+            actions.append(.resumed(app: app, why: "reload"))
+        }
         // Handed-off rows first: they wait for nothing but this send.
         let (sendable, failed) = route(inbox.rows)
         if !sendable.isEmpty { actions.append(.send(sendable)) }
@@ -77,7 +94,8 @@ struct DispatcherStateMachine {
         for push in inbox.answers {
             // Not in flight: answered after the stop returned it to queued, and the requeue stands.
             guard inflight.removeValue(forKey: push.row.id) != nil else { continue }
-            let update = Self.update(for: push, policy: policy)
+            let (update, events) = settle(push)
+            actions += events
             actions.append(.report(push, update.outcome))
             updates.append(update)
         }
@@ -91,7 +109,10 @@ struct DispatcherStateMachine {
     }
 
     /// What a claim of `limit` rows returned (already counted in flight by the driver).
-    mutating func claimed(_ rows: [OutboxRow], limit: Int) -> [Action] {
+    /// `now`: the RelayClock after the claim (a paused app's rows due by the store's clock are
+    /// due for its probe too).
+    mutating func claimed(_ rows: [OutboxRow], limit: Int, now: Int64? = nil) -> [Action] {
+        if let now { self.now = max(self.now, now) }
         if rows.count < limit { mayHaveDue = false }
         var actions: [Action] = []
         let (sendable, failed) = route(rows)
@@ -107,6 +128,7 @@ struct DispatcherStateMachine {
     /// The earliest queued/retry row's due time (nil: none, or it could not be read); `now` on
     /// the RelayClock.
     mutating func nextDue(_ at: Int64?, now: Int64) -> [Action] {
+        self.now = max(self.now, now)
         knownDue = (at, now + idlePollMillis)
         return waitUntilDue(at, now: now)
     }
@@ -140,22 +162,87 @@ struct DispatcherStateMachine {
     }
 
     /// Rows with a transport become in flight; the others fail with "app_not_configured" (the
-    /// app was removed from the configuration after the row was accepted).
+    /// app was removed from the configuration after the row was accepted). A paused app's row
+    /// goes out as its probe when one is due and none is out; otherwise it is released unsent.
     private mutating func route(_ rows: [OutboxRow]) -> (send: [OutboxRow], failed: [DeliveryUpdate]) {
-        guard rows.contains(where: { !apps.contains($0.app) }) else {
+        guard !paused.isEmpty || rows.contains(where: { !apps.contains($0.app) }) else {
             for row in rows { inflight[row.id] = row.pushToken }
             return (rows, [])
         }
         var send: [OutboxRow] = [], failed: [DeliveryUpdate] = []
         for row in rows {
-            if apps.contains(row.app) {
+            if !apps.contains(row.app) {
+                failed.append(DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .failed(reason: "app_not_configured"), attempt: nil))
+            } else if var p = paused[row.app] {
+                if p.probe == nil && now >= p.probeAt {
+                    p.probe = row.id
+                    paused[row.app] = p
+                    inflight[row.id] = row.pushToken
+                    send.append(row)
+                } else {
+                    failed.append(Self.release(row, at: p.probe == nil ? p.probeAt : now + pause.holdMillis))
+                }
+            } else {
                 inflight[row.id] = row.pushToken
                 send.append(row)
-            } else {
-                failed.append(DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .failed(reason: "app_not_configured"), attempt: nil))
             }
         }
         return (send, failed)
+    }
+
+    /// One answer's update, and the pause or resume it causes. An answer PauseRule names
+    /// pauses the app (or, for its probe, moves to the next probe step) and releases the row
+    /// unsent; any other answer below 500 while paused shows APNs accepted the credentials:
+    /// resumed. A 5xx or no answer says nothing about them: a probe's moves to the next step.
+    private mutating func settle(_ push: FinishedPush) -> (DeliveryUpdate, [Action]) {
+        let row = push.row, answer = push.answer
+        if let reason = PauseRule.reason(status: answer.status, reason: answer.reason) {
+            var events: [Action] = []
+            var p: PausedApp
+            if let known = paused[row.app] {
+                p = known
+                if p.probe == row.id {
+                    p.step += 1
+                    p.probe = nil
+                    p.probeAt = push.at + pause.delay(step: p.step, random: push.random)
+                    // Still paused, for another reason now (e.g. a new key with the wrong topic):
+                    // a state change of its own, said once.
+                    if p.reason != reason {
+                        p.reason = reason
+                        events.append(.paused(app: row.app, reason: reason, detail: answer.reason ?? ""))
+                    }
+                }
+            } else {
+                p = PausedApp(reason: reason, step: 0, probeAt: push.at + pause.delay(step: 0, random: push.random), probe: nil)
+                events.append(.paused(app: row.app, reason: reason, detail: answer.reason ?? ""))
+            }
+            paused[row.app] = p
+            return (Self.release(row, at: p.probe == nil ? p.probeAt : push.at + pause.holdMillis), events)
+        }
+        var events: [Action] = []
+        if var p = paused[row.app] {
+            if let status = answer.status, status < 500 {
+                paused[row.app] = nil
+                events.append(.resumed(app: row.app, why: "probe accepted"))
+            } else if p.probe == row.id {
+                // No answer (connect, TLS, timeout) or a 5xx: nothing about the credentials;
+                // the row retries as usual and the next probe waits a step longer.
+                p.step += 1
+                p.probe = nil
+                p.probeAt = push.at + pause.delay(step: p.step, random: push.random)
+                paused[row.app] = p
+            }
+        }
+        return (Self.update(for: push, policy: policy), events)
+    }
+
+    /// Back to queued as if never sent (no attempt), due at `at`; while paused a row fails only
+    /// by its TTL ("expired").
+    static func release(_ row: OutboxRow, at: Int64) -> DeliveryUpdate {
+        if at >= row.expiresAt {
+            return DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .failed(reason: "expired"), attempt: nil)
+        }
+        return DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .release(at: at), attempt: nil)
     }
 
     /// The outcome of one answer and its attempt record. A missing answer during a stop

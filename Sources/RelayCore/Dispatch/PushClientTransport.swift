@@ -4,17 +4,24 @@
 import FoundationEssentials
 import PushClient
 
+/// How PushClient words a transport failure caused by the signing key (Requests.swift).
+let signingFailurePrefix = "cannot sign provider token"
+
 public final class PushClientTransport: PushTransport {
     private let client: PushClient
     private let bundleID: String
+    /// The key or certificate files, named when they turn out unusable (a pause's log line).
+    private let credentialFiles: String
 
-    public init(client: PushClient, bundleID: String) {
+    public init(client: PushClient, bundleID: String, credentialFiles: String = "") {
         self.client = client
         self.bundleID = bundleID
+        self.credentialFiles = credentialFiles
     }
 
-    /// One PushClient (its own connections and JWT) per configured app.
-    public static func make(app: RelayConfig.App, config: RelayConfig) throws -> any PushTransport {
+    /// One PushClient (its own connections) per configured app; the provider token comes from
+    /// `tokens` (process-wide by default: one JWT per team and key, kept across reloads).
+    public static func make(app: RelayConfig.App, config: RelayConfig, tokens: TokenRegistry = .shared) throws -> any PushTransport {
         let env: APNsEnvironment
         switch app.environment {
         case .production: env = .production
@@ -40,10 +47,38 @@ public final class PushClientTransport: PushTransport {
         pc.connections = config.dispatch.connectionsPerApp
         pc.connectionPacing.maxNewConnections = config.dispatch.maxNewConnectionsPerMinute
         pc.requestTimeout = .milliseconds(config.dispatch.requestTimeoutMillis)
-        return PushClientTransport(client: try PushClient(configuration: pc), bundleID: app.bundleID)
+        pc.tokenRegistry = tokens
+        let files: String
+        switch app.credentials {
+        case .token(let p8, _, _): files = p8
+        case .certificate(let cert, let key, _): files = cert == key ? cert : cert + ", " + key
+        }
+        return PushClientTransport(client: try PushClient(configuration: pc), bundleID: app.bundleID, credentialFiles: files)
     }
 
-    static func answer(_ result: PushResult) -> PushAnswer {
+    /// relay_apns_provider_tokens_minted_total{team}: JWTs this process signed (docs/pushclient.md).
+    static func collectTokenMetrics(into r: inout PrometheusRegistry, tokens: TokenRegistry = .shared) {
+        r.declare("relay_apns_provider_tokens_minted_total", .counter,
+                  help: "APNs provider tokens (JWTs) signed by this process, by team ID. Apple advises at most one per 20 minutes per team.")
+        for (team, n) in tokens.mintedByTeam().sorted(by: { $0.key < $1.key }) {
+            r.sample("relay_apns_provider_tokens_minted_total", ["team": team], n)
+        }
+    }
+
+    /// TLS alerts a server sends about the client's certificate, as OpenSSL words them
+    /// ("tlsv13 alert certificate required", "sslv3 alert certificate expired"). Only received
+    /// alerts match: when we refuse the server's certificate OpenSSL says "certificate verify
+    /// failed", which stays a transport failure (connection back-off).
+    static let certificateAlerts = [" alert certificate required", " alert bad certificate", " alert certificate revoked",
+                                    " alert certificate expired", " alert certificate unknown", " alert unknown ca",
+                                    " alert unsupported certificate"]
+
+    /// A transport failure that is about our credentials, not the network (pure; tested).
+    static func isCredentialFailure(_ what: String) -> Bool {
+        what.hasPrefix(signingFailurePrefix) || certificateAlerts.contains { what.contains($0) }
+    }
+
+    static func answer(_ result: PushResult, credentialFiles: String = "") -> PushAnswer {
         let cls: AnswerClass
         switch classify(result) {
         case .done: cls = .done
@@ -59,6 +94,11 @@ public final class PushClientTransport: PushTransport {
             return PushAnswer(status: status, reason: reason.rawValue,
                               apnsTimestamp: timestamp.map { Int64(($0.timeIntervalSince1970 * 1000).rounded()) }, classification: cls)
         case .transportFailure(let what):
+            // The key could not sign, or APNs refused our certificate in the handshake: a
+            // credential problem no retry cures (PauseRule pauses the app, probes continue).
+            if Self.isCredentialFailure(what) {
+                return PushAnswer(status: nil, reason: "\(PauseRule.credentialFilePrefix): \(credentialFiles): \(what)", classification: cls)
+            }
             return PushAnswer(status: nil, reason: what, classification: cls)
         }
     }
@@ -74,7 +114,7 @@ public final class PushClientTransport: PushTransport {
         // apns-expiration = the row's own expiry: APNs stops storing it when we would stop retrying.
         let request = PushRequest(deviceToken: row.pushToken, bundleID: bundleID, apnsID: id, payload: payload,
                                   expiration: Int(row.expiresAt / 1000))
-        client.send(request) { completion(Self.answer($0)) }
+        client.send(request) { [credentialFiles] in completion(Self.answer($0, credentialFiles: credentialFiles)) }
     }
 
     public func shutdown() { client.shutdown() }

@@ -16,6 +16,7 @@
 // with a backslash anywhere in a string never reaches `return NewResponse`.
 
 #if canImport(Glibc)
+import Basics
 import Glibc
 #endif
 
@@ -84,11 +85,11 @@ extension IngestValidation {
         while i < n, isJSONSpace(base[i]) { i += 1 }
         guard i == n, seen & 0b11111 == 0b11111 else { return nil }
 
-        // pushToken: non-empty, even length, hex, canonical lowercase. Checked and lowercased
+        // pushToken: Basics.PushToken's rule, canonical lowercase. Checked and lowercased
         // in one pass straight into the String's storage; a bad byte abandons the String.
         let tokenStart = base + starts.0
         let tokenCount = ends.0 - starts.0
-        guard tokenCount > 0, tokenCount % 2 == 0, tokenCount <= limits.maxPushTokenHexDigits else { return nil }
+        guard PushToken.isValidLength(tokenCount) else { return nil }
         var tokenOK = true
         let pushToken = String(unsafeUninitializedCapacity: tokenCount) { out in
             for k in 0..<tokenCount {

@@ -5,7 +5,7 @@
 //   address spent its failure budget) -> 429 credential -> 415/413/400 body -> 429 push token
 //   (per app, charged only when the credential may send for the app) -> in one store
 //   transaction: 401 revoked since (defence in depth), 400 unknown/ambiguous app, 403 scope,
-//   200 duplicate, 410 unregistered token, 503 outbox bound, 202 after COMMIT.
+//   200 duplicate, 410 unregistered / 400 bad_device_token marked token, 503 outbox bound, 202 after COMMIT.
 import Basics
 import FoundationEssentials
 import Glibc
@@ -59,6 +59,7 @@ public final class IngestService: Sendable {
     private let metrics: RelayMetrics
     private let logger: RelayLogger
     private let workers: WorkerPool
+    let feed: EventFeed
 
     public init(store: any OutboxStore, settings: IngestSettings, metrics: RelayMetrics, logger: RelayLogger,
                 workers: WorkerPool) {
@@ -75,6 +76,9 @@ public final class IngestService: Sendable {
         self.metrics = metrics
         self.logger = logger
         self.workers = workers
+        let feed = EventFeed(store: store, workers: workers)
+        self.feed = feed
+        store.observeEvents { [weak feed] in feed?.eventsCommitted() }
         credentials.prime()
     }
 
@@ -116,8 +120,16 @@ public final class IngestService: Sendable {
             // dropped: at the default level every 2xx would pay for it.
             let logger = service.logger
             if level >= logger.minimum {
-                logger.log(level, "request", ["request_id": requestID, "method": method, "path": path,
-                                              "status": r.status, "duration_us": micros, "note": note ?? ""])
+                if level == .debug {
+                    logger.log(level, "request", ["request_id": requestID, "method": method, "path": path,
+                                                  "status": r.status, "duration_us": micros, "note": note ?? ""])
+                } else {
+                    // A 5xx is refused load or a storage failure: it comes in storms, one line
+                    // per 10 s per status and note (5xx notes are fixed strings).
+                    logger.limited(level, "request", key: "request \(r.status) \(note ?? "")",
+                                   ["request_id": requestID, "method": method, "path": path,
+                                    "status": r.status, "duration_us": micros, "note": note ?? ""])
+                }
             }
             respond(r)
         }
@@ -138,6 +150,11 @@ public final class IngestService: Sendable {
                 return finish(APIResponse(status: 405, headers: [("allow", "GET, HEAD")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody), nil)
             }
             get(request, id: String(request.path.dropFirst("/v1/responses/".count)), finish)
+        } else if request.path == "/v1/events" {
+            guard request.method == "GET" || request.method == "HEAD" else {
+                return finish(APIResponse(status: 405, headers: [("allow", "GET, HEAD")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody), nil)
+            }
+            events(request, finish)
         } else {
             finish(.error(ClientError(status: 404, code: "not_found", field: nil, message: "no such endpoint")), nil)
         }
@@ -203,7 +220,7 @@ public final class IngestService: Sendable {
             }
         case .unavailable:
             if charged { refundAuthFailure(finish.clientKey) }
-            logger.error("storage error reading credentials", ["request_id": finish.requestID])
+            logger.limited(.error, "storage error reading credentials", ["request_id": finish.requestID])
             finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "credentials could not be read; retry later"),
                           headers: [("retry-after", String(settings.unavailableRetryAfterSeconds))]), "storage")
         }
@@ -394,7 +411,7 @@ public final class IngestService: Sendable {
         let retryAfterSeconds = settings.unavailableRetryAfterSeconds
         switch result {
         case .failure(let error):
-            logger.error("storage error on ingest", ["request_id": finish.requestID, "error": "\(error)"])
+            logger.limited(.error, "storage error on ingest", ["request_id": finish.requestID, "error": "\(error)"])
             finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "the response was not stored; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), "storage")
         case .success(let outcome):
             switch outcome {
@@ -422,8 +439,11 @@ public final class IngestService: Sendable {
                 finish(.error(ClientError(status: 400, code: "unknown_app", field: "app", message: "\(app) is not configured in this relay")), nil)
             case .unregistered:
                 finish(.error(ClientError(status: 410, code: "push_token_unregistered", field: "pushToken", message: "APNs reported this push token unregistered")), nil)
+            case .badDeviceToken:
+                finish(.error(ClientError(status: 400, code: "bad_device_token", field: "pushToken",
+                                          message: "APNs answered BadDeviceToken for this push token: it is not a token of this app's APNs environment (often a sandbox token sent to the production endpoint, or the reverse); refused for a while, then one response is tried again")), nil)
             case .overCapacity:
-                finish(.error(ClientError(status: 503, code: "outbox_full", field: nil, message: "the outbox is over its configured bound; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), nil)
+                finish(.error(ClientError(status: 503, code: "outbox_full", field: nil, message: "the outbox is over its configured bound; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), "outbox full")
             case .storageFull:
                 metrics.storeRefusal("storage_full")
                 finish(.error(ClientError(status: 503, code: "storage_full", field: nil, message: "the relay's disk is below its free-space floor; the response was not stored; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), "storage full")
@@ -457,12 +477,47 @@ public final class IngestService: Sendable {
                 let attempts = try store.attempts(responseID: row.id)
                 finish(APIResponse(status: 200, body: Self.render(row, attempts)), nil)
             } catch {
-                logger.error("storage error on read", ["request_id": finish.requestID, "error": "\(error)"])
+                logger.limited(.error, "storage error on read", ["request_id": finish.requestID, "error": "\(error)"])
                 finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "retry later"), headers: [("retry-after", "1")]), "storage")
             }
         }, whenFull: {
             finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "too many reads waiting; retry later"), headers: [("retry-after", "1")]), "readers full")
         })
+    }
+
+    /// GET /v1/events: authenticated first (as GET /v1/responses/<id>), then the query.
+    private func events(_ request: APIRequest, _ finish: Exchange) {
+        let hash = Self.bearerHash(request.authorization)
+        switch admit(hash, finish) {
+        case .refused: return
+        case .admitted(let credentialID, _): authenticatedEvents(hash!, credentialID: credentialID, query: request.query, finish)
+        case .pending(let charged):
+            credentials.afterRead(hash!) { [self] verdict in
+                guard let credential = resumed(verdict, charged: charged, finish) else { return }
+                authenticatedEvents(hash!, credentialID: credential.id, query: request.query, finish)
+            }
+        }
+    }
+
+    private func authenticatedEvents(_ hash: [UInt8], credentialID: String, query: String, _ finish: Exchange) {
+        guard withinCredentialRate(hash, finish) else { return }
+        let q: EventFeedQuery
+        switch EventFeedQuery.parse(query) {
+        case .failure(let e): return finish(.error(e), nil)
+        case .success(let parsed): q = parsed
+        }
+        let deadline = monotonicMicros() + Int64(q.waitSeconds) * 1_000_000
+        feed.serve(credentialID: credentialID, query: q, deadlineMicros: deadline) { [logger] result in
+            switch result {
+            case .success(let page)?:
+                finish(APIResponse(status: 200, bodyBytes: EventFeed.render(page)), nil)
+            case .failure(let error)?:
+                logger.error("storage error on events read", ["request_id": finish.requestID, "error": "\(error)"])
+                finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "retry later"), headers: [("retry-after", "1")]), "storage")
+            case nil:
+                finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "too many reads waiting; retry later"), headers: [("retry-after", "1")]), "readers full")
+            }
+        }
     }
 
     static func iso(_ ms: Int64) -> String {

@@ -37,13 +37,10 @@ public func jsonString(_ s: String) -> String { JSONString.quote(s) }
 public struct IngestLimits: Sendable {
     /// Request bodies above this are 413.
     public var maxBodyBytes: Int = 16384
-    /// Longest accepted push token, in hex digits (APNs tokens are 64 today; Apple says not fixed).
-    public var maxPushTokenHexDigits: Int = 200
     /// APNs payload limit.
     public var maxAPNsPayloadBytes: Int = 4096
-    public init(maxBodyBytes: Int = 16384, maxPushTokenHexDigits: Int = 200, maxAPNsPayloadBytes: Int = 4096) {
+    public init(maxBodyBytes: Int = 16384, maxAPNsPayloadBytes: Int = 4096) {
         self.maxBodyBytes = maxBodyBytes
-        self.maxPushTokenHexDigits = maxPushTokenHexDigits
         self.maxAPNsPayloadBytes = maxAPNsPayloadBytes
     }
 }
@@ -118,14 +115,14 @@ public enum IngestValidation {
             return .success(s)
         }
 
-        // pushToken: even-length hex, length not fixed by Apple.
+        // pushToken: Basics.PushToken, the one rule.
         let token: String
         switch required("pushToken") {
         case .failure(let e): return .failure(e)
         case .success(let s):
             let u = s.utf8
-            guard !u.isEmpty, u.count % 2 == 0, u.count <= limits.maxPushTokenHexDigits, u.allSatisfy(Hex.isDigit) else {
-                return .failure(bad("invalid_push_token", "pushToken", "pushToken must be a non-empty even-length hex string of at most \(limits.maxPushTokenHexDigits) digits"))
+            guard PushToken.isValid(s) else {
+                return .failure(bad("invalid_push_token", "pushToken", "pushToken must be \(PushToken.ruleText)"))
             }
             token = u.contains(where: { $0 >= 0x41 && $0 <= 0x46 }) ? ASCII.lowercased(s) : s
         }

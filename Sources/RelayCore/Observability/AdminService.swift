@@ -1,4 +1,5 @@
 // The admin listener's endpoints: /healthz, /readyz and /metrics (docs/operations.md).
+import Basics
 import FoundationEssentials
 
 /// /healthz, /readyz, /metrics for the admin listener. What they ask the database is reused for
@@ -11,6 +12,7 @@ public final class AdminService: Sendable {
     private let workers: WorkerPool
     private let clock: any RelayClock
     private let readiness: @Sendable () -> [String: Bool]
+    private let paused: @Sendable () -> [String: String]
     private let extraMetrics: @Sendable (inout PrometheusRegistry) -> Void
     let maxAgeMillis: Int64 = 1000
     /// The counts, nil when the store could not be read; times by `clock`, in ms.
@@ -18,9 +20,12 @@ public final class AdminService: Sendable {
     private let writable: TimedValue<Bool>
 
     /// `readiness` returns named checks besides the database (e.g. "apns_credentials",
-    /// "dispatcher"); `extraMetrics` adds the rest of /metrics (HTTP server counters).
+    /// "dispatcher"); `paused` the paused apps and why (each fails /readyz, named in its body);
+    /// `extraMetrics` adds the rest of /metrics (HTTP server counters).
     public init(store: any OutboxStore, metrics: RelayMetrics, workers: WorkerPool, clock: any RelayClock = SystemRelayClock(),
-                readiness: @escaping @Sendable () -> [String: Bool], extraMetrics: @escaping @Sendable (inout PrometheusRegistry) -> Void) {
+                readiness: @escaping @Sendable () -> [String: Bool], paused: @escaping @Sendable () -> [String: String] = { [:] },
+                extraMetrics: @escaping @Sendable (inout PrometheusRegistry) -> Void) {
+        self.paused = paused
         self.store = store
         self.metrics = metrics
         self.workers = workers
@@ -44,8 +49,14 @@ public final class AdminService: Sendable {
                 var checks = readiness()
                 checks["database_writable"] = writable.value(now: clock.nowMillis()) { store.checkWritable() }
                 if let g = store.freeSpaceGuard { checks["storage_free_space"] = !g.isBelowFloor }
+                let pausedApps = paused()
+                checks["apps_not_paused"] = pausedApps.isEmpty
                 let ok = checks.values.allSatisfy { $0 }
-                let body = "{\"ready\":\(ok),\"checks\":{" + checks.sorted { $0.key < $1.key }.map { "\"\($0.key)\":\($0.value)" }.joined(separator: ",") + "}}"
+                var body = "{\"ready\":\(ok),\"checks\":{" + checks.sorted { $0.key < $1.key }.map { "\"\($0.key)\":\($0.value)" }.joined(separator: ",") + "}"
+                if !pausedApps.isEmpty {
+                    body += ",\"paused\":{" + pausedApps.sorted { $0.key < $1.key }.map { JSONString.quote($0.key) + ":" + JSONString.quote($0.value) }.joined(separator: ",") + "}"
+                }
+                body += "}"
                 respond(APIResponse(status: ok ? 200 : 503, headers: [("content-type", "application/json")], body: body))
             }
         case "/metrics":

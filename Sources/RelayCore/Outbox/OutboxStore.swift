@@ -57,12 +57,22 @@ public struct IngestStoreSettings: Sendable, Equatable {
     public var ttlMillis: Int64
     /// `store.maxPending`: non-terminal rows above which ingest answers 503.
     public var maxPending: Int
+    /// `dispatch.unregisteredQuarantineSeconds` in ms: how long a 410-marked token is refused
+    /// before one response goes through as a probe (StoreRules.markAdmission); 0 = refused until
+    /// `relayctl tokens forget`.
+    public var unregisteredQuarantineMillis: Int64 = 3_600_000
+    /// `dispatch.badDeviceTokenHoldSeconds` in ms: the same for a BadDeviceToken mark; 0 = none
+    /// are recorded (and old ones do not hold).
+    public var badDeviceTokenHoldMillis: Int64 = 3_600_000
 
     /// No app configured: every ingest is `unknownApp` until the settings are given.
-    public init(configuredApps: Set<String> = [], ttlMillis: Int64 = 86_400_000, maxPending: Int = 1_000_000) {
+    public init(configuredApps: Set<String> = [], ttlMillis: Int64 = 86_400_000, maxPending: Int = 1_000_000,
+                unregisteredQuarantineMillis: Int64 = 3_600_000, badDeviceTokenHoldMillis: Int64 = 3_600_000) {
         self.configuredApps = configuredApps
         self.ttlMillis = ttlMillis
         self.maxPending = maxPending
+        self.unregisteredQuarantineMillis = unregisteredQuarantineMillis
+        self.badDeviceTokenHoldMillis = badDeviceTokenHoldMillis
     }
 }
 
@@ -80,7 +90,10 @@ public enum IngestOutcome: Sendable, Equatable {
     /// The credential may use several apps and the body named none.
     case appRequired
     case unknownApp(String)
+    /// The token is marked by a 410 (StoreRules.markAdmission).
     case unregistered
+    /// The token is marked by a 400 BadDeviceToken.
+    case badDeviceToken
     case overCapacity
     /// The database's filesystem is below store.minFreeBytes (FreeSpaceGuard); nothing stored.
     case storageFull
@@ -130,12 +143,17 @@ public struct AttemptRecord: Sendable, Equatable {
 public enum DeliveryOutcome: Sendable, Equatable {
     case delivered
     case failed(reason: String)
-    /// 410: failed, and the token recorded as unregistered at APNs' timestamp.
+    /// Failed, and its token marked (unregistered_tokens) with `reason` at APNs' timestamp: 410
+    /// Unregistered / ExpiredToken, or 400 BadDeviceToken (timestamp: the answer's time) while
+    /// dispatch.badDeviceTokenHoldSeconds > 0. Rows covered by the mark fail at their claim.
     case unregistered(reason: String, apnsTimestamp: Int64)
     /// Try again at `at`. With `paceTokenUntil` every queued row of that token waits too.
     case retry(at: Int64, paceTokenUntil: Int64?)
     /// Not attempted (shutdown): back to queued, attempts unchanged.
     case requeue
+    /// Not counted as an attempt (its app is paused: docs/pushclient.md "Paused apps"): back to
+    /// queued, due at `at`, attempts and last status/reason unchanged, no attempt recorded.
+    case release(at: Int64)
 }
 
 public struct DeliveryUpdate: Sendable, Equatable {
@@ -200,10 +218,15 @@ public struct CreatedCredential: Sendable {
     public var secret: String
 }
 
+/// A token mark (StoreRules "token marks").
 public struct UnregisteredToken: Sendable, Equatable {
     public var token: String
+    /// The cutoff: rows of the token accepted up to it are covered (StoreRules.markCutoff).
     public var apnsTimestamp: Int64
+    /// When the hold last started: the answer recorded, or a probe let through.
     public var recordedAt: Int64
+    /// APNs' reason: Unregistered, ExpiredToken (410) or BadDeviceToken (400).
+    public var reason: String = StoreRules.unregisteredReason
 }
 
 public struct OutboxCounts: Sendable, Equatable {
@@ -233,7 +256,7 @@ public struct OutboxFilter: Sendable {
 /// The storage boundary. Implementations are thread-safe. Blocking methods must be called from
 /// a thread the caller owns (never an event loop or Swift's cooperative pool); `submit` never
 /// blocks and completes after the transaction committed.
-public protocol OutboxStore: AnyObject, Sendable {
+public protocol OutboxStore: EventStore {
     // MARK: ingest (hot path)
     /// `executor`: where the completion should run (the HTTP loop that answers). A store that
     /// commits many ingests per transaction may run every completion of one executor in one
@@ -253,6 +276,9 @@ public protocol OutboxStore: AnyObject, Sendable {
     func claimDue(limit: Int) throws -> [OutboxRow]
     /// Earliest next_attempt_at among queued/retry rows.
     func nextDueAt() throws -> Int64?
+    /// The app's queued rows due later (released while it was paused) become due now: after a
+    /// reload they need not wait for the next probe time. Returns how many.
+    func hastenQueued(app: String) throws -> Int
     func apply(_ updates: [DeliveryUpdate]) throws
     /// `apply` without waiting for it: `completion` runs once it committed (nil) or failed, on
     /// a thread of the store's. Updates given later are applied after these.

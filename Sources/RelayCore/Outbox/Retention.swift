@@ -56,6 +56,8 @@ public final class RetentionSweeper: Lifecycle {
     private struct State {
         var stopping = false
         var removed: [ResponseState: Int] = [:]
+        var eventsRemoved = 0
+        var backlogDropped: [String: Int] = [:]
         var failures = 0
     }
 
@@ -103,14 +105,54 @@ public final class RetentionSweeper: Lifecycle {
         state.withLock { for (s, n) in removed { $0.removed[s, default: 0] += n } }
         let total = removed.values.reduce(0, +)
         if total > 0 { logger?.info("retention removed finished responses", ["delivered": removed[.delivered] ?? 0, "failed": removed[.failed] ?? 0]) }
+        sweepEvents()
         return removed
+    }
+
+    /// The event types that follow a response state's retention (docs/events.md): an event goes
+    /// after the same age as the rows it reports, the token's with the failed rows.
+    static func eventTypes(_ s: ResponseState) -> [EventType] {
+        s == .delivered ? [.responseDelivered] : [.responseFailed, .tokenUnregistered]
+    }
+
+    /// Events past retention, then each webhook's backlog bound (the oldest pending dropped).
+    private func sweepEvents() {
+        var removed = 0
+        for (s, olderThan) in policy.cutoffs(now: clock.nowMillis()) {
+            do {
+                while true {
+                    let n = try store.purgeEvents(types: Self.eventTypes(s), olderThan: olderThan, limit: batch)
+                    removed += n
+                    if n < batch || isStopping { break }
+                    wake.lock()
+                    if !isStopping && pauseMillis > 0 { _ = wake.wait(until: Date().addingTimeInterval(Double(pauseMillis) / 1000)) }
+                    wake.unlock()
+                }
+            } catch {
+                state.withLock { $0.failures += 1 }
+                logger?.error("retention sweep of events failed", ["state": s.rawValue, "error": "\(error)"])
+            }
+        }
+        let bound = store.eventSettings.maxBacklogPerWebhook
+        var dropped: [String: Int] = [:]
+        do { dropped = try store.trimWebhookBacklogs(max: bound) } catch {
+            state.withLock { $0.failures += 1 }
+            logger?.error("webhook backlog bound failed", ["error": "\(error)"])
+        }
+        state.withLock {
+            $0.eventsRemoved += removed
+            for (w, n) in dropped { $0.backlogDropped[w, default: 0] += n }
+        }
+        for (w, n) in dropped.sorted(by: { $0.key < $1.key }) {
+            logger?.error("webhook backlog over events.maxBacklogPerWebhook: oldest pending events dropped for it", ["webhook": w, "dropped": n, "max": bound])
+        }
     }
 
     private var isStopping: Bool { state.withLock { $0.stopping } }
 
     /// Starts the thread (no-op when the policy keeps everything).
     public func start() {
-        guard policy.deliveredSeconds > 0 || policy.failedSeconds > 0 else { return }
+        guard policy.deliveredSeconds > 0 || policy.failedSeconds > 0 || !store.eventSettings.webhooks.isEmpty else { return }
         started.withLock { $0 = true }
         let t = OSThread { [self] in
             while !isStopping {
@@ -141,6 +183,9 @@ public final class RetentionSweeper: Lifecycle {
         r.declare("relay_retention_removed_total", .counter, help: "Finished responses (with their attempts) deleted by store.retention.")
         for st in [ResponseState.delivered, .failed] { r.sample("relay_retention_removed_total", ["state": st.rawValue], s.removed[st] ?? 0) }
         r.counter("relay_retention_failures_total", help: "Retention sweeps that failed (logged).", s.failures)
+        r.counter("relay_events_removed_total", help: "Delivery events (with their webhook deliveries) deleted by store.retention.", s.eventsRemoved)
+        r.declare("relay_webhook_backlog_dropped_total", .counter, help: "Pending webhook deliveries dropped over events.maxBacklogPerWebhook (the oldest first).")
+        for w in store.eventSettings.webhooks.map(\.name) { r.sample("relay_webhook_backlog_dropped_total", ["webhook": w], s.backlogDropped[w] ?? 0) }
         r.declare("relay_retention_seconds", .gauge, help: "store.retention by state (0: kept forever).")
         r.sample("relay_retention_seconds", ["state": "delivered"], policy.deliveredSeconds)
         r.sample("relay_retention_seconds", ["state": "failed"], policy.failedSeconds)

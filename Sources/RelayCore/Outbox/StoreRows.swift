@@ -64,8 +64,9 @@ extension CredentialKey {
 }
 
 extension UnregisteredToken {
-    /// token, apns_timestamp, recorded_at.
+    /// token, apns_timestamp, recorded_at, reason.
     init(columns c: some StoreColumns) {
-        self.init(token: c.string(0) ?? "", apnsTimestamp: c.int(1) ?? 0, recordedAt: c.int(2) ?? 0)
+        self.init(token: c.string(0) ?? "", apnsTimestamp: c.int(1) ?? 0, recordedAt: c.int(2) ?? 0,
+                  reason: c.string(3) ?? StoreRules.unregisteredReason)
     }
 }

@@ -72,25 +72,71 @@ enum StoreRules {
         return existing.encryptedData == encryptedData ? .duplicate(id: existing.id, state: existing.state) : .indexReused(id: existing.id)
     }
 
-    /// The token's record says `cutoff` (unregisteredCutoff); `lastSeen` is the newest
-    /// created_at of the token's rows. Refused unless a response was accepted after the cutoff.
-    static func isUnregistered(cutoff: Int64, lastSeen: Int64?) -> Bool {
-        guard let lastSeen else { return true }
-        return lastSeen <= cutoff
+    // MARK: token marks (table unregistered_tokens, one row per token: cutoff, reason, recorded_at)
+    //
+    // APNs' answer for one push can speak for its token: 410 Unregistered or ExpiredToken ("the
+    // last time at which APNs confirmed that the device token was no longer valid for the
+    // topic. Stop pushing notifications until the device registers a token with a later
+    // timestamp"), and 400 BadDeviceToken (a token of the other APNs environment, or not a
+    // token: every push to it gets the same 400, and error answers count against the
+    // connection). Either marks the token (docs/api.md "Token marks"). The relay never sees a
+    // registration: the accessory presenting the token again is the nearest thing, so a mark
+    // refuses ingest for a hold, then lets ONE response through as a probe (and holds again);
+    // the probe's own answer settles it: 200 removes the mark, 410/400 renews it.
+
+    /// The reason rows covered by a BadDeviceToken mark fail with; any other reason is a 410 mark.
+    static let badDeviceTokenReason = "BadDeviceToken"
+
+    /// The cutoff a mark records, in the transaction that fails the answered rows: APNs' timestamp
+    /// (the answer's own time for BadDeviceToken), no later than `now` (a clock ahead of ours must
+    /// not cover the probes that follow), raised to the newest row of the token still waiting
+    /// then. Those were accepted before the relay knew and must not be pushed either.
+    static func markCutoff(apnsTimestamp: Int64, newestPendingCreatedAt: Int64?, now: Int64) -> Int64 {
+        max(min(apnsTimestamp, now), newestPendingCreatedAt ?? .min)
     }
 
-    /// `isUnregistered` for PostgreSQL's INSERT, which checks it again under the token's lock:
-    /// `cutoff` and `lastSeen` are SQL expressions (`lastSeen` NULL: no row of the token).
-    static func isUnregisteredSQL(cutoff: String, lastSeen: String) -> String {
-        "coalesce(\(lastSeen), \(cutoff)) <= \(cutoff)"
+    /// THE cutoff rule, whatever the row's state: a row accepted at or before its token's cutoff
+    /// is covered by the mark. A covered pending row fails at its claim with the mark's reason,
+    /// without a push; a covered row's 200 (pushed before the mark was recorded, beside the push
+    /// that drew it) leaves the mark as it is. A row accepted after the cutoff is a probe: it is
+    /// pushed, and its 200 proves the token valid again (`deliveredClearsMark`).
+    static func isCovered(createdAt: Int64, cutoff: Int64) -> Bool { createdAt <= cutoff }
+    /// `isCovered` in SQL (both dialects), for `row` (responses) and `mark` (unregistered_tokens).
+    static func coveredSQL(row: String, mark: String) -> String { "\(row).created_at <= \(mark).apns_timestamp" }
+    /// A delivered row removes its token's mark only when it was not covered by it.
+    static func deliveredClearsMark(createdAt: Int64, cutoff: Int64) -> Bool { !isCovered(createdAt: createdAt, cutoff: cutoff) }
+
+    /// What ingest does with a response for a marked token.
+    enum MarkAdmission: Equatable {
+        /// Refused: 410 `push_token_unregistered` or 400 `bad_device_token`.
+        case refused(IngestOutcome)
+        /// The hold is over: this response is stored and pushed as the probe, and the hold starts
+        /// again from now (recorded_at), so one response per hold reaches APNs.
+        case probe
+        /// A BadDeviceToken mark while dispatch.badDeviceTokenHoldSeconds is 0: not held.
+        case open
     }
 
-    /// What a 410 records, in the transaction that fails its row: APNs' timestamp, raised to the
-    /// newest response of the token still waiting then. Those were accepted before the relay knew
-    /// (between APNs' answer and this commit) and must not pass for the token coming back, or
-    /// POSTs would keep getting 202 after the failure committed.
-    static func unregisteredCutoff(apnsTimestamp: Int64, newestPendingCreatedAt: Int64?) -> Int64 {
-        max(apnsTimestamp, newestPendingCreatedAt ?? .min)
+    /// `recordedAt`: when the mark's hold last started (its answer recorded, or a probe let
+    /// through). Holds (IngestStoreSettings): a 410 mark's quarantine, 0 = refused until
+    /// `relayctl tokens forget`; a BadDeviceToken mark's hold, 0 = not held.
+    static func markAdmission(reason: String, recordedAt: Int64, now: Int64, settings: IngestStoreSettings) -> MarkAdmission {
+        let bad = reason == badDeviceTokenReason
+        let hold = bad ? settings.badDeviceTokenHoldMillis : settings.unregisteredQuarantineMillis
+        guard hold > 0 else { return bad ? .open : .refused(.unregistered) }
+        let (end, overflow) = recordedAt.addingReportingOverflow(hold)
+        if !overflow && now >= end { return .probe }
+        return .refused(bad ? .badDeviceToken : .unregistered)
+    }
+
+    /// PostgreSQL's INSERT checks again, under the token's lock, what its read decided about a
+    /// mark: a mark recorded (a 410 or BadDeviceToken) or re-armed (another node's probe) since
+    /// the read refuses the row, as `markAdmission` would now (its hold starts again at
+    /// recorded_at), except a BadDeviceToken mark while those hold nothing. `mark` is an
+    /// unregistered_tokens alias, `seen` the recorded_at the read saw (-1: none), `badHold`
+    /// dispatch.badDeviceTokenHoldSeconds in ms (SQL expressions).
+    static func markRecordedSinceReadSQL(mark: String, seen: String, badHold: String) -> String {
+        "\(mark).recorded_at > \(seen) AND (\(mark).reason <> '\(badDeviceTokenReason)' OR \(badHold) > 0)"
     }
 
     /// Token-wide work after an APNs answer reads or changes at most this many of the token's
@@ -106,8 +152,9 @@ enum StoreRules {
     static func scanHoldUntil(scanStartedAt: Int64, now: Int64) -> Int64 {
         now + max(tokenScanHoldMillis, now - scanStartedAt)
     }
-    /// The reason a row failed by its token's 410 carries without a push of its own (APNs'
-    /// reason for that answer, so `relayctl retry --reason` finds both alike).
+    /// The reason a 410 mark recorded before schema v8 (SQLite; v4 PostgreSQL) carries: rows
+    /// covered by a mark fail with the mark's reason (APNs' reason for the answer that drew it,
+    /// so `relayctl retry --reason` finds both alike).
     static let unregisteredReason = "Unregistered"
 
     /// What a claim does with a due row (queued or retry). `unregisteredCutoff`: the token's
@@ -118,8 +165,8 @@ enum StoreRules {
         case send
         /// Past its TTL: failed "expired" (as before a push).
         case expired
-        /// Accepted no later than its token's cutoff: APNs has said the token is gone, so it
-        /// fails as its own push would have, without one.
+        /// Covered by its token's mark (`isCovered`): APNs has said the token is gone or bad, so
+        /// it fails as its own push would have, with the mark's reason, without one.
         case unregistered
         /// Its token is paced (TooManyRequests) or its 410 is being recorded: due again then.
         case postpone(until: Int64)
@@ -128,7 +175,7 @@ enum StoreRules {
     static func claimVerdict(createdAt: Int64, expiresAt: Int64, now: Int64, unregisteredCutoff: Int64?, pacedUntil: Int64?,
                              scanStartedAt: Int64? = nil) -> ClaimVerdict {
         if expiresAt <= now { return .expired }
-        if let cutoff = unregisteredCutoff, createdAt <= cutoff { return .unregistered }
+        if let cutoff = unregisteredCutoff, isCovered(createdAt: createdAt, cutoff: cutoff) { return .unregistered }
         if let started = scanStartedAt { return .postpone(until: scanHoldUntil(scanStartedAt: started, now: now)) }
         if let until = pacedUntil, until > now { return .postpone(until: until) }
         return .send
@@ -137,10 +184,10 @@ enum StoreRules {
     /// `claimVerdict` for PostgreSQL's set-based claim (no scan there: an index gives the
     /// cutoff at once): a CASE over `r` (the row), `u` (its unregistered_tokens row, if any) and
     /// `p` (its token_pacing row, if any), `$1` = now, giving 'send', 'expired', 'unregistered'
-    /// or 'postpone' (until p.paced_until). Same order as above; StoreContractTests run both.
+    /// (failed with u.reason) or 'postpone' (until p.paced_until). Same order as above; StoreContractTests run both.
     static let claimVerdictSQL = """
         CASE WHEN r.expires_at <= $1 THEN 'expired'
-             WHEN u.apns_timestamp IS NOT NULL AND r.created_at <= u.apns_timestamp THEN 'unregistered'
+             WHEN u.apns_timestamp IS NOT NULL AND \(coveredSQL(row: "r", mark: "u")) THEN 'unregistered'
              WHEN p.paced_until > $1 THEN 'postpone'
              ELSE 'send' END
         """

@@ -71,7 +71,12 @@ public final class RelayService: @unchecked Sendable {
         }) }
         self.store = store
         store.ingestSettings = IngestStoreSettings(configuredApps: Set(c.apps.map(\.bundleID)), ttlMillis: Int64(c.ingest.ttlSeconds) * 1000,
-                                                   maxPending: c.store.maxPending)
+                                                   maxPending: c.store.maxPending,
+                                                   unregisteredQuarantineMillis: Int64(c.dispatch.unregisteredQuarantineSeconds) * 1000,
+                                                   badDeviceTokenHoldMillis: Int64(c.dispatch.badDeviceTokenHoldSeconds) * 1000)
+        // Before the dispatcher's first outcome. The subscriptions are the sender's
+        // `events.webhooks` (names, types, apps); none here means events are kept for the feed only.
+        store.eventSettings = EventStoreSettings(webhooks: [], maxBacklogPerWebhook: c.events.maxBacklogPerWebhook)
         running.adopt(StopAction { [logger] _ in
             let counts = try? store.counts()
             store.close()
@@ -87,10 +92,13 @@ public final class RelayService: @unchecked Sendable {
             transports[app.bundleID] = transport
             appTransports.append((transport, Self.credentialFingerprint(app)))
         }
-        let policy = DeliveryPolicy(backoffBaseMillis: Int64(c.dispatch.backoffBaseMillis), backoffCapMillis: Int64(c.dispatch.backoffCapMillis),
+        var policy = DeliveryPolicy(backoffBaseMillis: Int64(c.dispatch.backoffBaseMillis), backoffCapMillis: Int64(c.dispatch.backoffCapMillis),
                                     tooManyRequestsDelayMillis: Int64(c.dispatch.tooManyRequestsDelayMillis))
+        policy.marksBadDeviceTokens = c.dispatch.badDeviceTokenHoldSeconds > 0
         let dispatcher = Dispatcher(store: store, transports: transports,
-                                    options: DispatcherOptions(maxInflight: c.dispatch.maxInflight, claimBatch: c.dispatch.claimBatch, policy: policy),
+                                    options: DispatcherOptions(maxInflight: c.dispatch.maxInflight, claimBatch: c.dispatch.claimBatch, policy: policy,
+                                                               pause: PauseSchedule(baseMillis: Int64(c.dispatch.pauseProbeBaseMillis),
+                                                                                    capMillis: Int64(c.dispatch.pauseProbeCapMillis))),
                                     channel: channel, metrics: metrics, logger: logger)
         let grace = Duration.milliseconds(c.dispatch.shutdownGraceMillis)
         try running.start(dispatcher, grace: grace)
@@ -157,6 +165,7 @@ public final class RelayService: @unchecked Sendable {
                 readiness: { [weak dispatcher] in
                     ["dispatcher_running": dispatcher?.isRunning ?? false, "apns_credentials_loaded": credentialsLoaded]
                 },
+                paused: { [weak dispatcher] in dispatcher?.paused ?? [:] },
                 extraMetrics: { [weak self] r in self?.collectMetrics(into: &r) })
             var adminConfig = HTTPServerConfiguration(host: c.admin.host, port: c.admin.port)
             adminConfig.limits.maxBodyBytes = 1024
@@ -206,6 +215,11 @@ public final class RelayService: @unchecked Sendable {
                   help: "SIGHUP reloads of an app's changed APNs key files, by result (failed: the previous client is still used).")
         r.sample("relay_apns_credential_reloads_total", ["result": "ok"], a.ok)
         r.sample("relay_apns_credential_reloads_total", ["result": "failed"], a.failed)
+        r.counter("relay_log_dropped_total",
+                  help: "Log lines dropped because stderr did not keep up (the queue to it held 4 MiB or 16,384 lines); the log says how many at each gap.",
+                  logger.droppedLines)
+        PushClientTransport.collectTokenMetrics(into: &r)
+        dispatcher?.collectPauseMetrics(into: &r)
         if let store, let w = OutboxStores.writerStats(store) {
             r.counter("relay_store_commits_total", help: "Group-commit transactions committed.", w.batches)
             r.counter("relay_store_jobs_total", help: "Jobs (ingests and dispatcher writes) committed.", w.jobs)
@@ -222,7 +236,7 @@ public final class RelayService: @unchecked Sendable {
 
     /// The drain: stop taking requests (in-flight HTTP requests still complete, and their rows
     /// commit before their 202), then let in-flight pushes finish or return to queued, then
-    /// close the database. Safe to call more than once.
+    /// close the database, then write out the log queue (at most 2 s). Safe to call more than once.
     public func stop() {
         stopLock.lock()
         defer { stopLock.unlock() }
@@ -231,6 +245,9 @@ public final class RelayService: @unchecked Sendable {
         SystemdNotifier.notify("STOPPING=1\nSTATUS=draining")
         logger.info("draining")
         running.stopAll()
+        // The last lines ("stopped") reach stderr before the process exits; a stderr nobody
+        // reads gets 2 s, not a hung stop.
+        logger.flush(timeout: .seconds(2))
     }
 
     /// SIGHUP: re-reads the ingest certificate, private key and client CA, and each app's APNs
@@ -275,6 +292,9 @@ public final class RelayService: @unchecked Sendable {
                 old.shutdown()
                 apnsReloads.withLock { $0.ok += 1 }
                 logger.info("APNs credentials reloaded", ["app": app.bundleID])
+                // New key files: a pause for the old ones ends now (the first answer re-pauses
+                // if they are still refused).
+                dispatcher?.resume(app: app.bundleID)
             } catch {
                 apnsReloads.withLock { $0.failed += 1 }
                 logger.error("APNs credentials reload failed: still using the previous ones",

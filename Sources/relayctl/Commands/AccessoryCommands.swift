@@ -406,8 +406,9 @@ extension RelayCtl {
               an index is never reused, even after a crash. A transport failure, a 5xx or a 429 is
               retried with the same index and the same sealed bytes (the relay deduplicates it; 429
               waits its Retry-After); 200 (already accepted) and 202 count as delivered to the relay;
-              409 (the index is taken by another credential) and other 4xx are final. Exit 0 when every
-              response was accepted.
+              409 (the index is taken by another credential) and other 4xx are final, and so is a TLS
+              handshake refused by either side (a missing or foreign client certificate, an untrusted
+              relay certificate: the run stops there). Exit 0 when every response was accepted.
               """,
               options: [
                   .value("state", "path", "The accessory state file ('accessory pair')."),
@@ -450,6 +451,7 @@ extension AccessoryCommand {
         var results: [JSON] = []
         var lines: [String] = []
         var allAccepted = true
+        var tlsRefusal: String?
         for n in 0..<count {
             let plaintext = try ResponseSender.plaintext(source: identity.app ?? "relayctl.accessory",
                                                          text: args.optionalString("text") ?? "relayctl accessory send \(n)")
@@ -465,6 +467,10 @@ extension AccessoryCommand {
                                     ("error", outcome.error.map(JSON.string) ?? .null)]))
             let what = outcome.status == 409 ? "conflict: the index is taken by another credential (final)" : (outcome.error ?? outcome.state ?? "")
             lines.append("index \(outcome.index): \(outcome.status == 0 ? "no answer" : String(outcome.status)) \(what) (attempts \(outcome.attempts)\(outcome.id.map { ", id \($0)" } ?? ""))")
+            if outcome.tlsRefused {
+                tlsRefusal = outcome.error ?? "TLS handshake refused"
+                break   // every further response would be refused alike
+            }
         }
         if args.flag("json") {
             console.out(JSON.object([("stateFile", .string(statePath)), ("keyID", .string(Base64.encode(keyID))),
@@ -472,6 +478,11 @@ extension AccessoryCommand {
                                      ("responses", .array(results))]).rendered)
         } else {
             console.out(lines.joined(separator: "\n"))
+        }
+        if let tlsRefusal {
+            throw RuntimeFailure("the TLS handshake with the relay failed and was not retried (\(tlsRefusal)). "
+                + "A relay with listen.tls.clientCA needs --client-cert and --client-key issued by that CA; "
+                + "a relay certificate this host does not trust needs --ca-file")
         }
         if !allAccepted { throw RuntimeFailure("not every response was accepted") }
     }

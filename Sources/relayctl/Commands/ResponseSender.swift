@@ -24,6 +24,8 @@ struct ResponseSender {
         var error: String?
         var httpVersion: String
         var attempts: Int
+        /// The TLS handshake was refused in a way no retry changes (not retried).
+        var tlsRefused = false
         var accepted: Bool { status == 200 || status == 202 }
     }
 
@@ -94,7 +96,10 @@ struct ResponseSender {
                 if reply.status == 429, let after = reply.retryAfter { delay = min(30, max(0.05, after)) }
                 guard reply.status == 429 || reply.status >= 500 else { break }
             } catch {
-                outcome = Outcome(index: index, status: 0, error: "\(error)", httpVersion: "", attempts: outcome.attempts)
+                outcome = Outcome(index: index, status: 0, error: "\(error)", httpVersion: "", attempts: outcome.attempts,
+                                  tlsRefused: error.tlsRefused)
+                // A refused certificate stays refused: retrying would only repeat the handshake.
+                if error.tlsRefused { break }
             }
             guard outcome.attempts <= retries else { break }
             Thread.sleep(forTimeInterval: delay)

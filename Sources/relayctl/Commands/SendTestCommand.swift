@@ -89,8 +89,8 @@ enum SendTestCommand {
         }
         let pushToken: String
         if let t = args.optionalString("push-token") {
-            guard t.count % 2 == 0, isHex(t) else { throw UsageError("--push-token: expected an even number of hex digits") }
-            pushToken = t.lowercased()
+            guard let canonical = PushToken.canonical(t) else { throw UsageError("--push-token: expected \(PushToken.ruleText)") }
+            pushToken = canonical
         } else {
             pushToken = RelayCrypto.sha256(Array("push-token".utf8) + rootKeyBytes).hexString
         }

@@ -30,6 +30,9 @@ enum StatusCommand {
         /// floor and what is free now on the database's filesystem.
         var retention: Retention
         @Nullable var disk: Disk?
+        /// Deliveries still to send and given up, per webhook with any.
+        var webhooks: [String: Webhook]
+        struct Webhook: Encodable { var pending: Int; var dead: Int }
         struct Retention: Encodable { var deliveredSeconds: Int64; var failedSeconds: Int64; var source: String }
         struct Disk: Encodable { @Nullable var freeBytes: Int64?; var minFreeBytes: Int64 }
     }
@@ -44,6 +47,7 @@ enum StatusCommand {
         let outcomes = try storeCall("reading recent outcomes") { try store.recentOutcomes(since: now - 3_600_000) }
         let tokens = try storeCall("reading unregistered tokens") { try store.unregisteredTokens() }
         let credentials = try storeCall("reading credentials") { try store.credentials() }
+        let webhooks = try storeCall("reading webhook deliveries") { try store.webhookDeliveryCounts() }
 
         var failedByReason: [String: Int] = [:]
         var delivered = 0
@@ -64,7 +68,8 @@ enum StatusCommand {
             retention: .init(deliveredSeconds: location.retention.deliveredSeconds, failedSeconds: location.retention.failedSeconds,
                              source: args.optionalString("db") != nil ? "defaults (--db; --config shows the server's)" : "config"),
             disk: location.kind == "sqlite"
-                ? .init(freeBytes: FreeSpaceGuard.statvfsAvailable(location.path), minFreeBytes: location.minFreeBytes) : nil)
+                ? .init(freeBytes: FreeSpaceGuard.statvfsAvailable(location.path), minFreeBytes: location.minFreeBytes) : nil,
+            webhooks: webhooks.mapValues { Report.Webhook(pending: $0[.pending] ?? 0, dead: $0[.dead] ?? 0) })
 
         if args.flag("json") { return emit(console, try renderJSON(report)) }
         var rows: [(String, String)] = []
@@ -81,6 +86,8 @@ enum StatusCommand {
         rows.append(("unregistered tokens", "\(tokens.count)"))
         rows.append(("credentials", "\(report.credentials) active, \(report.revokedCredentials) revoked"))
         rows.append(("retention", location.retention.summary + " (\(report.retention.source))"))
+        rows.append(("webhook events", report.webhooks.isEmpty ? "none pending or dead"
+            : report.webhooks.sorted { $0.key < $1.key }.map { "\($0.key): pending \($0.value.pending), dead \($0.value.dead)" }.joined(separator: "; ")))
         if let d = report.disk {
             let floor = d.minFreeBytes == 0 ? "no floor" : "ingest refused below \(humanBytes(d.minFreeBytes))"
             rows.append(("free space", (d.freeBytes.map { humanBytes($0) } ?? "unknown") + " (\(floor))"))

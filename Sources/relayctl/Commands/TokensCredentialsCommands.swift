@@ -1,21 +1,25 @@
-// relayctl tokens / credentials: push tokens APNs reported unregistered, and the accessories'
+// relayctl tokens / credentials: push tokens APNs marked (410, BadDeviceToken), and the accessories'
 // bearer credentials. Only `credentials create` ever prints a secret, once.
 import Foundation
 import RelayCore
 
 extension RelayCtl {
     static var tokens: Command {
-        .group("tokens", "Push tokens APNs reported unregistered (410): list, show, forget.",
+        .group("tokens", "Push tokens APNs marked (410 Unregistered, 400 BadDeviceToken): list, show, forget.",
                discussion: """
-               Ingest refuses a listed token with 410 until the accessory presents it again after
-               APNs' timestamp. Forgetting a token makes ingest accept it again at once.
+               Ingest refuses a marked token (410, or 400 bad_device_token) for its hold
+               (dispatch.unregisteredQuarantineSeconds, 0 = until forgotten;
+               dispatch.badDeviceTokenHoldSeconds), counted from RECORDED, then lets one response
+               through as a probe: its 200 removes the mark, another 410/400 renews it. Queued
+               responses accepted up to the CUTOFF fail without a push. Forgetting a token makes
+               ingest accept it again at once.
                """, [
-            .leaf("list", "Every unregistered token (truncated), APNs' timestamp, when recorded.",
+            .leaf("list", "Every marked token (truncated), its reason, cutoff, when its hold started.",
                   options: databaseOptionSpecs, run: TokensCommand.list),
-            .leaf("show", "One unregistered token in full.",
+            .leaf("show", "One marked token in full.",
                   arguments: [ArgumentSpec(name: "hex", help: "The token, or a unique prefix of it.")],
                   options: databaseOptionSpecs, run: TokensCommand.show),
-            .leaf("forget", "Remove a token from the unregistered list (ingest accepts it again).",
+            .leaf("forget", "Remove a token's mark (ingest accepts it again).",
                   arguments: [ArgumentSpec(name: "hex", help: "The complete token.")],
                   options: databaseOptionSpecs, run: TokensCommand.forget),
         ])
@@ -43,18 +47,20 @@ extension RelayCtl {
 
 enum TokensCommand {
     struct TokenJSON: Encodable {
-        var token: String; var apnsTimestamp: String; var recordedAt: String
-        init(_ t: UnregisteredToken) { token = t.token; apnsTimestamp = isoTime(t.apnsTimestamp); recordedAt = isoTime(t.recordedAt) }
+        var token: String; var reason: String; var apnsTimestamp: String; var recordedAt: String
+        init(_ t: UnregisteredToken) {
+            token = t.token; reason = t.reason; apnsTimestamp = isoTime(t.apnsTimestamp); recordedAt = isoTime(t.recordedAt)
+        }
     }
 
     static func list(_ args: ParsedArguments, _ console: Console) throws {
         let store = try openStore(args, readOnly: true)
         defer { store.close() }
-        let tokens = try storeCall("reading unregistered tokens") { try store.unregisteredTokens() }
+        let tokens = try storeCall("reading marked tokens") { try store.unregisteredTokens() }
         if args.flag("json") { return emit(console, try renderJSON(tokens.map(TokenJSON.init))) }
-        if tokens.isEmpty { return console.out("no unregistered tokens") }
-        emit(console, renderTable(["TOKEN", "APNS TIMESTAMP", "RECORDED"], tokens.map {
-            [truncatedToken($0.token), isoTime($0.apnsTimestamp), isoTime($0.recordedAt)]
+        if tokens.isEmpty { return console.out("no marked tokens") }
+        emit(console, renderTable(["TOKEN", "REASON", "CUTOFF", "RECORDED"], tokens.map {
+            [truncatedToken($0.token), $0.reason, isoTime($0.apnsTimestamp), isoTime($0.recordedAt)]
         }))
     }
 
@@ -62,12 +68,12 @@ enum TokensCommand {
         let prefix = try hexArgument(args)
         let store = try openStore(args, readOnly: true)
         defer { store.close() }
-        let matches = try storeCall("reading unregistered tokens") { try store.unregisteredTokens() }.filter { $0.token.hasPrefix(prefix) }
-        guard !matches.isEmpty else { throw RuntimeFailure("no unregistered token starts with \(prefix)") }
+        let matches = try storeCall("reading marked tokens") { try store.unregisteredTokens() }.filter { $0.token.hasPrefix(prefix) }
+        guard !matches.isEmpty else { throw RuntimeFailure("no marked token starts with \(prefix)") }
         guard matches.count == 1 else { throw RuntimeFailure("\(matches.count) tokens start with \(prefix); give more digits") }
         let t = TokenJSON(matches[0])
         if args.flag("json") { return emit(console, try renderJSON(t)) }
-        console.out("token           \(t.token)\napns timestamp  \(t.apnsTimestamp)\nrecorded        \(t.recordedAt)")
+        console.out("token           \(t.token)\nreason          \(t.reason)\ncutoff          \(t.apnsTimestamp)\nrecorded        \(t.recordedAt)")
     }
 
     static func forget(_ args: ParsedArguments, _ console: Console) throws {
@@ -75,7 +81,7 @@ enum TokensCommand {
         let store = try openStore(args, readOnly: false)
         defer { store.close() }
         let removed = try storeCall("forgetting token") { try store.forgetToken(token) }
-        guard removed else { throw RuntimeFailure("\(truncatedToken(token)) is not in the unregistered list") }
+        guard removed else { throw RuntimeFailure("\(truncatedToken(token)) is not marked") }
         if args.flag("json") { return emit(console, try renderJSON(["forgotten": token])) }
         console.out("forgot \(truncatedToken(token)): ingest accepts it again")
     }

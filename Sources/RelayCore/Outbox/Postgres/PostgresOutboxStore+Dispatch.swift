@@ -18,37 +18,54 @@ extension PostgresOutboxStore {
         }
     }
 
+    public func hastenQueued(app: String) throws -> Int {
+        let now = clock.nowMillis()
+        return try write { c in
+            try c.run("UPDATE responses SET next_attempt_at = $1 WHERE state = 'queued' AND next_attempt_at > $1 AND app = $2",
+                      [.int(now), .text(app)]).affected
+        }
+    }
+
     static let rowColumns = """
         r.id, r.app, r.push_token, r.session_id, r.key_id, r.message_index, r.encrypted_data, r.credential_id, r.state, r.attempts,
         r.next_attempt_at, r.created_at, r.expires_at, r.last_status, r.last_reason, r.updated_at
         """
 
-    /// The claim, one statement (so one transaction: a lost answer never leaves half of it
-    /// committed): candidates locked without waiting for rows another node is claiming (SKIP
-    /// LOCKED), expired leases first (their rows have waited longest: a node died holding
-    /// them), then due rows up to the limit. An expired lease is leased again, or failed as
-    /// expired past its TTL; a due row goes through StoreRules.claimVerdict: sent (leased),
-    /// failed (expired, or accepted up to its token's 410 cutoff, without a push) or put back
-    /// to its token's pacing end.
-    /// The candidates carry the columns the verdict needs (no second join to responses, which
-    /// a generic plan made a hash join over the whole table), and the token look-ups probe
-    /// each table's key per row (LATERAL ... OFFSET 0) whatever a cached plan expects. The
-    /// LIMIT over both is the plain parameter, so the planner knows how many rows the UPDATE
-    /// joins (a computed LIMIT made it hash-join the whole table); the due rows are read, and
-    /// locked, only as far as that LIMIT asks (rows first, expired leases before due rows).
-    private static let claimSQL = """
-        WITH rc AS (SELECT id, state, push_token, created_at, expires_at FROM responses
-                    WHERE state = 'inflight' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED),
-        dc AS (SELECT id, state, push_token, created_at, expires_at FROM responses
-               WHERE state IN ('queued','retry') AND next_attempt_at <= $1 ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED),
-        v AS (SELECT r.id, CASE WHEN r.state = 'inflight' THEN (CASE WHEN r.expires_at <= $1 THEN 'expired' ELSE 'send' END)
-                                ELSE \(StoreRules.claimVerdictSQL) END AS verdict, p.paced_until
-              FROM (SELECT * FROM rc UNION ALL SELECT * FROM dc LIMIT $2) r
-              LEFT JOIN LATERAL (SELECT apns_timestamp FROM unregistered_tokens WHERE token = r.push_token OFFSET 0) u ON true
+    /// The claim: lock candidates without waiting for rows another node is claiming (SKIP
+    /// LOCKED), lease them to this node, or fail them as expired past their TTL.
+    private static func claimSQL(_ candidates: String) -> String {
+        """
+        WITH c AS (\(candidates) FOR UPDATE SKIP LOCKED)
+        UPDATE responses r SET
+            state = CASE WHEN r.expires_at <= $1 THEN 'failed' ELSE 'inflight' END,
+            last_reason = CASE WHEN r.expires_at <= $1 THEN 'expired' ELSE r.last_reason END,
+            lease_owner = CASE WHEN r.expires_at <= $1 THEN NULL ELSE $3 END,
+            lease_expires_at = CASE WHEN r.expires_at <= $1 THEN NULL ELSE $4 END,
+            updated_at = $1
+        FROM c WHERE r.id = c.id
+        RETURNING \(rowColumns)
+        """
+    }
+
+    private static let reclaimSQL = claimSQL(
+        "SELECT id FROM responses WHERE state = 'inflight' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2")
+
+    /// Due rows go through StoreRules.claimVerdict: sent (leased), failed (expired, or covered
+    /// by their token's mark, with its reason, without a push) or put back to their token's pacing end.
+    /// The candidates carry the columns the verdict needs (no second join to responses, which a
+    /// generic plan made a hash join over the whole table), and the token look-ups probe each
+    /// table's key per row (LATERAL ... OFFSET 0) whatever a cached plan expects.
+    private static let dueSQL = """
+        WITH c AS (SELECT id, push_token, created_at, expires_at FROM responses
+                   WHERE state IN ('queued','retry') AND next_attempt_at <= $1 ORDER BY next_attempt_at LIMIT $2
+                   FOR UPDATE SKIP LOCKED),
+        v AS (SELECT r.id, \(StoreRules.claimVerdictSQL) AS verdict, p.paced_until, u.reason AS mark_reason
+              FROM c r
+              LEFT JOIN LATERAL (SELECT apns_timestamp, reason FROM unregistered_tokens WHERE token = r.push_token OFFSET 0) u ON true
               LEFT JOIN LATERAL (SELECT paced_until FROM token_pacing WHERE token = r.push_token OFFSET 0) p ON true)
         UPDATE responses r SET
             state = CASE v.verdict WHEN 'send' THEN 'inflight' WHEN 'postpone' THEN r.state ELSE 'failed' END,
-            last_reason = CASE v.verdict WHEN 'expired' THEN 'expired' WHEN 'unregistered' THEN '\(StoreRules.unregisteredReason)' ELSE r.last_reason END,
+            last_reason = CASE v.verdict WHEN 'expired' THEN 'expired' WHEN 'unregistered' THEN v.mark_reason ELSE r.last_reason END,
             next_attempt_at = CASE WHEN v.verdict = 'postpone' THEN v.paced_until ELSE r.next_attempt_at END,
             lease_owner = CASE WHEN v.verdict = 'send' THEN $3 ELSE NULL END,
             lease_expires_at = CASE WHEN v.verdict = 'send' THEN $4::bigint ELSE NULL END,
@@ -60,9 +77,23 @@ extension PostgresOutboxStore {
     public func claimDue(limit: Int) throws -> [OutboxRow] {
         guard limit > 0 else { return [] }
         let now = clock.nowMillis()
-        let params: [PGValue] = [.int(now), .int(Int64(limit)), .text(options.nodeID), .int(now + options.leaseMillis)]
-        let rows: [OutboxRow] = try write { c in try c.query(Self.claimSQL, params).map(OutboxRow.init(columns:)) }
-        adjustPending(-rows.filter { $0.state == .failed }.count)
+        let params: (Int) -> [PGValue] = { [options] n in
+            [.int(now), .int(Int64(n)), .text(options.nodeID), .int(now + options.leaseMillis)]
+        }
+        // One transaction: a row failed here (expired, or behind its token's 410) gets its
+        // event in the same commit.
+        let rows: [OutboxRow] = try writeTransaction { [self] c in
+            // Expired leases first: their rows have waited longest (a node died holding them).
+            var rows = try c.query(Self.reclaimSQL, params(limit)).map(OutboxRow.init(columns:))
+            if rows.count < limit {
+                rows += try c.query(Self.dueSQL, params(limit - rows.count)).map(OutboxRow.init(columns:))
+            }
+            try insertResponseEvents(c, responseIDs: rows.filter { $0.state == .failed }.map(\.id), now: now)
+            return rows
+        }
+        let failed = rows.filter { $0.state == .failed }.count
+        adjustPending(-failed)
+        if failed > 0 { eventsCommitted() }
         return rows.filter { $0.state == .inflight }.sorted { ($0.nextAttemptAt, $0.createdAt) < ($1.nextAttemptAt, $1.createdAt) }
     }
 
@@ -82,7 +113,9 @@ extension PostgresOutboxStore {
 
     public func apply(_ updates: [DeliveryUpdate]) throws {
         guard !updates.isEmpty else { return }
-        adjustPending(-(try writeTransaction(applying(updates))))
+        let finished = try writeTransaction(applying(updates))
+        adjustPending(-finished)
+        if finished > 0 { eventsCommitted() }
     }
 
     /// Queued on the dispatch connection's thread (in order, behind earlier writes); the
@@ -93,7 +126,9 @@ extension PostgresOutboxStore {
         let body = applying(updates)
         let queued = dispatchWorker.enqueueDetached { [self] w in
             do {
-                adjustPending(-(try w.transaction(body)))
+                let finished = try w.transaction(body)
+                adjustPending(-finished)
+                if finished > 0 { eventsCommitted() }
                 completion(nil)
             } catch {
                 completion((error as? StoreError) ?? .invalid("\(error)"))
@@ -109,7 +144,8 @@ extension PostgresOutboxStore {
         let me = options.nodeID
         var ids: [String?] = [], states: [String?] = [], counted: [Int64?] = [], next: [Int64?] = [], status: [Int64?] = [], reasons: [String?] = []
         var pace: [String: Int64] = [:]
-        var unreg: [String: Int64] = [:]
+        var unreg: [String: (ts: Int64, reason: String)] = [:]
+        var answered: [String: [String]] = [:]
         for u in updates {
             let s = u.attempt?.status.map { Int64($0) }
             ids.append(u.id)
@@ -122,17 +158,20 @@ extension PostgresOutboxStore {
                 states.append("failed"); next.append(nil); reasons.append(why)
             case .unregistered(let why, let ts):
                 states.append("failed"); next.append(nil); reasons.append(why)
-                unreg[u.pushToken] = max(unreg[u.pushToken] ?? .min, ts)
+                if ts >= unreg[u.pushToken]?.ts ?? .min { unreg[u.pushToken] = (ts, why) }
+                answered[u.pushToken, default: []].append(u.id)
             case .retry(let at, let until):
                 states.append("retry"); next.append(at); reasons.append(u.attempt?.reason)
                 if let until { pace[u.pushToken] = max(pace[u.pushToken] ?? .min, until) }
             case .requeue:
                 states.append("queued"); next.append(nil); reasons.append(nil)
+            case .release(let at):
+                states.append("queued"); next.append(at); reasons.append(nil)
             }
         }
         let attempts = updates.compactMap(\.attempt)
         let unregTokens = unreg.keys.sorted()
-        return { c in
+        return { [self] c in
             // The 410's tokens locked first (before any row lock of this transaction): an ingest
             // write holding one of them commits first, and its rows count in the cutoff below;
             // one that comes later finds the record in its INSERT's re-check (ingestLocksSQL).
@@ -150,10 +189,11 @@ extension PostgresOutboxStore {
                      .intArray(attempts.map(\.apnsTimestamp)), .intArray(attempts.map(\.latencyMicros)), .text(me)])
             }
             // Only rows whose lease this node still holds: after an expired lease another node
-            // owns the row and its outcome stands.
+            // owns the row and its outcome stands. A probe's 200 (a row its token's mark does not
+            // cover, StoreRules.deliveredClearsMark) removes the mark in the same statement.
             let changed = try c.query(
                 """
-                UPDATE responses r SET
+                WITH done AS (UPDATE responses r SET
                     state = u.state,
                     attempts = r.attempts + u.counted,
                     next_attempt_at = COALESCE(u.next, r.next_attempt_at),
@@ -162,7 +202,10 @@ extension PostgresOutboxStore {
                     lease_owner = NULL, lease_expires_at = NULL, updated_at = $7
                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[]) AS u(id, state, counted, next, status, reason)
                 WHERE r.id = u.id AND r.state = 'inflight' AND r.lease_owner = $8
-                RETURNING u.state
+                RETURNING u.state, r.push_token, r.created_at, r.id),
+                cleared AS (DELETE FROM unregistered_tokens m USING done
+                            WHERE done.state = 'delivered' AND m.token = done.push_token AND NOT (\(StoreRules.coveredSQL(row: "done", mark: "m"))))
+                SELECT state, id FROM done
                 """,
                 [.textArray(ids), .textArray(states), .intArray(counted), .intArray(next), .intArray(status), .textArray(reasons),
                  .int(now), .text(me)])
@@ -186,12 +229,25 @@ extension PostgresOutboxStore {
                     [.text(token)]).first?.first?.int
                 try c.query(
                     """
-                    INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES ($1, $2, $3)
+                    INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at, reason) VALUES ($1, $2, $3, $4)
                     ON CONFLICT (token) DO UPDATE SET apns_timestamp = GREATEST(unregistered_tokens.apns_timestamp, excluded.apns_timestamp),
-                        recorded_at = excluded.recorded_at
-                    """, [.text(token), .int(StoreRules.unregisteredCutoff(apnsTimestamp: unreg[token]!, newestPendingCreatedAt: waiting)), .int(now)])
+                        recorded_at = excluded.recorded_at, reason = excluded.reason
+                    """, [.text(token), .int(StoreRules.markCutoff(apnsTimestamp: unreg[token]!.ts, newestPendingCreatedAt: waiting, now: now)),
+                          .int(now), .text(unreg[token]!.reason)])
             }
-            return changed.filter { $0.first?.string == "delivered" || $0.first?.string == "failed" }.count
+            // The events of the rows this commit finishes (those whose lease this node held).
+            let finished = changed.filter { $0.first?.string == "delivered" || $0.first?.string == "failed" }.compactMap { $0[1].string }
+            try insertResponseEvents(c, responseIDs: finished, now: now)
+            // token.unregistered is a 410's event: a BadDeviceToken mark fails rows (their own
+            // response.failed events) and says nothing about the token's registration.
+            let unregistered = unreg.filter { $0.value.reason != StoreRules.badDeviceTokenReason }.mapValues(\.ts)
+            if !unregistered.isEmpty {
+                let changedIDs = Set(finished)
+                try insertTokenEvents(c, answered: answered.filter { unregistered[$0.key] != nil }.mapValues { $0.filter(changedIDs.contains) }
+                                        .filter { !$0.value.isEmpty },
+                                      unregisteredAt: unregistered, now: now)
+            }
+            return finished.count
         }
     }
 }

@@ -1,11 +1,11 @@
 // PostgresOutboxStore: the ingest batch. Two round trips (libpq pipelines), facts gathered by
 // set-based statements, decided by StoreRules:
-//   1. read: credentials, stored rows with the batch's keys, unregistered tokens, pacing;
+//   1. read: credentials, stored rows with the batch's keys, token marks, pacing;
 //   2. write, one implicit transaction that commits at the pipeline's Sync: the credentials
 //      lock and the batch's token locks (shared), one multi-row INSERT that checks again, under
-//      those locks, that each row's credential is not revoked and its token not unregistered
-//      (a revocation or a 410 committed since the read), ON CONFLICT DO NOTHING, and the
-//      credentials' last_used_at.
+//      those locks, that each row's credential is not revoked and that no token mark was
+//      recorded since the read (a revocation, a 410 or a BadDeviceToken committed meanwhile),
+//      ON CONFLICT DO NOTHING, and the credentials' last_used_at.
 // Completions (and so 202s) run only once the Sync answered, i.e. after the commit.
 import FoundationEssentials
 import Glibc
@@ -129,26 +129,27 @@ extension PostgresOutboxStore {
             SELECT DISTINCT \(tokenLockSQL("t")) AS k FROM unnest($1::text[]) AS t ORDER BY k OFFSET 0) s
         """
 
-    /// The rows, in key order, each inserted only if its credential is still live and its token
-    /// not unregistered (StoreRules.isUnregistered) as of this statement, which runs under the
-    /// locks above: what the read decided is checked again where it cannot change before the
-    /// commit. Returns only the rows not inserted, with why: revoked, unregistered, or neither
-    /// (another transaction stored the key: ON CONFLICT). The look-ups probe each table's key
+    /// The rows, in key order, each inserted only if its credential is still live and no mark was
+    /// recorded for its token since the read (StoreRules.markRecordedSinceReadSQL) as of this
+    /// statement, which runs under the locks above: what the read decided is checked again where
+    /// it cannot change before the commit. Returns only the rows not inserted, with why: revoked,
+    /// the reason of the mark that refuses it, or neither (another transaction stored the key:
+    /// ON CONFLICT). The look-ups probe each table's key
     /// per credential and per token (LATERAL ... OFFSET 0, as existingSQL), whatever a cached
     /// plan made of an empty table.
     static let insertSQL = """
         WITH u AS MATERIALIZED (
             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bigint[], $7::bytea[], $8::text[],
-                                 $9::bigint[], $10::bigint[], $11::bigint[]) WITH ORDINALITY
-                AS u(id, app, token, session, kid, mi, data, cred, due, now, exp, n)),
+                                 $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[]) WITH ORDINALITY
+                AS u(id, app, token, session, kid, mi, data, cred, due, now, exp, seen, n)),
         live AS (
             SELECT k.cred AS id FROM (SELECT DISTINCT cred FROM u) k
             CROSS JOIN LATERAL (SELECT 1 FROM credentials c WHERE c.id = k.cred AND c.revoked_at IS NULL OFFSET 0) l),
         gone AS (
-            SELECT t.token FROM (SELECT DISTINCT token FROM u) t
+            SELECT t.token, g.reason FROM (SELECT DISTINCT token, seen FROM u) t
             CROSS JOIN LATERAL (
-                SELECT 1 FROM unregistered_tokens x WHERE x.token = t.token
-                AND \(StoreRules.isUnregisteredSQL(cutoff: "x.apns_timestamp", lastSeen: "(SELECT max(r.created_at) FROM responses r WHERE r.push_token = x.token)"))
+                SELECT x.reason FROM unregistered_tokens x WHERE x.token = t.token
+                AND \(StoreRules.markRecordedSinceReadSQL(mark: "x", seen: "t.seen", badHold: "$13::bigint"))
                 OFFSET 0) g),
         ins AS (
             INSERT INTO responses (id, app, push_token, session_id, key_id, message_index, encrypted_data, credential_id,
@@ -158,7 +159,7 @@ extension PostgresOutboxStore {
             ORDER BY u.n
             ON CONFLICT (push_token, session_id, key_id, message_index, app) DO NOTHING
             RETURNING id)
-        SELECT u.n, u.cred NOT IN (SELECT id FROM live), u.token IN (SELECT token FROM gone)
+        SELECT u.n, u.cred NOT IN (SELECT id FROM live), (SELECT g.reason FROM gone g WHERE g.token = u.token LIMIT 1)
         FROM u WHERE u.id NOT IN (SELECT id FROM ins)
         """
 
@@ -172,10 +173,7 @@ extension PostgresOutboxStore {
         let facts = try c.pipeline([
             ("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ANY($1)", [.bytesArray(hashes)]),
             Self.existingStatement(responses),
-            ("""
-             SELECT u.token, u.apns_timestamp, (SELECT max(r.created_at) FROM responses r WHERE r.push_token = u.token)
-             FROM unregistered_tokens u WHERE u.token = ANY($1)
-             """, [.textArray(tokens)]),
+            ("SELECT token, recorded_at, reason FROM unregistered_tokens WHERE token = ANY($1)", [.textArray(tokens)]),
             ("SELECT token, paced_until FROM token_pacing WHERE token = ANY($1)", [.textArray(tokens)]),
         ])
         var creds: [[UInt8]: CredentialFacts] = [:]
@@ -184,10 +182,12 @@ extension PostgresOutboxStore {
             creds[h] = CredentialFacts(id: id, hash: h, apps: Credentials.splitApps(r[2].string ?? ""), revoked: !r[3].isNull)
         }
         let found = try Self.existingRows(facts[1].rows, count: items.count)
-        var unregistered: [String: (reportedAt: Int64, lastSeen: Int64?)] = [:]
+        var marks: [String: (recordedAt: Int64, reason: String)] = [:]
         for r in facts[2].rows {
-            if let t = r[0].string, let ts = r[1].int { unregistered[t] = (ts, r[2].int) }
+            if let t = r[0].string, let at = r[1].int { marks[t] = (at, r[2].string ?? StoreRules.unregisteredReason) }
         }
+        let seenMarks = marks.mapValues(\.recordedAt)   // as read: the INSERT checks nothing changed since
+        var probes: [Int: String] = [:]   // item -> its token, whose hold starts again if it is stored
         var pacedUntil: [String: Int64] = [:]
         for r in facts[3].rows {
             if let t = r[0].string, let p = r[1].int { pacedUntil[t] = p }
@@ -214,9 +214,15 @@ extension PostgresOutboxStore {
                     outcomes[n] = .success(StoreRules.dedupe(e, credentialID: credID, encryptedData: req.response.encryptedData))
                 } else if let first = firstInBatch[key] {
                     duplicateOf.append((n, first, credID))
-                } else if let u = unregistered[req.response.pushToken], StoreRules.isUnregistered(cutoff: u.reportedAt, lastSeen: u.lastSeen) {
-                    outcomes[n] = .success(.unregistered)
+                } else if let m = marks[req.response.pushToken],
+                          case .refused(let outcome) = StoreRules.markAdmission(reason: m.reason, recordedAt: m.recordedAt, now: item.now, settings: settings) {
+                    outcomes[n] = .success(outcome)
                 } else {
+                    let token = req.response.pushToken
+                    if let m = marks[token], StoreRules.markAdmission(reason: m.reason, recordedAt: m.recordedAt, now: item.now, settings: settings) == .probe {
+                        marks[token]?.recordedAt = item.now   // one probe per hold, in this batch too
+                        probes[n] = token
+                    }
                     firstInBatch[key] = n
                     wanted.append((n, credID, key))
                 }
@@ -253,7 +259,14 @@ extension PostgresOutboxStore {
                 .bytesArray(rs.map(\.encryptedData)), .textArray(insert.map(\.credID)),
                 .intArray(insert.map { max(items[$0.item].now, pacedUntil[items[$0.item].request.response.pushToken] ?? 0) }),
                 .intArray(nows), .intArray(nows.map { $0 + settings.ttlMillis }),
+                .intArray(rs.map { seenMarks[$0.pushToken] ?? -1 }), .int(settings.badDeviceTokenHoldMillis),
             ]))
+        }
+        // A probe's hold starts again with it (only if it is stored: it commits with the rows).
+        var rearmed: [String: Int64] = [:]
+        for row in insert { if let token = probes[row.item] { rearmed[token] = max(rearmed[token] ?? .min, items[row.item].now) } }
+        for token in rearmed.keys.sorted() {
+            write.append(("UPDATE unregistered_tokens SET recorded_at = $2 WHERE token = $1 AND recorded_at < $2", [.text(token), .int(rearmed[token]!)]))
         }
         let touchedIDs = touched.keys.sorted()
         for id in touchedIDs {
@@ -261,15 +274,15 @@ extension PostgresOutboxStore {
                           [.int(touched[id]!), .text(id)]))
         }
         // Rows not inserted, by position in `insert`: refused by the re-check, or their key taken.
-        var notStored: [Int: (revoked: Bool, unregistered: Bool)] = [:]
+        var notStored: [Int: (revoked: Bool, markReason: String?)] = [:]
         if !write.isEmpty {
             do {
                 let answers = try c.pipeline(write)
                 if !insert.isEmpty {
                     for r in answers[1].rows {
-                        guard let n = r[0].int, n >= 1, n <= insert.count, let revoked = r[1].bool, let gone = r[2].bool
+                        guard let n = r[0].int, n >= 1, n <= insert.count, let revoked = r[1].bool
                         else { throw StoreError.invalid("malformed insert answer") }
-                        notStored[Int(n) - 1] = (revoked, gone)
+                        notStored[Int(n) - 1] = (revoked, r[2].string)
                     }
                 }
             } catch {
@@ -289,8 +302,8 @@ extension PostgresOutboxStore {
             if let refused = notStored[k] {
                 if refused.revoked {
                     outcomes[row.item] = .success(.unauthorized)
-                } else if refused.unregistered {
-                    outcomes[row.item] = .success(.unregistered)
+                } else if let reason = refused.markReason {
+                    outcomes[row.item] = .success(reason == StoreRules.badDeviceTokenReason ? .badDeviceToken : .unregistered)
                 } else {
                     lost.append((row.item, row.credID, row.key.app))
                 }

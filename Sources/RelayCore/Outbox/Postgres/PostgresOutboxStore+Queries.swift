@@ -71,7 +71,7 @@ extension PostgresOutboxStore {
     }
     public func unregisteredTokens() throws -> [UnregisteredToken] {
         try read { c in
-            try c.query("SELECT token, apns_timestamp, recorded_at FROM unregistered_tokens ORDER BY recorded_at DESC, token").map(UnregisteredToken.init(columns:))
+            try c.query("SELECT token, apns_timestamp, recorded_at, reason FROM unregistered_tokens ORDER BY recorded_at DESC, token").map(UnregisteredToken.init(columns:))
         }
     }
 }

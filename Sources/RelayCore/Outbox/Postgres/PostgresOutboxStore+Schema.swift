@@ -89,7 +89,52 @@ extension PostgresOutboxStore {
         """
         CREATE INDEX responses_token_pending ON responses (push_token, created_at) WHERE state IN ('queued','inflight','retry');
         """,
-        // v4: an exact generation of the credentials table for CredentialCache (SQLite's v8): a
+        // v4: a token mark says why (StoreRules "token marks"): 410 Unregistered / ExpiredToken
+        // or 400 BadDeviceToken; every earlier row was a 410's.
+        """
+        ALTER TABLE unregistered_tokens ADD COLUMN reason text NOT NULL DEFAULT 'Unregistered';
+        """,
+        // v5: delivery events (docs/events.md), the same tables and columns as SQLite's v9. seq is
+        // taken under a transaction-level advisory lock held to COMMIT (PostgresOutboxStore+Events),
+        // so on every node seq order is commit order and a feed reader past seq n never misses a
+        // later commit with a smaller seq.
+        """
+        CREATE TABLE events (
+            seq bigserial PRIMARY KEY,
+            id text NOT NULL UNIQUE,
+            type text NOT NULL,
+            created_at bigint NOT NULL,
+            credential_id text,
+            app text NOT NULL,
+            push_token text NOT NULL,
+            response_id text,
+            session_id text,
+            key_id bytea,
+            message_index bigint,
+            state text,
+            status bigint,
+            reason text,
+            attempts bigint,
+            accepted_at bigint,
+            finished_at bigint,
+            unregistered_at bigint
+        );
+        CREATE INDEX events_credential ON events (credential_id, seq);
+        CREATE TABLE webhook_deliveries (
+            webhook text NOT NULL,
+            seq bigint NOT NULL,
+            state text NOT NULL CHECK (state IN ('pending','delivered','dead')),
+            attempts bigint NOT NULL DEFAULT 0,
+            first_attempt_at bigint,
+            next_attempt_at bigint NOT NULL,
+            lease_until bigint NOT NULL DEFAULT 0,
+            last_error text,
+            updated_at bigint NOT NULL,
+            PRIMARY KEY (seq, webhook)
+        );
+        CREATE INDEX webhook_deliveries_pending ON webhook_deliveries (webhook, seq) WHERE state = 'pending';
+        """,
+        // v6: an exact generation of the credentials table for CredentialCache (SQLite's v10): a
         // counter a statement trigger bumps in the transaction of every change to what the cache
         // copies (insert, delete, truncate, id/hash/apps/revoked_at), whoever writes it.
         // last_used_at, written by ingest, does not bump it (UPDATE OF lists the columns), so

@@ -20,7 +20,7 @@ import Synchronization
 public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     // @unchecked Sendable: every connection is confined to the worker thread holding it; shared
     // state (counters, `touchedAt`, `ids`) lives in Mutexes.
-    public static let schemaVersion = 4
+    public static let schemaVersion = 6
     /// pg_advisory_lock key serialising migrations between nodes starting at once.
     static let migrationLockKey: Int64 = 0x5245_4C41_594D_4947  // "RELAYMIG"
     /// Transaction advisory lock over the credentials: every ingest write holds it shared, and
@@ -60,6 +60,8 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     private let pending = Mutex(Pending())
     let stats = Mutex((batches: 0, jobs: 0))
     private let settings = Mutex(IngestStoreSettings())
+    let sharedEventSettings = Mutex(EventStoreSettings())
+    let eventObservers = Mutex<[@Sendable () -> Void]>([])
     /// When this node last wrote each credential's last_used_at.
     let touchedAt = Mutex<[String: Int64]>([:])
     /// Response ids (UUIDv7, as SQLiteOutboxStore mints them), one generator for every ingest thread.

@@ -244,39 +244,6 @@ extension SQLiteOutboxStore {
         return ExistingRow(id: read.text(0), state: s, credentialID: read.text(2), encryptedData: read.blob(8))
     }
 
-    /// Candidate rows of a token (callers check push_token on each): its index range, and the
-    /// tail (this store's, or, when it does not ingest, the unmerged rows read from the table).
-    static func tokenRowIDs(_ token: String, db: SQLiteDatabase, state: WriterState) throws -> [Int64] {
-        let range = state.hasher.tokenRange(token)
-        var ids = try db.query("SELECT id_high FROM response_keys WHERE h BETWEEN ? AND ?",
-                               [.integer(range.lowerBound), .integer(range.upperBound)]).compactMap { $0[0].int }
-        if state.ingestLock != nil {
-            ids += state.tail.tokenIDs(range)
-        } else {
-            ids += try db.query("""
-                SELECT id_high FROM responses WHERE push_token = ?
-                  AND id_high > (SELECT merged_through FROM outbox_stats WHERE id = 1)
-                  AND id_high <= (SELECT minted_through FROM outbox_stats WHERE id = 1)
-                """, [.text(token)]).compactMap { $0[0].int }
-        }
-        return ids
-    }
-
-    /// The newest created_at among a token's rows (pending ones only, or all), or nil.
-    static func newestCreatedAt(of token: String, pendingOnly: Bool, db: SQLiteDatabase, state: WriterState) throws -> Int64? {
-        let read = try db.statement(pendingOnly
-            ? "SELECT created_at FROM responses WHERE id_high = ? AND push_token = ? AND (state = 'queued' OR state = 'inflight' OR state = 'retry')"
-            : "SELECT created_at FROM responses WHERE id_high = ? AND push_token = ?")
-        var newest: Int64?
-        for id in try tokenRowIDs(token, db: db, state: state) {
-            try read.bind(1, id)
-            try read.bind(2, token)
-            if try read.next() { newest = max(newest ?? .min, read.int64(0)) }
-            read.reset()
-        }
-        return newest
-    }
-
     /// One step of a merge of the tail into response_keys, in a transaction of its own. The
     /// first step takes the tail's keys up to the newest committed id, sorted by h, leaving out
     /// rows deleted since; each step writes `mergeChunk` of them (a short pause for ingest,

@@ -45,10 +45,10 @@ extension SQLiteOutboxStore {
             let markExpired = try db.held(&state.markExpired, "UPDATE responses SET state = 'failed', last_reason = 'expired', updated_at = ? WHERE rowid = ?")
             var claimed: [OutboxRow] = []
             claimed.reserveCapacity(rows.count)
-            var tokens: [String: (cutoff: Int64?, paced: Int64?)] = [:]
+            var tokens: [String: TokenFacts] = [:]
             for (var row, rowid) in zip(rows, rowids) {
                 // Only a watched token has a cutoff or pacing to read (one look-up per token and claim).
-                var facts: (cutoff: Int64?, paced: Int64?) = (nil, nil)
+                var facts = TokenFacts()
                 if !state.watchedTokens.isEmpty, state.watchedTokens.contains(row.pushToken) {
                     if let known = tokens[row.pushToken] { facts = known } else {
                         facts = try Self.tokenFacts(row.pushToken, db: db)
@@ -64,11 +64,13 @@ extension SQLiteOutboxStore {
                     try markExpired.bind(2, rowid)
                     try markExpired.stepOnce()
                     state.pending -= 1
+                    try Self.recordResponseEvent(rowid: rowid, delivered: false, now: now, db: db, state: state)
                     continue
                 case .unregistered:
                     try db.run("UPDATE responses SET state = 'failed', last_reason = ?, updated_at = ? WHERE rowid = ?",
-                               [.text(StoreRules.unregisteredReason), .integer(now), .integer(rowid)])
+                               [.text(facts.reason), .integer(now), .integer(rowid)])
                     state.pending -= 1
+                    try Self.recordResponseEvent(rowid: rowid, delivered: false, now: now, db: db, state: state)
                     continue
                 case .postpone(let until):
                     try db.run("UPDATE responses SET next_attempt_at = ? WHERE rowid = ?", [.integer(until), .integer(rowid)])
@@ -82,6 +84,15 @@ extension SQLiteOutboxStore {
                 claimed.append(row)
             }
             return claimed
+        }
+    }
+
+    public func hastenQueued(app: String) throws -> Int {
+        let now = clock.nowMillis()
+        return try write { db in
+            // state = 'queued' as a literal: the partial claim index narrows it to those rows.
+            try db.run("UPDATE responses SET next_attempt_at = ? WHERE state = 'queued' AND next_attempt_at > ? AND app = ?",
+                       [.integer(now), .integer(now), .text(app)])
         }
     }
 
@@ -138,10 +149,17 @@ extension SQLiteOutboxStore {
         }
     }
 
-    /// The token's cutoff (unregistered_tokens) and pacing (token_pacing), if any.
-    static func tokenFacts(_ token: String, db: SQLiteDatabase) throws -> (cutoff: Int64?, paced: Int64?) {
-        (try db.query("SELECT apns_timestamp FROM unregistered_tokens WHERE token = ?", [.text(token)]).first?[0].int,
-         try db.query("SELECT paced_until FROM token_pacing WHERE token = ?", [.text(token)]).first?[0].int)
+    /// A token's mark (unregistered_tokens: cutoff and reason) and pacing (token_pacing), if any.
+    struct TokenFacts {
+        var cutoff: Int64?
+        var reason = StoreRules.unregisteredReason
+        var paced: Int64?
+    }
+
+    static func tokenFacts(_ token: String, db: SQLiteDatabase) throws -> TokenFacts {
+        let mark = try db.query("SELECT apns_timestamp, reason FROM unregistered_tokens WHERE token = ?", [.text(token)]).first
+        return TokenFacts(cutoff: mark?[0].int, reason: mark?[1].string ?? StoreRules.unregisteredReason,
+                          paced: try db.query("SELECT paced_until FROM token_pacing WHERE token = ?", [.text(token)]).first?[0].int)
     }
 
     /// One outcome's writes: its attempt and its row (inflight only). A 410's cutoff is written
@@ -175,11 +193,22 @@ extension SQLiteOutboxStore {
             try st.bind(4, high)
             try st.bind(5, u.id)
             try st.stepOnce()
-            state.pending -= db.changes
+            let changed = db.changes
+            state.pending -= changed
+            // A probe's 200 (a row accepted after its token's cutoff) proves the token valid again.
+            if changed > 0, !state.watchedTokens.isEmpty, state.watchedTokens.contains(u.pushToken),
+               let cutoff = try db.query("SELECT apns_timestamp FROM unregistered_tokens WHERE token = ?", [.text(u.pushToken)]).first?[0].int,
+               let created = try db.query("SELECT created_at FROM responses WHERE id_high = ?", [.integer(high)]).first?[0].int,
+               StoreRules.deliveredClearsMark(createdAt: created, cutoff: cutoff) {
+                try db.run("DELETE FROM unregistered_tokens WHERE token = ?", [.text(u.pushToken)])
+            }
+            if changed > 0 { try recordResponseEvent(rowid: high, delivered: true, now: now, db: db, state: state) }
         case .failed(let why), .unregistered(let why, _):
-            state.pending -= try db.run(
+            let changed = try db.run(
                 "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
                 [.integer(Int64(counted)), status, .text(why), .integer(now), .integer(high), .text(u.id)])
+            state.pending -= changed
+            if changed > 0 { try recordResponseEvent(rowid: high, delivered: false, now: now, db: db, state: state) }
         case .retry(let at, let paceUntil):
             try db.run(
                 "UPDATE responses SET state = 'retry', attempts = attempts + ?, next_attempt_at = ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
@@ -196,6 +225,10 @@ extension SQLiteOutboxStore {
             try db.run(
                 "UPDATE responses SET state = 'queued', updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
                 [.integer(now), .integer(high), .text(u.id)])
+        case .release(let at):
+            try db.run(
+                "UPDATE responses SET state = 'queued', next_attempt_at = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
+                [.integer(at), .integer(now), .integer(high), .text(u.id)])
         }
     }
 }

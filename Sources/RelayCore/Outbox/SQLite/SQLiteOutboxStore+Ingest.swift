@@ -161,19 +161,26 @@ extension SQLiteOutboxStore {
         if let dup = try existing(r, app: app, h: h, db: db, state: state) {
             return StoreRules.dedupe(dup, credentialID: credID, encryptedData: r.encryptedData)
         }
-        // Slow path (rare): the token was reported unregistered or is paced, or the outbox is
-        // at its bound. isEmpty first: hashing the token for an empty set cost ~1k instructions a row.
+        // Slow path (rare): the token is marked or paced, or the outbox is at its bound.
+        // isEmpty first: hashing the token for an empty set cost ~1k instructions a row.
+        var probe = false
         if (!state.watchedTokens.isEmpty && state.watchedTokens.contains(r.pushToken)) || state.pending >= request.maxPending {
-            if let unreg = try db.query("SELECT apns_timestamp FROM unregistered_tokens WHERE token = ?", [.text(r.pushToken)]).first,
-               let reportedAt = unreg[0].int {
-                let lastSeen = try newestCreatedAt(of: r.pushToken, pendingOnly: false, db: db, state: state)
-                if StoreRules.isUnregistered(cutoff: reportedAt, lastSeen: lastSeen) { return .unregistered }
+            if let mark = try db.query("SELECT recorded_at, reason FROM unregistered_tokens WHERE token = ?", [.text(r.pushToken)]).first,
+               let recordedAt = mark[0].int {
+                switch StoreRules.markAdmission(reason: mark[1].string ?? StoreRules.unregisteredReason, recordedAt: recordedAt, now: now,
+                                                settings: state.settings) {
+                case .refused(let outcome): return outcome
+                case .probe: probe = true
+                case .open: break
+                }
             }
             guard state.pending < request.maxPending else { return .overCapacity }
             if let paced = try db.query("SELECT paced_until FROM token_pacing WHERE token = ?", [.text(r.pushToken)]).first?[0].int, paced > now {
                 due = paced
             }
         }
+        // The probe's hold starts again with it: the next response waits for its answer or the hold.
+        if probe { try db.run("UPDATE unregistered_tokens SET recorded_at = ? WHERE token = ?", [.integer(now), .text(r.pushToken)]) }
         let handOff = due <= now && (state.channel?.reserve() ?? false)
         if handOff { state.reservedInBatch += 1 }
         var (id, high) = state.ids.mint(nowMillis: now)

@@ -69,7 +69,7 @@ extension SQLiteOutboxStore {
 
     public func unregisteredTokens() throws -> [UnregisteredToken] {
         try read { db in
-            try db.query("SELECT token, apns_timestamp, recorded_at FROM unregistered_tokens ORDER BY recorded_at DESC").map(UnregisteredToken.init(columns:))
+            try db.query("SELECT token, apns_timestamp, recorded_at, reason FROM unregistered_tokens ORDER BY recorded_at DESC").map(UnregisteredToken.init(columns:))
         }
     }
 }

@@ -211,7 +211,55 @@ extension SQLiteOutboxStore {
         """
         DELETE FROM response_keys;
         """,
-        // v8: an exact generation of the credentials table for CredentialCache: a counter that
+        // v8: a token mark says why (StoreRules "token marks"): 410 Unregistered / ExpiredToken
+        // or 400 BadDeviceToken; every earlier row was a 410's.
+        """
+        ALTER TABLE unregistered_tokens ADD COLUMN reason TEXT NOT NULL DEFAULT 'Unregistered';
+        """,
+        // v9: delivery events (docs/events.md). An event is inserted by the transaction that
+        // commits its outcome, with a copy of the response's fields (never the sealed box); `seq`
+        // is the first 64 bits of its UUIDv7 id, minted by the writer in commit order, so the
+        // table is appended at its right edge and the feed pages by rowid (no index by credential:
+        // SQLiteOutboxStore.feedScanRows). A webhook's delivery
+        // of an event is a row of webhook_deliveries written in the same transaction; only its
+        // pending rows are indexed by webhook for the sender's claim (oldest event first); the key
+        // (seq, webhook) serves retention, which deletes an event with its deliveries.
+        """
+        CREATE TABLE events (
+            seq INTEGER PRIMARY KEY,
+            id TEXT NOT NULL,
+            type TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            credential_id TEXT,
+            app TEXT NOT NULL,
+            push_token TEXT NOT NULL,
+            response_id TEXT,
+            session_id TEXT,
+            key_id BLOB,
+            message_index INTEGER,
+            state TEXT,
+            status INTEGER,
+            reason TEXT,
+            attempts INTEGER,
+            accepted_at INTEGER,
+            finished_at INTEGER,
+            unregistered_at INTEGER
+        );
+        CREATE TABLE webhook_deliveries (
+            webhook TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            state TEXT NOT NULL CHECK (state = 'pending' OR state = 'delivered' OR state = 'dead'),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            first_attempt_at INTEGER,
+            next_attempt_at INTEGER NOT NULL,
+            lease_until INTEGER NOT NULL DEFAULT 0,
+            last_error TEXT,
+            updated_at INTEGER NOT NULL,
+            PRIMARY KEY (seq, webhook)
+        ) WITHOUT ROWID;
+        CREATE INDEX webhook_deliveries_pending ON webhook_deliveries (webhook, seq) WHERE state = 'pending';
+        """,
+        // v10: an exact generation of the credentials table for CredentialCache: a counter that
         // triggers bump in the transaction of every change to what the cache copies (insert,
         // delete, id/hash/apps/revoked_at), whoever writes it (relay, relayctl, sqlite3 by
         // hand). last_used_at, written by ingest, does not bump it. The counts and newest

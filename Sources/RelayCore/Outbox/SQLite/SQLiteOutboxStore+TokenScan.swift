@@ -1,5 +1,5 @@
 // SQLiteOutboxStore: recording a 410 for a token with many rows without holding the writer.
-// The cutoff (StoreRules.unregisteredCutoff) needs the newest created_at among the token's
+// The cutoff (StoreRules.markCutoff) needs the newest created_at among the token's
 // pending rows, and a busy token can have a million. They are read StoreRules.tokenWalkChunk
 // at a time, each step a writer job of its own (the ingest batches queued meanwhile commit
 // between steps); then one transaction checks the newest candidates again, fails the answered
@@ -174,13 +174,21 @@ extension SQLiteOutboxStore {
         }
         let now = state.clock.nowMillis()
         for u in scan.updates { try applyOutcome(u, now: now, db: db, state: state) }
-        let apns = scan.updates.compactMap { u -> Int64? in if case .unregistered(_, let ts) = u.outcome { ts } else { nil } }.max() ?? now
+        let marks = scan.updates.compactMap { u -> (reason: String, ts: Int64)? in if case .unregistered(let r, let ts) = u.outcome { (r, ts) } else { nil } }
+        let apns = marks.map(\.ts).max() ?? now
         state.watchedTokens.insert(token)
         try db.run(
             """
-            INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES (?, ?, ?)
-            ON CONFLICT (token) DO UPDATE SET apns_timestamp = max(apns_timestamp, excluded.apns_timestamp), recorded_at = excluded.recorded_at
-            """, [.text(token), .integer(StoreRules.unregisteredCutoff(apnsTimestamp: apns, newestPendingCreatedAt: newestPending)), .integer(now)])
+            INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at, reason) VALUES (?, ?, ?, ?)
+            ON CONFLICT (token) DO UPDATE SET apns_timestamp = max(apns_timestamp, excluded.apns_timestamp), recorded_at = excluded.recorded_at,
+                reason = excluded.reason
+            """, [.text(token), .integer(StoreRules.markCutoff(apnsTimestamp: apns, newestPendingCreatedAt: newestPending, now: now)), .integer(now),
+                  .text(marks.last?.reason ?? StoreRules.unregisteredReason)])
+        // token.unregistered is a 410's event; a BadDeviceToken mark fails the rows (their own
+        // response.failed events) and tells nothing about the token's registration.
+        if marks.last?.reason != StoreRules.badDeviceTokenReason {
+            try recordTokenEvents(token: token, answered: scan.updates.compactMap { UUIDText.high64($0.id) }, unregisteredAt: apns, now: now, db: db, state: state)
+        }
         state.tokenScans[token] = nil
         state.tokenScanOrder.removeAll { $0 == token }
         state.tokenScanWritten += scan.waiters   // told after COMMIT

@@ -12,7 +12,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     // @unchecked Sendable: `writer` serialises every write on its own thread; `reader` is only
     // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread),
     // except its `sharedSettings`, a Mutex.
-    public static let schemaVersion = 8
+    public static let schemaVersion = 10
 
     let writer: GroupCommitWriter?
     let reader: SQLiteDatabase
@@ -31,6 +31,16 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         /// `ingestSettings`, set from any thread; copied into `settings` at each batch start.
         let sharedSettings = Mutex(IngestStoreSettings())
         var settings = IngestStoreSettings()
+        /// `eventSettings`, likewise (copied into `events` at each batch start).
+        let sharedEventSettings = Mutex(EventStoreSettings())
+        var events = EventStoreSettings()
+        /// Event ids (their first 64 bits are `events.seq`), minted in commit order.
+        var eventIDs = TimeOrderedIDs()
+        var insertResponseEvent: SQLiteStatement?
+        var insertDelivery: SQLiteStatement?
+        /// Events this batch wrote: the observers hear of them after COMMIT.
+        var eventsInBatch = 0
+        let eventObservers = Mutex<[@Sendable () -> Void]>([])
         /// queued + inflight + retry rows: read from outbox_stats at each batch start, adjusted
         /// by the batch's jobs, written back before COMMIT (so relayctl's changes from another
         /// process are seen, and start-up needs no count over the whole table).
@@ -148,6 +158,8 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         writerState.logger = options.logger
         writerState.mergeRows = max(1, options.dedupeMergeRows)
         writerState.tailLimit = 4 * writerState.mergeRows
+        // Event ids stay above every stored one, whatever the clock did across a restart.
+        if let top = try db.scalar("SELECT max(seq) FROM events").int { writerState.eventIDs.advance(pastHigh: top) }
         for row in try db.query("SELECT token FROM unregistered_tokens UNION SELECT token FROM token_pacing") {
             if let t = row[0].string { writerState.watchedTokens.insert(t) }
         }
@@ -172,10 +184,12 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         }
         w.beforeBatch = {
             state.settings = state.sharedSettings.withLock { $0 }
+            state.events = state.sharedEventSettings.withLock { $0 }
             state.credentials.removeAll(keepingCapacity: true)
             state.lastCredential = nil
             state.reservedInBatch = 0
             state.queuedInBatch = 0
+            state.eventsInBatch = 0
             state.handedOff.removeAll()
         }
         w.afterBatch = { Self.completeDeferred(state) }
@@ -186,6 +200,10 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             state.tail.batchCommitted()
             state.committedHigh = max(state.committedHigh, state.mintedInBatch)
             state.mintedInBatch = 0
+            if state.eventsInBatch > 0 {
+                state.eventsInBatch = 0
+                for observe in state.eventObservers.withLock({ $0 }) { observe() }
+            }
         }
         w.afterBegin = { db in
             let read = try db.held(&state.readPending, "SELECT pending FROM outbox_stats WHERE id = 1")
@@ -209,6 +227,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             state.handedOff = []
             state.tail.batchRolledBack()
             state.mintedInBatch = 0
+            state.eventsInBatch = 0
         }
         writer = w
         reader = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis)

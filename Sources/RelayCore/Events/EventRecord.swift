@@ -1,0 +1,210 @@
+// What an event row holds and how its body is rendered, once for both stores. A store writes
+// the columns in the outcome's own transaction (copied from the response row by the same
+// statement that follows the outcome's UPDATE); the body is rendered when it is read. The
+// columns never change after the insert, so every read renders the same bytes: the webhook
+// body, the feed's entry and the signature all cover the same text (docs/events.md).
+import Basics
+
+/// `events.*` the store reads (given at start, like IngestStoreSettings; a restart changes it).
+public struct EventStoreSettings: Sendable, Equatable {
+    /// `events.webhooks[]` as the store sees them: each gets a pending delivery of every event
+    /// it receives, written with the event.
+    public var webhooks: [WebhookSubscription]
+    /// `events.maxBacklogPerWebhook`: pending deliveries per webhook above which the oldest
+    /// are dropped (counted, logged).
+    public var maxBacklogPerWebhook: Int
+
+    public static let defaultMaxBacklogPerWebhook = 1_000_000
+
+    public init(webhooks: [WebhookSubscription] = [], maxBacklogPerWebhook: Int = defaultMaxBacklogPerWebhook) {
+        self.webhooks = webhooks
+        self.maxBacklogPerWebhook = maxBacklogPerWebhook
+    }
+
+    /// The webhooks that receive an event of `type` for `app`.
+    func receivers(type: EventType, app: String) -> [String] {
+        webhooks.filter { $0.receives(type: type, app: app) }.map(\.name)
+    }
+}
+
+/// One events row: the columns both stores keep (the `data` of the body, never the sealed box).
+struct EventRecord: Sendable, Equatable {
+    var id: String
+    var sequence: Int64
+    var type: EventType
+    var createdAt: Int64
+    var credentialID: String?
+    var app: String
+    var pushToken: String
+    /// Response events only (nil for token.unregistered).
+    var responseID: String?
+    var sessionIdentifier: String?
+    var keyID: [UInt8]?
+    var messageIndex: Int64?
+    var state: String?
+    var status: Int64?
+    var reason: String?
+    var attempts: Int64?
+    var acceptedAt: Int64?
+    var finishedAt: Int64?
+    /// token.unregistered: APNs' timestamp.
+    var unregisteredAt: Int64?
+
+    /// The stores' SELECT column order (each backend's `eventColumns`).
+    static let columnNames = [
+        "seq", "id", "type", "created_at", "credential_id", "app", "push_token", "response_id", "session_id", "key_id",
+        "message_index", "state", "status", "reason", "attempts", "accepted_at", "finished_at", "unregistered_at",
+    ]
+
+    init(id: String, sequence: Int64, type: EventType, createdAt: Int64, credentialID: String?, app: String, pushToken: String,
+         responseID: String? = nil, sessionIdentifier: String? = nil, keyID: [UInt8]? = nil, messageIndex: Int64? = nil,
+         state: String? = nil, status: Int64? = nil, reason: String? = nil, attempts: Int64? = nil, acceptedAt: Int64? = nil,
+         finishedAt: Int64? = nil, unregisteredAt: Int64? = nil) {
+        self.id = id
+        self.sequence = sequence
+        self.type = type
+        self.createdAt = createdAt
+        self.credentialID = credentialID
+        self.app = app
+        self.pushToken = pushToken
+        self.responseID = responseID
+        self.sessionIdentifier = sessionIdentifier
+        self.keyID = keyID
+        self.messageIndex = messageIndex
+        self.state = state
+        self.status = status
+        self.reason = reason
+        self.attempts = attempts
+        self.acceptedAt = acceptedAt
+        self.finishedAt = finishedAt
+        self.unregisteredAt = unregisteredAt
+    }
+
+    init(columns c: some StoreColumns, offset o: Int = 0) throws {
+        guard c.columnCount >= o + 18, let seq = c.int(o), let id = c.string(o + 1),
+              let type = c.string(o + 2).flatMap(EventType.init(rawValue:)) else {
+            throw StoreError.invalid("malformed events row")
+        }
+        self.init(id: id, sequence: seq, type: type, createdAt: c.int(o + 3) ?? 0, credentialID: c.string(o + 4), app: c.string(o + 5) ?? "",
+                  pushToken: c.string(o + 6) ?? "", responseID: c.string(o + 7), sessionIdentifier: c.string(o + 8), keyID: c.bytes(o + 9),
+                  messageIndex: c.int(o + 10), state: c.string(o + 11), status: c.int(o + 12), reason: c.string(o + 13),
+                  attempts: c.int(o + 14), acceptedAt: c.int(o + 15), finishedAt: c.int(o + 16), unregisteredAt: c.int(o + 17))
+    }
+
+    /// `{"type":...,"timestamp":...,"data":{...}}`: times as GET /v1/responses/<id> writes them
+    /// (IngestService.iso), keyID as the request sent it (padded base64).
+    var body: [UInt8] {
+        func str(_ s: String?) -> String { s.map(jsonString) ?? "null" }
+        func int(_ i: Int64?) -> String { i.map { String($0) } ?? "null" }
+        func time(_ t: Int64?) -> String { t.map { "\"\(IngestService.iso($0))\"" } ?? "null" }
+        var s = "{\"type\":\"\(type.rawValue)\",\"timestamp\":\"\(IngestService.iso(createdAt))\",\"data\":{"
+        switch type {
+        case .tokenUnregistered:
+            s += "\"pushToken\":\(str(pushToken)),\"app\":\(str(app)),\"unregisteredAt\":\(time(unregisteredAt))"
+        case .responseDelivered, .responseFailed:
+            s += "\"id\":\(str(responseID)),\"app\":\(str(app)),\"pushToken\":\(str(pushToken))"
+            s += ",\"sessionIdentifier\":\(str(sessionIdentifier)),\"keyID\":\(str(keyID.map { Basics.Base64.encode($0) }))"
+            s += ",\"messageIndex\":\(int(messageIndex)),\"state\":\(str(state)),\"status\":\(int(status)),\"reason\":\(str(reason))"
+            s += ",\"attempts\":\(int(attempts)),\"acceptedAt\":\(time(acceptedAt)),\"finishedAt\":\(time(finishedAt))"
+        }
+        return Array((s + "}}").utf8)
+    }
+
+    var stored: StoredEvent {
+        StoredEvent(id: id, sequence: sequence, type: type, createdAt: createdAt, credentialID: credentialID, app: app, body: body)
+    }
+}
+
+/// A webhook's delivery of one event as relayctl lists it.
+public struct WebhookDeliveryRecord: Sendable, Equatable {
+    public var webhook: String
+    public var state: WebhookDeliveryState
+    public var event: StoredEvent
+    public var attempts: Int
+    public var firstAttemptAt: Int64?
+    public var nextAttemptAt: Int64
+    public var lastError: String?
+    public var updatedAt: Int64
+}
+
+public struct WebhookDeliveryFilter: Sendable {
+    public var webhook: String?
+    public var state: WebhookDeliveryState?
+    public var type: EventType?
+    public var eventID: String?
+    public var limit: Int
+
+    public init(webhook: String? = nil, state: WebhookDeliveryState? = nil, type: EventType? = nil, eventID: String? = nil, limit: Int = 100) {
+        self.webhook = webhook
+        self.eventID = eventID?.lowercased()
+        self.state = state
+        self.type = type
+        self.limit = limit
+    }
+}
+
+/// The feed's cursor: the event's sequence as unpadded base64url of its 8 big-endian bytes.
+/// Opaque to clients; a cursor that does not decode to a non-negative sequence is refused.
+public enum EventCursor {
+    public static func encode(_ sequence: Int64) -> String {
+        let v = UInt64(bitPattern: sequence)
+        return Basics.Base64.encode((0..<8).map { UInt8(truncatingIfNeeded: v >> (56 - 8 * UInt64($0))) }, alphabet: .url, padding: false)
+    }
+
+    public static func decode(_ text: String) -> Int64? {
+        guard text.utf8.count == 11, let b = Basics.Base64.decode(text, alphabet: .url, padding: false), b.count == 8 else { return nil }
+        let v = b.reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+        guard v <= UInt64(Int64.max), encode(Int64(v)) == text else { return nil }
+        return Int64(v)
+    }
+}
+
+/// The store's event side beyond what the sender calls: the feed, relayctl and retention.
+public protocol EventStore: WebhookOutbox {
+    /// Given once at start (RelayService), before the first outcome is applied.
+    var eventSettings: EventStoreSettings { get set }
+    /// `body` runs after each commit of this process that wrote events (the feed's long polls
+    /// wake on it; other nodes' events are found by polling).
+    func observeEvents(_ body: @escaping @Sendable () -> Void)
+    /// The credential's events after `sequence`, in commit order, at most `limit`; `next` is
+    /// where the following read starts (past the last event returned, or past every event
+    /// examined, of any credential, when fewer were found: a store may examine a bounded
+    /// stretch per read instead of keeping an index by credential).
+    func eventPage(credentialID: String, after sequence: Int64, limit: Int) throws -> EventPage
+    /// The newest sequence committed (the feed's start), or 0.
+    func lastEventSequence() throws -> Int64
+    func event(id: String) throws -> StoredEvent?
+    /// Every credential's events, newest first (relayctl).
+    func listEvents(type: EventType?, limit: Int) throws -> [StoredEvent]
+    func webhookDeliveries(_ filter: WebhookDeliveryFilter) throws -> [WebhookDeliveryRecord]
+    /// The event's deliveries (of `webhook`, or every webhook's) pending again, due now, same
+    /// id, attempts kept. Returns how many.
+    func replayWebhookDelivery(eventID: String, webhook: String?) throws -> Int
+    /// Every dead delivery of `webhook` pending again. Returns how many.
+    func replayDeadWebhookDeliveries(webhook: String) throws -> Int
+    /// Deliveries by webhook and state.
+    func webhookDeliveryCounts() throws -> [String: [WebhookDeliveryState: Int]]
+    /// Deletes up to `limit` events of `types` created before `olderThan` (oldest first) with
+    /// their deliveries, in one transaction. Returns how many events.
+    func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> Int
+    /// Drops the oldest pending deliveries of each webhook above `max`; returns the dropped count
+    /// per webhook (only those that dropped some).
+    func trimWebhookBacklogs(max: Int) throws -> [String: Int]
+}
+
+public struct EventPage: Sendable, Equatable {
+    public var events: [StoredEvent]
+    public var next: Int64
+
+    public init(events: [StoredEvent], next: Int64) {
+        self.events = events
+        self.next = next
+    }
+}
+
+extension EventStore {
+    /// One page's events (tests, tools).
+    public func events(credentialID: String, after sequence: Int64, limit: Int) throws -> [StoredEvent] {
+        try eventPage(credentialID: credentialID, after: sequence, limit: limit).events
+    }
+}

@@ -1,0 +1,237 @@
+// PostgresOutboxStore: delivery events (docs/events.md). Events are inserted by the
+// transaction that commits their outcome (apply, claim), copied from the response rows by one
+// INSERT ... SELECT that also writes each matching webhook's delivery. Nodes insert under a
+// transaction-level advisory lock, so seq order is commit order on every node (the feed's
+// cursor and the sender's order never skip a late commit).
+import FoundationEssentials
+import Synchronization
+
+extension PostgresOutboxStore {
+    static let eventLockKey: Int64 = 0x5245_4C41_5945_5654  // "RELAYEVT"
+
+    public var eventSettings: EventStoreSettings {
+        get { sharedEventSettings.withLock { $0 } }
+        set { sharedEventSettings.withLock { $0 = newValue } }
+    }
+
+    public func observeEvents(_ body: @escaping @Sendable () -> Void) {
+        eventObservers.withLock { $0.append(body) }
+    }
+
+    /// After a commit that wrote events (this node's only; other nodes' are found by polling).
+    func eventsCommitted() {
+        for observe in eventObservers.withLock({ $0 }) { observe() }
+    }
+
+    static let eventColumns = EventRecord.columnNames.map { "e.\($0)" }.joined(separator: ", ")
+
+    /// The webhooks as three parallel arrays for the fan-out's unnest: name, types and apps
+    /// (comma-joined; nil = every app). Bundle IDs hold no commas (StoreRules.checkNewCredential).
+    private func webhookParams() -> [PGValue] {
+        let hooks = eventSettings.webhooks
+        return [.textArray(hooks.map(\.name)), .textArray(hooks.map { $0.types.map(\.rawValue).sorted().joined(separator: ",") }),
+                .textArray(hooks.map { $0.apps.map { $0.sorted().joined(separator: ",") } })]
+    }
+
+    private static let fanOutSQL = """
+        INSERT INTO webhook_deliveries (webhook, seq, state, next_attempt_at, updated_at)
+        SELECT w.name, ev.seq, 'pending', $1, $1 FROM ev
+        JOIN unnest($2::text[], $3::text[], $4::text[]) AS w(name, types, apps)
+          ON ev.type = ANY(string_to_array(w.types, ',')) AND (w.apps IS NULL OR ev.app = ANY(string_to_array(w.apps, ',')))
+        """
+
+    /// In the outcome's transaction: one event per response id (now terminal), in order.
+    /// Returns how many were written.
+    @discardableResult
+    func insertResponseEvents(_ c: PostgresConnection, responseIDs: [String], now: Int64) throws -> Int {
+        guard !responseIDs.isEmpty else { return 0 }
+        let eventIDs = ids.withLock { g in responseIDs.map { _ in g.mint(nowMillis: now).id } }
+        try c.query("SELECT pg_advisory_xact_lock($1)", [.int(Self.eventLockKey)])
+        let rows = try c.query("""
+            WITH ev AS (
+                INSERT INTO events (id, type, created_at, credential_id, app, push_token, response_id, session_id, key_id, message_index,
+                                    state, status, reason, attempts, accepted_at, finished_at)
+                SELECT x.eid, CASE r.state WHEN 'delivered' THEN 'response.delivered' ELSE 'response.failed' END, $1, r.credential_id, r.app,
+                       r.push_token, r.id, r.session_id, r.key_id, r.message_index, r.state, r.last_status, r.last_reason, r.attempts,
+                       r.created_at, r.updated_at
+                FROM unnest($5::text[], $6::text[]) WITH ORDINALITY AS x(rid, eid, n) JOIN responses r ON r.id = x.rid
+                WHERE r.state IN ('delivered','failed')
+                ORDER BY x.n
+                RETURNING seq, type, app
+            ), fan AS (\(Self.fanOutSQL))
+            SELECT count(*) FROM ev
+            """, [.int(now)] + webhookParams() + [.textArray(responseIDs), .textArray(eventIDs)])
+        return Int(rows.first?.first?.int ?? 0)
+    }
+
+    /// token.unregistered for each recorded token, once per credential and app whose rows the
+    /// 410s answered (`answered`: token -> response ids).
+    func insertTokenEvents(_ c: PostgresConnection, answered: [String: [String]], unregisteredAt: [String: Int64], now: Int64) throws -> Int {
+        var n = 0
+        for token in answered.keys.sorted() {
+            let owners = try c.query("SELECT DISTINCT credential_id, app FROM responses WHERE id = ANY($1::text[]) ORDER BY 1, 2",
+                                     [.textArray(answered[token] ?? [])])
+            guard !owners.isEmpty else { continue }
+            let eventIDs = ids.withLock { g in owners.map { _ in g.mint(nowMillis: now).id } }
+            try c.query("SELECT pg_advisory_xact_lock($1)", [.int(Self.eventLockKey)])
+            let rows = try c.query("""
+                WITH ev AS (
+                    INSERT INTO events (id, type, created_at, credential_id, app, push_token, unregistered_at)
+                    SELECT x.eid, 'token.unregistered', $1, x.cred, x.app, $8, $9
+                    FROM unnest($5::text[], $6::text[], $7::text[]) WITH ORDINALITY AS x(eid, cred, app, n) ORDER BY x.n
+                    RETURNING seq, type, app
+                ), fan AS (\(Self.fanOutSQL))
+                SELECT count(*) FROM ev
+                """, [.int(now)] + webhookParams() + [.textArray(eventIDs), .textArray(owners.map { $0[0].string }), .textArray(owners.map { $0[1].string }),
+                      .text(token), .int(unregisteredAt[token] ?? now)])
+            n += Int(rows.first?.first?.int ?? 0)
+        }
+        return n
+    }
+
+    // MARK: the feed and relayctl (query connection)
+
+    /// By the credential's index (events_credential): `next` is the last event returned.
+    public func eventPage(credentialID: String, after sequence: Int64, limit: Int) throws -> EventPage {
+        try read { c in
+            let events = try c.query("SELECT \(Self.eventColumns) FROM events e WHERE e.credential_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3",
+                                     [.text(credentialID), .int(sequence), .int(Int64(max(0, limit)))]).map { try EventRecord(columns: $0).stored }
+            return EventPage(events: events, next: events.last?.sequence ?? sequence)
+        }
+    }
+
+    public func lastEventSequence() throws -> Int64 {
+        try read { c in try c.query("SELECT max(seq) FROM events").first?.first?.int ?? 0 }
+    }
+
+    public func event(id: String) throws -> StoredEvent? {
+        try read { c in
+            try c.query("SELECT \(Self.eventColumns) FROM events e WHERE e.id = $1", [.text(id.lowercased())]).first.map { try EventRecord(columns: $0).stored }
+        }
+    }
+
+    public func listEvents(type: EventType?, limit: Int) throws -> [StoredEvent] {
+        try read { c in
+            try c.query("SELECT \(Self.eventColumns) FROM events e WHERE $1::text IS NULL OR e.type = $1 ORDER BY e.seq DESC LIMIT $2",
+                        [type.map { .text($0.rawValue) } ?? .null, .int(Int64(max(0, limit)))]).map { try EventRecord(columns: $0).stored }
+        }
+    }
+
+    static let deliveryColumns = "d.webhook, d.state, d.attempts, d.first_attempt_at, d.next_attempt_at, d.last_error, d.updated_at"
+
+    public func webhookDeliveries(_ filter: WebhookDeliveryFilter) throws -> [WebhookDeliveryRecord] {
+        var clauses: [String] = []
+        var binds: [PGValue] = []
+        func bind(_ v: PGValue) -> String {
+            binds.append(v)
+            return "$\(binds.count)"
+        }
+        if let w = filter.webhook { clauses.append("d.webhook = " + bind(.text(w))) }
+        if let s = filter.state { clauses.append("d.state = " + bind(.text(s.rawValue))) }
+        if let t = filter.type { clauses.append("e.type = " + bind(.text(t.rawValue))) }
+        if let id = filter.eventID { clauses.append("e.id = " + bind(.text(id))) }
+        let whereSQL = clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND ")
+        let limit = bind(.int(Int64(max(0, filter.limit))))
+        return try read { [binds] c in
+            try c.query("SELECT \(Self.deliveryColumns), \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq \(whereSQL) ORDER BY d.seq, d.webhook LIMIT \(limit)", binds)
+                .map { try WebhookDeliveryRecord(columns: $0) }
+        }
+    }
+
+    public func webhookDeliveryCounts() throws -> [String: [WebhookDeliveryState: Int]] {
+        try read { c in
+            var out: [String: [WebhookDeliveryState: Int]] = [:]
+            for r in try c.query("SELECT webhook, state, count(*) FROM webhook_deliveries WHERE state IN ('pending','dead') GROUP BY webhook, state") {
+                if let w = r[0].string, let s = r[1].string.flatMap(WebhookDeliveryState.init(rawValue:)) { out[w, default: [:]][s] = Int(r[2].int ?? 0) }
+            }
+            return out
+        }
+    }
+
+    // MARK: operator actions and retention
+
+    public func replayWebhookDelivery(eventID: String, webhook: String?) throws -> Int {
+        let now = clock.nowMillis()
+        return try write { c in
+            try c.run("""
+                UPDATE webhook_deliveries d SET state = 'pending', next_attempt_at = $1, lease_until = 0, first_attempt_at = NULL, updated_at = $1
+                FROM events e WHERE e.id = $2 AND d.seq = e.seq AND ($3::text IS NULL OR d.webhook = $3)
+                """, [.int(now), .text(eventID.lowercased()), webhook.map { .text($0) } ?? .null]).affected
+        }
+    }
+
+    public func replayDeadWebhookDeliveries(webhook: String) throws -> Int {
+        let now = clock.nowMillis()
+        return try write { c in
+            try c.run("""
+                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = $1, lease_until = 0, first_attempt_at = NULL, updated_at = $1
+                WHERE webhook = $2 AND state = 'dead'
+                """, [.int(now), .text(webhook)]).affected
+        }
+    }
+
+    public func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> Int {
+        guard !types.isEmpty, limit > 0 else { return 0 }
+        return try writeTransaction { c in
+            let seqs = try c.query("SELECT seq FROM events WHERE created_at < $1 AND type = ANY($2::text[]) ORDER BY seq LIMIT $3",
+                                   [.int(olderThan), .textArray(types.map(\.rawValue)), .int(Int64(limit))]).compactMap { $0[0].int }
+            guard !seqs.isEmpty else { return 0 }
+            try c.query("DELETE FROM webhook_deliveries WHERE seq = ANY($1::bigint[])", [.intArray(seqs)])
+            return try c.run("DELETE FROM events WHERE seq = ANY($1::bigint[])", [.intArray(seqs)]).affected
+        }
+    }
+
+    public func trimWebhookBacklogs(max: Int) throws -> [String: Int] {
+        let names = eventSettings.webhooks.map(\.name)
+        return try writeTransaction { c in
+            var dropped: [String: Int] = [:]
+            for name in names {
+                let n = Int(try c.query("SELECT count(*) FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending'", [.text(name)]).first?.first?.int ?? 0)
+                guard n > max else { continue }
+                dropped[name] = try c.run("""
+                    DELETE FROM webhook_deliveries WHERE webhook = $1 AND seq IN
+                        (SELECT seq FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' ORDER BY seq LIMIT $2)
+                    """, [.text(name), .int(Int64(n - max))]).affected
+            }
+            return dropped
+        }
+    }
+
+    // MARK: WebhookOutbox
+
+    /// SKIP LOCKED: two nodes' senders claiming the same webhook take different rows.
+    public func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int) throws -> [WebhookDelivery] {
+        guard limit > 0 else { return [] }
+        return try write { c in
+            let rows = try c.query("""
+                WITH d AS (
+                    UPDATE webhook_deliveries w SET lease_until = $4
+                    FROM (SELECT seq FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' AND next_attempt_at <= $2 AND lease_until <= $2
+                          ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED) c
+                    WHERE w.webhook = $1 AND w.seq = c.seq
+                    RETURNING w.seq, w.attempts, w.first_attempt_at
+                )
+                SELECT d.attempts, d.first_attempt_at, \(Self.eventColumns) FROM d JOIN events e ON e.seq = d.seq ORDER BY d.seq
+                """, [.text(webhook), .int(now), .int(Int64(limit)), .int(leaseUntil)])
+            return try rows.map { r in
+                WebhookDelivery(event: try EventRecord(columns: r, offset: 2).stored, attempts: Int(r[0].int ?? 0), firstAttemptAt: r[1].int)
+            }
+        }
+    }
+
+    public func recordWebhookResults(webhook: String, _ results: [(eventID: String, result: WebhookAttemptResult)]) throws {
+        guard !results.isEmpty else { return }
+        let changes = results.map { (id: $0.eventID.lowercased(), change: WebhookResultChange($0.result)) }
+        try writeTransaction { c in
+            try c.query("""
+                UPDATE webhook_deliveries d SET state = x.state, attempts = d.attempts + 1, first_attempt_at = coalesce(d.first_attempt_at, x.at),
+                    next_attempt_at = coalesce(x.next, d.next_attempt_at), lease_until = 0, last_error = x.error, updated_at = x.at
+                FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[]) AS x(id, state, at, next, error)
+                JOIN events e ON e.id = x.id
+                WHERE d.webhook = $1 AND d.seq = e.seq AND d.state = 'pending'
+                """, [.text(webhook), .textArray(changes.map(\.id)), .textArray(changes.map(\.change.state.rawValue)),
+                      .intArray(changes.map(\.change.attemptedAt)), .intArray(changes.map(\.change.nextAttemptAt)),
+                      .textArray(changes.map(\.change.error))])
+        }
+    }
+}

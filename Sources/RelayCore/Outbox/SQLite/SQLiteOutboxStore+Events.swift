@@ -1,0 +1,288 @@
+// SQLiteOutboxStore: delivery events (docs/events.md). The writes run inside the writer job
+// that commits the outcome (apply, claim, the 410 scan's last transaction), so an event and its
+// outcome commit or roll back together; the sender's claims and results are writer jobs too,
+// the feed and relayctl read through the reader connection.
+import FoundationEssentials
+import Synchronization
+
+extension SQLiteOutboxStore {
+    public var eventSettings: EventStoreSettings {
+        get { writerState.sharedEventSettings.withLock { $0 } }
+        set { writerState.sharedEventSettings.withLock { $0 = newValue } }
+    }
+
+    static let eventColumns = EventRecord.columnNames.map { "e.\($0)" }.joined(separator: ", ")
+
+    /// The event of the outcome just written to the row at `rowid` (terminal), with its
+    /// webhooks' deliveries; nothing when there is no such row.
+    static func recordResponseEvent(rowid: Int64, delivered: Bool, now: Int64, db: SQLiteDatabase, state: WriterState) throws {
+        let (id, seq) = state.eventIDs.mint(nowMillis: now)
+        let type: EventType = delivered ? .responseDelivered : .responseFailed
+        let st = try db.held(&state.insertResponseEvent, """
+            INSERT INTO events (seq, id, type, created_at, credential_id, app, push_token, response_id, session_id, key_id, message_index,
+                                state, status, reason, attempts, accepted_at, finished_at)
+            SELECT ?, ?, ?, ?, credential_id, app, push_token, id, session_id, key_id, message_index,
+                   state, last_status, last_reason, attempts, created_at, updated_at FROM responses WHERE id_high = ?
+            """)
+        try st.bind(1, seq)
+        try st.bind(2, id)
+        try st.bind(3, type.rawValue)
+        try st.bind(4, now)
+        try st.bind(5, rowid)
+        try st.stepOnce()
+        guard db.changes > 0 else { return }
+        state.eventsInBatch += 1
+        guard !state.events.webhooks.isEmpty else { return }
+        // (RETURNING app instead cost ~20k instructions per event: an ephemeral table each time.)
+        let app = try db.scalar("SELECT app FROM events WHERE seq = ?", [.integer(seq)]).string ?? ""
+        try fanOut(seq: seq, type: type, app: app, now: now, db: db, state: state)
+    }
+
+    /// token.unregistered for the token's recorded 410, once per credential and app whose rows
+    /// the 410s answered.
+    static func recordTokenEvents(token: String, answered: [Int64], unregisteredAt: Int64, now: Int64, db: SQLiteDatabase, state: WriterState) throws {
+        var owners: [(credential: String, app: String)] = []
+        for rowid in answered {
+            guard let r = try db.query("SELECT credential_id, app FROM responses WHERE id_high = ?", [.integer(rowid)]).first,
+                  let credential = r[0].string, let app = r[1].string else { continue }
+            if !owners.contains(where: { $0 == (credential, app) }) { owners.append((credential, app)) }
+        }
+        for (credential, app) in owners {
+            let (id, seq) = state.eventIDs.mint(nowMillis: now)
+            try db.run("""
+                INSERT INTO events (seq, id, type, created_at, credential_id, app, push_token, unregistered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                """, [.integer(seq), .text(id), .text(EventType.tokenUnregistered.rawValue), .integer(now), .text(credential), .text(app),
+                      .text(token), .integer(unregisteredAt)])
+            state.eventsInBatch += 1
+            try fanOut(seq: seq, type: .tokenUnregistered, app: app, now: now, db: db, state: state)
+        }
+    }
+
+    private static func fanOut(seq: Int64, type: EventType, app: String, now: Int64, db: SQLiteDatabase, state: WriterState) throws {
+        guard !state.events.webhooks.isEmpty else { return }
+        for name in state.events.receivers(type: type, app: app) {
+            let st = try db.held(&state.insertDelivery,
+                "INSERT INTO webhook_deliveries (webhook, seq, state, next_attempt_at, updated_at) VALUES (?, ?, 'pending', ?, ?)")
+            try st.bind(1, name)
+            try st.bind(2, seq)
+            try st.bind(3, now)
+            try st.bind(4, now)
+            try st.stepOnce()
+        }
+    }
+
+    /// Called after each commit that wrote events (the feed's long polls); set once.
+    public func observeEvents(_ body: @escaping @Sendable () -> Void) {
+        writerState.eventObservers.withLock { $0.append(body) }
+    }
+
+    // MARK: the feed and relayctl (reader)
+
+    /// Rows of events examined per feed read. No index by credential: it cost a page write per
+    /// outcome commit (~9% of an unbatched response's instructions, docs/events.md); a read
+    /// walks the rowid range after the cursor instead, at most this far.
+    static let feedScanRows = 10_000
+
+    public func eventPage(credentialID: String, after sequence: Int64, limit: Int) throws -> EventPage {
+        try read { db in
+            // The stretch examined: the next feedScanRows events of any credential (one reader
+            // transaction, so a commit meanwhile is either wholly in it or after its end).
+            // A deferred (read) transaction: db.transaction would take the write lock.
+            try db.execute("BEGIN")
+            defer { try? db.execute("COMMIT") }
+            do {
+                guard let end = try db.scalar("SELECT max(seq) FROM (SELECT seq FROM events WHERE seq > ? ORDER BY seq LIMIT ?)",
+                                              [.integer(sequence), .integer(Int64(Self.feedScanRows))]).int else {
+                    return EventPage(events: [], next: sequence)
+                }
+                let events = try db.query("SELECT \(Self.eventColumns) FROM events e WHERE e.seq > ? AND e.seq <= ? AND e.credential_id = ? ORDER BY e.seq LIMIT ?",
+                                          [.integer(sequence), .integer(end), .text(credentialID), .integer(Int64(max(0, limit)))])
+                    .map { try EventRecord(columns: $0).stored }
+                return EventPage(events: events, next: events.count == limit ? events[events.count - 1].sequence : end)
+            }
+        }
+    }
+
+    public func lastEventSequence() throws -> Int64 {
+        try read { db in try db.scalar("SELECT max(seq) FROM events").int ?? 0 }
+    }
+
+    public func event(id: String) throws -> StoredEvent? {
+        let id = id.lowercased()
+        guard let seq = UUIDText.high64(id) else { return nil }
+        return try read { db in
+            try db.query("SELECT \(Self.eventColumns) FROM events e WHERE e.seq = ? AND e.id = ?", [.integer(seq), .text(id)])
+                .first.map { try EventRecord(columns: $0).stored }
+        }
+    }
+
+    public func listEvents(type: EventType?, limit: Int) throws -> [StoredEvent] {
+        try read { db in
+            try db.query("SELECT \(Self.eventColumns) FROM events e WHERE ?1 IS NULL OR e.type = ?1 ORDER BY e.seq DESC LIMIT ?2",
+                         [type.map { .text($0.rawValue) } ?? .null, .integer(Int64(max(0, limit)))]).map { try EventRecord(columns: $0).stored }
+        }
+    }
+
+    static let deliveryColumns = "d.webhook, d.state, d.attempts, d.first_attempt_at, d.next_attempt_at, d.last_error, d.updated_at"
+
+    public func webhookDeliveries(_ filter: WebhookDeliveryFilter) throws -> [WebhookDeliveryRecord] {
+        var clauses: [String] = []
+        var binds: [SQLValue] = []
+        if let w = filter.webhook { clauses.append("d.webhook = ?"); binds.append(.text(w)) }
+        if let s = filter.state { clauses.append("d.state = '\(s.rawValue)'") }
+        if let t = filter.type { clauses.append("e.type = ?"); binds.append(.text(t.rawValue)) }
+        if let id = filter.eventID { clauses.append("d.seq = ? AND e.id = ?"); binds += [.integer(UUIDText.high64(id) ?? 0), .text(id)] }
+        let whereSQL = clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND ")
+        binds.append(.integer(Int64(max(0, filter.limit))))
+        return try read { db in
+            try db.query("SELECT \(Self.deliveryColumns), \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq \(whereSQL) ORDER BY d.seq, d.webhook LIMIT ?", binds)
+                .map { try WebhookDeliveryRecord(columns: $0) }
+        }
+    }
+
+    public func webhookDeliveryCounts() throws -> [String: [WebhookDeliveryState: Int]] {
+        try read { db in
+            var out: [String: [WebhookDeliveryState: Int]] = [:]
+            for s in [WebhookDeliveryState.pending, .dead] {
+                for r in try db.query("SELECT webhook, count(*) FROM webhook_deliveries WHERE state = '\(s.rawValue)' GROUP BY webhook") {
+                    if let w = r[0].string { out[w, default: [:]][s] = Int(r[1].int ?? 0) }
+                }
+            }
+            return out
+        }
+    }
+
+    // MARK: operator actions and retention (writer)
+
+    public func replayWebhookDelivery(eventID: String, webhook: String?) throws -> Int {
+        let id = eventID.lowercased()
+        guard let seq = UUIDText.high64(id) else { return 0 }
+        let now = clock.nowMillis()
+        return try write { db in
+            guard try db.scalar("SELECT count(*) FROM events WHERE seq = ? AND id = ?", [.integer(seq), .text(id)]).int == 1 else { return 0 }
+            var binds: [SQLValue] = [.integer(now), .integer(now), .integer(seq)]
+            if let webhook { binds.append(.text(webhook)) }
+            return try db.run("""
+                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = ?, lease_until = 0, first_attempt_at = NULL, updated_at = ?
+                WHERE seq = ?\(webhook == nil ? "" : " AND webhook = ?")
+                """, binds)
+        }
+    }
+
+    public func replayDeadWebhookDeliveries(webhook: String) throws -> Int {
+        let now = clock.nowMillis()
+        return try write { db in
+            try db.run("""
+                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = ?, lease_until = 0, first_attempt_at = NULL, updated_at = ?
+                WHERE webhook = ? AND state = 'dead'
+                """, [.integer(now), .integer(now), .text(webhook)])
+        }
+    }
+
+    public func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> Int {
+        guard !types.isEmpty, limit > 0 else { return 0 }
+        let typeList = "(" + types.map { "'\($0.rawValue)'" }.joined(separator: ",") + ")"
+        return try write { db in
+            // seq is time-ordered: the oldest events are the lowest rowids.
+            let seqs = try db.query("SELECT seq FROM events WHERE created_at < ? AND type IN \(typeList) ORDER BY seq LIMIT ?",
+                                    [.integer(olderThan), .integer(Int64(limit))]).compactMap { $0[0].int }
+            for seq in seqs {
+                try db.run("DELETE FROM webhook_deliveries WHERE seq = ?", [.integer(seq)])
+                try db.run("DELETE FROM events WHERE seq = ?", [.integer(seq)])
+            }
+            return seqs.count
+        }
+    }
+
+    public func trimWebhookBacklogs(max: Int) throws -> [String: Int] {
+        let names = eventSettings.webhooks.map(\.name)
+        return try write { db in
+            var dropped: [String: Int] = [:]
+            for name in names {
+                let n = Int(try db.scalar("SELECT count(*) FROM webhook_deliveries WHERE webhook = ? AND state = 'pending'", [.text(name)]).int ?? 0)
+                guard n > max else { continue }
+                dropped[name] = try db.run("""
+                    DELETE FROM webhook_deliveries WHERE webhook = ? AND seq IN
+                        (SELECT seq FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' ORDER BY seq LIMIT ?)
+                    """, [.text(name), .text(name), .integer(Int64(n - max))])
+            }
+            return dropped
+        }
+    }
+
+    // MARK: WebhookOutbox (the sender's thread)
+
+    public func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int) throws -> [WebhookDelivery] {
+        guard limit > 0 else { return [] }
+        return try write { db in
+            let rows = try db.query("""
+                SELECT d.attempts, d.first_attempt_at, \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq
+                WHERE d.webhook = ? AND d.state = 'pending' AND d.next_attempt_at <= ? AND d.lease_until <= ? ORDER BY d.seq LIMIT ?
+                """, [.text(webhook), .integer(now), .integer(now), .integer(Int64(limit))])
+            var out: [WebhookDelivery] = []
+            out.reserveCapacity(rows.count)
+            for r in rows {
+                let e = try EventRecord(columns: r, offset: 2)
+                try db.run("UPDATE webhook_deliveries SET lease_until = ? WHERE webhook = ? AND seq = ?",
+                           [.integer(leaseUntil), .text(webhook), .integer(e.sequence)])
+                out.append(WebhookDelivery(event: e.stored, attempts: Int(r[0].int ?? 0), firstAttemptAt: r[1].int))
+            }
+            return out
+        }
+    }
+
+    public func recordWebhookResults(webhook: String, _ results: [(eventID: String, result: WebhookAttemptResult)]) throws {
+        guard !results.isEmpty else { return }
+        let changes = results.compactMap { r in UUIDText.high64(r.eventID.lowercased()).map { (seq: $0, change: WebhookResultChange(r.result)) } }
+        try write { db in
+            for c in changes {
+                try db.run(WebhookResultChange.sqliteUpdate,
+                           [.text(c.change.state.rawValue), .integer(c.change.attemptedAt), .integer(c.change.nextAttemptAt ?? 0),
+                            c.change.error.map { .text($0) } ?? .null, .integer(c.change.attemptedAt), .text(webhook), .integer(c.seq)])
+            }
+        }
+    }
+}
+
+/// What one attempt's result writes to its delivery row (both stores).
+struct WebhookResultChange {
+    var state: WebhookDeliveryState
+    var attemptedAt: Int64
+    /// Only for `retry` (otherwise the row's value is kept).
+    var nextAttemptAt: Int64?
+    var error: String?
+
+    init(_ r: WebhookAttemptResult) {
+        switch r {
+        case .delivered(let at): self.init(state: .delivered, attemptedAt: at, nextAttemptAt: nil, error: nil)
+        case .retry(let attemptedAt, let at, let error): self.init(state: .pending, attemptedAt: attemptedAt, nextAttemptAt: at, error: error)
+        case .dead(let attemptedAt, let error): self.init(state: .dead, attemptedAt: attemptedAt, nextAttemptAt: nil, error: error)
+        }
+    }
+
+    init(state: WebhookDeliveryState, attemptedAt: Int64, nextAttemptAt: Int64?, error: String?) {
+        self.state = state
+        self.attemptedAt = attemptedAt
+        self.nextAttemptAt = nextAttemptAt
+        self.error = error
+    }
+
+    /// Binds: state, attempted at (first attempt), next attempt (0: keep), error, updated at,
+    /// webhook, seq. Only a pending row is changed: a replay or a drop meanwhile wins.
+    static let sqliteUpdate = """
+        UPDATE webhook_deliveries SET state = ?, attempts = attempts + 1, first_attempt_at = coalesce(first_attempt_at, ?),
+            next_attempt_at = CASE WHEN ?3 > 0 THEN ?3 ELSE next_attempt_at END, lease_until = 0, last_error = ?, updated_at = ?
+        WHERE webhook = ? AND seq = ? AND state = 'pending'
+        """
+}
+
+extension WebhookDeliveryRecord {
+    /// deliveryColumns then the event's columns.
+    init(columns c: some StoreColumns) throws {
+        guard let webhook = c.string(0), let state = c.string(1).flatMap(WebhookDeliveryState.init(rawValue:)) else {
+            throw StoreError.invalid("malformed webhook_deliveries row")
+        }
+        self.init(webhook: webhook, state: state, event: try EventRecord(columns: c, offset: 7).stored, attempts: Int(c.int(2) ?? 0),
+                  firstAttemptAt: c.int(3), nextAttemptAt: c.int(4) ?? 0, lastError: c.string(5), updatedAt: c.int(6) ?? 0)
+    }
+}

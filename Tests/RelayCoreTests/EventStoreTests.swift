@@ -1,0 +1,283 @@
+import Foundation
+import Testing
+@testable import RelayCore
+
+/// Delivery events (issue 24) on every backend: written with their outcome, never without it;
+/// the webhook deliveries the sender claims and records; the feed's reads; retention and the
+/// backlog bound.
+@Suite struct EventStoreContractTests {
+    let app = "com.example.app"
+
+    /// A store with one credential, `n` responses claimed (inflight).
+    func claimed(_ s: any OutboxStore, _ n: Int, token: String = String(repeating: "ab", count: 32)) throws -> (secret: String, credentialID: String, rows: [OutboxRow]) {
+        let c = try s.createCredential(name: "c", apps: [app])
+        for i in 0..<n { _ = try s.ingestNow(sample(token: token, index: UInt32(i)), secret: c.secret) }
+        let rows = try s.claimDue(limit: n).sorted { $0.id < $1.id }
+        #expect(rows.count == n)
+        return (c.secret, c.record.id, rows)
+    }
+
+    func body(_ e: StoredEvent) throws -> [String: Any] {
+        try #require(try JSONSerialization.jsonObject(with: Data(e.body)) as? [String: Any])
+    }
+
+    @Test(arguments: StoreBackend.available)
+    func outcomesWriteTheirEventsAndOnlyTerminalOnes(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let (_, cred, rows) = try claimed(s, 4)
+        let t = f.clock.nowMillis()
+        try s.apply([
+            DeliveryUpdate(id: rows[0].id, pushToken: rows[0].pushToken, outcome: .delivered,
+                           attempt: AttemptRecord(responseID: rows[0].id, attemptedAt: t, status: 200, reason: nil)),
+            DeliveryUpdate(id: rows[1].id, pushToken: rows[1].pushToken, outcome: .failed(reason: "BadDeviceToken"),
+                           attempt: AttemptRecord(responseID: rows[1].id, attemptedAt: t, status: 400, reason: "BadDeviceToken")),
+            DeliveryUpdate(id: rows[2].id, pushToken: rows[2].pushToken, outcome: .retry(at: t + 5000, paceTokenUntil: nil),
+                           attempt: AttemptRecord(responseID: rows[2].id, attemptedAt: t, status: 503, reason: "ServiceUnavailable")),
+            DeliveryUpdate(id: rows[3].id, pushToken: rows[3].pushToken, outcome: .requeue, attempt: nil),
+        ])
+        let events = try s.events(credentialID: cred, after: 0, limit: 100)
+        #expect(events.map(\.type) == [.responseDelivered, .responseFailed])
+        #expect(events.map(\.sequence) == events.map(\.sequence).sorted())
+        #expect(events.allSatisfy { UUIDText.isCanonical($0.id) && $0.id.dropFirst(14).first == "7" && $0.credentialID == cred && $0.app == app })
+        let delivered = try body(events[0])
+        #expect(delivered["type"] as? String == "response.delivered")
+        #expect(delivered["timestamp"] as? String == IngestService.iso(t))
+        let d = try #require(delivered["data"] as? [String: Any])
+        #expect(d["id"] as? String == rows[0].id && d["app"] as? String == app && d["pushToken"] as? String == rows[0].pushToken)
+        #expect(d["sessionIdentifier"] as? String == rows[0].sessionIdentifier && d["keyID"] as? String == "AQIDBA==")
+        #expect(d["messageIndex"] as? Int == Int(rows[0].messageIndex) && d["state"] as? String == "delivered" && d["status"] as? Int == 200)
+        #expect(d["reason"] is NSNull && d["attempts"] as? Int == 1)
+        #expect(d["acceptedAt"] as? String == IngestService.iso(rows[0].createdAt) && d["finishedAt"] as? String == IngestService.iso(t))
+        #expect(d["encryptedData"] == nil)
+        let failed = try #require(try body(events[1])["data"] as? [String: Any])
+        #expect(failed["state"] as? String == "failed" && failed["status"] as? Int == 400 && failed["reason"] as? String == "BadDeviceToken")
+        // The body is rendered from columns that never change: the same bytes on every read.
+        #expect(try s.event(id: events[0].id) == events[0])
+        #expect(try s.event(id: events[0].id.uppercased())?.body == events[0].body)
+        #expect(try s.event(id: "not-an-id") == nil)
+        // Applying the same outcome again (the row is no longer inflight) writes nothing.
+        try s.apply([DeliveryUpdate(id: rows[0].id, pushToken: rows[0].pushToken, outcome: .delivered, attempt: nil)])
+        #expect(try s.events(credentialID: cred, after: 0, limit: 100).count == 2)
+        // Paging by sequence.
+        #expect(try s.events(credentialID: cred, after: events[0].sequence, limit: 100) == [events[1]])
+        #expect(try s.events(credentialID: cred, after: 0, limit: 1) == [events[0]])
+        #expect(try s.lastEventSequence() == events[1].sequence)
+    }
+
+    @Test(arguments: StoreBackend.available)
+    func expiryAtClaimAndA410WriteTheirEvents(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: [app])
+        guard case .accepted(let expiring) = try s.ingestNow(sample(token: String(repeating: "cd", count: 32)), secret: c.secret, ttl: 1000) else {
+            Issue.record("not accepted"); return
+        }
+        f.clock.advance(1000)
+        #expect(try s.claimDue(limit: 10).isEmpty)
+        var events = try s.events(credentialID: c.record.id, after: 0, limit: 10)
+        #expect(events.map(\.type) == [.responseFailed])
+        let expired = try #require(try body(events[0])["data"] as? [String: Any])
+        #expect(expired["id"] as? String == expiring && expired["reason"] as? String == "expired" && expired["status"] is NSNull)
+
+        _ = try s.ingestNow(sample(index: 7), secret: c.secret)
+        let row = try s.claimDue(limit: 1)[0]
+        let ts = f.clock.nowMillis() - 3
+        try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: ts),
+                                    attempt: AttemptRecord(responseID: row.id, attemptedAt: f.clock.nowMillis(), status: 410, reason: "Unregistered", apnsTimestamp: ts))])
+        events = try s.events(credentialID: c.record.id, after: events[0].sequence, limit: 10)
+        #expect(events.map(\.type) == [.responseFailed, .tokenUnregistered])
+        let token = try body(events[1])
+        #expect(token["type"] as? String == "token.unregistered")
+        let td = try #require(token["data"] as? [String: Any])
+        #expect(td["pushToken"] as? String == row.pushToken && td["app"] as? String == app && td["unregisteredAt"] as? String == IngestService.iso(ts))
+        #expect(td.count == 3)
+        let failed = try #require(try body(events[0])["data"] as? [String: Any])
+        #expect(failed["status"] as? Int == 410 && failed["reason"] as? String == "Unregistered")
+    }
+
+    /// An event exists if and only if its outcome committed: an event write that fails rolls
+    /// the outcome back with it (the row stays inflight, as after any failed outcome write).
+    @Test(arguments: StoreBackend.available)
+    func aRolledBackOutcomeLeavesNoEventAndAFailedEventNoOutcome(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let (_, cred, rows) = try claimed(s, 1)
+        switch backend {
+        case .sqlite:
+            _ = try f.sql("CREATE TRIGGER refuse_events BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'refused by test'); END")
+        case .postgres:
+            _ = try f.sql("CREATE FUNCTION refuse_events() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused by test'; END $$")
+            _ = try f.sql("CREATE TRIGGER refuse_events BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_events()")
+        }
+        let update = DeliveryUpdate(id: rows[0].id, pushToken: rows[0].pushToken, outcome: .delivered,
+                                    attempt: AttemptRecord(responseID: rows[0].id, attemptedAt: f.clock.nowMillis(), status: 200, reason: nil))
+        #expect(throws: StoreError.self) { try s.apply([update]) }
+        #expect(try s.response(id: rows[0].id)?.state == .inflight)
+        #expect(try s.attempts(responseID: rows[0].id).isEmpty)
+        #expect(try s.events(credentialID: cred, after: 0, limit: 10).isEmpty)
+        _ = try f.sql("DROP TRIGGER refuse_events" + (backend == .postgres ? " ON events" : ""))
+        try s.apply([update])
+        #expect(try s.response(id: rows[0].id)?.state == .delivered)
+        #expect(try s.events(credentialID: cred, after: 0, limit: 10).map(\.type) == [.responseDelivered])
+    }
+
+    @Test(arguments: StoreBackend.available)
+    func anotherCredentialSeesNoneOfTheseEvents(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let (_, cred, rows) = try claimed(s, 1)
+        let other = try s.createCredential(name: "other", apps: [app])
+        try s.apply([DeliveryUpdate(id: rows[0].id, pushToken: rows[0].pushToken, outcome: .delivered, attempt: nil)])
+        #expect(try s.events(credentialID: cred, after: 0, limit: 10).count == 1)
+        #expect(try s.events(credentialID: other.record.id, after: 0, limit: 10).isEmpty)
+        // SQLite walks the events after the cursor (no index by credential): its next read
+        // starts past what it examined. PostgreSQL reads its index: next stays.
+        let page = try s.eventPage(credentialID: other.record.id, after: 0, limit: 10)
+        let expectedNext = backend == .sqlite ? try s.lastEventSequence() : 0
+        #expect(page.events.isEmpty && page.next == expectedNext)
+    }
+
+    @Test(arguments: StoreBackend.available)
+    func webhookDeliveriesAreClaimedLeasedRecordedAndReplayed(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        s.eventSettings = EventStoreSettings(webhooks: [
+            WebhookSubscription(name: "all"),
+            WebhookSubscription(name: "failures", types: [.responseFailed]),
+            WebhookSubscription(name: "elsewhere", apps: ["com.example.other"]),
+        ])
+        let (_, _, rows) = try claimed(s, 3)
+        try s.apply(rows.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: $0 == rows[1] ? .failed(reason: "BadDeviceToken") : .delivered, attempt: nil) })
+        let now = f.clock.nowMillis()
+        #expect(try s.claimWebhookDeliveries(webhook: "elsewhere", now: now, leaseUntil: now + 1000, limit: 10).isEmpty)
+        let failures = try s.claimWebhookDeliveries(webhook: "failures", now: now, leaseUntil: now + 1000, limit: 10)
+        #expect(failures.map(\.event.type) == [.responseFailed])
+        // Oldest event first, each leased: not claimed again until the lease ends.
+        let first = try s.claimWebhookDeliveries(webhook: "all", now: now, leaseUntil: now + 1000, limit: 2)
+        #expect(first.map(\.event.type) == [.responseDelivered, .responseFailed])
+        #expect(first.allSatisfy { $0.attempts == 0 && $0.firstAttemptAt == nil })
+        let rest = try s.claimWebhookDeliveries(webhook: "all", now: now, leaseUntil: now + 1000, limit: 10)
+        #expect(rest.count == 1 && rest[0].event.sequence > first[1].event.sequence)
+        #expect(try s.claimWebhookDeliveries(webhook: "all", now: now + 999, leaseUntil: now + 2000, limit: 10).isEmpty)
+        let again = try s.claimWebhookDeliveries(webhook: "all", now: now + 1000, leaseUntil: now + 2000, limit: 10)
+        #expect(again.map(\.event.id) == (first + rest).map(\.event.id))
+        #expect(again.map(\.event.body) == (first + rest).map(\.event.body))
+
+        let t = now + 1000
+        try s.recordWebhookResults(webhook: "all", [
+            (first[0].event.id, .delivered(at: t)),
+            (first[1].event.id, .retry(attemptedAt: t, at: t + 5000, error: "status 500")),
+            (rest[0].event.id, .dead(attemptedAt: t, error: "timeout")),
+        ])
+        #expect(try s.claimWebhookDeliveries(webhook: "all", now: t + 4999, leaseUntil: t + 6000, limit: 10).isEmpty)
+        let retried = try s.claimWebhookDeliveries(webhook: "all", now: t + 5000, leaseUntil: t + 60_000, limit: 10)
+        #expect(retried.map(\.event.id) == [first[1].event.id])
+        #expect(retried[0].attempts == 1 && retried[0].firstAttemptAt == t)
+
+        #expect(try s.webhookDeliveryCounts()["all"] == [.pending: 1, .dead: 1])
+        #expect(try s.webhookDeliveryCounts()["failures"] == [.pending: 1])
+        let dead = try s.webhookDeliveries(WebhookDeliveryFilter(webhook: "all", state: .dead))
+        #expect(dead.map(\.event.id) == [rest[0].event.id] && dead[0].lastError == "timeout" && dead[0].attempts == 1)
+        #expect(try s.webhookDeliveries(WebhookDeliveryFilter(type: .responseFailed)).map(\.webhook).sorted() == ["all", "failures"])
+
+        // Replay: pending again, due now, same id and body, attempts kept.
+        #expect(try s.replayDeadWebhookDeliveries(webhook: "all") == 1)
+        #expect(try s.replayWebhookDelivery(eventID: first[0].event.id, webhook: "all") == 1)
+        #expect(try s.replayWebhookDelivery(eventID: UUID().uuidString, webhook: nil) == 0)
+        let replayed = try s.claimWebhookDeliveries(webhook: "all", now: t + 6000, leaseUntil: t + 7000, limit: 10)
+        #expect(Set(replayed.map(\.event.id)) == [first[0].event.id, rest[0].event.id])
+        #expect(replayed.first { $0.event.id == rest[0].event.id }?.attempts == 1)
+        #expect(replayed.first { $0.event.id == rest[0].event.id }?.event.body == rest[0].event.body)
+    }
+
+    @Test(arguments: StoreBackend.available)
+    func retentionRemovesEventsWithTheirDeliveriesAndTheBacklogDropsItsOldest(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        s.eventSettings = EventStoreSettings(webhooks: [WebhookSubscription(name: "all")])
+        let (_, cred, rows) = try claimed(s, 4)
+        try s.apply(Array(rows[0..<2]).map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .delivered, attempt: nil) })
+        f.clock.advance(10)
+        let cutoff = f.clock.nowMillis()
+        try s.apply(Array(rows[2..<4]).map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .delivered, attempt: nil) })
+        let all = try s.events(credentialID: cred, after: 0, limit: 10)
+        #expect(all.count == 4)
+        // Only the types asked for, only before the cutoff, at most `limit` per call.
+        #expect(try s.purgeEvents(types: [.responseFailed], olderThan: cutoff, limit: 10) == 0)
+        #expect(try s.purgeEvents(types: [.responseDelivered], olderThan: cutoff, limit: 1) == 1)
+        #expect(try s.purgeEvents(types: [.responseDelivered], olderThan: cutoff, limit: 10) == 1)
+        #expect(try s.events(credentialID: cred, after: 0, limit: 10) == Array(all[2...]))
+        #expect(try s.webhookDeliveryCounts()["all"] == [.pending: 2])
+
+        #expect(try s.trimWebhookBacklogs(max: 5).isEmpty)
+        #expect(try s.trimWebhookBacklogs(max: 1) == ["all": 1])
+        let now = f.clock.nowMillis()
+        #expect(try s.claimWebhookDeliveries(webhook: "all", now: now, leaseUntil: now + 1, limit: 10).map(\.event.id) == [all[3].id])
+        // The events themselves stay (the feed still lists them).
+        #expect(try s.events(credentialID: cred, after: 0, limit: 10).count == 2)
+    }
+
+    @Test(arguments: StoreBackend.available)
+    func eventIDsStayAboveTheStoredOnesAcrossARestart(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        var s = try f.open()
+        let (secret, cred, rows) = try claimed(s, 1)
+        try s.apply([DeliveryUpdate(id: rows[0].id, pushToken: rows[0].pushToken, outcome: .delivered, attempt: nil)])
+        s.close()
+        f.clock.advance(-60_000)   // the clock went back while the relay was down
+        s = try f.open()
+        defer { s.close() }
+        _ = try s.ingestNow(sample(index: 9), secret: secret)
+        let row = try s.claimDue(limit: 1)[0]
+        try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .delivered, attempt: nil)])
+        let events = try s.events(credentialID: cred, after: 0, limit: 10)
+        #expect(events.count == 2 && events[1].sequence > events[0].sequence)
+    }
+
+    /// The sweeper applies store.retention to events as to their rows, and the backlog bound:
+    /// the oldest pending dropped, counted and logged.
+    @Test(arguments: StoreBackend.available)
+    func theRetentionSweeperRemovesOldEventsAndBoundsTheBacklog(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        s.eventSettings = EventStoreSettings(webhooks: [WebhookSubscription(name: "w")], maxBacklogPerWebhook: 2)
+        let (_, cred, rows) = try claimed(s, 4)
+        try s.apply([DeliveryUpdate(id: rows[0].id, pushToken: rows[0].pushToken, outcome: .delivered, attempt: nil),
+                     DeliveryUpdate(id: rows[1].id, pushToken: rows[1].pushToken, outcome: .failed(reason: "BadDeviceToken"), attempt: nil)])
+        f.clock.advance(5000)
+        try s.apply(Array(rows[2...]).map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .delivered, attempt: nil) })
+        let logger = RelayLogger(capture: true)
+        let sweeper = RetentionSweeper(store: s, policy: RetentionPolicy(deliveredSeconds: 4, failedSeconds: 3600), clock: f.clock, logger: logger, batch: 1)
+        sweeper.sweepOnce()
+        // The old delivered event went (its row too); the failed one is kept for an hour.
+        let left = try s.events(credentialID: cred, after: 0, limit: 10)
+        #expect(left.map(\.type) == [.responseFailed, .responseDelivered, .responseDelivered])
+        // Three pending for "w" over a bound of two: the oldest dropped.
+        #expect(try s.webhookDeliveryCounts()["w"] == [.pending: 2])
+        let now = f.clock.nowMillis()
+        #expect(try s.claimWebhookDeliveries(webhook: "w", now: now, leaseUntil: now + 1, limit: 10).map(\.event.id) == Array(left[1...]).map(\.id))
+        var r = PrometheusRegistry()
+        sweeper.collectMetrics(into: &r)
+        let text = r.render()
+        #expect(text.contains("relay_webhook_backlog_dropped_total{webhook=\"w\"} 1"))
+        #expect(text.contains("relay_events_removed_total 1"))
+        #expect(logger.capturedLines.contains { $0.contains("webhook backlog over events.maxBacklogPerWebhook") })
+    }
+
+    @Test func cursorsRoundTripAndRefuseAnythingElse() {
+        for v: Int64 in [0, 1, 255, 1 << 40, .max] {
+            #expect(EventCursor.decode(EventCursor.encode(v)) == v)
+        }
+        for bad in ["", "abc", "AAAAAAAAAAA=", "AAAAAAAAAAAA", "gAAAAAAAAAA", "AAAAAAAAAA!", "AAAAAAAAAAB"] {
+            #expect(EventCursor.decode(bad) == nil, "\(bad)")
+        }
+    }
+}
