@@ -86,6 +86,28 @@ public struct RelayConfig: Sendable, Equatable {
         /// An `http://` custom URL to a host other than loopback is refused unless this is set.
         public var allowInsecureTransport = false
     }
+    /// One `events.webhooks` entry (docs/events.md, "Webhooks").
+    public struct Webhook: Sendable, Equatable {
+        public var name: String
+        public var url: String
+        /// One or two lines `whsec_<base64>` (two while rotating: both sign every attempt).
+        public var secretFile: String
+        public var types: Set<EventType> = Set(EventType.allCases)
+        /// nil: every app.
+        public var apps: Set<String>?
+        public var caFile: String?
+        public var timeoutMillis = 10_000
+        public var retryForSeconds = 86_400
+        public var maxConcurrent = 8
+        public var allowInsecureTransport = false
+
+        /// What the store needs to fan events out to this webhook.
+        public var subscription: WebhookSubscription { WebhookSubscription(name: name, types: types, apps: apps) }
+    }
+    public struct Events: Sendable, Equatable {
+        public var webhooks: [Webhook] = []
+        public var subscriptions: [WebhookSubscription] { webhooks.map(\.subscription) }
+    }
     public struct Log: Sendable, Equatable {
         public var format = RelayLogger.Format.json
         public var level = RelayLogger.Level.info
@@ -99,6 +121,7 @@ public struct RelayConfig: Sendable, Equatable {
     public var dispatch = Dispatch()
     public var apps: [App] = []
     public var log = Log()
+    public var events = Events()
     public var watchdog = true
 
     public init() {}
@@ -130,7 +153,7 @@ public struct RelayConfig: Sendable, Equatable {
         }
         var r = ConfigReader(root, path: "", base: baseDirectory)
         var c = RelayConfig()
-        try r.object(allowed: ["listen", "admin", "store", "ingest", "dispatch", "apps", "log", "watchdog"])
+        try r.object(allowed: ["listen", "admin", "store", "ingest", "dispatch", "apps", "log", "events", "watchdog"])
         if var l = try r.child("listen") {
             try l.object(allowed: ["host", "port", "tls", "proxyProtocol"])
             c.listen.host = try l.string("host") ?? c.listen.host
@@ -320,6 +343,10 @@ public struct RelayConfig: Sendable, Equatable {
                 c.log.level = v
             }
         }
+        if var e = try r.child("events") {
+            try e.object(allowed: ["webhooks"])
+            c.events.webhooks = try Self.parseWebhooks(try e.array("webhooks") ?? [], apps: Set(c.apps.map(\.bundleID)))
+        }
         c.watchdog = try r.bool("watchdog") ?? true
         if c.listen.proxyProtocol && c.ingest.trustedProxies.isEmpty {
             throw ConfigError(key: "ingest.trustedProxies", message: "required when listen.proxyProtocol is true: the load balancers' addresses (CIDR)")
@@ -343,6 +370,10 @@ public struct RelayConfig: Sendable, Equatable {
         if let tls = listen.tls {
             files += [("listen.tls.certificate", tls.certificatePath), ("listen.tls.privateKey", tls.privateKeyPath)]
             if let ca = tls.clientCAPath { files.append(("listen.tls.clientCA", ca)) }
+        }
+        for (i, webhook) in events.webhooks.enumerated() {
+            files.append(("events.webhooks[\(i)].secretFile", webhook.secretFile))
+            if let ca = webhook.caFile { files.append(("events.webhooks[\(i)].caFile", ca)) }
         }
         for (i, app) in apps.enumerated() {
             if let ca = app.caFile { files.append(("apps[\(i)].caFile", ca)) }
