@@ -104,7 +104,10 @@ final class WebhookTransport: @unchecked Sendable {
         set(ccurld_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, request.timeoutMillis))
         set(ccurld_setopt_long(easy, CURLOPT_NOSIGNAL, 1))
         set(ccurld_setopt_long(easy, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_2TLS)))
-        set(ccurld_setopt_long(easy, CURLOPT_PIPEWAIT, 1))
+        // Over TLS, wait for the first connection's ALPN: if it says h2, every transfer shares it.
+        // Cleartext is HTTP/1.1 (2TLS), where waiting would serialise transfers behind one
+        // connection until its first answer.
+        if request.url.hasPrefix("https://") { set(ccurld_setopt_long(easy, CURLOPT_PIPEWAIT, 1)) }
         if let ca = request.caFile { set(ccurld_setopt_string(easy, CURLOPT_CAINFO, ca)) }
         set(ccurld_setopt_callback(easy, CURLOPT_WRITEFUNCTION) { _, size, count, context in
             // Counted and dropped; past the bound, returning 0 ends the transfer (the status
