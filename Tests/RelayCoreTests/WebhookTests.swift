@@ -291,3 +291,69 @@ import TestSupport
         #expect(outbox.snapshot("hook").allSatisfy { $0.state == .pending && $0.attempts == 0 })
     }
 }
+
+/// The sender's signatures checked by an independent implementation: Python `standardwebhooks`
+/// (the reference library) in scripts/webhook-receiver.py, from a throwaway venv under .build.
+/// Skipped, with a message, without python3 or when the package index cannot be reached.
+@Suite(.serialized) struct WebhookCrossCheckTests {
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../..").standardized.path
+
+    static func run(_ tool: String, _ arguments: [String]) throws -> (status: Int32, output: String) {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: tool)
+        p.arguments = arguments
+        p.currentDirectoryURL = URL(fileURLWithPath: root)
+        let pipe = Pipe()
+        p.standardOutput = pipe
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return (p.terminationStatus, String(decoding: data, as: UTF8.self))
+    }
+
+    @Test func pythonStandardWebhooksVerifiesEveryAttempt() throws {
+        let venv = try Self.run("/bin/bash", ["-c", "source scripts/lib-webhooks-venv.sh && webhooks_venv_python"])
+        guard venv.status == 0, let python = venv.output.split(separator: "\n").last.map(String.init) else {
+            print("webhook cross-check: skipped (no python3, or standardwebhooks could not be installed: offline?)")
+            return
+        }
+        let dir = TempDir()
+        let secrets = [makeWebhookSecretText(21), makeWebhookSecretText(22)]
+        try (secrets.joined(separator: "\n") + "\n").write(toFile: dir.path + "/secret", atomically: true, encoding: .utf8)
+        let receiver = Process()
+        receiver.executableURL = URL(fileURLWithPath: Self.root + "/" + python)
+        receiver.arguments = [Self.root + "/scripts/webhook-receiver.py", "--secret-file", dir.path + "/secret", "--port", "0",
+                              "--record", dir.path + "/record.jsonl", "--fail-first", "3"]
+        FileManager.default.createFile(atPath: dir.path + "/stdout", contents: nil)
+        receiver.standardOutput = FileHandle(forWritingAtPath: dir.path + "/stdout")
+        try receiver.run()
+        // SIGKILL: the test runner's threads block SIGTERM, and a spawned child inherits the mask.
+        defer { kill(receiver.processIdentifier, SIGKILL); receiver.waitUntilExit() }
+        var port: Int?
+        #expect(eventually(20) {
+            let text = (try? String(contentsOfFile: dir.path + "/stdout", encoding: .utf8)) ?? ""
+            port = text.split(separator: "\n").first.flatMap { $0.split(separator: ":").last }.flatMap { Int($0) }
+            return port != nil
+        })
+        guard let port else { return }
+
+        let outbox = InMemoryWebhookOutbox(webhooks: ["hook"])
+        let events = EventType.allCases.flatMap { type in (0..<4).map { _ in outbox.add(type: type) } }
+        let sender = WebhookSender(endpoints: [.init(name: "hook", url: "http://127.0.0.1:\(port)/hook", secrets: try secrets.map { try WebhookSecret(parsing: $0) },
+                                                     retry: WebhookRetryPolicy(baseMillis: 20, capMillis: 200, retryForMillis: 60_000, pauseCapMillis: 100))],
+                                   outbox: outbox, metrics: WebhookMetrics(), logger: RelayLogger(minimum: .error, capture: true), idlePollMillis: 50)
+        try sender.start()
+        defer { sender.stop(grace: .seconds(1)) }
+        #expect(eventually(30) { outbox.snapshot("hook").allSatisfy { $0.state == .delivered } })
+
+        struct Line: Decodable { var id: String; var type: String?; var verified: [Bool] }
+        let lines = try String(contentsOfFile: dir.path + "/record.jsonl", encoding: .utf8).split(separator: "\n")
+            .map { try JSONDecoder().decode(Line.self, from: Data($0.utf8)) }
+        #expect(lines.count >= events.count + 3, "3 answered 500, then each event once at least")
+        #expect(Set(lines.map(\.id)) == Set(events.map(\.id)), "unknown or missing ids")
+        #expect(lines.allSatisfy { $0.verified == [true, true] }, "standardwebhooks refused a signature: \(lines.filter { $0.verified != [true, true] })")
+        let types = Dictionary(uniqueKeysWithValues: events.map { ($0.id, $0.type.rawValue) })
+        #expect(lines.allSatisfy { types[$0.id] == $0.type })
+    }
+}
