@@ -16,6 +16,7 @@ public final class RelayService: @unchecked Sendable {
     public let config: RelayConfig
     public let logger: RelayLogger
     public let metrics = RelayMetrics()
+    public let webhookMetrics: WebhookMetrics
     private let makeTransport: @Sendable (RelayConfig.App, RelayConfig) throws -> any PushTransport
 
     public private(set) var store: (any OutboxStore)?
@@ -44,6 +45,7 @@ public final class RelayService: @unchecked Sendable {
         self.config = config
         self.logger = logger
         self.makeTransport = makeTransport
+        webhookMetrics = WebhookMetrics(webhooks: config.events.webhooks.map(\.name))
     }
 
     public var ingestPort: Int { ingestServer?.localPort ?? 0 }
@@ -98,6 +100,19 @@ public final class RelayService: @unchecked Sendable {
         let retention = RetentionSweeper(store: store, policy: c.store.retention, logger: logger)
         try running.start(retention)
         self.retention = retention
+        // Delivery events to the configured webhooks (docs/events.md): the sender's own thread,
+        // stopped before the store closes. TODO(issue 24, coordinator): the store implements
+        // WebhookOutbox on the events-store branch (and takes `c.events.subscriptions` for its
+        // fan-out when it opens); until it does, a config with webhooks refuses to start here
+        // rather than accept events it cannot send.
+        if !c.events.webhooks.isEmpty {
+            guard let outbox = store as? any WebhookOutbox else {
+                throw StartupError(key: "events.webhooks", underlying: ConfigError(key: "", message: "this store does not keep delivery events yet"))
+            }
+            // Secret file errors name their key (events.webhooks[i].secretFile) already.
+            let sender = try WebhookSender(configuration: c, outbox: outbox, metrics: webhookMetrics, logger: logger)
+            try naming("events.webhooks") { try running.start(sender, grace: .seconds(2)) }
+        }
         let workers = WorkerPool(name: "relay-reader", threads: 2)
         running.adopt(StopAction { _ in workers.close() })
 
@@ -195,6 +210,7 @@ public final class RelayService: @unchecked Sendable {
         if let s = ingestServer { listeners.append(("ingest", s.metrics)) }
         if let s = adminServer { listeners.append(("admin", s.metrics)) }
         r.collectHTTP(listeners)
+        webhookMetrics.collect(into: &r)
         // Exported without TLS too (zeros), so one alert rule covers every node.
         let t = tlsReloads.withLock { $0 }
         r.declare("relay_tls_reloads_total", .counter,
