@@ -40,9 +40,10 @@ public final class WebhookMetrics: Sendable {
         state.withLock { s in s.webhooks[webhook].map { ($0.sent, $0.failedAttempts, $0.dead) } ?? (0, 0, 0) }
     }
 
+    /// Every family is declared even without webhooks (no samples then), so the alert rules'
+    /// names are on every relay's page (RelayctlLiveRelayTests checks them).
     public func collect(into r: inout PrometheusRegistry) {
         let s = state.withLock { $0 }
-        guard !s.webhooks.isEmpty else { return }
         let sorted = s.webhooks.sorted { $0.key < $1.key }
         r.declare("relay_webhook_events_sent_total", .counter, help: "Events a webhook answered 2xx.")
         for (name, w) in sorted { r.sample("relay_webhook_events_sent_total", ["webhook": name], w.sent) }
@@ -52,11 +53,8 @@ public final class WebhookMetrics: Sendable {
         for (name, w) in sorted { r.sample("relay_webhook_events_dead_total", ["webhook": name], w.dead) }
         r.declare("relay_webhook_consecutive_failures", .gauge, help: "Attempts in a row a webhook has not answered 2xx (0 while it accepts).")
         for (name, w) in sorted { r.sample("relay_webhook_consecutive_failures", ["webhook": name], w.failing) }
-        let counted = sorted.filter { $0.value.backlog != nil }
-        if !counted.isEmpty {
-            r.declare("relay_webhook_backlog", .gauge, help: "Events pending for a webhook (not yet delivered or dead).")
-            for (name, w) in counted { r.sample("relay_webhook_backlog", ["webhook": name], w.backlog ?? 0) }
-        }
+        r.declare("relay_webhook_backlog", .gauge, help: "Events pending for a webhook (not yet delivered or dead), as the store counts them.")
+        for (name, w) in sorted { if let n = w.backlog { r.sample("relay_webhook_backlog", ["webhook": name], n) } }
         r.histogram("relay_webhook_delivery_seconds", help: "Time from an event's creation to its webhook's 2xx answer.", s.latency)
     }
 }
