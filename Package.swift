@@ -94,7 +94,7 @@ let package = Package(
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "TestSupport"]),
         .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs", "TestSupport"]),
         .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs", "KeyExchange", "Ratchet"]),
-        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "MockAPNs", "Ratchet", "POSIXThreads", "TestSupport", "CSQLiteFault"]),
+        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "HTTPServer", "PushClient", "MockAPNs", "Ratchet", "POSIXThreads", "TestSupport", "CSQLiteFault"]),
         .testTarget(name: "IntegrationTests", dependencies: ["BuildInfo", "Ratchet", "RelayCore", "TestSupport"], exclude: ["Golden"]),
     ],
     swiftLanguageModes: [.v6]
