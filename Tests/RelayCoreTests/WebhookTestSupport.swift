@@ -18,6 +18,7 @@ final class InMemoryWebhookOutbox: WebhookOutbox, @unchecked Sendable {
         var nextAttemptAt: Int64 = 0
         var leaseUntil: Int64 = 0
         var lastError: String?
+        var errors: [String] = []
         var deadAttemptedAt: Int64?
         var deliveredAt: Int64?
     }
@@ -66,11 +67,13 @@ final class InMemoryWebhookOutbox: WebhookOutbox, @unchecked Sendable {
                 r.firstAttemptAt = r.firstAttemptAt ?? attemptedAt
                 r.nextAttemptAt = at
                 r.lastError = error
+                r.errors.append(error)
             case .dead(let attemptedAt, let error):
                 r.firstAttemptAt = r.firstAttemptAt ?? attemptedAt
                 r.state = .dead
                 r.deadAttemptedAt = attemptedAt
                 r.lastError = error
+                r.errors.append(error)
             }
             rows[webhook]![i] = r
         }
