@@ -2,6 +2,7 @@
 // the back-off table, `events.webhooks` config errors, and the sender against a loopback receiver
 // with faults (500s, no answer, connection refused, redirects) and an in-memory outbox.
 import Foundation
+import Synchronization
 import Testing
 import TestSupport
 @testable import RelayCore
@@ -276,6 +277,32 @@ import TestSupport
         #expect(eventually(30) { outbox.snapshot("hook").allSatisfy { $0.state == .delivered } })
         #expect(receiver.requests.map(\.id) == events.map(\.id))
         #expect(receiver.connectionsAccepted == 1)
+    }
+
+    /// The wall clock stepped back an hour while the receiver fails: probes go on at their pace
+    /// instead of waiting for the clock to catch up.
+    @Test func aClockSteppedBackDoesNotStallTheSender() throws {
+        final class SteppedClock: RelayClock {
+            let offset = Mutex<Int64>(0)
+            func nowMillis() -> Int64 { SystemRelayClock().nowMillis() + offset.withLock { $0 } }
+        }
+        let receiver = try WebhookTestReceiver(secrets: Self.secrets) { _ in .status(503) }
+        defer { receiver.close() }
+        let outbox = InMemoryWebhookOutbox(webhooks: ["hook"])
+        for _ in 0..<3 { outbox.add() }
+        let clock = SteppedClock()
+        let sender = WebhookSender(endpoints: [.init(name: "hook", url: receiver.url, secrets: Self.secrets,
+                                                     retry: WebhookRetryPolicy(baseMillis: 20, capMillis: 100, retryForMillis: 3_600_000_000, pauseCapMillis: 50))],
+                                   outbox: outbox, metrics: WebhookMetrics(), logger: RelayLogger(minimum: .error, capture: true), clock: clock, idlePollMillis: 50)
+        try sender.start()
+        defer { sender.stop(grace: .seconds(1)) }
+        #expect(eventually(10) { receiver.requests.count >= 3 })
+        clock.offset.withLock { $0 = -3_600_000 }
+        // The first events' retries are now due an hour ahead (the store's times); new events are
+        // due at once, and the sender, its receiver pause computed on the old clock, must still
+        // claim them (one probe at a time, oldest due first).
+        let fresh = Set((0..<3).map { _ in outbox.add().id })
+        #expect(eventually(10) { receiver.requests.contains { fresh.contains($0.id) } }, "no attempt after the clock stepped back")
     }
 
     @Test func stopsPromptlyWithAttemptsHanging() throws {

@@ -140,7 +140,11 @@ public final class WebhookSender: Lifecycle, Sendable {
                 for i in states.indices where states[i].consecutiveFailures == 0 { states[i].nextClaimAt = 0 }
             }
             if stopDeadline == nil {
-                for i in endpoints.indices { claim(i, &states[i], transport, now: now, nextKey: &nextKey) }
+                for i in endpoints.indices {
+                    // A wall clock stepped back must not postpone claims by the size of the step.
+                    states[i].nextClaimAt = min(states[i].nextClaimAt, now + maxClaimDelay(i))
+                    claim(i, &states[i], transport, now: now, nextKey: &nextKey)
+                }
             }
             for (key, outcome) in transport.perform() {
                 now = clock.nowMillis()
@@ -163,6 +167,11 @@ public final class WebhookSender: Lifecycle, Sendable {
             if wait > 0 || transport.inFlight > 0 { transport.poll(timeoutMillis: Int(wait)) }
         }
         for i in endpoints.indices { record(i, &states[i]) }
+    }
+
+    /// The longest a claim is ever put off: the idle poll or the receiver pause's cap.
+    private func maxClaimDelay(_ i: Int) -> Int64 {
+        max(Int64(idlePollMillis), endpoints[i].retry.pauseCapMillis)
     }
 
     /// A failing receiver gets one probe at a time.
