@@ -107,7 +107,7 @@ enum UUIDv7Text {
 /// and checks its Standard Webhooks signature against each of `secrets`.
 final class WebhookTestReceiver: @unchecked Sendable {
     // @unchecked Sendable: mutable state only under `lock`; the listener fd is closed once.
-    enum Action { case status(Int), noAnswer, redirect(String) }
+    enum Action { case status(Int), noAnswer, redirect(String), largeBody(status: Int, bytes: Int) }
     struct Received {
         var id: String
         var timestamp: String
@@ -204,6 +204,7 @@ final class WebhookTestReceiver: @unchecked Sendable {
             switch decide(number) {
             case .status(let status): answer = "HTTP/1.1 \(status) X\r\nContent-Length: 2\r\n\r\nok"
             case .redirect(let location): answer = "HTTP/1.1 302 Found\r\nLocation: \(location)\r\nContent-Length: 0\r\n\r\n"
+            case .largeBody(let status, let bytes): answer = "HTTP/1.1 \(status) X\r\nContent-Length: \(bytes)\r\n\r\n" + String(repeating: "x", count: bytes)
             case .noAnswer:
                 // Holds the connection until the sender gives up on it and closes it.
                 while fill() {}

@@ -305,6 +305,21 @@ import TestSupport
         #expect(eventually(10) { receiver.requests.contains { fresh.contains($0.id) } }, "no attempt after the clock stepped back")
     }
 
+    /// A receiver answering with a large body: 4 KiB of it are read, the rest is not, and the
+    /// status still decides (2xx delivered, 500 retried).
+    @Test func largeAnswerBodiesAreCutAndTheStatusCounts() throws {
+        let receiver = try WebhookTestReceiver(secrets: Self.secrets) { n in .largeBody(status: n == 0 ? 500 : 200, bytes: 1 << 20) }
+        defer { receiver.close() }
+        let outbox = InMemoryWebhookOutbox(webhooks: ["hook"])
+        let events = (0..<3).map { _ in outbox.add() }
+        let sender = Self.sender(receiver.url, outbox, metrics: WebhookMetrics(), maxConcurrent: 1)
+        try sender.start()
+        defer { sender.stop(grace: .seconds(1)) }
+        #expect(eventually(30) { outbox.snapshot("hook").allSatisfy { $0.state == .delivered } })
+        #expect(outbox.snapshot("hook").flatMap(\.errors) == ["HTTP 500"])
+        #expect(Set(receiver.requests.map(\.id)) == Set(events.map(\.id)))
+    }
+
     @Test func stopsPromptlyWithAttemptsHanging() throws {
         let receiver = try WebhookTestReceiver(secrets: Self.secrets) { _ in .noAnswer }
         defer { receiver.close() }
