@@ -27,6 +27,11 @@ let package = Package(
         .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
         .systemLibrary(name: "CPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
 
+        // libcurl through dlopen for RelayCore's webhook sender: loaded only when webhooks are
+        // configured, so relay-server still does not link it (LinkageTests). Headers only from
+        // libcurl4-openssl-dev.
+        .target(name: "CCurlLoader"),
+
         // MARK: Libraries
         // Hex, base64, UUID text, JSON string escaping and tokens, RFC 3339 times, write-all, files created
         // without following symbolic links (DurableFile): once, no Foundation, no C.
@@ -59,8 +64,9 @@ let package = Package(
         // A blocking HTTP client on libcurl, http/https only, no redirects, bounded replies (relayctl's
         // accessory simulator; relay-server does not link it).
         .target(name: "HTTPClient", dependencies: ["CCurl"]),
-        // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API.
-        .target(name: "RelayCore", dependencies: ["Basics", "BuildInfo", "HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "OpenSSLSupport"]),
+        // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API,
+        // delivery events' webhook sender.
+        .target(name: "RelayCore", dependencies: ["Basics", "BuildInfo", "HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "OpenSSLSupport", "CCurlLoader"]),
 
         // MARK: Executables (thin: parse arguments, start a service)
         .executableTarget(name: "relay-server", dependencies: ["Basics", "BuildInfo", "RelayCore"], path: "Sources/RelayServer"),
@@ -88,7 +94,7 @@ let package = Package(
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "TestSupport"]),
         .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs", "TestSupport"]),
         .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs", "KeyExchange", "Ratchet"]),
-        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "PushClient", "MockAPNs", "Ratchet", "POSIXThreads", "TestSupport", "CSQLiteFault"]),
+        .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "HTTPServer", "PushClient", "MockAPNs", "Ratchet", "POSIXThreads", "TestSupport", "CSQLiteFault"]),
         .testTarget(name: "IntegrationTests", dependencies: ["BuildInfo", "Ratchet", "RelayCore", "TestSupport"], exclude: ["Golden"]),
     ],
     swiftLanguageModes: [.v6]

@@ -71,6 +71,10 @@ do {
 if let unreadable = config.unreadableFile() {
     fail("invalid configuration \(configPath): \(unreadable)", code: 1)
 }
+// Webhook secret files hold one or two whsec_ lines (the error names the key, never the secret).
+for i in config.events.webhooks.indices {
+    do { _ = try config.webhookSecrets(i) } catch { fail("invalid configuration \(configPath): \(error)", code: 1) }
+}
 let warnings = config.warnings(configPath: configPath)
 if checkOnly {
     for w in warnings { output("relay-server: warning: \(w)\n", to: 2) }

@@ -94,6 +94,31 @@ struct RelayctlCheckConfigTests {
         #expect(bad.contains { $0.status == "fail" && $0.subject.hasSuffix("certificate") && $0.detail.contains("wrong passphrase") }, "\(bad)")
     }
 
+    /// events.webhooks: the secret file's lines and the CA file, each named; relay-server
+    /// --check-config refuses a bad secret too, without printing it.
+    @Test func webhookSecretsAndCAAreChecked() throws {
+        let good = "whsec_" + Data(repeating: 7, count: 32).base64EncodedString()
+        try "\(good)\n\(good)\n".write(to: dir.appendingPathComponent("rotating.secret"), atomically: true, encoding: .utf8)
+        try "whsec_c2hvcnQ=\n".write(to: dir.appendingPathComponent("short.secret"), atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let config = try write("""
+        {"admin": {"enabled": false}, "store": {"path": "relay.db"},
+         "apps": [{"bundleID": "com.example.companion", "environment": "sandbox",
+                   "token": {"p8Path": "AuthKey.p8", "keyID": "ABC123DEFG", "teamID": "DEF123GHIJ"}}],
+         "events": {"webhooks": [{"name": "backend", "url": "https://hooks.example.com/relay", "secretFile": "rotating.secret", "caFile": "good.pem"},
+                                 {"name": "other", "url": "https://other.example.com/relay", "secretFile": "short.secret", "caFile": "good.key"}]}}
+        """)
+        let all = try checks(try Relayctl.run(["check-config", config, "--json", "--skip-ports"]))
+        #expect(all.contains { $0.status == "ok" && $0.subject == "events.webhooks[0]" && $0.detail.contains("2 secrets") }, "\(all)")
+        #expect(all.contains { $0.status == "ok" && $0.subject == "events.webhooks[0].caFile" && $0.detail.contains("relay.example") }, "\(all)")
+        #expect(all.contains { $0.status == "fail" && $0.subject == "events.webhooks[1].secretFile" && $0.detail.contains("at least 24") }, "\(all)")
+        #expect(all.contains { $0.status == "fail" && $0.subject == "events.webhooks[1].caFile" }, "\(all)")
+        #expect(!all.contains { $0.detail.contains("c2hvcnQ") || $0.detail.contains(String(good.dropFirst(6))) })
+        let server = try Relayctl.runTool(relayBinary("relay-server"), ["--check-config", "--config", config])
+        #expect(server.status == 1 && server.output.contains("events.webhooks[1].secretFile"), "\(server.output)")
+        #expect(!server.output.contains("c2hvcnQ"))
+    }
+
     @Test func everyProblemIsNamed() throws {
         let busy = try LoopbackListener(backlog: 1)
         let config = try write("""

@@ -30,13 +30,17 @@ public final class LoopbackListener: @unchecked Sendable {
     public let port: Int
     private var closed = false
 
-    public init(backlog: Int32 = 16) throws {
+    /// `port` 0: an ephemeral one. A given port (one found free earlier) is bound with
+    /// SO_REUSEADDR, for tests where nothing listens on it at first.
+    public init(port: Int = 0, backlog: Int32 = 16) throws {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw LoopbackSocketError(description: "socket: errno \(errno)") }
+        var one: Int32 = 1
+        if port != 0 { setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size)) }
         var addr = sockaddr_in()
         addr.sin_family = sa_family_t(AF_INET)
         addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        addr.sin_port = 0
+        addr.sin_port = UInt16(port).bigEndian
         var len = socklen_t(MemoryLayout<sockaddr_in>.size)
         let ok = withUnsafeMutablePointer(to: &addr) { p in
             p.withMemoryRebound(to: sockaddr.self, capacity: 1) { sp -> Bool in
@@ -49,7 +53,7 @@ public final class LoopbackListener: @unchecked Sendable {
             throw LoopbackSocketError(description: "cannot listen on 127.0.0.1: errno \(e)")
         }
         self.fd = fd
-        port = Int(UInt16(bigEndian: addr.sin_port))
+        self.port = Int(UInt16(bigEndian: addr.sin_port))
     }
 
     public func close() {

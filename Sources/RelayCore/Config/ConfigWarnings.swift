@@ -23,6 +23,12 @@ extension RelayConfig {
                 out.append(ConfigError(key: "apps[\(i)].url", message: "\(url) is cleartext (allowInsecureTransport): the APNs token and every push cross the network unencrypted"))
             }
         }
+        for (i, webhook) in events.webhooks.enumerated() {
+            secrets.append(("events.webhooks[\(i)].secretFile", webhook.secretFile))
+            if webhook.url.hasPrefix("http://"), !Self.isLoopbackHost(Self.urlHost(webhook.url)) {
+                out.append(ConfigError(key: "events.webhooks[\(i)].url", message: "\(webhook.url) is cleartext (allowInsecureTransport): every event crosses the network unencrypted"))
+            }
+        }
         for s in secrets {
             if let exposure = Self.exposure(of: s.path) { out.append(ConfigError(key: s.key, message: "\(s.path) \(exposure)")) }
         }

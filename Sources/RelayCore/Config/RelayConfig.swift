@@ -94,6 +94,33 @@ public struct RelayConfig: Sendable, Equatable {
         /// An `http://` custom URL to a host other than loopback is refused unless this is set.
         public var allowInsecureTransport = false
     }
+    /// One `events.webhooks` entry (docs/events.md, "Webhooks").
+    public struct Webhook: Sendable, Equatable {
+        public var name: String
+        public var url: String
+        /// One or two lines `whsec_<base64>` (two while rotating: both sign every attempt).
+        public var secretFile: String
+        public var types: Set<EventType> = Set(EventType.allCases)
+        /// nil: every app.
+        public var apps: Set<String>?
+        public var caFile: String?
+        public var timeoutMillis = 10_000
+        public var retryForSeconds = 86_400
+        public var maxConcurrent = 8
+        public var allowInsecureTransport = false
+
+        /// What the store needs to fan events out to this webhook.
+        public var subscription: WebhookSubscription { WebhookSubscription(name: name, types: types, apps: apps) }
+    }
+    /// `events`: delivery events (docs/events.md). The webhooks (`events.webhooks`) are the
+    /// sender's configuration and the store's fan-out; the store reads the backlog bound.
+    public struct Events: Sendable, Equatable {
+        public var webhooks: [Webhook] = []
+        public var subscriptions: [WebhookSubscription] { webhooks.map(\.subscription) }
+        /// `events.maxBacklogPerWebhook`: pending deliveries a webhook may have before the oldest
+        /// are dropped (counted in relay_webhook_backlog_dropped_total, logged as an error).
+        public var maxBacklogPerWebhook = EventStoreSettings.defaultMaxBacklogPerWebhook
+    }
     public struct Log: Sendable, Equatable {
         public var format = RelayLogger.Format.json
         public var level = RelayLogger.Level.info
@@ -107,16 +134,8 @@ public struct RelayConfig: Sendable, Equatable {
     public var dispatch = Dispatch()
     public var apps: [App] = []
     public var log = Log()
-    public var watchdog = true
     public var events = Events()
-
-    /// `events`: delivery events (docs/events.md). The webhooks (`events.webhooks`) are the
-    /// sender's configuration; the store reads the backlog bound.
-    public struct Events: Sendable, Equatable {
-        /// `events.maxBacklogPerWebhook`: pending deliveries a webhook may have before the oldest
-        /// are dropped (counted in relay_webhook_backlog_dropped_total, logged as an error).
-        public var maxBacklogPerWebhook = EventStoreSettings.defaultMaxBacklogPerWebhook
-    }
+    public var watchdog = true
 
     public init() {}
 
@@ -348,6 +367,7 @@ public struct RelayConfig: Sendable, Equatable {
         c.watchdog = try r.bool("watchdog") ?? true
         if var e = try r.child("events") {
             try e.object(allowed: ["webhooks", "maxBacklogPerWebhook"])
+            c.events.webhooks = try Self.parseWebhooks(try e.array("webhooks") ?? [], apps: Set(c.apps.map(\.bundleID)))
             if let n = try e.nonNegative("maxBacklogPerWebhook", max: 1_000_000_000) {
                 guard n > 0 else { throw ConfigError(key: "events.maxBacklogPerWebhook", message: "must be at least 1") }
                 c.events.maxBacklogPerWebhook = Int(n)
@@ -375,6 +395,10 @@ public struct RelayConfig: Sendable, Equatable {
         if let tls = listen.tls {
             files += [("listen.tls.certificate", tls.certificatePath), ("listen.tls.privateKey", tls.privateKeyPath)]
             if let ca = tls.clientCAPath { files.append(("listen.tls.clientCA", ca)) }
+        }
+        for (i, webhook) in events.webhooks.enumerated() {
+            files.append(("events.webhooks[\(i)].secretFile", webhook.secretFile))
+            if let ca = webhook.caFile { files.append(("events.webhooks[\(i)].caFile", ca)) }
         }
         for (i, app) in apps.enumerated() {
             if let ca = app.caFile { files.append(("apps[\(i)].caFile", ca)) }

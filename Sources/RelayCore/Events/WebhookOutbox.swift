@@ -91,4 +91,11 @@ public protocol WebhookOutbox: AnyObject, Sendable {
     func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int) throws -> [WebhookDelivery]
     /// Records attempts made on claimed deliveries (one transaction).
     func recordWebhookResults(webhook: String, _ results: [(eventID: String, result: WebhookAttemptResult)]) throws
+    /// How many deliveries of `webhook` are pending (due or not, leased or not), for the
+    /// `relay_webhook_backlog` gauge; nil when the store does not count them (the default).
+    func pendingWebhookDeliveries(webhook: String) throws -> Int?
+}
+
+extension WebhookOutbox {
+    public func pendingWebhookDeliveries(webhook: String) throws -> Int? { nil }
 }

@@ -16,6 +16,7 @@ public final class RelayService: @unchecked Sendable {
     public let config: RelayConfig
     public let logger: RelayLogger
     public let metrics = RelayMetrics()
+    public let webhookMetrics: WebhookMetrics
     private let makeTransport: @Sendable (RelayConfig.App, RelayConfig) throws -> any PushTransport
 
     public private(set) var store: (any OutboxStore)?
@@ -44,6 +45,7 @@ public final class RelayService: @unchecked Sendable {
         self.config = config
         self.logger = logger
         self.makeTransport = makeTransport
+        webhookMetrics = WebhookMetrics(webhooks: config.events.webhooks.map(\.name))
     }
 
     public var ingestPort: Int { ingestServer?.localPort ?? 0 }
@@ -75,8 +77,8 @@ public final class RelayService: @unchecked Sendable {
                                                    unregisteredQuarantineMillis: Int64(c.dispatch.unregisteredQuarantineSeconds) * 1000,
                                                    badDeviceTokenHoldMillis: Int64(c.dispatch.badDeviceTokenHoldSeconds) * 1000)
         // Before the dispatcher's first outcome. The subscriptions are the sender's
-        // `events.webhooks` (names, types, apps); none here means events are kept for the feed only.
-        store.eventSettings = EventStoreSettings(webhooks: [], maxBacklogPerWebhook: c.events.maxBacklogPerWebhook)
+        // `events.webhooks` (names, types, apps); none means events are kept for the feed only.
+        store.eventSettings = EventStoreSettings(webhooks: c.events.subscriptions, maxBacklogPerWebhook: c.events.maxBacklogPerWebhook)
         running.adopt(StopAction { [logger] _ in
             let counts = try? store.counts()
             store.close()
@@ -106,6 +108,15 @@ public final class RelayService: @unchecked Sendable {
         let retention = RetentionSweeper(store: store, policy: c.store.retention, logger: logger)
         try running.start(retention)
         self.retention = retention
+        // Delivery events to the configured webhooks (docs/events.md): the sender's own thread,
+        // stopped before the store closes; woken by each commit that wrote events (its idle poll
+        // finds other nodes' events).
+        if !c.events.webhooks.isEmpty {
+            // Secret file errors name their key (events.webhooks[i].secretFile) already.
+            let sender = try WebhookSender(configuration: c, outbox: store, metrics: webhookMetrics, logger: logger)
+            store.observeEvents { [weak sender] in sender?.wake() }
+            try naming("events.webhooks") { try running.start(sender, grace: .seconds(2)) }
+        }
         let workers = WorkerPool(name: "relay-reader", threads: 2)
         running.adopt(StopAction { _ in workers.close() })
 
@@ -204,6 +215,7 @@ public final class RelayService: @unchecked Sendable {
         if let s = ingestServer { listeners.append(("ingest", s.metrics)) }
         if let s = adminServer { listeners.append(("admin", s.metrics)) }
         r.collectHTTP(listeners)
+        webhookMetrics.collect(into: &r)
         // Exported without TLS too (zeros), so one alert rule covers every node.
         let t = tlsReloads.withLock { $0 }
         r.declare("relay_tls_reloads_total", .counter,

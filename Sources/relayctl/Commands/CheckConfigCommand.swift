@@ -115,6 +115,20 @@ enum CheckConfigCommand {
             }
         }
 
+        // Webhooks (docs/events.md): the secret file's lines, the CA file.
+        for (i, webhook) in config.events.webhooks.enumerated() {
+            do {
+                let secrets = try config.webhookSecrets(i)
+                checks.ok("events.webhooks[\(i)]", "\(webhook.name) -> \(webhook.url): \(secrets.count == 2 ? "2 secrets (rotating: both sign)" : "1 secret")")
+            } catch { checks.fail("events.webhooks[\(i)].secretFile", "\(error)") }
+            if let ca = webhook.caFile {
+                do {
+                    let cert = try KeyMaterial.certificate(atPath: ca)
+                    checks.ok("events.webhooks[\(i)].caFile", "\(ca): \(cert.subject), until \(isoDay(cert.notAfter))")
+                } catch { checks.fail("events.webhooks[\(i)].caFile", "\(error)") }
+            }
+        }
+
         // Listeners.
         if let tls = config.listen.tls {
             certificateAndKey("listen.tls", certificate: tls.certificatePath, key: tls.privateKeyPath, passphrase: nil, threshold: threshold, expiryDays: expiryDays, into: checks)

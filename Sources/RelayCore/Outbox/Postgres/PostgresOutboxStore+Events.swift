@@ -138,6 +138,13 @@ extension PostgresOutboxStore {
         }
     }
 
+    /// The sender's backlog gauge (every 10 s): counted over the pending rows' partial index.
+    public func pendingWebhookDeliveries(webhook: String) throws -> Int? {
+        try read { c in
+            Int(try c.query("SELECT count(*) FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending'", [.text(webhook)]).first?.first?.int ?? 0)
+        }
+    }
+
     public func webhookDeliveryCounts() throws -> [String: [WebhookDeliveryState: Int]] {
         try read { c in
             var out: [String: [WebhookDeliveryState: Int]] = [:]

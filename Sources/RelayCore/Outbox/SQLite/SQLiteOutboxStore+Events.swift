@@ -140,6 +140,13 @@ extension SQLiteOutboxStore {
         }
     }
 
+    /// The sender's backlog gauge (every 10 s): counted over the pending rows' partial index.
+    public func pendingWebhookDeliveries(webhook: String) throws -> Int? {
+        try read { db in
+            Int(try db.query("SELECT count(*) FROM webhook_deliveries WHERE webhook = ? AND state = 'pending'", [.text(webhook)]).first?[0].int ?? 0)
+        }
+    }
+
     public func webhookDeliveryCounts() throws -> [String: [WebhookDeliveryState: Int]] {
         try read { db in
             var out: [String: [WebhookDeliveryState: Int]] = [:]

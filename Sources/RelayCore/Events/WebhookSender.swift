@@ -1,0 +1,254 @@
+// Delivers committed events to the configured webhooks (docs/events.md, "Webhooks"). One thread
+// ("webhooks") owns one libcurl multi handle for all of them; nothing here runs on the ingest
+// loop or the dispatcher's threads, and the only shared resource is the store (WebhookOutbox).
+//
+// Per webhook, each turn of the loop: when its next claim is due and it has room, claim due
+// deliveries (oldest first, leased for longer than an attempt can take) up to `maxConcurrent`
+// in flight, sign and start them; collect finished transfers; record the results in one call.
+// 2xx is delivered; anything else, or no answer within the timeout, is retried after
+// WebhookRetryPolicy's back-off until `retryFor` from the first attempt, then dead.
+// A failing receiver is probed one delivery at a time, after a pause that doubles up to
+// WebhookRetryPolicy.pauseCapMillis, so a receiver down for hours costs a few attempts a minute
+// and no memory: what waits stays in the store. When nothing is due the thread sleeps in
+// curl_multi_poll for `idlePollMillis` (or until `wake()`), then asks the store again.
+import Glibc
+import POSIXThreads
+import Synchronization
+
+public final class WebhookSender: Lifecycle, Sendable {
+    /// One webhook as the sender needs it.
+    public struct Endpoint: Sendable {
+        public var name: String
+        public var url: String
+        /// Each signs every attempt (two while rotating).
+        public var secrets: [WebhookSecret]
+        public var caFile: String?
+        public var timeoutMillis: Int
+        public var maxConcurrent: Int
+        public var retry: WebhookRetryPolicy
+
+        public init(name: String, url: String, secrets: [WebhookSecret], caFile: String? = nil, timeoutMillis: Int = 10_000,
+                    maxConcurrent: Int = 8, retry: WebhookRetryPolicy = WebhookRetryPolicy()) {
+            self.name = name
+            self.url = url
+            self.secrets = secrets
+            self.caFile = caFile
+            self.timeoutMillis = timeoutMillis
+            self.maxConcurrent = maxConcurrent
+            self.retry = retry
+        }
+    }
+
+    private let endpoints: [Endpoint]
+    private let outbox: any WebhookOutbox
+    private let metrics: WebhookMetrics
+    private let logger: RelayLogger
+    private let clock: any RelayClock
+    private let random: any RandomSource
+    /// How long the thread sleeps when nothing is due (or the store cannot be read).
+    public let idlePollMillis: Int
+    /// How often the backlog gauge asks the store.
+    public let backlogRefreshMillis: Int64
+
+    private struct Running {
+        var thread: pthread_t
+        var transport: WebhookTransport
+    }
+    private let running = Mutex<Running?>(nil)
+    private let stopping = Atomic<Bool>(false)
+    private let woken = Atomic<Bool>(false)
+    private let graceMillis = Atomic<Int>(0)
+
+    public init(endpoints: [Endpoint], outbox: any WebhookOutbox, metrics: WebhookMetrics, logger: RelayLogger,
+                clock: any RelayClock = SystemRelayClock(), random: any RandomSource = SystemRandom(),
+                idlePollMillis: Int = 500, backlogRefreshMillis: Int64 = 10_000) {
+        self.endpoints = endpoints
+        self.outbox = outbox
+        self.metrics = metrics
+        self.logger = logger
+        self.clock = clock
+        self.random = random
+        self.idlePollMillis = idlePollMillis
+        self.backlogRefreshMillis = backlogRefreshMillis
+    }
+
+    /// The relay's `events.webhooks`, their secret files read now (errors name the key).
+    public convenience init(configuration: RelayConfig, outbox: any WebhookOutbox, metrics: WebhookMetrics, logger: RelayLogger) throws {
+        var endpoints: [Endpoint] = []
+        for (i, w) in configuration.events.webhooks.enumerated() {
+            endpoints.append(Endpoint(name: w.name, url: w.url, secrets: try configuration.webhookSecrets(i), caFile: w.caFile,
+                                      timeoutMillis: w.timeoutMillis, maxConcurrent: w.maxConcurrent,
+                                      retry: WebhookRetryPolicy(retryForMillis: Int64(w.retryForSeconds) * 1000)))
+        }
+        self.init(endpoints: endpoints, outbox: outbox, metrics: metrics, logger: logger)
+    }
+
+    /// Loads libcurl and starts the thread (no thread without endpoints).
+    public func start() throws {
+        guard !endpoints.isEmpty else { return }
+        try running.withLock { r in
+            guard r == nil else { return }
+            let transport: WebhookTransport
+            do { transport = try WebhookTransport() } catch { throw error }
+            stopping.store(false, ordering: .sequentiallyConsistent)
+            let thread = try startThread(name: "webhooks") { [self] in run(transport) }
+            r = Running(thread: thread, transport: transport)
+        }
+        logger.info("webhook sender started", ["webhooks": endpoints.map(\.name).joined(separator: ",")])
+    }
+
+    /// Claims nothing new; attempts in flight get up to `grace` to finish and be recorded, the
+    /// rest are aborted (their leases expire and they are sent again: at least once).
+    public func stop(grace: Duration) {
+        guard let r = running.withLock({ r -> Running? in defer { r = nil }; return r }) else { return }
+        let (seconds, attoseconds) = grace.components
+        graceMillis.store(Int(seconds) * 1000 + Int(attoseconds / 1_000_000_000_000_000), ordering: .sequentiallyConsistent)
+        stopping.store(true, ordering: .sequentiallyConsistent)
+        r.transport.wakeup()
+        pthread_join(r.thread, nil)
+        r.transport.close()
+    }
+
+    /// Something was committed: claim now instead of at the next idle poll. Any thread; cheap.
+    public func wake() {
+        woken.store(true, ordering: .sequentiallyConsistent)
+        running.withLock { $0?.transport.wakeup() }
+    }
+
+    // MARK: the thread
+
+    /// What the thread knows of one webhook. Bounded: at most `maxConcurrent` deliveries.
+    private struct WebhookState {
+        var inFlight: [Int: (delivery: WebhookDelivery, startedAt: Int64)] = [:]
+        var results: [(eventID: String, result: WebhookAttemptResult)] = []
+        var nextClaimAt: Int64 = 0
+        var consecutiveFailures = 0
+        var nextBacklogAt: Int64 = 0
+    }
+
+    private func run(_ transport: WebhookTransport) {
+        var states = Array(repeating: WebhookState(), count: endpoints.count)
+        var nextKey = 0
+        var stopDeadline: Int64?
+        while true {
+            var now = clock.nowMillis()
+            if stopping.load(ordering: .sequentiallyConsistent), stopDeadline == nil {
+                stopDeadline = now + Int64(graceMillis.load(ordering: .sequentiallyConsistent))
+            }
+            if let deadline = stopDeadline, transport.inFlight == 0 || now >= deadline { break }
+            if woken.exchange(false, ordering: .sequentiallyConsistent) {
+                for i in states.indices where states[i].consecutiveFailures == 0 { states[i].nextClaimAt = 0 }
+            }
+            if stopDeadline == nil {
+                for i in endpoints.indices {
+                    // A wall clock stepped back must not postpone claims by the size of the step.
+                    states[i].nextClaimAt = min(states[i].nextClaimAt, now + maxClaimDelay(i))
+                    claim(i, &states[i], transport, now: now, nextKey: &nextKey)
+                }
+            }
+            for (key, outcome) in transport.perform() {
+                now = clock.nowMillis()
+                guard let i = states.firstIndex(where: { $0.inFlight[key] != nil }), let entry = states[i].inFlight.removeValue(forKey: key) else { continue }
+                finish(i, &states[i], entry.delivery, outcome, now: now)
+            }
+            for i in endpoints.indices {
+                record(i, &states[i])
+                if stopDeadline == nil, now >= states[i].nextBacklogAt {
+                    states[i].nextBacklogAt = now + backlogRefreshMillis
+                    metrics.backlog(endpoints[i].name, try? outbox.pendingWebhookDeliveries(webhook: endpoints[i].name))
+                }
+            }
+            // Sleep until the next claim is due (at most idlePollMillis); curl_multi_poll also
+            // returns for socket activity and curl's own timers while transfers run.
+            var wait = Int64(idlePollMillis)
+            if stopDeadline == nil {
+                for (i, s) in states.enumerated() where s.inFlight.count < limit(i, s) { wait = min(wait, max(0, s.nextClaimAt - now)) }
+            }
+            if wait > 0 || transport.inFlight > 0 { transport.poll(timeoutMillis: Int(wait)) }
+        }
+        for i in endpoints.indices { record(i, &states[i]) }
+    }
+
+    /// The longest a claim is ever put off: the idle poll or the receiver pause's cap.
+    private func maxClaimDelay(_ i: Int) -> Int64 {
+        max(Int64(idlePollMillis), endpoints[i].retry.pauseCapMillis)
+    }
+
+    /// A failing receiver gets one probe at a time.
+    private func limit(_ i: Int, _ s: WebhookState) -> Int {
+        s.consecutiveFailures > 0 ? 1 : endpoints[i].maxConcurrent
+    }
+
+    private func claim(_ i: Int, _ s: inout WebhookState, _ transport: WebhookTransport, now: Int64, nextKey: inout Int) {
+        let endpoint = endpoints[i]
+        let room = limit(i, s) - s.inFlight.count
+        guard room > 0, now >= s.nextClaimAt else { return }
+        // Longer than any attempt can take (connect + transfer are each bounded by the timeout),
+        // so a delivery comes back to a later claim only if this sender died holding it.
+        let leaseUntil = now + 2 * Int64(endpoint.timeoutMillis) + 30_000
+        let deliveries: [WebhookDelivery]
+        do {
+            deliveries = try outbox.claimWebhookDeliveries(webhook: endpoint.name, now: now, leaseUntil: leaseUntil, limit: room)
+        } catch {
+            logger.error("webhook claim failed", ["webhook": endpoint.name, "error": "\(error)"])
+            s.nextClaimAt = now + Int64(idlePollMillis)
+            return
+        }
+        // Fewer than asked: nothing more is due now; look again after the idle poll.
+        if deliveries.count < room { s.nextClaimAt = now + Int64(idlePollMillis) }
+        for delivery in deliveries {
+            let event = delivery.event
+            let headers = WebhookSigning.headers(id: event.id, timestamp: now / 1000, body: event.body, secrets: endpoint.secrets)
+            let key = nextKey
+            nextKey &+= 1
+            do {
+                try transport.add(WebhookRequest(key: key, url: endpoint.url, headers: headers.map { "\($0.name): \($0.value)" },
+                                                 body: event.body, timeoutMillis: endpoint.timeoutMillis, caFile: endpoint.caFile))
+                s.inFlight[key] = (delivery, now)
+            } catch {
+                finish(i, &s, delivery, .failed("\(error)"), now: now)
+            }
+        }
+    }
+
+    private func finish(_ i: Int, _ s: inout WebhookState, _ delivery: WebhookDelivery, _ outcome: WebhookTransferOutcome, now: Int64) {
+        let endpoint = endpoints[i]
+        let error: String
+        switch outcome {
+        case .status(let status) where (200..<300).contains(status):
+            s.results.append((delivery.event.id, .delivered(at: now)))
+            s.consecutiveFailures = 0
+            metrics.failing(endpoint.name, consecutiveFailures: 0)
+            metrics.sent(endpoint.name, latencySeconds: Double(max(0, now - delivery.event.createdAt)) / 1000)
+            return
+        case .status(let status): error = "HTTP \(status)"
+        case .failed(let text): error = text
+        }
+        let result = endpoint.retry.afterFailure(attemptsBefore: delivery.attempts, firstAttemptAt: delivery.firstAttemptAt, now: now,
+                                                 error: error, random: random.unit())
+        s.results.append((delivery.event.id, result))
+        s.consecutiveFailures += 1
+        s.nextClaimAt = max(s.nextClaimAt, now + endpoint.retry.receiverPause(failures: s.consecutiveFailures))
+        metrics.failing(endpoint.name, consecutiveFailures: s.consecutiveFailures)
+        if case .dead = result {
+            metrics.dead(endpoint.name)
+            logger.error("webhook event dead", ["webhook": endpoint.name, "event": delivery.event.id, "attempts": delivery.attempts + 1, "error": error])
+        } else {
+            metrics.failedAttempt(endpoint.name)
+            if s.consecutiveFailures == 1 || s.consecutiveFailures % 100 == 0 {
+                logger.warning("webhook attempt failed", ["webhook": endpoint.name, "event": delivery.event.id, "error": error,
+                                                          "consecutiveFailures": s.consecutiveFailures])
+            }
+        }
+    }
+
+    /// One transaction for the turn's results. If the store refuses, they are dropped: the
+    /// deliveries stay leased, come back when the lease ends and are sent again (at least once).
+    private func record(_ i: Int, _ s: inout WebhookState) {
+        guard !s.results.isEmpty else { return }
+        defer { s.results.removeAll(keepingCapacity: true) }
+        do { try outbox.recordWebhookResults(webhook: endpoints[i].name, s.results) } catch {
+            logger.error("webhook results not recorded; they are sent again after their lease", ["webhook": endpoints[i].name, "count": s.results.count, "error": "\(error)"])
+        }
+    }
+}

@@ -1,0 +1,186 @@
+// The webhook sender's HTTP: one libcurl multi handle, driven by the sender's own thread only
+// (libcurl loaded with dlopen by CCurlLoader: relay-server does not link it). HTTP/2 when the
+// receiver offers it over TLS (one connection multiplexes), HTTP/1.1 otherwise; connections are
+// kept in the multi handle's cache between transfers. What a receiver can make it do is bounded
+// as in HTTPClient's CurlClient: http and https only, no redirect followed, the reply's body read
+// up to `maxResponseBodyBytes` and ignored, every transfer under its timeout.
+import BuildInfo
+import Synchronization
+internal import CCurlLoader
+
+struct WebhookTransportError: Error, CustomStringConvertible {
+    var description: String
+}
+
+/// One POST to a webhook.
+struct WebhookRequest {
+    var key: Int
+    var url: String
+    /// "name: value" lines.
+    var headers: [String]
+    var body: [UInt8]
+    var timeoutMillis: Int
+    var caFile: String?
+}
+
+enum WebhookTransferOutcome: Equatable {
+    /// The receiver answered (any status; 2xx is success).
+    case status(Int)
+    /// No answer: connection refused, TLS failure, timeout...
+    case failed(String)
+}
+
+/// Owned by one thread, except `wakeup`, which any thread may call until `close`.
+final class WebhookTransport: @unchecked Sendable {
+    static let allowedProtocols = "http,https"
+    static let maxResponseBodyBytes = 4096
+
+    /// True from init until close, under the lock: `wakeup` (from other threads) and `close`
+    /// (from the owner) never overlap, and no wakeup reaches a freed multi handle.
+    private let open = Mutex(true)
+    private let multi: UnsafeMutableRawPointer
+    private var transfers: [Int: Transfer] = [:]   // by easy handle address
+
+    /// What one easy handle needs kept alive while it runs; freed with it.
+    private final class Transfer {
+        let key: Int
+        let easy: UnsafeMutableRawPointer
+        var headers: UnsafeMutablePointer<curl_slist>?
+        var bodyBytes = 0
+        /// CURLOPT_ERRORBUFFER: libcurl keeps the pointer, so it is allocated, not an array.
+        let errorBuffer: UnsafeMutablePointer<CChar>
+        init(key: Int, easy: UnsafeMutableRawPointer) {
+            self.key = key
+            self.easy = easy
+            errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
+            errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
+        }
+        deinit { errorBuffer.deallocate() }
+        var errorText: String { String(cString: errorBuffer) }
+    }
+
+    init() throws(WebhookTransportError) {
+        var error = [CChar](repeating: 0, count: 256)
+        guard ccurld_load(&error, error.count) == 1 else {
+            throw WebhookTransportError(description: String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+        }
+        guard let m = ccurld_multi_init() else { throw WebhookTransportError(description: "curl_multi_init failed") }
+        multi = m
+        // Wait for an HTTP/2 connection being set up rather than open one per transfer.
+        _ = ccurld_multi_setopt_long(m, CURLMOPT_PIPELINING, Int(CURLPIPE_MULTIPLEX))
+    }
+
+    deinit { close() }
+
+    var inFlight: Int { transfers.count }
+
+    /// Starts a transfer; it finishes in a later `perform`.
+    func add(_ request: WebhookRequest) throws(WebhookTransportError) {
+        guard let easy = ccurld_easy_init() else { throw WebhookTransportError(description: "curl_easy_init failed") }
+        let transfer = Transfer(key: request.key, easy: easy)
+        for line in request.headers + ["Content-Type: application/json", "User-Agent: accessory-relay/\(BuildInfo.version)", "Expect:"] {
+            guard let appended = ccurld_slist_append(transfer.headers, line) else {
+                ccurld_slist_free_all(transfer.headers)
+                ccurld_easy_cleanup(easy)
+                throw WebhookTransportError(description: "out of memory building the request headers")
+            }
+            transfer.headers = appended
+        }
+        let context = Unmanaged.passUnretained(transfer).toOpaque()
+        var rc = ccurld_setopt_pointer(easy, CURLOPT_ERRORBUFFER, transfer.errorBuffer)
+        func set(_ r: CURLcode) { if rc == CURLE_OK { rc = r } }
+        // Before the URL, so another scheme is refused rather than fetched.
+        set(ccurld_setopt_string(easy, CURLOPT_PROTOCOLS_STR, Self.allowedProtocols))
+        set(ccurld_setopt_string(easy, CURLOPT_REDIR_PROTOCOLS_STR, Self.allowedProtocols))
+        set(ccurld_setopt_long(easy, CURLOPT_FOLLOWLOCATION, 0))
+        set(ccurld_setopt_string(easy, CURLOPT_URL, request.url))
+        set(ccurld_setopt_long(easy, CURLOPT_POST, 1))
+        // COPYPOSTFIELDS copies the body (the array may move); its size must be set first.
+        set(ccurld_setopt_offset(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(request.body.count)))
+        let body = request.body.isEmpty ? [0] : request.body   // a valid pointer; the size says 0
+        set(body.withUnsafeBytes { ccurld_setopt_pointer(easy, CURLOPT_COPYPOSTFIELDS, UnsafeMutableRawPointer(mutating: $0.baseAddress!)) })
+        set(ccurld_setopt_pointer(easy, CURLOPT_HTTPHEADER, UnsafeMutableRawPointer(transfer.headers)))
+        set(ccurld_setopt_long(easy, CURLOPT_TIMEOUT_MS, request.timeoutMillis))
+        set(ccurld_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, request.timeoutMillis))
+        set(ccurld_setopt_long(easy, CURLOPT_NOSIGNAL, 1))
+        set(ccurld_setopt_long(easy, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_2TLS)))
+        // Over TLS, wait for the first connection's ALPN: if it says h2, every transfer shares it.
+        // Cleartext is HTTP/1.1 (2TLS), where waiting would serialise transfers behind one
+        // connection until its first answer.
+        if request.url.hasPrefix("https://") { set(ccurld_setopt_long(easy, CURLOPT_PIPEWAIT, 1)) }
+        if let ca = request.caFile { set(ccurld_setopt_string(easy, CURLOPT_CAINFO, ca)) }
+        set(ccurld_setopt_callback(easy, CURLOPT_WRITEFUNCTION) { _, size, count, context in
+            // Counted and dropped; past the bound, returning 0 ends the transfer (the status
+            // line has been read by then, so the answer still counts).
+            let transfer = Unmanaged<Transfer>.fromOpaque(context!).takeUnretainedValue()
+            transfer.bodyBytes += size * count
+            return transfer.bodyBytes > WebhookTransport.maxResponseBodyBytes ? 0 : size * count
+        })
+        set(ccurld_setopt_pointer(easy, CURLOPT_WRITEDATA, context))
+        guard rc == CURLE_OK else {
+            let text = String(cString: ccurld_easy_strerror(rc))
+            ccurld_slist_free_all(transfer.headers)
+            ccurld_easy_cleanup(easy)
+            throw WebhookTransportError(description: "\(request.url): \(text)")
+        }
+        let added = ccurld_multi_add_handle(multi, easy)
+        guard added == CURLM_OK else {
+            ccurld_slist_free_all(transfer.headers)
+            ccurld_easy_cleanup(easy)
+            throw WebhookTransportError(description: "curl_multi_add_handle: \(String(cString: ccurld_multi_strerror(added)))")
+        }
+        transfers[Int(bitPattern: easy)] = transfer
+    }
+
+    /// Moves every transfer on as far as it can without blocking; returns those that finished.
+    func perform() -> [(key: Int, outcome: WebhookTransferOutcome)] {
+        var running: Int32 = 0
+        _ = ccurld_multi_perform(multi, &running)
+        var done: [(key: Int, outcome: WebhookTransferOutcome)] = []
+        var easy: UnsafeMutableRawPointer? = nil
+        var result = CURLE_OK
+        while ccurld_multi_next_done(multi, &easy, &result) == 1, let e = easy {
+            guard let transfer = transfers.removeValue(forKey: Int(bitPattern: e)) else { continue }
+            let status = ccurld_response_code(e)
+            let outcome: WebhookTransferOutcome
+            if result == CURLE_OK || (result == CURLE_WRITE_ERROR && status > 0) {
+                outcome = .status(status)
+            } else {
+                let detail = transfer.errorText
+                outcome = .failed(detail.isEmpty ? String(cString: ccurld_easy_strerror(result)) : detail)
+            }
+            release(transfer)
+            done.append((transfer.key, outcome))
+        }
+        return done
+    }
+
+    /// Waits up to `timeoutMillis` for socket activity, curl's own timers or `wakeup`.
+    func poll(timeoutMillis: Int) {
+        var fds: Int32 = 0
+        _ = ccurld_multi_poll(multi, Int32(clamping: max(0, timeoutMillis)), &fds)
+    }
+
+    /// Any thread: ends the owner's `poll` early.
+    func wakeup() {
+        open.withLock { if $0 { _ = ccurld_multi_wakeup(multi) } }
+    }
+
+    /// Aborts whatever runs and frees the multi handle (its connections close).
+    func close() {
+        open.withLock { isOpen in
+            guard isOpen else { return }
+            for transfer in transfers.values { release(transfer) }
+            transfers = [:]
+            _ = ccurld_multi_cleanup(multi)
+            isOpen = false
+        }
+    }
+
+    private func release(_ transfer: Transfer) {
+        _ = ccurld_multi_remove_handle(multi, transfer.easy)
+        ccurld_easy_cleanup(transfer.easy)
+        ccurld_slist_free_all(transfer.headers)
+        transfer.headers = nil
+    }
+}
