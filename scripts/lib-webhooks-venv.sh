@@ -3,17 +3,8 @@
 # Standard Webhooks reference library) in .build/webhooks-venv (WEBHOOKS_VENV).
 # webhooks_venv_python prints its python, or returns 1 when python3 is missing or the pinned
 # version cannot be installed (offline).
+source "$(dirname "${BASH_SOURCE[0]}")/lib-venv.sh"
 WEBHOOKS_STANDARDWEBHOOKS_VERSION=1.0.0
 WEBHOOKS_VENV=${WEBHOOKS_VENV:-.build/webhooks-venv}
 
-webhooks_venv_python() {
-  command -v python3 >/dev/null || return 1
-  if ! "$WEBHOOKS_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('standardwebhooks') != '$WEBHOOKS_STANDARDWEBHOOKS_VERSION')" 2>/dev/null; then
-    rm -rf "$WEBHOOKS_VENV"
-    if ! { python3 -m venv "$WEBHOOKS_VENV" && "$WEBHOOKS_VENV/bin/pip" install -q "standardwebhooks==$WEBHOOKS_STANDARDWEBHOOKS_VERSION"; } >/dev/null 2>&1; then
-      rm -rf "$WEBHOOKS_VENV"
-      return 1
-    fi
-  fi
-  echo "$WEBHOOKS_VENV/bin/python"
-}
+webhooks_venv_python() { pinned_venv_python "$WEBHOOKS_VENV" standardwebhooks "$WEBHOOKS_STANDARDWEBHOOKS_VERSION"; }

@@ -389,7 +389,10 @@ extension PostgresIngestBatchTests {
         guard case .accepted = try s.ingestNow(sample(index: 3), secret: d.secret, apps: apps, maxPending: 1) else { Issue.record("bound not given back"); return }
     }
 
-    @Test func a410RecordedBetweenTheReadAndTheInsertIsRefusedAndTheTokenStaysRefused() throws {
+    /// A token mark recorded between the read and the insert (a 410, or the marks' other kind,
+    /// BadDeviceToken: 400) refuses the batch's row, and the token stays refused.
+    @Test(arguments: [("Unregistered", IngestOutcome.unregistered), ("BadDeviceToken", .badDeviceToken)])
+    func aMarkRecordedBetweenTheReadAndTheInsertIsRefusedAndTheTokenStaysRefused(reason: String, refusal: IngestOutcome) throws {
         let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
         defer { s.close() }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
@@ -402,30 +405,11 @@ extension PostgresIngestBatchTests {
         f.clock.advance(5)
         betweenReadAndWrite(s) {
             try s.apply([DeliveryUpdate(id: sent[0].id, pushToken: token,
-                                        outcome: .unregistered(reason: "Unregistered", apnsTimestamp: answeredAt), attempt: nil)])
+                                        outcome: .unregistered(reason: reason, apnsTimestamp: answeredAt), attempt: nil)])
         }
-        #expect(try s.ingestNow(sample(token: token, index: 2), secret: c.secret, apps: apps) == .unregistered)
+        #expect(try s.ingestNow(sample(token: token, index: 2), secret: c.secret, apps: apps) == refusal)
         f.clock.advance(5)
-        #expect(try s.ingestNow(sample(token: token, index: 3), secret: c.secret, apps: apps) == .unregistered)
-        #expect(try f.sql("SELECT count(*) FROM responses WHERE push_token = '\(token)'") == [["1"]])
-    }
-
-    /// The same for a BadDeviceToken mark (the token marks' other kind): 400, not 410.
-    @Test func aBadDeviceTokenMarkRecordedBetweenTheReadAndTheInsertIsRefused() throws {
-        let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
-        defer { s.close() }
-        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
-        let token = String(repeating: "db", count: 32)
-        guard case .accepted = try s.ingestNow(sample(token: token, index: 1), secret: c.secret, apps: apps) else { Issue.record("not accepted"); return }
-        let sent = try s.claimDue(limit: 1)
-        #expect(sent.count == 1)
-        f.clock.advance(5)
-        betweenReadAndWrite(s) {
-            try s.apply([DeliveryUpdate(id: sent[0].id, pushToken: token,
-                                        outcome: .unregistered(reason: "BadDeviceToken", apnsTimestamp: f.clock.nowMillis()), attempt: nil)])
-        }
-        #expect(try s.ingestNow(sample(token: token, index: 2), secret: c.secret, apps: apps) == .badDeviceToken)
-        #expect(try s.ingestNow(sample(token: token, index: 3), secret: c.secret, apps: apps) == .badDeviceToken)
+        #expect(try s.ingestNow(sample(token: token, index: 3), secret: c.secret, apps: apps) == refusal)
         #expect(try f.sql("SELECT count(*) FROM responses WHERE push_token = '\(token)'") == [["1"]])
     }
 
