@@ -39,6 +39,7 @@ import Testing
         ])
         let events = try s.events(credentialID: cred, after: 0, limit: 100)
         #expect(events.map(\.type) == [.responseDelivered, .responseFailed])
+        #expect(s.eventsCreated.counts == [.responseDelivered: 1, .responseFailed: 1])   // relay_events_created_total
         #expect(events.map(\.sequence) == events.map(\.sequence).sorted())
         #expect(events.allSatisfy { UUIDText.isCanonical($0.id) && $0.id.dropFirst(14).first == "7" && $0.credentialID == cred && $0.app == app })
         let delivered = try body(events[0])
@@ -60,6 +61,7 @@ import Testing
         // Applying the same outcome again (the row is no longer inflight) writes nothing.
         try s.apply([DeliveryUpdate(id: rows[0].id, pushToken: rows[0].pushToken, outcome: .delivered, attempt: nil)])
         #expect(try s.events(credentialID: cred, after: 0, limit: 100).count == 2)
+        #expect(s.eventsCreated.counts == [.responseDelivered: 1, .responseFailed: 1])
         // Paging by sequence.
         #expect(try s.events(credentialID: cred, after: events[0].sequence, limit: 100) == [events[1]])
         #expect(try s.events(credentialID: cred, after: 0, limit: 1) == [events[0]])
@@ -79,6 +81,7 @@ import Testing
         #expect(try s.claimDue(limit: 10).isEmpty)
         var events = try s.events(credentialID: c.record.id, after: 0, limit: 10)
         #expect(events.map(\.type) == [.responseFailed])
+        #expect(s.eventsCreated.counts == [.responseFailed: 1])
         let expired = try #require(try body(events[0])["data"] as? [String: Any])
         #expect(expired["id"] as? String == expiring && expired["reason"] as? String == "expired" && expired["status"] is NSNull)
 
@@ -89,6 +92,7 @@ import Testing
                                     attempt: AttemptRecord(responseID: row.id, attemptedAt: f.clock.nowMillis(), status: 410, reason: "Unregistered", apnsTimestamp: ts))])
         events = try s.events(credentialID: c.record.id, after: events[0].sequence, limit: 10)
         #expect(events.map(\.type) == [.responseFailed, .tokenUnregistered])
+        #expect(s.eventsCreated.counts == [.responseFailed: 2, .tokenUnregistered: 1])
         let token = try body(events[1])
         #expect(token["type"] as? String == "token.unregistered")
         let td = try #require(token["data"] as? [String: Any])
@@ -119,10 +123,12 @@ import Testing
         #expect(try s.response(id: rows[0].id)?.state == .inflight)
         #expect(try s.attempts(responseID: rows[0].id).isEmpty)
         #expect(try s.events(credentialID: cred, after: 0, limit: 10).isEmpty)
+        #expect(s.eventsCreated.counts.isEmpty)   // a rolled-back event is not counted
         _ = try f.sql("DROP TRIGGER refuse_events" + (backend == .postgres ? " ON events" : ""))
         try s.apply([update])
         #expect(try s.response(id: rows[0].id)?.state == .delivered)
         #expect(try s.events(credentialID: cred, after: 0, limit: 10).map(\.type) == [.responseDelivered])
+        #expect(s.eventsCreated.counts == [.responseDelivered: 1])
     }
 
     @Test(arguments: StoreBackend.available)

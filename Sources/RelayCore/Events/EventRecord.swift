@@ -4,6 +4,7 @@
 // columns never change after the insert, so every read renders the same bytes: the webhook
 // body, the feed's entry and the signature all cover the same text (docs/events.md).
 import Basics
+import Synchronization
 
 /// `events.*` the store reads (given at start, like IngestStoreSettings; a restart changes it).
 public struct EventStoreSettings: Sendable, Equatable {
@@ -160,9 +161,26 @@ public enum EventCursor {
 }
 
 /// The store's event side beyond what the sender calls: the feed, relayctl and retention.
+/// Events this process committed, by type: relay_events_created_total. Added to after each
+/// commit that wrote events (a rolled-back transaction's events are not counted).
+public final class EventTally: Sendable {
+    private let byType = Mutex<[EventType: Int]>([:])
+    public init() {}
+    public func add(_ type: EventType, _ n: Int) {
+        guard n > 0 else { return }
+        byType.withLock { $0[type, default: 0] += n }
+    }
+    public func add(_ other: [EventType: Int]) {
+        for (type, n) in other { add(type, n) }
+    }
+    public var counts: [EventType: Int] { byType.withLock { $0 } }
+}
+
 public protocol EventStore: WebhookOutbox {
     /// Given once at start (RelayService), before the first outcome is applied.
     var eventSettings: EventStoreSettings { get set }
+    /// What this process committed (relay_events_created_total).
+    var eventsCreated: EventTally { get }
     /// `body` runs after each commit of this process that wrote events (the feed's long polls
     /// wake on it; other nodes' events are found by polling).
     func observeEvents(_ body: @escaping @Sendable () -> Void)

@@ -216,6 +216,10 @@ public final class RelayService: @unchecked Sendable {
         if let s = adminServer { listeners.append(("admin", s.metrics)) }
         r.collectHTTP(listeners)
         webhookMetrics.collect(into: &r)
+        let created = store?.eventsCreated.counts ?? [:]
+        r.declare("relay_events_created_total", .counter,
+                  help: "Delivery events this process committed with their outcomes, by type (docs/events.md); every type exported, zeros included.")
+        for type in EventType.allCases { r.sample("relay_events_created_total", ["type": type.rawValue], created[type] ?? 0) }
         // Exported without TLS too (zeros), so one alert rule covers every node.
         let t = tlsReloads.withLock { $0 }
         r.declare("relay_tls_reloads_total", .counter,

@@ -93,7 +93,10 @@ extension PostgresOutboxStore {
         }
         let failed = rows.filter { $0.state == .failed }.count
         adjustPending(-failed)
-        if failed > 0 { eventsCommitted() }
+        if failed > 0 {
+            eventsCreated.add(.responseFailed, failed)   // each failed row got its event in the commit
+            eventsCommitted()
+        }
         return rows.filter { $0.state == .inflight }.sorted { ($0.nextAttemptAt, $0.createdAt) < ($1.nextAttemptAt, $1.createdAt) }
     }
 
@@ -113,9 +116,8 @@ extension PostgresOutboxStore {
 
     public func apply(_ updates: [DeliveryUpdate]) throws {
         guard !updates.isEmpty else { return }
-        let finished = try writeTransaction(applying(updates))
-        adjustPending(-finished)
-        if finished > 0 { eventsCommitted() }
+        let applied = try writeTransaction(applying(updates))
+        committed(applied)
     }
 
     /// Queued on the dispatch connection's thread (in order, behind earlier writes); the
@@ -126,9 +128,7 @@ extension PostgresOutboxStore {
         let body = applying(updates)
         let queued = dispatchWorker.enqueueDetached { [self] w in
             do {
-                let finished = try w.transaction(body)
-                adjustPending(-finished)
-                if finished > 0 { eventsCommitted() }
+                committed(try w.transaction(body))
                 completion(nil)
             } catch {
                 completion((error as? StoreError) ?? .invalid("\(error)"))
@@ -139,7 +139,22 @@ extension PostgresOutboxStore {
     }
 
     /// The outcome writes as one transaction's body; returns how many rows it finished.
-    private func applying(_ updates: [DeliveryUpdate]) -> (PostgresConnection) throws -> Int {
+    /// What an outcome transaction finished: rows made terminal, and the events written.
+    struct Applied {
+        var finished = 0
+        var events: [EventType: Int] = [:]
+    }
+
+    /// After an outcome transaction's COMMIT.
+    private func committed(_ applied: Applied) {
+        adjustPending(-applied.finished)
+        if applied.finished > 0 {
+            eventsCreated.add(applied.events)
+            eventsCommitted()
+        }
+    }
+
+    private func applying(_ updates: [DeliveryUpdate]) -> (PostgresConnection) throws -> Applied {
         let now = clock.nowMillis()
         let me = options.nodeID
         var ids: [String?] = [], states: [String?] = [], counted: [Int64?] = [], next: [Int64?] = [], status: [Int64?] = [], reasons: [String?] = []
@@ -238,16 +253,19 @@ extension PostgresOutboxStore {
             // The events of the rows this commit finishes (those whose lease this node held).
             let finished = changed.filter { $0.first?.string == "delivered" || $0.first?.string == "failed" }.compactMap { $0[1].string }
             try insertResponseEvents(c, responseIDs: finished, now: now)
+            let delivered = changed.filter { $0.first?.string == "delivered" }.count
+            var applied = Applied(finished: finished.count,
+                                  events: [.responseDelivered: delivered, .responseFailed: finished.count - delivered])
             // token.unregistered is a 410's event: a BadDeviceToken mark fails rows (their own
             // response.failed events) and says nothing about the token's registration.
             let unregistered = unreg.filter { $0.value.reason != StoreRules.badDeviceTokenReason }.mapValues(\.ts)
             if !unregistered.isEmpty {
                 let changedIDs = Set(finished)
-                try insertTokenEvents(c, answered: answered.filter { unregistered[$0.key] != nil }.mapValues { $0.filter(changedIDs.contains) }
-                                        .filter { !$0.value.isEmpty },
-                                      unregisteredAt: unregistered, now: now)
+                applied.events[.tokenUnregistered] = try insertTokenEvents(
+                    c, answered: answered.filter { unregistered[$0.key] != nil }.mapValues { $0.filter(changedIDs.contains) }.filter { !$0.value.isEmpty },
+                    unregisteredAt: unregistered, now: now)
             }
-            return finished.count
+            return applied
         }
     }
 }

@@ -62,6 +62,8 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     private let settings = Mutex(IngestStoreSettings())
     let sharedEventSettings = Mutex(EventStoreSettings())
     let eventObservers = Mutex<[@Sendable () -> Void]>([])
+    /// Events this node committed, by type (relay_events_created_total).
+    public let eventsCreated = EventTally()
     /// When this node last wrote each credential's last_used_at.
     let touchedAt = Mutex<[String: Int64]>([:])
     /// Response ids (UUIDv7, as SQLiteOutboxStore mints them), one generator for every ingest thread.

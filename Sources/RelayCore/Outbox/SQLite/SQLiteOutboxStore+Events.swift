@@ -6,6 +6,8 @@ import FoundationEssentials
 import Synchronization
 
 extension SQLiteOutboxStore {
+    public var eventsCreated: EventTally { writerState.tally }
+
     public var eventSettings: EventStoreSettings {
         get { writerState.sharedEventSettings.withLock { $0 } }
         set { writerState.sharedEventSettings.withLock { $0 = newValue } }
@@ -32,6 +34,7 @@ extension SQLiteOutboxStore {
         try st.stepOnce()
         guard db.changes > 0 else { return }
         state.eventsInBatch += 1
+        if delivered { state.eventTypesInBatch.delivered += 1 } else { state.eventTypesInBatch.failed += 1 }
         guard !state.events.webhooks.isEmpty else { return }
         // (RETURNING app instead cost ~20k instructions per event: an ephemeral table each time.)
         let app = try db.scalar("SELECT app FROM events WHERE seq = ?", [.integer(seq)]).string ?? ""
@@ -54,6 +57,7 @@ extension SQLiteOutboxStore {
                 """, [.integer(seq), .text(id), .text(EventType.tokenUnregistered.rawValue), .integer(now), .text(credential), .text(app),
                       .text(token), .integer(unregisteredAt)])
             state.eventsInBatch += 1
+            state.eventTypesInBatch.unregistered += 1
             try fanOut(seq: seq, type: .tokenUnregistered, app: app, now: now, db: db, state: state)
         }
     }

@@ -38,8 +38,11 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         var eventIDs = TimeOrderedIDs()
         var insertResponseEvent: SQLiteStatement?
         var insertDelivery: SQLiteStatement?
-        /// Events this batch wrote: the observers hear of them after COMMIT.
+        /// Events this batch wrote: the observers hear of them after COMMIT, and `tally` counts
+        /// them by type (delivered, failed, token.unregistered).
         var eventsInBatch = 0
+        var eventTypesInBatch = (delivered: 0, failed: 0, unregistered: 0)
+        let tally = EventTally()
         let eventObservers = Mutex<[@Sendable () -> Void]>([])
         /// queued + inflight + retry rows: read from outbox_stats at each batch start, adjusted
         /// by the batch's jobs, written back before COMMIT (so relayctl's changes from another
@@ -190,6 +193,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             state.reservedInBatch = 0
             state.queuedInBatch = 0
             state.eventsInBatch = 0
+            state.eventTypesInBatch = (0, 0, 0)
             state.handedOff.removeAll()
         }
         w.afterBatch = { Self.completeDeferred(state) }
@@ -202,6 +206,9 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             state.mintedInBatch = 0
             if state.eventsInBatch > 0 {
                 state.eventsInBatch = 0
+                let t = state.eventTypesInBatch
+                state.eventTypesInBatch = (0, 0, 0)
+                state.tally.add([.responseDelivered: t.delivered, .responseFailed: t.failed, .tokenUnregistered: t.unregistered])
                 for observe in state.eventObservers.withLock({ $0 }) { observe() }
             }
         }
@@ -228,6 +235,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             state.tail.batchRolledBack()
             state.mintedInBatch = 0
             state.eventsInBatch = 0
+            state.eventTypesInBatch = (0, 0, 0)
         }
         writer = w
         reader = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis)
