@@ -11,8 +11,8 @@ cross-check test and as a starting point for a real receiver:
 
 --secret-file holds the same one or two `whsec_` lines as the relay's `secretFile`; each line is
 checked on its own and the request is accepted if one verifies. --record FILE appends one JSON
-line per request (id, type, and per secret whether it verified). --fail-first N answers 500 to the
-first N requests, to watch the relay retry.
+line per request (id, type, per secret whether it verified, the status answered and the body as
+received). --fail-first N answers 500 to the first N requests, to watch the relay retry.
 """
 import argparse
 import json
@@ -59,9 +59,6 @@ def main():
                 event_type = json.loads(body).get("type")
             except ValueError:
                 event_type = None
-            if args.record:
-                with lock, open(args.record, "a") as out:
-                    out.write(json.dumps({"id": event_id, "type": event_type, "verified": verified}) + "\n")
             if number < args.fail_first:
                 status = 500
             elif not any(verified):
@@ -73,6 +70,11 @@ def main():
                         state["seen"].add(event_id)
                     # A real receiver acts on the event here (exactly once per webhook-id).
                     print(f"{event_type} {event_id}", flush=True)
+            if args.record:
+                record = {"id": event_id, "type": event_type, "verified": verified, "status": status,
+                          "body": body.decode("utf-8", "replace")}
+                with lock, open(args.record, "a") as out:
+                    out.write(json.dumps(record) + "\n")
             self.send_response(status)
             self.send_header("content-length", "0")
             self.end_headers()
