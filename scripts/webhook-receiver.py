@@ -23,6 +23,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 
+def summary(body):
+    """The event's gist for the log: the response's id, state, status and reason, or the push token."""
+    try:
+        data = json.loads(body).get("data", {})
+    except ValueError:
+        return ""
+    if "id" in data:
+        return " ".join(f"{k}={data.get(k)}" for k in ("id", "state", "status", "reason") if data.get(k) is not None)
+    return f"pushToken={data.get('pushToken')}"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--secret-file", required=True)
@@ -69,7 +80,7 @@ def main():
                     with lock:
                         state["seen"].add(event_id)
                     # A real receiver acts on the event here (exactly once per webhook-id).
-                    print(f"{event_type} {event_id}", flush=True)
+                    print(f"{event_type} {event_id} {summary(body)}", flush=True)
             if args.record:
                 record = {"id": event_id, "type": event_type, "verified": verified, "status": status,
                           "body": body.decode("utf-8", "replace")}
