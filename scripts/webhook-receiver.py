@@ -12,12 +12,14 @@ cross-check test and as a starting point for a real receiver:
 --secret-file holds the same one or two `whsec_` lines as the relay's `secretFile`; each line is
 checked on its own and the request is accepted if one verifies. --record FILE appends one JSON
 line per request (id, type, per secret whether it verified, the status answered and the body as
-received). --fail-first N answers 500 to the first N requests, to watch the relay retry.
+received; written when the request arrives). --fail-first N answers 500 to the first N requests,
+to watch the relay retry; --delay-ms D answers each request D ms late (a slow receiver).
 """
 import argparse
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
@@ -41,6 +43,7 @@ def main():
     parser.add_argument("--port", type=int, default=9300, help="0: any free port (printed)")
     parser.add_argument("--record", help="append one JSON line per request to this file")
     parser.add_argument("--fail-first", type=int, default=0, help="answer 500 to the first N requests")
+    parser.add_argument("--delay-ms", type=int, default=0, help="answer each request this many ms late")
     args = parser.parse_args()
 
     with open(args.secret_file) as f:
@@ -86,6 +89,8 @@ def main():
                           "body": body.decode("utf-8", "replace")}
                 with lock, open(args.record, "a") as out:
                     out.write(json.dumps(record) + "\n")
+            if args.delay_ms:
+                time.sleep(args.delay_ms / 1000)
             self.send_response(status)
             self.send_header("content-length", "0")
             self.end_headers()
