@@ -10,6 +10,11 @@
 # BENCH_CG_ONLY=1 runs stage 5 alone and prints its figure; BENCH_CG_KEEP=DIR keeps the symbols
 # (strips debug info only, as valgrind 3.19 needs) and copies both callgrind outputs to DIR, so
 # two builds can be compared function by function: scripts/cg-diff.py OLD_DIR NEW_DIR.
+# Delivery events: stage 5 also measures the relay with one webhook configured (docs/events.md),
+# its loopback receiver answering 204 to each event (python3 http.server; it does not verify), and
+# waits until every event was delivered to it, so sending them is inside the figure.
+# BENCH_WEBHOOK=1 configures that webhook on every relay this script starts (stages 1-5; with
+# BENCH_CG_ONLY=1 the one figure printed is then the one with the webhook).
 # Leaves no processes behind (the trap stops what it started, by pid).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,12 +52,37 @@ H=scripts/bench_pipeline.py
 
 start_bench_mock --deliveries-log "$WORK/deliveries.jsonl"
 
+EVENTS=""
+HOOK_EVENTS=""
+start_hook_receiver() {  # sets HOOK_EVENTS: the config member of one webhook to it
+  [ -n "$HOOK_EVENTS" ] && return
+  HOOK_PORT=$(free_port)
+  echo "whsec_$(openssl rand -base64 32)" > "$WORK/webhook-secret"
+  python3 - "$HOOK_PORT" <<'EOF' &
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        self.send_response(204); self.send_header("content-length", "0"); self.end_headers()
+    do_GET = do_POST
+    def log_message(self, *_): pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+EOF
+  PIDS+=($!)
+  wait_url "http://127.0.0.1:$HOOK_PORT/"
+  HOOK_EVENTS='"events":{"webhooks":[{"name":"bench","url":"http://127.0.0.1:'$HOOK_PORT'/hook","secretFile":"'$WORK'/webhook-secret"}]},'
+}
+if [ -n "${BENCH_WEBHOOK:-}" ]; then start_hook_receiver; EVENTS=$HOOK_EVENTS; fi
+
 RELAY_PORT=$(free_port); ADMIN_PORT=$(free_port)
 write_config() {  # db path [synchronous]
   cat > "$WORK/relay.json" <<EOF
 {"listen":{"host":"127.0.0.1","port":$RELAY_PORT},"admin":{"host":"127.0.0.1","port":$ADMIN_PORT},
  "store":{"path":"$1","synchronous":"${2:-FULL}","maxPending":5000000},
  $(bench_relay_members),
+ $EVENTS
  "log":{"format":"json","level":"warning"}}
 EOF
 }
@@ -201,6 +231,12 @@ EOF
     [ "$(sqlite3 "file:$db?mode=ro" "SELECT count(*) FROM responses WHERE state='delivered'" 2>/dev/null || echo 0)" -ge "$n" ] && break
     sleep 0.2
   done
+  # with a webhook: until every event was delivered to it, so sending them is inside it too
+  for _ in $(seq 1 600); do
+    [ -z "$EVENTS" ] && break
+    [ "$(sqlite3 "file:$db?mode=ro" "SELECT count(*) FROM webhook_deliveries WHERE state='delivered'" 2>/dev/null || echo 0)" -ge "$n" ] && break
+    sleep 0.2
+  done
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
   if [ -n "${BENCH_CG_KEEP:-}" ]; then cp "$WORK"/callgrind.out.* "$BENCH_CG_KEEP/cg-$n.out"; fi
   awk '/^summary:|^totals:/{print $2; exit}' "$WORK"/callgrind.out.*
@@ -210,8 +246,20 @@ N1=${BENCH_CG_N1:-300}; N2=${BENCH_CG_N2:-1300}
 IR1=$(ir_run "$N1"); IR2=$(ir_run "$N2")
 IR_PER=$(( (IR2 - IR1) / (N2 - N1) ))
 if [ -n "${BENCH_CG_ONLY:-}" ]; then
-  echo "$IR_PER instructions per response end to end: ($IR2 - $IR1) / ($N2 - $N1) sequential requests"
+  echo "$IR_PER instructions per response end to end: ($IR2 - $IR1) / ($N2 - $N1) sequential requests${EVENTS:+, one webhook}"
   exit 0
+fi
+if [ -z "$EVENTS" ]; then   # the same with one webhook answering 204
+  start_hook_receiver
+  EVENTS=$HOOK_EVENTS
+  HIR1=$(ir_run "$N1"); HIR2=$(ir_run "$N2")
+  EVENTS=""
+  HOOK_IR_PER=$(( (HIR2 - HIR1) / (N2 - N1) ))
+  HOOK_LINE="With one webhook configured and its receiver answering 204 to every event: $HOOK_IR_PER
+instructions per response, ($HIR2 - $HIR1) / ($N2 - $N1), every event delivered before the process
+stops: $(python3 -c "print(f'{$HOOK_IR_PER/$IR_PER:.3f}')")x the figure without (docs/events.md, Cost)."
+else
+  HOOK_LINE="(Measured with one webhook configured, BENCH_WEBHOOK=1.)"
 fi
 
 cat <<EOF
@@ -261,5 +309,7 @@ $IR_PER instructions per response end to end (HTTP/1.1 ingest, validation, group
 JWT-authenticated HTTP/2 push over TLS, outcome write), from \`valgrind --tool=callgrind\` on a
 stripped copy of relay-server: ($IR2 - $IR1) / ($N2 - $N1) sequential requests, every one pushed
 before the process stops, so start-up and shutdown cancel out.
+
+$HOOK_LINE
 
 EOF

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # `make run`: the newcomer's first command. Builds release binaries, prepares .run/ (kept and
 # reused on the next run), starts mock-apns (TLS 127.0.0.1:2197, control 127.0.0.1:2198) and
-# relay-server (127.0.0.1:8080, admin 127.0.0.1:9090) on SQLite .run/relay.db, prints commands
-# that prove the path, and stops both cleanly on Ctrl-C.
+# relay-server (127.0.0.1:8080, admin 127.0.0.1:9090) on SQLite .run/relay.db and a webhook
+# receiver for the delivery events (scripts/webhook-receiver.py on 127.0.0.1:9300, verifying each
+# signature with Python standardwebhooks in .build/webhooks-venv; WEBHOOK_URL=... points the relay at
+# your own receiver instead; without either, e.g. offline, the relay runs without a webhook and
+# says how to add one), prints commands that prove the path, and stops them all cleanly on Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,11 +17,15 @@ RELAY_PORT=${RELAY_PORT:-8080}
 ADMIN_PORT=${ADMIN_PORT:-9090}
 APNS_PORT=${APNS_PORT:-2197}
 CONTROL_PORT=${CONTROL_PORT:-2198}
+WEBHOOK_PORT=${WEBHOOK_PORT:-9300}
+WEBHOOK_URL=${WEBHOOK_URL:-}   # your own receiver (loopback http, or https); none started here then
 
 for tool in openssl sqlite3 curl; do
   command -v "$tool" >/dev/null || { echo "run.sh: $tool is missing (make deps installs it)" >&2; exit 1; }
 done
-for port in "$RELAY_PORT" "$ADMIN_PORT" "$APNS_PORT" "$CONTROL_PORT"; do
+PORTS=("$RELAY_PORT" "$ADMIN_PORT" "$APNS_PORT" "$CONTROL_PORT")
+[ -n "$WEBHOOK_URL" ] || PORTS+=("$WEBHOOK_PORT")
+for port in "${PORTS[@]}"; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "run.sh: 127.0.0.1:$port is already in use (another make run?)" >&2
     exit 1
@@ -63,6 +70,21 @@ KEY_ID=$(cat "$RUN/demo-key-id")
 CURL_ROOT_KEY=$(cat "$RUN/demo-curl-root-key")
 CURL_KEY_ID=$(cat "$RUN/demo-curl-key-id")
 
+# The webhook receiver's venv (Python standardwebhooks; made once, needs the package index) and
+# the webhook secret the relay signs with and the receiver verifies with.
+[ -s "$RUN/webhook-secret" ] || echo "whsec_$(openssl rand -base64 32)" > "$RUN/webhook-secret"
+WEBHOOK_PY=""
+if [ -z "$WEBHOOK_URL" ]; then
+  echo "==> preparing the webhook receiver (Python standardwebhooks in .build/webhooks-venv)"
+  . scripts/lib-webhooks-venv.sh
+  WEBHOOK_PY=$(webhooks_venv_python) || WEBHOOK_PY=""
+  [ -n "$WEBHOOK_PY" ] && WEBHOOK_URL="http://127.0.0.1:$WEBHOOK_PORT/relay"
+fi
+EVENTS=""
+if [ -n "$WEBHOOK_URL" ]; then
+  EVENTS='"events": { "webhooks": [ { "name": "demo", "url": "'$WEBHOOK_URL'", "secretFile": "webhook-secret" } ] },'
+fi
+
 cat > "$RUN/relay.json" <<EOF
 {
   "_comment": "Written by scripts/run.sh for the local demo; see config/relay.example.json for every key.",
@@ -78,12 +100,14 @@ cat > "$RUN/relay.json" <<EOF
       "token": { "p8Path": "demo-apns-key.p8", "keyID": "$APNS_KEY_ID", "teamID": "$TEAM_ID" }
     }
   ],
+  $EVENTS
   "log": { "format": "text", "level": "info" }
 }
 EOF
 
 MOCK_PID=""
 RELAY_PID=""
+WEBHOOK_PID=""
 stop() {
   trap - INT TERM EXIT
   echo
@@ -92,6 +116,8 @@ stop() {
   [ -n "$RELAY_PID" ] && wait "$RELAY_PID" 2>/dev/null || true
   [ -n "$MOCK_PID" ] && kill -TERM "$MOCK_PID" 2>/dev/null || true
   [ -n "$MOCK_PID" ] && wait "$MOCK_PID" 2>/dev/null || true
+  [ -n "$WEBHOOK_PID" ] && kill -TERM "$WEBHOOK_PID" 2>/dev/null || true
+  [ -n "$WEBHOOK_PID" ] && wait "$WEBHOOK_PID" 2>/dev/null || true
   echo "==> stopped (state kept in $RUN/; delete it for a fresh start)"
 }
 trap stop INT TERM EXIT
@@ -114,6 +140,18 @@ rm -f "$RUN/ca.pem"
   --root-secret "$KEY_ID:$ROOT_KEY" --root-secret "$CURL_KEY_ID:$CURL_ROOT_KEY" ${ACCESSORY_ARGS[@]+"${ACCESSORY_ARGS[@]}"} --deliveries-log "$RUN/deliveries.jsonl" 2> >(sed -u 's/^/[mock-apns] /' >&2) &
 MOCK_PID=$!
 wait_http "http://127.0.0.1:$CONTROL_PORT/stats" mock-apns "$MOCK_PID"
+
+if [ -n "$WEBHOOK_PY" ]; then
+  echo "==> starting the webhook receiver on 127.0.0.1:$WEBHOOK_PORT (scripts/webhook-receiver.py)"
+  "$WEBHOOK_PY" -u scripts/webhook-receiver.py --secret-file "$RUN/webhook-secret" --port "$WEBHOOK_PORT" \
+    > >(sed -u 's/^/[webhook] /') 2>&1 &
+  WEBHOOK_PID=$!
+  for _ in $(seq 1 200); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$WEBHOOK_PORT") 2>/dev/null && break
+    kill -0 "$WEBHOOK_PID" 2>/dev/null || { echo "run.sh: the webhook receiver exited during start-up" >&2; exit 1; }
+    sleep 0.05
+  done
+fi
 
 echo "==> starting relay-server on 127.0.0.1:$RELAY_PORT (admin 127.0.0.1:$ADMIN_PORT)"
 "$BIN/relay-server" --config "$RUN/relay.json" 2> >(sed -u 's/^/[relay] /' >&2) &
@@ -190,7 +228,33 @@ derived, sent over libcurl, and verified by mock-apns with the root it derived f
   then:  curl -sS http://127.0.0.1:$CONTROL_PORT/deliveries      ("verified":true)
          $BIN/relayctl accessory derive --state $RUN/demo-accessory.json   (every intermediate value)
 
-Metrics: curl -sS http://127.0.0.1:$ADMIN_PORT/metrics     Ctrl-C stops both.
+Delivery events (docs/events.md): what became of each response, signed and pushed to a webhook,
+and in the feed.
+EOF
+if [ -n "$WEBHOOK_PY" ]; then
+  cat <<EOF
+  The [webhook] lines come from scripts/webhook-receiver.py on 127.0.0.1:$WEBHOOK_PORT: it verifies
+  each request's Standard Webhooks signature with the secret in $RUN/webhook-secret (the relay's
+  webhook "demo") and prints each event once: type, webhook-id, the response's id, state, reason.
+EOF
+elif [ -n "$WEBHOOK_URL" ]; then
+  cat <<EOF
+  Events are sent to your receiver at $WEBHOOK_URL (webhook "demo"), signed with the secret in
+  $RUN/webhook-secret: verify them with it (docs/events.md "Verifying").
+EOF
+else
+  cat <<EOF
+  No webhook: Python standardwebhooks could not be installed (offline?), so no receiver was
+  started. To see events pushed, run a receiver (docs/events.md "Verifying") with the secret in
+  $RUN/webhook-secret and start again with its URL:  WEBHOOK_URL=http://127.0.0.1:$WEBHOOK_PORT/relay make run
+EOF
+fi
+cat <<EOF
+  The feed, the same events pulled with the credential:
+    curl -sS "http://127.0.0.1:$RELAY_PORT/v1/events?wait=10" -H "Authorization: Bearer \$(cat $RUN/demo-credential)"
+    $BIN/relayctl events list --config $RUN/relay.json
+
+Metrics: curl -sS http://127.0.0.1:$ADMIN_PORT/metrics     Ctrl-C stops them all.
 
 EOF
 wait "$RELAY_PID" || true

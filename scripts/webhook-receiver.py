@@ -11,16 +11,29 @@ cross-check test and as a starting point for a real receiver:
 
 --secret-file holds the same one or two `whsec_` lines as the relay's `secretFile`; each line is
 checked on its own and the request is accepted if one verifies. --record FILE appends one JSON
-line per request (id, type, and per secret whether it verified). --fail-first N answers 500 to the
-first N requests, to watch the relay retry.
+line per request (id, type, per secret whether it verified, the status answered and the body as
+received; written when the request arrives). --fail-first N answers 500 to the first N requests,
+to watch the relay retry; --delay-ms D answers each request D ms late (a slow receiver).
 """
 import argparse
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+
+def summary(body):
+    """The event's gist for the log: the response's id, state, status and reason, or the push token."""
+    try:
+        data = json.loads(body).get("data", {})
+    except ValueError:
+        return ""
+    if "id" in data:
+        return " ".join(f"{k}={data.get(k)}" for k in ("id", "state", "status", "reason") if data.get(k) is not None)
+    return f"pushToken={data.get('pushToken')}"
 
 
 def main():
@@ -30,6 +43,7 @@ def main():
     parser.add_argument("--port", type=int, default=9300, help="0: any free port (printed)")
     parser.add_argument("--record", help="append one JSON line per request to this file")
     parser.add_argument("--fail-first", type=int, default=0, help="answer 500 to the first N requests")
+    parser.add_argument("--delay-ms", type=int, default=0, help="answer each request this many ms late")
     args = parser.parse_args()
 
     with open(args.secret_file) as f:
@@ -59,9 +73,6 @@ def main():
                 event_type = json.loads(body).get("type")
             except ValueError:
                 event_type = None
-            if args.record:
-                with lock, open(args.record, "a") as out:
-                    out.write(json.dumps({"id": event_id, "type": event_type, "verified": verified}) + "\n")
             if number < args.fail_first:
                 status = 500
             elif not any(verified):
@@ -72,7 +83,14 @@ def main():
                     with lock:
                         state["seen"].add(event_id)
                     # A real receiver acts on the event here (exactly once per webhook-id).
-                    print(f"{event_type} {event_id}", flush=True)
+                    print(f"{event_type} {event_id} {summary(body)}", flush=True)
+            if args.record:
+                record = {"id": event_id, "type": event_type, "verified": verified, "status": status,
+                          "body": body.decode("utf-8", "replace")}
+                with lock, open(args.record, "a") as out:
+                    out.write(json.dumps(record) + "\n")
+            if args.delay_ms:
+                time.sleep(args.delay_ms / 1000)
             self.send_response(status)
             self.send_header("content-length", "0")
             self.end_headers()

@@ -262,6 +262,8 @@ final class RelayHarness {
     var extraConfig: [String: String]
     /// Extra members of the "listen" object, e.g. `"tls":{...}` (RelayServerTLSTests).
     var listenExtra = ""
+    /// Members of an "events" object (none when empty), e.g. `"webhooks":[...]` (EventsEndToEndTests).
+    var eventsConfig = ""
 
     /// `dispatch`/`ingest` overrides are raw JSON object bodies merged into the config.
     init(dispatch: String = "", ingest: String = "", mockFaults: [String] = [], accessory: TestAccessory = TestAccessory()) throws {
@@ -314,6 +316,7 @@ final class RelayHarness {
              "dispatch":{\(extraConfig["dispatch"] ?? "")},
              "apps":[{"bundleID":"\(Self.bundleID)","environment":"custom","url":"https://127.0.0.1:\(mockPort)","caFile":"ca.pem",
                       "token":{"p8Path":"apns.p8","keyID":"\(Self.apnsKeyID)","teamID":"\(Self.teamID)"}}],
+             \(eventsConfig.isEmpty ? "" : "\"events\":{\(eventsConfig)},")
              "log":{"format":"json","level":"debug"}}
             """
         try config.write(toFile: dir + "/relay.json", atomically: true, encoding: .utf8)
