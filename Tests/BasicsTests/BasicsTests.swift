@@ -258,3 +258,32 @@ extension Result {
     var success: Success? { if case .success(let v) = self { v } else { nil } }
     var failureMessage: String? { if case .failure(let e as JSONScanError) = self { e.message } else { nil } }
 }
+
+/// iso8601UTC's arithmetic against gmtime_r (iso8601UTCGeneral) on the dates that break date
+/// code (epoch, leap days, century years, the ends of the 4-digit years, negative times) and on
+/// 200,000 seeded random times across years 0000-9999.
+@Suite struct ISO8601Tests {
+    @Test func knownTexts() {
+        #expect(iso8601UTC(millis: 0) == "1970-01-01T00:00:00.000Z")
+        #expect(iso8601UTC(millis: 1_764_483_000_123) == "2025-11-30T06:10:00.123Z")
+        #expect(iso8601UTC(millis: 951_782_400_000) == "2000-02-29T00:00:00.000Z")
+        #expect(iso8601UTC(millis: -1) == "1969-12-31T23:59:59.999Z")
+        #expect(iso8601UTC(millis: 253_402_300_799_999) == "9999-12-31T23:59:59.999Z")
+        #expect(iso8601UTC(millis: -62_167_219_200_000) == "0000-01-01T00:00:00.000Z")
+    }
+
+    @Test func agreesWithGmtime() {
+        let edges: [Int64] = [0, 1, -1, 999, -999, 1000, -1000, -1001, 86_399_999, 86_400_000, 951_782_399_999, 951_782_400_000,
+                              4_107_542_399_999, 4_107_542_400_000, 253_402_300_799_999, 253_402_300_800_000,
+                              -62_167_219_200_000, -62_167_219_200_001, .max / 2_000_000, -2_208_988_800_000]
+        for m in edges { #expect(iso8601UTC(millis: m) == iso8601UTCGeneral(millis: m), "\(m)") }
+        var state: UInt64 = 0x9E37_79B9_7F4A_7C15
+        var mismatches = 0
+        for _ in 0..<200_000 {
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            let m = Int64(state >> 16) % 315_569_520_000_000 - 62_167_219_200_000   // years 0000 to 9999
+            if iso8601UTC(millis: m) != iso8601UTCGeneral(millis: m) { mismatches += 1 }
+        }
+        #expect(mismatches == 0)
+    }
+}
