@@ -1,22 +1,23 @@
-// HMAC-SHA256 (RFC 2104) through OpenSSL's one-shot HMAC(): the webhook signatures (Standard
-// Webhooks `v1`). Not on a hot path: one call per webhook attempt.
-internal import COpenSSL
-
+// HMAC-SHA256 (RFC 2104) over the shim's one-shot SHA-256: the webhook signatures (Standard
+// Webhooks `v1`), one per webhook attempt. Not OpenSSL's one-shot HMAC(): in OpenSSL 3 it goes
+// through EVP_Q_mac, which fetches the MAC and digest implementations on every call (~36k
+// instructions per signature in events-e2e's callgrind diff); two SHA-256 calls do the same.
 package enum HMACSHA256 {
     package static let length = 32
+    private static let blockSize = 64
 
     package static func mac(key: [UInt8], message: [UInt8]) -> [UInt8] {
-        var out = [UInt8](repeating: 0, count: length)
-        var outLength: UInt32 = 0
-        // A non-null pointer even for an empty key or message: OpenSSL 3 refuses a null key.
-        let keyBuffer = key.isEmpty ? [0] : key, messageBuffer = message.isEmpty ? [0] : message
-        let ok = keyBuffer.withUnsafeBytes { k in messageBuffer.withUnsafeBytes { m in out.withUnsafeMutableBytes { o in
-            HMAC(EVP_sha256(), k.baseAddress, Int32(key.count),
-                 m.baseAddress!.assumingMemoryBound(to: UInt8.self), message.count,
-                 o.baseAddress!.assumingMemoryBound(to: UInt8.self), &outLength) != nil
-        } } }
-        // HMAC fails only when OpenSSL cannot allocate or fetch SHA-256: nothing a caller could fix.
-        guard ok, outLength == UInt32(length) else { fatalError("HMAC-SHA256 failed: \(OpenSSLErrors.drain())") }
-        return out
+        // K0: the key hashed when longer than a block, then zero-padded to the block (RFC 2104).
+        var k0 = key.count > blockSize ? SHA256.hash(key) : key
+        k0.append(contentsOf: repeatElement(0, count: blockSize - k0.count))
+        var inner = [UInt8]()
+        inner.reserveCapacity(blockSize + message.count)
+        for b in k0 { inner.append(b ^ 0x36) }
+        inner.append(contentsOf: message)
+        var outer = [UInt8]()
+        outer.reserveCapacity(blockSize + length)
+        for b in k0 { outer.append(b ^ 0x5c) }
+        outer.append(contentsOf: SHA256.hash(inner))
+        return SHA256.hash(outer)
     }
 }
