@@ -160,22 +160,32 @@ public enum EventCursor {
     }
 }
 
-/// The store's event side beyond what the sender calls: the feed, relayctl and retention.
 /// Events this process committed, by type: relay_events_created_total. Added to after each
 /// commit that wrote events (a rolled-back transaction's events are not counted).
 public final class EventTally: Sendable {
-    private let byType = Mutex<[EventType: Int]>([:])
+    // Atomics, not a locked dictionary: SQLite's writer adds after every commit that wrote events.
+    private let delivered = Atomic<Int>(0), failed = Atomic<Int>(0), unregistered = Atomic<Int>(0)
     public init() {}
     public func add(_ type: EventType, _ n: Int) {
         guard n > 0 else { return }
-        byType.withLock { $0[type, default: 0] += n }
+        switch type {
+        case .responseDelivered: delivered.add(n, ordering: .relaxed)
+        case .responseFailed: failed.add(n, ordering: .relaxed)
+        case .tokenUnregistered: unregistered.add(n, ordering: .relaxed)
+        }
     }
     public func add(_ other: [EventType: Int]) {
         for (type, n) in other { add(type, n) }
     }
-    public var counts: [EventType: Int] { byType.withLock { $0 } }
+    /// The types with a count above zero.
+    public var counts: [EventType: Int] {
+        let all: [(EventType, Int)] = [(.responseDelivered, delivered.load(ordering: .relaxed)), (.responseFailed, failed.load(ordering: .relaxed)),
+                                       (.tokenUnregistered, unregistered.load(ordering: .relaxed))]
+        return Dictionary(uniqueKeysWithValues: all.filter { $0.1 > 0 })
+    }
 }
 
+/// The store's event side beyond what the sender calls: the feed, relayctl and retention.
 public protocol EventStore: WebhookOutbox {
     /// Given once at start (RelayService), before the first outcome is applied.
     var eventSettings: EventStoreSettings { get set }

@@ -208,7 +208,9 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
                 state.eventsInBatch = 0
                 let t = state.eventTypesInBatch
                 state.eventTypesInBatch = (0, 0, 0)
-                state.tally.add([.responseDelivered: t.delivered, .responseFailed: t.failed, .tokenUnregistered: t.unregistered])
+                state.tally.add(.responseDelivered, t.delivered)
+                state.tally.add(.responseFailed, t.failed)
+                state.tally.add(.tokenUnregistered, t.unregistered)
                 for observe in state.eventObservers.withLock({ $0 }) { observe() }
             }
         }
