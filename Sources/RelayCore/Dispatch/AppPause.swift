@@ -44,9 +44,7 @@ public struct PauseSchedule: Sendable, Equatable {
 
     /// Wait before probe number `step` (0 = the first after pausing).
     public func delay(step: Int, random unit: Double) -> Int64 {
-        let shift = min(max(step, 0), 40)
-        let (v, overflow) = baseMillis.multipliedReportingOverflow(by: Int64(1) << shift)
-        let ceiling = overflow ? capMillis : min(v, capMillis)
+        let ceiling = Backoff.ceiling(base: baseMillis, doublings: step, cap: capMillis)
         let u = min(max(unit, 0), 1)
         return max(1, ceiling / 2 + Int64((Double(ceiling - ceiling / 2) * u).rounded(.down)))
     }

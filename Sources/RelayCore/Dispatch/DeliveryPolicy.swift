@@ -50,9 +50,7 @@ public struct DeliveryPolicy: Sendable, Equatable {
 
     /// Ceiling for the n-th retry (n = attempts made before this one), capped, overflow-safe.
     public func backoffCeiling(priorAttempts n: Int) -> Int64 {
-        let shift = min(max(n, 0), 40)
-        let (v, overflow) = backoffBaseMillis.multipliedReportingOverflow(by: Int64(1) << shift)
-        return overflow ? backoffCapMillis : min(v, backoffCapMillis)
+        Backoff.ceiling(base: backoffBaseMillis, doublings: n, cap: backoffCapMillis)
     }
 
     /// Full jitter (AWS architecture blog): uniform in [0, ceiling], at least 1 ms.

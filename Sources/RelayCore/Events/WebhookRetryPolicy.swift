@@ -23,7 +23,7 @@ public struct WebhookRetryPolicy: Sendable, Equatable {
     /// base * 2^(attempts-1), at most `cap`: the upper end of the delay after `attempts` failed
     /// attempts (1, 2, ...).
     public func ceiling(afterAttempts attempts: Int) -> Int64 {
-        Self.doubling(baseMillis, times: max(attempts, 1) - 1, cap: capMillis)
+        Backoff.ceiling(base: baseMillis, doublings: attempts - 1, cap: capMillis)
     }
 
     /// The result of a failed attempt made at `now`. `attemptsBefore` and `firstAttemptAt` are
@@ -44,15 +44,6 @@ public struct WebhookRetryPolicy: Sendable, Equatable {
     /// also claims one delivery at a time (a probe), so the attempt rate is bounded by this pause,
     /// not by the backlog.
     public func receiverPause(failures: Int) -> Int64 {
-        failures <= 0 ? 0 : Self.doubling(baseMillis, times: failures - 1, cap: pauseCapMillis)
-    }
-
-    static func doubling(_ base: Int64, times: Int, cap: Int64) -> Int64 {
-        var value = base
-        for _ in 0..<min(times, 62) {
-            if value >= cap { break }
-            value *= 2
-        }
-        return min(value, cap)
+        failures <= 0 ? 0 : Backoff.ceiling(base: baseMillis, doublings: failures - 1, cap: pauseCapMillis)
     }
 }
