@@ -1172,3 +1172,34 @@ final class RecordingExecutor: ThreadExecutor, @unchecked Sendable {
         if case .failure(.closed) = all.first?.1 {} else { Issue.record("expected .closed, got \(String(describing: all.first))") }
     }
 }
+
+/// token_pacing is pruned by the retention sweep once a pacing is over, so the table (and
+/// SQLite's in-memory watched-token set) does not grow with every token APNs ever paced.
+@Suite struct TokenPacingPruneTests {
+    @Test(arguments: StoreBackend.available)
+    func theSweepDropsEndedPacingAndKeepsLiveOnes(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let ended = String(repeating: "e1", count: 32), live = String(repeating: "e2", count: 32)
+        for token in [ended, live] { _ = try s.ingestNow(sample(token: token, index: 1), secret: c.secret) }
+        let rows = try s.claimDue(limit: 2)
+        #expect(rows.count == 2)
+        let now = f.clock.nowMillis()
+        try s.apply(rows.map { r in
+            DeliveryUpdate(id: r.id, pushToken: r.pushToken,
+                           outcome: .retry(at: now + 100, paceTokenUntil: now + (r.pushToken == ended ? 1_000 : 100_000)), attempt: nil)
+        })
+        #expect(try f.sql("SELECT count(*) FROM token_pacing") == [["2"]])
+        f.clock.advance(2_000)
+        RetentionSweeper(store: s, policy: RetentionPolicy(deliveredSeconds: 0, failedSeconds: 0), clock: f.clock,
+                         logger: RelayLogger(capture: true), batch: 100).sweepOnce()
+        #expect(try f.sql("SELECT token FROM token_pacing") == [[live]])
+        if let sqlite = s as? SQLiteOutboxStore {
+            #expect(try sqlite.write { _ in sqlite.writerState.watchedTokens } == [live])
+        }
+        // The live pacing still holds its token's rows back.
+        #expect(try s.claimDue(limit: 2).map(\.pushToken) == [ended])
+    }
+}

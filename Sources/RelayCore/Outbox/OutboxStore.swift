@@ -300,6 +300,11 @@ public protocol OutboxStore: EventStore {
     func purge(state: ResponseState, olderThan: Int64, dryRun: Bool) throws -> Int
     /// Deletes up to `limit` such rows (oldest first) and their attempts in one transaction.
     func purgeBatch(state: ResponseState, olderThan: Int64, limit: Int) throws -> Int
+    /// Deletes up to `limit` token_pacing rows whose pacing ended before `before` (a pacing that
+    /// is over changes no claim, StoreRules.claimVerdict): the retention sweep keeps the table,
+    /// and SQLite's in-memory set of watched tokens, from growing with every token APNs ever
+    /// answered TooManyRequests for. Returns how many.
+    func pruneEndedPacing(before: Int64, limit: Int) throws -> Int
     func unregisteredTokens() throws -> [UnregisteredToken]
     func forgetToken(_ token: String) throws -> Bool
 

@@ -106,6 +106,10 @@ public final class RetentionSweeper: Lifecycle {
         let total = removed.values.reduce(0, +)
         if total > 0 { logger?.info("retention removed finished responses", ["delivered": removed[.delivered] ?? 0, "failed": removed[.failed] ?? 0]) }
         sweepEvents()
+        do { _ = try store.pruneEndedPacing(before: clock.nowMillis(), limit: 10_000) } catch {
+            state.withLock { $0.failures += 1 }
+            logger?.error("retention: pruning ended token pacing failed", ["error": "\(error)"])
+        }
         return removed
     }
 

@@ -61,6 +61,16 @@ extension PostgresOutboxStore {
         }
     }
 
+    public func pruneEndedPacing(before: Int64, limit: Int) throws -> Int {
+        try write { c in
+            // The outer condition again: another node may have raised a row's pacing meanwhile.
+            try c.run("""
+                DELETE FROM token_pacing WHERE paced_until < $1
+                    AND token IN (SELECT token FROM token_pacing WHERE paced_until < $1 LIMIT $2)
+                """, [.int(before), .int(Int64(max(0, limit)))]).affected
+        }
+    }
+
     public func forgetToken(_ token: String) throws -> Bool {
         try write { c in try c.run("DELETE FROM unregistered_tokens WHERE token = $1", [.text(token.lowercased())]).affected > 0 }
     }

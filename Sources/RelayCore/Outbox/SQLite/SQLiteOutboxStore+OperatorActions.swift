@@ -54,6 +54,22 @@ extension SQLiteOutboxStore {
         return try PurgeBatches.run(self, state: s, olderThan: olderThan)
     }
 
+    public func pruneEndedPacing(before: Int64, limit: Int) throws -> Int {
+        let state = writerState
+        return try write { db in
+            let tokens = try db.query("SELECT token FROM token_pacing WHERE paced_until < ? LIMIT ?",
+                                      [.integer(before), .integer(Int64(max(0, limit)))]).compactMap { $0[0].string }
+            for token in tokens {
+                try db.run("DELETE FROM token_pacing WHERE token = ?", [.text(token)])
+                // Still watched while it holds a mark (watchedTokens mirrors both tables).
+                if try db.query("SELECT 1 FROM unregistered_tokens WHERE token = ?", [.text(token)]).isEmpty {
+                    state.watchedTokens.remove(token)
+                }
+            }
+            return tokens.count
+        }
+    }
+
     public func purgeBatch(state s: ResponseState, olderThan: Int64, limit: Int) throws -> Int {
         try StoreRules.checkPurgeable(s)
         let state = writerState
