@@ -117,6 +117,8 @@ public final class CurlClient {
             set(ccurl_setopt_string(curl, CURLOPT_PROTOCOLS_STR, Self.allowedProtocols))
             set(ccurl_setopt_string(curl, CURLOPT_REDIR_PROTOCOLS_STR, Self.allowedProtocols))
             set(ccurl_setopt_long(curl, CURLOPT_FOLLOWLOCATION, 0))
+            // No proxy from the environment: what the caller named is what is reached.
+            set(ccurl_setopt_string(curl, CURLOPT_NOPROXY, "*"))
             set(ccurl_setopt_string(curl, CURLOPT_URL, url))
             if json != nil {
                 set(ccurl_setopt_long(curl, CURLOPT_POST, 1))

@@ -10,11 +10,12 @@ package enum HMACSHA256 {
         // K0: the key hashed when longer than a block, then zero-padded to the block (RFC 2104).
         var k0 = key.count > blockSize ? SHA256.hash(key) : key
         k0.append(contentsOf: repeatElement(0, count: blockSize - k0.count))
-        var inner = [UInt8]()
+        var inner = [UInt8](), outer = [UInt8]()
+        // Key material (and the message's keyed block) is not left in freed memory.
+        defer { wipe(&k0); wipe(&inner); wipe(&outer) }
         inner.reserveCapacity(blockSize + message.count)
         for b in k0 { inner.append(b ^ 0x36) }
         inner.append(contentsOf: message)
-        var outer = [UInt8]()
         outer.reserveCapacity(blockSize + length)
         for b in k0 { outer.append(b ^ 0x5c) }
         outer.append(contentsOf: SHA256.hash(inner))

@@ -93,6 +93,9 @@ final class WebhookTransport: @unchecked Sendable {
         set(ccurld_setopt_string(easy, CURLOPT_PROTOCOLS_STR, Self.allowedProtocols))
         set(ccurld_setopt_string(easy, CURLOPT_REDIR_PROTOCOLS_STR, Self.allowedProtocols))
         set(ccurld_setopt_long(easy, CURLOPT_FOLLOWLOCATION, 0))
+        // No proxy from the environment (http_proxy, ALL_PROXY...): a loopback-only http:// URL
+        // must not leave the host in clear through one.
+        set(ccurld_setopt_string(easy, CURLOPT_NOPROXY, "*"))
         set(ccurld_setopt_string(easy, CURLOPT_URL, request.url))
         set(ccurld_setopt_long(easy, CURLOPT_POST, 1))
         // COPYPOSTFIELDS copies the body (the array may move); its size must be set first.

@@ -102,7 +102,7 @@ extension SQLiteOutboxStore {
                 let events = try db.query("SELECT \(Self.eventColumns) FROM events e WHERE e.seq > ? AND e.seq <= ? AND e.credential_id = ? ORDER BY e.seq LIMIT ?",
                                           [.integer(sequence), .integer(end), .text(credentialID), .integer(Int64(max(0, limit)))])
                     .map { try EventRecord(columns: $0).stored }
-                return EventPage(events: events, next: events.count == limit ? events[events.count - 1].sequence : end)
+                return EventPage(events: events, next: limit > 0 && events.count == limit ? events[events.count - 1].sequence : end)
             }
         }
     }
