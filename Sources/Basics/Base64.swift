@@ -21,8 +21,8 @@ public enum Base64 {
         let n = bytes.count
         let encoded = encodedCount(n, padding: padding)
         let start = out.count
-        // Grow once, then write through pointers: element-wise appends cost ~50 instructions
-        // per output byte, and PushClient runs this for every push (docs/benchmarks.md).
+        // Grow once, then write through pointers, not element-wise appends: PushClient runs
+        // this for every push.
         out.append(contentsOf: repeatElement(0, count: encoded))
         let a = (alphabet == .standard ? standardDigits : urlDigits).utf8Start
         let pad = UInt8(ascii: "=")

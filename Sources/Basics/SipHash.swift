@@ -1,7 +1,7 @@
 // SipHash-2-4 (Aumasson and Bernstein, "SipHash: a fast short-input PRF", 2012): a keyed 64-bit
 // hash for tables whose keys clients choose (RelayCore's dedupe index). Plain Swift, because
-// OpenSSL's EVP_MAC re-initialisation per call cost more than the hash itself (~2,500
-// instructions a row for two short inputs). The tests check it against the paper's vectors and
+// OpenSSL's EVP_MAC re-initialisation per call costs more than the hash itself. The tests check
+// it against the paper's vectors and
 // against OpenSSL's SIPHASH on random keys and inputs, so stored hashes stay valid.
 
 /// SipHash-2-4 under one 16-byte key. A value type with no state between calls: any thread.

@@ -89,11 +89,9 @@ func isSafeHeader(name: String, value: String) -> Bool {
 }
 
 /// Whether a name is a non-empty token, and whether it has ASCII capitals (to lowercase).
-/// Pointer loops (callers use `withUTF8`): the UTF8View iterator cost ~2k instructions per
-/// response for two short fields. Whole words of lowercase letters and '-' (what handlers
-/// write) pass eight bytes at a time; the rest, from the first word that may not, goes
-/// through the byte loop, so the verdict is the byte loop's. The byte loop costs ~19
-/// instructions a byte: ~230 for a 12-byte name, ~40 by words.
+/// Pointer loops (callers use `withUTF8`), not the UTF8View iterator. Whole words of
+/// lowercase letters and '-' (what handlers write) pass eight bytes at a time; the rest, from
+/// the first word that may not, goes through the byte loop, so the verdict is the byte loop's.
 @inline(__always)
 func scanHeaderName(_ u: UnsafeBufferPointer<UInt8>) -> (isToken: Bool, hasUpper: Bool) {
     guard let p = u.baseAddress, !u.isEmpty else { return (false, false) }
@@ -122,8 +120,8 @@ func isSafeHeaderValue(_ value: String) -> Bool {
     return value.withUTF8 { isSafeHeaderValue(bytes: $0) }
 }
 
-/// No CR, LF or NUL. Words without any byte below 0x20 pass eight bytes at a time (the byte
-/// loop costs ~6 instructions a byte); a word that has one, and what follows it, goes through
+/// No CR, LF or NUL. Words without any byte below 0x20 pass eight bytes at a time; a word that
+/// has one, and what follows it, goes through
 /// the byte loop, so the verdict is the byte loop's.
 @inline(__always)
 func isSafeHeaderValue(bytes u: UnsafeBufferPointer<UInt8>) -> Bool {
@@ -346,8 +344,7 @@ extension Connection {
 
     /// Serializes every leading answered slot.
     func h1Drain() {
-        // take(): the response moves out of its slot (reading it, then the slot, then clearing
-        // it copied the response twice, ~200 instructions).
+        // take(): the response moves out of its slot instead of being copied out and cleared.
         while slotsHead < slots.count, let response = slots[slotsHead].response.take() {
             let slot = slots[slotsHead]
             slotsHead += 1
@@ -394,8 +391,7 @@ extension Connection {
         swap(&o, &out)
         defer { swap(&o, &out) }
         // The head's dozen pieces go through the loop's scratch memory and reach `o` in one
-        // append (see HeadWriter): a third fewer instructions per 202 than appending each piece
-        // (callgrind, docs/performance-history.md).
+        // append (see HeadWriter).
         loop.headScratch.withUnsafeMutableBufferPointer { scratch in
             var head = HeadWriter(scratch)
             head.put(statusLines[r.status], &o)
@@ -439,8 +435,8 @@ extension Connection {
 }
 
 /// Builds a response head in scratch memory and appends it to the output in one call: the
-/// head is a dozen short pieces, and `Array.append(contentsOf:)` costs ~90 instructions a
-/// call where a copy into the scratch costs ~25. A head larger than the scratch spills into
+/// head is a dozen short pieces, and each `Array.append(contentsOf:)` costs several times a
+/// copy into the scratch. A head larger than the scratch spills into
 /// the output as it goes, so any size gives the same bytes.
 struct HeadWriter {
     private let base: UnsafeMutablePointer<UInt8>

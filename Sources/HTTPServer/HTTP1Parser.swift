@@ -397,8 +397,8 @@ package struct HTTP1Parser: Sendable {
         while valueStart < end && (bytes[valueStart] == sp || bytes[valueStart] == htab) { valueStart += 1 }
         var valueEnd = end
         while valueEnd > valueStart && (bytes[valueEnd - 1] == sp || bytes[valueEnd - 1] == htab) { valueEnd -= 1 }
-        // Eight bytes at a time while none can be a CTL or DEL (a long Authorization value cost
-        // ~13 instructions per byte checked one by one); a word that may hold one, and the
+        // Eight bytes at a time while none can be a CTL or DEL (long Authorization values are
+        // common); a word that may hold one, and the
         // tail, are checked byte by byte below, so the verdict is the byte loop's.
         var k = valueStart
         while valueEnd - k >= 8 {

@@ -28,8 +28,8 @@ final class CredentialCache: Sendable {
     }
 
     /// The copy's credentials by hash: open addressing on the hash's first word (SHA-256 output
-    /// is uniform, so it needs no hashing of its own). A Dictionary ran SipHash on every lookup:
-    /// ~250 of the ~470 instructions of a verdict (callgrind, -O). The probe's length depends on
+    /// is uniform, so it needs no hashing of its own); a Dictionary would run SipHash on every
+    /// lookup, half of a verdict's cost. The probe's length depends on
     /// the presented hash and on which slots are taken: that tells a prober about SHA-256
     /// outputs, never about a secret (a preimage of a 256-bit random value).
     struct Table {

@@ -1,8 +1,8 @@
 // The ingest validation fast path: one pass over the body bytes for the shape every accessory
 // sends (a flat object of the known fields, ASCII strings without escapes, messageIndex a
 // plain integer or a string of digits). No intermediate member list, key Strings or
-// String-based checks: the general path (JSONReader + Validation.swift) cost ~30k instructions
-// per request, this one ~4k.
+// String-based checks, which dominate the general path's cost (JSONReader + Validation.swift;
+// figures in docs/performance-history.md).
 //
 // It only ever answers "valid, here is the NewResponse" or "not sure" (nil). Anything unusual —
 // an escape, non-ASCII, a nested value, true/false/null, a duplicate or unknown key, a missing
@@ -175,7 +175,7 @@ extension IngestValidation {
     /// 8-4-4-4-12 hex digits (either case) as the canonical uppercase String, or nil. The same
     /// rule as `UUIDText.parse` followed by `UUIDText.format(uppercase: true)`, without the
     /// intermediate byte array.
-    // Kept beside Basics.UUIDText: one pass, no byte array, on the ingest hot path (docs/benchmarks.md, instructions per response).
+    // Kept beside Basics.UUIDText: one pass and no byte array on the ingest hot path.
     static func uppercaseUUID(_ p: UnsafePointer<UInt8>, _ count: Int) -> String? {
         guard count == 36 else { return nil }
         var ok = true

@@ -41,8 +41,8 @@ struct AppPushToken: Hashable, Sendable {
     var app: String
     var pushToken: String
 
-    // The token alone spreads the keys (hashing the app too cost ~200 instructions per
-    // request); a token has one key per app it is sent for, told apart by ==.
+    // The token alone spreads the keys (hashing the app too is work for nothing); a token has
+    // one key per app it is sent for, told apart by ==.
     func hash(into hasher: inout Hasher) { hasher.combine(pushToken) }
 }
 
@@ -85,8 +85,8 @@ public final class IngestService: Sendable {
     /// One request's way back: what the answer and its log line need, and where it goes. A
     /// class rather than a closure so that the store's completion captures this one reference
     /// (a closure capturing a single object needs no context of its own): the closure contexts
-    /// of `finish` and of the store's completion, with their captures, cost ~900 instructions
-    /// per ingest to build and free. Called as `finish(response, note)`.
+    /// of `finish` and of the store's completion would be built and freed per ingest. Called
+    /// as `finish(response, note)`.
     final class Exchange: Sendable {
         let service: IngestService
         // The request's identity, not the request (body, credential): this lives until the
@@ -261,8 +261,8 @@ public final class IngestService: Sendable {
 
     static let authenticateHeaders = [("www-authenticate", "Bearer")]
 
-    /// `{"id":"<id>","state":"queued"}` in one allocation, as the bytes that are sent (two
-    /// concatenations cost ~1.7k instructions; a String then copied into an array ~600 more).
+    /// `{"id":"<id>","state":"queued"}` in one allocation, as the bytes that are sent (no
+    /// String concatenation, no copy from a String into an array).
     static func queuedBody(id: String) -> [UInt8] {
         var id = id
         return id.withUTF8 { idBytes in
@@ -283,7 +283,7 @@ public final class IngestService: Sendable {
 
     /// The bearer secret if the header is well-formed: `Bearer` (any case), one or more
     /// spaces, `rk_` + base64url characters (at most 128 bytes), optional trailing spaces/tabs.
-    /// One pass over the UTF-8 bytes (split/lowercase/trim Strings cost ~10k instructions).
+    /// One pass over the UTF-8 bytes, no split/lowercase/trim Strings.
     static func bearer(_ authorization: String?) -> String? {
         guard var h = authorization else { return nil }
         return h.withUTF8 { u -> String? in

@@ -91,7 +91,8 @@ struct JSONReader {
 }
 
 /// Strict standard base64 (RFC 4648 section 4, padding required, no whitespace).
-// Kept beside Basics.Base64: table-driven on the ingest hot path (docs/benchmarks.md, instructions per response); it accepts non-zero unused trailing bits, Basics.Base64.decode does not.
+// Kept beside Basics.Base64: table-driven on the ingest hot path; it accepts non-zero unused
+// trailing bits, Basics.Base64.decode does not.
 enum Base64 {
     static func decode(_ s: String) -> [UInt8]? {
         var s = s

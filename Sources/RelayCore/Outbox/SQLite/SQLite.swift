@@ -214,7 +214,7 @@ public final class SQLiteDatabase {
 
     /// The statement in `slot`, prepared into it on first use. Hot paths keep their statements
     /// in such slots: the cache behind `statement(_:)` is a dictionary keyed by the SQL text,
-    /// and hashing that text cost ~2k instructions per lookup.
+    /// which hashes that text on every lookup.
     func held(_ slot: inout SQLiteStatement?, _ sql: @autoclosure () -> String) throws -> SQLiteStatement {
         if let s = slot { return s }
         let s = try statement(sql())
@@ -280,8 +280,8 @@ public final class SQLiteStatement {
     private unowned let db: SQLiteDatabase
     let sql: String
     /// Where the typed binders copy text and blobs so SQLite can take them with SQLITE_STATIC:
-    /// with SQLITE_TRANSIENT it malloc'd, copied and later freed every value (~500 instructions
-    /// per bind, seven binds per ingest). The bytes must not change until the statement has
+    /// SQLITE_TRANSIENT would malloc, copy and later free every value (seven binds per
+    /// ingest). The bytes must not change until the statement has
     /// stepped, so the arena is only rewound after a step (stepOnce, reset); values that do not
     /// fit are bound TRANSIENT as before. Allocated on first use. sqlite3_reset keeps bindings,
     /// but the rewound arena is overwritten by the next binds, so `reset()` also clears the
