@@ -19,12 +19,13 @@ Sections (each can be selected with --sections):
 
 With --backend postgres it runs the PostgreSQL scenarios instead (scripts/reliability_pg.py):
 three relay-server nodes on one throwaway cluster; kill -9 of a node per round, pg_ctl restart
--m fast and -m immediate, the database stopped for 30 s; content audits after each.
+-m fast and -m immediate, the database stopped for 30 s, and stalled (SIGSTOP) for 20 s;
+content audits after each.
 
 Usage: scripts/reliability.py --bin .build/release [--rounds 20] [--sections crash,faults]
        [--rows 5xx,goaway] [--json-out FILE] [--md-out FILE] [--quick]
        scripts/reliability.py --bin .build/release --backend postgres
-       [--scenarios kill,fast,immediate,outage] [--pg-rounds 6] [--outage 30] [--plant-loss]
+       [--scenarios kill,fast,immediate,outage,stall] [--pg-rounds 6] [--outage 30] [--plant-loss]
 Exit status 0 when every check passed, 1 when one failed, 64 on usage errors.
 Every process it starts is killed by pid on exit (also on SIGINT/SIGTERM).
 """
@@ -1066,7 +1067,12 @@ def section_badinput(env, args, results):
 
 def markdown(results, args, elapsed):
     L = []
-    L.append(f"Run {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, {elapsed:.0f} s, "
+    try:
+        commit = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "describe", "--always", "--dirty"],
+                                capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        commit = "unknown"
+    L.append(f"Run {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} at commit {commit}, {elapsed:.0f} s, "
              f"binaries `{args.bin}`, command `{' '.join(sys.argv)}`, load average at the end "
              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (a shared machine is noisy: timings vary run to run).")
     L.append("")
@@ -1159,11 +1165,12 @@ def main():
     ap.add_argument("--json-out")
     ap.add_argument("--md-out")
     ap.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
-    ap.add_argument("--scenarios", default="kill,fast,immediate,outage", help="postgres scenarios")
+    ap.add_argument("--scenarios", default="kill,fast,immediate,outage,stall", help="postgres scenarios")
     ap.add_argument("--pg-rounds", type=int, default=6, help="postgres: kill -9 rounds (one node each)")
     ap.add_argument("--pg-rate", type=float, default=300.0, help="postgres: offered load (responses/s, all nodes)")
     ap.add_argument("--lease", type=int, default=12, help="postgres: store.leaseSeconds (requestTimeoutMs is 2 s less, at most 10 s)")
     ap.add_argument("--mock-latency", type=int, default=150, help="postgres: mock-apns answers every push after this many ms")
+    ap.add_argument("--stall", type=float, default=20.0, help="postgres: seconds the stall scenario keeps the server SIGSTOPped")
     ap.add_argument("--outage", type=float, default=30.0, help="postgres: seconds the database stays stopped")
     ap.add_argument("--plant-loss", action="store_true",
                     help="postgres: delete one acknowledged, unsent row mid-run (the run must then fail)")

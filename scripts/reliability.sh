@@ -10,7 +10,7 @@
 # the "results" markers. Extra arguments go to scripts/reliability.py (e.g. --sections crash).
 # BACKEND=postgres (`make reliability BACKEND=postgres`): the PostgreSQL scenarios instead
 # (three relay-server nodes on a throwaway cluster: kill -9 of a node per round, pg_ctl restart
-# -m fast and -m immediate, the database stopped for 30 s); results in
+# -m fast and -m immediate, the database stopped for 30 s and stalled for 20 s); results in
 # .build/reliability/results-postgres.{json,md} and between the "pg-results" markers.
 # The harness kills every process it started, by pid, also on Ctrl-C; it stops by itself.
 set -euo pipefail

@@ -14,6 +14,9 @@ most 1 s). Scenarios, each under that load, each followed by an audit:
   fast      `pg_ctl restart -m fast` mid-load.
   immediate `pg_ctl restart -m immediate` mid-load (PostgreSQL's crash recovery).
   outage    PostgreSQL stopped (`pg_ctl stop -m fast`) for OUTAGE seconds (30), then started.
+  stall     PostgreSQL's processes SIGSTOPped for STALL seconds (20), then SIGCONTinued: open
+            connections that answer nothing (a hung server or a partition), where ingest must
+            still answer 503 within seconds.
 
 Audit after each scenario (once the outbox has drained): every acknowledged id (202, or 200 for
 a resent request) has its row with the bytes that were sent (push token, session, keyID, message
@@ -21,8 +24,8 @@ index, encryptedData), ends delivered (in mock-apns' deliveries log, whose paylo
 same encryptedData) or failed with a reason; none lost; no row inflight once its lease is 5 s
 past; duplicates (mock-apns' count per apns-id) attributed to the rows a killed node held leased
 or to the rows inflight across a database outage, and within that bound. During (fast, immediate,
-outage) every ingest answer is booked: 202 only for rows that are there afterwards, 503 with
-Retry-After and `storage_unavailable`, no request left hanging; /readyz of every node polled
+outage, stall) every ingest answer is booked: 202 only for rows that are there afterwards, 503
+with Retry-After and `storage_unavailable`, no request left hanging or answered after 5 s; /readyz of every node polled
 (fails while the database is down); time from the database's return to each node's first 202
 and first /readyz 200.
 
@@ -47,6 +50,7 @@ import uuid
 LEASE_SECONDS = 12          # --lease; must exceed dispatch.requestTimeoutMs (lease - 2 s, at most 10 s)
 GRACE_MS = 5000             # an inflight row whose lease is this far past counts as stuck
 CLIENT_TIMEOUT = 15.0       # an ingest request without an answer for this long counts as hanging
+SLOW_ANSWER = 5.0           # an ingest answer (even a 503) taking longer than this is a stall, not "fails fast"
 
 
 def now_ms():
@@ -76,6 +80,23 @@ class Cluster:
         out = subprocess.run(["bash", self.script, what, self.dir], capture_output=True, text=True, timeout=120)
         if out.returncode != 0:
             raise RuntimeError(f"pg-test.sh {what} failed: {out.stderr.strip()}")
+
+    def server_pids(self):
+        """The postmaster (first line of postmaster.pid) and its children: the processes of the
+        cluster this harness started, by pid."""
+        with open(os.path.join(self.dir, "data", "postmaster.pid")) as f:
+            master = int(f.readline())
+        pids = [master]
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                if ppid == master:
+                    pids.append(int(d))
+        return pids
 
     def destroy(self):
         subprocess.run(["bash", self.script, "stop", self.dir], capture_output=True, timeout=120)
@@ -207,7 +228,7 @@ class PGLoad:
     def __init__(self, env, secret, threads, rate, phase):
         self.env, self.secret, self.nthreads, self.rate, self.phase = env, secret, threads, rate, phase
         self.acked = {}        # id -> dict(token, session, index, data, node, status, sent, answered)
-        self.answers = []      # (monotonic answered, node name, status or None, error code, retry-after, hung)
+        self.answers = []      # (monotonic answered, node, status or None, error code, retry-after, hung, seconds taken)
         self.unacked = []      # requests abandoned at stop without a 2xx: (token, session, index)
         self.mismatch200 = []  # a resent request answered 200 with another id than a 202 had given
         self.lock = threading.Lock()
@@ -269,7 +290,8 @@ class PGLoad:
                     conn.close()
                 conn = None
                 with self.lock:
-                    self.answers.append((time.monotonic(), n.name, None, "hung" if hung else "no answer", None, hung))
+                    self.answers.append((time.monotonic(), n.name, None, "hung" if hung else "no answer", None, hung,
+                                         time.monotonic() - t0))
                 node = (node + 1) % len(nodes)  # the load balancer's next node
                 time.sleep(0.05)
                 continue
@@ -281,7 +303,7 @@ class PGLoad:
                 j = {}
             t1 = time.monotonic()
             with self.lock:
-                self.answers.append((t1, n.name, st, code, ra, False))
+                self.answers.append((t1, n.name, st, code, ra, False, t1 - t0))
                 if st in (200, 202):
                     rid = j["id"].lower()
                     if rid in self.acked and self.acked[rid]["index"] != pending[0]:
@@ -384,6 +406,19 @@ def scenario_db(env, args, rng, ctx, how):
     ctx["downMs"] = now_ms()
     if how == "fast":
         env.cluster.ctl("restart")
+    elif how == "stall":
+        pids = env.cluster.server_pids()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        t_stopped = time.monotonic()
+        try:
+            time.sleep(args.stall)
+        finally:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
     elif how == "immediate":
         env.cluster.ctl("crash")
     else:
@@ -403,7 +438,7 @@ def scenario_db(env, args, rng, ctx, how):
         ctx["inflightAcrossOutage"][rid.lower()] = (int(lease) / 1000.0, t_up - t_down, owner)
     out = {"downAt": t_down, "upAt": t_up, "restartSeconds": round(t_up - t_down, 2),
            "inflightAfterReturn": len(snap or [])}
-    if how == "outage":
+    if how in ("outage", "stall"):
         out["stoppedAt"] = t_stopped
     ctx["log"](f"  database {how}: down for {t_up - t_down:.1f}s, {len(snap or [])} rows inflight when it returned")
     return out
@@ -580,16 +615,20 @@ def outage_checks(load, mon, times, how, env):
     bad503 = [a for a in all503 if a[3] != "storage_unavailable" or not a[4]]
     other = [a for a in load.answers if a[2] is not None and a[2] not in (200, 202, 503)]
     hung = [a for a in load.answers if a[5]]
+    slow = [a for a in load.answers if a[2] is not None and a[6] > SLOW_ANSWER]
     out = {"answersDuringOutage": dict(by), "answers503": len(all503), "answers503WithoutRetryAfterOrCode": len(bad503),
            "answersOtherStatus": dict(collections.Counter(a[2] for a in other)), "requestsHung": len(hung),
-           "unansweredRequests": sum(1 for a in load.answers if a[2] is None)}
-    if how == "outage":
+           "unansweredRequests": sum(1 for a in load.answers if a[2] is None),
+           "slowestAnswerSeconds": round(max((a[6] for a in load.answers), default=0), 2),
+           "answersSlowerThan5s": len(slow)}
+    if how in ("outage", "stall"):
         # the database is certainly down from pg_ctl stop's return to pg_ctl start's call
         t_stopped = times["stoppedAt"]
         false202 = [a for a in load.answers if a[2] in (200, 202) and t_stopped + 0.5 <= a[0] <= t_up - 0.5]
         out["acceptedWhileStopped"] = len(false202)
         ready = [r for r in mon.readyz if t_stopped + 3.0 <= r[0] <= t_up - 0.5]
         out["readyz200WhileStopped"] = sum(1 for r in ready if r[2] == 200)
+        out["readyzWhileStopped"] = {str(k): v for k, v in collections.Counter(r[2] for r in ready).items()}  # None: no answer in 2 s
         out["readyzPollsWhileStopped"] = len(ready)
     fails = collections.Counter(r[1] for r in mon.readyz if t_down <= r[0] <= t_up + 1.0 and r[2] != 200)
     out["readyzFailedPerNode"] = {n.name: fails.get(n.name, 0) for n in env.nodes}
@@ -602,8 +641,9 @@ def outage_checks(load, mon, times, how, env):
     out["resumeSecondsAfterReturn"] = resume
     worst = [v["first202"] for v in resume.values()]
     out["worstResumeSeconds"] = None if None in worst else max(worst)
-    ok = not bad503 and not other and not hung and out["worstResumeSeconds"] is not None and out["worstResumeSeconds"] <= 10.0
-    if how == "outage":
+    ok = (not bad503 and not other and not hung and not slow and out["worstResumeSeconds"] is not None
+          and out["worstResumeSeconds"] <= 10.0)
+    if how in ("outage", "stall"):
         ok = ok and out["acceptedWhileStopped"] == 0 and out["readyz200WhileStopped"] == 0 and out["readyzPollsWhileStopped"] > 0
         ok = ok and all(v["readyz200"] is not None and v["readyz200"] <= 10.0 for v in resume.values())
     out["pass"] = ok
@@ -615,6 +655,9 @@ SCENARIOS = {
     "fast": "PostgreSQL `pg_ctl restart -m fast` mid-load",
     "immediate": "PostgreSQL `pg_ctl restart -m immediate` (crash recovery) mid-load",
     "outage": "PostgreSQL stopped for {outage} s, then started",
+    # Beyond issue 25's four: the server's processes SIGSTOPped, so connections stay open and
+    # nothing answers (a hung server, a network partition that drops packets).
+    "stall": "PostgreSQL stalled (its processes SIGSTOPped) for {stall} s, then continued",
 }
 
 
@@ -670,18 +713,30 @@ def run(R, args, work, results):
                 if n.proc is None or n.proc.poll() is not None:
                     detail.setdefault("nodesDied", []).append(f"{n.name} exit {n.proc.poll() if n.proc else None}")
                     env.start_node(n)
-            row = {"scenario": name, "what": SCENARIOS[name].format(outage=args.outage), "detail": detail,
+            row = {"scenario": name, "what": SCENARIOS[name].format(outage=args.outage, stall=args.stall), "detail": detail,
                    "answers": dict(collections.Counter(a[2] for a in load.answers)),
                    "resentAnswered200WithOtherId": len(load.mismatch200)}
             if planted:
                 row["plantedLoss"] = planted
             if name != "kill":
                 row["outage"] = outage_checks(load, mon, detail, name, env)
-            stuck = [c for _, c in mon.stuck if c]
+            # Rows inflight GRACE_MS past their lease while the database was up: none may stay. After
+            # the database returns, leases that ran out during the outage are taken at the nodes'
+            # next claims: the first GRACE_MS after its return are left out, and the time until
+            # none is left is reported.
+            if name == "kill":
+                stuck = [c for _, c in mon.stuck if c]
+            else:
+                stuck = [c for t, c in mon.stuck if c and not (detail["downAt"] <= t <= detail["upAt"] + GRACE_MS / 1000)]
+                after = [(t, c) for t, c in mon.stuck if t >= detail["upAt"] and c is not None]
+                cleared = next((t for t, c in after if c == 0), None)
+                detail["expiredLeasesClearedAfterReturnSeconds"] = round(cleared - detail["upAt"], 2) if cleared else None
+                detail["expiredLeasesAfterReturn"] = max((c for t, c in after), default=0)
             row["maxInflightPastLeaseWhileRunning"] = max(stuck) if stuck else 0
             all_acked.update(load.acked)
             row["audit"] = audit(env, args, ctx, load.acked, mock, name)
             row["pass"] = (row["audit"]["pass"] and (row.get("outage", {}).get("pass", True))
+                           and row["maxInflightPastLeaseWhileRunning"] == 0
                            and not detail.get("nodesDied") and not load.mismatch200)
             res["scenarios"].append(row)
             a = row["audit"]
@@ -752,9 +807,13 @@ def markdown(res):
         if o:
             during = (f"answers {o['answersDuringOutage']}; 503 without Retry-After/code: {o['answers503WithoutRetryAfterOrCode']}; "
                       f"other status {o['answersOtherStatus']}; hung {o['requestsHung']}; /readyz non-200 polls {o['readyzFailedPerNode']}")
+            during += f"; slowest answer {o['slowestAnswerSeconds']} s ({o['answersSlowerThan5s']} over 5 s)"
             if "acceptedWhileStopped" in o:
                 during += (f"; 2xx while stopped: {o['acceptedWhileStopped']}; /readyz 200 while stopped: "
                            f"{o['readyz200WhileStopped']}/{o['readyzPollsWhileStopped']}")
+            if r["detail"].get("expiredLeasesAfterReturn"):
+                during += (f"; {r['detail']['expiredLeasesAfterReturn']} leases expired when it returned, all taken "
+                           f"{r['detail']['expiredLeasesClearedAfterReturnSeconds']} s later")
             resume = ", ".join(f"{k} {v['first202']}" + (f" (readyz {v['readyz200']})" if v["readyz200"] is not None else "")
                                for k, v in o["resumeSecondsAfterReturn"].items())
         else:
