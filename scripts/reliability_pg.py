@@ -714,7 +714,8 @@ def run(R, args, work, results):
                     detail.setdefault("nodesDied", []).append(f"{n.name} exit {n.proc.poll() if n.proc else None}")
                     env.start_node(n)
             row = {"scenario": name, "what": SCENARIOS[name].format(outage=args.outage, stall=args.stall), "detail": detail,
-                   "answers": dict(collections.Counter(a[2] for a in load.answers)),
+                   "answers": dict(collections.Counter(a[2] if a[2] is not None else "no answer" for a in load.answers)),
+                   "abandonedAtStop": len(load.unacked),
                    "resentAnswered200WithOtherId": len(load.mismatch200)}
             if planted:
                 row["plantedLoss"] = planted
