@@ -64,8 +64,7 @@ class DBError(Exception):
 class Cluster:
     """A throwaway cluster through scripts/pg-test.sh; queries through psql."""
 
-    def __init__(self, R, repo):
-        self.R = R
+    def __init__(self, repo):
         self.script = os.path.join(repo, "scripts", "pg-test.sh")
         # /tmp directly: as root, pg-test.sh hands the directory to the postgres user, who must
         # be able to reach it (a directory under a 0700 parent would not do).
@@ -225,8 +224,8 @@ class PGLoad:
     without an answer goes again (same bytes) to the next node; a 503 goes again after its
     Retry-After (capped at 1 s). Every answer is booked with its time and node."""
 
-    def __init__(self, env, secret, threads, rate, phase):
-        self.env, self.secret, self.nthreads, self.rate, self.phase = env, secret, threads, rate, phase
+    def __init__(self, env, secret, threads, rate):
+        self.env, self.secret, self.nthreads, self.rate = env, secret, threads, rate
         self.acked = {}        # id -> dict(token, session, index, data, node, status, sent, answered)
         self.answers = []      # (monotonic answered, node, status or None, error code, retry-after, hung, seconds taken)
         self.unacked = []      # requests abandoned at stop without a 2xx: (token, session, index)
@@ -516,7 +515,7 @@ def attempts_of(cluster, ids):
     return dict(out)
 
 
-def audit(env, args, ctx, acked, mock, label):
+def audit(env, ctx, acked, mock):
     """Waits for the outbox to drain, then checks every acknowledged id."""
     t0 = time.monotonic()
     drained = False
@@ -676,7 +675,7 @@ def run(R, args, work, results):
     global LEASE_SECONDS
     LEASE_SECONDS = args.lease
     rng = random.Random(args.seed)
-    cluster = Cluster(R, repo)
+    cluster = Cluster(repo)
     res = {"cluster": cluster.url, "leaseSeconds": LEASE_SECONDS, "mockLatencyMs": args.mock_latency, "nodes": 3, "threads": args.threads,
            "rate": args.pg_rate, "scenarios": []}
     results["postgres"] = res
@@ -695,7 +694,7 @@ def run(R, args, work, results):
         for name in names:
             log(f"postgres: {name}")
             mon = Monitor(env).start()
-            load = PGLoad(env, secret, args.threads, args.pg_rate, name).start()
+            load = PGLoad(env, secret, args.threads, args.pg_rate).start()
             planted = None
             try:
                 if name == "kill":
@@ -735,7 +734,7 @@ def run(R, args, work, results):
                 detail["expiredLeasesAfterReturn"] = max((c for t, c in after), default=0)
             row["maxInflightPastLeaseWhileRunning"] = max(stuck) if stuck else 0
             all_acked.update(load.acked)
-            row["audit"] = audit(env, args, ctx, load.acked, mock, name)
+            row["audit"] = audit(env, ctx, load.acked, mock)
             row["pass"] = (row["audit"]["pass"] and (row.get("outage", {}).get("pass", True))
                            and row["maxInflightPastLeaseWhileRunning"] == 0
                            and not detail.get("nodesDied") and not load.mismatch200)
@@ -751,7 +750,7 @@ def run(R, args, work, results):
                 + ("  PASS" if row["pass"] else "  <-- FAIL"))
         # Every acknowledged id of every scenario, once more at the end: a later scenario (a
         # crash recovery) must not have taken back what an earlier one acknowledged.
-        res["final"] = audit(env, args, ctx, all_acked, mock, "final")
+        res["final"] = audit(env, ctx, all_acked, mock)
         res["final"]["unackedStoredRows"] = stored_unacked(env, all_acked)
         log(f"postgres: final audit over {len(all_acked)} acknowledged ids: lost {res['final']['lost']}, rows missing "
             f"{res['final']['rowsMissing']}: " + ("PASS" if res["final"]["pass"] else "FAIL"))
