@@ -7,6 +7,8 @@
 #   scripts/pg-test.sh start DIR     start a cluster in DIR (created if missing); prints its URL
 #   scripts/pg-test.sh stop DIR      stop it (immediate) and remove DIR
 #   scripts/pg-test.sh restart DIR   restart on the same port
+#   scripts/pg-test.sh crash DIR     restart with -m immediate: no shutdown checkpoint, the
+#                                    server runs crash recovery from the WAL (reliability tests)
 #   scripts/pg-test.sh pause DIR     stop the server (fast: connections are cut), keep the data
 #   scripts/pg-test.sh resume DIR    start it again on the same port (outage tests)
 #   scripts/pg-test.sh run -- CMD..  start a cluster in a temp dir, run CMD with RELAY_TEST_PG_URL
@@ -89,6 +91,10 @@ restart() {
   as_pg "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 60 restart >/dev/null
 }
 
+crash() {
+  as_pg "$BIN/pg_ctl" -D "$1/data" -l "$1/server.log" -m immediate -w -t 60 restart >/dev/null
+}
+
 pause() {
   as_pg "$BIN/pg_ctl" -D "$1/data" -m fast -w -t 60 stop >/dev/null
 }
@@ -101,6 +107,7 @@ case "${1:-}" in
   start) start "${2:?usage: pg-test.sh start DIR}" ;;
   stop) stop "${2:?usage: pg-test.sh stop DIR}" ;;
   restart) restart "${2:?usage: pg-test.sh restart DIR}" ;;
+  crash) crash "${2:?usage: pg-test.sh crash DIR}" ;;
   pause) pause "${2:?usage: pg-test.sh pause DIR}" ;;
   resume) resume "${2:?usage: pg-test.sh resume DIR}" ;;
   run)
@@ -123,7 +130,7 @@ case "${1:-}" in
     exit $status
     ;;
   *)
-    echo "usage: pg-test.sh start DIR | stop DIR | restart DIR | pause DIR | resume DIR | run -- COMMAND..." >&2
+    echo "usage: pg-test.sh start DIR | stop DIR | restart DIR | crash DIR | pause DIR | resume DIR | run -- COMMAND..." >&2
     exit 64
     ;;
 esac

@@ -17,8 +17,15 @@ Sections (each can be selected with --sections):
   badinput  slowloris, idle connections, header floods, huge bodies, invalid UTF-8, deep JSON,
             unauthenticated and revoked credentials under load: zero accepted.
 
+With --backend postgres it runs the PostgreSQL scenarios instead (scripts/reliability_pg.py):
+three relay-server nodes on one throwaway cluster; kill -9 of a node per round, pg_ctl restart
+-m fast and -m immediate, the database stopped for 30 s, and stalled (SIGSTOP) for 20 s;
+content audits after each.
+
 Usage: scripts/reliability.py --bin .build/release [--rounds 20] [--sections crash,faults]
        [--rows 5xx,goaway] [--json-out FILE] [--md-out FILE] [--quick]
+       scripts/reliability.py --bin .build/release --backend postgres
+       [--scenarios kill,fast,immediate,outage,stall] [--pg-rounds 6] [--outage 30] [--plant-loss]
 Exit status 0 when every check passed, 1 when one failed, 64 on usage errors.
 Every process it starts is killed by pid on exit (also on SIGINT/SIGTERM).
 """
@@ -1060,7 +1067,12 @@ def section_badinput(env, args, results):
 
 def markdown(results, args, elapsed):
     L = []
-    L.append(f"Run {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, {elapsed:.0f} s, "
+    try:
+        commit = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "describe", "--always", "--dirty"],
+                                capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        commit = "unknown"
+    L.append(f"Run {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} at commit {commit}, {elapsed:.0f} s, "
              f"binaries `{args.bin}`, command `{' '.join(sys.argv)}`, load average at the end "
              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (a shared machine is noisy: timings vary run to run).")
     L.append("")
@@ -1104,6 +1116,12 @@ def markdown(results, args, elapsed):
             obs = "; ".join(f"{k}: {v}" for k, v in r.items() if k not in ("case", "pass"))
             L.append(f"| {r['case']} | {obs} | {'pass' if r['pass'] else ('skipped' if r['pass'] is None else '**FAIL**')} |")
         L.append("")
+    pg = results.get("postgres")
+    if pg:
+        import reliability_pg
+        L.append("### PostgreSQL: three nodes, kill -9 and database restarts")
+        L.append("")
+        L.append(reliability_pg.markdown(pg))
     bi = results.get("badinput")
     if bi:
         L.append("### Bad input")
@@ -1119,6 +1137,8 @@ def markdown(results, args, elapsed):
 
 def all_pass(results):
     ok = True
+    if "postgres" in results:
+        ok &= results["postgres"].get("pass", False) or "skipped" in results["postgres"]
     if "crash" in results:
         ok &= results["crash"]["pass"]
     for r in results.get("faults", []):
@@ -1144,6 +1164,16 @@ def main():
     ap.add_argument("--work", default=None, help="work directory (default: a temp dir, removed on success)")
     ap.add_argument("--json-out")
     ap.add_argument("--md-out")
+    ap.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
+    ap.add_argument("--scenarios", default="kill,fast,immediate,outage,stall", help="postgres scenarios")
+    ap.add_argument("--pg-rounds", type=int, default=6, help="postgres: kill -9 rounds (one node each)")
+    ap.add_argument("--pg-rate", type=float, default=300.0, help="postgres: offered load (responses/s, all nodes)")
+    ap.add_argument("--lease", type=int, default=12, help="postgres: store.leaseSeconds (requestTimeoutMs is 2 s less, at most 10 s)")
+    ap.add_argument("--mock-latency", type=int, default=150, help="postgres: mock-apns answers every push after this many ms")
+    ap.add_argument("--stall", type=float, default=20.0, help="postgres: seconds the stall scenario keeps the server SIGSTOPped")
+    ap.add_argument("--outage", type=float, default=30.0, help="postgres: seconds the database stays stopped")
+    ap.add_argument("--plant-loss", action="store_true",
+                    help="postgres: delete one acknowledged, unsent row mid-run (the run must then fail)")
     args = ap.parse_args()
     if args.seed is None:
         args.seed = random.randrange(1 << 30)
@@ -1164,7 +1194,10 @@ def main():
     t0 = time.monotonic()
     code = 1
     try:
-        sections = args.sections.split(",")
+        sections = [] if args.backend == "postgres" else args.sections.split(",")
+        if args.backend == "postgres":
+            import reliability_pg
+            reliability_pg.run(sys.modules[__name__], args, work, results)
         for name in sections:
             env = Env(args.bin, os.path.join(work, name))
             {"crash": section_crash, "faults": section_faults, "storage": section_storage,

@@ -8,6 +8,10 @@
 #     unauthenticated and revoked credentials under load).
 # Results: .build/reliability/results.{json,md}, and spliced into docs/reliability.md between
 # the "results" markers. Extra arguments go to scripts/reliability.py (e.g. --sections crash).
+# BACKEND=postgres (`make reliability BACKEND=postgres`): the PostgreSQL scenarios instead
+# (three relay-server nodes on a throwaway cluster: kill -9 of a node per round, pg_ctl restart
+# -m fast and -m immediate, the database stopped for 30 s and stalled for 20 s); results in
+# .build/reliability/results-postgres.{json,md} and between the "pg-results" markers.
 # The harness kills every process it started, by pid, also on Ctrl-C; it stops by itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,24 +29,33 @@ ulimit -Hn 65536 2>/dev/null || true
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 OUT=.build/reliability
 mkdir -p "$OUT"
+BACKEND=${BACKEND:-sqlite}
+case "$BACKEND" in
+  sqlite) NAME=results; MARK=results; EXTRA=(--rounds "$ROUNDS") ;;
+  postgres)
+    NAME=results-postgres; MARK=pg-results; EXTRA=(--backend postgres)
+    [ -n "${RELIABILITY_PG_ROUNDS:-}" ] && EXTRA+=(--pg-rounds "$RELIABILITY_PG_ROUNDS")
+    ;;
+  *) echo "reliability: BACKEND must be sqlite or postgres, not $BACKEND" >&2; exit 64 ;;
+esac
 set +e
-python3 scripts/reliability.py --bin "$RELIABILITY_BIN" --rounds "$ROUNDS" \
-  --json-out "$OUT/results.json" --md-out "$OUT/results.md" "$@" &
+python3 scripts/reliability.py --bin "$RELIABILITY_BIN" "${EXTRA[@]}" \
+  --json-out "$OUT/$NAME.json" --md-out "$OUT/$NAME.md" "$@" &
 HARNESS=$!
 trap 'kill -INT "$HARNESS" 2>/dev/null; wait "$HARNESS"; exit 130' INT TERM
 wait "$HARNESS"
 rc=$?
 trap - INT TERM
 set -e
-if [ -s "$OUT/results.md" ] && grep -q '<!-- results:begin -->' docs/reliability.md; then
-  python3 - "$OUT/results.md" docs/reliability.md <<'PY'
+if [ -s "$OUT/$NAME.md" ] && grep -q "<!-- $MARK:begin -->" docs/reliability.md; then
+  python3 - "$OUT/$NAME.md" docs/reliability.md "$MARK" <<'PY'
 import sys
-results, doc = open(sys.argv[1]).read(), open(sys.argv[2]).read()
-head, rest = doc.split("<!-- results:begin -->", 1)
-_, tail = rest.split("<!-- results:end -->", 1)
-open(sys.argv[2], "w").write(head + "<!-- results:begin -->\n" + results + "<!-- results:end -->" + tail)
+results, doc, mark = open(sys.argv[1]).read(), open(sys.argv[2]).read(), sys.argv[3]
+head, rest = doc.split(f"<!-- {mark}:begin -->", 1)
+_, tail = rest.split(f"<!-- {mark}:end -->", 1)
+open(sys.argv[2], "w").write(head + f"<!-- {mark}:begin -->\n" + results + f"<!-- {mark}:end -->" + tail)
 PY
-  echo "reliability: results in $OUT/results.md and docs/reliability.md" >&2
+  echo "reliability: results in $OUT/$NAME.md and docs/reliability.md" >&2
 fi
 [ $rc -eq 0 ] && echo "reliability: every check passed" >&2 || echo "reliability: FAILED (exit $rc); see above" >&2
 exit $rc

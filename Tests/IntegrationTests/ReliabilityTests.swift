@@ -115,3 +115,52 @@ struct ReliabilityTests {
         #expect((fiveXX["retries"] as? Int ?? 0) > 0, "a 500 burst must show up as retries in /metrics: \(fiveXX)")
     }
 }
+
+/// The CI-sized slice of `make reliability BACKEND=postgres` (docs/reliability.md, "PostgreSQL"):
+/// three relay-server nodes on a throwaway cluster the harness starts itself (scripts/pg-test.sh),
+/// one kill -9 round and one `pg_ctl restart -m fast` under load, with the content audit after
+/// each. Skipped without PostgreSQL, as the other PostgreSQL tests are (make test sets
+/// RELAY_TEST_PG_URL once its cluster is up, which proves Debian's postgresql binaries are there).
+@Suite(.serialized, .enabled(if: Reliability.relayServerBuilt && ProcessInfo.processInfo.environment["RELAY_TEST_PG_URL"] != nil,
+                             "RELAY_TEST_PG_URL is not set (or relay-server is not built): PostgreSQL reliability slice skipped (make test runs it)"))
+struct PostgresReliabilityTests {
+    @Test func killNineAndRestartLoseNothingAcknowledged() throws {
+        // leaseSeconds 6 (requestTimeoutMs 4 s): a row whose outcome was lost waits out its
+        // lease before the audit, and the slice must stay under a minute.
+        let results = try Reliability.run(["--backend", "postgres", "--scenarios", "kill,fast", "--pg-rounds", "1", "--lease", "6",
+                                           "--threads", "6", "--pg-rate", "150"], limit: .seconds(60))
+        let pg = try #require(results["postgres"] as? [String: Any], "no postgres section: \(results)")
+        let scenarios = try #require(pg["scenarios"] as? [[String: Any]], "no scenarios: \(pg)")
+        #expect(scenarios.map { $0["scenario"] as? String } == ["kill", "fast"])
+        for s in scenarios {
+            let name = s["scenario"] as? String ?? "?"
+            let a = try #require(s["audit"] as? [String: Any], "\(name): no audit")
+            #expect((a["acked"] as? Int ?? 0) > 100, "\(name): too little load to prove anything: \(a)")
+            #expect(a["lost"] as? Int == 0, "\(name): acknowledged but never delivered: \(a["examples"] ?? "")")
+            #expect(a["rowsMissing"] as? Int == 0 && a["contentMismatch"] as? Int == 0 && a["deliveredPayloadMismatch"] as? Int == 0,
+                    "\(name): an acknowledged row is missing or its bytes differ: \(a)")
+            #expect(a["drained"] as? Bool == true && a["notFinal"] as? Int == 0 && a["inflightAtEnd"] as? Int == 0,
+                    "\(name): rows stuck: \(a)")
+            #expect(a["failedWithoutReason"] as? Int == 0)
+            #expect(a["duplicatesUnattributed"] as? Int == 0, "\(name): duplicates no kill or outage explains: \(a)")
+            #expect(s["maxInflightPastLeaseWhileRunning"] as? Int == 0, "\(name): a lease 5 s past and not taken over")
+            #expect((s["detail"] as? [String: Any])?["nodesDied"] == nil, "\(name): a node died by itself: \(s)")
+        }
+        let fast = try #require(scenarios.last)
+        let outage = try #require(fast["outage"] as? [String: Any], "no outage checks: \(fast)")
+        #expect(outage["answers503WithoutRetryAfterOrCode"] as? Int == 0, "503 without Retry-After or storage_unavailable: \(outage)")
+        #expect((outage["answersOtherStatus"] as? [String: Any])?.isEmpty == true, "answers other than 202/200/503: \(outage)")
+        #expect(outage["requestsHung"] as? Int == 0, "ingest hung instead of answering 503: \(outage)")
+        #expect((outage["worstResumeSeconds"] as? Double).map { $0 <= 10 } == true, "a node did not resume: \(outage)")
+        let audit = fast["audit"] as? [String: Any] ?? [:]
+        // Issue 25 finding (docs/reliability.md, "PostgreSQL"): a push answered by APNs while the
+        // database restarts loses its outcome write, which is not retried; the row stays inflight
+        // until its lease expires and is pushed again. Intermittent: a restart with nothing on
+        // the wire has no duplicate.
+        withKnownIssue("outcome writes lost in a database restart re-push their rows after the lease", isIntermittent: true) {
+            #expect(audit["duplicatesFromRestartShorterThanLease"] as? Int == 0, "pushed twice across a short restart: \(audit)")
+        }
+        let final = try #require(pg["final"] as? [String: Any])
+        #expect(final["lost"] as? Int == 0 && final["rowsMissing"] as? Int == 0, "final audit: \(final)")
+    }
+}
