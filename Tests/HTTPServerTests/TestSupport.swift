@@ -58,7 +58,10 @@ final class RawClient {
             let brc = withUnsafePointer(to: &local) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
             }
-            guard brc == 0 else { close(fd); throw TestError("bind \(source) failed: errno \(errno)") }
+            // No close here: every stored property is set, so a throw still runs deinit, which
+            // closes fd. Closing it here too closed whatever another test had opened under the
+            // same number in between (a server's listener: its loop then spun on EINVAL).
+            guard brc == 0 else { throw TestError("bind \(source) failed: errno \(errno)") }
         }
         var tv = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
@@ -72,10 +75,7 @@ final class RawClient {
                 connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
             }
         }
-        guard rc == 0 else {
-            close(fd)
-            throw TestError("connect to \(port) failed: errno \(errno)")
-        }
+        guard rc == 0 else { throw TestError("connect to \(port) failed: errno \(errno)") }   // deinit closes fd
     }
 
     deinit { close(fd) }

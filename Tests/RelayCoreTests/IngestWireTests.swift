@@ -21,7 +21,7 @@ private final class WireClient {
         let rc = withUnsafePointer(to: &addr) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
-        guard rc == 0 else { Glibc.close(fd); throw CocoaError(.fileReadUnknown) }
+        guard rc == 0 else { throw CocoaError(.fileReadUnknown) }   // deinit closes fd (closing here too was a double close)
     }
 
     deinit { Glibc.close(fd) }
