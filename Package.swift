@@ -66,7 +66,7 @@ let package = Package(
         .target(name: "HTTPClient", dependencies: ["CCurl"]),
         // The relay itself: config, validation, credentials, SQLite/PostgreSQL outbox, dispatcher, ingest API,
         // delivery events' webhook sender.
-        .target(name: "RelayCore", dependencies: ["Basics", "BuildInfo", "HTTPServer", "PushClient", "Ratchet", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "OpenSSLSupport", "CCurlLoader"]),
+        .target(name: "RelayCore", dependencies: ["Basics", "BuildInfo", "HTTPServer", "PushClient", "POSIXThreads", "CSQLite", "CPQ", "CSystemd", "OpenSSLSupport", "CCurlLoader"]),
 
         // MARK: Executables (thin: parse arguments, start a service)
         .executableTarget(name: "relay-server", dependencies: ["Basics", "BuildInfo", "RelayCore"], path: "Sources/RelayServer"),

@@ -54,7 +54,8 @@ private final class Fixture: Sendable {
     func post(headers: [String: String], body: [UInt8]) -> APIResponse {
         let done = DispatchSemaphore(value: 0)
         let box = ResponseBox()
-        service.handle(APIRequest(method: "POST", path: "/v1/responses", headers: headers, body: body, requestID: "fuzz")) {
+        service.handle(APIRequest(method: "POST", path: "/v1/responses", authorization: headers["authorization"],
+                                  contentType: headers["content-type"], body: body, requestID: "fuzz")) {
             box.set($0)
             done.signal()
         }

@@ -55,45 +55,85 @@ public enum Base64 {
         return String(decoding: out, as: UTF8.self)
     }
 
-    /// Strict, canonical decoding: only `alphabet`'s digits, no whitespace, padding required
-    /// (`padding: true`, length a multiple of 4) or forbidden (`padding: false`), and unused
-    /// trailing bits zero, so one byte string has one spelling. Nil otherwise.
-    public static func decode(_ text: some StringProtocol, alphabet: Alphabet = .standard, padding: Bool = true) -> [UInt8]? {
-        var digits = Array(text.utf8)
-        if padding {
-            guard digits.count % 4 == 0 else { return nil }
-            var pads = 0
-            while pads < 2, digits.last == UInt8(ascii: "=") { digits.removeLast(); pads += 1 }
-            // A third "=" (or one in the middle) fails the digit check below.
-        }
-        let rest = digits.count % 4
-        guard rest != 1 else { return nil }
-        var out = [UInt8]()
-        out.reserveCapacity(digits.count * 3 / 4)
-        var acc: UInt32 = 0, bits = 0
-        for c in digits {
-            guard let v = value(c, alphabet) else { return nil }
-            acc = acc << 6 | UInt32(v)
-            bits += 6
-            if bits >= 8 {
-                bits -= 8
-                out.append(UInt8(truncatingIfNeeded: acc >> UInt32(bits)))
-                acc &= (1 << UInt32(bits)) - 1
-            }
-        }
-        guard acc == 0 else { return nil }  // non-zero unused bits: not canonical
-        return out
+    /// What decoding does with the unused low bits of the last digit (RFC 4648 section 3.5).
+    public enum TrailingBits: Sendable {
+        /// They must be zero, so one byte string has exactly one spelling.
+        case mustBeZero
+        /// Ignored, as most decoders do: the ingest API has always accepted them.
+        case ignored
     }
 
-    @inline(__always)
-    private static func value(_ c: UInt8, _ alphabet: Alphabet) -> UInt8? {
-        switch c {
-        case 0x41...0x5A: return c - 0x41
-        case 0x61...0x7A: return c - 0x61 + 26
-        case 0x30...0x39: return c - 0x30 + 52
-        case UInt8(ascii: "+") where alphabet == .standard, UInt8(ascii: "-") where alphabet == .url: return 62
-        case UInt8(ascii: "/") where alphabet == .standard, UInt8(ascii: "_") where alphabet == .url: return 63
-        default: return nil
+    /// Strict decoding: only `alphabet`'s digits, no whitespace, padding required (`padding:
+    /// true`, length a multiple of 4) or forbidden (`padding: false`), unused trailing bits as
+    /// `trailingBits` says. Nil otherwise.
+    public static func decode(_ text: some StringProtocol, alphabet: Alphabet = .standard, padding: Bool = true,
+                              trailingBits: TrailingBits = .mustBeZero) -> [UInt8]? {
+        if let out = text.utf8.withContiguousStorageIfAvailable({
+            decode($0, alphabet: alphabet, padding: padding, trailingBits: trailingBits)
+        }) {
+            return out
         }
+        var copy = String(text)
+        return copy.withUTF8 { decode($0, alphabet: alphabet, padding: padding, trailingBits: trailingBits) }
+    }
+
+    /// The same over bytes (the ingest path decodes straight out of the request body).
+    public static func decode(_ b: UnsafeBufferPointer<UInt8>, alphabet: Alphabet = .standard, padding: Bool = true,
+                              trailingBits: TrailingBits = .mustBeZero) -> [UInt8]? {
+        guard let p = b.baseAddress, !b.isEmpty else { return [] }
+        var n = b.count
+        if padding {
+            guard n % 4 == 0 else { return nil }
+            // At most two: a third "=", or one in the middle, fails the digit check below.
+            if p[n - 1] == UInt8(ascii: "=") { n -= 1 }
+            if p[n - 1] == UInt8(ascii: "=") { n -= 1 }
+        }
+        let rest = n % 4
+        guard rest != 1 else { return nil }
+        let fullQuads = n / 4
+        let outCount = fullQuads * 3 + (rest == 0 ? 0 : rest - 1)
+        var ok = true
+        // One pointer per call: indexing the lazily initialised table per digit pays a
+        // `swift_once` check each time.
+        let table = alphabet == .standard ? standardValues : urlValues
+        let out = table.withUnsafeBufferPointer { t in [UInt8](unsafeUninitializedCapacity: outCount) { o, initialized in
+            @inline(__always) func value(_ c: UInt8) -> UInt32 { UInt32(t[Int(c)]) }
+            var i = 0, w = 0
+            for _ in 0..<fullQuads {
+                let a = value(p[i]), c = value(p[i + 1]), d = value(p[i + 2]), e = value(p[i + 3])
+                guard a | c | d | e < 64 else { ok = false; initialized = 0; return }
+                let v = a << 18 | c << 12 | d << 6 | e
+                o[w] = UInt8(truncatingIfNeeded: v >> 16)
+                o[w + 1] = UInt8(truncatingIfNeeded: v >> 8)
+                o[w + 2] = UInt8(truncatingIfNeeded: v)
+                i += 4
+                w += 3
+            }
+            if rest > 0 {
+                let a = value(p[i]), c = value(p[i + 1])
+                let d = rest == 3 ? value(p[i + 2]) : 0
+                guard a | c | d < 64 else { ok = false; initialized = 0; return }
+                let v = a << 18 | c << 12 | d << 6
+                if trailingBits == .mustBeZero {
+                    let unused = rest == 2 ? v & 0xFFFF : v & 0xFF
+                    guard unused == 0 else { ok = false; initialized = 0; return }
+                }
+                o[w] = UInt8(truncatingIfNeeded: v >> 16)
+                if rest == 3 { o[w + 1] = UInt8(truncatingIfNeeded: v >> 8) }
+            }
+            initialized = outCount
+        } }
+        return ok ? out : nil
+    }
+
+    /// 6-bit value per byte, 0xFF for bytes outside the alphabet.
+    private static let standardValues = valueTable(standardDigits)
+    private static let urlValues = valueTable(urlDigits)
+
+    private static func valueTable(_ digits: StaticString) -> [UInt8] {
+        var t = [UInt8](repeating: 0xFF, count: 256)
+        let d = UnsafeBufferPointer(start: digits.utf8Start, count: digits.utf8CodeUnitCount)
+        for (i, c) in d.enumerated() { t[Int(c)] = UInt8(i) }
+        return t
     }
 }

@@ -99,4 +99,27 @@ public enum UUIDText {
         }
         return true
     }
+
+    /// 8-4-4-4-12 hex digits (either case) as the canonical uppercase String, or nil: the same
+    /// rule as `parse` followed by `format(uppercase: true)`, in one pass with no byte array
+    /// (the ingest path runs it for every request).
+    public static func canonicalUppercase(_ utf8: UnsafeBufferPointer<UInt8>) -> String? {
+        guard utf8.count == 36, let p = utf8.baseAddress else { return nil }
+        var ok = true
+        let s = String(unsafeUninitializedCapacity: 36) { out in
+            for k in 0..<36 {
+                let b = p[k]
+                if k == 8 || k == 13 || k == 18 || k == 23 {
+                    guard b == UInt8(ascii: "-") else { ok = false; return 0 }
+                    out[k] = b
+                    continue
+                }
+                let upper = b & 0xDF   // maps a-f to A-F
+                guard b &- 0x30 < 10 || upper &- 0x41 < 6 else { ok = false; return 0 }
+                out[k] = b &- 0x30 < 10 ? b : upper
+            }
+            return 36
+        }
+        return ok ? s : nil
+    }
 }

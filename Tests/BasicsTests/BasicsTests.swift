@@ -94,6 +94,33 @@ import Testing
         #expect(Base64.decode("Zm9v\n") == nil)
         #expect(Base64.decode("") == [])
         #expect(Base64.decode("", alphabet: .url, padding: false) == [])
+        #expect(Base64.decode("====") == nil)
+        #expect(Base64.decode("Zm9vYm==") == nil)                                // pad after 2 of 4 digits, bits set
+        #expect(Base64.decode("Zm9=Yg==") == nil)                                // pad inside
+    }
+
+    /// The ingest decoder's one difference: unused trailing bits are ignored, not refused.
+    @Test func ignoredTrailingBitsAcceptWhatMustBeZeroRefuses() {
+        #expect(Base64.decode("Zh==", trailingBits: .ignored) == [0x66])
+        #expect(Base64.decode("Zm9=", trailingBits: .ignored) == [0x66, 0x6f])
+        #expect(Base64.decode("Zm9=") == nil)
+        #expect(Base64.decode("Zh", alphabet: .url, padding: false, trailingBits: .ignored) == [0x66])
+        #expect(Base64.decode("Zh=A", trailingBits: .ignored) == nil)            // still strict otherwise
+        #expect(Base64.decode("Zh=", trailingBits: .ignored) == nil)
+        // Byte and String entry points agree, canonical or not, on every alphabet.
+        var g = SystemRandomNumberGenerator()
+        for n in 0..<40 {
+            let b = (0..<n).map { _ in UInt8.random(in: 0...255, using: &g) }
+            for alphabet in [Base64.Alphabet.standard, .url] {
+                for padding in [true, false] {
+                    let text = Base64.encode(b, alphabet: alphabet, padding: padding)
+                    var copy = text
+                    let viaBytes = copy.withUTF8 { Base64.decode($0, alphabet: alphabet, padding: padding) }
+                    #expect(viaBytes == b)
+                    #expect(Base64.decode(text[...], alphabet: alphabet, padding: padding, trailingBits: .ignored) == b)
+                }
+            }
+        }
     }
 }
 

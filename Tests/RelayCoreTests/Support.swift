@@ -2,6 +2,16 @@ import Foundation
 import Synchronization
 @testable import RelayCore
 
+extension APIRequest {
+    /// Tests spell requests with a header dictionary (lowercased names); only authorization and
+    /// content-type reach the services.
+    init(method: String, path: String, headers: [String: String], body: [UInt8], requestID: String,
+         remoteAddress: String = "") {
+        self.init(method: method, path: path, authorization: headers["authorization"], contentType: headers["content-type"],
+                  body: body, requestID: requestID, remoteAddress: remoteAddress)
+    }
+}
+
 final class TestClock: RelayClock {
     private let now: Mutex<Int64>
     init(_ start: Int64 = 1_800_000_000_000) { now = Mutex(start) }

@@ -1,7 +1,6 @@
 // The HTTP API as plain values: what HTTPGlue makes of a request, and what the services answer.
 // IngestService and AdminService take and give only these, so they are tested without sockets.
 import FoundationEssentials
-import HTTPServer
 
 public struct APIRequest: Sendable {
     public var method: String
@@ -31,13 +30,6 @@ public struct APIRequest: Sendable {
         self.body = body
         self.requestID = requestID
         self.remoteAddress = remoteAddress
-    }
-
-    /// `headers` has lowercased names; only authorization and content-type are kept.
-    public init(method: String, path: String, headers: [String: String], body: [UInt8], requestID: String,
-                remoteAddress: String = "") {
-        self.init(method: method, path: path, authorization: headers["authorization"], contentType: headers["content-type"],
-                  body: body, requestID: requestID, remoteAddress: remoteAddress)
     }
 }
 

@@ -1,7 +1,6 @@
 // Adapts the ingest/admin services (plain values, APITypes.swift) to HTTPServer's handler type.
 // Conversions only: the API's rules live in IngestService.swift and AdminService.swift.
 import FoundationEssentials
-import Ratchet
 import HTTPServer
 import POSIXThreads
 

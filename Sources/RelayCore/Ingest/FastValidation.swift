@@ -103,10 +103,10 @@ extension IngestValidation {
         guard tokenOK else { return nil }
 
         // sessionIdentifier: a UUID, canonical uppercase, checked and formatted in one pass.
-        guard let session = uppercaseUUID(base + starts.1, ends.1 - starts.1) else { return nil }
+        guard let session = UUIDText.canonicalUppercase(UnsafeBufferPointer(start: base + starts.1, count: ends.1 - starts.1)) else { return nil }
 
         // keyID: base64 of exactly 4 bytes.
-        guard let keyID = Base64.decode(UnsafeBufferPointer(start: base + starts.2, count: ends.2 - starts.2)),
+        guard let keyID = Base64.decode(UnsafeBufferPointer(start: base + starts.2, count: ends.2 - starts.2), trailingBits: .ignored),
               keyID.count == 4 else { return nil }
 
         // messageIndex: 1...10 decimal digits, at most UInt32.max.
@@ -122,7 +122,7 @@ extension IngestValidation {
         let index = UInt32(value)
 
         // encryptedData: base64 of a sealed box whose APNs payload fits.
-        guard let sealed = Base64.decode(UnsafeBufferPointer(start: base + starts.4, count: ends.4 - starts.4)),
+        guard let sealed = Base64.decode(UnsafeBufferPointer(start: base + starts.4, count: ends.4 - starts.4), trailingBits: .ignored),
               sealed.count >= minimumSealedBytes,
               apnsPayloadLength(encryptedBytes: sealed.count, keyIDBytes: keyID.count, messageIndex: index) <= limits.maxAPNsPayloadBytes
         else { return nil }
@@ -170,29 +170,5 @@ extension IngestValidation {
     @inline(__always)
     private static func same(_ p: UnsafePointer<UInt8>, _ name: StaticString) -> Bool {
         memcmp(p, name.utf8Start, name.utf8CodeUnitCount) == 0
-    }
-
-    /// 8-4-4-4-12 hex digits (either case) as the canonical uppercase String, or nil. The same
-    /// rule as `UUIDText.parse` followed by `UUIDText.format(uppercase: true)`, without the
-    /// intermediate byte array.
-    // Kept beside Basics.UUIDText: one pass and no byte array on the ingest hot path.
-    static func uppercaseUUID(_ p: UnsafePointer<UInt8>, _ count: Int) -> String? {
-        guard count == 36 else { return nil }
-        var ok = true
-        let s = String(unsafeUninitializedCapacity: 36) { out in
-            for k in 0..<36 {
-                let b = p[k]
-                if k == 8 || k == 13 || k == 18 || k == 23 {
-                    guard b == UInt8(ascii: "-") else { ok = false; return 0 }
-                    out[k] = b
-                    continue
-                }
-                let upper = b & 0xDF   // maps a-f to A-F
-                guard b &- 0x30 < 10 || upper &- 0x41 < 6 else { ok = false; return 0 }
-                out[k] = b &- 0x30 < 10 ? b : upper
-            }
-            return 36
-        }
-        return ok ? s : nil
     }
 }

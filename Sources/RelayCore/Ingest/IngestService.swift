@@ -11,7 +11,6 @@ import FoundationEssentials
 import Glibc
 import HTTPServer
 import POSIXThreads
-import Ratchet
 import Synchronization
 
 public struct IngestSettings: Sendable {
@@ -281,19 +280,10 @@ public final class IngestService: Sendable {
 
     static let unauthorized = ClientError(status: 401, code: "unauthorized", field: "authorization", message: "a valid bearer credential is required")
 
-    /// The bearer secret if the header is well-formed: `Bearer` (any case), one or more
-    /// spaces, `rk_` + base64url characters (at most 128 bytes), optional trailing spaces/tabs.
-    /// One pass over the UTF-8 bytes, no split/lowercase/trim Strings.
-    static func bearer(_ authorization: String?) -> String? {
-        guard var h = authorization else { return nil }
-        return h.withUTF8 { u -> String? in
-            guard let r = bearerRange(u) else { return nil }
-            return String(decoding: UnsafeBufferPointer(rebasing: u[r]), as: UTF8.self)
-        }
-    }
-
-    /// `Credentials.hash(secret: bearer(authorization))`, hashed straight from the header's
-    /// bytes: no String for the secret (with its UTF-8 check) and no `Array(secret.utf8)`.
+    /// The SHA-256 of the bearer secret if the header is well-formed: `Bearer` (any case), one
+    /// or more spaces, `rk_` + base64url characters (at most 128 bytes), optional trailing
+    /// spaces/tabs. Hashed straight from the header's bytes in one pass: no String for the
+    /// secret (with its UTF-8 check) and no `Array(secret.utf8)`.
     static func bearerHash(_ authorization: String?) -> [UInt8]? {
         guard var h = authorization else { return nil }
         return h.withUTF8 { u -> [UInt8]? in
@@ -302,7 +292,7 @@ public final class IngestService: Sendable {
         }
     }
 
-    /// Where the secret is in an Authorization value, if the value is well-formed (see `bearer`).
+    /// Where the secret is in an Authorization value, if the value is well-formed (see `bearerHash`).
     private static func bearerRange(_ u: UnsafeBufferPointer<UInt8>) -> Range<Int>? {
         let n = u.count
         var i = 0
@@ -330,7 +320,7 @@ public final class IngestService: Sendable {
     /// false when it was empty and `finish` got the 429. The key is only built when the limit is on.
     private func withinCredentialRate(_ hash: [UInt8], _ finish: Exchange) -> Bool {
         guard credentialLimiter.limit.perSecond > 0 else { return true }
-        let c = credentialLimiter.take(Array(hash.prefix(16)).hexString)
+        let c = credentialLimiter.take(Hex.encode(hash.prefix(16)))
         guard !c.allowed else { return true }
         metrics.rateLimited(scope: "credential")
         finish(.error(ClientError(status: 429, code: "rate_limited", field: "authorization", message: "too many requests for this credential"),
@@ -359,7 +349,7 @@ public final class IngestService: Sendable {
 
     private func credentialBucketVerdict(_ hash: [UInt8], _ finish: Exchange, _ done: @Sendable (APIResponse?) -> Void) {
         guard credentialLimiter.limit.perSecond > 0 else { return done(nil) }
-        let c = credentialLimiter.peek(Array(hash.prefix(16)).hexString)
+        let c = credentialLimiter.peek(Hex.encode(hash.prefix(16)))
         guard !c.allowed else { return done(nil) }
         metrics.rateLimited(scope: "credential")
         finish(.error(ClientError(status: 429, code: "rate_limited", field: "authorization", message: "too many requests for this credential"),

@@ -57,7 +57,7 @@ public enum IngestValidation {
         var digits = 1
         var rest = messageIndex
         while rest >= 10 { rest /= 10; digits += 1 }   // String(messageIndex).utf8.count, without the String
-        return skeleton + Base64.encodedLength(encryptedBytes) + 36 + Base64.encodedLength(keyIDBytes) + digits
+        return skeleton + Base64.encodedCount(encryptedBytes, padding: true) + 36 + Base64.encodedCount(keyIDBytes, padding: true) + digits
     }
 
     /// The Content-Type must be `application/json` as an RFC 9110 8.3.1 media type: type and
@@ -140,7 +140,7 @@ public enum IngestValidation {
         switch required("keyID") {
         case .failure(let e): return .failure(e)
         case .success(let s):
-            guard let k = Base64.decode(s), k.count == 4 else {
+            guard let k = Base64.decode(s, trailingBits: .ignored), k.count == 4 else {
                 return .failure(bad("invalid_key_id", "keyID", "keyID must be base64 of exactly 4 bytes"))
             }
             keyID = k
@@ -164,7 +164,7 @@ public enum IngestValidation {
         switch required("encryptedData") {
         case .failure(let e): return .failure(e)
         case .success(let s):
-            guard let d = Base64.decode(s) else {
+            guard let d = Base64.decode(s, trailingBits: .ignored) else {
                 return .failure(bad("invalid_encrypted_data", "encryptedData", "encryptedData must be standard base64"))
             }
             guard d.count >= minimumSealedBytes else {

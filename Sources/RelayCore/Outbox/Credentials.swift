@@ -1,12 +1,12 @@
 // Bearer credential secrets, ids, hashes and the stored apps list: the same for both stores.
-import Ratchet
+import Basics
 
 /// Bearer credentials: `rk_` + base64url of 32 random bytes; stored as SHA-256 only.
 public enum Credentials {
     public static let prefix = "rk_"
 
     public static func generateSecret() -> String { prefix + RelayCrypto.randomBytes(32).base64URLString }
-    public static func generateID() -> String { "cred_" + RelayCrypto.randomBytes(6).hexString }
+    public static func generateID() -> String { "cred_" + Hex.encode(RelayCrypto.randomBytes(6)) }
     public static func hash(secret: String) -> [UInt8] { RelayCrypto.sha256(Array(secret.utf8)) }
 
     /// A new credential (checked by StoreRules.checkNewCredential): the record with its secret,

@@ -1,5 +1,6 @@
 // relayctl list / show: what is in the outbox, and everything about one response.
 // Read-only, safe while relay-server runs.
+import Basics
 import Foundation
 import RelayCore
 
@@ -84,7 +85,7 @@ enum ListCommand {
         if let s = args.optionalString("state") { filter.state = try parseState(s) }
         filter.app = args.optionalString("app")
         if let t = args.optionalString("token") {
-            guard isHex(t) else { throw UsageError("--token: expected hex digits, got '\(t)'") }
+            guard Hex.isHex(t) else { throw UsageError("--token: expected hex digits, got '\(t)'") }
             filter.tokenPrefix = t.lowercased()
         }
         let now = nowMillis()

@@ -191,5 +191,3 @@ func parseState(_ raw: String) throws -> ResponseState {
     return s
 }
 
-/// ASCII hex only: Character.isHexDigit also takes fullwidth digits, which lowercase into text no token matches.
-func isHex(_ s: String) -> Bool { Hex.isHex(s) }

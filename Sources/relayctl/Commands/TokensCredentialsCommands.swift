@@ -1,5 +1,6 @@
 // relayctl tokens / credentials: push tokens APNs marked (410, BadDeviceToken), and the accessories'
 // bearer credentials. Only `credentials create` ever prints a secret, once.
+import Basics
 import Foundation
 import RelayCore
 
@@ -87,7 +88,7 @@ enum TokensCommand {
     }
 
     private static func hexArgument(_ args: ParsedArguments) throws -> String {
-        guard isHex(args.argument) else { throw UsageError("<hex>: expected hex digits, got '\(args.argument)'") }
+        guard Hex.isHex(args.argument) else { throw UsageError("<hex>: expected hex digits, got '\(args.argument)'") }
         return args.argument.lowercased()
     }
 }

@@ -6,7 +6,6 @@
 // quoting or hex on either side.
 import FoundationEssentials
 import Glibc
-import Ratchet
 internal import CPQ
 
 /// A value bound to or read from PostgreSQL. Times are bigint milliseconds since 1970.

@@ -10,7 +10,6 @@ import Basics
 import FoundationEssentials
 import Glibc
 import POSIXThreads
-import Ratchet
 
 /// The dedupe index's keyed hash.
 typealias KeyedHash = SipHash24

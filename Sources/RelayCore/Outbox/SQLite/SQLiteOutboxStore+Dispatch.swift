@@ -3,7 +3,6 @@ import Dispatch
 import FoundationEssentials
 import Glibc
 import POSIXThreads
-import Ratchet
 
 extension SQLiteOutboxStore {
     public func recoverInflight() throws -> Int {

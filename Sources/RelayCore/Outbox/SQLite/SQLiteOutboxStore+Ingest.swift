@@ -3,7 +3,6 @@
 import FoundationEssentials
 import Glibc
 import POSIXThreads
-import Ratchet
 
 extension SQLiteOutboxStore {
     public var ingestSettings: IngestStoreSettings {
@@ -116,7 +115,7 @@ extension SQLiteOutboxStore {
     private static func ingest(_ request: IngestJob, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> IngestOutcome {
         // Credential: looked up in the same transaction, so a revocation committed by relayctl
         // takes effect for the very next batch.
-        let cred: CachedCredential?
+        let cred: CredentialFacts?
         var touchChecked = false
         if let last = state.lastCredential, last.hash == request.credentialHash {
             cred = last.credential   // the common case: a batch from one credential, no hashing
@@ -129,7 +128,7 @@ extension SQLiteOutboxStore {
             defer { lookup.reset() }
             try lookup.bind(1, request.credentialHash)
             if try lookup.next(), !lookup.isNull(0), !lookup.isNull(1) {
-                cred = CachedCredential(id: lookup.text(0), hash: lookup.blob(1), apps: Credentials.splitApps(lookup.text(2)), revoked: !lookup.isNull(3))
+                cred = CredentialFacts(id: lookup.text(0), hash: lookup.blob(1), apps: Credentials.splitApps(lookup.text(2)), revoked: !lookup.isNull(3))
             } else {
                 cred = nil
             }

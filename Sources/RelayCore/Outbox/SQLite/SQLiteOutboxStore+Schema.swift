@@ -2,7 +2,6 @@
 import FoundationEssentials
 import Glibc
 import POSIXThreads
-import Ratchet
 
 extension SQLiteOutboxStore {
     static let migrations: [String] = [

@@ -5,7 +5,6 @@
 import FoundationEssentials
 import Glibc
 import POSIXThreads
-import Ratchet
 import Synchronization
 
 public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
@@ -52,10 +51,10 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         var credentialTouched: [String: Int64] = [:]
         /// Credential lookups within the current transaction (a revocation by another process
         /// cannot commit while we hold the write lock, so this is exact).
-        var credentials: [[UInt8]: CachedCredential?] = [:]
+        var credentials: [[UInt8]: CredentialFacts?] = [:]
         /// The credential looked up last in this batch (same lifetime as `credentials`), and
         /// whether its last_used_at was already checked in this batch.
-        var lastCredential: (hash: [UInt8], credential: CachedCredential?, touchChecked: Bool)?
+        var lastCredential: (hash: [UInt8], credential: CredentialFacts?, touchChecked: Bool)?
         /// Tokens present in unregistered_tokens or token_pacing. Only this process inserts
         /// there (relayctl only deletes), so a token outside the set needs no lookup.
         var watchedTokens: Set<String> = []
@@ -124,10 +123,6 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         weak var writer: GroupCommitWriter?
         var clock: any RelayClock = SystemRelayClock()
     }
-
-    /// A credentials row as the ingest path needs it, apps already split (once per batch, not
-    /// once per request).
-    typealias CachedCredential = CredentialFacts
 
     /// `channel`: the dispatcher's (RelayService gives both the same one); without it every row
     /// is inserted `queued` and waits for a claim.
