@@ -47,6 +47,8 @@ public final class PushClientTransport: PushTransport {
         pc.connections = config.dispatch.connectionsPerApp
         pc.connectionPacing.maxNewConnections = config.dispatch.maxNewConnectionsPerMinute
         pc.requestTimeout = .milliseconds(config.dispatch.requestTimeoutMillis)
+        pc.answerWaitCap = .milliseconds(config.dispatch.maxAnswerWaitMillis)
+        pc.queueWaitCap = .milliseconds(config.dispatch.maxQueueWaitMillis)
         pc.tokenRegistry = tokens
         let files: String
         switch app.credentials {
