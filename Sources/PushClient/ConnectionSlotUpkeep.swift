@@ -28,6 +28,7 @@ extension ConnectionSlot {
                     if !p.overdue {
                         p.overdue = true
                         stats.answersAwaitedPastTimeout.add(1, ordering: .relaxed)
+                        AnswerWaitCounts.awaitedTotal.add(1, ordering: .relaxed)
                     }
                     p.deadline = min(now + shared.requestTimeout, p.answerBy)
                     earliest = min(earliest, p.deadline)
@@ -37,6 +38,7 @@ extension ConnectionSlot {
                 c.session.cancel(st)
                 if p.overdue {
                     stats.answerWaitsCapped.add(1, ordering: .relaxed)
+                    AnswerWaitCounts.cappedTotal.add(1, ordering: .relaxed)
                     complete(p, .transportFailure("timeout: no response within answerWaitCap, connection alive (stream \(st.id))"))
                 } else {
                     complete(p, .transportFailure("timeout: no response within requestTimeout (stream \(st.id))"))
@@ -67,6 +69,7 @@ extension ConnectionSlot {
         earliestQueueDeadline = earliest
         for p in expired {
             stats.notSent.add(1, ordering: .relaxed)
+            AnswerWaitCounts.notSentTotal.add(1, ordering: .relaxed)
             complete(p, .transportFailure("not sent: queued longer than queueWaitCap (\(shared.queueWaitCap)) waiting for a connection or a stream"))
         }
     }

@@ -126,6 +126,37 @@ public final class PushClient: Sendable {
     }
 }
 
+/// How a slow APNs was waited for, summed over every client in the process (the relay exports
+/// them; a reload's new client keeps counting): docs/pushclient.md, "Timeouts, health, reconnection".
+public struct AnswerWaitCounts: Sendable, Equatable {
+    /// Written requests still unanswered at requestTimeout on a live connection, kept waiting.
+    public var awaitedPastTimeout = 0
+    /// Of those, the ones whose answer then arrived.
+    public var answeredLate = 0
+    /// Of those, the ones failed at answerWaitCap.
+    public var capped = 0
+    /// Pushes failed unsent after queueWaitCap.
+    public var notSent = 0
+
+    public init(awaitedPastTimeout: Int = 0, answeredLate: Int = 0, capped: Int = 0, notSent: Int = 0) {
+        self.awaitedPastTimeout = awaitedPastTimeout
+        self.answeredLate = answeredLate
+        self.capped = capped
+        self.notSent = notSent
+    }
+
+    static let awaitedTotal = Atomic<Int>(0)
+    static let answeredLateTotal = Atomic<Int>(0)
+    static let cappedTotal = Atomic<Int>(0)
+    static let notSentTotal = Atomic<Int>(0)
+
+    /// The process-wide totals so far.
+    public static var process: AnswerWaitCounts {
+        AnswerWaitCounts(awaitedPastTimeout: awaitedTotal.load(ordering: .relaxed), answeredLate: answeredLateTotal.load(ordering: .relaxed),
+                         capped: cappedTotal.load(ordering: .relaxed), notSent: notSentTotal.load(ordering: .relaxed))
+    }
+}
+
 struct EngineStats: Sendable, Equatable {
     var connectionsOpened = 0
     var pingsSent = 0

@@ -43,7 +43,10 @@ extension ConnectionSlot {
 
     func respond(_ st: ClientStream, on c: H2Connection) {
         let p = st.push
-        if p.overdue { stats.lateAnswers.add(1, ordering: .relaxed) }
+        if p.overdue {
+            stats.lateAnswers.add(1, ordering: .relaxed)
+            AnswerWaitCounts.answeredLateTotal.add(1, ordering: .relaxed)
+        }
         let result = Self.result(status: st.status, apnsID: st.apnsID, uniqueID: st.uniqueID, body: st.responseBody, sentID: p.apnsID)
         c.probation = false
         switch result {

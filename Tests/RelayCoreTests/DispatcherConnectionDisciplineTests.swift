@@ -63,11 +63,15 @@ import Testing
     /// (answerWaitCap 20 s) instead of failing pushes APNs already has. Pushes queued behind
     /// the one-stream connections fail as not sent after 500 ms and the dispatcher retries
     /// them with its back-off. Both connections stay, every row is delivered, and the mock
-    /// sees each push once. (With answerWaitCap = requestTimeout, the old behaviour, this run
-    /// saw 40-52 repeats: every push in flight when the server turned slow, retried.)
+    /// sees each push once. (With answerWaitCap = requestTimeout and no queue bound, the old
+    /// behaviour, this run saw 14 repeats: every push written while the server was slow timed
+    /// out, and its retry was a second copy; 52 with a mock granting 1000 streams at once.)
     @Test func slowServerKeepsTwoConnectionsAndRepeatsNothing() throws {
-        let rig = try TransportRig(faults: [MockAPNs.FaultRule(latencyMs: 1500)],
+        // checkTokens: the mock then allows 1 stream per connection until a push succeeds, as
+        // APNs does, so the other 38 rows queue in the client behind the 2 slow ones.
+        let rig = try TransportRig(faults: [MockAPNs.FaultRule(latencyMs: 1500)], checkTokens: true,
                                    configure: Self.configure(requestTimeout: .milliseconds(300), queueWaitCap: .milliseconds(500)))
+        let before = AnswerWaitCounts.process
         let (ids, counts, store) = try run(rig, count: 40, faultSeconds: 2)
         defer { store.close() }
         #expect(counts.byState[.delivered] == ids.count, "\(counts.byState)")
@@ -77,5 +81,13 @@ import Testing
         print("dispatcher, slow server: \(rig.mock.connectionsAccepted) connections, \(repeats) repeats for \(ids.count) rows")
         #expect(rig.mock.connectionsAccepted == 2)
         #expect(repeats == 0)
+        // The process-wide counters the relay exports moved (other suites may add to them too).
+        let after = AnswerWaitCounts.process
+        #expect(after.answeredLate - before.answeredLate >= 2 && after.notSent - before.notSent >= 1, "\(before) -> \(after)")
+        var r = PrometheusRegistry()
+        PushClientTransport.collectAnswerWaitMetrics(into: &r, counts: AnswerWaitCounts(awaitedPastTimeout: 5, answeredLate: 4, capped: 1, notSent: 7))
+        let page = r.render()
+        #expect(page.contains("relay_apns_slow_answers_total{outcome=\"answered\"} 4\n") && page.contains("relay_apns_pushes_not_sent_total 7\n"), "\(page)")
+        #expect(expositionProblems(page).isEmpty)
     }
 }

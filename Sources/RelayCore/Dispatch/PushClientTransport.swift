@@ -67,6 +67,20 @@ public final class PushClientTransport: PushTransport {
         }
     }
 
+    /// How a slow APNs was waited for, process-wide (docs/operations.md): requests still
+    /// unanswered at the request timeout on a live connection (awaited), answered after it
+    /// (answered), failed at maxAnswerWaitMs (capped); and pushes failed unsent after maxQueueWaitMs.
+    static func collectAnswerWaitMetrics(into r: inout PrometheusRegistry, counts: AnswerWaitCounts = .process) {
+        r.declare("relay_apns_slow_answers_total", .counter,
+                  help: "APNs requests still unanswered at dispatch.requestTimeoutMs on a connection that answers PING, by outcome: awaited (all of them), answered (the answer came later), capped (failed at dispatch.maxAnswerWaitMs).")
+        r.sample("relay_apns_slow_answers_total", ["outcome": "awaited"], counts.awaitedPastTimeout)
+        r.sample("relay_apns_slow_answers_total", ["outcome": "answered"], counts.answeredLate)
+        r.sample("relay_apns_slow_answers_total", ["outcome": "capped"], counts.capped)
+        r.counter("relay_apns_pushes_not_sent_total",
+                  help: "Pushes that waited longer than dispatch.maxQueueWaitMs in the APNs client before any of them was written; retried with the back-off.",
+                  counts.notSent)
+    }
+
     /// TLS alerts a server sends about the client's certificate, as OpenSSL words them
     /// ("tlsv13 alert certificate required", "sslv3 alert certificate expired"). Only received
     /// alerts match: when we refuse the server's certificate OpenSSL says "certificate verify
