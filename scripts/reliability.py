@@ -156,9 +156,11 @@ class Env:
                                       "perPushToken": {"perSecond": 0, "burst": 1},
                                       "authFailuresPerAddress": {"perSecond": 0, "burst": 1}}},
             # Short timeouts and a low back-off cap so a recovery is measured in seconds, not in
-            # the production cap of 5 minutes (the same code paths, smaller constants).
+            # the production cap of 5 minutes (the same code paths, smaller constants). A push
+            # never answered (stall row) fails at maxAnswerWaitMs, not the production 120 s.
             "dispatch": {"maxInflight": 256, "backoffBaseMs": 200, "backoffCapMs": 2000,
-                         "tooManyRequestsDelayMs": 2000, "requestTimeoutMs": 10000, "shutdownGraceMs": 1000},
+                         "tooManyRequestsDelayMs": 2000, "requestTimeoutMs": 10000, "maxAnswerWaitMs": 20000,
+                         "shutdownGraceMs": 1000},
             "apps": [{"bundleID": BUNDLE, "environment": "custom", "url": f"https://127.0.0.1:{self.mock_port}",
                       "caFile": self.ca, "token": {"p8Path": self.p8, "keyID": KEY_ID, "teamID": TEAM_ID}}],
             "log": {"format": "json", "level": "warning"},
@@ -558,7 +560,7 @@ FAULT_ROWS = {
     "goaway": "GOAWAY after every 20 streams per connection, 4 s",
     "close": "abrupt TCP close after every 25 streams per connection, 4 s",
     "abort": "connection dropped without an answer for 5% of pushes, 3 s",
-    "stall": "10% of pushes never answered, 4 s (requestTimeoutMs 10000 fires, retried)",
+    "stall": "10% of pushes never answered, 4 s (maxAnswerWaitMs 20000 fires, retried)",
     "tls": "TLS handshake failure (mock restarted with --tls-fault untrusted), 4 s",
     "refused": "connection refused (mock-apns stopped), 4 s",
     "expired": "403 ExpiredProviderToken for every token issued before now, 4 s",

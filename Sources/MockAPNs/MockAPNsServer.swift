@@ -286,6 +286,9 @@ public final class MockAPNsServer: Lifecycle {
 
         var http2 = HTTP2Settings()
         http2.maxConcurrentStreams = core.initialMaxConcurrentStreams
+        // Every stream the mock grants may wait for a late answer (latency faults): refusing
+        // them past HTTPServer's default of 100 unanswered would be a limit APNs does not have.
+        http2.maxUnansweredRequests = Int(max(configuration.maxConcurrentStreams, core.initialMaxConcurrentStreams))
         var limits = HTTPLimits()
         // Bodies up to 64 KiB reach the validator, so oversize pushes get APNs' 413 PayloadTooLarge.
         limits.maxBodyBytes = 64 * 1024

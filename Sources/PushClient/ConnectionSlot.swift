@@ -15,6 +15,10 @@ final class SlotStats: Sendable {
     let maxStreamsInFlight = Atomic<Int>(0)
     let timeoutPings = Atomic<Int>(0)
     let openingsDeferred = Atomic<Int>(0)
+    let answersAwaitedPastTimeout = Atomic<Int>(0)
+    let lateAnswers = Atomic<Int>(0)
+    let answerWaitsCapped = Atomic<Int>(0)
+    let notSent = Atomic<Int>(0)
 }
 
 /// One connection slot: a thread that owns the slot's current HTTP/2 connection (plus older
@@ -50,6 +54,8 @@ final class ConnectionSlot: @unchecked Sendable {
     var stopping = false
     /// No stream deadline is earlier than this (conservative: may be stale-early, never late).
     var earliestStreamDeadline = ContinuousClock.Instant.now + .seconds(86_400)
+    /// No queued push's `notSentBy` is earlier than this (conservative in the same way).
+    var earliestQueueDeadline = ContinuousClock.Instant.now + .seconds(86_400)
     var authorization: (generation: Int, value: String)?
     let scheme: String
 
@@ -141,10 +147,11 @@ final class ConnectionSlot: @unchecked Sendable {
             }
             if stop { return shutdownSlot(batch) }
             for p in batch {
-                if let local = p.local { complete(p, local) } else { queue.append(p) }
+                if let local = p.local { complete(p, local) } else { enqueueLocally(p) }
             }
             let now = ContinuousClock.now
             expire(now)
+            expireQueued(now)
             maintain(now)
             submitQueued()
             current?.flush()
@@ -174,12 +181,15 @@ final class ConnectionSlot: @unchecked Sendable {
         var wake = now + .seconds(1)
         if current == nil && queueHead < queue.count { wake = min(wake, nextOpenAt ?? now) }
         if earliestStreamDeadline < wake { wake = earliestStreamDeadline }
+        if queueHead < queue.count { wake = min(wake, earliestQueueDeadline) }
         if let c = current {
             if !c.wasReady { wake = min(wake, c.connectDeadline) }
-            if c.isOpen && c.wasReady {
-                if let sent = c.pingSentAt { wake = min(wake, sent + shared.pingTimeout) }
-                else if c.streamCount == 0 { wake = min(wake, c.lastActivity + shared.pingInterval) }
+            if c.isOpen && c.wasReady && c.pingSentAt == nil && c.streamCount == 0 {
+                wake = min(wake, c.lastActivity + shared.pingInterval)
             }
+        }
+        for c in [current].compactMap({ $0 }) + draining where c.isOpen {
+            if let sent = c.pingSentAt { wake = min(wake, sent + shared.pingTimeout) }
         }
         guard wake > now else { return 0 }
         // Round up: waking a hair early would spin until the deadline.

@@ -4,26 +4,74 @@
 import FoundationEssentials
 
 extension ConnectionSlot {
-    /// In-flight pushes whose deadline passed are reset and failed. A timeout alone does not
-    /// condemn the connection (APNs may just be slow): it gets a PING, and only an unanswered
-    /// PING retires it (`maintain`).
+    /// In-flight pushes whose deadline passed. A timeout alone does not condemn the connection
+    /// (APNs may just be slow): it gets a PING and carries one stream at a time (probation);
+    /// only an unanswered PING retires it (`maintain`). A request written in full on a live
+    /// connection is not failed either: APNs has it, and failing it would make the caller's
+    /// retry a duplicate. It keeps waiting, its connection PINGed every requestTimeout, until
+    /// its answer, a dead connection (its streams fail in `reap`) or answerWaitCap. At the cap,
+    /// or for a request not fully written, the stream is reset (RST_STREAM CANCEL) and the
+    /// push fails with a timeout.
     func expire(_ now: ContinuousClock.Instant) {
         guard now >= earliestStreamDeadline else { return }
         var earliest = now + .seconds(86_400)
         for c in [current].compactMap({ $0 }) + draining {
             for st in c.session.streams.values where !st.done {
-                if st.push.deadline <= now {
-                    st.done = true
-                    c.session.cancel(st)
-                    c.probation = true
-                    if c === current { probe(c, now) }
-                    complete(st.push, .transportFailure("timeout: no response within requestTimeout (stream \(st.id))"))
-                } else if st.push.deadline < earliest {
-                    earliest = st.push.deadline
+                let p = st.push
+                guard p.deadline <= now else {
+                    earliest = min(earliest, p.deadline)
+                    continue
+                }
+                c.probation = true
+                probe(c, now)
+                if c.isOpen && now < p.answerBy && st.headersSent && st.bodyBytesSent == p.body.count {
+                    if !p.overdue {
+                        p.overdue = true
+                        stats.answersAwaitedPastTimeout.add(1, ordering: .relaxed)
+                        AnswerWaitCounts.awaitedTotal.add(1, ordering: .relaxed)
+                    }
+                    p.deadline = min(now + shared.requestTimeout, p.answerBy)
+                    earliest = min(earliest, p.deadline)
+                    continue
+                }
+                st.done = true
+                c.session.cancel(st)
+                if p.overdue {
+                    stats.answerWaitsCapped.add(1, ordering: .relaxed)
+                    AnswerWaitCounts.cappedTotal.add(1, ordering: .relaxed)
+                    complete(p, .transportFailure("timeout: no response within answerWaitCap, connection alive (stream \(st.id))"))
+                } else {
+                    complete(p, .transportFailure("timeout: no response within requestTimeout (stream \(st.id))"))
                 }
             }
         }
         earliestStreamDeadline = earliest
+    }
+
+    /// Queued pushes older than queueWaitCap fail as not sent: nothing of them was written (or
+    /// only a request the server refused unprocessed), so the caller's retry is no duplicate,
+    /// and the caller's own back-off takes over from the client's queue.
+    func expireQueued(_ now: ContinuousClock.Instant) {
+        guard queueHead < queue.count, now >= earliestQueueDeadline else { return }
+        var kept: [PendingPush] = []
+        var expired: [PendingPush] = []
+        var earliest = now + .seconds(86_400)
+        for p in queue[queueHead...] {
+            if p.notSentBy <= now {
+                expired.append(p)
+            } else {
+                kept.append(p)
+                earliest = min(earliest, p.notSentBy)
+            }
+        }
+        queue = kept
+        queueHead = 0
+        earliestQueueDeadline = earliest
+        for p in expired {
+            stats.notSent.add(1, ordering: .relaxed)
+            AnswerWaitCounts.notSentTotal.add(1, ordering: .relaxed)
+            complete(p, .transportFailure("not sent: queued longer than queueWaitCap (\(shared.queueWaitCap)) waiting for a connection or a stream"))
+        }
     }
 
     /// PINGs `c` unless a PING is already waiting for its ACK.
@@ -35,6 +83,16 @@ extension ConnectionSlot {
         stats.timeoutPings.add(1, ordering: .relaxed)
     }
 
+    /// An open connection whose PING went unanswered for pingTimeout is closed as dead; its
+    /// streams are collected by `reap`. True when it was.
+    private func pingExpired(_ c: H2Connection, _ now: ContinuousClock.Instant) -> Bool {
+        guard c.isOpen, let sent = c.pingSentAt, now - sent >= shared.pingTimeout else { return false }
+        stats.deadConnections.add(1, ordering: .relaxed)
+        c.fail("no PING ACK within \(shared.pingTimeout): connection presumed dead")
+        reap(c)
+        return true
+    }
+
     /// Connection upkeep: replace dead or retired connections, PING idle ones, close drained ones.
     func maintain(_ now: ContinuousClock.Instant) {
         if let c = current {
@@ -43,12 +101,8 @@ extension ConnectionSlot {
                        + (c.isOpen ? "no SETTINGS from the server" : c.state == .handshaking ? "TLS handshake" : "TCP connect") + ")")
                 reap(c)
             } else if c.isOpen && c.wasReady {
-                if let sent = c.pingSentAt {
-                    if now - sent >= shared.pingTimeout {
-                        stats.deadConnections.add(1, ordering: .relaxed)
-                        c.fail("no PING ACK within \(shared.pingTimeout): connection presumed dead")
-                        reap(c)
-                    }
+                if c.pingSentAt != nil {
+                    _ = pingExpired(c, now)
                 } else if c.streamCount == 0 && now - c.lastActivity >= shared.pingInterval {
                     if let error = c.session.ping() {
                         c.fail(error)
@@ -62,7 +116,7 @@ extension ConnectionSlot {
             if let c = current, c.retired || c.state == .closed { retireCurrent(now: now) }
         }
         draining.removeAll { d in
-            if d.state == .closed { return true }
+            if d.state == .closed || pingExpired(d, now) { return true }
             if d.isOpen && d.streamCount == 0 {
                 d.closeGracefully()
                 return true

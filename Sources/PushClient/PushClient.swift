@@ -18,6 +18,12 @@ public final class PushClient: Sendable {
         guard configuration.requestTimeout > .zero, configuration.connectTimeout > .zero else {
             throw PushClientError.invalidConfiguration("requestTimeout and connectTimeout must be positive")
         }
+        guard configuration.answerWaitCap >= configuration.requestTimeout else {
+            throw PushClientError.invalidConfiguration("answerWaitCap must be at least requestTimeout")
+        }
+        guard configuration.queueWaitCap > .zero else {
+            throw PushClientError.invalidConfiguration("queueWaitCap must be positive")
+        }
         guard configuration.pingInterval > .zero else {
             throw PushClientError.invalidConfiguration("pingInterval must be positive")
         }
@@ -48,7 +54,8 @@ public final class PushClient: Sendable {
             throw PushClientError.invalidConfiguration("certificate credentials need an https:// environment")
         }
         shared = ClientShared(endpoint: endpoint, tls: tls, tokens: tokens, clock: configuration.clock,
-                              requestTimeout: configuration.requestTimeout, connectTimeout: configuration.connectTimeout,
+                              requestTimeout: configuration.requestTimeout, answerWaitCap: configuration.answerWaitCap,
+                              queueWaitCap: configuration.queueWaitCap, connectTimeout: configuration.connectTimeout,
                               pingInterval: configuration.pingInterval, pacing: pacing,
                               firstTokenConnection: tokens?.reserveConnections(configuration.connections) ?? 0)
         // OpenSSL's socket BIO writes with plain write(2): a server that closed its end would
@@ -73,6 +80,7 @@ public final class PushClient: Sendable {
     /// it short (it delays other pushes on that connection).
     public func send(_ request: PushRequest, completion: @escaping @Sendable (PushResult) -> Void) {
         let push = PendingPush(request: request, completion: completion)
+        push.notSentBy = .now + shared.queueWaitCap
         if let refusal = Self.validate(request) {
             push.local = refusal
         } else {
@@ -109,8 +117,43 @@ public final class PushClient: Sendable {
             total.refusedRetries += s.stats.refusedRetries.load(ordering: .relaxed)
             total.timeoutPings += s.stats.timeoutPings.load(ordering: .relaxed)
             total.openingsDeferred += s.stats.openingsDeferred.load(ordering: .relaxed)
+            total.answersAwaitedPastTimeout += s.stats.answersAwaitedPastTimeout.load(ordering: .relaxed)
+            total.lateAnswers += s.stats.lateAnswers.load(ordering: .relaxed)
+            total.answerWaitsCapped += s.stats.answerWaitsCapped.load(ordering: .relaxed)
+            total.notSent += s.stats.notSent.load(ordering: .relaxed)
             total.maxStreamsInFlight = max(total.maxStreamsInFlight, s.stats.maxStreamsInFlight.load(ordering: .relaxed))
         }
+    }
+}
+
+/// How a slow APNs was waited for, summed over every client in the process (the relay exports
+/// them; a reload's new client keeps counting): docs/pushclient.md, "Timeouts, health, reconnection".
+public struct AnswerWaitCounts: Sendable, Equatable {
+    /// Written requests still unanswered at requestTimeout on a live connection, kept waiting.
+    public var awaitedPastTimeout = 0
+    /// Of those, the ones whose answer then arrived.
+    public var answeredLate = 0
+    /// Of those, the ones failed at answerWaitCap.
+    public var capped = 0
+    /// Pushes failed unsent after queueWaitCap.
+    public var notSent = 0
+
+    public init(awaitedPastTimeout: Int = 0, answeredLate: Int = 0, capped: Int = 0, notSent: Int = 0) {
+        self.awaitedPastTimeout = awaitedPastTimeout
+        self.answeredLate = answeredLate
+        self.capped = capped
+        self.notSent = notSent
+    }
+
+    static let awaitedTotal = Atomic<Int>(0)
+    static let answeredLateTotal = Atomic<Int>(0)
+    static let cappedTotal = Atomic<Int>(0)
+    static let notSentTotal = Atomic<Int>(0)
+
+    /// The process-wide totals so far.
+    public static var process: AnswerWaitCounts {
+        AnswerWaitCounts(awaitedPastTimeout: awaitedTotal.load(ordering: .relaxed), answeredLate: answeredLateTotal.load(ordering: .relaxed),
+                         capped: cappedTotal.load(ordering: .relaxed), notSent: notSentTotal.load(ordering: .relaxed))
     }
 }
 
@@ -128,6 +171,14 @@ struct EngineStats: Sendable, Equatable {
     var timeoutPings = 0
     /// Times a slot wanted a connection and the pacer made it wait.
     var openingsDeferred = 0
+    /// Written requests still unanswered at requestTimeout on a live connection, kept waiting.
+    var answersAwaitedPastTimeout = 0
+    /// Of those, the ones whose answer then arrived.
+    var lateAnswers = 0
+    /// Of those, the ones failed at answerWaitCap (RST_STREAM CANCEL).
+    var answerWaitsCapped = 0
+    /// Pushes failed unsent after queueWaitCap.
+    var notSent = 0
 }
 
 /// Immutable state every slot reads.
@@ -137,6 +188,8 @@ final class ClientShared: Sendable {
     let tokens: TokenProvider?
     let clock: any PushClock
     let requestTimeout: Duration
+    let answerWaitCap: Duration
+    let queueWaitCap: Duration
     let connectTimeout: Duration
     let pingInterval: Duration
     /// How long a PING may go unanswered before the connection counts as dead.
@@ -148,7 +201,8 @@ final class ClientShared: Sendable {
     let firstTokenConnection: Int
 
     init(endpoint: Endpoint, tls: TLSClientContext?, tokens: TokenProvider?, clock: any PushClock,
-         requestTimeout: Duration, connectTimeout: Duration, pingInterval: Duration, pacing: ConnectionPacing,
+         requestTimeout: Duration, answerWaitCap: Duration, queueWaitCap: Duration,
+         connectTimeout: Duration, pingInterval: Duration, pacing: ConnectionPacing,
          firstTokenConnection: Int = 0, random: @escaping @Sendable () -> Double = { Double.random(in: 0..<1) }) {
         self.firstTokenConnection = firstTokenConnection
         self.endpoint = endpoint
@@ -156,6 +210,8 @@ final class ClientShared: Sendable {
         self.tokens = tokens
         self.clock = clock
         self.requestTimeout = requestTimeout
+        self.answerWaitCap = answerWaitCap
+        self.queueWaitCap = queueWaitCap
         self.connectTimeout = connectTimeout
         self.pingInterval = pingInterval
         pacer = Mutex(ConnectionPacer(pacing))

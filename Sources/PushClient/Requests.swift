@@ -15,8 +15,16 @@ final class PendingPush: @unchecked Sendable {
     var apnsID: String { request.apnsID.text }
     let completion: @Sendable (PushResult) -> Void
     /// Monotonic, set each time the push is written to a connection (requestTimeout from
-    /// then): time spent queued for a connection or a stream does not count.
+    /// then): time spent queued for a connection or a stream does not count. Past it on a live
+    /// connection, the next time to PING and look again (every requestTimeout, up to `answerBy`).
     var deadline = ContinuousClock.Instant.now + .seconds(86_400 * 365)
+    /// answerWaitCap from when the push was written: a written push fails no later than this.
+    var answerBy = ContinuousClock.Instant.now + .seconds(86_400 * 365)
+    /// queueWaitCap from `send`: a push still queued then (nothing of it written, or only a
+    /// request the server refused unprocessed) fails as not sent, a safe retry for the caller.
+    var notSentBy = ContinuousClock.Instant.now + .seconds(86_400 * 365)
+    /// Its request outlived requestTimeout on a live connection and is still awaited.
+    var overdue = false
     /// Retries after a connection was lost before any body byte left (at most one), or after
     /// ExpiredProviderToken (at most one).
     var attempt = 0
@@ -91,7 +99,10 @@ extension ConnectionSlot {
                 tokens.connectionOpened(slot: tokenConnection, generation: generation, now: shared.clock.now())
             }
             c.requestsCarried += 1
-            p.deadline = .now + shared.requestTimeout
+            let written = ContinuousClock.now
+            p.deadline = written + shared.requestTimeout
+            p.answerBy = written + shared.answerWaitCap
+            p.overdue = false
             if c.streamCount > stats.maxStreamsInFlight.load(ordering: .relaxed) {
                 stats.maxStreamsInFlight.store(c.streamCount, ordering: .relaxed)
             }

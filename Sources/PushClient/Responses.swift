@@ -32,6 +32,7 @@ extension ConnectionSlot {
 
     func requeue(_ p: PendingPush) {
         if stopping { return complete(p, .transportFailure("shutdown")) }
+        earliestQueueDeadline = min(earliestQueueDeadline, p.notSentBy)
         if queueHead > 0 {
             queueHead -= 1
             queue[queueHead] = p
@@ -42,6 +43,10 @@ extension ConnectionSlot {
 
     func respond(_ st: ClientStream, on c: H2Connection) {
         let p = st.push
+        if p.overdue {
+            stats.lateAnswers.add(1, ordering: .relaxed)
+            AnswerWaitCounts.answeredLateTotal.add(1, ordering: .relaxed)
+        }
         let result = Self.result(status: st.status, apnsID: st.apnsID, uniqueID: st.uniqueID, body: st.responseBody, sentID: p.apnsID)
         c.probation = false
         switch result {
@@ -74,6 +79,12 @@ extension ConnectionSlot {
             }
         }
         complete(p, result)
+    }
+
+    /// A push from `send` joins the end of the queue.
+    func enqueueLocally(_ p: PendingPush) {
+        earliestQueueDeadline = min(earliestQueueDeadline, p.notSentBy)
+        queue.append(p)
     }
 
     func complete(_ p: PendingPush, _ result: PushResult) {

@@ -108,6 +108,16 @@ public struct PushClientConfiguration: Sendable {
     /// Time a request may wait for its response, counted from when it is written to a
     /// connection (time queued for a connection or a free stream does not count).
     public var requestTimeout: Duration
+    /// Longest a written request waits for its answer while its connection is alive (answers
+    /// PING). At `requestTimeout` the connection is PINGed (again every `requestTimeout`); the
+    /// push fails only if a PING goes unanswered (connection dead) or at this cap. Failing a
+    /// request APNs received makes the caller's retry a duplicate, so a slow APNs is waited
+    /// for. Must be at least `requestTimeout` (equal: fail at `requestTimeout`, no wait).
+    public var answerWaitCap: Duration
+    /// Longest a push may wait in the client before any of it is written (queued for a
+    /// connection the pacer holds back, or for a stream on a slow, one-stream connection).
+    /// It then fails as "not sent", which a caller may retry without risk of a duplicate.
+    public var queueWaitCap: Duration
     public var connectTimeout: Duration
     /// A connection idle this long gets an HTTP/2 PING; no ACK within min(max(pingInterval, 1 s), 10 s)
     /// and it is replaced.
@@ -122,12 +132,15 @@ public struct PushClientConfiguration: Sendable {
     public init(environment: APNsEnvironment, credentials: APNsCredentials, caFile: String? = nil,
                 connections: Int = 2, requestTimeout: Duration = .seconds(10),
                 connectTimeout: Duration = .seconds(5), pingInterval: Duration = .seconds(60),
-                connectionPacing: ConnectionPacing = ConnectionPacing(), clock: any PushClock = SystemPushClock()) {
+                connectionPacing: ConnectionPacing = ConnectionPacing(), clock: any PushClock = SystemPushClock(),
+                answerWaitCap: Duration = .seconds(120), queueWaitCap: Duration = .seconds(30)) {
         self.environment = environment
         self.credentials = credentials
         self.caFile = caFile
         self.connections = connections
         self.requestTimeout = requestTimeout
+        self.answerWaitCap = answerWaitCap
+        self.queueWaitCap = queueWaitCap
         self.connectTimeout = connectTimeout
         self.pingInterval = pingInterval
         self.connectionPacing = connectionPacing

@@ -221,7 +221,7 @@ final class MultiNodeCluster {
         """
         {"listen": {"host": "127.0.0.1", "port": 0}, "admin": {"host": "127.0.0.1", "port": 0},
          "store": {"kind": "postgres", "url": "\(pg.url)", "nodeId": "\(node)", "leaseSeconds": 5},
-         "dispatch": {"maxInflight": 16, "claimBatch": 16, "requestTimeoutMs": 1000, "backoffBaseMs": 50, "backoffCapMs": 200},
+         "dispatch": {"maxInflight": 16, "claimBatch": 16, "requestTimeoutMs": 1000, "maxAnswerWaitMs": 2000, "maxQueueWaitMs": 1000, "backoffBaseMs": 50, "backoffCapMs": 200},
          "ingest": {"rateLimits": {"perPushToken": {"perSecond": 0, "burst": 1}}},
          "watchdog": false, "log": {"level": "error"},
          "apps": [{"bundleID": "\(Self.app)", "environment": "sandbox",

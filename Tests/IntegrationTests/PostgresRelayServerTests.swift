@@ -82,7 +82,7 @@ struct PostgresRelayServerTests {
             let config = """
                 {"listen": {"host": "127.0.0.1", "port": \(ingest)}, "admin": {"host": "127.0.0.1", "port": \(admin)},
                  "store": {"kind": "postgres", "url": "\(pg.url)", "nodeId": "n\(i)", "leaseSeconds": 5},
-                 "dispatch": {"maxInflight": 16, "claimBatch": 16, "requestTimeoutMs": 2000, "backoffBaseMs": 50, "backoffCapMs": 200},
+                 "dispatch": {"maxInflight": 16, "claimBatch": 16, "requestTimeoutMs": 2000, "maxAnswerWaitMs": 2000, "maxQueueWaitMs": 1000, "backoffBaseMs": 50, "backoffCapMs": 200},
                  "ingest": {"rateLimits": {"perPushToken": {"perSecond": 0, "burst": 1}}},
                  "watchdog": false, "log": {"level": "warning"},
                  "apps": [{"bundleID": "\(Self.app)", "environment": "custom", "url": "https://127.0.0.1:\(mockPort)",

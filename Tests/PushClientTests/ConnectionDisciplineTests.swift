@@ -45,30 +45,94 @@ import Testing
         return requests.map { byID[$0.apnsIDString] }
     }
 
-    /// Answers take 2 s, the request timeout is 300 ms: every push times out. The mock still
-    /// answers PING, so each slot keeps its one connection (the old client opened a new one
-    /// after every timeout), a timed-out connection carries one stream at a time, and no push
-    /// is written twice.
+    /// Answers take 2 s, the request timeout is 300 ms: every push outlives its timeout. The
+    /// mock still answers PING, so each slot keeps its one connection (the old client opened a
+    /// new one after every timeout) and every push is waited for and delivered, none written
+    /// twice. (Before answerWaitCap, all 20 failed with a timeout here, and a caller's retry of
+    /// each was a duplicate.)
     @Test func slowServerKeepsItsConnectionsAndGetsNoDuplicate() throws {
         let rig = try MockRig(faults: [FaultRule(latencyMs: 2000)])
-        let client = try rig.client(connections: 2, requestTimeout: .milliseconds(300), pacing: Self.pacing)
+        let client = try rig.client(connections: 2, requestTimeout: .milliseconds(300), pacing: Self.pacing,
+                                    answerWaitCap: .seconds(20))
         defer { client.shutdown() }
-        let results = Self.steadyLoad(client, for: .seconds(1), every: .milliseconds(50))
-        #expect(results.allSatisfy { $0 != nil })
-        let timeouts = results.filter { if case .transportFailure(let m)? = $0 { m.hasPrefix("timeout: no response") } else { false } }
-        #expect(timeouts.count == results.count, "\(results.filter { $0.map(isDelivered) == true }.count) delivered")
+        let results = Self.steadyLoad(client, for: .seconds(1), every: .milliseconds(50), settle: 40)
+        #expect(results.allSatisfy { $0.map(isDelivered) == true }, "\(results.filter { $0.map(isDelivered) != true })")
         let stats = client.engineStats
         #expect(stats.connectionsOpened == 2)
         #expect(rig.mock.connectionsAccepted == 2)
         #expect(stats.deadConnections == 0)
-        #expect(stats.timeoutPings >= 2)
-        #expect(stats.maxStreamsInFlight == 1)
+        #expect(stats.timeoutPings >= 2 && stats.pingAcks >= 2)
+        #expect(stats.answersAwaitedPastTimeout == results.count && stats.lateAnswers == results.count)
         // Every push reached the mock exactly once: nothing written twice.
         let ids = rig.mock.deliveries.map(\.apnsID)
         #expect(ids.count == results.count)
         #expect(Set(ids).count == ids.count)
         print("slow server: \(results.count) pushes, \(stats.connectionsOpened) connections, \(stats.timeoutPings) timeout PINGs, "
-              + "\(ids.count - Set(ids).count) duplicates")
+              + "\(stats.lateAnswers) answered late, \(ids.count - Set(ids).count) duplicates")
+    }
+
+    /// While an answer is overdue its connection stays on probation: a push sent meanwhile waits
+    /// for that answer instead of joining a server that is not answering (the mock allows 100
+    /// streams from the start here, so only probation holds it back).
+    @Test func overdueAnswerKeepsTheConnectionOnProbation() throws {
+        let rig = try MockRig(faults: [FaultRule(deviceToken: "5100", latencyMs: 3000)], streams: (initial: 100, max: 100))
+        let client = try rig.client(connections: 1, requestTimeout: .milliseconds(300), pacing: Self.pacing,
+                                    answerWaitCap: .seconds(20))
+        defer { client.shutdown() }
+        #expect(sendAll(client, [push()])[0].map(isDelivered) == true)
+        let order = Mutex<[String]>([])
+        let slow = push("5100")
+        client.send(slow) { r in order.withLock { $0.append(isDelivered(r) ? "slow" : "slow failed: \(r)") } }
+        #expect(eventually(upTo: 10) { client.engineStats.answersAwaitedPastTimeout == 1 })
+        let fast = (0..<3).map { push(index: UInt32($0)) }
+        for r in fast { client.send(r) { r in order.withLock { $0.append(isDelivered(r) ? "fast" : "fast failed: \(r)") } } }
+        #expect(eventually(upTo: 20) { order.withLock { $0.count } == 4 })
+        #expect(order.withLock { $0 } == ["slow", "fast", "fast", "fast"])
+        #expect(client.engineStats.connectionsOpened == 1 && client.engineStats.lateAnswers == 1)
+    }
+
+    /// A connection that stops answering PING while an answer is overdue is dead: the push
+    /// fails then (a transport failure, the caller may retry: a possible duplicate, the bound
+    /// of this design), well before answerWaitCap, and the next push goes out on a new connection.
+    @Test func unansweredPingFailsAnOverdueAnswer() throws {
+        let rig = try MockRig(faults: [FaultRule(deviceToken: "5100", latencyMs: 60_000)])
+        let proxy = try FreezableProxy(targetPort: rig.mock.port)
+        defer { proxy.close() }
+        // pingTimeout = max(pingInterval, 1 s): 1 s here.
+        let client = try rig.client(requestTimeout: .milliseconds(300), pingInterval: .seconds(1), pacing: Self.pacing,
+                                    url: "https://127.0.0.1:\(proxy.port)", answerWaitCap: .seconds(60))
+        defer { client.shutdown() }
+        #expect(sendAll(client, [push()])[0].map(isDelivered) == true)
+        let slow = push("5100")
+        let box = Mutex<PushResult?>(nil)
+        client.send(slow) { r in box.withLock { $0 = r } }
+        #expect(eventually(upTo: 10) { client.engineStats.answersAwaitedPastTimeout == 1 })
+        proxy.freezeExisting()
+        #expect(eventually(upTo: 20) { box.withLock { $0 } != nil })
+        let result = box.withLock { $0 }
+        guard case .transportFailure(let m)? = result else { Issue.record("expected a transport failure, got \(String(describing: result))"); return }
+        #expect(m.contains("PING"), "\(m)")
+        let stats = client.engineStats
+        #expect(stats.deadConnections == 1 && stats.answerWaitsCapped == 0 && stats.lateAnswers == 0)
+        #expect(sendAll(client, [push()])[0].map(isDelivered) == true)
+        #expect(proxy.connectionCount == 2)
+    }
+
+    /// Pushes queued behind a slow connection (one stream at a time until the first answer)
+    /// fail as not sent after queueWaitCap: nothing of them was written, so the caller's retry
+    /// is no duplicate. The written one is waited for and delivered.
+    @Test func queuedPushesFailAsNotSentAfterQueueWaitCap() throws {
+        let rig = try MockRig(faults: [FaultRule(latencyMs: 2000)])
+        let client = try rig.client(connections: 1, requestTimeout: .milliseconds(300), pacing: Self.pacing,
+                                    answerWaitCap: .seconds(20), queueWaitCap: .milliseconds(500))
+        defer { client.shutdown() }
+        let requests = (0..<5).map { push(index: UInt32($0)) }
+        let results = sendAll(client, requests, upTo: 20)
+        let delivered = results.filter { $0.map(isDelivered) == true }.count
+        let notSent = results.filter { if case .transportFailure(let m)? = $0 { m.hasPrefix("not sent") } else { false } }.count
+        #expect(delivered == 1 && notSent == 4, "\(results)")
+        #expect(client.engineStats.notSent == 4)
+        #expect(rig.mock.deliveries.count == 1)
     }
 
     /// A server that answers one stream at a time in 50 ms, with a 3 s request timeout and

@@ -16,14 +16,14 @@ import Testing
     }
 
     @Test func postgresStoreIsParsed() throws {
-        let c = try parse(store: #"{"kind":"postgres","url":"postgresql://relay@db:5432/relay","nodeId":"relay-1","leaseSeconds":120,"maxPending":5000}"#)
+        let c = try parse(store: #"{"kind":"postgres","url":"postgresql://relay@db:5432/relay","nodeId":"relay-1","leaseSeconds":200,"maxPending":5000}"#)
         #expect(c.store.kind == "postgres")
         #expect(c.store.url == "postgresql://relay@db:5432/relay")
         #expect(c.store.nodeID == "relay-1")
-        #expect(c.store.leaseSeconds == 120)
+        #expect(c.store.leaseSeconds == 200)
         #expect(c.store.maxPending == 5000)
         let d = try parse(store: #"{"kind":"postgres","url":"postgresql://db/relay"}"#)
-        #expect(d.store.nodeID == nil && d.store.leaseSeconds == 60)
+        #expect(d.store.nodeID == nil && d.store.leaseSeconds == 180)
     }
 
     @Test func sqliteStaysTheDefault() throws {
@@ -41,10 +41,17 @@ import Testing
         #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","nodeId":""}"#)?.key == "store.nodeId")
         #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","leaseSeconds":1}"#)?.key == "store.leaseSeconds")
         #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","bogus":1}"#)?.key == "store.bogus")
-        // A lease must outlive an APNs request, or a live node's push could be sent twice.
-        let short = error(store: #"{"kind":"postgres","url":"postgresql://db/relay","leaseSeconds":10}"#, dispatch: #"{"requestTimeoutMs":10000}"#)
+        // A lease must outlive the longest the APNs client holds a push (queued, then waiting
+        // for a slow answer), or a live node's push could be sent twice: 30 + 120 + 1 s by default.
+        let short = error(store: #"{"kind":"postgres","url":"postgresql://db/relay","leaseSeconds":151}"#)
         #expect(short?.key == "store.leaseSeconds")
-        #expect(short?.message.contains("requestTimeoutMs") == true)
+        #expect(short?.message.contains("maxAnswerWaitMs") == true && short?.message.contains("maxQueueWaitMs") == true, "\(String(describing: short))")
+        #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","leaseSeconds":152}"#) == nil)
+        let tuned = #"{"requestTimeoutMs":1000,"maxAnswerWaitMs":2000,"maxQueueWaitMs":1000}"#
+        #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","leaseSeconds":5}"#, dispatch: tuned) == nil)
+        #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","leaseSeconds":4}"#, dispatch: tuned)?.key == "store.leaseSeconds")
+        // The answer wait includes the request timeout.
+        #expect(error(store: #"{"kind":"sqlite"}"#, dispatch: #"{"requestTimeoutMs":10000,"maxAnswerWaitMs":9000}"#)?.key == "dispatch.maxAnswerWaitMs")
     }
 
     @Test func databaseURLCanComeFromTheEnvironment() throws {

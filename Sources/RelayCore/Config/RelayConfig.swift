@@ -39,8 +39,12 @@ public struct RelayConfig: Sendable, Equatable {
         public var url: String?
         /// postgres: this node's lease owner name; nil = host-pid (new on every start).
         public var nodeID: String?
-        /// postgres: how long a claimed row stays leased to this node.
-        public var leaseSeconds = 60
+        /// postgres: how long a claimed row stays leased to this node. Must exceed the longest a
+        /// push can be held by the APNs client (dispatch.maxQueueWaitMs + dispatch.maxAnswerWaitMs)
+        /// plus `leaseMarginMillis`, so a live node's push is never claimed and sent by another.
+        public var leaseSeconds = 180
+        /// The store round trip and clock differences between nodes, on top of the client's hold.
+        public static let leaseMarginMillis = 1_000
         /// How long delivered and failed rows (with their attempts) are kept; 0 keeps them.
         public var retention = RetentionPolicy()
         /// sqlite: below this many free bytes on the database's filesystem ingest answers 503
@@ -74,6 +78,12 @@ public struct RelayConfig: Sendable, Equatable {
         /// New APNs connections an app may open per minute (PushClient's ConnectionPacing).
         public var maxNewConnectionsPerMinute = 10
         public var requestTimeoutMillis = 10_000
+        /// How long a written push waits for APNs' answer while its connection answers PING
+        /// (PushClient's answerWaitCap): failing it earlier makes its retry a duplicate.
+        public var maxAnswerWaitMillis = 120_000
+        /// How long a push may wait in the client before anything of it is written (PushClient's
+        /// queueWaitCap); then it fails as not sent and retries with the back-off.
+        public var maxQueueWaitMillis = 30_000
         public var shutdownGraceMillis = 5_000
         /// How long a token APNs answered 410 for is refused at ingest before one response goes
         /// through as a probe (StoreRules.markAdmission); 0 = refused until `relayctl tokens forget`.
@@ -264,7 +274,7 @@ public struct RelayConfig: Sendable, Equatable {
         }
         if var d = try r.child("dispatch") {
             try d.object(allowed: ["maxInflight", "claimBatch", "backoffBaseMs", "backoffCapMs", "tooManyRequestsDelayMs",
-                                   "pauseProbeBaseMs", "pauseProbeCapMs", "connectionsPerApp", "maxNewConnectionsPerMinute", "requestTimeoutMs", "shutdownGraceMs",
+                                   "pauseProbeBaseMs", "pauseProbeCapMs", "connectionsPerApp", "maxNewConnectionsPerMinute", "requestTimeoutMs", "maxAnswerWaitMs", "maxQueueWaitMs", "shutdownGraceMs",
                                    "unregisteredQuarantineSeconds", "badDeviceTokenHoldSeconds"])
             c.dispatch.maxInflight = try d.int("maxInflight", 1...100_000) ?? c.dispatch.maxInflight
             c.dispatch.claimBatch = try d.int("claimBatch", 1...10_000) ?? c.dispatch.claimBatch
@@ -276,6 +286,8 @@ public struct RelayConfig: Sendable, Equatable {
             c.dispatch.connectionsPerApp = try d.int("connectionsPerApp", 1...64) ?? c.dispatch.connectionsPerApp
             c.dispatch.maxNewConnectionsPerMinute = try d.int("maxNewConnectionsPerMinute", 1...600) ?? c.dispatch.maxNewConnectionsPerMinute
             c.dispatch.requestTimeoutMillis = try d.int("requestTimeoutMs", 100...600_000) ?? c.dispatch.requestTimeoutMillis
+            c.dispatch.maxAnswerWaitMillis = try d.int("maxAnswerWaitMs", 100...3_600_000) ?? c.dispatch.maxAnswerWaitMillis
+            c.dispatch.maxQueueWaitMillis = try d.int("maxQueueWaitMs", 100...3_600_000) ?? c.dispatch.maxQueueWaitMillis
             c.dispatch.shutdownGraceMillis = try d.int("shutdownGraceMs", 0...600_000) ?? c.dispatch.shutdownGraceMillis
             c.dispatch.unregisteredQuarantineSeconds = try d.int("unregisteredQuarantineSeconds", 0...31_536_000) ?? c.dispatch.unregisteredQuarantineSeconds
             c.dispatch.badDeviceTokenHoldSeconds = try d.int("badDeviceTokenHoldSeconds", 0...2_592_000) ?? c.dispatch.badDeviceTokenHoldSeconds
@@ -285,11 +297,16 @@ public struct RelayConfig: Sendable, Equatable {
             guard c.dispatch.pauseProbeCapMillis >= c.dispatch.pauseProbeBaseMillis else {
                 throw ConfigError(key: "dispatch.pauseProbeCapMs", message: "must be at least dispatch.pauseProbeBaseMs")
             }
+            guard c.dispatch.maxAnswerWaitMillis >= c.dispatch.requestTimeoutMillis else {
+                throw ConfigError(key: "dispatch.maxAnswerWaitMs", message: "must be at least dispatch.requestTimeoutMs (\(c.dispatch.requestTimeoutMillis) ms)")
+            }
         }
-        // A lease shorter than an APNs request could expire while the answer is on its way, and
-        // another node would send the same push again.
-        if c.store.kind == "postgres", c.store.leaseSeconds * 1000 <= c.dispatch.requestTimeoutMillis {
-            throw ConfigError(key: "store.leaseSeconds", message: "must be longer than dispatch.requestTimeoutMs (\(c.dispatch.requestTimeoutMillis) ms)")
+        // A lease that ends while the client still holds the push (queued, or waiting for a slow
+        // APNs' answer) lets another node claim and send it again.
+        let held = c.dispatch.maxQueueWaitMillis + c.dispatch.maxAnswerWaitMillis + Store.leaseMarginMillis
+        if c.store.kind == "postgres", c.store.leaseSeconds * 1000 <= held {
+            throw ConfigError(key: "store.leaseSeconds", message: "must be longer than dispatch.maxQueueWaitMs + dispatch.maxAnswerWaitMs + 1 s ("
+                              + "\(c.dispatch.maxQueueWaitMillis) + \(c.dispatch.maxAnswerWaitMillis) + \(Store.leaseMarginMillis) ms)")
         }
         guard let apps = try r.array("apps"), !apps.isEmpty else {
             throw ConfigError(key: "apps", message: "at least one app is required")

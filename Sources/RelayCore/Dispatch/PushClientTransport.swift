@@ -47,6 +47,8 @@ public final class PushClientTransport: PushTransport {
         pc.connections = config.dispatch.connectionsPerApp
         pc.connectionPacing.maxNewConnections = config.dispatch.maxNewConnectionsPerMinute
         pc.requestTimeout = .milliseconds(config.dispatch.requestTimeoutMillis)
+        pc.answerWaitCap = .milliseconds(config.dispatch.maxAnswerWaitMillis)
+        pc.queueWaitCap = .milliseconds(config.dispatch.maxQueueWaitMillis)
         pc.tokenRegistry = tokens
         let files: String
         switch app.credentials {
@@ -63,6 +65,20 @@ public final class PushClientTransport: PushTransport {
         for (team, n) in tokens.mintedByTeam().sorted(by: { $0.key < $1.key }) {
             r.sample("relay_apns_provider_tokens_minted_total", ["team": team], n)
         }
+    }
+
+    /// How a slow APNs was waited for, process-wide (docs/operations.md): requests still
+    /// unanswered at the request timeout on a live connection (awaited), answered after it
+    /// (answered), failed at maxAnswerWaitMs (capped); and pushes failed unsent after maxQueueWaitMs.
+    static func collectAnswerWaitMetrics(into r: inout PrometheusRegistry, counts: AnswerWaitCounts = .process) {
+        r.declare("relay_apns_slow_answers_total", .counter,
+                  help: "APNs requests still unanswered at dispatch.requestTimeoutMs on a connection that answers PING, by outcome: awaited (all of them), answered (the answer came later), capped (failed at dispatch.maxAnswerWaitMs).")
+        r.sample("relay_apns_slow_answers_total", ["outcome": "awaited"], counts.awaitedPastTimeout)
+        r.sample("relay_apns_slow_answers_total", ["outcome": "answered"], counts.answeredLate)
+        r.sample("relay_apns_slow_answers_total", ["outcome": "capped"], counts.capped)
+        r.counter("relay_apns_pushes_not_sent_total",
+                  help: "Pushes that waited longer than dispatch.maxQueueWaitMs in the APNs client before any of them was written; retried with the back-off.",
+                  counts.notSent)
     }
 
     /// TLS alerts a server sends about the client's certificate, as OpenSSL words them

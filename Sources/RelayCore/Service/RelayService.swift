@@ -235,6 +235,7 @@ public final class RelayService: @unchecked Sendable {
                   help: "Log lines dropped because stderr did not keep up (the queue to it held 4 MiB or 16,384 lines); the log says how many at each gap.",
                   logger.droppedLines)
         PushClientTransport.collectTokenMetrics(into: &r)
+        PushClientTransport.collectAnswerWaitMetrics(into: &r)
         dispatcher?.collectPauseMetrics(into: &r)
         if let store, let w = OutboxStores.writerStats(store) {
             r.counter("relay_store_commits_total", help: "Group-commit transactions committed.", w.batches)
