@@ -47,7 +47,7 @@ import threading
 import time
 import uuid
 
-LEASE_SECONDS = 12          # --lease; must exceed dispatch.requestTimeoutMs (lease - 2 s, at most 10 s)
+LEASE_SECONDS = 12          # --lease; must exceed maxQueueWaitMs + maxAnswerWaitMs + 1 s (set to 1 s and lease - 3 s)
 GRACE_MS = 5000             # an inflight row whose lease is this far past counts as stuck
 CLIENT_TIMEOUT = 15.0       # an ingest request without an answer for this long counts as hanging
 SLOW_ANSWER = 5.0           # an ingest answer (even a 503) taking longer than this is a stall, not "fails fast"
@@ -176,7 +176,11 @@ class PGEnv:
                                       "perPushToken": {"perSecond": 0, "burst": 1},
                                       "authFailuresPerAddress": {"perSecond": 0, "burst": 1}}},
             "dispatch": {"maxInflight": 256, "backoffBaseMs": 200, "backoffCapMs": 2000, "tooManyRequestsDelayMs": 2000,
-                         "requestTimeoutMs": min(10000, (LEASE_SECONDS - 2) * 1000), "shutdownGraceMs": 1000},
+                         # leaseSeconds must exceed what the APNs client may hold a push:
+                         # maxQueueWaitMs + maxAnswerWaitMs + 1 s (RelayConfig).
+                         "requestTimeoutMs": min(10000, (LEASE_SECONDS - 3) * 1000),
+                         "maxAnswerWaitMs": min(10000, (LEASE_SECONDS - 3) * 1000), "maxQueueWaitMs": 1000,
+                         "shutdownGraceMs": 1000},
             "apps": [{"bundleID": self.R.BUNDLE, "environment": "custom", "url": f"https://127.0.0.1:{b.mock_port}",
                       "caFile": b.ca, "token": {"p8Path": b.p8, "keyID": self.R.KEY_ID, "teamID": self.R.TEAM_ID}}],
             "log": {"format": "json", "level": "warning"},
