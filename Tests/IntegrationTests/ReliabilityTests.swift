@@ -125,7 +125,7 @@ struct ReliabilityTests {
                              "RELAY_TEST_PG_URL is not set (or relay-server is not built): PostgreSQL reliability slice skipped (make test runs it)"))
 struct PostgresReliabilityTests {
     @Test func killNineAndRestartLoseNothingAcknowledged() throws {
-        // leaseSeconds 6 (requestTimeoutMs 4 s): a row whose outcome was lost waits out its
+        // leaseSeconds 6 (requestTimeoutMs and maxAnswerWaitMs 3 s, maxQueueWaitMs 1 s): a row whose outcome was lost waits out its
         // lease before the audit, and the slice must stay under a minute.
         let results = try Reliability.run(["--backend", "postgres", "--scenarios", "kill,fast", "--pg-rounds", "1", "--lease", "6",
                                            "--threads", "6", "--pg-rate", "150"], limit: .seconds(60))
