@@ -175,7 +175,7 @@ public struct AccessoryPayload: Sendable, Equatable {
     /// sessionIdentifier is `SessionIdentifier.text`: Foundation's canonical (uppercase) UUID
     /// form, as the iPhone's `UUID.uuidString` would give it.
     /// Written straight into one byte buffer (no Foundation Data/base64 Strings, no
-    /// interpolation): this runs once per push, and the String version cost ~19k instructions.
+    /// interpolation): this runs once per push.
     public func jsonBody() -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(120 + (encryptedData.count + keyID.count) * 4 / 3)
