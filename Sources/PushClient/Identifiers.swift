@@ -69,8 +69,7 @@ func canonicalUUIDText(_ text: String, uppercase: Bool, field: String) throws(Pu
     let scan = text.withUTF8 { u -> UUIDTextScan in
         guard u.count == 36 else { return .wrongLength(u.count) }
         // One pass without a branch per byte (LLVM vectorises it; it runs twice per push):
-        // valid = every byte a hex digit or
-        // '-', exactly four '-', and those at 8, 13, 18 and 23.
+        // valid = every byte a hex digit or '-', exactly four '-', and those at 8, 13, 18 and 23.
         let wantedA: UInt8 = uppercase ? 0x41 : 0x61, otherA: UInt8 = uppercase ? 0x61 : 0x41
         var invalid: UInt8 = 0, dashes: UInt8 = 0, otherCase: UInt8 = 0
         for i in 0..<36 {
