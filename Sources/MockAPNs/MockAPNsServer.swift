@@ -81,23 +81,46 @@ final class MockCore: Sendable {
 
     func handle(_ request: HTTPRequest, _ responder: HTTPResponder) {
         guard request.version == .http2 else {
-            // APNs is HTTP/2 only; a client that works here over HTTP/1.1 would fail there.
-            let rejection = Rejection(status: 505, reason: "HTTPVersionNotSupported", detail: "APNs speaks HTTP/2 only")
-            stats.withLock { $0.requests += 1; $0.byStatusReason["505 HTTPVersionNotSupported", default: 0] += 1 }
-            responder.respond(HTTPResponse(status: 505, headers: HTTPHeaders([("content-type", "application/json")]),
-                                           body: rejection.body()), then: .goAway)
+            refuseHTTP1(responder)
             return
         }
         let now = configuration.clock()
-        let nowSeconds = Int64(now.timeIntervalSince1970.rounded(.down))
         let plan = faultPlan
+        let seen = validate(request, plan: plan, now: now)
+        let (response, decision, accepted) = answer(to: seen.result, plan: plan, now: now)
+        if let push = accepted { record(push, request, now: now) }
+        let connectionFault = account(request, response, decision, plan: plan, seen: seen)
+        if configuration.verbose {
+            log("\(request.method) \(request.path) conn=\(request.connectionID) stream=\(request.streamID) -> "
+                + (decision.stall ? "stall" : decision.abort ? "abort" : "\(response.status) \(reasonOf(response))"))
+        }
+        send(response, decision, connectionFault, grantStreams: seen.grantStreams, responder)
+    }
+
+    /// APNs is HTTP/2 only; a client that works here over HTTP/1.1 would fail there.
+    private func refuseHTTP1(_ responder: HTTPResponder) {
+        let rejection = Rejection(status: 505, reason: "HTTPVersionNotSupported", detail: "APNs speaks HTTP/2 only")
+        stats.withLock { $0.requests += 1; $0.byStatusReason["505 HTTPVersionNotSupported", default: 0] += 1 }
+        responder.respond(HTTPResponse(status: 505, headers: HTTPHeaders([("content-type", "application/json")]),
+                                       body: rejection.body()), then: .goAway)
+    }
+
+    /// What validation said about one request, with the connection facts it changed.
+    private struct Validated {
+        var result: ValidationResult
+        var streamNumber: Int
+        var grantStreams: Bool
+        var isNewConnection: Bool
+    }
+
+    /// Validation and per-connection state change together under the connection lock.
+    private func validate(_ request: HTTPRequest, plan: FaultPlan, now: Date) -> Validated {
+        let nowSeconds = Int64(now.timeIntervalSince1970.rounded(.down))
         var validator = baseValidator
         validator.expireTokensIssuedBefore = plan.expireTokensIssuedBefore
         let tokenVerifier = validator.tokenVerifier
         validator.checkTokenShape = { [self] token in cachedTokenShape(token, tokenVerifier) }
-
-        // Validation and per-connection state change together under the connection lock.
-        let (result, streamNumber, grantStreams, isNewConnection) = connections.withLock { all in
+        return connections.withLock { all in
             let isNew = all[request.connectionID] == nil
             var state = all[request.connectionID] ?? ConnectionState()
             let headers = request.headers.map { ($0.name, $0.value) }
@@ -116,41 +139,46 @@ final class MockCore: Sendable {
                 let cutoff = all.keys.sorted()[all.count / 2]
                 all = all.filter { $0.key >= cutoff }
             }
-            return (result, state.streams, grant, isNew)
+            return Validated(result: result, streamNumber: state.streams, grantStreams: grant, isNewConnection: isNew)
         }
+    }
 
-        var response: HTTPResponse
-        var decision = FaultDecision.none
-        var accepted: AcceptedPush?
+    /// The response APNs would give, after the fault plan had its say; the push when accepted.
+    private func answer(to result: ValidationResult, plan: FaultPlan, now: Date)
+        -> (HTTPResponse, FaultDecision, AcceptedPush?) {
         switch result {
         case .rejected(let rejection, let apnsID):
-            response = errorResponse(rejection, apnsID: apnsID)
+            return (errorResponse(rejection, apnsID: apnsID), .none, nil)
         case .accepted(let push):
-            decision = plan.decide(deviceToken: push.deviceToken, nowMs: Int64(now.timeIntervalSince1970 * 1000),
-                                   random: configuration.random)
+            let decision = plan.decide(deviceToken: push.deviceToken, nowMs: Int64(now.timeIntervalSince1970 * 1000),
+                                       random: configuration.random)
             if let rejection = decision.rejection {
-                response = errorResponse(rejection, apnsID: push.apnsID)
-            } else if decision.stall || decision.abort {
-                response = HTTPResponse(status: 0)  // never sent; such a push is not recorded either
-            } else {
-                accepted = push
-                var headers = HTTPHeaders([("apns-id", push.apnsID)])
-                if configuration.sandbox { headers.add("apns-unique-id", lowercaseString(randomUUID())) }
-                response = HTTPResponse(status: 200, headers: headers)
+                return (errorResponse(rejection, apnsID: push.apnsID), decision, nil)
             }
-        }
-
-        if let push = accepted {
-            let verification = push.accessory.map(verifier.verify) ?? .notApplicable
-            recorder.record(MockDelivery(push: push, verification: verification, receivedAt: now,
-                                         connectionID: request.connectionID, streamID: request.streamID))
-            stats.withLock { s in
-                s.accepted += 1
-                if verification.verified == true { s.verified += 1 }
-                if verification.verified == false { s.verifyFailed += 1 }
+            if decision.stall || decision.abort {
+                return (HTTPResponse(status: 0), decision, nil)  // never sent; such a push is not recorded either
             }
+            var headers = HTTPHeaders([("apns-id", push.apnsID)])
+            if configuration.sandbox { headers.add("apns-unique-id", lowercaseString(randomUUID())) }
+            return (HTTPResponse(status: 200, headers: headers), decision, push)
         }
+    }
 
+    /// An accepted push: decrypted as the iPhone would, recorded, counted.
+    private func record(_ push: AcceptedPush, _ request: HTTPRequest, now: Date) {
+        let verification = push.accessory.map(verifier.verify) ?? .notApplicable
+        recorder.record(MockDelivery(push: push, verification: verification, receivedAt: now,
+                                     connectionID: request.connectionID, streamID: request.streamID))
+        stats.withLock { s in
+            s.accepted += 1
+            if verification.verified == true { s.verified += 1 }
+            if verification.verified == false { s.verifyFailed += 1 }
+        }
+    }
+
+    /// Counts the request and decides the connection-level fault that follows it.
+    private func account(_ request: HTTPRequest, _ response: HTTPResponse, _ decision: FaultDecision, plan: FaultPlan,
+                         seen: Validated) -> ConnectionFault {
         var errorNumber = 0
         if plan.countsErrors, !decision.stall, !decision.abort, response.status >= 400, response.status != 410 {
             errorNumber = connections.withLock { all in
@@ -158,7 +186,7 @@ final class MockCore: Sendable {
                 return all[request.connectionID]?.errors ?? 0
             }
         }
-        let connectionFault = plan.connectionFault(afterStream: streamNumber, errors: errorNumber)
+        let connectionFault = plan.connectionFault(afterStream: seen.streamNumber, errors: errorNumber)
         let firstGoAway = connectionFault == .goAway && connections.withLock { all in
             let first = all[request.connectionID].map { !$0.goAwaySent } ?? false
             all[request.connectionID]?.goAwaySent = true
@@ -166,7 +194,7 @@ final class MockCore: Sendable {
         }
         stats.withLock { s in
             s.requests += 1
-            if isNewConnection { s.connectionsSeen += 1 }
+            if seen.isNewConnection { s.connectionsSeen += 1 }
             if decision.stall {
                 s.stalled += 1
             } else if decision.abort {
@@ -178,17 +206,18 @@ final class MockCore: Sendable {
                 if connectionFault == .close { s.connectionsClosed += 1 }
             }
         }
-        if configuration.verbose {
-            log("\(request.method) \(request.path) conn=\(request.connectionID) stream=\(request.streamID) -> "
-                + (decision.stall ? "stall" : decision.abort ? "abort" : "\(response.status) \(reasonOf(response))"))
-        }
-        // A stalled stream is never answered; GOAWAY/close faults still apply to later streams.
+        return connectionFault
+    }
+
+    /// Answers now or after the injected latency; a stalled stream is never answered, and
+    /// GOAWAY/close faults still apply to later streams.
+    private func send(_ response: HTTPResponse, _ decision: FaultDecision, _ connectionFault: ConnectionFault,
+                      grantStreams: Bool, _ responder: HTTPResponder) {
         if decision.stall { return }
         if decision.abort {
             responder.abortConnection()
             return
         }
-
         let action: ConnectionAction = switch connectionFault {
         case .none: .keep
         case .goAway: .goAway
@@ -198,9 +227,8 @@ final class MockCore: Sendable {
         // follows the response.
         let raiseTo: UInt32? = grantStreams ? configuration.maxConcurrentStreams : nil
         if decision.latencyMs > 0 {
-            let answer = response
             delayQueue.asyncAfter(deadline: .now() + .milliseconds(decision.latencyMs)) {
-                responder.respond(answer, then: action)
+                responder.respond(response, then: action)
                 if let raiseTo { responder.setMaxConcurrentStreams(raiseTo) }
             }
         } else {

@@ -78,8 +78,13 @@ enum CheckConfigCommand {
         // The same warnings relay-server logs at start: exposed secret files, an unverified
         // PostgreSQL connection, cleartext to APNs.
         for w in config.warnings(configPath: path) { checks.warn(w.key, w.message) }
+        checkStore(config, into: checks)
+        checkWebhooks(config, into: checks)
+        checkListeners(config, ports: ports, threshold: threshold, expiryDays: expiryDays, into: checks)
+        checkApps(config, threshold: threshold, expiryDays: expiryDays, into: checks)
+    }
 
-        // Database.
+    static func checkStore(_ config: RelayConfig, into checks: Checks) {
         if config.store.kind != "sqlite" {
             let where_ = OutboxStores.describe(config.store)
             do {
@@ -114,8 +119,10 @@ enum CheckConfigCommand {
                 checks.warn("store.path", "\(db) is read-only under the systemd unit (ProtectSystem=strict); use /var/lib/accessory-relay/")
             }
         }
+    }
 
-        // Webhooks (docs/events.md): the secret file's lines, the CA file.
+    /// Webhooks (docs/events.md): the secret file's lines, the CA file.
+    static func checkWebhooks(_ config: RelayConfig, into checks: Checks) {
         for (i, webhook) in config.events.webhooks.enumerated() {
             do {
                 let secrets = try config.webhookSecrets(i)
@@ -128,8 +135,9 @@ enum CheckConfigCommand {
                 } catch { checks.fail("events.webhooks[\(i)].caFile", "\(error)") }
             }
         }
+    }
 
-        // Listeners.
+    static func checkListeners(_ config: RelayConfig, ports: Bool, threshold: Date, expiryDays: Int, into checks: Checks) {
         if let tls = config.listen.tls {
             certificateAndKey("listen.tls", certificate: tls.certificatePath, key: tls.privateKeyPath, passphrase: nil, threshold: threshold, expiryDays: expiryDays, into: checks)
             if let ca = tls.clientCAPath {
@@ -153,8 +161,9 @@ enum CheckConfigCommand {
             portFree("listen", config.listen.host, config.listen.port, into: checks)
             if config.adminEnabled { portFree("admin", config.admin.host, config.admin.port, into: checks) }
         }
+    }
 
-        // Apps.
+    static func checkApps(_ config: RelayConfig, threshold: Date, expiryDays: Int, into checks: Checks) {
         for (i, app) in config.apps.enumerated() {
             let subject = "apps[\(i)] \(app.bundleID)"
             if let ca = app.caFile {
