@@ -20,7 +20,7 @@ import Synchronization
 public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     // @unchecked Sendable: every connection is confined to the worker thread holding it; shared
     // state (counters, `touchedAt`, `ids`) lives in Mutexes.
-    public static let schemaVersion = 6
+    public static let schemaVersion = 7
     /// pg_advisory_lock key serialising migrations between nodes starting at once.
     static let migrationLockKey: Int64 = 0x5245_4C41_594D_4947  // "RELAYMIG"
     /// Transaction advisory lock over the credentials: every ingest write holds it shared, and
@@ -53,7 +53,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
 
     public let options: PostgresStoreOptions
     let clock: any RelayClock
-    private let logger: RelayLogger?
+    let logger: RelayLogger?
     let ingestWorker: PostgresWorker<PendingIngest>
     let dispatchWorker: PostgresWorker<Void>
     private let queryWorker: PostgresWorker<Void>
@@ -66,6 +66,9 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     public let eventsCreated = EventTally()
     /// When this node last wrote each credential's last_used_at.
     let touchedAt = Mutex<[String: Int64]>([:])
+    /// Outcome writes that failed while the database was away, written again before the next
+    /// claim or outcome write (PostgresOutboxStore+RetainedOutcomes).
+    let retainedOutcomes = Mutex(RetainedOutcomes())
     /// Response ids (UUIDv7, as SQLiteOutboxStore mints them), one generator for every ingest thread.
     let ids = Mutex(TimeOrderedIDs())
 
