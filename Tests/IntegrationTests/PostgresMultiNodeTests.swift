@@ -360,6 +360,7 @@ struct PostgresMultiNodeTests {
             }
         }
         Thread.sleep(forTimeInterval: 1)
+        let stoppedAt = ContinuousClock.now
         try cluster.pg.stop()
         // Down: ingest answers 503 with Retry-After, never 202.
         var downReplies: [MiniHTTP.Reply] = []
@@ -387,6 +388,7 @@ struct PostgresMultiNodeTests {
             }
             #expect(recovered, "node \(node.name) did not recover")
         }
+        let outage = ContinuousClock.now - stoppedAt
         Thread.sleep(forTimeInterval: 1)
         stop.withLock { $0 = true }
         group.wait()
@@ -398,9 +400,18 @@ struct PostgresMultiNodeTests {
         let ids = accepted.withLock { $0 }
         #expect(try cluster.waitDelivered(ids))
         #expect(ids.isSubset(of: Set(try cluster.deliveryLines().map(\.id))))
-        // Rows whose outcome could not be written during the outage were re-sent at most once.
+        // An outcome whose write failed during the outage is kept and written before its node's
+        // next claim, so nothing is pushed twice, unless the outage outlasted the 5 s lease and
+        // the other node took the row back first (then at most once more). Measured: 0 of
+        // 408-437 rows in two runs (2 and 3 duplicates with the kept writes disabled).
         let byID = Dictionary(grouping: try cluster.deliveryLines(), by: \.id)
-        #expect(byID.values.filter { $0.count > 1 }.count <= 32)
+        let twice = byID.values.filter { $0.count > 1 }.count
+        print("postgres restart: \(twice) rows pushed twice of \(byID.count), outage \(outage)")
+        if outage < .seconds(2) {
+            #expect(twice == 0, "outage \(outage), shorter than the lease less the time to write the kept outcomes")
+        } else {
+            #expect(twice <= 32)
+        }
         #expect(byID.values.allSatisfy { $0.count <= 2 })
         #expect(MiniHTTP.request(port: cluster.nodes[1].adminPort, method: "GET", path: "/readyz")?.status == 200)
     }

@@ -355,7 +355,7 @@ struct PostgresStoreTests {
         let proxy = try OutageProxy(targetPort: target)
         defer { proxy.stop() }
         let url = proxy.url(for: f.pgURL, targetPort: target)
-        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: url, nodeID: "a"), clock: f.clock)
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: url, nodeID: "a"), clock: f.clock, databaseClock: f.clock)
         defer { s.close() }
         let c = try settled { try s.createCredential(name: "c", apps: ["com.example.app"]) }
         guard case .accepted = try settled({ try s.ingestNow(sample(index: 1), secret: c.secret) }) else { Issue.record("not accepted"); return }
@@ -389,7 +389,7 @@ struct PostgresStoreTests {
         let proxy = try OutageProxy(targetPort: target)
         defer { proxy.stop() }
         let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: proxy.url(for: f.pgURL, targetPort: target), nodeID: "a",
-                                                                      leaseMillis: 30_000), clock: f.clock)
+                                                                      leaseMillis: 30_000), clock: f.clock, databaseClock: f.clock)
         defer { s.close() }
         let c = try settled { try s.createCredential(name: "c", apps: ["com.example.app"]) }
         let id = try #require(try settled { try ingestMany(s, secret: c.secret, count: 1) }.first)
@@ -448,6 +448,76 @@ struct PostgresStoreTests {
         _ = try ingestMany(s, secret: c.secret, count: 1)
         #expect(try s.claimDue(limit: 1).count == 1)
         #expect(try s.nextDueAt() == f.clock.nowMillis() + 30_000)
+    }
+
+    /// Issue 30 item 2: a node whose clock is 60 s fast takes over nothing live. Its offset is
+    /// measured at connect (exported), past the bound it claims nothing, and its recovery at
+    /// start leaves other nodes' live leases alone. Without the database clock it reclaimed
+    /// a's live leases (its now was past their expiry) and requeued them at start (checked).
+    @Test func aNodeWhoseClockIs60SecondsFastTakesOverNothingLive() throws {
+        let a = try f.openPostgres(nodeID: "a", leaseMillis: 30_000)
+        defer { a.close() }
+        let c = try a.createCredential(name: "c", apps: ["com.example.app"])
+        let ids = try ingestMany(a, secret: c.secret, count: 3)
+        #expect(try a.claimDue(limit: 10).count == 3)
+        let fast = try f.openPostgres(nodeID: "fast", leaseMillis: 30_000, skewMillis: 60_000)
+        defer { fast.close() }
+        #expect(fast.clockOffsetSeconds == -60)
+        #expect(try fast.recoverInflight() == 0)
+        #expect(throws: StoreError.self) { try fast.claimDue(limit: 10) }
+        #expect(try fast.nextDueAt() == nil, "out of bound: the idle poll, not a loop of refused claims")
+        #expect(try f.sql("SELECT lease_owner, count(*) FROM responses GROUP BY lease_owner") == [["a", "3"]])
+        // a's answers land: nothing was taken over.
+        let t = f.clock.nowMillis()
+        let rows = try a.list(OutboxFilter(state: .inflight))
+        try a.apply(rows.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .delivered,
+                                              attempt: AttemptRecord(responseID: $0.id, attemptedAt: t, status: 200, reason: nil)) })
+        #expect(try Set(ids.compactMap { try a.response(id: $0)?.state }) == [.delivered])
+    }
+
+    /// Within the bound the offset is corrected: a node 8 s fast (bound 10 s) neither takes a
+    /// lease 5 s before it ends on the database's clock, nor a row paced by a 429 before its
+    /// pacing ends, and what it stores (ingest times, the outcome's retry time) is in the
+    /// database's time. Without the correction it took both early (checked).
+    @Test func aNodeWithinTheClockBoundIsCorrectedToTheDatabasesTime() throws {
+        let a = try f.openPostgres(nodeID: "a", leaseMillis: 10_000)
+        let b = try f.openPostgres(nodeID: "b", leaseMillis: 10_000, skewMillis: 8_000)
+        defer { a.close(); b.close() }
+        #expect(b.clockOffsetSeconds == -8)
+        let c = try a.createCredential(name: "c", apps: ["com.example.app"])
+        let paced = String(repeating: "11", count: 32)
+        let leased = try ingestMany(a, secret: c.secret, count: 1)[0]
+        let t0 = f.clock.nowMillis()
+        #expect(try a.claimDue(limit: 10).map(\.id) == [leased])
+        // b stores a row: its times are the database's, not b's 8 s ahead.
+        guard case .accepted(let other) = try b.ingestNow(sample(token: paced, index: 1), secret: c.secret) else { Issue.record("not accepted"); return }
+        let stored = try #require(try a.response(id: other))
+        #expect(stored.createdAt == t0 && stored.nextAttemptAt == t0)
+        // a's 429 paces the token 20 s (a's clock is the database's).
+        let row = try #require(try a.claimDue(limit: 10).first)
+        try a.apply([DeliveryUpdate(id: other, pushToken: paced, outcome: .retry(at: t0 + 20_000, paceTokenUntil: t0 + 20_000),
+                                    attempt: AttemptRecord(responseID: other, attemptedAt: t0, status: 429, reason: "TooManyRequests"),
+                                    leaseEpoch: row.leaseEpoch)])
+        f.clock.advance(15_000)   // the lease ended 5 s ago on the database; pacing has 5 s to go (b reads 23 s: past both)
+        let taken = try b.claimDue(limit: 10)
+        #expect(taken.map(\.id) == [leased], "only the ended lease")
+        // Back in b's clock at its edge: the dispatcher compares with its own.
+        #expect(taken.first?.createdAt == t0 + 8_000)
+        // b's answer (decided on its clock) is stored in the database's time.
+        let bt = f.clock.nowMillis() + 8_000
+        try b.apply([DeliveryUpdate(id: leased, pushToken: taken[0].pushToken, outcome: .retry(at: bt + 1_000, paceTokenUntil: nil),
+                                    attempt: AttemptRecord(responseID: leased, attemptedAt: bt, status: 503, reason: "ServiceUnavailable"),
+                                    leaseEpoch: taken[0].leaseEpoch)])
+        #expect(try a.response(id: leased)?.nextAttemptAt == f.clock.nowMillis() + 1_000)
+        #expect(try b.nextDueAt() == bt + 1_000, "the next due time in b's clock")
+    }
+
+    /// Against the real clock_timestamp() on the same host the measured offset is about zero.
+    @Test func theOffsetToTheRealDatabaseClockIsMeasuredAtConnect() throws {
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: "real"))
+        defer { s.close() }
+        #expect(abs(s.clockOffsetSeconds) < 1)
+        #expect(try s.claimDue(limit: 1).isEmpty)
     }
 }
 

@@ -5,15 +5,17 @@ import Synchronization
 
 extension PostgresOutboxStore {
     /// Rows this node left inflight (same node id: a restart) and every expired lease go back
-    /// to queued with the same id. Other live nodes' leases are left alone.
+    /// to queued with the same id. Other live nodes' leases are left alone: expiry is judged on
+    /// the database's time, and not at all while this node's clock is out of bound.
     public func recoverInflight() throws -> Int {
-        let now = clock.nowMillis()
         let me = options.nodeID
-        return try write { c in
-            try c.run(
+        return try write { [self] c in
+            let now = try databaseNow(c)
+            let expired = clockOffsetInBound ? "OR lease_owner IS NULL OR lease_expires_at <= $1" : "OR lease_owner IS NULL"
+            return try c.run(
                 """
                 UPDATE responses SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL, updated_at = $1
-                WHERE state = 'inflight' AND (lease_owner = $2 OR lease_owner IS NULL OR lease_expires_at <= $1)
+                WHERE state = 'inflight' AND (lease_owner = $2 \(expired))
                 """, [.int(now), .text(me)]).affected
         }
     }
@@ -85,18 +87,24 @@ extension PostgresOutboxStore {
 
     public func claimDue(limit: Int) throws -> [OutboxRow] {
         guard limit > 0 else { return [] }
-        let now = clock.nowMillis()
-        let params: (Int) -> [PGValue] = { [options] n in
-            [.int(now), .int(Int64(n)), .text(options.nodeID), .int(now + options.leaseMillis)]
-        }
         guard !options.readOnly else { throw StoreError.invalid("store opened read-only") }
         // Outcomes kept from a failed write first: their rows may be among this claim's expired
-        // leases, and an answer already received must not be pushed for again.
+        // leases, and an answer already received must not be pushed for again. They depend on
+        // no clock, so they are written even while this node's clock is out of bound.
         // One transaction: a row failed here (expired, or behind its token's 410) gets its
         // event in the same commit.
         let rows: [OutboxRow] = try dispatchWorker.perform { [self] w in
             try writeRetainedOutcomes(w)
             return try w.transaction { [self] c in
+                // The database's own time decides which leases have ended and which rows are
+                // due, read in this transaction (and this node's offset measured with it).
+                let now = try databaseNow(c)
+                guard clockOffsetInBound else {
+                    throw StoreError.unavailable("this node's clock is \(clock.offsetMillis / 1000) s off the database's, past store.maxClockOffsetSeconds (\(options.maxClockOffsetMillis / 1000)): claiming nothing until it is fixed")
+                }
+                let params: (Int) -> [PGValue] = { [options] n in
+                    [.int(now), .int(Int64(n)), .text(options.nodeID), .int(now + options.leaseMillis)]
+                }
                 // Expired leases first: their rows have waited longest (a node died holding them).
                 var rows = try c.query(Self.reclaimSQL, params(limit)).map(Self.claimedRow)
                 if rows.count < limit {
@@ -113,12 +121,15 @@ extension PostgresOutboxStore {
             eventsCommitted()
         }
         return rows.filter { $0.state == .inflight }.sorted { ($0.nextAttemptAt, $0.createdAt) < ($1.nextAttemptAt, $1.createdAt) }
+            .map(toLocal)
     }
 
     /// Earliest next_attempt_at among queued/retry rows, or an earlier lease expiry (so a
     /// survivor wakes up to take over a dead node's rows, and this node takes back its own rows
     /// whose outcome was lost), or the next try of outcomes kept from a failed write.
     public func nextDueAt() throws -> Int64? {
+        // Out of bound, no claim can succeed: the idle poll, not a loop of refused claims.
+        guard clockOffsetInBound else { return nil }
         let due = try read { c in
             let r = try c.query(
                 """
@@ -127,11 +138,13 @@ extension PostgresOutboxStore {
                 """).first ?? []
             return [r.first?.int, r.last?.int].compactMap { $0 }.min()
         }
-        return [due, retainedOutcomesDueAt()].compactMap { $0 }.min()
+        return [due, retainedOutcomesDueAt()].compactMap { $0 }.min().map(clock.toLocal)
     }
 
+    /// The updates' times are the dispatcher's (the node's clock): stored in the database's.
     public func apply(_ updates: [DeliveryUpdate]) throws {
         guard !updates.isEmpty else { return }
+        let updates = updates.map(toDatabase)
         guard !options.readOnly else { throw StoreError.invalid("store opened read-only") }
         let body = applying(updates)
         try dispatchWorker.perform { [self] w in
@@ -150,6 +163,7 @@ extension PostgresOutboxStore {
     public func apply(_ updates: [DeliveryUpdate], completion: @escaping @Sendable (StoreError?) -> Void) {
         guard !updates.isEmpty else { return completion(nil) }
         guard !options.readOnly else { return completion(.invalid("store opened read-only")) }
+        let updates = updates.map(toDatabase)
         let body = applying(updates)
         let queued = dispatchWorker.enqueueDetached { [self] w in
             do {

@@ -52,7 +52,11 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     }
 
     public let options: PostgresStoreOptions
-    let clock: any RelayClock
+    /// The database's time (the node's clock plus the measured offset): every time this store
+    /// writes or compares (PostgresOutboxStore+Clock).
+    let clock: DatabaseClock
+    /// Tests: the database's clock, read instead of clock_timestamp().
+    let databaseClock: (any RelayClock)?
     let logger: RelayLogger?
     let ingestWorker: PostgresWorker<PendingIngest>
     let dispatchWorker: PostgresWorker<Void>
@@ -84,14 +88,17 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     /// inserted `queued` here: a claim takes the lease.
     let channel: DispatchChannel?
 
-    /// Connects, runs migrations under an advisory lock (or, read-only, checks the version) and
-    /// counts pending rows. Throws when the database cannot be reached or is newer than us.
+    /// Connects, runs migrations under an advisory lock (or, read-only, checks the version),
+    /// measures the clock offset and counts pending rows. Throws when the database cannot be
+    /// reached or is newer than us. `clock`: the node's; `databaseClock` (tests): the database's,
+    /// instead of its clock_timestamp().
     public init(options: PostgresStoreOptions, clock: any RelayClock = SystemRelayClock(), logger: RelayLogger? = nil,
-                channel: DispatchChannel? = nil) throws {
+                channel: DispatchChannel? = nil, databaseClock: (any RelayClock)? = nil) throws {
         guard !options.nodeID.isEmpty else { throw StoreError.invalid("node id must not be empty") }
         self.options = options
         self.channel = channel
-        self.clock = clock
+        self.clock = DatabaseClock(local: clock)
+        self.databaseClock = databaseClock
         self.logger = logger
         ingestWorker = PostgresWorker(name: "pg-ingest", url: options.url, logger: logger, maxBatch: options.maxBatch,
                                       connections: options.ingestConnections)
@@ -109,6 +116,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
             } else {
                 try dispatchWorker.perform { w in try Self.migrate(w.connection()) }
             }
+            try queryWorker.perform { [unowned self] w in try measureClockOffset(w.connection()) }
             let n = try queryWorker.perform { w in try Self.countPending(w.connection()) }
             pending.withLock {
                 $0.estimate = n
