@@ -415,6 +415,38 @@ struct PostgresStoreTests {
         #expect(s.retainedOutcomes.withLock { $0.isEmpty })
     }
 
+    /// The issue's probe, through the dispatcher on the real clocks: one node, lease 1.5 s, the
+    /// database cut between APNs' 200 and its outcome write. After the database is back the row
+    /// is delivered without a second push, also once its lease would have ended and the next
+    /// ingest wakes the dispatcher. Before, it stayed inflight and went out again (checked:
+    /// pushed twice with the kept writes disabled).
+    @Test func aDispatchersOutcomeLostToAnOutageCostsNoSecondPush() throws {
+        guard let base = PGTest.url, let target = URLComponents(string: base)?.port else { Issue.record("no port in RELAY_TEST_PG_URL"); return }
+        let proxy = try OutageProxy(targetPort: target)
+        defer { proxy.stop() }
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: proxy.url(for: f.pgURL, targetPort: target), nodeID: "a",
+                                                                      leaseMillis: 1_500))
+        defer { s.close() }
+        let c = try settled { try s.createCredential(name: "c", apps: ["com.example.app"]) }
+        guard case .accepted(let first) = try settled({ try s.ingestNow(sample(index: 1), secret: c.secret) }) else { Issue.record("not accepted"); return }
+        let t = FakeTransport { _, n in
+            if n == 1 { proxy.cut() }   // APNs answers 200; the outcome write finds the database gone
+            return PushAnswer(status: 200, reason: nil, classification: .done)
+        }
+        let d = Dispatcher(store: s, transports: ["com.example.app": t], options: DispatcherOptions(idlePollMillis: 200))
+        try d.start()
+        defer { d.stop() }
+        try waitLong("the push went out") { t.sent.withLock { $0.count } == 1 }
+        Thread.sleep(forTimeInterval: 0.5)
+        proxy.restore()
+        try waitLong("the kept outcome was written") { (try? s.response(id: first))?.state == .delivered }
+        Thread.sleep(forTimeInterval: 2)   // past the lease the row would have had
+        guard case .accepted(let second) = try settled({ try s.ingestNow(sample(index: 2), secret: c.secret) }) else { Issue.record("not accepted"); return }
+        try waitLong("the next row delivered") { (try? s.response(id: second))?.state == .delivered }
+        #expect(t.sent.withLock { $0.map(\.id) } == [first, second])
+        #expect(try s.response(id: first)?.attempts == 1)
+    }
+
     /// A kept outcome whose first write committed unseen (its answer lost with the connection)
     /// is written again without effect: the lease guard skips the row, the attempt is not
     /// recorded twice, no second event.
@@ -530,6 +562,16 @@ func settled<T>(_ body: () throws -> T) throws -> T {
     while true {
         do { return try body() } catch where ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.1) }
     }
+}
+
+/// Bounded polling (30 s) for what another thread reaches through a reconnect back-off.
+func waitLong(_ what: String, _ cond: () throws -> Bool) throws {
+    let deadline = ContinuousClock.now + .seconds(30)
+    while ContinuousClock.now < deadline {
+        if try cond() { return }
+        usleep(20_000)
+    }
+    Issue.record("condition never became true: \(what)")
 }
 
 /// Waits (bounded) until some backend of this fixture waits for a lock.
