@@ -99,8 +99,9 @@ extension PostgresOutboxStore {
                 // The database's own time decides which leases have ended and which rows are
                 // due, read in this transaction (and this node's offset measured with it).
                 let now = try databaseNow(c)
+                // Not `unavailable`: the connection is fine and must not be dropped for this.
                 guard clockOffsetInBound else {
-                    throw StoreError.unavailable("this node's clock is \(clock.offsetMillis / 1000) s off the database's, past store.maxClockOffsetSeconds (\(options.maxClockOffsetMillis / 1000)): claiming nothing until it is fixed")
+                    throw StoreError.invalid("this node's clock is \(clock.offsetMillis / 1000) s off the database's, past store.maxClockOffsetSeconds (\(options.maxClockOffsetMillis / 1000)): claiming nothing until it is fixed")
                 }
                 let params: (Int) -> [PGValue] = { [options] n in
                     [.int(now), .int(Int64(n)), .text(options.nodeID), .int(now + options.leaseMillis)]
