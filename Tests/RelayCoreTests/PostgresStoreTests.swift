@@ -538,6 +538,8 @@ struct PostgresStoreTests {
                                     attempt: AttemptRecord(responseID: other, attemptedAt: t0, status: 429, reason: "TooManyRequests"),
                                     leaseEpoch: row.leaseEpoch)])
         f.clock.advance(15_000)   // the lease ended 5 s ago on the database; pacing has 5 s to go (b reads 23 s: past both)
+        // b's retention sweep (its clock: 3 s past the pacing's end) leaves the pacing alone.
+        #expect(try b.pruneEndedPacing(before: f.clock.nowMillis() + 8_000, limit: 10) == 0)
         let taken = try b.claimDue(limit: 10)
         #expect(taken.map(\.id) == [leased], "only the ended lease")
         // Back in b's clock at its edge: the dispatcher compares with its own.

@@ -179,6 +179,7 @@ extension PostgresOutboxStore {
 
     public func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> Int {
         guard !types.isEmpty, limit > 0 else { return 0 }
+        let olderThan = clock.toDatabase(olderThan)
         return try writeTransaction { c in
             let seqs = try c.query("SELECT seq FROM events WHERE created_at < $1 AND type = ANY($2::text[]) ORDER BY seq LIMIT $3",
                                    [.int(olderThan), .textArray(types.map(\.rawValue)), .int(Int64(limit))]).compactMap { $0[0].int }
