@@ -12,7 +12,7 @@ import Synchronization
 /// The database's time as this node reads it: its own clock plus the last measured offset.
 final class DatabaseClock: RelayClock, Sendable {
     let local: any RelayClock
-    /// Database minus node, in ms; nil until measured.
+    /// Database minus node, in ms (0 until measured: the store measures before any use).
     private let offset = Atomic<Int64>(0)
     private let measuredAt = Atomic<Int64>(.min)   // monotonic ms
 

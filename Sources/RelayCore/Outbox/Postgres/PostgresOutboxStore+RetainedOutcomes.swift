@@ -90,7 +90,8 @@ extension PostgresOutboxStore {
     /// kept outcomes in their own transaction. Idempotent if an earlier try committed unseen:
     /// rows change only under the lease (owner and epoch) the answer belongs to, and an attempt
     /// already recorded for that row, time and node is not recorded twice. Throws (and keeps
-    /// them) while the database is still away.
+    /// them) while the database is still away; outcomes refused for themselves are dropped
+    /// (logged) without holding up what comes after.
     func writeRetainedOutcomes(_ w: PostgresLink) throws {
         let kept = retainedOutcomes.withLock { $0.take() }
         guard !kept.isEmpty else { return }
@@ -100,7 +101,7 @@ extension PostgresOutboxStore {
             logger?.info("kept push outcomes recorded", ["count": kept.count])
         } catch {
             retainOutcomes(kept, after: error)
-            throw error
+            if RetainedOutcomes.worthKeeping(after: error) { throw error }
         }
     }
 
