@@ -414,6 +414,11 @@ struct PostgresMultiNodeTests {
         }
         #expect(byID.values.allSatisfy { $0.count <= 2 })
         #expect(MiniHTTP.request(port: cluster.nodes[1].adminPort, method: "GET", path: "/readyz")?.status == 200)
+        // Each node exports its offset to the database's clock: about zero on one host.
+        let metrics = MiniHTTP.request(port: cluster.nodes[1].adminPort, method: "GET", path: "/metrics")?.body ?? ""
+        let offset = metrics.split(separator: "\n").first { $0.hasPrefix("relay_postgres_clock_offset_seconds ") }
+            .flatMap { Double($0.split(separator: " ").last ?? "") }
+        #expect(offset.map { abs($0) < 1 } == true, "relay_postgres_clock_offset_seconds: \(String(describing: offset))")
     }
 }
 
