@@ -514,6 +514,22 @@ struct PostgresStoreTests {
         #expect(try Set(ids.compactMap { try a.response(id: $0)?.state }) == [.delivered])
     }
 
+    /// A node whose clock comes back in bound (NTP fixed it) claims again: the idle poll's
+    /// nextDueAt measures the offset anew while it is out of bound.
+    @Test func aNodeClaimsAgainOnceItsClockIsBackInBound() throws {
+        let nodeClock = TestClock(f.clock.nowMillis() + 60_000)
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: "late"), clock: nodeClock, databaseClock: f.clock)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        _ = try ingestMany(s, secret: c.secret, count: 1)
+        #expect(throws: StoreError.self) { try s.claimDue(limit: 1) }
+        #expect(try s.nextDueAt() == nil)
+        nodeClock.advance(-60_000)   // the clock is set right
+        #expect(try s.nextDueAt() != nil)
+        #expect(s.clockOffsetSeconds == 0)
+        #expect(try s.claimDue(limit: 1).count == 1)
+    }
+
     /// Within the bound the offset is corrected: a node 8 s fast (bound 10 s) neither takes a
     /// lease 5 s before it ends on the database's clock, nor a row paced by a 429 before its
     /// pacing ends, and what it stores (ingest times, the outcome's retry time) is in the

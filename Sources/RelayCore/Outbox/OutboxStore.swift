@@ -117,8 +117,8 @@ public struct OutboxRow: Sendable, Equatable {
     public var lastReason: String?
     public var updatedAt: Int64
     /// The claim that leased this row (PostgreSQL's lease_epoch, bumped at every claim); its
-    /// outcome is written only while the row still carries this lease. 0 where there is no
-    /// lease (SQLite, rows not claimed).
+    /// outcome is written only while the row still carries this lease. Set on rows a claim
+    /// returns; 0 on SQLite (no leases) and on rows read otherwise (list, response).
     public var leaseEpoch: Int64 = 0
 }
 

@@ -129,8 +129,12 @@ extension PostgresOutboxStore {
     /// survivor wakes up to take over a dead node's rows, and this node takes back its own rows
     /// whose outcome was lost), or the next try of outcomes kept from a failed write.
     public func nextDueAt() throws -> Int64? {
-        // Out of bound, no claim can succeed: the idle poll, not a loop of refused claims.
-        guard clockOffsetInBound else { return nil }
+        // Out of bound, no claim can succeed: measure again (the idle poll brings us here every
+        // second), and until the clock is back, the idle poll rather than a loop of refused claims.
+        if !clockOffsetInBound {
+            _ = try? read { [self] c in try measureClockOffset(c) }
+            guard clockOffsetInBound else { return nil }
+        }
         let due = try read { c in
             let r = try c.query(
                 """
