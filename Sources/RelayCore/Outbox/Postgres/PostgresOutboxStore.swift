@@ -116,7 +116,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
             } else {
                 try dispatchWorker.perform { w in try Self.migrate(w.connection()) }
             }
-            try queryWorker.perform { [unowned self] w in try measureClockOffset(w.connection()) }
+            _ = try queryWorker.perform { [unowned self] w in try measureClockOffset(w.connection()) }
             let n = try queryWorker.perform { w in try Self.countPending(w.connection()) }
             pending.withLock {
                 $0.estimate = n
