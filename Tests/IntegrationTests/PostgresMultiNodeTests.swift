@@ -202,7 +202,10 @@ final class MultiNodeCluster {
     let credential: String
     var nodes: [NodeProcess] = []
 
-    init(nodes count: Int) throws {
+    let leaseSeconds: Int
+
+    init(nodes count: Int, leaseSeconds: Int = 5) throws {
+        self.leaseSeconds = leaseSeconds
         pg = try PrivatePostgres()
         directory = NSTemporaryDirectory() + "relay-nodes-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
@@ -220,7 +223,7 @@ final class MultiNodeCluster {
     func config(node: String) -> String {
         """
         {"listen": {"host": "127.0.0.1", "port": 0}, "admin": {"host": "127.0.0.1", "port": 0},
-         "store": {"kind": "postgres", "url": "\(pg.url)", "nodeId": "\(node)", "leaseSeconds": 5},
+         "store": {"kind": "postgres", "url": "\(pg.url)", "nodeId": "\(node)", "leaseSeconds": \(leaseSeconds)},
          "dispatch": {"maxInflight": 16, "claimBatch": 16, "requestTimeoutMs": 1000, "maxAnswerWaitMs": 2000, "maxQueueWaitMs": 1000, "backoffBaseMs": 50, "backoffCapMs": 200},
          "ingest": {"rateLimits": {"perPushToken": {"perSecond": 0, "burst": 1}}},
          "watchdog": false, "log": {"level": "error"},
@@ -337,7 +340,9 @@ struct PostgresMultiNodeTests {
     }
 
     @Test func postgresRestartDuringLoadGives503NeverAFalse202AndLosesNothing() throws {
-        let cluster = try MultiNodeCluster(nodes: 2)
+        // A 15 s lease: outcomes kept through the outage are written long before another node
+        // could take their rows back (the kill -9 test keeps 5 s: it waits for the expiry).
+        let cluster = try MultiNodeCluster(nodes: 2, leaseSeconds: 15)
         defer { cluster.shutdown() }
         let accepted = Mutex<Set<String>>([])
         let statuses = Mutex<[Int: Int]>([:])
@@ -360,6 +365,7 @@ struct PostgresMultiNodeTests {
             }
         }
         Thread.sleep(forTimeInterval: 1)
+        let stoppedAt = ContinuousClock.now
         try cluster.pg.stop()
         // Down: ingest answers 503 with Retry-After, never 202.
         var downReplies: [MiniHTTP.Reply] = []
@@ -387,6 +393,7 @@ struct PostgresMultiNodeTests {
             }
             #expect(recovered, "node \(node.name) did not recover")
         }
+        let outage = ContinuousClock.now - stoppedAt
         Thread.sleep(forTimeInterval: 1)
         stop.withLock { $0 = true }
         group.wait()
@@ -398,11 +405,27 @@ struct PostgresMultiNodeTests {
         let ids = accepted.withLock { $0 }
         #expect(try cluster.waitDelivered(ids))
         #expect(ids.isSubset(of: Set(try cluster.deliveryLines().map(\.id))))
-        // Rows whose outcome could not be written during the outage were re-sent at most once.
+        // An outcome whose write failed during the outage is kept and written before its node's
+        // next claim (within its reconnect back-off, 2 s at most, and the kept writes' own, 2 s
+        // at most, after the restart), so nothing is pushed twice, unless the outage outlasted
+        // the lease less that and the other node took the row back first (then at most once
+        // more). Measured with a 5 s lease: 0 of 187-495 rows in seven runs (outage 1.4-2.7 s);
+        // 2 and 3 duplicates with the kept writes disabled.
         let byID = Dictionary(grouping: try cluster.deliveryLines(), by: \.id)
-        #expect(byID.values.filter { $0.count > 1 }.count <= 32)
+        let twice = byID.values.filter { $0.count > 1 }.count
+        print("postgres restart: \(twice) rows pushed twice of \(byID.count), outage \(outage)")
+        if outage < .seconds(cluster.leaseSeconds - 5) {
+            #expect(twice == 0, "outage \(outage), shorter than the lease less the time to write the kept outcomes")
+        } else {
+            #expect(twice <= 32)
+        }
         #expect(byID.values.allSatisfy { $0.count <= 2 })
         #expect(MiniHTTP.request(port: cluster.nodes[1].adminPort, method: "GET", path: "/readyz")?.status == 200)
+        // Each node exports its offset to the database's clock: about zero on one host.
+        let metrics = MiniHTTP.request(port: cluster.nodes[1].adminPort, method: "GET", path: "/metrics")?.body ?? ""
+        let offset = metrics.split(separator: "\n").first { $0.hasPrefix("relay_postgres_clock_offset_seconds ") }
+            .flatMap { Double($0.split(separator: " ").last ?? "") }
+        #expect(offset.map { abs($0) < 1 } == true, "relay_postgres_clock_offset_seconds: \(String(describing: offset))")
     }
 }
 

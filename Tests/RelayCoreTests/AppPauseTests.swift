@@ -61,7 +61,7 @@ import Testing
     func row(_ n: Int, expiresAt: Int64 = 1_000_000) -> OutboxRow {
         OutboxRow(id: "id-\(n)", app: Self.app, pushToken: String(repeating: "ab", count: 32), sessionIdentifier: "S", keyID: [1, 2, 3, 4],
                   messageIndex: UInt32(n), encryptedData: [0], credentialID: "cred_1", state: .inflight, attempts: 0,
-                  nextAttemptAt: 0, createdAt: 0, expiresAt: expiresAt, lastStatus: nil, lastReason: nil, updatedAt: 0)
+                  nextAttemptAt: 0, createdAt: 0, expiresAt: expiresAt, lastStatus: nil, lastReason: nil, updatedAt: 0, leaseEpoch: 7)
     }
 
     func refused(_ r: OutboxRow, at: Int64, reason: String = "InvalidProviderToken") -> FinishedPush {
@@ -81,7 +81,7 @@ import Testing
     }
 
     func release(_ r: OutboxRow, at: Int64) -> DeliveryUpdate {
-        DeliveryUpdate(id: r.id, pushToken: r.pushToken, outcome: .release(at: at), attempt: nil)
+        DeliveryUpdate(id: r.id, pushToken: r.pushToken, outcome: .release(at: at), attempt: nil, leaseEpoch: r.leaseEpoch)
     }
 
     @Test func aCredentialAnswerPausesReleasesWithoutAnAttemptAndProbesOncePerStep() {
@@ -130,7 +130,8 @@ import Testing
         _ = m.received(DispatchInbox(freeSlots: 10, takenAt: 0))
         _ = m.claimed([r, long], limit: 10, now: 0)
         let a = m.received(DispatchInbox(answers: [refused(r, at: 10), refused(long, at: 10)], freeSlots: 10, takenAt: 10))
-        #expect(updates(a) == [DeliveryUpdate(id: r.id, pushToken: r.pushToken, outcome: .failed(reason: "expired"), attempt: nil),
+        #expect(updates(a) == [DeliveryUpdate(id: r.id, pushToken: r.pushToken, outcome: .failed(reason: "expired"), attempt: nil,
+                                              leaseEpoch: r.leaseEpoch),
                                release(long, at: 1010)])
     }
 

@@ -13,7 +13,8 @@ import Testing
     func row(_ n: Int, app: String = "com.example.app", attempts: Int = 0) -> OutboxRow {
         OutboxRow(id: "id-\(n)", app: app, pushToken: String(repeating: "ab", count: 32), sessionIdentifier: "S", keyID: [1, 2, 3, 4],
                   messageIndex: UInt32(n), encryptedData: [0], credentialID: "cred_1", state: .inflight, attempts: attempts,
-                  nextAttemptAt: 0, createdAt: 0, expiresAt: 1_000_000, lastStatus: nil, lastReason: nil, updatedAt: 0)
+                  nextAttemptAt: 0, createdAt: 0, expiresAt: 1_000_000, lastStatus: nil, lastReason: nil, updatedAt: 0,
+                  leaseEpoch: 40 + Int64(n))   // each row's own lease: every update must carry it back
     }
 
     func inbox(free: Int, rows: [OutboxRow] = [], due: Bool = false, answers: [FinishedPush] = [], stop: Bool = false,
@@ -34,10 +35,10 @@ import Testing
 
     func delivered(_ r: OutboxRow, at: Int64 = 100) -> DeliveryUpdate {
         DeliveryUpdate(id: r.id, pushToken: r.pushToken, outcome: .delivered,
-                       attempt: AttemptRecord(responseID: r.id, attemptedAt: at, status: 200, reason: nil, latencyMicros: 7))
+                       attempt: AttemptRecord(responseID: r.id, attemptedAt: at, status: 200, reason: nil, latencyMicros: 7), leaseEpoch: r.leaseEpoch)
     }
 
-    func requeue(_ r: OutboxRow) -> DeliveryUpdate { DeliveryUpdate(id: r.id, pushToken: r.pushToken, outcome: .requeue, attempt: nil) }
+    func requeue(_ r: OutboxRow) -> DeliveryUpdate { DeliveryUpdate(id: r.id, pushToken: r.pushToken, outcome: .requeue, attempt: nil, leaseEpoch: r.leaseEpoch) }
 
     // MARK: capacity
 
@@ -141,12 +142,14 @@ import Testing
         _ = m.received(inbox(free: 10))
         _ = m.claimed([], limit: 10)
         let ok = row(1), gone = row(2, app: "com.example.removed")
-        let failed = DeliveryUpdate(id: gone.id, pushToken: gone.pushToken, outcome: .failed(reason: "app_not_configured"), attempt: nil)
+        let failed = DeliveryUpdate(id: gone.id, pushToken: gone.pushToken, outcome: .failed(reason: "app_not_configured"), attempt: nil,
+                                    leaseEpoch: gone.leaseEpoch)
         #expect(m.received(inbox(free: 8, rows: [ok, gone])) == [.send([ok]), .vacate(1), .apply([failed]), .findNextDue])
         #expect(m.inflight.keys.sorted() == [ok.id])
         // The same for a claimed row.
         let claimedGone = row(3, app: "com.example.removed")
-        let failed3 = DeliveryUpdate(id: claimedGone.id, pushToken: claimedGone.pushToken, outcome: .failed(reason: "app_not_configured"), attempt: nil)
+        let failed3 = DeliveryUpdate(id: claimedGone.id, pushToken: claimedGone.pushToken, outcome: .failed(reason: "app_not_configured"),
+                                     attempt: nil, leaseEpoch: claimedGone.leaseEpoch)
         _ = m.received(inbox(free: 8, due: true))
         #expect(m.claimed([claimedGone], limit: 8) == [.vacate(1), .apply([failed3]), .findNextDue])
     }
@@ -158,7 +161,8 @@ import Testing
         _ = m.claimed([a, b], limit: 2)
         let actions = m.received(inbox(free: 2, answers: [answer(a), answer(b, status: 503, at: 200)]))
         let retry = DeliveryUpdate(id: b.id, pushToken: b.pushToken, outcome: .retry(at: 700, paceTokenUntil: nil),
-                                   attempt: AttemptRecord(responseID: b.id, attemptedAt: 200, status: 503, reason: "ServiceUnavailable", latencyMicros: 7))
+                                   attempt: AttemptRecord(responseID: b.id, attemptedAt: 200, status: 503, reason: "ServiceUnavailable", latencyMicros: 7),
+                                   leaseEpoch: b.leaseEpoch)
         #expect(actions == [.report(answer(a), .delivered), .report(answer(b, status: 503, at: 200), .retry(at: 700, paceTokenUntil: nil)),
                             .apply([delivered(a), retry]), .claim(limit: 2)])
         #expect(m.inflight.isEmpty)

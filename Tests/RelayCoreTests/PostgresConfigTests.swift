@@ -16,14 +16,15 @@ import Testing
     }
 
     @Test func postgresStoreIsParsed() throws {
-        let c = try parse(store: #"{"kind":"postgres","url":"postgresql://relay@db:5432/relay","nodeId":"relay-1","leaseSeconds":200,"maxPending":5000}"#)
+        let c = try parse(store: #"{"kind":"postgres","url":"postgresql://relay@db:5432/relay","nodeId":"relay-1","leaseSeconds":200,"maxPending":5000,"maxClockOffsetSeconds":3}"#)
         #expect(c.store.kind == "postgres")
+        #expect(c.store.maxClockOffsetSeconds == 3)
         #expect(c.store.url == "postgresql://relay@db:5432/relay")
         #expect(c.store.nodeID == "relay-1")
         #expect(c.store.leaseSeconds == 200)
         #expect(c.store.maxPending == 5000)
         let d = try parse(store: #"{"kind":"postgres","url":"postgresql://db/relay"}"#)
-        #expect(d.store.nodeID == nil && d.store.leaseSeconds == 180)
+        #expect(d.store.nodeID == nil && d.store.leaseSeconds == 180 && d.store.maxClockOffsetSeconds == 10)
     }
 
     @Test func sqliteStaysTheDefault() throws {
@@ -37,6 +38,8 @@ import Testing
         #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","path":"x.db"}"#)?.key == "store.path")
         #expect(error(store: #"{"kind":"sqlite","url":"postgresql://db/relay"}"#)?.key == "store.url")
         #expect(error(store: #"{"kind":"sqlite","leaseSeconds":30}"#)?.key == "store.leaseSeconds")
+        #expect(error(store: #"{"kind":"sqlite","maxClockOffsetSeconds":5}"#)?.key == "store.maxClockOffsetSeconds")
+        #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","maxClockOffsetSeconds":0}"#)?.key == "store.maxClockOffsetSeconds")
         #expect(error(store: #"{"kind":"oracle"}"#)?.key == "store.kind")
         #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","nodeId":""}"#)?.key == "store.nodeId")
         #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","leaseSeconds":1}"#)?.key == "store.leaseSeconds")

@@ -174,6 +174,33 @@ struct PostgresStoreTests {
         #expect(try f.sql("SELECT count(*) FROM responses WHERE lease_owner IS NOT NULL") == [["2"]])
     }
 
+    /// Issue 30 item 6: a node's push outlived its lease, the same node claimed the row again;
+    /// the first push's late answer (a timeout: retry) must not land on the new lease, and the
+    /// second push's 200 must. Without the epoch the owner alone matched: the row went to retry
+    /// and the 200 was dropped (checked).
+    @Test func aLateAnswerNeverLandsOnANewerLeaseOfTheSameNode() throws {
+        let a = try f.openPostgres(nodeID: "a", leaseMillis: 30_000)
+        defer { a.close() }
+        let c = try a.createCredential(name: "c", apps: ["com.example.app"])
+        let id = try #require(try ingestMany(a, secret: c.secret, count: 1).first)
+        let first = try #require(try a.claimDue(limit: 10).first)
+        f.clock.advance(30_000)
+        let second = try #require(try a.claimDue(limit: 10).first)
+        #expect(first.id == id && second.id == id)
+        #expect(second.leaseEpoch == first.leaseEpoch + 1)
+        let t = f.clock.nowMillis()
+        try a.apply([DeliveryUpdate(id: id, pushToken: first.pushToken, outcome: .retry(at: t + 5_000, paceTokenUntil: nil),
+                                    attempt: AttemptRecord(responseID: id, attemptedAt: t, status: nil, reason: "timeout"),
+                                    leaseEpoch: first.leaseEpoch)])
+        #expect(try a.response(id: id)?.state == .inflight)
+        try a.apply([DeliveryUpdate(id: id, pushToken: second.pushToken, outcome: .delivered,
+                                    attempt: AttemptRecord(responseID: id, attemptedAt: t, status: 200, reason: nil),
+                                    leaseEpoch: second.leaseEpoch)])
+        let row = try #require(try a.response(id: id))
+        #expect(row.state == .delivered && row.attempts == 1 && row.lastStatus == 200)
+        #expect(try a.attemptNodes(responseID: id) == ["a", "a"])
+    }
+
     @Test func aRestartedNodeTakesBackOnlyItsOwnLeases() throws {
         let a = try f.openPostgres(nodeID: "a"), b = try f.openPostgres(nodeID: "b")
         let c = try a.createCredential(name: "c", apps: ["com.example.app"])
@@ -328,17 +355,8 @@ struct PostgresStoreTests {
         let proxy = try OutageProxy(targetPort: target)
         defer { proxy.stop() }
         let url = proxy.url(for: f.pgURL, targetPort: target)
-        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: url, nodeID: "a"), clock: f.clock)
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: url, nodeID: "a"), clock: f.clock, databaseClock: f.clock)
         defer { s.close() }
-        // Set-up through the proxy, a thread of this busy test process: a connection it was slow
-        // to carry puts a worker in its reconnect back-off (make test once failed here, before
-        // the outage), so the set-up waits that out; the outage below is what is under test.
-        func settled<T>(_ body: () throws -> T) throws -> T {
-            let deadline = ContinuousClock.now + .seconds(20)
-            while true {
-                do { return try body() } catch where ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.1) }
-            }
-        }
         let c = try settled { try s.createCredential(name: "c", apps: ["com.example.app"]) }
         guard case .accepted = try settled({ try s.ingestNow(sample(index: 1), secret: c.secret) }) else { Issue.record("not accepted"); return }
         proxy.cut()
@@ -360,6 +378,225 @@ struct PostgresStoreTests {
         #expect(try s.counts().byState[.queued] == 2)
         #expect(try s.claimDue(limit: 10).count == 2)
     }
+
+    /// Issue 30 item 1: APNs answered 200, the outcome write failed (the database away), and the
+    /// row stayed inflight under this node: once its lease expired it was claimed and pushed
+    /// again. Now the outcome is kept and written before the next claim, so after the outage
+    /// the row is delivered and nothing is claimed twice. Without the kept write the claim
+    /// after the lease returned the row (checked).
+    @Test func anOutcomeWriteLostToAnOutageIsWrittenBeforeTheNextClaim() throws {
+        guard let base = PGTest.url, let target = URLComponents(string: base)?.port else { Issue.record("no port in RELAY_TEST_PG_URL"); return }
+        let proxy = try OutageProxy(targetPort: target)
+        defer { proxy.stop() }
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: proxy.url(for: f.pgURL, targetPort: target), nodeID: "a",
+                                                                      leaseMillis: 30_000), clock: f.clock, databaseClock: f.clock)
+        defer { s.close() }
+        let c = try settled { try s.createCredential(name: "c", apps: ["com.example.app"]) }
+        let id = try #require(try settled { try ingestMany(s, secret: c.secret, count: 1) }.first)
+        let row = try #require(try settled { try s.claimDue(limit: 10) }.first)
+        proxy.cut()
+        let done = DispatchSemaphore(value: 0)
+        let error = ResultBox<StoreError?>()
+        let t = f.clock.nowMillis()
+        s.apply([DeliveryUpdate(id: id, pushToken: row.pushToken, outcome: .delivered,
+                                attempt: AttemptRecord(responseID: id, attemptedAt: t, status: 200, reason: nil), leaseEpoch: row.leaseEpoch)]) {
+            error.value = $0
+            done.signal()
+        }
+        #expect(done.wait(timeout: .now() + 60) == .success)
+        #expect((error.value ?? nil) != nil, "the write went through the cut proxy")
+        #expect(s.retainedOutcomesDueAt().map { $0 <= f.clock.nowMillis() + 2_000 } == true, "the kept outcome is due within the back-off cap")
+        proxy.restore()
+        f.clock.advance(30_000)   // the lease is over: without the kept write, the claim takes the row back
+        #expect(try settled { try s.claimDue(limit: 10) }.isEmpty)
+        let after = try #require(try s.response(id: id))
+        #expect(after.state == .delivered && after.attempts == 1 && after.lastStatus == 200)
+        #expect(try s.attemptNodes(responseID: id) == ["a"])
+        #expect(s.retainedOutcomes.withLock { $0.isEmpty })
+    }
+
+    /// The issue's probe, through the dispatcher on the real clocks: one node, lease 1.5 s, the
+    /// database cut between APNs' 200 and its outcome write. After the database is back the row
+    /// is delivered without a second push, also once its lease would have ended and the next
+    /// ingest wakes the dispatcher. Before, it stayed inflight and went out again (checked:
+    /// pushed twice with the kept writes disabled).
+    @Test func aDispatchersOutcomeLostToAnOutageCostsNoSecondPush() throws {
+        guard let base = PGTest.url, let target = URLComponents(string: base)?.port else { Issue.record("no port in RELAY_TEST_PG_URL"); return }
+        let proxy = try OutageProxy(targetPort: target)
+        defer { proxy.stop() }
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: proxy.url(for: f.pgURL, targetPort: target), nodeID: "a",
+                                                                      leaseMillis: 1_500))
+        defer { s.close() }
+        let c = try settled { try s.createCredential(name: "c", apps: ["com.example.app"]) }
+        guard case .accepted(let first) = try settled({ try s.ingestNow(sample(index: 1), secret: c.secret) }) else { Issue.record("not accepted"); return }
+        let t = FakeTransport { _, n in
+            if n == 1 { proxy.cut() }   // APNs answers 200; the outcome write finds the database gone
+            return PushAnswer(status: 200, reason: nil, classification: .done)
+        }
+        let d = Dispatcher(store: s, transports: ["com.example.app": t], options: DispatcherOptions(idlePollMillis: 200))
+        try d.start()
+        defer { d.stop() }
+        try waitLong("the push went out") { t.sent.withLock { $0.count } == 1 }
+        Thread.sleep(forTimeInterval: 0.5)
+        proxy.restore()
+        try waitLong("the kept outcome was written") { (try? s.response(id: first))?.state == .delivered }
+        Thread.sleep(forTimeInterval: 2)   // past the lease the row would have had
+        guard case .accepted(let second) = try settled({ try s.ingestNow(sample(index: 2), secret: c.secret) }) else { Issue.record("not accepted"); return }
+        try waitLong("the next row delivered") { (try? s.response(id: second))?.state == .delivered }
+        #expect(t.sent.withLock { $0.map(\.id) } == [first, second])
+        #expect(try s.response(id: first)?.attempts == 1)
+    }
+
+    /// A kept outcome whose first write committed unseen (its answer lost with the connection)
+    /// is written again without effect: the lease guard skips the row, the attempt is not
+    /// recorded twice, no second event.
+    @Test func writingAKeptOutcomeAgainChangesNothing() throws {
+        let s = try f.openPostgres(nodeID: "a")
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let id = try ingestMany(s, secret: c.secret, count: 1)[0]
+        let row = try #require(try s.claimDue(limit: 1).first)
+        let update = DeliveryUpdate(id: id, pushToken: row.pushToken, outcome: .delivered,
+                                    attempt: AttemptRecord(responseID: id, attemptedAt: f.clock.nowMillis(), status: 200, reason: nil),
+                                    leaseEpoch: row.leaseEpoch)
+        try s.apply([update])
+        let events = try f.sql("SELECT count(*) FROM events")
+        _ = s.retainedOutcomes.withLock { $0.keep([update], nowMonotonicMillis: 0) }
+        #expect(try s.claimDue(limit: 1).isEmpty)
+        #expect(s.retainedOutcomes.withLock { $0.isEmpty })
+        #expect(try s.attemptNodes(responseID: id) == ["a"])
+        #expect(try f.sql("SELECT count(*) FROM events") == events)
+        #expect(try s.response(id: id)?.attempts == 1)
+    }
+
+    /// A row whose outcome this node lost (not kept: the bound, or a restart of the dispatcher
+    /// without one) is still this node's lease: nextDueAt names its expiry, so the node takes it
+    /// back without waiting for an ingest to wake it. Before, own leases were left out and the
+    /// row waited for the next ingest (checked).
+    @Test func nextDueAtIncludesThisNodesOwnLeases() throws {
+        let s = try f.openPostgres(nodeID: "a", leaseMillis: 30_000)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        _ = try ingestMany(s, secret: c.secret, count: 1)
+        #expect(try s.claimDue(limit: 1).count == 1)
+        #expect(try s.nextDueAt() == f.clock.nowMillis() + 30_000)
+    }
+
+    /// Issue 30 item 2: a node whose clock is 60 s fast takes over nothing live. Its offset is
+    /// measured at connect (exported), past the bound it claims nothing, and its recovery at
+    /// start leaves other nodes' live leases alone. Without the database clock it reclaimed
+    /// a's live leases (its now was past their expiry) and requeued them at start (checked).
+    @Test func aNodeWhoseClockIs60SecondsFastTakesOverNothingLive() throws {
+        let a = try f.openPostgres(nodeID: "a", leaseMillis: 30_000)
+        defer { a.close() }
+        let c = try a.createCredential(name: "c", apps: ["com.example.app"])
+        let ids = try ingestMany(a, secret: c.secret, count: 3)
+        #expect(try a.claimDue(limit: 10).count == 3)
+        let fast = try f.openPostgres(nodeID: "fast", leaseMillis: 30_000, skewMillis: 60_000)
+        defer { fast.close() }
+        #expect(fast.clockOffsetSeconds == -60)
+        #expect(try fast.recoverInflight() == 0)
+        do {
+            _ = try fast.claimDue(limit: 10)
+            Issue.record("a node 60 s off the database's clock claimed")
+        } catch let e as StoreError {
+            // Said as such, and not as a lost connection (which would drop and reopen it).
+            guard case .invalid(let why) = e else { Issue.record("unexpected error \(e)"); return }
+            #expect(why.contains("maxClockOffsetSeconds"))
+        }
+        #expect(try fast.nextDueAt() == nil, "out of bound: the idle poll, not a loop of refused claims")
+        #expect(try f.sql("SELECT lease_owner, count(*) FROM responses GROUP BY lease_owner") == [["a", "3"]])
+        // a's answers land: nothing was taken over.
+        let t = f.clock.nowMillis()
+        let rows = try a.list(OutboxFilter(state: .inflight))
+        try a.apply(rows.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .delivered,
+                                              attempt: AttemptRecord(responseID: $0.id, attemptedAt: t, status: 200, reason: nil)) })
+        #expect(try Set(ids.compactMap { try a.response(id: $0)?.state }) == [.delivered])
+    }
+
+    /// A node whose clock comes back in bound (NTP fixed it) claims again: the idle poll's
+    /// nextDueAt measures the offset anew while it is out of bound.
+    @Test func aNodeClaimsAgainOnceItsClockIsBackInBound() throws {
+        let nodeClock = TestClock(f.clock.nowMillis() + 60_000)
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: "late"), clock: nodeClock, databaseClock: f.clock)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        _ = try ingestMany(s, secret: c.secret, count: 1)
+        #expect(throws: StoreError.self) { try s.claimDue(limit: 1) }
+        #expect(try s.nextDueAt() == nil)
+        nodeClock.advance(-60_000)   // the clock is set right
+        #expect(try s.nextDueAt() != nil)
+        #expect(s.clockOffsetSeconds == 0)
+        #expect(try s.claimDue(limit: 1).count == 1)
+    }
+
+    /// Within the bound the offset is corrected: a node 8 s fast (bound 10 s) neither takes a
+    /// lease 5 s before it ends on the database's clock, nor a row paced by a 429 before its
+    /// pacing ends, and what it stores (ingest times, the outcome's retry time) is in the
+    /// database's time. Without the correction it took both early (checked).
+    @Test func aNodeWithinTheClockBoundIsCorrectedToTheDatabasesTime() throws {
+        let a = try f.openPostgres(nodeID: "a", leaseMillis: 10_000)
+        let b = try f.openPostgres(nodeID: "b", leaseMillis: 10_000, skewMillis: 8_000)
+        defer { a.close(); b.close() }
+        #expect(b.clockOffsetSeconds == -8)
+        let c = try a.createCredential(name: "c", apps: ["com.example.app"])
+        let paced = String(repeating: "11", count: 32)
+        let leased = try ingestMany(a, secret: c.secret, count: 1)[0]
+        let t0 = f.clock.nowMillis()
+        #expect(try a.claimDue(limit: 10).map(\.id) == [leased])
+        // b stores a row: its times are the database's, not b's 8 s ahead.
+        guard case .accepted(let other) = try b.ingestNow(sample(token: paced, index: 1), secret: c.secret) else { Issue.record("not accepted"); return }
+        let stored = try #require(try a.response(id: other))
+        #expect(stored.createdAt == t0 && stored.nextAttemptAt == t0)
+        // a's 429 paces the token 20 s (a's clock is the database's).
+        let row = try #require(try a.claimDue(limit: 10).first)
+        try a.apply([DeliveryUpdate(id: other, pushToken: paced, outcome: .retry(at: t0 + 20_000, paceTokenUntil: t0 + 20_000),
+                                    attempt: AttemptRecord(responseID: other, attemptedAt: t0, status: 429, reason: "TooManyRequests"),
+                                    leaseEpoch: row.leaseEpoch)])
+        f.clock.advance(15_000)   // the lease ended 5 s ago on the database; pacing has 5 s to go (b reads 23 s: past both)
+        // b's retention sweep (its clock: 3 s past the pacing's end) leaves the pacing alone.
+        #expect(try b.pruneEndedPacing(before: f.clock.nowMillis() + 8_000, limit: 10) == 0)
+        let taken = try b.claimDue(limit: 10)
+        #expect(taken.map(\.id) == [leased], "only the ended lease")
+        // Back in b's clock at its edge: the dispatcher compares with its own.
+        #expect(taken.first?.createdAt == t0 + 8_000)
+        // b's answer (decided on its clock) is stored in the database's time.
+        let bt = f.clock.nowMillis() + 8_000
+        try b.apply([DeliveryUpdate(id: leased, pushToken: taken[0].pushToken, outcome: .retry(at: bt + 1_000, paceTokenUntil: nil),
+                                    attempt: AttemptRecord(responseID: leased, attemptedAt: bt, status: 503, reason: "ServiceUnavailable"),
+                                    leaseEpoch: taken[0].leaseEpoch)])
+        #expect(try a.response(id: leased)?.nextAttemptAt == f.clock.nowMillis() + 1_000)
+        #expect(try b.nextDueAt() == bt + 1_000, "the next due time in b's clock")
+    }
+
+    /// Against the real clock_timestamp() on the same host the measured offset is about zero.
+    @Test func theOffsetToTheRealDatabaseClockIsMeasuredAtConnect() throws {
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: "real"))
+        defer { s.close() }
+        #expect(abs(s.clockOffsetSeconds) < 1)
+        #expect(try s.claimDue(limit: 1).isEmpty)
+    }
+}
+
+/// Set-up through an OutageProxy, a thread of this busy test process: a connection it was slow
+/// to carry puts a worker in its reconnect back-off (make test once failed here, before the
+/// outage), so the set-up waits that out; the outage is what is under test. Also waits out
+/// the back-off after a restore.
+func settled<T>(_ body: () throws -> T) throws -> T {
+    let deadline = ContinuousClock.now + .seconds(20)
+    while true {
+        do { return try body() } catch where ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.1) }
+    }
+}
+
+/// Bounded polling (30 s) for what another thread reaches through a reconnect back-off.
+func waitLong(_ what: String, _ cond: () throws -> Bool) throws {
+    let deadline = ContinuousClock.now + .seconds(30)
+    while ContinuousClock.now < deadline {
+        if try cond() { return }
+        usleep(20_000)
+    }
+    Issue.record("condition never became true: \(what)")
 }
 
 /// Waits (bounded) until some backend of this fixture waits for a lock.

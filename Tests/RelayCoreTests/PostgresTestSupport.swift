@@ -68,13 +68,17 @@ final class StoreFixture: @unchecked Sendable {
         case .postgres:
             return try PostgresOutboxStore(
                 options: PostgresStoreOptions(url: pgURL, nodeID: nodeID ?? self.nodeID, leaseMillis: leaseMillis, readOnly: readOnly),
-                clock: clock)
+                clock: clock, databaseClock: clock)
         }
     }
 
-    func openPostgres(nodeID: String, leaseMillis: Int64 = 60_000, ingestConnections: Int = 2, channel: DispatchChannel? = nil) throws -> PostgresOutboxStore {
-        try PostgresOutboxStore(options: PostgresStoreOptions(url: pgURL, nodeID: nodeID, leaseMillis: leaseMillis, ingestConnections: ingestConnections),
-                                clock: clock, channel: channel)
+    /// The fixture's clock is the database's (tests move it); `skewMillis` sets this node's
+    /// clock that far ahead of it.
+    func openPostgres(nodeID: String, leaseMillis: Int64 = 60_000, ingestConnections: Int = 2, channel: DispatchChannel? = nil,
+                      skewMillis: Int64 = 0, maxClockOffsetMillis: Int64 = 10_000) throws -> PostgresOutboxStore {
+        try PostgresOutboxStore(options: PostgresStoreOptions(url: pgURL, nodeID: nodeID, leaseMillis: leaseMillis, ingestConnections: ingestConnections,
+                                                              maxClockOffsetMillis: maxClockOffsetMillis),
+                                clock: skewMillis == 0 ? clock : SkewedClock(base: clock, skewMillis: skewMillis), channel: channel, databaseClock: clock)
     }
 
     /// Runs SQL directly against this fixture's database (checks that bypass the store).
@@ -125,6 +129,13 @@ final class StoreFixture: @unchecked Sendable {
             }
         }
     }
+}
+
+/// A node clock `skewMillis` ahead of `base` (behind when negative).
+struct SkewedClock: RelayClock {
+    let base: any RelayClock
+    let skewMillis: Int64
+    func nowMillis() -> Int64 { base.nowMillis() + skewMillis }
 }
 
 /// A loopback TCP proxy in front of the test PostgreSQL that a test can cut (every connection

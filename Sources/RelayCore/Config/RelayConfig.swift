@@ -45,6 +45,8 @@ public struct RelayConfig: Sendable, Equatable {
         public var leaseSeconds = 180
         /// The store round trip and clock differences between nodes, on top of the client's hold.
         public static let leaseMarginMillis = 1_000
+        /// postgres: past this offset from the database's clock a node claims nothing.
+        public var maxClockOffsetSeconds = 10
         /// How long delivered and failed rows (with their attempts) are kept; 0 keeps them.
         public var retention = RetentionPolicy()
         /// sqlite: below this many free bytes on the database's filesystem ingest answers 503
@@ -198,9 +200,9 @@ public struct RelayConfig: Sendable, Equatable {
         }
         if var s = try r.child("store") {
             try s.object(allowed: ["kind", "path", "synchronous", "busyTimeoutMs", "maxPending", "url", "nodeId", "leaseSeconds",
-                                   "retention", "minFreeBytes"])
+                                   "maxClockOffsetSeconds", "retention", "minFreeBytes"])
             c.store.kind = try s.string("kind") ?? "sqlite"
-            let sqliteOnly = ["path", "synchronous", "busyTimeoutMs", "minFreeBytes"], postgresOnly = ["url", "nodeId", "leaseSeconds"]
+            let sqliteOnly = ["path", "synchronous", "busyTimeoutMs", "minFreeBytes"], postgresOnly = ["url", "nodeId", "leaseSeconds", "maxClockOffsetSeconds"]
             switch c.store.kind {
             case "sqlite":
                 if let k = postgresOnly.first(where: { s.raw($0) != nil }) {
@@ -220,6 +222,7 @@ public struct RelayConfig: Sendable, Equatable {
                     c.store.nodeID = node
                 }
                 c.store.leaseSeconds = try s.int("leaseSeconds", 5...86_400) ?? c.store.leaseSeconds
+                c.store.maxClockOffsetSeconds = try s.int("maxClockOffsetSeconds", 1...3_600) ?? c.store.maxClockOffsetSeconds
             default:
                 throw ConfigError(key: "store.kind", message: "must be \"sqlite\" or \"postgres\"")
             }

@@ -189,7 +189,8 @@ public final class Dispatcher: @unchecked Sendable {
         applying.enter()
         store.apply(updates) { [channel, logger, applying] error in
             if let error {
-                // The rows stay inflight in the database; they are requeued on restart.
+                // The rows stay inflight in the database. PostgreSQL keeps the outcomes and writes
+                // them before its next claim; SQLite's rows are requeued at the next start.
                 logger.limited(.error, "could not record push outcomes", ["error": "\(error)", "count": updates.count])
             } else if retries {
                 channel.wake()

@@ -57,9 +57,9 @@ struct DispatcherStateMachine {
     /// a wake (queued rows committed) or when the next due time has passed. With every ingest
     /// handed off, finishing pushes do not each cost an empty claim transaction.
     private(set) var mayHaveDue = true
-    /// Sent and not answered: id -> push token, all a requeue at stop needs (the answer brings
-    /// its row back in FinishedPush, so the row itself is not kept here).
-    private(set) var inflight: [String: String] = [:]
+    /// Sent and not answered: id -> push token and lease epoch, all a requeue at stop needs (the
+    /// answer brings its row back in FinishedPush, so the row itself is not kept here).
+    private(set) var inflight: [String: (token: String, epoch: Int64)] = [:]
     /// Free slots when the inbox was last taken (what a claim may fill).
     private var freeSlots = 0
     /// The next due time last looked up, and until when it stands (RelayClock ms). Answers and
@@ -153,7 +153,7 @@ struct DispatcherStateMachine {
 
     private mutating func stopping(graceOver: Bool) -> [Action] {
         if inflight.isEmpty || graceOver {
-            let requeue = inflight.map { DeliveryUpdate(id: $0.key, pushToken: $0.value, outcome: .requeue, attempt: nil) }
+            let requeue = inflight.map { DeliveryUpdate(id: $0.key, pushToken: $0.value.token, outcome: .requeue, attempt: nil, leaseEpoch: $0.value.epoch) }
             inflight.removeAll()
             phase = .stopped
             return [.exit(requeue: requeue)]
@@ -166,24 +166,25 @@ struct DispatcherStateMachine {
     /// goes out as its probe when one is due and none is out; otherwise it is released unsent.
     private mutating func route(_ rows: [OutboxRow]) -> (send: [OutboxRow], failed: [DeliveryUpdate]) {
         guard !paused.isEmpty || rows.contains(where: { !apps.contains($0.app) }) else {
-            for row in rows { inflight[row.id] = row.pushToken }
+            for row in rows { inflight[row.id] = (row.pushToken, row.leaseEpoch) }
             return (rows, [])
         }
         var send: [OutboxRow] = [], failed: [DeliveryUpdate] = []
         for row in rows {
             if !apps.contains(row.app) {
-                failed.append(DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .failed(reason: "app_not_configured"), attempt: nil))
+                failed.append(DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .failed(reason: "app_not_configured"), attempt: nil,
+                                             leaseEpoch: row.leaseEpoch))
             } else if var p = paused[row.app] {
                 if p.probe == nil && now >= p.probeAt {
                     p.probe = row.id
                     paused[row.app] = p
-                    inflight[row.id] = row.pushToken
+                    inflight[row.id] = (row.pushToken, row.leaseEpoch)
                     send.append(row)
                 } else {
                     failed.append(Self.release(row, at: p.probe == nil ? p.probeAt : now + pause.holdMillis))
                 }
             } else {
-                inflight[row.id] = row.pushToken
+                inflight[row.id] = (row.pushToken, row.leaseEpoch)
                 send.append(row)
             }
         }
@@ -240,9 +241,9 @@ struct DispatcherStateMachine {
     /// by its TTL ("expired").
     static func release(_ row: OutboxRow, at: Int64) -> DeliveryUpdate {
         if at >= row.expiresAt {
-            return DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .failed(reason: "expired"), attempt: nil)
+            return DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .failed(reason: "expired"), attempt: nil, leaseEpoch: row.leaseEpoch)
         }
-        return DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .release(at: at), attempt: nil)
+        return DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .release(at: at), attempt: nil, leaseEpoch: row.leaseEpoch)
     }
 
     /// The outcome of one answer and its attempt record. A missing answer during a stop
@@ -254,6 +255,6 @@ struct DispatcherStateMachine {
         let attempt = outcome == .requeue ? nil : AttemptRecord(
             responseID: row.id, attemptedAt: push.at, status: answer.status, reason: answer.reason,
             apnsTimestamp: answer.apnsTimestamp, latencyMicros: push.latencyMicros)
-        return DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: outcome, attempt: attempt)
+        return DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: outcome, attempt: attempt, leaseEpoch: row.leaseEpoch)
     }
 }

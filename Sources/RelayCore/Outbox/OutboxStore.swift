@@ -116,6 +116,10 @@ public struct OutboxRow: Sendable, Equatable {
     public var lastStatus: Int?
     public var lastReason: String?
     public var updatedAt: Int64
+    /// The claim that leased this row (PostgreSQL's lease_epoch, bumped at every claim); its
+    /// outcome is written only while the row still carries this lease. Set on rows a claim
+    /// returns; 0 on SQLite (no leases) and on rows read otherwise (list, response).
+    public var leaseEpoch: Int64 = 0
 }
 
 /// One APNs answer (or transport failure) for one response.
@@ -161,12 +165,18 @@ public struct DeliveryUpdate: Sendable, Equatable {
     public var pushToken: String
     public var outcome: DeliveryOutcome
     public var attempt: AttemptRecord?
+    /// The lease the answer belongs to (the claimed row's `leaseEpoch`): PostgreSQL writes the
+    /// outcome only while the row is still leased to this node under this epoch, so a push that
+    /// outlived its lease never lands on a newer claim of the same row. nil: the owner alone
+    /// decides (tools and tests writing outcomes by hand).
+    public var leaseEpoch: Int64?
 
-    public init(id: String, pushToken: String, outcome: DeliveryOutcome, attempt: AttemptRecord?) {
+    public init(id: String, pushToken: String, outcome: DeliveryOutcome, attempt: AttemptRecord?, leaseEpoch: Int64? = nil) {
         self.id = id
         self.pushToken = pushToken
         self.outcome = outcome
         self.attempt = attempt
+        self.leaseEpoch = leaseEpoch
     }
 }
 

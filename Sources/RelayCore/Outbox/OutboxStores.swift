@@ -14,7 +14,8 @@ public enum OutboxStores {
         case "postgres":
             guard let url = config.url else { throw StoreError.invalid("store.url is required with store.kind \"postgres\"") }
             return try PostgresOutboxStore(
-                options: PostgresStoreOptions(url: url, nodeID: config.nodeID, leaseMillis: Int64(config.leaseSeconds) * 1000, readOnly: readOnly),
+                options: PostgresStoreOptions(url: url, nodeID: config.nodeID, leaseMillis: Int64(config.leaseSeconds) * 1000, readOnly: readOnly,
+                                              maxClockOffsetMillis: Int64(config.maxClockOffsetSeconds) * 1000),
                 clock: clock, logger: logger, channel: channel)
         case "sqlite":
             var options = SQLiteStoreOptions(synchronous: config.synchronous, busyTimeoutMillis: Int32(config.busyTimeoutMillis), readOnly: readOnly)

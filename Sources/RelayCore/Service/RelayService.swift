@@ -242,6 +242,11 @@ public final class RelayService: @unchecked Sendable {
             r.counter("relay_store_jobs_total", help: "Jobs (ingests and dispatcher writes) committed.", w.jobs)
         }
         if let store { OutboxStores.collectDiskMetrics(store, retention: retention, into: &r) }
+        if let p = store as? PostgresOutboxStore {
+            r.gauge("relay_postgres_clock_offset_seconds",
+                    help: "The database's clock minus this node's, last measured (at connect and at each claim); past store.maxClockOffsetSeconds the node claims nothing.",
+                    p.clockOffsetSeconds)
+        }
         if let s = store as? SQLiteOutboxStore {
             // Against wall-clock time: the share of it the single writer spends in transactions.
             r.counter("relay_store_transaction_seconds_total",

@@ -5,15 +5,17 @@ import Synchronization
 
 extension PostgresOutboxStore {
     /// Rows this node left inflight (same node id: a restart) and every expired lease go back
-    /// to queued with the same id. Other live nodes' leases are left alone.
+    /// to queued with the same id. Other live nodes' leases are left alone: expiry is judged on
+    /// the database's time, and not at all while this node's clock is out of bound.
     public func recoverInflight() throws -> Int {
-        let now = clock.nowMillis()
         let me = options.nodeID
-        return try write { c in
-            try c.run(
+        return try write { [self] c in
+            let now = try databaseNow(c)
+            let expired = clockOffsetInBound ? "OR lease_owner IS NULL OR lease_expires_at <= $1" : "OR lease_owner IS NULL"
+            return try c.run(
                 """
                 UPDATE responses SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL, updated_at = $1
-                WHERE state = 'inflight' AND (lease_owner = $2 OR lease_owner IS NULL OR lease_expires_at <= $1)
+                WHERE state = 'inflight' AND (lease_owner = $2 \(expired))
                 """, [.int(now), .text(me)]).affected
         }
     }
@@ -41,9 +43,10 @@ extension PostgresOutboxStore {
             last_reason = CASE WHEN r.expires_at <= $1 THEN 'expired' ELSE r.last_reason END,
             lease_owner = CASE WHEN r.expires_at <= $1 THEN NULL ELSE $3 END,
             lease_expires_at = CASE WHEN r.expires_at <= $1 THEN NULL ELSE $4 END,
+            lease_epoch = r.lease_epoch + 1,
             updated_at = $1
         FROM c WHERE r.id = c.id
-        RETURNING \(rowColumns)
+        RETURNING \(rowColumns), r.lease_epoch
         """
     }
 
@@ -69,27 +72,48 @@ extension PostgresOutboxStore {
             next_attempt_at = CASE WHEN v.verdict = 'postpone' THEN v.paced_until ELSE r.next_attempt_at END,
             lease_owner = CASE WHEN v.verdict = 'send' THEN $3 ELSE NULL END,
             lease_expires_at = CASE WHEN v.verdict = 'send' THEN $4::bigint ELSE NULL END,
+            lease_epoch = r.lease_epoch + 1,
             updated_at = CASE WHEN v.verdict = 'postpone' THEN r.updated_at ELSE $1 END
         FROM v WHERE r.id = v.id
-        RETURNING \(rowColumns)
+        RETURNING \(rowColumns), r.lease_epoch
         """
+
+    /// A claim's row: rowColumns, then the lease epoch the claim gave it.
+    private static func claimedRow(_ columns: PGRow) throws -> OutboxRow {
+        var row = try OutboxRow(columns: columns)
+        row.leaseEpoch = columns.count > 16 ? columns[16].int ?? 0 : 0
+        return row
+    }
 
     public func claimDue(limit: Int) throws -> [OutboxRow] {
         guard limit > 0 else { return [] }
-        let now = clock.nowMillis()
-        let params: (Int) -> [PGValue] = { [options] n in
-            [.int(now), .int(Int64(n)), .text(options.nodeID), .int(now + options.leaseMillis)]
-        }
+        guard !options.readOnly else { throw StoreError.invalid("store opened read-only") }
+        // Outcomes kept from a failed write first: their rows may be among this claim's expired
+        // leases, and an answer already received must not be pushed for again. They depend on
+        // no clock, so they are written even while this node's clock is out of bound.
         // One transaction: a row failed here (expired, or behind its token's 410) gets its
         // event in the same commit.
-        let rows: [OutboxRow] = try writeTransaction { [self] c in
-            // Expired leases first: their rows have waited longest (a node died holding them).
-            var rows = try c.query(Self.reclaimSQL, params(limit)).map(OutboxRow.init(columns:))
-            if rows.count < limit {
-                rows += try c.query(Self.dueSQL, params(limit - rows.count)).map(OutboxRow.init(columns:))
+        let rows: [OutboxRow] = try dispatchWorker.perform { [self] w in
+            try writeRetainedOutcomes(w)
+            return try w.transaction { [self] c in
+                // The database's own time decides which leases have ended and which rows are
+                // due, read in this transaction (and this node's offset measured with it).
+                let now = try databaseNow(c)
+                // Not `unavailable`: the connection is fine and must not be dropped for this.
+                guard clockOffsetInBound else {
+                    throw StoreError.invalid("this node's clock is \(clock.offsetMillis / 1000) s off the database's, past store.maxClockOffsetSeconds (\(options.maxClockOffsetMillis / 1000)): claiming nothing until it is fixed")
+                }
+                let params: (Int) -> [PGValue] = { [options] n in
+                    [.int(now), .int(Int64(n)), .text(options.nodeID), .int(now + options.leaseMillis)]
+                }
+                // Expired leases first: their rows have waited longest (a node died holding them).
+                var rows = try c.query(Self.reclaimSQL, params(limit)).map(Self.claimedRow)
+                if rows.count < limit {
+                    rows += try c.query(Self.dueSQL, params(limit - rows.count)).map(Self.claimedRow)
+                }
+                try insertResponseEvents(c, responseIDs: rows.filter { $0.state == .failed }.map(\.id), now: now)
+                return rows
             }
-            try insertResponseEvents(c, responseIDs: rows.filter { $0.state == .failed }.map(\.id), now: now)
-            return rows
         }
         let failed = rows.filter { $0.state == .failed }.count
         adjustPending(-failed)
@@ -98,26 +122,45 @@ extension PostgresOutboxStore {
             eventsCommitted()
         }
         return rows.filter { $0.state == .inflight }.sorted { ($0.nextAttemptAt, $0.createdAt) < ($1.nextAttemptAt, $1.createdAt) }
+            .map(toLocal)
     }
 
-    /// Earliest next_attempt_at among queued/retry rows, or an earlier expiry of another node's
-    /// lease (so a survivor wakes up to take over a dead node's rows).
+    /// Earliest next_attempt_at among queued/retry rows, or an earlier lease expiry (so a
+    /// survivor wakes up to take over a dead node's rows, and this node takes back its own rows
+    /// whose outcome was lost), or the next try of outcomes kept from a failed write.
     public func nextDueAt() throws -> Int64? {
-        let me = options.nodeID
-        return try read { c in
+        // Out of bound, no claim can succeed: measure again (the idle poll brings us here every
+        // second), and until the clock is back, the idle poll rather than a loop of refused claims.
+        if !clockOffsetInBound {
+            _ = try? read { [self] c in try measureClockOffset(c) }
+            guard clockOffsetInBound else { return nil }
+        }
+        let due = try read { c in
             let r = try c.query(
                 """
                 SELECT (SELECT min(next_attempt_at) FROM responses WHERE state IN ('queued','retry')),
-                       (SELECT min(lease_expires_at) FROM responses WHERE state = 'inflight' AND lease_owner <> $1)
-                """, [.text(me)]).first ?? []
+                       (SELECT min(lease_expires_at) FROM responses WHERE state = 'inflight')
+                """).first ?? []
             return [r.first?.int, r.last?.int].compactMap { $0 }.min()
         }
+        return [due, retainedOutcomesDueAt()].compactMap { $0 }.min().map(clock.toLocal)
     }
 
+    /// The updates' times are the dispatcher's (the node's clock): stored in the database's.
     public func apply(_ updates: [DeliveryUpdate]) throws {
         guard !updates.isEmpty else { return }
-        let applied = try writeTransaction(applying(updates))
-        committed(applied)
+        let updates = updates.map(toDatabase)
+        guard !options.readOnly else { throw StoreError.invalid("store opened read-only") }
+        let body = applying(updates)
+        try dispatchWorker.perform { [self] w in
+            do {
+                try writeRetainedOutcomes(w)
+                committed(try w.transaction(body))
+            } catch {
+                retainOutcomes(updates, after: error)
+                throw error
+            }
+        }
     }
 
     /// Queued on the dispatch connection's thread (in order, behind earlier writes); the
@@ -125,12 +168,17 @@ extension PostgresOutboxStore {
     public func apply(_ updates: [DeliveryUpdate], completion: @escaping @Sendable (StoreError?) -> Void) {
         guard !updates.isEmpty else { return completion(nil) }
         guard !options.readOnly else { return completion(.invalid("store opened read-only")) }
+        let updates = updates.map(toDatabase)
         let body = applying(updates)
         let queued = dispatchWorker.enqueueDetached { [self] w in
             do {
+                try writeRetainedOutcomes(w)
                 committed(try w.transaction(body))
                 completion(nil)
             } catch {
+                // Kept (before the completion, so before any later job of this thread) and
+                // written again ahead of the next claim or outcome write.
+                retainOutcomes(updates, after: error)
                 completion((error as? StoreError) ?? .invalid("\(error)"))
                 throw error   // the worker notes the failure (reconnect back-off)
             }
@@ -146,7 +194,7 @@ extension PostgresOutboxStore {
     }
 
     /// After an outcome transaction's COMMIT.
-    private func committed(_ applied: Applied) {
+    func committed(_ applied: Applied) {
         adjustPending(-applied.finished)
         if applied.finished > 0 {
             eventsCreated.add(applied.events)
@@ -154,16 +202,20 @@ extension PostgresOutboxStore {
         }
     }
 
-    private func applying(_ updates: [DeliveryUpdate]) -> (PostgresConnection) throws -> Applied {
+    /// `again`: outcomes kept from a write that failed, which may have committed unseen: an
+    /// attempt already recorded (same row, time and node) is not recorded twice.
+    func applying(_ updates: [DeliveryUpdate], again: Bool = false) -> (PostgresConnection) throws -> Applied {
         let now = clock.nowMillis()
         let me = options.nodeID
         var ids: [String?] = [], states: [String?] = [], counted: [Int64?] = [], next: [Int64?] = [], status: [Int64?] = [], reasons: [String?] = []
+        var epochs: [Int64?] = []
         var pace: [String: Int64] = [:]
         var unreg: [String: (ts: Int64, reason: String)] = [:]
         var answered: [String: [String]] = [:]
         for u in updates {
             let s = u.attempt?.status.map { Int64($0) }
             ids.append(u.id)
+            epochs.append(u.leaseEpoch)
             counted.append(u.attempt == nil ? 0 : 1)
             status.append(s)
             switch u.outcome {
@@ -198,13 +250,15 @@ extension PostgresOutboxStore {
                     INSERT INTO attempts (response_id, attempted_at, status, reason, apns_timestamp, latency_us, node)
                     SELECT a.rid, a.at, a.status, a.reason, a.ts, a.lat, $7
                     FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[]) AS a(rid, at, status, reason, ts, lat)
+                    \(again ? "WHERE NOT EXISTS (SELECT 1 FROM attempts x WHERE x.response_id = a.rid AND x.attempted_at = a.at AND x.node = $7)" : "")
                     """,
                     [.textArray(attempts.map(\.responseID)), .intArray(attempts.map(\.attemptedAt)),
                      .intArray(attempts.map { $0.status.map { Int64($0) } }), .textArray(attempts.map(\.reason)),
                      .intArray(attempts.map(\.apnsTimestamp)), .intArray(attempts.map(\.latencyMicros)), .text(me)])
             }
-            // Only rows whose lease this node still holds: after an expired lease another node
-            // owns the row and its outcome stands. A probe's 200 (a row its token's mark does not
+            // Only rows whose lease this node still holds, under the epoch the push was claimed
+            // with: after an expired lease another claim (another node's, or this node's own
+            // again) owns the row and its outcome stands. A probe's 200 (a row its token's mark does not
             // cover, StoreRules.deliveredClearsMark) removes the mark in the same statement.
             let changed = try c.query(
                 """
@@ -215,15 +269,16 @@ extension PostgresOutboxStore {
                     last_status = CASE WHEN u.state = 'queued' THEN r.last_status ELSE u.status END,
                     last_reason = CASE WHEN u.state = 'queued' THEN r.last_reason ELSE u.reason END,
                     lease_owner = NULL, lease_expires_at = NULL, updated_at = $7
-                FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[]) AS u(id, state, counted, next, status, reason)
-                WHERE r.id = u.id AND r.state = 'inflight' AND r.lease_owner = $8
+                FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[], $9::bigint[])
+                    AS u(id, state, counted, next, status, reason, epoch)
+                WHERE r.id = u.id AND r.state = 'inflight' AND r.lease_owner = $8 AND (u.epoch IS NULL OR r.lease_epoch = u.epoch)
                 RETURNING u.state, r.push_token, r.created_at, r.id),
                 cleared AS (DELETE FROM unregistered_tokens m USING done
                             WHERE done.state = 'delivered' AND m.token = done.push_token AND NOT (\(StoreRules.coveredSQL(row: "done", mark: "m"))))
                 SELECT state, id FROM done
                 """,
                 [.textArray(ids), .textArray(states), .intArray(counted), .intArray(next), .intArray(status), .textArray(reasons),
-                 .int(now), .text(me)])
+                 .int(now), .text(me), .intArray(epochs)])
             // Shared pacing and unregistered tokens, in token order so nodes lock rows alike.
             for token in pace.keys.sorted() {
                 let until = pace[token]!

@@ -179,6 +179,7 @@ extension PostgresOutboxStore {
 
     public func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> Int {
         guard !types.isEmpty, limit > 0 else { return 0 }
+        let olderThan = clock.toDatabase(olderThan)
         return try writeTransaction { c in
             let seqs = try c.query("SELECT seq FROM events WHERE created_at < $1 AND type = ANY($2::text[]) ORDER BY seq LIMIT $3",
                                    [.int(olderThan), .textArray(types.map(\.rawValue)), .int(Int64(limit))]).compactMap { $0[0].int }
@@ -206,10 +207,12 @@ extension PostgresOutboxStore {
 
     // MARK: WebhookOutbox
 
-    /// SKIP LOCKED: two nodes' senders claiming the same webhook take different rows.
+    /// SKIP LOCKED: two nodes' senders claiming the same webhook take different rows. The
+    /// sender's times are the node's clock: compared and stored in the database's (One clock).
     public func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int) throws -> [WebhookDelivery] {
         guard limit > 0 else { return [] }
-        return try write { c in
+        let now = clock.toDatabase(now), leaseUntil = clock.toDatabase(leaseUntil)
+        return try write { [clock] c in
             let rows = try c.query("""
                 WITH d AS (
                     UPDATE webhook_deliveries w SET lease_until = $4
@@ -221,14 +224,20 @@ extension PostgresOutboxStore {
                 SELECT d.attempts, d.first_attempt_at, \(Self.eventColumns) FROM d JOIN events e ON e.seq = d.seq ORDER BY d.seq
                 """, [.text(webhook), .int(now), .int(Int64(limit)), .int(leaseUntil)])
             return try rows.map { r in
-                WebhookDelivery(event: try EventRecord(columns: r, offset: 2).stored, attempts: Int(r[0].int ?? 0), firstAttemptAt: r[1].int)
+                WebhookDelivery(event: try EventRecord(columns: r, offset: 2).stored, attempts: Int(r[0].int ?? 0),
+                                firstAttemptAt: r[1].int.map(clock.toLocal))
             }
         }
     }
 
     public func recordWebhookResults(webhook: String, _ results: [(eventID: String, result: WebhookAttemptResult)]) throws {
         guard !results.isEmpty else { return }
-        let changes = results.map { (id: $0.eventID.lowercased(), change: WebhookResultChange($0.result)) }
+        let changes = results.map { r in
+            var change = WebhookResultChange(r.result)
+            change.attemptedAt = clock.toDatabase(change.attemptedAt)
+            change.nextAttemptAt = change.nextAttemptAt.map(clock.toDatabase)
+            return (id: r.eventID.lowercased(), change: change)
+        }
         try writeTransaction { c in
             try c.query("""
                 UPDATE webhook_deliveries d SET state = x.state, attempts = d.attempts + 1, first_attempt_at = coalesce(d.first_attempt_at, x.at),

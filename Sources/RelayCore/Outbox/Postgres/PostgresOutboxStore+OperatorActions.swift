@@ -37,12 +37,13 @@ extension PostgresOutboxStore {
         return n
     }
 
+    /// The callers' times (olderThan, before) are their node's clock: compared in the database's.
     public func purge(state s: ResponseState, olderThan: Int64, dryRun: Bool) throws -> Int {
         try StoreRules.checkPurgeable(s)
         if dryRun {
-            return try read { c in
+            return try read { [clock] c in
                 Int(try c.query("SELECT count(*) FROM responses WHERE state = $1 AND updated_at < $2",
-                                [.text(s.rawValue), .int(olderThan)]).first?.first?.int ?? 0)
+                                [.text(s.rawValue), .int(clock.toDatabase(olderThan))]).first?.first?.int ?? 0)
             }
         }
         return try PurgeBatches.run(self, state: s, olderThan: olderThan)
@@ -50,6 +51,7 @@ extension PostgresOutboxStore {
 
     public func purgeBatch(state s: ResponseState, olderThan: Int64, limit: Int) throws -> Int {
         try StoreRules.checkPurgeable(s)
+        let olderThan = clock.toDatabase(olderThan)
         return try writeTransaction { c in
             // Rows another node is deleting (or relayctl is requeueing) are skipped, not waited for.
             let ids: [String?] = try c.query(
@@ -61,8 +63,10 @@ extension PostgresOutboxStore {
         }
     }
 
+    /// A fast node must not end another node's pacing early: `before` in the database's time.
     public func pruneEndedPacing(before: Int64, limit: Int) throws -> Int {
-        try write { c in
+        let before = clock.toDatabase(before)
+        return try write { c in
             // The outer condition again: another node may have raised a row's pacing meanwhile.
             try c.run("""
                 DELETE FROM token_pacing WHERE paced_until < $1

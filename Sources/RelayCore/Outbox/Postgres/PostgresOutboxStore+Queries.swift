@@ -57,7 +57,8 @@ extension PostgresOutboxStore {
     }
 
     public func recentOutcomes(since: Int64) throws -> [(state: ResponseState, reason: String?, count: Int)] {
-        try read { c in
+        let since = clock.toDatabase(since)
+        return try read { c in
             try c.query(
                 """
                 SELECT state, last_reason, count(*) FROM responses WHERE state IN ('delivered','failed') AND updated_at >= $1

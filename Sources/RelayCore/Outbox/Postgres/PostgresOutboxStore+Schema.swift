@@ -177,6 +177,13 @@ extension PostgresOutboxStore {
         CREATE TRIGGER credentials_lock_truncate BEFORE TRUNCATE ON credentials
             FOR EACH STATEMENT EXECUTE FUNCTION relay_credentials_lock();
         """,
+        // v7: the lease epoch, bumped by every claim of the row; an outcome is written only for
+        // the owner and epoch it was claimed under, so a push that outlived its lease never
+        // lands on a newer lease of the same row, even one the same node took (docs/postgres.md
+        // "Dispatch across nodes: leases"). A constant default: no table rewrite.
+        """
+        ALTER TABLE responses ADD COLUMN IF NOT EXISTS lease_epoch bigint NOT NULL DEFAULT 0;
+        """,
     ]
 
     static func schemaVersion(_ c: PostgresConnection) throws -> Int {

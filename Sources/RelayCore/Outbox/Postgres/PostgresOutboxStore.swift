@@ -20,7 +20,7 @@ import Synchronization
 public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     // @unchecked Sendable: every connection is confined to the worker thread holding it; shared
     // state (counters, `touchedAt`, `ids`) lives in Mutexes.
-    public static let schemaVersion = 6
+    public static let schemaVersion = 7
     /// pg_advisory_lock key serialising migrations between nodes starting at once.
     static let migrationLockKey: Int64 = 0x5245_4C41_594D_4947  // "RELAYMIG"
     /// Transaction advisory lock over the credentials: every ingest write holds it shared, and
@@ -52,8 +52,12 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     }
 
     public let options: PostgresStoreOptions
-    let clock: any RelayClock
-    private let logger: RelayLogger?
+    /// The database's time (the node's clock plus the measured offset): every time this store
+    /// writes or compares (PostgresOutboxStore+Clock).
+    let clock: DatabaseClock
+    /// Tests: the database's clock, read instead of clock_timestamp().
+    let databaseClock: (any RelayClock)?
+    let logger: RelayLogger?
     let ingestWorker: PostgresWorker<PendingIngest>
     let dispatchWorker: PostgresWorker<Void>
     private let queryWorker: PostgresWorker<Void>
@@ -66,6 +70,9 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     public let eventsCreated = EventTally()
     /// When this node last wrote each credential's last_used_at.
     let touchedAt = Mutex<[String: Int64]>([:])
+    /// Outcome writes that failed while the database was away, written again before the next
+    /// claim or outcome write (PostgresOutboxStore+RetainedOutcomes).
+    let retainedOutcomes = Mutex(RetainedOutcomes())
     /// Response ids (UUIDv7, as SQLiteOutboxStore mints them), one generator for every ingest thread.
     let ids = Mutex(TimeOrderedIDs())
 
@@ -81,14 +88,17 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     /// inserted `queued` here: a claim takes the lease.
     let channel: DispatchChannel?
 
-    /// Connects, runs migrations under an advisory lock (or, read-only, checks the version) and
-    /// counts pending rows. Throws when the database cannot be reached or is newer than us.
+    /// Connects, runs migrations under an advisory lock (or, read-only, checks the version),
+    /// measures the clock offset and counts pending rows. Throws when the database cannot be
+    /// reached or is newer than us. `clock`: the node's; `databaseClock` (tests): the database's,
+    /// instead of its clock_timestamp().
     public init(options: PostgresStoreOptions, clock: any RelayClock = SystemRelayClock(), logger: RelayLogger? = nil,
-                channel: DispatchChannel? = nil) throws {
+                channel: DispatchChannel? = nil, databaseClock: (any RelayClock)? = nil) throws {
         guard !options.nodeID.isEmpty else { throw StoreError.invalid("node id must not be empty") }
         self.options = options
         self.channel = channel
-        self.clock = clock
+        self.clock = DatabaseClock(local: clock)
+        self.databaseClock = databaseClock
         self.logger = logger
         ingestWorker = PostgresWorker(name: "pg-ingest", url: options.url, logger: logger, maxBatch: options.maxBatch,
                                       connections: options.ingestConnections)
@@ -106,6 +116,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
             } else {
                 try dispatchWorker.perform { w in try Self.migrate(w.connection()) }
             }
+            _ = try queryWorker.perform { [unowned self] w in try measureClockOffset(w.connection()) }
             let n = try queryWorker.perform { w in try Self.countPending(w.connection()) }
             pending.withLock {
                 $0.estimate = n

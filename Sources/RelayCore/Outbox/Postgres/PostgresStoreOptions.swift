@@ -21,9 +21,12 @@ public struct PostgresStoreOptions: Sendable {
     public var readOnly: Bool
     /// How often the shared outbox-bound estimate is recounted from the database.
     public var pendingRefreshMillis: Int64
+    /// Past this offset between the node's clock and the database's (store.maxClockOffsetSeconds)
+    /// the node claims nothing: its clock is broken (docs/postgres.md "One clock").
+    public var maxClockOffsetMillis: Int64
 
     public init(url: String, nodeID: String? = nil, leaseMillis: Int64 = 60_000, maxBatch: Int = 1024, ingestConnections: Int = 2,
-                readOnly: Bool = false, pendingRefreshMillis: Int64 = 1_000) {
+                readOnly: Bool = false, pendingRefreshMillis: Int64 = 1_000, maxClockOffsetMillis: Int64 = 10_000) {
         self.url = url
         self.nodeID = nodeID ?? Self.defaultNodeID()
         self.leaseMillis = leaseMillis
@@ -31,6 +34,7 @@ public struct PostgresStoreOptions: Sendable {
         self.ingestConnections = ingestConnections
         self.readOnly = readOnly
         self.pendingRefreshMillis = pendingRefreshMillis
+        self.maxClockOffsetMillis = maxClockOffsetMillis
     }
 
     /// host-pid: unique among live processes, new on every start.
