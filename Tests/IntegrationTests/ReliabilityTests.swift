@@ -153,13 +153,9 @@ struct PostgresReliabilityTests {
         #expect(outage["requestsHung"] as? Int == 0, "ingest hung instead of answering 503: \(outage)")
         #expect((outage["worstResumeSeconds"] as? Double).map { $0 <= 10 } == true, "a node did not resume: \(outage)")
         let audit = fast["audit"] as? [String: Any] ?? [:]
-        // Issue 25 finding (docs/reliability.md, "PostgreSQL"): a push answered by APNs while the
-        // database restarts loses its outcome write, which is not retried; the row stays inflight
-        // until its lease expires and is pushed again. Intermittent: a restart with nothing on
-        // the wire has no duplicate.
-        withKnownIssue("outcome writes lost in a database restart re-push their rows after the lease", isIntermittent: true) {
-            #expect(audit["duplicatesFromRestartShorterThanLease"] as? Int == 0, "pushed twice across a short restart: \(audit)")
-        }
+        // A push APNs answered while the database restarted keeps its outcome in memory and writes
+        // it once the database is back (docs/postgres.md): no second push across a short restart.
+        #expect(audit["duplicatesFromRestartShorterThanLease"] as? Int == 0, "pushed twice across a short restart: \(audit)")
         let final = try #require(pg["final"] as? [String: Any])
         #expect(final["lost"] as? Int == 0 && final["rowsMissing"] as? Int == 0, "final audit: \(final)")
     }
