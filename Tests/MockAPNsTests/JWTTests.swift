@@ -1,3 +1,4 @@
+import Basics
 import Foundation
 import Testing
 @testable import MockAPNs
@@ -53,8 +54,8 @@ import Testing
         #expect(v.verify(authorization: "Basic abc", now: Fixture.now) == .failure(.invalid("authorization is not 'bearer <token>'")))
         #expect(v.verify(token: "a.b", now: Fixture.now) == .failure(.invalid("token is not three dot-separated parts")))
         func forge(header: String, claims: String) throws -> String {
-            let input = Base64URL.encode(Array(header.utf8)) + "." + Base64URL.encode(Array(claims.utf8))
-            return input + "." + Base64URL.encode(try Fixture.key.signES256(message: Array(input.utf8)))
+            let input = jwsSegment(Array(header.utf8)) + "." + jwsSegment(Array(claims.utf8))
+            return input + "." + jwsSegment(try Fixture.key.signES256(message: Array(input.utf8)))
         }
         #expect(v.verify(token: try forge(header: #"{"alg":"HS256","kid":"ABC123DEFG"}"#, claims: #"{"iss":"TEAM123456","iat":1800000000}"#), now: Fixture.now)
                 == .failure(.invalid("alg is not ES256")))
@@ -75,7 +76,7 @@ import Testing
         defer { try? FileManager.default.removeItem(at: dir) }
         let keyPath = dir.appendingPathComponent("key.p8").path
         try Fixture.key.privateKeyPEM().write(toFile: keyPath, atomically: true, encoding: .utf8)
-        let input = Base64URL.encode(Array(#"{"alg":"ES256","kid":"ABC123DEFG"}"#.utf8)) + "." + Base64URL.encode(Array(#"{"iss":"TEAM123456","iat":1800000000}"#.utf8))
+        let input = jwsSegment(Array(#"{"alg":"ES256","kid":"ABC123DEFG"}"#.utf8)) + "." + jwsSegment(Array(#"{"iss":"TEAM123456","iat":1800000000}"#.utf8))
         let inputPath = dir.appendingPathComponent("input").path
         try input.write(toFile: inputPath, atomically: true, encoding: .utf8)
         let process = Process()
@@ -87,7 +88,7 @@ import Testing
         let der = Array(pipe.fileHandleForReading.readDataToEndOfFile())
         process.waitUntilExit()
         #expect(process.terminationStatus == 0)
-        let token = input + "." + Base64URL.encode(try rawSignature(fromDER: der))
+        let token = input + "." + jwsSegment(try rawSignature(fromDER: der))
         #expect(Fixture.verifier.verify(token: token, now: Fixture.now).map(\.teamID) == .success("TEAM123456"))
     }
 
@@ -108,3 +109,6 @@ import Testing
         return out
     }
 }
+
+/// Unpadded base64url, the JWS compact form's segments (strict and canonical: one token, one spelling).
+private func jwsSegment(_ bytes: [UInt8]) -> String { Base64.encode(bytes, alphabet: .url, padding: false) }

@@ -9,7 +9,7 @@
 
 struct RepeatLimiter<Note> {
     /// What the limiter says about one occurrence.
-    enum Admission {
+    enum Verdict {
         /// Log it. `reportFirst` is the previous window of this key, ended but not yet reported
         /// (its count and its first line's note): say it before this line.
         case log(reportFirst: Report?)
@@ -39,7 +39,7 @@ struct RepeatLimiter<Note> {
     }
 
     /// One occurrence of `key` at `now`; `note` is kept for the report if this one opens a window.
-    mutating func admit(_ key: String, note: Note, now: Int64) -> Admission {
+    mutating func admit(_ key: String, note: Note, now: Int64) -> Verdict {
         if let w = open[key] {
             if now < w.start + window {
                 open[key]!.count += 1

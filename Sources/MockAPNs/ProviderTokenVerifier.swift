@@ -54,12 +54,6 @@ public enum ProviderTokenFailure: Error, Sendable, Equatable {
     }
 }
 
-/// Unpadded base64url (JWS compact form), strict and canonical on decode (one token, one spelling).
-public enum Base64URL {
-    public static func encode(_ bytes: [UInt8]) -> String { Base64.encode(bytes, alphabet: .url, padding: false) }
-    public static func decode(_ text: Substring) -> [UInt8]? { Base64.decode(text, alphabet: .url, padding: false) }
-}
-
 /// Checks provider tokens against the configured keys. Results of the signature check are cached
 /// per token string (APNs clients reuse one token for up to an hour); time checks run every time.
 public struct ProviderTokenVerifier: Sendable {
@@ -102,19 +96,19 @@ public struct ProviderTokenVerifier: Sendable {
     public func verifySignatureAndShape(token: String) -> Result<ProviderTokenClaims, ProviderTokenFailure> {
         let segments = token.split(separator: ".", omittingEmptySubsequences: false)
         guard segments.count == 3 else { return .failure(.invalid("token is not three dot-separated parts")) }
-        guard let headerBytes = Base64URL.decode(segments[0]),
+        guard let headerBytes = Base64.decode(segments[0], alphabet: .url, padding: false),
               let header = try? JSONSerialization.jsonObject(with: Data(headerBytes)) as? [String: Any] else {
             return .failure(.invalid("header is not base64url JSON"))
         }
         guard header["alg"] as? String == "ES256" else { return .failure(.invalid("alg is not ES256")) }
         guard let kid = header["kid"] as? String, !kid.isEmpty else { return .failure(.invalid("kid missing")) }
-        guard let claimBytes = Base64URL.decode(segments[1]),
+        guard let claimBytes = Base64.decode(segments[1], alphabet: .url, padding: false),
               let claims = try? JSONSerialization.jsonObject(with: Data(claimBytes)) as? [String: Any] else {
             return .failure(.invalid("claims are not base64url JSON"))
         }
         guard let iss = claims["iss"] as? String, !iss.isEmpty else { return .failure(.invalid("iss missing")) }
         guard let iat = numericDate(claims["iat"]) else { return .failure(.invalid("iat missing or not a number")) }
-        guard let signature = Base64URL.decode(segments[2]), signature.count == 64 else {
+        guard let signature = Base64.decode(segments[2], alphabet: .url, padding: false), signature.count == 64 else {
             return .failure(.invalid("signature is not 64 bytes base64url (raw r||s)"))
         }
         guard let key = keys[kid] else { return .failure(.invalid("unknown kid")) }
@@ -140,10 +134,10 @@ public struct ProviderTokenVerifier: Sendable {
 /// users' own tests against the mock; the relay's production signer lives in PushClient.
 public enum ProviderTokenMinter {
     public static func mint(key: ECKey, keyID: String, teamID: String, issuedAt: Int64) throws -> String {
-        let header = Base64URL.encode(Array(#"{"alg":"ES256","kid":"\#(keyID)"}"#.utf8))
-        let claims = Base64URL.encode(Array(#"{"iss":"\#(teamID)","iat":\#(issuedAt)}"#.utf8))
+        let header = Base64.encode(Array(#"{"alg":"ES256","kid":"\#(keyID)"}"#.utf8), alphabet: .url, padding: false)
+        let claims = Base64.encode(Array(#"{"iss":"\#(teamID)","iat":\#(issuedAt)}"#.utf8), alphabet: .url, padding: false)
         let input = header + "." + claims
         let signature = try key.signES256(message: Array(input.utf8))
-        return input + "." + Base64URL.encode(signature)
+        return input + "." + Base64.encode(signature, alphabet: .url, padding: false)
     }
 }
