@@ -41,6 +41,9 @@ public struct RelayConfig: Sendable, Equatable {
         public var nodeID: String?
         /// postgres: how long a claimed row stays leased to this node.
         public var leaseSeconds = 60
+        /// postgres: store.requestTimeoutMs, statementTimeoutMs, lockTimeoutMs,
+        /// idleInTransactionTimeoutMs, tcpUserTimeoutMs (docs/postgres.md "Deadlines").
+        public var timeouts = PostgresTimeouts()
         /// How long delivered and failed rows (with their attempts) are kept; 0 keeps them.
         public var retention = RetentionPolicy()
         /// sqlite: below this many free bytes on the database's filesystem ingest answers 503
@@ -187,10 +190,11 @@ public struct RelayConfig: Sendable, Equatable {
             c.adminEnabled = try a.bool("enabled") ?? true
         }
         if var s = try r.child("store") {
-            try s.object(allowed: ["kind", "path", "synchronous", "busyTimeoutMs", "maxPending", "url", "nodeId", "leaseSeconds",
-                                   "retention", "minFreeBytes"])
+            let postgresOnly = ["url", "nodeId", "leaseSeconds", "requestTimeoutMs", "statementTimeoutMs", "lockTimeoutMs",
+                                "idleInTransactionTimeoutMs", "tcpUserTimeoutMs"]
+            try s.object(allowed: Set(["kind", "path", "synchronous", "busyTimeoutMs", "maxPending", "retention", "minFreeBytes"]).union(postgresOnly))
             c.store.kind = try s.string("kind") ?? "sqlite"
-            let sqliteOnly = ["path", "synchronous", "busyTimeoutMs", "minFreeBytes"], postgresOnly = ["url", "nodeId", "leaseSeconds"]
+            let sqliteOnly = ["path", "synchronous", "busyTimeoutMs", "minFreeBytes"]
             switch c.store.kind {
             case "sqlite":
                 if let k = postgresOnly.first(where: { s.raw($0) != nil }) {
@@ -210,6 +214,24 @@ public struct RelayConfig: Sendable, Equatable {
                     c.store.nodeID = node
                 }
                 c.store.leaseSeconds = try s.int("leaseSeconds", 5...86_400) ?? c.store.leaseSeconds
+                var t = c.store.timeouts
+                t.requestMillis = Int64(try s.int("requestTimeoutMs", 100...600_000) ?? Int(t.requestMillis))
+                t.statementMillis = Int64(try s.int("statementTimeoutMs", 0...3_600_000) ?? Int(t.statementMillis))
+                t.lockMillis = Int64(try s.int("lockTimeoutMs", 0...3_600_000) ?? Int(t.lockMillis))
+                t.idleInTransactionMillis = Int64(try s.int("idleInTransactionTimeoutMs", 0...3_600_000) ?? Int(t.idleInTransactionMillis))
+                t.tcpUserMillis = Int64(try s.int("tcpUserTimeoutMs", 0...3_600_000) ?? Int(t.tcpUserMillis))
+                // The server's limits end a statement before the relay gives up on it, so the
+                // connection usually survives (57014 / 55P03 arrive, nothing is abandoned). Left
+                // out, they follow a shorter requestTimeoutMs.
+                if s.raw("statementTimeoutMs") == nil { t.statementMillis = min(t.statementMillis, t.requestMillis * 4 / 5) }
+                if s.raw("lockTimeoutMs") == nil { t.lockMillis = min(t.lockMillis, t.requestMillis * 2 / 5) }
+                if t.statementMillis > t.requestMillis {
+                    throw ConfigError(key: "store.statementTimeoutMs", message: "must not exceed store.requestTimeoutMs (\(t.requestMillis) ms); 0 turns it off")
+                }
+                if t.lockMillis > t.requestMillis {
+                    throw ConfigError(key: "store.lockTimeoutMs", message: "must not exceed store.requestTimeoutMs (\(t.requestMillis) ms); 0 turns it off")
+                }
+                c.store.timeouts = t
             default:
                 throw ConfigError(key: "store.kind", message: "must be \"sqlite\" or \"postgres\"")
             }

@@ -41,6 +41,9 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     struct PendingIngest {
         let request: IngestRequest
         let now: Int64
+        /// Monotonic ms: not committed by then, the request is answered 503 (queued ones without
+        /// running).
+        let deadline: Int64
         let completion: @Sendable (Result<IngestOutcome, StoreError>) -> Void
     }
 
@@ -90,22 +93,39 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         self.channel = channel
         self.clock = clock
         self.logger = logger
+        let t = options.timeouts
         ingestWorker = PostgresWorker(name: "pg-ingest", url: options.url, logger: logger, maxBatch: options.maxBatch,
-                                      connections: options.ingestConnections)
-        dispatchWorker = PostgresWorker(name: "pg-dispatch", url: options.url, logger: logger)
-        queryWorker = PostgresWorker(name: "pg-query", url: options.url, logger: logger)
+                                      connections: options.ingestConnections, timeouts: t)
+        dispatchWorker = PostgresWorker(name: "pg-dispatch", url: options.url, logger: logger, timeouts: t)
+        queryWorker = PostgresWorker(name: "pg-query", url: options.url, logger: logger, timeouts: t)
+        // Every connection made after the start's own check re-reads the schema version: a node
+        // that reconnects after another node migrated further stops writing (503, logged)
+        // instead of running statements prepared for another schema.
+        let started = Mutex(false)
+        let check: (PostgresConnection) throws -> Void = { c in
+            guard started.withLock({ $0 }) else { return }
+            do { try Self.requireSchemaVersion(c) } catch StoreError.invalid(let why) { throw StoreError.unavailable(why) }
+        }
+        ingestWorker.onConnect(check)
+        dispatchWorker.onConnect(check)
+        queryWorker.onConnect(check)
         ingestWorker.start { [unowned self] w, items in self.ingestBatch(w, items) }
         dispatchWorker.start()
         queryWorker.start()
         do {
             if options.readOnly {
-                let v = try queryWorker.perform { w in try Self.schemaVersion(w.connection()) }
-                guard v == Self.schemaVersion else {
-                    throw StoreError.invalid("database has schema version \(v), expected \(Self.schemaVersion) (start relay-server once to migrate)")
-                }
+                try queryWorker.perform { w in try Self.requireSchemaVersion(w.connection()) }
             } else {
-                try dispatchWorker.perform { w in try Self.migrate(w.connection()) }
+                // As long as it takes (an index build on a large table; another node's migration
+                // holding the lock), without the session's statement and lock timeouts.
+                try dispatchWorker.perform(.unbounded) { w in
+                    let c = try w.connection()
+                    try c.execute("SET statement_timeout = 0; SET lock_timeout = 0")
+                    try Self.migrate(c)
+                    try c.execute(t.sessionSQL)
+                }
             }
+            started.withLock { $0 = true }
             let n = try queryWorker.perform { w in try Self.countPending(w.connection()) }
             pending.withLock {
                 $0.estimate = n
@@ -163,7 +183,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         guard let before = start else { return }
         // On the query thread, so the ingest batch never waits for the count.
         queryWorker.enqueueDetached { [unowned self] w in
-            let counted = try? w.withConnection(Self.countPending)
+            let counted = try? w.withConnection(idempotent: true, Self.countPending)
             self.pending.withLock {
                 if let counted { $0.estimate = counted + Int($0.adjustments - before) }
                 $0.lastRefresh = monotonicMicros() / 1000
@@ -172,9 +192,11 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         }
     }
 
+    /// One autocommit statement (or several) on the dispatch connection. Not re-run when the
+    /// connection is lost before its answer: it may have committed (the caller sees the error).
     func write<T>(_ body: @escaping (PostgresConnection) throws -> T) throws -> T {
         guard !options.readOnly else { throw StoreError.invalid("store opened read-only") }
-        return try dispatchWorker.perform { w in try w.withConnection(body) }
+        return try dispatchWorker.perform { w in try w.withConnection(idempotent: false, body) }
     }
 
     func writeTransaction<T>(_ body: @escaping (PostgresConnection) throws -> T) throws -> T {
@@ -183,7 +205,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     }
 
     func read<T>(_ body: @escaping (PostgresConnection) throws -> T) throws -> T {
-        try queryWorker.perform { w in try w.withConnection(body) }
+        try queryWorker.perform { w in try w.withConnection(idempotent: true, body) }
     }
 
     // MARK: health
@@ -192,7 +214,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     public func checkWritable() -> Bool {
         guard !options.readOnly else { return false }
         return (try? ingestWorker.perform { w in
-            try w.withConnection { c in try c.query("SELECT NOT pg_is_in_recovery()").first?.first?.bool ?? false }
+            try w.withConnection(idempotent: true) { c in try c.query("SELECT NOT pg_is_in_recovery()").first?.first?.bool ?? false }
         }) ?? false
     }
 

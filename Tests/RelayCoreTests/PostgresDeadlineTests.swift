@@ -1,0 +1,221 @@
+// Deadlines on PostgreSQL (docs/postgres.md "Deadlines"): the session settings every connection
+// gets, a stalled server (its backends SIGSTOPped) answered 503 within store.requestTimeoutMs
+// and recovered from after SIGCONT, queued requests past their deadline failed without running,
+// and the connection classification that replaces a connection (standby, stale statements).
+import Foundation
+import Synchronization
+import Testing
+import TestSupport
+@testable import RelayCore
+
+@Suite(.enabled(if: PGTest.url != nil, Comment(rawValue: PGTest.skipMessage)))
+struct PostgresDeadlineTests {
+    let f: StoreFixture
+    init() throws { f = try StoreFixture(.postgres) }
+
+    func open(requestMillis: Int64, nodeID: String = "a") throws -> PostgresOutboxStore {
+        var t = PostgresTimeouts()
+        t.requestMillis = requestMillis
+        t.statementMillis = min(t.statementMillis, requestMillis * 4 / 5)
+        t.lockMillis = min(t.lockMillis, requestMillis * 2 / 5)
+        return try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: nodeID, timeouts: t), clock: f.clock)
+    }
+
+    /// The backends of this fixture's connections (they carry its schema as application_name).
+    func backends() throws -> [Int32] {
+        try PGTest.admin().query("SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
+                                 [.text(f.schema)]).compactMap { $0.first?.int.map { Int32($0) } }
+    }
+
+    @Test func everyConnectionGetsTheSessionTimeouts() throws {
+        let s = try open(requestMillis: 5_000)
+        defer { s.close() }
+        let shown = try s.read { c in
+            try ["statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout"].map {
+                try c.query("SELECT current_setting($1)", [.text($0)]).first?.first?.string ?? ""
+            }
+        }
+        #expect(shown == ["4s", "2s", "10s"])
+    }
+
+    /// The finding: backends SIGSTOPped, ingest hung until SIGCONT (503 only once 8,192 requests
+    /// had queued). Now every request is answered within the deadline (bounds here are generous:
+    /// this is a loaded 2-core machine): those on the stopped backends 503, and once those
+    /// connections are abandoned, new backends (the postmaster still runs) take the rest; after
+    /// SIGCONT the store answers as before. Fails without the deadline (the waits hang until the
+    /// watchdog's SIGCONT 30 s later).
+    @Test func stalledBackendsGive503WithinTheDeadlineAndRecover() throws {
+        let s = try open(requestMillis: 1_500)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        guard case .accepted = try s.ingestNow(sample(index: 1), secret: c.secret) else { Issue.record("not accepted"); return }
+        let pids = try backends()
+        #expect(!pids.isEmpty)
+        for p in pids { kill(p, SIGSTOP) }
+        let resumed = Mutex(false)
+        @Sendable func resume() {
+            resumed.withLock {
+                guard !$0 else { return }
+                $0 = true
+                for p in pids { kill(p, SIGCONT) }
+            }
+        }
+        defer { resume() }
+        // A watchdog, so a regression fails the test instead of hanging it.
+        Thread.detachNewThread { Thread.sleep(forTimeInterval: 30); resume() }
+
+        // 40 requests at once: a batch on each ingest connection, the rest queued behind them.
+        let n = 40
+        let done = DispatchGroup()
+        let answers = Mutex<[(Double, Result<IngestOutcome, StoreError>)]>([])
+        let start = ContinuousClock.now
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 86_400_000, maxPending: 1000,
+                                               unregisteredQuarantineMillis: 0, badDeviceTokenHoldMillis: 0)
+        for i in 0..<n {
+            done.enter()
+            s.submit(IngestRequest(response: sample(index: UInt32(100 + i)), credentialHash: Credentials.hash(secret: c.secret)), on: nil) { r in
+                let elapsed = ContinuousClock.now - start
+                answers.withLock { $0.append((Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18, r)) }
+                done.leave()
+            }
+        }
+        #expect(done.wait(timeout: .now() + 25) == .success)
+        let got = answers.withLock { $0 }
+        #expect(got.count == n)
+        let slowest = got.map(\.0).max() ?? 99
+        // requestTimeoutMs 1.5 s: the documented bound is that plus scheduling; 8 s is the margin.
+        #expect(slowest < 8, "slowest answer after \(slowest) s")
+        print("SIGSTOP: \(n) requests answered, slowest after \(slowest) s (store.requestTimeoutMs 1500)")
+        var refused = 0
+        for (_, r) in got {
+            switch r {
+            case .failure(.unavailable): refused += 1
+            case .success(.accepted): break
+            default: Issue.record("expected 503 (unavailable) or 202, got \(r)")
+            }
+        }
+        #expect(refused > 0)
+        resume()
+        // Back: the abandoned connections were closed; new ones answer within the back-off cap.
+        var accepted = false
+        let until = ContinuousClock.now + .seconds(20)
+        while !accepted, ContinuousClock.now < until {
+            if case .accepted? = try? s.ingestNow(sample(index: 2), secret: c.secret) { accepted = true } else { usleep(100_000) }
+        }
+        #expect(accepted)
+        #expect(s.checkWritable())
+        // None of the timed-out requests was half-stored: each row is either there or not, and a
+        // retry of any of them is answered by dedupe (202 for a new one, 200 for a stored one).
+        for i in 0..<n {
+            let outcome = try s.ingestNow(sample(index: UInt32(100 + i)), secret: c.secret)
+            switch outcome {
+            case .accepted, .duplicate: break
+            default: Issue.record("retry of \(i) answered \(outcome)")
+            }
+        }
+    }
+
+    /// A blackholed server (connections accepted, no byte answered, reconnects too): every
+    /// request, the batches in flight and those queued behind them, is answered 503 within the
+    /// deadline; the queued ones without being sent. After the blackhole ends the store
+    /// reconnects by itself. Fails without the deadline (every wait hangs).
+    @Test func aBlackholedServerAnswersEveryRequest503WithinTheDeadline() throws {
+        guard let base = PGTest.url, let target = URLComponents(string: base)?.port else { Issue.record("no port in RELAY_TEST_PG_URL"); return }
+        let proxy = try OutageProxy(targetPort: target)
+        defer { proxy.stop() }
+        var t = PostgresTimeouts()
+        t.requestMillis = 1_500
+        t.statementMillis = 1_000
+        t.lockMillis = 500
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: proxy.url(for: f.pgURL, targetPort: target), nodeID: "a", timeouts: t),
+                                        clock: f.clock)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        guard case .accepted = try s.ingestNow(sample(index: 1), secret: c.secret) else { Issue.record("not accepted"); return }
+        proxy.stall()
+        defer { proxy.unstall() }
+        Thread.detachNewThread { Thread.sleep(forTimeInterval: 30); proxy.unstall() }
+        let n = 40
+        let done = DispatchGroup()
+        let answers = Mutex<[(Double, Result<IngestOutcome, StoreError>)]>([])
+        let start = ContinuousClock.now
+        for i in 0..<n {
+            done.enter()
+            s.submit(IngestRequest(response: sample(index: UInt32(100 + i)), credentialHash: Credentials.hash(secret: c.secret)), on: nil) { r in
+                let elapsed = ContinuousClock.now - start
+                answers.withLock { $0.append((Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18, r)) }
+                done.leave()
+            }
+        }
+        #expect(done.wait(timeout: .now() + 25) == .success)
+        let got = answers.withLock { $0 }
+        #expect(got.count == n)
+        let slowest = got.map(\.0).max() ?? 99
+        #expect(slowest < 8, "slowest answer after \(slowest) s")
+        for (_, r) in got {
+            guard case .failure(.unavailable) = r else { Issue.record("expected 503 (unavailable), got \(r)"); continue }
+        }
+        let before = ContinuousClock.now
+        #expect(!s.checkWritable())
+        #expect(ContinuousClock.now - before < .seconds(8))
+        proxy.unstall()
+        var accepted = false
+        let until = ContinuousClock.now + .seconds(20)
+        while !accepted, ContinuousClock.now < until {
+            if case .accepted? = try? s.ingestNow(sample(index: 2), secret: c.secret) { accepted = true } else { usleep(100_000) }
+        }
+        #expect(accepted)
+        #expect(try f.sql("SELECT count(*) FROM responses") == [["2"]])
+        print("blackhole: \(n) requests answered 503, slowest after \(slowest) s (store.requestTimeoutMs 1500)")
+    }
+
+    /// A call queued behind a stalled one fails at its own deadline without being sent.
+    @Test func aCallPastItsDeadlineFailsWithoutRunning() throws {
+        let s = try open(requestMillis: 1_000)
+        defer { s.close() }
+        _ = try s.counts()
+        let ran = Counter()
+        let before = ContinuousClock.now
+        #expect(throws: StoreError.self) {
+            try s.read { c in
+                ran.add()
+                try c.query("SELECT pg_sleep(30)")
+            }
+        }
+        #expect(ContinuousClock.now - before < .seconds(8))
+        #expect(ran.value == 1)
+        // The connection that missed its deadline was abandoned; the next call uses a new one.
+        #expect(try s.read { c in try c.query("SELECT 1").first?.first?.int } == 1)
+    }
+
+    /// Issue 30 item 7: a write whose connection dies after the statement committed (here the
+    /// backend ends itself right after COMMIT, so the answer is lost) was run a second time by
+    /// the transparent retry (`credentials create` then reported an error after creating). Now
+    /// only idempotent calls are re-run: the write fails, and its row is there once. Fails with
+    /// the old rule (two rows).
+    @Test func aWriteWhoseAnswerWasLostIsNotRunTwice() throws {
+        let s = try open(requestMillis: 5_000)
+        defer { s.close() }
+        try s.write { c in try c.execute("CREATE TABLE marker (x int)") }  // the connection is now a reused one
+        #expect(throws: StoreError.self) {
+            try s.write { c in try c.execute("BEGIN; INSERT INTO marker VALUES (1); COMMIT; SELECT pg_terminate_backend(pg_backend_pid())") }
+        }
+        #expect(try f.sql("SELECT count(*) FROM marker") == [["1"]])
+        // A read in the same position is re-run (nothing it did can be lost).
+        _ = try s.read { c in try c.query("SELECT 1") }
+        try terminateStoreConnections(f)
+        #expect(try s.read { c in try c.query("SELECT count(*) FROM marker").first?.first?.int } == 1)
+        // And the store goes on: a credential is created once and reported created.
+        let created = try s.createCredential(name: "after", apps: ["com.example.app"])
+        #expect(try s.credentials().map(\.id) == [created.record.id])
+    }
+
+    @Test func theRetryRuleReRunsOnlyIdempotentCallsOnADeadConnection() {
+        #expect(PostgresLink.mayRunAgain(idempotent: true, reused: true, statementsSent: 1, connectionOK: false, timedOut: false))
+        #expect(!PostgresLink.mayRunAgain(idempotent: false, reused: true, statementsSent: 1, connectionOK: false, timedOut: false))
+        #expect(!PostgresLink.mayRunAgain(idempotent: true, reused: true, statementsSent: 1, connectionOK: false, timedOut: true))
+        #expect(!PostgresLink.mayRunAgain(idempotent: true, reused: false, statementsSent: 1, connectionOK: false, timedOut: false))
+        #expect(!PostgresLink.mayRunAgain(idempotent: true, reused: true, statementsSent: 2, connectionOK: false, timedOut: false))
+        #expect(!PostgresLink.mayRunAgain(idempotent: true, reused: true, statementsSent: 1, connectionOK: true, timedOut: false))
+    }
+}
