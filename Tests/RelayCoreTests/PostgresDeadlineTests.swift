@@ -218,4 +218,145 @@ struct PostgresDeadlineTests {
         #expect(!PostgresLink.mayRunAgain(idempotent: true, reused: true, statementsSent: 2, connectionOK: false, timedOut: false))
         #expect(!PostgresLink.mayRunAgain(idempotent: true, reused: true, statementsSent: 1, connectionOK: true, timedOut: false))
     }
+
+    /// /readyz asked the database through the ingest queue: behind a batch waiting for a lock
+    /// (or 8,192 queued requests) it waited as long. It has its own connection now and answers
+    /// while ingest waits. Fails with the old path (the check waits until the lock is released,
+    /// 15 s later).
+    @Test func readinessDoesNotQueueBehindIngest() throws {
+        var t = PostgresTimeouts()
+        t.requestMillis = 60_000
+        t.statementMillis = 0
+        t.lockMillis = 0
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: "a", ingestConnections: 1, timeouts: t), clock: f.clock)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let blocker = Mutex<PostgresConnection?>(try PostgresConnection(url: f.pgURL, applicationName: "relay-test-blocker"))
+        try blocker.withLock { try $0?.execute("BEGIN; LOCK TABLE credentials IN ACCESS EXCLUSIVE MODE") }
+        @Sendable func release() {
+            blocker.withLock {
+                try? $0?.execute("COMMIT")
+                $0 = nil
+            }
+        }
+        let done = DispatchSemaphore(value: 0)
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)
+        s.submit(IngestRequest(response: sample(index: 1), credentialHash: Credentials.hash(secret: c.secret))) { _ in done.signal() }
+        try waitForLockWait(f)
+        Thread.detachNewThread { Thread.sleep(forTimeInterval: 15); release() }
+        let before = ContinuousClock.now
+        #expect(s.checkWritable())
+        #expect(ContinuousClock.now - before < .seconds(8))
+        release()
+        done.wait()
+    }
+
+    /// A session that lands on a read-only server (a standby; here the role's
+    /// default_transaction_read_only) gets 25006 on every write. Such a connection used to stay
+    /// (503 until restart); now 25006 replaces it, and once the server is writable again the
+    /// next write succeeds. Fails without the classification (every later write 25006).
+    @Test func aReadOnlySessionIsReplaced() throws {
+        let role = "ro_" + f.schema
+        let admin = try PGTest.admin()
+        try admin.execute("CREATE ROLE \(role) LOGIN; GRANT ALL ON SCHEMA \(f.schema) TO \(role)")
+        defer { try? admin.execute("DROP OWNED BY \(role); DROP ROLE IF EXISTS \(role)") }
+        var components = URLComponents(string: f.pgURL)!
+        components.user = role
+        let url = components.string!
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: url, nodeID: "a"), clock: f.clock)
+        defer { s.close() }
+        _ = try s.createCredential(name: "c", apps: ["com.example.app"])
+        // New sessions of the role are read-only from now; the store's are replaced by force.
+        try admin.execute("ALTER ROLE \(role) SET default_transaction_read_only = on")
+        try terminateStoreConnections(f)
+        do {
+            _ = try s.createCredential(name: "d", apps: ["com.example.app"])
+            Issue.record("wrote on a read-only session")
+        } catch StoreError.postgres(let state, _, _) {
+            #expect(state == PGState.readOnlyTransaction)
+        } catch StoreError.unavailable(let why) {
+            // On a loaded machine the killed connection can still look alive for an instant:
+            // the INSERT's answer is then lost, and the second try meets the read-only session.
+            #expect(why.contains("read-only"))
+        }
+        #expect(!s.checkWritable())
+        // The "failover" ends: the server takes writes again; the next call reconnects.
+        try admin.execute("ALTER ROLE \(role) RESET default_transaction_read_only")
+        _ = try s.createCredential(name: "e", apps: ["com.example.app"])
+        #expect(s.checkWritable())
+        #expect(try s.credentials().count == 2)
+    }
+
+    @Test func errorClassification() {
+        for state in ["25006", "26000", "0A000", "08006", "08003", "57P01", "57P02", "57P03"] {
+            #expect(PGState.needsNewConnection(state), "\(state)")
+        }
+        for state in ["40001", "40P01", "23505", "57014", "55P03", "42P01", ""] {
+            #expect(!PGState.needsNewConnection(state), "\(state)")
+        }
+    }
+
+    /// A prepared statement whose table changed under it fails with 0A000 ("cached plan must
+    /// not change result type"); it used to stay cached, failing every later call until a
+    /// restart. Now the connection (and its statements) is replaced. Fails without it.
+    @Test func aStalePreparedStatementIsDroppedWithItsConnection() throws {
+        let s = try open(requestMillis: 5_000)
+        defer { s.close() }
+        try s.write { c in try c.execute("CREATE TABLE shape (x int); INSERT INTO shape VALUES (1)") }
+        #expect(try s.read { c in try c.query("SELECT * FROM shape").first?.count } == 1)
+        _ = try f.sql("ALTER TABLE shape ADD COLUMN y int")
+        _ = try? s.read { c in try c.query("SELECT * FROM shape").first?.count }  // 0A000, once
+        #expect(try s.read { c in try c.query("SELECT * FROM shape").first?.count } == 2)
+    }
+
+    /// Another node migrated further while this one ran: each new connection re-reads the
+    /// schema version, and this node then refuses (503, logged) instead of running statements
+    /// written for another schema.
+    @Test func aReconnectRechecksTheSchemaVersion() throws {
+        let s = try open(requestMillis: 5_000)
+        defer { s.close() }
+        let v = PostgresOutboxStore.schemaVersion
+        _ = try f.sql("UPDATE relay_schema_version SET version = \(v + 1)")
+        try terminateStoreConnections(f)
+        do {
+            _ = try s.counts()
+            Issue.record("read a database of a newer schema")
+        } catch StoreError.unavailable(let why) {
+            #expect(why.contains("schema version \(v + 1)"))
+        }
+        _ = try f.sql("UPDATE relay_schema_version SET version = \(v)")
+        var ok = false
+        for _ in 0..<100 where !ok {
+            if (try? s.counts()) != nil { ok = true } else { usleep(50_000) }
+        }
+        #expect(ok)
+    }
+
+    /// Two live processes with one nodeId were not detected (each would take back the other's
+    /// leases at start). relay-server's store holds a session lock keyed by its node id: a
+    /// second one refuses to open, naming the holder; relayctl (not exclusive) still opens; once
+    /// the first closes, the id is free. Fails without the lock (the second opens).
+    @Test func aSecondLiveProcessWithTheSameNodeIdIsRefused() throws {
+        func node(_ id: String) throws -> PostgresOutboxStore {
+            try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: id, exclusiveNode: true), clock: f.clock)
+        }
+        let first = try node("relay-1")
+        do {
+            let second = try node("relay-1")
+            second.close()
+            Issue.record("a second store opened with the same node id")
+        } catch StoreError.invalid(let why) {
+            #expect(why.contains("\"relay-1\" is in use by another live relay-server"))
+            #expect(why.contains("pg_terminate_backend"))
+        }
+        let other = try node("relay-2")
+        other.close()
+        let tool = try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: "relay-1"), clock: f.clock)
+        tool.close()
+        #expect(first.checkWritable())
+        first.close()
+        let again = try node("relay-1")
+        again.close()
+        #expect(PostgresOutboxStore.nodeLockKey("relay-1") != PostgresOutboxStore.nodeLockKey("relay-2"))
+    }
 }

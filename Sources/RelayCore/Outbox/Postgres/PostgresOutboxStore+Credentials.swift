@@ -21,7 +21,7 @@ extension PostgresOutboxStore {
             do {
                 try write(insert)
             } catch {
-                throw StoreError.unavailable("\(why); credential \(r.id) may have been created: check `relayctl credentials list` and revoke it if it is there")
+                throw StoreError.unavailable("\(why); again: \(error); credential \(r.id) may have been created: check `relayctl credentials list` and revoke it if it is there")
             }
         }
         // The row under this id is ours (same hash), whichever attempt stored it.

@@ -60,6 +60,9 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     let ingestWorker: PostgresWorker<PendingIngest>
     let dispatchWorker: PostgresWorker<Void>
     private let queryWorker: PostgresWorker<Void>
+    /// /readyz's own connection, so readiness never queues behind ingest or reads and answers
+    /// within PostgresTimeouts.readinessMillis.
+    private let healthWorker: PostgresWorker<Void>
     private let pending = Mutex(Pending())
     let stats = Mutex((batches: 0, jobs: 0))
     private let settings = Mutex(IngestStoreSettings())
@@ -98,6 +101,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
                                       connections: options.ingestConnections, timeouts: t)
         dispatchWorker = PostgresWorker(name: "pg-dispatch", url: options.url, logger: logger, timeouts: t)
         queryWorker = PostgresWorker(name: "pg-query", url: options.url, logger: logger, timeouts: t)
+        healthWorker = PostgresWorker(name: "pg-health", url: options.url, logger: logger, timeouts: t)
         // Every connection made after the start's own check re-reads the schema version: a node
         // that reconnects after another node migrated further stops writing (503, logged)
         // instead of running statements prepared for another schema.
@@ -109,10 +113,23 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         ingestWorker.onConnect(check)
         dispatchWorker.onConnect(check)
         queryWorker.onConnect(check)
+        // relay-server: the health connection holds this node id's session lock for as long as
+        // it lives, and takes it again whenever it is replaced.
+        let nodeID = options.nodeID, exclusive = options.exclusiveNode
+        healthWorker.onConnect { c in
+            // At start, a predecessor's session that is still ending (a restart, a kill -9 a
+            // moment ago) gets a few seconds to go; later, the check answers at once.
+            if exclusive { try Self.takeNodeLock(c, nodeID: nodeID, waitMillis: started.withLock { $0 } ? 0 : 3_000) }
+            try check(c)
+        }
         ingestWorker.start { [unowned self] w, items in self.ingestBatch(w, items) }
         dispatchWorker.start()
         queryWorker.start()
+        healthWorker.start()
         do {
+            // First, before migrations or any recovery: a second live process with this
+            // node id stops here.
+            if options.exclusiveNode { try healthWorker.perform { w in _ = try w.connection() } }
             if options.readOnly {
                 try queryWorker.perform { w in try Self.requireSchemaVersion(w.connection()) }
             } else {
@@ -140,9 +157,18 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     deinit { close() }
 
     public func close() {
+        if options.exclusiveNode {
+            // Frees the node id before this process's sessions end (a restart's successor may
+            // already be starting); ending the session would free it too, a moment later.
+            let key = Self.nodeLockKey(options.nodeID)
+            _ = try? healthWorker.perform(.millis(1_000)) { w in
+                try w.currentConnection().map { c in try c.query("SELECT pg_advisory_unlock($1)", [.int(key)]) }
+            }
+        }
         ingestWorker.close()
         dispatchWorker.close()
         queryWorker.close()
+        healthWorker.close()
     }
 
     // MARK: the shared outbox bound
@@ -210,12 +236,61 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
 
     // MARK: health
 
-    /// True when the ingest connection reaches a writable primary (readyz).
+    /// True when a connection reaches a writable primary within
+    /// PostgresTimeouts.readinessMillis (readyz). On its own connection: it never waits behind
+    /// the ingest queue, and a stalled database fails it in that time.
     public func checkWritable() -> Bool {
         guard !options.readOnly else { return false }
-        return (try? ingestWorker.perform { w in
-            try w.withConnection(idempotent: true) { c in try c.query("SELECT NOT pg_is_in_recovery()").first?.first?.bool ?? false }
+        return (try? healthWorker.perform(.millis(options.timeouts.readinessMillis)) { w in
+            try w.withConnection(idempotent: true) { c in
+                // A standby, or a session that defaults to read-only: not ready, and the
+                // connection is replaced (PGState.needsNewConnection) so the next check asks anew.
+                guard try c.query("SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'").first?.first?.bool == true else {
+                    throw StoreError.postgres(sqlState: PGState.readOnlyTransaction, message: "the server is a standby or read-only", context: "readyz")
+                }
+                return true
+            }
         }) ?? false
+    }
+
+    // MARK: one live process per node id
+
+    /// The session advisory lock key of a node id (FNV-1a 64 of a prefixed name; the fixed
+    /// keys above are far from any such hash).
+    static func nodeLockKey(_ nodeID: String) -> Int64 {
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        for b in "relay-node\u{0}\(nodeID)".utf8 {
+            h ^= UInt64(b)
+            h &*= 0x0000_0100_0000_01b3
+        }
+        return Int64(bitPattern: h)
+    }
+
+    /// Takes this node id's session lock on `c`, or throws naming the session that holds it.
+    /// Two live processes with one node id would each take back the other's leases as their
+    /// own at start (recoverInflight) and write outcomes for rows the other is sending.
+    static func takeNodeLock(_ c: PostgresConnection, nodeID: String, waitMillis: Int64) throws {
+        let key = nodeLockKey(nodeID)
+        let until = monotonicMillis() + waitMillis
+        while true {
+            if try c.query("SELECT pg_try_advisory_lock($1)", [.int(key)]).first?.first?.bool == true { return }
+            guard monotonicMillis() + 200 < until else { break }
+            usleep(200_000)
+        }
+        let bits = UInt64(bitPattern: key)
+        let holder = try? c.query("""
+            SELECT a.pid::bigint, coalesce(host(a.client_addr), 'local socket'), a.application_name,
+                   to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+            WHERE l.locktype = 'advisory' AND l.granted AND l.classid::bigint = $1 AND l.objid::bigint = $2 AND l.objsubid = 1
+            """, [.int(Int64(bits >> 32)), .int(Int64(bits & 0xFFFF_FFFF))]).first
+        let who = holder.map { r in
+            "database session \(r[0].int ?? 0) from \(r[1].string ?? "?") (\(r[2].string ?? "?"), connected \(r[3].string ?? "?"))"
+        } ?? "another session"
+        throw StoreError.invalid("""
+            store.nodeId "\(nodeID)" is in use by another live relay-server (\(who)): give each node its own nodeId. \
+            If that process is gone (its host crashed), end its session: SELECT pg_terminate_backend(<pid>)
+            """)
     }
 
     /// Ingest group-commit statistics for /metrics: committed batches and ingests.

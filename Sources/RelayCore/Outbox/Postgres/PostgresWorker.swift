@@ -82,6 +82,13 @@ final class PostgresLink: @unchecked Sendable {
         }
     }
 
+    /// The open connection, if there is one (nothing is connected for it).
+    func currentConnection() -> PostgresConnection? {
+        guard let c = connection_, c.isOK else { return nil }
+        c.deadline = deadline
+        return c
+    }
+
     /// After a failed job: forget a connection that libpq reports broken, that missed its
     /// deadline, or that an error says is gone or unfit (PGState.needsNewConnection: a standby,
     /// stale prepared statements), so the next job reconnects.
