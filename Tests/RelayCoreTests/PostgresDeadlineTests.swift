@@ -371,4 +371,48 @@ struct PostgresDeadlineTests {
         again.close()
         #expect(PostgresOutboxStore.nodeLockKey("relay-1") != PostgresOutboxStore.nodeLockKey("relay-2"))
     }
+
+    /// requeueFailed updated every failed row in one statement: a million row locks and WAL in
+    /// one transaction, waiting for any row another session held. Now it goes in batches that
+    /// pass over locked rows. Fails with the one statement (it waits for the locked row until
+    /// lock_timeout, 55P03).
+    @Test func requeueFailedGoesInBatchesAndPassesOverLockedRows() throws {
+        let s = try open(requestMillis: 5_000)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        for i in 0..<5 { _ = try s.ingestNow(sample(index: UInt32(i)), secret: c.secret) }
+        let rows = try s.claimDue(limit: 10)
+        #expect(rows.count == 5)
+        try s.apply(rows.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .failed(reason: "BadTopic"), attempt: nil) })
+        let blocker = try PostgresConnection(url: f.pgURL, applicationName: "relay-test-blocker")
+        try blocker.execute("BEGIN")
+        try blocker.query("SELECT id FROM responses WHERE id = $1 FOR UPDATE", [.text(rows[0].id)])
+        #expect(try s.requeueFailed(reason: "BadTopic", batch: 2) == 4)
+        try blocker.execute("COMMIT")
+        #expect(try s.requeueFailed(reason: "Other", batch: 2) == 0)
+        #expect(try s.requeueFailed(reason: nil, batch: 2) == 1)
+        #expect(try s.counts().byState[.queued] == 5)
+    }
+
+    /// /metrics' counts run on the admin connection: a long read on the query connection (a
+    /// GET, a credential read) does not hold them up, nor they it. Fails with counts on the
+    /// query connection (they wait for the 6 s read).
+    @Test func countsDoNotWaitBehindTheQueryConnection() throws {
+        let s = try open(requestMillis: 10_000)
+        defer { s.close() }
+        _ = try s.counts()
+        let started = DispatchSemaphore(value: 0), done = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            _ = try? s.read { c in
+                started.signal()
+                return try c.query("SELECT pg_sleep(6)")
+            }
+            done.signal()
+        }
+        started.wait()
+        let before = ContinuousClock.now
+        _ = try s.counts()
+        #expect(ContinuousClock.now - before < .seconds(4))
+        done.wait()
+    }
 }

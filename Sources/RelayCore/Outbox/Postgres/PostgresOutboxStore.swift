@@ -60,9 +60,13 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     let ingestWorker: PostgresWorker<PendingIngest>
     let dispatchWorker: PostgresWorker<Void>
     private let queryWorker: PostgresWorker<Void>
-    /// /readyz's own connection, so readiness never queues behind ingest or reads and answers
-    /// within PostgresTimeouts.readinessMillis.
+    /// The admin listener's connection (/readyz's check, /metrics' counts), so neither queues
+    /// behind ingest, credential reads or the dispatcher, and readiness answers within
+    /// PostgresTimeouts.readinessMillis.
     private let healthWorker: PostgresWorker<Void>
+    /// relay-server (exclusiveNode): the connection that holds this node id's session lock and
+    /// runs nothing else, so no deadline of another call ever drops the lock.
+    private let nodeWorker: PostgresWorker<Void>?
     private let pending = Mutex(Pending())
     let stats = Mutex((batches: 0, jobs: 0))
     private let settings = Mutex(IngestStoreSettings())
@@ -101,7 +105,8 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
                                       connections: options.ingestConnections, timeouts: t)
         dispatchWorker = PostgresWorker(name: "pg-dispatch", url: options.url, logger: logger, timeouts: t)
         queryWorker = PostgresWorker(name: "pg-query", url: options.url, logger: logger, timeouts: t)
-        healthWorker = PostgresWorker(name: "pg-health", url: options.url, logger: logger, timeouts: t)
+        healthWorker = PostgresWorker(name: "pg-admin", url: options.url, logger: logger, timeouts: t)
+        nodeWorker = options.exclusiveNode ? PostgresWorker(name: "pg-node", url: options.url, logger: logger, timeouts: t) : nil
         // Every connection made after the start's own check re-reads the schema version: a node
         // that reconnects after another node migrated further stops writing (503, logged)
         // instead of running statements prepared for another schema.
@@ -113,23 +118,24 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         ingestWorker.onConnect(check)
         dispatchWorker.onConnect(check)
         queryWorker.onConnect(check)
-        // relay-server: the health connection holds this node id's session lock for as long as
-        // it lives, and takes it again whenever it is replaced.
-        let nodeID = options.nodeID, exclusive = options.exclusiveNode
-        healthWorker.onConnect { c in
+        healthWorker.onConnect(check)
+        // relay-server: pg-node holds this node id's session lock for as long as it lives, and
+        // takes it again whenever it is replaced (checked with each /readyz).
+        let nodeID = options.nodeID
+        nodeWorker?.onConnect { c in
             // At start, a predecessor's session that is still ending (a restart, a kill -9 a
             // moment ago) gets a few seconds to go; later, the check answers at once.
-            if exclusive { try Self.takeNodeLock(c, nodeID: nodeID, waitMillis: started.withLock { $0 } ? 0 : 3_000) }
-            try check(c)
+            try Self.takeNodeLock(c, nodeID: nodeID, waitMillis: started.withLock { $0 } ? 0 : 3_000)
         }
         ingestWorker.start { [unowned self] w, items in self.ingestBatch(w, items) }
         dispatchWorker.start()
         queryWorker.start()
         healthWorker.start()
+        nodeWorker?.start()
         do {
             // First, before migrations or any recovery: a second live process with this
             // node id stops here.
-            if options.exclusiveNode { try healthWorker.perform { w in _ = try w.connection() } }
+            try nodeWorker?.perform { w in _ = try w.connection() }
             if options.readOnly {
                 try queryWorker.perform { w in try Self.requireSchemaVersion(w.connection()) }
             } else {
@@ -157,11 +163,11 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     deinit { close() }
 
     public func close() {
-        if options.exclusiveNode {
+        if let nodeWorker {
             // Frees the node id before this process's sessions end (a restart's successor may
             // already be starting); ending the session would free it too, a moment later.
             let key = Self.nodeLockKey(options.nodeID)
-            _ = try? healthWorker.perform(.millis(1_000)) { w in
+            _ = try? nodeWorker.perform(.millis(1_000)) { w in
                 try w.currentConnection().map { c in try c.query("SELECT pg_advisory_unlock($1)", [.int(key)]) }
             }
         }
@@ -169,6 +175,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         dispatchWorker.close()
         queryWorker.close()
         healthWorker.close()
+        nodeWorker?.close()
     }
 
     // MARK: the shared outbox bound
@@ -234,6 +241,12 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         try queryWorker.perform { w in try w.withConnection(idempotent: true, body) }
     }
 
+    /// A read on the admin connection (/metrics' counts, relayctl status): a scan of a large
+    /// table there never holds up credential reads, GETs or the dispatcher.
+    func adminRead<T>(_ body: @escaping (PostgresConnection) throws -> T) throws -> T {
+        try healthWorker.perform { w in try w.withConnection(idempotent: true, body) }
+    }
+
     // MARK: health
 
     /// True when a connection reaches a writable primary within
@@ -241,6 +254,10 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     /// the ingest queue, and a stalled database fails it in that time.
     public func checkWritable() -> Bool {
         guard !options.readOnly else { return false }
+        // The node lock's connection still open (or reopened with the lock taken again).
+        if let nodeWorker, (try? nodeWorker.perform(.millis(options.timeouts.readinessMillis)) { w in _ = try w.connection() }) == nil {
+            return false
+        }
         return (try? healthWorker.perform(.millis(options.timeouts.readinessMillis)) { w in
             try w.withConnection(idempotent: true) { c in
                 // A standby, or a session that defaults to read-only: not ready, and the
