@@ -47,6 +47,19 @@ import Testing
         #expect(error(store: #"{"kind":"sqlite","statementTimeoutMs":1000}"#)?.key == "store.statementTimeoutMs")
     }
 
+    /// config/relay.example.json's "_postgres_example" is a valid store section with every
+    /// PostgreSQL key (exampleConfigParses reads the rest of the file).
+    @Test func theExamplesPostgresSectionParses() throws {
+        let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../config/relay.example.json").standardized.path
+        let json = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: path))) as? [String: Any])
+        var section = try #require((json["store"] as? [String: Any])?["_postgres_example"] as? [String: Any])
+        section["_comment"] = nil
+        let text = String(decoding: try JSONSerialization.data(withJSONObject: section), as: UTF8.self)
+        let c = try parse(store: text)
+        #expect(c.store.kind == "postgres" && c.store.url?.contains("target_session_attrs=read-write") == true)
+        #expect(c.store.timeouts == PostgresTimeouts())
+    }
+
     @Test func sqliteStaysTheDefault() throws {
         let c = try RelayConfig.parse(Array(#"{"apps":[\#(app)]}"#.utf8), baseDirectory: "/var/lib/relay")
         #expect(c.store.kind == "sqlite" && c.store.path == "/var/lib/relay/relay.db" && c.store.url == nil)

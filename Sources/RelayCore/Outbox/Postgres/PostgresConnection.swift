@@ -159,7 +159,8 @@ final class PostgresConnection {
 
     /// False when the server closed this idle connection meanwhile (a restart,
     /// pg_terminate_backend, a failover, a pooler): its socket is readable with nothing asked.
-    /// Reading lets libpq see it, so no statement is ever sent on a connection already gone.
+    /// Reading lets libpq see it, so nothing is sent on a connection already seen closed (one
+    /// that dies in the instant after this check fails its first statement instead).
     func stillAlive() -> Bool {
         guard isOK, isIdle else { return isOK }
         for _ in 0..<2 {
