@@ -415,4 +415,36 @@ struct PostgresDeadlineTests {
         #expect(ContinuousClock.now - before < .seconds(4))
         done.wait()
     }
+
+    /// The dispatcher's outcome write waits out a stall shorter than half the lease instead of
+    /// failing at requestTimeoutMs (its row would stay inflight and be sent again once the lease
+    /// expired). Fails with the request deadline on the outcome write.
+    @Test func anOutcomeWriteWaitsOutAShortStall() throws {
+        guard let base = PGTest.url, let target = URLComponents(string: base)?.port else { Issue.record("no port in RELAY_TEST_PG_URL"); return }
+        let proxy = try OutageProxy(targetPort: target)
+        defer { proxy.stop() }
+        var t = PostgresTimeouts()
+        t.requestMillis = 1_000
+        t.statementMillis = 800
+        t.lockMillis = 400
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: proxy.url(for: f.pgURL, targetPort: target), nodeID: "a",
+                                                                      leaseMillis: 20_000, timeouts: t), clock: f.clock)
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        _ = try s.ingestNow(sample(index: 1), secret: c.secret)
+        let row = try #require(try s.claimDue(limit: 1).first)
+        proxy.stall()
+        defer { proxy.unstall() }
+        let done = DispatchSemaphore(value: 0)
+        let error = ResultBox<StoreError?>()
+        s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .delivered, attempt: nil)]) {
+            error.value = $0
+            done.signal()
+        }
+        Thread.sleep(forTimeInterval: 3)
+        proxy.unstall()
+        #expect(done.wait(timeout: .now() + 20) == .success)
+        #expect(error.value == .some(nil))
+        #expect(try f.sql("SELECT state FROM responses WHERE id = '\(row.id)'") == [["delivered"]])
+    }
 }

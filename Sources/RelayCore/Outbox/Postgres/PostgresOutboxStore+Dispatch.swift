@@ -126,7 +126,10 @@ extension PostgresOutboxStore {
         guard !updates.isEmpty else { return completion(nil) }
         guard !options.readOnly else { return completion(.invalid("store opened read-only")) }
         let body = applying(updates)
-        let queued = dispatchWorker.enqueueDetached { [self] w in
+        // Half the lease, not requestTimeoutMs: an outcome that waits out a short stall is
+        // still recorded (the row is not re-sent after its lease), and one that cannot commit
+        // within the lease is moot anyway.
+        let queued = dispatchWorker.enqueueDetached(.millis(max(options.timeouts.requestMillis, options.leaseMillis / 2))) { [self] w in
             do {
                 committed(try w.transaction(body))
                 completion(nil)
