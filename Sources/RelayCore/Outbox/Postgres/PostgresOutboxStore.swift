@@ -63,7 +63,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     /// The admin listener's connection (/readyz's check, /metrics' counts), so neither queues
     /// behind ingest, credential reads or the dispatcher, and readiness answers within
     /// PostgresTimeouts.readinessMillis.
-    private let healthWorker: PostgresWorker<Void>
+    private let adminWorker: PostgresWorker<Void>
     /// relay-server (exclusiveNode): the connection that holds this node id's session lock and
     /// runs nothing else, so no deadline of another call ever drops the lock.
     private let nodeWorker: PostgresWorker<Void>?
@@ -105,7 +105,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
                                       connections: options.ingestConnections, timeouts: t)
         dispatchWorker = PostgresWorker(name: "pg-dispatch", url: options.url, logger: logger, timeouts: t)
         queryWorker = PostgresWorker(name: "pg-query", url: options.url, logger: logger, timeouts: t)
-        healthWorker = PostgresWorker(name: "pg-admin", url: options.url, logger: logger, timeouts: t)
+        adminWorker = PostgresWorker(name: "pg-admin", url: options.url, logger: logger, timeouts: t)
         nodeWorker = options.exclusiveNode ? PostgresWorker(name: "pg-node", url: options.url, logger: logger, timeouts: t) : nil
         // Every connection made after the start's own check re-reads the schema version: a node
         // that reconnects after another node migrated further stops writing (503, logged)
@@ -118,7 +118,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         ingestWorker.onConnect(check)
         dispatchWorker.onConnect(check)
         queryWorker.onConnect(check)
-        healthWorker.onConnect(check)
+        adminWorker.onConnect(check)
         // relay-server: pg-node holds this node id's session lock for as long as it lives, and
         // takes it again whenever it is replaced (checked with each /readyz).
         let nodeID = options.nodeID
@@ -130,7 +130,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         ingestWorker.start { [unowned self] w, items in self.ingestBatch(w, items) }
         dispatchWorker.start()
         queryWorker.start()
-        healthWorker.start()
+        adminWorker.start()
         nodeWorker?.start()
         do {
             // First, before migrations or any recovery: a second live process with this
@@ -174,7 +174,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         ingestWorker.close()
         dispatchWorker.close()
         queryWorker.close()
-        healthWorker.close()
+        adminWorker.close()
         nodeWorker?.close()
     }
 
@@ -244,7 +244,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     /// A read on the admin connection (/metrics' counts, relayctl status): a scan of a large
     /// table there never holds up credential reads, GETs or the dispatcher.
     func adminRead<T>(_ body: @escaping (PostgresConnection) throws -> T) throws -> T {
-        try healthWorker.perform { w in try w.withConnection(idempotent: true, body) }
+        try adminWorker.perform { w in try w.withConnection(idempotent: true, body) }
     }
 
     // MARK: health
@@ -258,7 +258,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         if let nodeWorker, (try? nodeWorker.perform(.millis(options.timeouts.readinessMillis)) { w in _ = try w.connection() }) == nil {
             return false
         }
-        return (try? healthWorker.perform(.millis(options.timeouts.readinessMillis)) { w in
+        return (try? adminWorker.perform(.millis(options.timeouts.readinessMillis)) { w in
             try w.withConnection(idempotent: true) { c in
                 // A standby, or a session that defaults to read-only: not ready, and the
                 // connection is replaced (PGState.needsNewConnection) so the next check asks anew.
