@@ -27,6 +27,40 @@ import Testing
         #expect(d.store.nodeID == nil && d.store.leaseSeconds == 180 && d.store.maxClockOffsetSeconds == 10)
     }
 
+    @Test func deadlinesAreParsedWithDefaultsAndLimits() throws {
+        let d = try parse(store: #"{"kind":"postgres","url":"postgresql://db/relay"}"#).store.timeouts
+        #expect(d == PostgresTimeouts())
+        #expect(d.requestMillis == 5_000 && d.statementMillis == 4_000 && d.lockMillis == 2_000)
+        #expect(d.idleInTransactionMillis == 10_000 && d.tcpUserMillis == 10_000 && d.readinessMillis == 2_000)
+        let c = try parse(store: #"{"kind":"postgres","url":"postgresql://db/relay","requestTimeoutMs":20000,"statementTimeoutMs":15000,"lockTimeoutMs":0,"idleInTransactionTimeoutMs":60000,"tcpUserTimeoutMs":0}"#).store.timeouts
+        #expect(c.requestMillis == 20_000 && c.statementMillis == 15_000 && c.lockMillis == 0)
+        #expect(c.idleInTransactionMillis == 60_000 && c.tcpUserMillis == 0)
+        #expect(c.sessionSQL == "SET statement_timeout = 15000; SET lock_timeout = 0; SET idle_in_transaction_session_timeout = 60000")
+        // A short request deadline pulls the server-side ones below it when they are left out.
+        let short = try parse(store: #"{"kind":"postgres","url":"postgresql://db/relay","requestTimeoutMs":1000}"#).store.timeouts
+        #expect(short.statementMillis == 800 && short.lockMillis == 400 && short.readinessMillis == 1_000)
+        #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","requestTimeoutMs":50}"#)?.key == "store.requestTimeoutMs")
+        #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","lockTimeoutMs":-1}"#)?.key == "store.lockTimeoutMs")
+        #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","tcpUserTimeoutMs":1.5}"#)?.key == "store.tcpUserTimeoutMs")
+        let over = error(store: #"{"kind":"postgres","url":"postgresql://db/relay","requestTimeoutMs":1000,"statementTimeoutMs":2000}"#)
+        #expect(over?.key == "store.statementTimeoutMs" && over?.message.contains("requestTimeoutMs") == true)
+        #expect(error(store: #"{"kind":"postgres","url":"postgresql://db/relay","requestTimeoutMs":1000,"lockTimeoutMs":2000}"#)?.key == "store.lockTimeoutMs")
+        #expect(error(store: #"{"kind":"sqlite","statementTimeoutMs":1000}"#)?.key == "store.statementTimeoutMs")
+    }
+
+    /// config/relay.example.json's "_postgres_example" is a valid store section with every
+    /// PostgreSQL key (exampleConfigParses reads the rest of the file).
+    @Test func theExamplesPostgresSectionParses() throws {
+        let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../config/relay.example.json").standardized.path
+        let json = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: path))) as? [String: Any])
+        var section = try #require((json["store"] as? [String: Any])?["_postgres_example"] as? [String: Any])
+        section["_comment"] = nil
+        let text = String(decoding: try JSONSerialization.data(withJSONObject: section), as: UTF8.self)
+        let c = try parse(store: text)
+        #expect(c.store.kind == "postgres" && c.store.url?.contains("target_session_attrs=read-write") == true)
+        #expect(c.store.timeouts == PostgresTimeouts())
+    }
+
     @Test func sqliteStaysTheDefault() throws {
         let c = try RelayConfig.parse(Array(#"{"apps":[\#(app)]}"#.utf8), baseDirectory: "/var/lib/relay")
         #expect(c.store.kind == "sqlite" && c.store.path == "/var/lib/relay/relay.db" && c.store.url == nil)

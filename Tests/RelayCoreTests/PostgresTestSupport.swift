@@ -193,6 +193,31 @@ final class OutageProxy: @unchecked Sendable {
         lock.unlock()
     }
 
+    private var stalled = false
+    private var held: [Int32] = []
+
+    /// A blackhole: connections stay open and new ones are accepted, but no byte goes through
+    /// either way until `unstall()` (a frozen server, a failover with no answer).
+    func stall() {
+        lock.lock()
+        stalled = true
+        lock.unlock()
+    }
+
+    func unstall() {
+        lock.lock()
+        stalled = false
+        for c in held { close(c) }
+        held = []
+        lock.unlock()
+    }
+
+    private var isStalled: Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        return stalled
+    }
+
     func stop() {
         lock.lock()
         stopped = true
@@ -212,7 +237,10 @@ final class OutageProxy: @unchecked Sendable {
             }
             lock.lock()
             let refuse = down
+            if stalled { held.append(client) }
+            let hold = stalled
             lock.unlock()
+            if hold { continue }
             if refuse { close(client); continue }
             let server = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
             var addr = Self.loopback(targetPort)
@@ -236,6 +264,7 @@ final class OutageProxy: @unchecked Sendable {
         while true {
             let n = buf.withUnsafeMutableBytes { read(from, $0.baseAddress, $0.count) }
             if n <= 0 { break }
+            while isStalled { usleep(10_000) }
             var off = 0
             while off < n {
                 // MSG_NOSIGNAL: a peer that went away must not SIGPIPE the test process.

@@ -47,6 +47,9 @@ public struct RelayConfig: Sendable, Equatable {
         public static let leaseMarginMillis = 1_000
         /// postgres: past this offset from the database's clock a node claims nothing.
         public var maxClockOffsetSeconds = 10
+        /// postgres: store.requestTimeoutMs, statementTimeoutMs, lockTimeoutMs,
+        /// idleInTransactionTimeoutMs, tcpUserTimeoutMs (docs/postgres.md "Deadlines").
+        public var timeouts = PostgresTimeouts()
         /// How long delivered and failed rows (with their attempts) are kept; 0 keeps them.
         public var retention = RetentionPolicy()
         /// sqlite: below this many free bytes on the database's filesystem ingest answers 503
@@ -199,10 +202,11 @@ public struct RelayConfig: Sendable, Equatable {
             c.adminEnabled = try a.bool("enabled") ?? true
         }
         if var s = try r.child("store") {
-            try s.object(allowed: ["kind", "path", "synchronous", "busyTimeoutMs", "maxPending", "url", "nodeId", "leaseSeconds",
-                                   "maxClockOffsetSeconds", "retention", "minFreeBytes"])
+            let postgresOnly = ["url", "nodeId", "leaseSeconds", "maxClockOffsetSeconds", "requestTimeoutMs", "statementTimeoutMs", "lockTimeoutMs",
+                                "idleInTransactionTimeoutMs", "tcpUserTimeoutMs"]
+            try s.object(allowed: Set(["kind", "path", "synchronous", "busyTimeoutMs", "maxPending", "retention", "minFreeBytes"]).union(postgresOnly))
             c.store.kind = try s.string("kind") ?? "sqlite"
-            let sqliteOnly = ["path", "synchronous", "busyTimeoutMs", "minFreeBytes"], postgresOnly = ["url", "nodeId", "leaseSeconds", "maxClockOffsetSeconds"]
+            let sqliteOnly = ["path", "synchronous", "busyTimeoutMs", "minFreeBytes"]
             switch c.store.kind {
             case "sqlite":
                 if let k = postgresOnly.first(where: { s.raw($0) != nil }) {
@@ -223,6 +227,24 @@ public struct RelayConfig: Sendable, Equatable {
                 }
                 c.store.leaseSeconds = try s.int("leaseSeconds", 5...86_400) ?? c.store.leaseSeconds
                 c.store.maxClockOffsetSeconds = try s.int("maxClockOffsetSeconds", 1...3_600) ?? c.store.maxClockOffsetSeconds
+                var t = c.store.timeouts
+                t.requestMillis = Int64(try s.int("requestTimeoutMs", 100...600_000) ?? Int(t.requestMillis))
+                t.statementMillis = Int64(try s.int("statementTimeoutMs", 0...3_600_000) ?? Int(t.statementMillis))
+                t.lockMillis = Int64(try s.int("lockTimeoutMs", 0...3_600_000) ?? Int(t.lockMillis))
+                t.idleInTransactionMillis = Int64(try s.int("idleInTransactionTimeoutMs", 0...3_600_000) ?? Int(t.idleInTransactionMillis))
+                t.tcpUserMillis = Int64(try s.int("tcpUserTimeoutMs", 0...3_600_000) ?? Int(t.tcpUserMillis))
+                // The server's limits end a statement before the relay gives up on it, so the
+                // connection usually survives (57014 / 55P03 arrive, nothing is abandoned). Left
+                // out, they follow a shorter requestTimeoutMs.
+                if s.raw("statementTimeoutMs") == nil { t.statementMillis = min(t.statementMillis, t.requestMillis * 4 / 5) }
+                if s.raw("lockTimeoutMs") == nil { t.lockMillis = min(t.lockMillis, t.requestMillis * 2 / 5) }
+                if t.statementMillis > t.requestMillis {
+                    throw ConfigError(key: "store.statementTimeoutMs", message: "must not exceed store.requestTimeoutMs (\(t.requestMillis) ms); 0 turns it off")
+                }
+                if t.lockMillis > t.requestMillis {
+                    throw ConfigError(key: "store.lockTimeoutMs", message: "must not exceed store.requestTimeoutMs (\(t.requestMillis) ms); 0 turns it off")
+                }
+                c.store.timeouts = t
             default:
                 throw ConfigError(key: "store.kind", message: "must be \"sqlite\" or \"postgres\"")
             }

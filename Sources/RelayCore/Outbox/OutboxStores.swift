@@ -7,7 +7,9 @@ public enum OutboxStores {
     /// writes. Either way the schema must already be current (relay-server migrates on start).
     /// `onSlowStart`: see SQLiteStoreOptions.onSlowStart (a long SQLite migration). `channel`:
     /// the dispatcher's, which the store tells about committed rows.
-    public static func open(_ config: RelayConfig.Store, readOnly: Bool = false, clock: any RelayClock = SystemRelayClock(),
+    /// `exclusiveNode` (relay-server): a PostgreSQL store refuses to open while another live
+    /// process holds its node id (PostgresStoreOptions.exclusiveNode).
+    public static func open(_ config: RelayConfig.Store, readOnly: Bool = false, exclusiveNode: Bool = false, clock: any RelayClock = SystemRelayClock(),
                             logger: RelayLogger? = nil, channel: DispatchChannel? = nil,
                             onSlowStart: (@Sendable (String) -> Void)? = nil, backgroundCheckpoints: Bool = true) throws -> any OutboxStore {
         switch config.kind {
@@ -15,7 +17,8 @@ public enum OutboxStores {
             guard let url = config.url else { throw StoreError.invalid("store.url is required with store.kind \"postgres\"") }
             return try PostgresOutboxStore(
                 options: PostgresStoreOptions(url: url, nodeID: config.nodeID, leaseMillis: Int64(config.leaseSeconds) * 1000, readOnly: readOnly,
-                                              maxClockOffsetMillis: Int64(config.maxClockOffsetSeconds) * 1000),
+                                              maxClockOffsetMillis: Int64(config.maxClockOffsetSeconds) * 1000,
+                                              timeouts: config.timeouts, exclusiveNode: exclusiveNode && !readOnly),
                 clock: clock, logger: logger, channel: channel)
         case "sqlite":
             var options = SQLiteStoreOptions(synchronous: config.synchronous, busyTimeoutMillis: Int32(config.busyTimeoutMillis), readOnly: readOnly)

@@ -62,7 +62,7 @@ public final class RelayService: @unchecked Sendable {
         let slowStartLog = Mutex<Int64>(0)
         // The store's one way to the dispatcher: rows it hands off and "queued rows committed".
         let channel = DispatchChannel()
-        let store = try naming("store") { try OutboxStores.open(c.store, logger: logger, channel: channel, onSlowStart: { [logger] stage in
+        let store = try naming("store") { try OutboxStores.open(c.store, exclusiveNode: true, logger: logger, channel: channel, onSlowStart: { [logger] stage in
             SystemdNotifier.notify("EXTEND_TIMEOUT_USEC=15000000\nSTATUS=\(stage)")
             let now = monotonicMicros()
             if slowStartLog.withLock({ last in

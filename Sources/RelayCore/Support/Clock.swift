@@ -33,3 +33,6 @@ public struct SystemRandom: RandomSource {
     public init() {}
     public func unit() -> Double { Double.random(in: 0..<1) }
 }
+
+/// Monotonic milliseconds, for deadlines (never for stored times).
+public func monotonicMillis() -> Int64 { monotonicMicros() / 1000 }

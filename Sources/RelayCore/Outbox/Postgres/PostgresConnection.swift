@@ -37,9 +37,25 @@ enum PGState {
     static let serializationFailure = "40001"
     static let deadlockDetected = "40P01"
     static let uniqueViolation = "23505"
-    /// Class 08 (connection exception) and 57P0x (admin/crash shutdown): the connection is gone.
+    /// A write on a standby (hot standby, or a primary demoted by a failover), or a session
+    /// whose default_transaction_read_only is on.
+    static let readOnlyTransaction = "25006"
+    /// A prepared statement the server no longer knows (a pooler handed us another session).
+    static let invalidStatementName = "26000"
+    /// "cached plan must not change result type": a table changed under a prepared statement
+    /// (another node migrated).
+    static let featureNotSupported = "0A000"
+    /// Class 08 (connection exception) and 57P0x (admin/crash shutdown, cannot connect now):
+    /// the connection is gone.
     static func isConnectionLoss(_ s: String) -> Bool { s.hasPrefix("08") || s.hasPrefix("57P0") }
     static func isRetryable(_ s: String) -> Bool { s == serializationFailure || s == deadlockDetected }
+    /// The connection is open but unfit: it reached a standby (25006), or its prepared
+    /// statements no longer match the server (26000, 0A000). The owner replaces it, which also
+    /// clears the statement cache and re-checks the schema version; with
+    /// `target_session_attrs=read-write` in the URL the new one reaches the primary.
+    static func needsNewConnection(_ s: String) -> Bool {
+        isConnectionLoss(s) || s == readOnlyTransaction || s == invalidStatementName || s == featureNotSupported
+    }
 }
 
 /// One libpq connection. Not thread-safe: exactly one store-owned thread uses it (see
@@ -51,25 +67,78 @@ final class PostgresConnection {
     private var prepared: [String: String] = [:]
 
     /// `url` is a libpq URI or key=value string. Defaults below come first so the URL's own
-    /// parameters override them (PQconnectdbParams with expand_dbname).
-    init(url: String, applicationName: String) throws {
-        let keys = ["connect_timeout", "application_name", "keepalives_idle", "keepalives_interval", "keepalives_count", "dbname"]
-        let values = ["5", applicationName, "10", "5", "3", url]
+    /// parameters override them (PQconnectStartParams with expand_dbname). Connecting gives up
+    /// at `deadline` (monotonic ms) or after PostgresTimeouts.connectMillis, whichever comes
+    /// first; the session settings (`timeouts.sessionSQL`) are set before it returns.
+    init(url: String, applicationName: String, timeouts: PostgresTimeouts = PostgresTimeouts(), deadline: Int64? = nil) throws {
+        let keys = ["connect_timeout", "application_name", "keepalives_idle", "keepalives_interval", "keepalives_count",
+                    "tcp_user_timeout", "dbname"]
+        let values = ["5", applicationName, "10", "5", "3", String(timeouts.tcpUserMillis), url]
         let conn: OpaquePointer? = withCStrings(keys) { k in
-            withCStrings(values) { v in PQconnectdbParams(k, v, 1) }
+            withCStrings(values) { v in PQconnectStartParams(k, v, 1) }
         }
         guard let conn else { throw StoreError.unavailable("libpq could not allocate a connection") }
-        guard PQstatus(conn) == CONNECTION_OK else {
+        let connectBy = min(deadline ?? .max, monotonicMillis() + PostgresTimeouts.connectMillis)
+        if let problem = Self.connect(conn, until: connectBy) {
             // In case libpq ever quotes the password in its message.
-            let message = PostgresConnInfo(url)?.scrub(Self.clean(PQerrorMessage(conn))) ?? Self.clean(PQerrorMessage(conn))
+            let message = PostgresConnInfo(url)?.scrub(problem) ?? problem
             PQfinish(conn)
             throw StoreError.unavailable("cannot connect to PostgreSQL: \(message)")
         }
         self.conn = conn
         cpq_silence_notices(conn)
+        // Nothing blocks from here on: every wait is a poll() bounded by `deadline`.
+        PQsetnonblocking(conn, 1)
+        self.deadline = connectBy
+        try execute(timeouts.sessionSQL)
+        statementsSent = 0
+        self.deadline = deadline
+    }
+
+    /// Drives PQconnectPoll until the connection is made (nil) or fails (libpq's message).
+    private static func connect(_ conn: OpaquePointer, until: Int64) -> String? {
+        guard PQstatus(conn) != CONNECTION_BAD else { return clean(PQerrorMessage(conn)) }
+        var state = PGRES_POLLING_WRITING
+        while true {
+            switch state {
+            case PGRES_POLLING_OK: return nil
+            case PGRES_POLLING_FAILED: return clean(PQerrorMessage(conn))
+            default:
+                let events = Int16(state == PGRES_POLLING_READING ? POLLIN : POLLOUT)
+                guard waitSocket(PQsocket(conn), events: events, until: until) != nil else {
+                    return "no answer within \(PostgresTimeouts.connectMillis) ms or the call's deadline"
+                }
+            }
+            state = PQconnectPoll(conn)
+        }
+    }
+
+    /// poll() for `events` on `fd` until `until` (monotonic ms): the returned events, nil when
+    /// the time ran out. A bad socket returns at once (libpq then reports the failure).
+    private static func waitSocket(_ fd: Int32, events: Int16, until: Int64) -> Int16? {
+        guard fd >= 0 else { return Int16(POLLERR) }
+        while true {
+            let left = until == .max ? -1 : until - monotonicMillis()
+            guard until == .max || left > 0 else { return nil }
+            var pfd = pollfd(fd: fd, events: events, revents: 0)
+            let n = poll(&pfd, 1, Int32(clamping: left))
+            if n > 0 { return pfd.revents }
+            if n == 0 { continue }  // timed out: the loop's guard decides
+            if errno != EINTR { return Int16(POLLERR) }
+        }
     }
 
     deinit { PQfinish(conn) }
+
+    /// Monotonic ms after which every wait of this connection gives up: the call fails with
+    /// `StoreError.unavailable` and the connection is marked broken, so its owner closes it and
+    /// reconnects instead of reusing a connection whose last statement is in an unknown state
+    /// (it may yet commit: ingest answers 503 and the client's retry is answered by dedupe).
+    /// nil: no deadline (migrations). Set by the owner before each job.
+    var deadline: Int64?
+
+    /// True when the last failure was a deadline.
+    private(set) var timedOut = false
 
     /// Round trips (statements, or pipelines) since the owner last reset it (see
     /// PostgresLink.withConnection).
@@ -86,6 +155,83 @@ final class PostgresConnection {
     var isIdle: Bool { PQtransactionStatus(conn) == PQTRANS_IDLE }
 
     var serverVersion: Int { Int(PQserverVersion(conn)) }
+
+    /// False when the server closed this idle connection meanwhile (a restart,
+    /// pg_terminate_backend, a failover, a pooler): its socket is readable with nothing asked.
+    /// Reading lets libpq see it, so nothing is sent on a connection already seen closed (one
+    /// that dies in the instant after this check fails its first statement instead).
+    func stillAlive() -> Bool {
+        guard isOK, isIdle else { return isOK }
+        for _ in 0..<2 {
+            var pfd = pollfd(fd: PQsocket(conn), events: Int16(POLLIN), revents: 0)
+            guard poll(&pfd, 1, 0) > 0 else { return isOK }
+            if PQconsumeInput(conn) != 1 {
+                broken = true
+                return false
+            }
+            // A notification or parameter status (harmless), or an error before the close.
+            while PQisBusy(conn) == 0, let r = PQgetResult(conn) { PQclear(r) }
+        }
+        return isOK
+    }
+
+    /// Waits for the socket until the deadline; past it the connection is abandoned.
+    private func waitFor(_ events: Int16, _ context: @autoclosure () -> String) throws -> Int16 {
+        guard let revents = Self.waitSocket(PQsocket(conn), events: events, until: deadline ?? .max) else {
+            broken = true
+            timedOut = true
+            throw StoreError.unavailable("PostgreSQL did not answer in time (\(context())); connection abandoned")
+        }
+        return revents
+    }
+
+    /// Sends what libpq has buffered (nonblocking mode), within the deadline.
+    private func flush(_ context: @autoclosure () -> String) throws {
+        while true {
+            let r = PQflush(conn)
+            if r == 0 { return }
+            guard r > 0 else {
+                broken = true
+                throw failure(nil, context())
+            }
+            // libpq: when read-ready, consume input first (the server may wait for us to read).
+            let revents = try waitFor(Int16(POLLIN | POLLOUT), context())
+            if revents & Int16(POLLIN) != 0, PQconsumeInput(conn) != 1 {
+                broken = true
+                throw failure(nil, context())
+            }
+        }
+    }
+
+    /// The next result of what was sent (nil: none left), reading within the deadline.
+    private func nextResult(_ context: @autoclosure () -> String) throws -> OpaquePointer? {
+        while PQisBusy(conn) == 1 {
+            _ = try waitFor(Int16(POLLIN), context())
+            guard PQconsumeInput(conn) == 1 else {
+                broken = true
+                throw StoreError.unavailable("PostgreSQL connection lost: \(Self.clean(PQerrorMessage(conn)))")
+            }
+        }
+        return PQgetResult(conn)
+    }
+
+    /// Sends nothing more and reads every result of one command: the first failure is thrown
+    /// (after reading on to the end, so the connection stays in step), else the last result.
+    private func finish(_ context: @autoclosure () -> String) throws -> PostgresResult {
+        var last: PostgresResult?
+        var firstError: StoreError?
+        while let handle = try nextResult(context()) {
+            let result = PostgresResult(handle)
+            switch PQresultStatus(handle) {
+            case PGRES_COMMAND_OK, PGRES_TUPLES_OK, PGRES_EMPTY_QUERY: break
+            default: if firstError == nil { firstError = failure(handle, context()) }
+            }
+            last = result
+        }
+        if let firstError { throw firstError }
+        guard let last else { throw failure(nil, context()) }
+        return last
+    }
 
     static func clean(_ p: UnsafePointer<CChar>?) -> String {
         guard let p else { return "unknown libpq error" }
@@ -108,8 +254,10 @@ final class PostgresConnection {
     /// Runs one or more statements without parameters (simple query protocol): DDL, BEGIN/COMMIT.
     func execute(_ sql: String) throws {
         statementsSent += 1
-        let result = PostgresResult(PQexec(conn, sql))
-        try check(result, context: String(sql.prefix(60)))
+        timedOut = false
+        guard PQsendQuery(conn, sql) == 1 else { throw failure(nil, Self.context(sql)) }
+        try flush(Self.context(sql))
+        _ = try finish(Self.context(sql))
     }
 
     /// Runs one statement with parameters through a cached prepared statement; returns its rows.
@@ -121,6 +269,7 @@ final class PostgresConnection {
     /// Like `query`, also returning the affected-row count (UPDATE/DELETE/INSERT).
     func run(_ sql: String, _ params: [PGValue] = []) throws -> (rows: [PGRow], affected: Int) {
         statementsSent += 1
+        timedOut = false
         let encoded = params.map(Self.encode)
         let (key, types) = Self.preparedKey(sql, encoded)
         let name: String
@@ -128,15 +277,20 @@ final class PostgresConnection {
             name = n
         } else {
             let n = "relay_\(prepared.count)"
-            let result = PostgresResult(types.withUnsafeBufferPointer { PQprepare(conn, n, sql, Int32(types.count), $0.baseAddress) })
-            try check(result, context: "prepare " + Self.context(sql))
+            guard types.withUnsafeBufferPointer({ PQsendPrepare(conn, n, sql, Int32(types.count), $0.baseAddress) }) == 1 else {
+                throw failure(nil, "prepare " + Self.context(sql))
+            }
+            try flush("prepare " + Self.context(sql))
+            _ = try finish("prepare " + Self.context(sql))
             prepared[key] = n
             name = n
         }
-        let result = PostgresResult(withParameters(encoded) { values, lengths, formats in
-            PQexecPrepared(conn, name, Int32(encoded.count), values, lengths, formats, 1)
-        })
-        try check(result, context: Self.context(sql))
+        let sent = withParameters(encoded) { values, lengths, formats in
+            PQsendQueryPrepared(conn, name, Int32(encoded.count), values, lengths, formats, 1)
+        }
+        guard sent == 1 else { throw failure(nil, Self.context(sql)) }
+        try flush(Self.context(sql))
+        let result = try finish(Self.context(sql))
         return (try result.rows(context: Self.context(sql)), result.affected)
     }
 
@@ -153,6 +307,7 @@ final class PostgresConnection {
     /// lost before the Sync's answer, that the outcome is unknown (`StoreError.unavailable`).
     func pipeline(_ statements: [(sql: String, params: [PGValue])]) throws -> [(rows: [PGRow], affected: Int)] {
         statementsSent += 1  // one round trip: a dead idle connection fails it before anything ran
+        timedOut = false
         guard PQenterPipelineMode(conn) == 1 else { throw failure(nil, "enter pipeline mode") }
         defer {
             // Fails only with answers still unread: the connection is then unusable.
@@ -188,6 +343,7 @@ final class PostgresConnection {
             broken = true
             throw failure(nil, "pipeline sync")
         }
+        try flush("pipeline")
         var out = [(rows: [PGRow], affected: Int)](repeating: ([], 0), count: statements.count)
         var firstError: StoreError?
         for answer in answers {
@@ -197,7 +353,7 @@ final class PostgresConnection {
                 case .statement(let i): return Self.context(statements[i].sql)
                 }
             }
-            guard let handle = PQgetResult(conn) else { throw lostInPipeline(firstError) }
+            guard let handle = try nextResult(context()) else { throw lostInPipeline(firstError) }
             let result = PostgresResult(handle)
             switch PQresultStatus(handle) {
             case PGRES_COMMAND_OK, PGRES_TUPLES_OK:
@@ -211,7 +367,7 @@ final class PostgresConnection {
                 if firstError == nil { firstError = failure(handle, context()) }
             }
             // Each statement's answers end with a NULL.
-            if let extra = PQgetResult(conn) {
+            if let extra = try nextResult(context()) {
                 PQclear(extra)
                 // libpq adds one when the server ended the connection (e.g. terminated it).
                 if PQstatus(conn) != CONNECTION_OK { throw lostInPipeline(nil) }
@@ -219,7 +375,7 @@ final class PostgresConnection {
                 throw StoreError.unavailable("PostgreSQL pipeline out of step after \(context())")
             }
         }
-        guard let sync = PQgetResult(conn) else { throw lostInPipeline(firstError) }
+        guard let sync = try nextResult("pipeline sync") else { throw lostInPipeline(firstError) }
         let syncStatus = PQresultStatus(sync)
         guard syncStatus == PGRES_PIPELINE_SYNC else {
             // An error raised by the implicit COMMIT itself: not committed. The connection's
@@ -243,13 +399,6 @@ final class PostgresConnection {
 
     /// The start of a statement, on one line, for error messages (built only when one is thrown).
     static func context(_ sql: String) -> String { String(ASCII.trimLines(sql).prefix(60)) }
-
-    private func check(_ result: PostgresResult, context: @autoclosure () -> String) throws {
-        switch PQresultStatus(result.handle) {
-        case PGRES_COMMAND_OK, PGRES_TUPLES_OK, PGRES_EMPTY_QUERY: return
-        default: throw failure(result.handle, context())
-        }
-    }
 
     // MARK: parameter encoding (binary, network byte order)
 

@@ -4,12 +4,29 @@ import Glibc
 import Synchronization
 
 extension PostgresOutboxStore {
+    /// Idempotent by (id, hash): when the INSERT's answer is lost with its connection (it may
+    /// have committed), it runs once more on a new connection, which stores the row once either
+    /// way; only if that fails too is the caller told the outcome is unknown, never "failed"
+    /// for a credential that exists.
     public func createCredential(name: String, apps: [String]) throws -> CreatedCredential {
         let (created, hash) = try Credentials.mint(name: name, apps: apps, now: clock.nowMillis())
         let r = created.record
-        _ = try write { c in
-            try c.query("INSERT INTO credentials (id, name, hash, apps, created_at) VALUES ($1, $2, $3, $4, $5)",
+        let insert: (PostgresConnection) throws -> Void = { c in
+            try c.query("INSERT INTO credentials (id, name, hash, apps, created_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
                         [.text(r.id), .text(r.name), .bytes(hash), .text(Credentials.joinApps(r.apps)), .int(r.createdAt)])
+        }
+        do {
+            try write(insert)
+        } catch StoreError.unavailable(let why) {
+            do {
+                try write(insert)
+            } catch {
+                throw StoreError.unavailable("\(why); again: \(error); credential \(r.id) may have been created: check `relayctl credentials list` and revoke it if it is there")
+            }
+        }
+        // The row under this id is ours (same hash), whichever attempt stored it.
+        guard try read({ c in try c.query("SELECT hash FROM credentials WHERE id = $1", [.text(r.id)]).first?.first?.bytes }) == hash else {
+            throw StoreError.invalid("credential id \(r.id) is taken by another credential")
         }
         return created
     }

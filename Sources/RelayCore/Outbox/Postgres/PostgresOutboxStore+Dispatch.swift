@@ -170,7 +170,10 @@ extension PostgresOutboxStore {
         guard !options.readOnly else { return completion(.invalid("store opened read-only")) }
         let updates = updates.map(toDatabase)
         let body = applying(updates)
-        let queued = dispatchWorker.enqueueDetached { [self] w in
+        // Half the lease, not requestTimeoutMs: an outcome that waits out a short stall is
+        // still recorded (the row is not re-sent after its lease), and one that cannot commit
+        // within the lease is moot anyway.
+        let queued = dispatchWorker.enqueueDetached(.millis(max(options.timeouts.requestMillis, options.leaseMillis / 2))) { [self] w in
             do {
                 try writeRetainedOutcomes(w)
                 committed(try w.transaction(body))

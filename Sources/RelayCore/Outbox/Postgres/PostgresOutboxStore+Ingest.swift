@@ -17,7 +17,8 @@ extension PostgresOutboxStore {
     public func submit(_ request: IngestRequest, on executor: (any ThreadExecutor)?,
                        completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
         guard !options.readOnly else { return completion(.failure(.invalid("store opened read-only"))) }
-        let item = PendingIngest(request: request, now: clock.nowMillis(), completion: completion)
+        let item = PendingIngest(request: request, now: clock.nowMillis(), deadline: monotonicMillis() + options.timeouts.requestMillis,
+                                 completion: completion)
         switch ingestWorker.submit(item) {
         case .queued: break
         case .full: completion(.failure(.unavailable("the ingest queue is full (\(ingestWorker.maxQueuedItems) requests)")))
@@ -28,13 +29,24 @@ extension PostgresOutboxStore {
     /// Runs on an ingest thread with everything queued. Nothing is handed out before the write
     /// pipeline's commit; if it fails, every item fails with its error (-> 503, never 202).
     /// Deadlocks and serialization failures (possible between nodes) are retried a few times.
-    func ingestBatch(_ link: PostgresLink, _ items: [PendingIngest]) {
+    /// Items whose deadline passed while they were queued are answered 503 without running; the
+    /// rest run under the earliest deadline among them.
+    func ingestBatch(_ link: PostgresLink, _ all: [PendingIngest]) {
+        let now = monotonicMillis()
+        let items = all.filter { $0.deadline > now }
+        if items.count < all.count {
+            let late = StoreError.unavailable("not stored within store.requestTimeoutMs (\(options.timeouts.requestMillis) ms): PostgreSQL is slow or unreachable")
+            for i in all where i.deadline <= now { i.completion(.failure(late)) }
+        }
+        guard !items.isEmpty else { return }
+        link.deadline = items.lazy.map(\.deadline).min()
         var result: [Result<IngestOutcome, StoreError>]
         var attempt = 0
         while true {
             do {
                 let settings = ingestSettings
-                result = try link.withConnection { c in try self.ingest(items, settings, c) }
+                // The first round trip only reads: it may run again if the connection died idle.
+                result = try link.withConnection(idempotent: true) { c in try self.ingest(items, settings, c) }
                 break
             } catch {
                 if case .postgres(let state, _, _)? = error as? StoreError, PGState.isRetryable(state), attempt < 3 {

@@ -23,18 +23,33 @@ extension PostgresOutboxStore {
         return previous.count
     }
 
+    /// Rows per requeue statement: each batch is its own short transaction, so requeueing a
+    /// million failed rows never holds a million row locks (or one huge WAL record) at once.
+    static let requeueBatch = 1_000
+
     public func requeueFailed(reason: String?) throws -> Int {
+        try requeueFailed(reason: reason, batch: Self.requeueBatch)
+    }
+
+    /// In batches of `batch` rows (SKIP LOCKED: a row another session is purging or requeueing
+    /// is passed over, not waited for) until a batch finds fewer.
+    func requeueFailed(reason: String?, batch: Int) throws -> Int {
         let now = clock.nowMillis()
-        let n: Int = try write { c in
-            let set = "state = 'queued', next_attempt_at = $1, expires_at = GREATEST(expires_at, $2), updated_at = $1"
-            if let reason {
-                return try c.run("UPDATE responses SET \(set) WHERE state = 'failed' AND last_reason = $3",
-                                 [.int(now), .int(StoreRules.requeueExpiryFloor(now: now)), .text(reason)]).affected
-            }
-            return try c.run("UPDATE responses SET \(set) WHERE state = 'failed'", [.int(now), .int(StoreRules.requeueExpiryFloor(now: now))]).affected
+        let filter = reason == nil ? "" : " AND last_reason = $4"
+        let sql = """
+            WITH b AS (SELECT id FROM responses WHERE state = 'failed'\(filter) ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED)
+            UPDATE responses r SET state = 'queued', next_attempt_at = $1, expires_at = GREATEST(r.expires_at, $2), updated_at = $1
+            FROM b WHERE r.id = b.id
+            """
+        var params: [PGValue] = [.int(now), .int(StoreRules.requeueExpiryFloor(now: now)), .int(Int64(max(1, batch)))]
+        if let reason { params.append(.text(reason)) }
+        var total = 0
+        while true {
+            let n = try write { c in try c.run(sql, params).affected }
+            total += n
+            adjustPending(n)
+            if n < batch { return total }
         }
-        adjustPending(n)
-        return n
     }
 
     /// The callers' times (olderThan, before) are their node's clock: compared in the database's.

@@ -44,8 +44,9 @@ extension PostgresOutboxStore {
         return try read { c in try c.query(sql, params).map(OutboxRow.init(columns:)) }
     }
 
+    /// On the admin connection (adminRead): the GROUP BY reads the whole table.
     public func counts() throws -> OutboxCounts {
-        try read { c in
+        try adminRead { c in
             var by: [ResponseState: Int] = [:]
             for s in ResponseState.allCases { by[s] = 0 }
             for r in try c.query("SELECT state, count(*) FROM responses GROUP BY state") {

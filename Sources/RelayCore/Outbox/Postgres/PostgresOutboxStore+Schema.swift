@@ -192,6 +192,15 @@ extension PostgresOutboxStore {
         return Int(try c.query("SELECT max(version) FROM relay_schema_version").first?.first?.int ?? 0)
     }
 
+    /// Throws unless the database is at exactly this relay's schema version.
+    static func requireSchemaVersion(_ c: PostgresConnection) throws {
+        let v = try schemaVersion(c)
+        guard v == schemaVersion else {
+            throw StoreError.invalid("database has schema version \(v), this relay expects \(schemaVersion)"
+                + (v < schemaVersion ? " (start relay-server once to migrate)" : " (another node runs a newer relay: upgrade this one)"))
+        }
+    }
+
     /// Applies every migration above the stored version, each in its own transaction, while
     /// holding a session advisory lock: nodes starting together migrate one after the other
     /// (the later ones find nothing to do). Refuses a database written by a newer relay.

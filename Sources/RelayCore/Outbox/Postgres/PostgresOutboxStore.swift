@@ -41,6 +41,9 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     struct PendingIngest {
         let request: IngestRequest
         let now: Int64
+        /// Monotonic ms: not committed by then, the request is answered 503 (queued ones without
+        /// running).
+        let deadline: Int64
         let completion: @Sendable (Result<IngestOutcome, StoreError>) -> Void
     }
 
@@ -61,6 +64,13 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     let ingestWorker: PostgresWorker<PendingIngest>
     let dispatchWorker: PostgresWorker<Void>
     private let queryWorker: PostgresWorker<Void>
+    /// The admin listener's connection (/readyz's check, /metrics' counts), so neither queues
+    /// behind ingest, credential reads or the dispatcher, and readiness answers within
+    /// PostgresTimeouts.readinessMillis.
+    private let adminWorker: PostgresWorker<Void>
+    /// relay-server (exclusiveNode): the connection that holds this node id's session lock and
+    /// runs nothing else, so no deadline of another call ever drops the lock.
+    private let nodeWorker: PostgresWorker<Void>?
     private let pending = Mutex(Pending())
     let stats = Mutex((batches: 0, jobs: 0))
     private let settings = Mutex(IngestStoreSettings())
@@ -100,23 +110,56 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         self.clock = DatabaseClock(local: clock)
         self.databaseClock = databaseClock
         self.logger = logger
+        let t = options.timeouts
         ingestWorker = PostgresWorker(name: "pg-ingest", url: options.url, logger: logger, maxBatch: options.maxBatch,
-                                      connections: options.ingestConnections)
-        dispatchWorker = PostgresWorker(name: "pg-dispatch", url: options.url, logger: logger)
-        queryWorker = PostgresWorker(name: "pg-query", url: options.url, logger: logger)
+                                      connections: options.ingestConnections, timeouts: t)
+        dispatchWorker = PostgresWorker(name: "pg-dispatch", url: options.url, logger: logger, timeouts: t)
+        queryWorker = PostgresWorker(name: "pg-query", url: options.url, logger: logger, timeouts: t)
+        adminWorker = PostgresWorker(name: "pg-admin", url: options.url, logger: logger, timeouts: t)
+        nodeWorker = options.exclusiveNode ? PostgresWorker(name: "pg-node", url: options.url, logger: logger, timeouts: t) : nil
+        // Every connection made after the start's own check re-reads the schema version: a node
+        // that reconnects after another node migrated further stops writing (503, logged)
+        // instead of running statements prepared for another schema.
+        let started = Mutex(false)
+        let check: (PostgresConnection) throws -> Void = { c in
+            guard started.withLock({ $0 }) else { return }
+            do { try Self.requireSchemaVersion(c) } catch StoreError.invalid(let why) { throw StoreError.unavailable(why) }
+        }
+        ingestWorker.onConnect(check)
+        dispatchWorker.onConnect(check)
+        queryWorker.onConnect(check)
+        adminWorker.onConnect(check)
+        // relay-server: pg-node holds this node id's session lock for as long as it lives, and
+        // takes it again whenever it is replaced (checked with each /readyz).
+        let nodeID = options.nodeID
+        nodeWorker?.onConnect { c in
+            // At start, a predecessor's session that is still ending (a restart, a kill -9 a
+            // moment ago) gets a few seconds to go; later, the check answers at once.
+            try Self.takeNodeLock(c, nodeID: nodeID, waitMillis: started.withLock { $0 } ? 0 : 3_000)
+        }
         ingestWorker.start { [unowned self] w, items in self.ingestBatch(w, items) }
         dispatchWorker.start()
         queryWorker.start()
+        adminWorker.start()
+        nodeWorker?.start()
         do {
+            // First, before migrations or any recovery: a second live process with this
+            // node id stops here.
+            try nodeWorker?.perform { w in _ = try w.connection() }
             if options.readOnly {
-                let v = try queryWorker.perform { w in try Self.schemaVersion(w.connection()) }
-                guard v == Self.schemaVersion else {
-                    throw StoreError.invalid("database has schema version \(v), expected \(Self.schemaVersion) (start relay-server once to migrate)")
-                }
+                try queryWorker.perform { w in try Self.requireSchemaVersion(w.connection()) }
             } else {
-                try dispatchWorker.perform { w in try Self.migrate(w.connection()) }
+                // As long as it takes (an index build on a large table; another node's migration
+                // holding the lock), without the session's statement and lock timeouts.
+                try dispatchWorker.perform(.unbounded) { w in
+                    let c = try w.connection()
+                    try c.execute("SET statement_timeout = 0; SET lock_timeout = 0")
+                    try Self.migrate(c)
+                    try c.execute(t.sessionSQL)
+                }
             }
             _ = try queryWorker.perform { [unowned self] w in try measureClockOffset(w.connection()) }
+            started.withLock { $0 = true }
             let n = try queryWorker.perform { w in try Self.countPending(w.connection()) }
             pending.withLock {
                 $0.estimate = n
@@ -131,9 +174,19 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     deinit { close() }
 
     public func close() {
+        if let nodeWorker {
+            // Frees the node id before this process's sessions end (a restart's successor may
+            // already be starting); ending the session would free it too, a moment later.
+            let key = Self.nodeLockKey(options.nodeID)
+            _ = try? nodeWorker.perform(.millis(1_000)) { w in
+                try w.currentConnection().map { c in try c.query("SELECT pg_advisory_unlock($1)", [.int(key)]) }
+            }
+        }
         ingestWorker.close()
         dispatchWorker.close()
         queryWorker.close()
+        adminWorker.close()
+        nodeWorker?.close()
     }
 
     // MARK: the shared outbox bound
@@ -174,7 +227,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         guard let before = start else { return }
         // On the query thread, so the ingest batch never waits for the count.
         queryWorker.enqueueDetached { [unowned self] w in
-            let counted = try? w.withConnection(Self.countPending)
+            let counted = try? w.withConnection(idempotent: true, Self.countPending)
             self.pending.withLock {
                 if let counted { $0.estimate = counted + Int($0.adjustments - before) }
                 $0.lastRefresh = monotonicMicros() / 1000
@@ -183,9 +236,11 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         }
     }
 
+    /// One autocommit statement (or several) on the dispatch connection. Not re-run when the
+    /// connection is lost before its answer: it may have committed (the caller sees the error).
     func write<T>(_ body: @escaping (PostgresConnection) throws -> T) throws -> T {
         guard !options.readOnly else { throw StoreError.invalid("store opened read-only") }
-        return try dispatchWorker.perform { w in try w.withConnection(body) }
+        return try dispatchWorker.perform { w in try w.withConnection(idempotent: false, body) }
     }
 
     func writeTransaction<T>(_ body: @escaping (PostgresConnection) throws -> T) throws -> T {
@@ -194,17 +249,76 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     }
 
     func read<T>(_ body: @escaping (PostgresConnection) throws -> T) throws -> T {
-        try queryWorker.perform { w in try w.withConnection(body) }
+        try queryWorker.perform { w in try w.withConnection(idempotent: true, body) }
+    }
+
+    /// A read on the admin connection (/metrics' counts, relayctl status): a scan of a large
+    /// table there never holds up credential reads, GETs or the dispatcher.
+    func adminRead<T>(_ body: @escaping (PostgresConnection) throws -> T) throws -> T {
+        try adminWorker.perform { w in try w.withConnection(idempotent: true, body) }
     }
 
     // MARK: health
 
-    /// True when the ingest connection reaches a writable primary (readyz).
+    /// True when a connection reaches a writable primary within
+    /// PostgresTimeouts.readinessMillis (readyz). On its own connection: it never waits behind
+    /// the ingest queue, and a stalled database fails it in that time.
     public func checkWritable() -> Bool {
         guard !options.readOnly else { return false }
-        return (try? ingestWorker.perform { w in
-            try w.withConnection { c in try c.query("SELECT NOT pg_is_in_recovery()").first?.first?.bool ?? false }
+        // The node lock's connection still open (or reopened with the lock taken again).
+        if let nodeWorker, (try? nodeWorker.perform(.millis(options.timeouts.readinessMillis)) { w in _ = try w.connection() }) == nil {
+            return false
+        }
+        return (try? adminWorker.perform(.millis(options.timeouts.readinessMillis)) { w in
+            try w.withConnection(idempotent: true) { c in
+                // A standby, or a session that defaults to read-only: not ready, and the
+                // connection is replaced (PGState.needsNewConnection) so the next check asks anew.
+                guard try c.query("SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'").first?.first?.bool == true else {
+                    throw StoreError.postgres(sqlState: PGState.readOnlyTransaction, message: "the server is a standby or read-only", context: "readyz")
+                }
+                return true
+            }
         }) ?? false
+    }
+
+    // MARK: one live process per node id
+
+    /// The session advisory lock key of a node id (FNV-1a 64 of a prefixed name; the fixed
+    /// keys above are far from any such hash).
+    static func nodeLockKey(_ nodeID: String) -> Int64 {
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        for b in "relay-node\u{0}\(nodeID)".utf8 {
+            h ^= UInt64(b)
+            h &*= 0x0000_0100_0000_01b3
+        }
+        return Int64(bitPattern: h)
+    }
+
+    /// Takes this node id's session lock on `c`, or throws naming the session that holds it.
+    /// Two live processes with one node id would each take back the other's leases as their
+    /// own at start (recoverInflight) and write outcomes for rows the other is sending.
+    static func takeNodeLock(_ c: PostgresConnection, nodeID: String, waitMillis: Int64) throws {
+        let key = nodeLockKey(nodeID)
+        let until = monotonicMillis() + waitMillis
+        while true {
+            if try c.query("SELECT pg_try_advisory_lock($1)", [.int(key)]).first?.first?.bool == true { return }
+            guard monotonicMillis() + 200 < until else { break }
+            usleep(200_000)
+        }
+        let bits = UInt64(bitPattern: key)
+        let holder = try? c.query("""
+            SELECT a.pid::bigint, coalesce(host(a.client_addr), 'local socket'), a.application_name,
+                   to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+            WHERE l.locktype = 'advisory' AND l.granted AND l.classid::bigint = $1 AND l.objid::bigint = $2 AND l.objsubid = 1
+            """, [.int(Int64(bits >> 32)), .int(Int64(bits & 0xFFFF_FFFF))]).first
+        let who = holder.map { r in
+            "database session \(r[0].int ?? 0) from \(r[1].string ?? "?") (\(r[2].string ?? "?"), connected \(r[3].string ?? "?"))"
+        } ?? "another session"
+        throw StoreError.invalid("""
+            store.nodeId "\(nodeID)" is in use by another live relay-server (\(who)): give each node its own nodeId. \
+            If that process is gone (its host crashed), end its session: SELECT pg_terminate_backend(<pid>)
+            """)
     }
 
     /// Ingest group-commit statistics for /metrics: committed batches and ingests.
