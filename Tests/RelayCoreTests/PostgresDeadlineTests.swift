@@ -18,7 +18,7 @@ struct PostgresDeadlineTests {
         t.requestMillis = requestMillis
         t.statementMillis = min(t.statementMillis, requestMillis * 4 / 5)
         t.lockMillis = min(t.lockMillis, requestMillis * 2 / 5)
-        return try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: nodeID, timeouts: t), clock: f.clock)
+        return try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: nodeID, timeouts: t), clock: f.clock, databaseClock: f.clock)
     }
 
     /// The backends of this fixture's connections (they carry its schema as application_name).
@@ -128,7 +128,7 @@ struct PostgresDeadlineTests {
         t.statementMillis = 1_000
         t.lockMillis = 500
         let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: proxy.url(for: f.pgURL, targetPort: target), nodeID: "a", timeouts: t),
-                                        clock: f.clock)
+                                        clock: f.clock, databaseClock: f.clock)
         defer { s.close() }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         guard case .accepted = try s.ingestNow(sample(index: 1), secret: c.secret) else { Issue.record("not accepted"); return }
@@ -177,7 +177,7 @@ struct PostgresDeadlineTests {
         t.requestMillis = 1_000
         t.statementMillis = 0
         t.lockMillis = 0
-        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: "a", timeouts: t), clock: f.clock)
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: "a", timeouts: t), clock: f.clock, databaseClock: f.clock)
         defer { s.close() }
         _ = try s.counts()
         let ran = Counter()
@@ -240,7 +240,7 @@ struct PostgresDeadlineTests {
         t.requestMillis = 60_000
         t.statementMillis = 0
         t.lockMillis = 0
-        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: "a", ingestConnections: 1, timeouts: t), clock: f.clock)
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: "a", ingestConnections: 1, timeouts: t), clock: f.clock, databaseClock: f.clock)
         defer { s.close() }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         let blocker = Mutex<PostgresConnection?>(try PostgresConnection(url: f.pgURL, applicationName: "relay-test-blocker"))
@@ -275,7 +275,7 @@ struct PostgresDeadlineTests {
         var components = URLComponents(string: f.pgURL)!
         components.user = role
         let url = components.string!
-        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: url, nodeID: "a"), clock: f.clock)
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: url, nodeID: "a"), clock: f.clock, databaseClock: f.clock)
         defer { s.close() }
         _ = try s.createCredential(name: "c", apps: ["com.example.app"])
         // New sessions of the role are read-only from now; the store's are replaced by force.
@@ -350,7 +350,7 @@ struct PostgresDeadlineTests {
     /// the first closes, the id is free. Fails without the lock (the second opens).
     @Test func aSecondLiveProcessWithTheSameNodeIdIsRefused() throws {
         func node(_ id: String) throws -> PostgresOutboxStore {
-            try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: id, exclusiveNode: true), clock: f.clock)
+            try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: id, exclusiveNode: true), clock: f.clock, databaseClock: f.clock)
         }
         let first = try node("relay-1")
         do {
@@ -363,7 +363,7 @@ struct PostgresDeadlineTests {
         }
         let other = try node("relay-2")
         other.close()
-        let tool = try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: "relay-1"), clock: f.clock)
+        let tool = try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: "relay-1"), clock: f.clock, databaseClock: f.clock)
         tool.close()
         #expect(first.checkWritable())
         first.close()
@@ -428,7 +428,7 @@ struct PostgresDeadlineTests {
         t.statementMillis = 800
         t.lockMillis = 400
         let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: proxy.url(for: f.pgURL, targetPort: target), nodeID: "a",
-                                                                      leaseMillis: 20_000, timeouts: t), clock: f.clock)
+                                                                      leaseMillis: 20_000, timeouts: t), clock: f.clock, databaseClock: f.clock)
         defer { s.close() }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         _ = try s.ingestNow(sample(index: 1), secret: c.secret)
