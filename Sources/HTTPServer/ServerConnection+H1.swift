@@ -200,7 +200,7 @@ extension ServerCore {
     }
 }
 
-extension Connection {
+extension ServerConnection {
     func h1Receive(_ bytes: UnsafeRawBufferPointer) {
         h1Process(bytes)
     }

@@ -1,6 +1,6 @@
 // One accepted connection: TLS layering, protocol choice (HTTP/1.1, or HTTP/2 by ALPN or by the
 // h2c client preface), output buffering, timeouts and shutdown. HTTP/1 request handling is in
-// Connection+H1.swift, HTTP/2 in H2Session.swift.
+// ServerConnection+H1.swift, HTTP/2 in H2Session.swift.
 
 /// The HTTP/2 client connection preface (RFC 9113 §3.4).
 let http2Preface: [UInt8] = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
@@ -8,7 +8,7 @@ let http2Preface: [UInt8] = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
 // @unchecked Sendable: every mutable field is touched only on the connection's loop thread.
 // Other threads only hold the reference (inside an HTTPResponder) and pass it back to that loop
 // through `EventLoop.enqueue`.
-final class Connection: @unchecked Sendable {
+final class ServerConnection: @unchecked Sendable {
     enum Mode { case sniffing, http1, http2 }
 
     /// Strong: responders keep their connection alive after the server stopped, and must
@@ -61,7 +61,7 @@ final class Connection: @unchecked Sendable {
     /// not keep its largest burst's capacity for life.
     static let keptBufferCapacity = 64 << 10
 
-    // HTTP/1 state (Connection+H1.swift)
+    // HTTP/1 state (ServerConnection+H1.swift)
     var parser: HTTP1Parser
     /// `parser.state` as of the last parse (reading it copies the parser: keep it off hot paths).
     var h1State: HTTP1ParserState = .idle
@@ -135,7 +135,7 @@ final class Connection: @unchecked Sendable {
         if lingering {
             // Discarded, not parsed.
             lingerDiscarded += bytes.count
-            if lingerDiscarded > Connection.lingerMaxBytes { close() }
+            if lingerDiscarded > ServerConnection.lingerMaxBytes { close() }
             return
         }
         guard !closed else { return }
@@ -327,18 +327,18 @@ final class Connection: @unchecked Sendable {
         if let tls {
             if !out.isEmpty {
                 let ok = out.withUnsafeBytes { tls.write($0) }
-                out.removeAll(keepingCapacity: out.capacity <= Connection.keptBufferCapacity)
+                out.removeAll(keepingCapacity: out.capacity <= ServerConnection.keptBufferCapacity)
                 if !ok { close(); return }
             }
             tls.drainOutput(into: &wire)
             if !wire.isEmpty {
                 let ok = wire.withUnsafeBytes { socket.write($0) }
-                wire.removeAll(keepingCapacity: wire.capacity <= Connection.keptBufferCapacity)
+                wire.removeAll(keepingCapacity: wire.capacity <= ServerConnection.keptBufferCapacity)
                 if !ok { close(); return }
             }
         } else if !out.isEmpty {
             let ok = out.withUnsafeBytes { socket.write($0) }
-            out.removeAll(keepingCapacity: out.capacity <= Connection.keptBufferCapacity)
+            out.removeAll(keepingCapacity: out.capacity <= ServerConnection.keptBufferCapacity)
             if !ok { close(); return }
         }
         if socket.writesInFlight > 0 {
@@ -451,7 +451,7 @@ final class Connection: @unchecked Sendable {
         lingering = true
         out = []
         socket.startReading()
-        socket.armTimer(milliseconds: loop.shuttingDown ? Connection.lingerShutdownMs : Connection.lingerMs)
+        socket.armTimer(milliseconds: loop.shuttingDown ? ServerConnection.lingerShutdownMs : ServerConnection.lingerMs)
     }
 
     /// The socket's handles are closed: drop protocol state and leave the loop.
