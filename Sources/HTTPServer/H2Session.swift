@@ -249,7 +249,7 @@ final class H2Session {
     func receive(_ bytes: UnsafeRawBufferPointer) {
         if session.receive(bytes) < 0 {
             // Protocol error: nghttp2 queued a GOAWAY; send it, then close.
-            connection.closeAfterFlush = true
+            connection.state.closeAfterFlush()
         }
     }
 
@@ -259,7 +259,7 @@ final class H2Session {
             goAwayPending = nil
             session.goAway(lastStreamID: max(requested, session.lastProcessedStreamID))
         }
-        do throws(NGHTTP2Error) { try session.send(into: &connection.out) } catch { connection.closeAfterFlush = true }
+        do throws(NGHTTP2Error) { try session.send(into: &connection.out) } catch { connection.state.closeAfterFlush() }
     }
 
     // MARK: Receiving

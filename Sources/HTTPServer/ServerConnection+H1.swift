@@ -220,23 +220,23 @@ extension ServerConnection {
         withUnsafeMutablePointer(to: &self.parser) { parser in
             // Once no further request will be parsed, input is dropped instead of buffered:
             // the socket stops reading then, but bytes of the read in progress still arrive.
-            if let bytes, !stopParsing { parser.pointee.append(bytes) }
+            if let bytes, !state.stopsParsing { parser.pointee.append(bytes) }
             h1Events(parser)
-            if stopParsing { parser.pointee.discardInput() }
+            if state.stopsParsing { parser.pointee.discardInput() }
             accountInput(parser.pointee.heldByteCount)
         }
     }
 
     private func h1Events(_ parser: UnsafeMutablePointer<HTTP1Parser>) {
-        while !stopParsing && !closed {
+        while !state.stopsParsing && !closed {
             if slots.count - slotsHead >= maxPipelinedRequests {
-                pausedForPipeline = true
+                state.gate.pausedForPipeline = true
                 socket.stopReading()
                 break
             }
             if out.count + socket.queuedBytes > core.outputLimit() {
                 // Responses pile up faster than the peer reads them: parse more once it has.
-                pausedForWrites = true
+                state.gate.pausedForWrites = true
                 socket.stopReading()
                 break
             }
@@ -259,9 +259,9 @@ extension ServerConnection {
                 continueCheckSequence = nil   // the body came anyway: the handler decides
                 requestsSeen += 1
                 let head = request.head
-                let keepAlive = head.keepAlive && !shuttingDown
+                let keepAlive = head.keepAlive && !state.shuttingDown
                     && requestsSeen < core.maxRequestsPerConnection
-                if !keepAlive { stopParsing = true }
+                if !keepAlive { stopParsing() }
                 let isHEAD = head.method.utf8.count == 4 && head.method == "HEAD"
                 let sequence = nextSequence
                 nextSequence += 1
@@ -271,7 +271,7 @@ extension ServerConnection {
             case .failure(let error):
                 let kind = "\(error.kind.rawValue)"
                 core.recordParseError(kind)
-                stopParsing = true
+                stopParsing()
                 nextSequence += 1
                 slots.append(H1Slot(response: core.errorResponse(error.status, kind),
                                     keepAlive: false, isHEAD: false, version: .http1_1))
@@ -312,7 +312,7 @@ extension ServerConnection {
         guard !closed, continueCheckSequence == sequence else { return }
         continueCheckSequence = nil
         if let refusal {
-            stopParsing = true
+            stopParsing()
             nextSequence += 1
             slots.append(H1Slot(response: refusal, keepAlive: false, isHEAD: false, version: .http1_1))
             h1Drain()
@@ -333,9 +333,9 @@ extension ServerConnection {
         slots[index].response = response
         slots[index].action = action
         h1Drain()
-        if pausedForPipeline && !stopParsing && slots.count - slotsHead < maxPipelinedRequests {
-            pausedForPipeline = false
-            if !pausedForWrites { socket.startReading() }
+        if state.gate.pausedForPipeline && !state.stopsParsing && slots.count - slotsHead < maxPipelinedRequests {
+            state.gate.pausedForPipeline = false
+            if !state.gate.pausedForWrites { socket.startReading() }
             h1Process()
         }
         flush()
@@ -350,14 +350,13 @@ extension ServerConnection {
             slotsHead += 1
             let last = slotsHead == slots.count
             var keepAlive = slot.keepAlive && slot.action == .keep
-            if shuttingDown && last { keepAlive = false }
-            if peerHalfClosed && last { keepAlive = false }
+            if state.shuttingDown && last { keepAlive = false }
+            if state.peerHalfClosed && last { keepAlive = false }
             h1Serialize(response, keepAlive: keepAlive, isHEAD: slot.isHEAD, version: slot.version)
             if !keepAlive {
                 // Nothing after this response is answered: the connection ends here.
-                stopParsing = true
-                closeAfterFlush = true
-                if slot.action == .close { abruptClose = true }
+                stopParsing()
+                state.closeAfterFlush(abrupt: slot.action == .close)
                 slotsHead = slots.count
                 break
             }
@@ -366,7 +365,7 @@ extension ServerConnection {
             baseSequence = nextSequence
             slots.removeAll(keepingCapacity: true)
             slotsHead = 0
-            if pendingContinue && !closeAfterFlush {
+            if pendingContinue && !state.closesAfterFlush {
                 out.append(contentsOf: continueLine)
                 pendingContinue = false
             }
