@@ -12,6 +12,16 @@ struct H1Slot {
     var version: HTTPVersion
 }
 
+/// `Expect: 100-continue` of the request being received (one at a time: its head and its
+/// body arrive before the next request's head).
+enum ExpectContinue {
+    case none
+    /// `ServerCore.continueCheck` is deciding for the request that will have this sequence.
+    case checking(sequence: UInt64)
+    /// `100 Continue` is owed once the responses to the requests before it are out.
+    case owed
+}
+
 /// At most this many requests of one connection wait for handlers; beyond it the connection
 /// stops reading until responses drain (bounded memory under pipelining floods).
 let maxPipelinedRequests = 128
@@ -246,17 +256,16 @@ extension ServerConnection {
                 if head.expectContinue {
                     if let check = core.continueCheck {
                         let sequence = nextSequence
-                        continueCheckSequence = sequence
+                        expectContinue = .checking(sequence: sequence)
                         check(h1Request(head, body: []), HTTPContinueDecision(connection: self, sequence: sequence))
                     } else if slotsHead == slots.count {
                         out.append(contentsOf: continueLine)
                     } else {
-                        pendingContinue = true
+                        expectContinue = .owed
                     }
                 }
             case .request(let request):
-                pendingContinue = false
-                continueCheckSequence = nil   // the body came anyway: the handler decides
+                expectContinue = .none   // the body came (even while checking): the handler decides
                 requestsSeen += 1
                 let head = request.head
                 let keepAlive = head.keepAlive && !state.shuttingDown
@@ -309,8 +318,8 @@ extension ServerConnection {
     /// or `refusal` as that request's answer in pipeline order, nothing more parsed or read.
     /// Ignored once the request arrived whole (the handler answers it) or the connection ended.
     func continueDecided(sequence: UInt64, refusal: HTTPResponse?) {
-        guard !closed, continueCheckSequence == sequence else { return }
-        continueCheckSequence = nil
+        guard !closed, case .checking(sequence) = expectContinue else { return }
+        expectContinue = .none
         if let refusal {
             stopParsing()
             nextSequence += 1
@@ -320,7 +329,7 @@ extension ServerConnection {
         } else if slotsHead == slots.count {
             out.append(contentsOf: continueLine)
         } else {
-            pendingContinue = true
+            expectContinue = .owed
         }
         flush()
         updateTimer()
@@ -365,9 +374,9 @@ extension ServerConnection {
             baseSequence = nextSequence
             slots.removeAll(keepingCapacity: true)
             slotsHead = 0
-            if pendingContinue && !state.closesAfterFlush {
+            if case .owed = expectContinue, !state.closesAfterFlush {
                 out.append(contentsOf: continueLine)
-                pendingContinue = false
+                expectContinue = .none
             }
         } else if slotsHead >= 64 {
             slots.removeFirst(slotsHead)

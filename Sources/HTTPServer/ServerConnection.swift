@@ -57,9 +57,7 @@ final class ServerConnection: @unchecked Sendable {
     var baseSequence: UInt64 = 0
     var nextSequence: UInt64 = 0
     var requestsSeen = 0
-    var pendingContinue = false
-    /// The sequence of the request whose `Expect: 100-continue` the continue check is deciding.
-    var continueCheckSequence: UInt64?
+    var expectContinue = ExpectContinue.none
     var processingH1 = false
 
     // HTTP/2 state
