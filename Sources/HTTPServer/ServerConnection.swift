@@ -437,12 +437,15 @@ final class ServerConnection: @unchecked Sendable {
     // MARK: Timeouts
 
     private func deadline() -> UInt64? {
-        if state.awaitingProxyHeader { return startedAt + core.headerTimeoutMs }
+        let serving: ConnectionProtocol
+        switch state.phase {
+        case .awaitingProxyHeader: return startedAt + core.headerTimeoutMs
+        case .open(let p), .draining(let p, _): serving = p
+        case .lingering, .closed: return nil
+        }
         if let queuedAt = socket.oldestWriteQueuedAt { return queuedAt + core.writeTimeoutMs }
         if let tls, !tls.handshakeDone { return startedAt + core.headerTimeoutMs }
-        switch state.connectionProtocol {
-        case nil:
-            return nil
+        switch serving {
         case .sniffing:
             return (sniffed.isEmpty ? lastActivity + core.idleTimeoutMs
                                     : startedAt + core.headerTimeoutMs)

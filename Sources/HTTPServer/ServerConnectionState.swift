@@ -82,7 +82,12 @@ struct ServerConnectionState {
         }
     }
 
-    var isHTTP1: Bool { connectionProtocol == .http1 }
+    var isHTTP1: Bool {
+        switch phase {
+        case .open(.http1), .draining(.http1, _), .awaitingProxyHeader(next: .http1): return true
+        default: return false
+        }
+    }
 
     /// The connection closes once its output drained.
     var closesAfterFlush: Bool {
