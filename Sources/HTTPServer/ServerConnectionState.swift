@@ -38,7 +38,8 @@ struct ServerConnectionState {
             /// The peer sent EOF with requests still unanswered: answer them, then close.
             case peerHalfClosed
         }
-        var input: Input = .parsing
+        /// Changed only through the state's events: a stop is for good.
+        fileprivate(set) var input: Input = .parsing
         /// Too much output is queued for a peer that does not read (`ServerCore.outputLimit`).
         var pausedForWrites = false
         /// `maxPipelinedRequests` requests wait for handlers.
