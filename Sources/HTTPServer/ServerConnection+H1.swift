@@ -240,13 +240,13 @@ extension ServerConnection {
     private func h1Events(_ parser: UnsafeMutablePointer<HTTP1Parser>) {
         while !state.stopsParsing && !closed {
             if slots.count - slotsHead >= maxPipelinedRequests {
-                state.gate.pausedForPipeline = true
+                state.pauseForPipeline()
                 socket.stopReading()
                 break
             }
             if out.count + socket.queuedBytes > core.outputLimit() {
                 // Responses pile up faster than the peer reads them: parse more once it has.
-                state.gate.pausedForWrites = true
+                state.pauseForWrites()
                 socket.stopReading()
                 break
             }
@@ -342,10 +342,12 @@ extension ServerConnection {
         slots[index].response = response
         slots[index].action = action
         h1Drain()
-        if state.gate.pausedForPipeline && !state.stopsParsing && slots.count - slotsHead < maxPipelinedRequests {
-            state.gate.pausedForPipeline = false
-            if !state.gate.pausedForWrites { socket.startReading() }
-            h1Process()
+        if slots.count - slotsHead < maxPipelinedRequests {
+            switch state.pipelineHasRoom() {
+            case .none: break
+            case .parse: h1Process()
+            case .readAndParse: socket.startReading(); h1Process()
+            }
         }
         flush()
         updateTimer()

@@ -320,7 +320,7 @@ final class ServerConnection: @unchecked Sendable {
             if socket.queuedBytes > core.outputLimit() && socket.reading {
                 // The peer does not read: stop producing (and reading requests) until it does,
                 // and give back the output buffers' capacity while it waits.
-                state.gate.pausedForWrites = true
+                state.pauseForWrites()
                 socket.stopReading()
                 out = []
                 wire = []
@@ -340,7 +340,7 @@ final class ServerConnection: @unchecked Sendable {
         resumingAfterWrites = true
         defer { resumingAfterWrites = false }
         while state.gate.pausedForWrites && !closed && socket.queuedBytes <= core.outputLimit() / 4 {
-            state.gate.pausedForWrites = false
+            state.writesDrained()
             if state.isHTTP1 { h1Process() }   // flushes as handlers answer; may pause again
         }
         if !closed && state.gate.reads {

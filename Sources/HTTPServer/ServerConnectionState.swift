@@ -41,9 +41,9 @@ struct ServerConnectionState {
         /// Changed only through the state's events: a stop is for good.
         fileprivate(set) var input: Input = .parsing
         /// Too much output is queued for a peer that does not read (`ServerCore.outputLimit`).
-        var pausedForWrites = false
+        fileprivate(set) var pausedForWrites = false
         /// `maxPipelinedRequests` requests wait for handlers.
-        var pausedForPipeline = false
+        fileprivate(set) var pausedForPipeline = false
 
         var reads: Bool { input == .parsing && !pausedForWrites && !pausedForPipeline }
     }
@@ -164,6 +164,32 @@ struct ServerConnectionState {
         guard gate.input == .parsing else { return false }
         gate.input = .stopped
         return true
+    }
+
+    // MARK: Read pauses (the connection stops and starts the socket's reading)
+
+    /// Too much output is queued for a peer that does not read: no reading or parsing until
+    /// `writesDrained`.
+    mutating func pauseForWrites() { gate.pausedForWrites = true }
+
+    mutating func writesDrained() { gate.pausedForWrites = false }
+
+    /// `maxPipelinedRequests` requests wait for handlers: no reading or parsing until
+    /// `pipelineHasRoom`.
+    mutating func pauseForPipeline() { gate.pausedForPipeline = true }
+
+    enum PipelineAction: Equatable {
+        case none
+        /// Parse the requests already buffered; reading stays paused for the output.
+        case parse
+        case readAndParse
+    }
+
+    /// Handlers answered enough of the pipelined requests.
+    mutating func pipelineHasRoom() -> PipelineAction {
+        guard gate.pausedForPipeline, gate.input == .parsing else { return .none }
+        gate.pausedForPipeline = false
+        return gate.pausedForWrites ? .parse : .readAndParse
     }
 
     // MARK: Output and close

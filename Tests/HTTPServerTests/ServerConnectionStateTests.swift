@@ -104,13 +104,26 @@ import Testing
     }
 
     @Test func pausesAreIndependentOfEachOther() {
-        var g = State.ReadGate()
-        g.pausedForWrites = true
-        g.pausedForPipeline = true
-        g.pausedForWrites = false
-        #expect(!g.reads)
-        g.pausedForPipeline = false
-        #expect(g.reads)
+        var s = State(protocol: .http1, proxyHeader: false, shuttingDown: false)
+        #expect(s.pipelineHasRoom() == .none)   // not paused
+        s.pauseForWrites()
+        s.pauseForPipeline()
+        #expect(!s.gate.reads)
+        #expect(s.pipelineHasRoom() == .parse)   // the output still holds reading back
+        #expect(!s.gate.reads)
+        s.pauseForPipeline()
+        s.writesDrained()
+        #expect(!s.gate.reads)
+        #expect(s.pipelineHasRoom() == .readAndParse)
+        #expect(s.gate.reads)
+    }
+
+    @Test func aStoppedConnectionDoesNotResumeForThePipeline() {
+        var s = State(protocol: .http1, proxyHeader: false, shuttingDown: false)
+        s.pauseForPipeline()
+        _ = s.stopParsing()
+        #expect(s.pipelineHasRoom() == .none)
+        #expect(!s.gate.reads)
     }
 
     @Test func shutdownPerProtocol() {
