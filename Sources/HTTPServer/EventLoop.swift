@@ -11,10 +11,10 @@ import Glibc
 
 /// Work handed to a loop from another thread.
 enum LoopTask {
-    case respond(Connection, HTTPResponder, HTTPResponse, ConnectionAction)
-    case abort(Connection)
-    case setMaxConcurrentStreams(Connection, UInt32)
-    case continueDecided(Connection, UInt64, HTTPResponse?)
+    case respond(ServerConnection, HTTPResponder, HTTPResponse, ConnectionAction)
+    case abort(ServerConnection)
+    case setMaxConcurrentStreams(ServerConnection, UInt32)
+    case continueDecided(ServerConnection, UInt64, HTTPResponse?)
     case run(@Sendable () -> Void)
     case beginShutdown
     case forceClose
@@ -40,7 +40,7 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
     private let threadID = Atomic<UInt>(0)
     private var thread: pthread_t?
     let connectionCount = Atomic<Int>(0)
-    var connections: [ObjectIdentifier: Connection] = [:]
+    var connections: [ObjectIdentifier: ServerConnection] = [:]
     var shuttingDown = false
 
     /// Reused by every read on this loop: reads are consumed synchronously in the read callback.
@@ -286,7 +286,7 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
         }
         socket.setNoDelay()
         if core.socketSendBufferBytes > 0 { socket.setSendBuffer(core.socketSendBufferBytes) }
-        let conn = Connection(loop: self, socket: socket, id: core.nextConnectionID(), remoteAddress: peer.address)
+        let conn = ServerConnection(loop: self, socket: socket, id: core.nextConnectionID(), remoteAddress: peer.address)
         conn.perAddressKey = perAddressKey
         conn.socketPeerKey = peer.key
         conn.clientKey = peer.key?.text ?? ""
@@ -304,7 +304,7 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
     /// their connections instead of the process its memory or new clients their service.
     func closeGreediestInput() {
         while core.inputOverBudget() {
-            var greediest: Connection?
+            var greediest: ServerConnection?
             for conn in connections.values where !conn.closed && conn.inputHeld > (greediest?.inputHeld ?? 0) {
                 greediest = conn
             }
@@ -316,7 +316,7 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
     }
 
     /// Called by a connection once its socket's handles are closed.
-    func remove(_ conn: Connection) {
+    func remove(_ conn: ServerConnection) {
         if connections.removeValue(forKey: ObjectIdentifier(conn)) != nil {
             connectionCount.subtract(1, ordering: .relaxed)
             core.releaseConnection()

@@ -102,10 +102,10 @@ private func configureOptions(_ option: OpaquePointer, _ settings: HTTP2Settings
 /// "100" ... "599", built once.
 private let statusCodeStrings: [String] = (0..<600).map { String($0) }
 
-/// One connection's HTTP/2 session. Loop-thread only; owned by its `Connection`.
+/// One connection's HTTP/2 session. Loop-thread only; owned by its `ServerConnection`.
 final class H2Session {
     /// unowned(unsafe): the connection owns this session and drops it before it goes away.
-    unowned(unsafe) let connection: Connection
+    unowned(unsafe) let connection: ServerConnection
     private let session: NGHTTP2Session
     /// Owns the open streams; nghttp2's stream user data points at the same objects
     /// (unretained) so per-frame lookups skip hashing.
@@ -139,7 +139,7 @@ final class H2Session {
     /// "PING frames are not considered activity for the purposes of IdleTimeout").
     private(set) var lastStreamActivity: UInt64
 
-    init(connection: Connection, settings: HTTP2Settings) throws {
+    init(connection: ServerConnection, settings: HTTP2Settings) throws {
         self.connection = connection
         self.lastStreamActivity = connection.loop.now
         self.maxHeaderListSize = Int(settings.maxHeaderListSize)
@@ -249,7 +249,7 @@ final class H2Session {
     func receive(_ bytes: UnsafeRawBufferPointer) {
         if session.receive(bytes) < 0 {
             // Protocol error: nghttp2 queued a GOAWAY; send it, then close.
-            connection.closeAfterFlush = true
+            connection.state.closeAfterFlush()
         }
     }
 
@@ -259,7 +259,7 @@ final class H2Session {
             goAwayPending = nil
             session.goAway(lastStreamID: max(requested, session.lastProcessedStreamID))
         }
-        do throws(NGHTTP2Error) { try session.send(into: &connection.out) } catch { connection.closeAfterFlush = true }
+        do throws(NGHTTP2Error) { try session.send(into: &connection.out) } catch { connection.state.closeAfterFlush() }
     }
 
     // MARK: Receiving

@@ -22,7 +22,7 @@ final class ServerCore: Sendable {
     let proxyProtocol: ProxyProtocolConfiguration?
     /// Output bytes queued for peers (not yet taken by the kernel), over every connection.
     let queuedOutput = Atomic<Int>(0)
-    /// Input bytes held by connections (Connection.inputHeld), over every connection.
+    /// Input bytes held by connections (ServerConnection.inputHeld), over every connection.
     let bufferedInput = Atomic<Int>(0)
     /// The most input one connection has held at once since the server started.
     let largestConnectionInput = Atomic<Int>(0)
@@ -184,12 +184,12 @@ final class ServerCore: Sendable {
 /// The answer to an `Expect: 100-continue` head (HTTPContinueCheck). Callable from any
 /// thread; the first call wins.
 public final class HTTPContinueDecision: Sendable {
-    let connection: Connection
+    let connection: ServerConnection
     /// The sequence the request will have on its connection.
     let sequence: UInt64
     private let answered = Atomic<Bool>(false)
 
-    init(connection: Connection, sequence: UInt64) {
+    init(connection: ServerConnection, sequence: UInt64) {
         self.connection = connection
         self.sequence = sequence
     }
@@ -215,14 +215,14 @@ public final class HTTPContinueDecision: Sendable {
 /// Answers one request. Callable from any thread; the first `respond` or `abortConnection`
 /// wins and later calls are ignored.
 public final class HTTPResponder: Sendable {
-    let connection: Connection
+    let connection: ServerConnection
     /// HTTP/1: the request's position on its connection; HTTP/2: the stream identifier.
     let sequence: UInt64
     let streamID: Int32
     let isHEAD: Bool
     private let answered = Atomic<Bool>(false)
 
-    init(connection: Connection, sequence: UInt64, streamID: Int32, isHEAD: Bool) {
+    init(connection: ServerConnection, sequence: UInt64, streamID: Int32, isHEAD: Bool) {
         self.connection = connection
         self.sequence = sequence
         self.streamID = streamID

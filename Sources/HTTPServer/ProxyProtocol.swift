@@ -1,6 +1,6 @@
 // The PROXY protocol header a load balancer (HAProxy, AWS NLB, nginx stream) puts before a
 // connection's first byte to name the client it accepted: version 2 (binary) and version 1
-// (text), as specified in haproxy's doc/proxy-protocol.txt. Pure parsing; Connection decides
+// (text), as specified in haproxy's doc/proxy-protocol.txt. Pure parsing; ServerConnection decides
 // what a header may change (only from a trusted proxy: see ProxyProtocolConfiguration).
 #if canImport(Glibc)
 import Glibc

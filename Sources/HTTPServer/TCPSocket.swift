@@ -7,13 +7,13 @@ import Glibc
 #endif
 
 /// One accepted TCP connection's libuv handles. Retains itself from accept until both handles'
-/// close callbacks ran; holds its `Connection` until then (the cycle is broken on close).
+/// close callbacks ran; holds its `ServerConnection` until then (the cycle is broken on close).
 final class TCPSocket {
     /// unowned(unsafe): a loop outlives its sockets (it runs until every handle closed).
     unowned(unsafe) let loop: EventLoop
     private let tcp: UnsafeMutablePointer<uv_tcp_t>
     private let timer: UnsafeMutablePointer<uv_timer_t>
-    var owner: Connection?
+    var owner: ServerConnection?
     private var pendingCloses = 0
     private(set) var isClosing = false
     private(set) var writesInFlight = 0

@@ -88,4 +88,29 @@ import Testing
             #expect(c.waitForClose())
         }
     }
+
+    /// Pipelined: a check that proceeds while the request before it waits owes the 100, sent
+    /// right after that request's answer.
+    @Test func proceedingKeepsPipelineOrder() throws {
+        let held = Mutex<HTTPResponder?>(nil)
+        let cfg = config { _, decision in decision.proceed() }
+        try withServer(cfg, handler: { req, res in
+            if req.path == "/hold" { held.withLock { $0 = res } } else { echoHandler(req, res) }
+        }) { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("GET /hold HTTP/1.1\r\nHost: t\r\n\r\nPOST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n")
+            c.setReceiveTimeout(milliseconds: 300)
+            #expect(c.readResponse(headOnly: true) == nil, "the 100 came before the answer it follows")
+            c.setReceiveTimeout(milliseconds: 5000)
+            var responder: HTTPResponder?
+            for _ in 0..<100 where responder == nil { responder = held.withLock { $0 }; if responder == nil { usleep(10_000) } }
+            try #require(responder != nil)
+            responder?.respond(HTTPResponse(status: 204))
+            #expect(c.readResponse()?.status == 204)
+            #expect(c.readResponse(headOnly: true)?.status == 100)
+            try c.send("hey")
+            let r = c.readResponse()
+            #expect(r?.status == 200 && r?.text == "hey")
+        }
+    }
 }

@@ -7,6 +7,29 @@ import Synchronization
 import Testing
 
 @Suite(.serialized) struct ServerHTTP1Tests {
+    /// 128 requests at a handler that holds them stop the reading; once they are answered the
+    /// connection reads again and answers what the client sent meanwhile.
+    @Test func readingResumesOnceAFullPipelineIsAnswered() throws {
+        let held = Mutex<[HTTPResponder]>([])
+        try withServer(handler: { req, res in
+            if req.path == "/hold" { held.withLock { $0.append(res) } } else { echoHandler(req, res) }
+        }) { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send(String(repeating: "GET /hold HTTP/1.1\r\nHost: t\r\n\r\n", count: 128))
+            var responders: [HTTPResponder] = []
+            for _ in 0..<500 where responders.count < 128 {
+                usleep(10_000)
+                responders = held.withLock { $0 }
+            }
+            try #require(responders.count == 128)
+            try c.send("GET /after HTTP/1.1\r\nHost: t\r\n\r\n")   // sent while the server does not read
+            for r in responders { r.respond(HTTPResponse(status: 204)) }
+            for i in 0..<128 { #expect(c.readResponse()?.status == 204, "held \(i)") }
+            let after = c.readResponse()
+            #expect(after?.status == 200 && after?.text == "GET /after 0", "\(after?.status ?? 0)")
+        }
+    }
+
     @Test func keepAliveServesSeveralRequestsOnOneConnection() throws {
         try withServer { server in
             let c = try RawClient(port: server.localPort)

@@ -1,6 +1,6 @@
 // One accepted connection: TLS layering, protocol choice (HTTP/1.1, or HTTP/2 by ALPN or by the
 // h2c client preface), output buffering, timeouts and shutdown. HTTP/1 request handling is in
-// Connection+H1.swift, HTTP/2 in H2Session.swift.
+// ServerConnection+H1.swift, HTTP/2 in H2Session.swift.
 
 /// The HTTP/2 client connection preface (RFC 9113 §3.4).
 let http2Preface: [UInt8] = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
@@ -8,9 +8,7 @@ let http2Preface: [UInt8] = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
 // @unchecked Sendable: every mutable field is touched only on the connection's loop thread.
 // Other threads only hold the reference (inside an HTTPResponder) and pass it back to that loop
 // through `EventLoop.enqueue`.
-final class Connection: @unchecked Sendable {
-    enum Mode { case sniffing, http1, http2 }
-
+final class ServerConnection: @unchecked Sendable {
     /// Strong: responders keep their connection alive after the server stopped, and must
     /// still find the (stopped) loop to learn that. The loop drops its connections on close.
     let loop: EventLoop
@@ -19,49 +17,38 @@ final class Connection: @unchecked Sendable {
     let id: UInt64
     /// The peer, or the client a PROXY header named.
     private(set) var remoteAddress: String
-    /// PROXY protocol: nothing else is read until the header arrived (ProxyProtocol.swift).
-    private var awaitingProxyHeader = false
+    /// The lifecycle (PROXY header, protocol, draining, lingering, closed) and whether the
+    /// connection reads: ServerConnectionState.swift. This class performs its actions.
+    var state = ServerConnectionState(protocol: .sniffing, proxyHeader: false, shuttingDown: false)
+    /// The PROXY header so far (ProxyProtocol.swift).
     private var proxyBuffer: [UInt8] = []
     /// The socket peer's own per-address key (the balancer's, behind a PROXY header).
     var socketPeerKey: PeerKey?
     var tls: TLSSession?
     var tlsInfo: TLSInfo?
-    var mode: Mode = .sniffing
     private var sniffed: [UInt8] = []
 
     /// Plaintext waiting to be written (encrypted first under TLS). Responses produced while a
     /// read is processed are coalesced and written once at the end of the read.
     var out: [UInt8] = []
     private var wire: [UInt8] = []
+    /// A read is being processed: output waits for its end (see `flush`).
     var inRead = false
-    private(set) var closed = false
-    /// Close once `out` and the socket's queued writes are drained.
-    var closeAfterFlush = false
-    /// The close that `closeAfterFlush` leads to skips lingering: `.close` / timeouts / TLS
-    /// handshake failures are meant to be abrupt.
-    var abruptClose = false
-    /// Lingering close (like nginx's lingering_close): the response is out, FIN is sent, and
-    /// input is read and discarded until EOF, the linger time or the byte cap, so the kernel
-    /// never answers late client bytes with a RST that would destroy responses the client has
-    /// not read yet. `closed` is already true while lingering (nothing else runs).
-    private(set) var lingering = false
-    private var lingerDiscarded = 0
+    /// Closed or lingering: nothing but the linger's discarding runs.
+    var closed: Bool { state.isClosed }
+    /// How long a lingering close reads and discards (ServerConnectionState.Phase.lingering).
     static let lingerMs: UInt64 = 2000
     /// Shorter while the server shuts down, so `shutdown` is not held up by idle clients.
     static let lingerShutdownMs: UInt64 = 500
-    static let lingerMaxBytes = 64 << 10
-    var shuttingDown = false
     /// HTTPAdmission.goAwayAtStart: GOAWAY right after the server's SETTINGS.
     var goAwayAtStart = false
-    /// Reading stopped because too much output is queued for a peer that does not read
-    /// (`ServerCore.outputLimit`).
-    var pausedForWrites = false
+    /// `resumeAfterWrites` is running (it parses, and parsing may flush and call it again).
     private var resumingAfterWrites = false
     /// Output buffers grown past this by a burst are freed once written, so a connection does
     /// not keep its largest burst's capacity for life.
     static let keptBufferCapacity = 64 << 10
 
-    // HTTP/1 state (Connection+H1.swift)
+    // HTTP/1 state (ServerConnection+H1.swift)
     var parser: HTTP1Parser
     /// `parser.state` as of the last parse (reading it copies the parser: keep it off hot paths).
     var h1State: HTTP1ParserState = .idle
@@ -70,18 +57,8 @@ final class Connection: @unchecked Sendable {
     var baseSequence: UInt64 = 0
     var nextSequence: UInt64 = 0
     var requestsSeen = 0
-    /// No further request of this connection will be parsed. From then on nothing is read
-    /// (what a read in progress still delivers is dropped), so input held cannot grow in this
-    /// state whatever the peer sends; a lingering close reads and discards a bounded amount.
-    var stopParsing = false {
-        didSet { if stopParsing && !oldValue { socket.stopReading() } }
-    }
-    var pausedForPipeline = false
-    var pendingContinue = false
-    /// The sequence of the request whose `Expect: 100-continue` the continue check is deciding.
-    var continueCheckSequence: UInt64?
+    var expectContinue = ExpectContinue.none
     var processingH1 = false
-    var peerHalfClosed = false
 
     // HTTP/2 state
     var h2: H2Session?
@@ -121,29 +98,22 @@ final class Connection: @unchecked Sendable {
                 close()
                 return
             }
-        } else if !core.cleartextHTTP2 {
-            mode = .http1
         }
-        awaitingProxyHeader = core.proxyProtocol != nil
-        if loop.shuttingDown { shuttingDown = true }
+        state = ServerConnectionState(protocol: tls == nil && !core.cleartextHTTP2 ? .http1 : .sniffing,
+                                      proxyHeader: core.proxyProtocol != nil,
+                                      shuttingDown: loop.shuttingDown)
         updateTimer()
     }
 
     // MARK: Input
 
     func onRead(_ bytes: UnsafeRawBufferPointer) {
-        if lingering {
-            // Discarded, not parsed.
-            lingerDiscarded += bytes.count
-            if lingerDiscarded > Connection.lingerMaxBytes { close() }
-            return
+        switch state.bytesRead(bytes.count) {
+        case .payload: onPayload(bytes)
+        case .proxyHeader: onProxyHeaderBytes(bytes)
+        case .discard, .ignore: return
+        case .close: close()
         }
-        guard !closed else { return }
-        if awaitingProxyHeader {
-            onProxyHeaderBytes(bytes)
-            return
-        }
-        onPayload(bytes)
     }
 
     /// Collects the PROXY header; once complete, the client it names becomes this connection's
@@ -158,7 +128,7 @@ final class Connection: @unchecked Sendable {
             core.recordProxyRefused()
             close()
         case .header(let header, let length):
-            awaitingProxyHeader = false
+            state.proxyHeaderReceived()
             var key = socketPeerKey
             if let text = header.sourceText, let source = header.sourceKey {
                 remoteAddress = text
@@ -200,8 +170,7 @@ final class Connection: @unchecked Sendable {
                 case .failed:
                     core.recordHandshakeFailure()
                     inRead = false
-                    closeAfterFlush = true
-                    abruptClose = true
+                    state.closeAfterFlush(abrupt: true)
                     flush()
                     return
                 case .done:
@@ -210,7 +179,7 @@ final class Connection: @unchecked Sendable {
                     if info.alpn == "h2" {
                         startHTTP2()
                     } else if info.alpn != nil || !core.cleartextHTTP2 {
-                        mode = .http1
+                        state.protocolChosen(.http1)
                     }
                 }
             }
@@ -234,7 +203,7 @@ final class Connection: @unchecked Sendable {
             onPlaintext(bytes)
         }
         inRead = false
-        if mode != .http1 { accountInput(heldOutsideHTTP1) }
+        if !state.isHTTP1 { accountInput(heldOutsideHTTP1) }
         if inputHeld > 0 && core.inputOverBudget() { loop.closeGreediestInput() }
         guard !closed else { return }
         flush()
@@ -255,11 +224,13 @@ final class Connection: @unchecked Sendable {
     }
 
     private func onPlaintext(_ bytes: UnsafeRawBufferPointer) {
-        switch mode {
+        switch state.connectionProtocol {
         case .http1:
             h1Receive(bytes)
         case .http2:
             h2?.receive(bytes)
+        case nil:
+            return
         case .sniffing:
             // Decide as soon as the bytes diverge from the preface; buffer only while they match.
             let offset = sniffed.count
@@ -268,7 +239,7 @@ final class Connection: @unchecked Sendable {
                 if http2Preface[offset + i] != b { matches = false; break }
             }
             if !matches {
-                mode = .http1
+                state.protocolChosen(.http1)
                 if sniffed.isEmpty {
                     h1Receive(bytes)
                 } else {
@@ -290,28 +261,32 @@ final class Connection: @unchecked Sendable {
     }
 
     private func startHTTP2() {
-        mode = .http2
+        state.protocolChosen(.http2)
         do {
             h2 = try H2Session(connection: self, settings: core.configuration.http2)
         } catch {
             close()
             return
         }
-        if shuttingDown || goAwayAtStart { h2?.submitGoAway() }
+        if state.shuttingDown || goAwayAtStart { h2?.submitGoAway() }
     }
 
     func onEOF() {
-        if lingering { close(); return }
-        guard !closed else { return }
-        if mode == .http1 && slotsHead < slots.count {
+        switch state.eofRead(requestsPending: slotsHead < slots.count) {
+        case .ignore: return
+        case .close: close()
+        case .answerPending:
             // Half-closed: answer what was already received, then close.
-            peerHalfClosed = true
-            stopParsing = true
             socket.stopReading()
             updateTimer()
-            return
         }
-        close()
+    }
+
+    /// No further request of this connection will be parsed. From then on nothing is read
+    /// (what a read in progress still delivers is dropped), so input held cannot grow in this
+    /// state whatever the peer sends; a lingering close reads and discards a bounded amount.
+    func stopParsing() {
+        if state.stopParsing() { socket.stopReading() }
     }
 
     // MARK: Output
@@ -322,35 +297,35 @@ final class Connection: @unchecked Sendable {
         guard !closed, !inRead else { return }
         if let h2 {
             h2.pump()
-            if !h2.wantsIO && socket.writesInFlight == 0 { closeAfterFlush = true }
+            if !h2.wantsIO && socket.writesInFlight == 0 { state.closeAfterFlush() }
         }
         if let tls {
             if !out.isEmpty {
                 let ok = out.withUnsafeBytes { tls.write($0) }
-                out.removeAll(keepingCapacity: out.capacity <= Connection.keptBufferCapacity)
+                out.removeAll(keepingCapacity: out.capacity <= ServerConnection.keptBufferCapacity)
                 if !ok { close(); return }
             }
             tls.drainOutput(into: &wire)
             if !wire.isEmpty {
                 let ok = wire.withUnsafeBytes { socket.write($0) }
-                wire.removeAll(keepingCapacity: wire.capacity <= Connection.keptBufferCapacity)
+                wire.removeAll(keepingCapacity: wire.capacity <= ServerConnection.keptBufferCapacity)
                 if !ok { close(); return }
             }
         } else if !out.isEmpty {
             let ok = out.withUnsafeBytes { socket.write($0) }
-            out.removeAll(keepingCapacity: out.capacity <= Connection.keptBufferCapacity)
+            out.removeAll(keepingCapacity: out.capacity <= ServerConnection.keptBufferCapacity)
             if !ok { close(); return }
         }
         if socket.writesInFlight > 0 {
             if socket.queuedBytes > core.outputLimit() && socket.reading {
                 // The peer does not read: stop producing (and reading requests) until it does,
                 // and give back the output buffers' capacity while it waits.
-                pausedForWrites = true
+                state.pauseForWrites()
                 socket.stopReading()
                 out = []
                 wire = []
             }
-        } else if closeAfterFlush {
+        } else if state.closesAfterFlush {
             closeGracefully()
             return
         }
@@ -358,17 +333,17 @@ final class Connection: @unchecked Sendable {
         updateTimer()
     }
 
-    /// Undoes `pausedForWrites` once the queued output drained (or the kernel took it all):
+    /// Undoes `gate.pausedForWrites` once the queued output drained (or the kernel took it all):
     /// parses the requests already buffered, then reads again.
     private func resumeAfterWrites() {
-        guard pausedForWrites, !resumingAfterWrites, socket.queuedBytes <= core.outputLimit() / 4 else { return }
+        guard state.gate.pausedForWrites, !resumingAfterWrites, socket.queuedBytes <= core.outputLimit() / 4 else { return }
         resumingAfterWrites = true
         defer { resumingAfterWrites = false }
-        while pausedForWrites && !closed && socket.queuedBytes <= core.outputLimit() / 4 {
-            pausedForWrites = false
-            if mode == .http1 { h1Process() }   // flushes as handlers answer; may pause again
+        while state.gate.pausedForWrites && !closed && socket.queuedBytes <= core.outputLimit() / 4 {
+            state.writesDrained()
+            if state.isHTTP1 { h1Process() }   // flushes as handlers answer; may pause again
         }
-        if !closed && !pausedForWrites && !pausedForPipeline && !peerHalfClosed && !stopParsing {
+        if !closed && state.gate.reads {
             socket.startReading()
         }
     }
@@ -376,7 +351,7 @@ final class Connection: @unchecked Sendable {
     func onWriteDone() {
         guard !closed else { return }
         if socket.writesInFlight == 0 { lastActivity = loop.now }
-        if closeAfterFlush && socket.writesInFlight == 0 && out.isEmpty {
+        if state.closesAfterFlush && socket.writesInFlight == 0 && out.isEmpty {
             closeGracefully()
             return
         }
@@ -387,12 +362,11 @@ final class Connection: @unchecked Sendable {
 
     func complete(_ responder: HTTPResponder, _ response: HTTPResponse, _ action: ConnectionAction) {
         guard !closed else { return }
-        switch mode {
-        case .http2:
+        if state.connectionProtocol == .http2 {
             h2?.handlerAnswered(streamID: responder.streamID, response: response, isHEAD: responder.isHEAD, action: action)
-            if action == .close { closeAfterFlush = true; abruptClose = true }
+            if action == .close { state.closeAfterFlush(abrupt: true) }
             flush()
-        default:
+        } else {
             h1Complete(responder, response, action)
         }
     }
@@ -406,28 +380,23 @@ final class Connection: @unchecked Sendable {
     // MARK: Shutdown and close
 
     func beginShutdown() {
-        guard !closed else { return }
-        shuttingDown = true
-        switch mode {
-        case .http2:
+        switch state.shutdownBegun(requestsPending: slotsHead < slots.count) {
+        case .ignore:
+            return
+        case .goAway:
             h2?.submitGoAway()
             flush()
-        case .http1:
-            stopParsing = true
-            if slotsHead == slots.count {
-                closeAfterFlush = true
-                flush()
-            }
-        case .sniffing:
+        case .stopReading(let flushNow):
+            socket.stopReading()
+            if flushNow { flush() }
+        case .close:
             close()
         }
     }
 
     /// Closes the socket now (also ends a lingering close).
     func close() {
-        guard !closed || lingering else { return }
-        closed = true
-        lingering = false
+        guard state.closeRequested() else { return }
         socket.close()
     }
 
@@ -435,8 +404,11 @@ final class Connection: @unchecked Sendable {
     /// written: TLS close_notify, FIN (uv_shutdown, sent after queued writes), then linger.
     /// Abrupt closes and a peer that already sent EOF close at once.
     private func closeGracefully() {
-        guard !closed else { return }
-        if abruptClose || peerHalfClosed { close(); return }
+        switch state.outputDrained() {
+        case .none: return
+        case .close: close(); return
+        case .closeGracefully: break
+        }
         if let tls, tls.handshakeDone {
             tls.shutdown()
             tls.drainOutput(into: &wire)
@@ -447,11 +419,10 @@ final class Connection: @unchecked Sendable {
             }
         }
         guard socket.shutdownWrite() else { close(); return }
-        closed = true
-        lingering = true
+        state.lingerStarted()
         out = []
         socket.startReading()
-        socket.armTimer(milliseconds: loop.shuttingDown ? Connection.lingerShutdownMs : Connection.lingerMs)
+        socket.armTimer(milliseconds: loop.shuttingDown ? ServerConnection.lingerShutdownMs : ServerConnection.lingerMs)
     }
 
     /// The socket's handles are closed: drop protocol state and leave the loop.
@@ -466,16 +437,21 @@ final class Connection: @unchecked Sendable {
     // MARK: Timeouts
 
     private func deadline() -> UInt64? {
-        if awaitingProxyHeader { return startedAt + core.headerTimeoutMs }
+        let serving: ConnectionProtocol
+        switch state.phase {
+        case .awaitingProxyHeader: return startedAt + core.headerTimeoutMs
+        case .open(let p), .draining(let p, _): serving = p
+        case .lingering, .closed: return nil
+        }
         if let queuedAt = socket.oldestWriteQueuedAt { return queuedAt + core.writeTimeoutMs }
         if let tls, !tls.handshakeDone { return startedAt + core.headerTimeoutMs }
-        switch mode {
+        switch serving {
         case .sniffing:
             return (sniffed.isEmpty ? lastActivity + core.idleTimeoutMs
                                     : startedAt + core.headerTimeoutMs)
         case .http1:
             if slotsHead < slots.count { return nil }   // a handler is working
-            if peerHalfClosed { return lastActivity }
+            if state.peerHalfClosed { return lastActivity }
             switch h1State {
             case .idle: return lastActivity + core.idleTimeoutMs
             case .head: return headStartedAt + core.headerTimeoutMs
@@ -503,8 +479,11 @@ final class Connection: @unchecked Sendable {
     }
 
     func onTimer() {
-        if lingering { close(); return }
-        guard !closed else { return }
+        switch state.timerFired() {
+        case .ignore: return
+        case .close: close(); return
+        case .checkDeadline: break
+        }
         armedDeadline = 0
         guard let d = deadline() else { return }
         let now = loop.now
@@ -513,7 +492,7 @@ final class Connection: @unchecked Sendable {
             socket.armTimer(milliseconds: d - now)
             return
         }
-        if mode == .http2, let h2, socket.writesInFlight == 0 {
+        if state.connectionProtocol == .http2, let h2, socket.writesInFlight == 0 {
             // Streams whose request did not arrive in time are reset; the connection and its
             // other streams carry on.
             let reset = h2.resetExpiredStreams(now: now, timeoutMs: core.headerTimeoutMs + core.bodyTimeoutMs)
@@ -524,26 +503,24 @@ final class Connection: @unchecked Sendable {
             }
         }
         core.recordTimeout()
-        if awaitingProxyHeader {
+        if state.awaitingProxyHeader {
             core.recordProxyRefused()
             close()
             return
         }
-        if mode == .http1 && socket.writesInFlight == 0 && slotsHead == slots.count && h1State != .idle {
+        if state.isHTTP1 && socket.writesInFlight == 0 && slotsHead == slots.count && h1State != .idle {
             // Tell a slow client why, then close.
             let kind = h1State == .head ? "header_timeout" : "body_timeout"
             h1WriteError(status: 408, kind: kind)
-            stopParsing = true
-            closeAfterFlush = true
-            abruptClose = true
+            stopParsing()
+            state.closeAfterFlush(abrupt: true)
             flush()
             if !closed && socket.writesInFlight == 0 { close() }
             return
         }
-        if mode == .http2, let h2, socket.writesInFlight == 0 {
+        if state.connectionProtocol == .http2, let h2, socket.writesInFlight == 0 {
             h2.submitGoAway()
-            closeAfterFlush = true
-            abruptClose = true
+            state.closeAfterFlush(abrupt: true)
             flush()
             if !closed { close() }
             return

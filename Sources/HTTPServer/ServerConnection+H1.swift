@@ -12,6 +12,16 @@ struct H1Slot {
     var version: HTTPVersion
 }
 
+/// `Expect: 100-continue` of the request being received (one at a time: its head and its
+/// body arrive before the next request's head).
+enum ExpectContinue {
+    case none
+    /// `ServerCore.continueCheck` is deciding for the request that will have this sequence.
+    case checking(sequence: UInt64)
+    /// `100 Continue` is owed once the responses to the requests before it are out.
+    case owed
+}
+
 /// At most this many requests of one connection wait for handlers; beyond it the connection
 /// stops reading until responses drain (bounded memory under pipelining floods).
 let maxPipelinedRequests = 128
@@ -200,7 +210,7 @@ extension ServerCore {
     }
 }
 
-extension Connection {
+extension ServerConnection {
     func h1Receive(_ bytes: UnsafeRawBufferPointer) {
         h1Process(bytes)
     }
@@ -220,23 +230,23 @@ extension Connection {
         withUnsafeMutablePointer(to: &self.parser) { parser in
             // Once no further request will be parsed, input is dropped instead of buffered:
             // the socket stops reading then, but bytes of the read in progress still arrive.
-            if let bytes, !stopParsing { parser.pointee.append(bytes) }
+            if let bytes, !state.stopsParsing { parser.pointee.append(bytes) }
             h1Events(parser)
-            if stopParsing { parser.pointee.discardInput() }
+            if state.stopsParsing { parser.pointee.discardInput() }
             accountInput(parser.pointee.heldByteCount)
         }
     }
 
     private func h1Events(_ parser: UnsafeMutablePointer<HTTP1Parser>) {
-        while !stopParsing && !closed {
+        while !state.stopsParsing && !closed {
             if slots.count - slotsHead >= maxPipelinedRequests {
-                pausedForPipeline = true
+                state.pauseForPipeline()
                 socket.stopReading()
                 break
             }
             if out.count + socket.queuedBytes > core.outputLimit() {
                 // Responses pile up faster than the peer reads them: parse more once it has.
-                pausedForWrites = true
+                state.pauseForWrites()
                 socket.stopReading()
                 break
             }
@@ -246,22 +256,21 @@ extension Connection {
                 if head.expectContinue {
                     if let check = core.continueCheck {
                         let sequence = nextSequence
-                        continueCheckSequence = sequence
+                        expectContinue = .checking(sequence: sequence)
                         check(h1Request(head, body: []), HTTPContinueDecision(connection: self, sequence: sequence))
                     } else if slotsHead == slots.count {
                         out.append(contentsOf: continueLine)
                     } else {
-                        pendingContinue = true
+                        expectContinue = .owed
                     }
                 }
             case .request(let request):
-                pendingContinue = false
-                continueCheckSequence = nil   // the body came anyway: the handler decides
+                expectContinue = .none   // the body came (even while checking): the handler decides
                 requestsSeen += 1
                 let head = request.head
-                let keepAlive = head.keepAlive && !shuttingDown
+                let keepAlive = head.keepAlive && !state.shuttingDown
                     && requestsSeen < core.maxRequestsPerConnection
-                if !keepAlive { stopParsing = true }
+                if !keepAlive { stopParsing() }
                 let isHEAD = head.method.utf8.count == 4 && head.method == "HEAD"
                 let sequence = nextSequence
                 nextSequence += 1
@@ -271,7 +280,7 @@ extension Connection {
             case .failure(let error):
                 let kind = "\(error.kind.rawValue)"
                 core.recordParseError(kind)
-                stopParsing = true
+                stopParsing()
                 nextSequence += 1
                 slots.append(H1Slot(response: core.errorResponse(error.status, kind),
                                     keepAlive: false, isHEAD: false, version: .http1_1))
@@ -309,10 +318,10 @@ extension Connection {
     /// or `refusal` as that request's answer in pipeline order, nothing more parsed or read.
     /// Ignored once the request arrived whole (the handler answers it) or the connection ended.
     func continueDecided(sequence: UInt64, refusal: HTTPResponse?) {
-        guard !closed, continueCheckSequence == sequence else { return }
-        continueCheckSequence = nil
+        guard !closed, case .checking(sequence) = expectContinue else { return }
+        expectContinue = .none
         if let refusal {
-            stopParsing = true
+            stopParsing()
             nextSequence += 1
             slots.append(H1Slot(response: refusal, keepAlive: false, isHEAD: false, version: .http1_1))
             h1Drain()
@@ -320,7 +329,7 @@ extension Connection {
         } else if slotsHead == slots.count {
             out.append(contentsOf: continueLine)
         } else {
-            pendingContinue = true
+            expectContinue = .owed
         }
         flush()
         updateTimer()
@@ -333,10 +342,12 @@ extension Connection {
         slots[index].response = response
         slots[index].action = action
         h1Drain()
-        if pausedForPipeline && !stopParsing && slots.count - slotsHead < maxPipelinedRequests {
-            pausedForPipeline = false
-            if !pausedForWrites { socket.startReading() }
-            h1Process()
+        if slots.count - slotsHead < maxPipelinedRequests {
+            switch state.pipelineHasRoom() {
+            case .none: break
+            case .parse: h1Process()
+            case .readAndParse: socket.startReading(); h1Process()
+            }
         }
         flush()
         updateTimer()
@@ -350,14 +361,13 @@ extension Connection {
             slotsHead += 1
             let last = slotsHead == slots.count
             var keepAlive = slot.keepAlive && slot.action == .keep
-            if shuttingDown && last { keepAlive = false }
-            if peerHalfClosed && last { keepAlive = false }
+            if state.shuttingDown && last { keepAlive = false }
+            if state.peerHalfClosed && last { keepAlive = false }
             h1Serialize(response, keepAlive: keepAlive, isHEAD: slot.isHEAD, version: slot.version)
             if !keepAlive {
                 // Nothing after this response is answered: the connection ends here.
-                stopParsing = true
-                closeAfterFlush = true
-                if slot.action == .close { abruptClose = true }
+                stopParsing()
+                state.closeAfterFlush(abrupt: slot.action == .close)
                 slotsHead = slots.count
                 break
             }
@@ -366,9 +376,9 @@ extension Connection {
             baseSequence = nextSequence
             slots.removeAll(keepingCapacity: true)
             slotsHead = 0
-            if pendingContinue && !closeAfterFlush {
+            if case .owed = expectContinue, !state.closesAfterFlush {
                 out.append(contentsOf: continueLine)
-                pendingContinue = false
+                expectContinue = .none
             }
         } else if slotsHead >= 64 {
             slots.removeFirst(slotsHead)
