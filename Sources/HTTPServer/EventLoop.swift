@@ -11,7 +11,7 @@ import Glibc
 
 /// Work handed to a loop from another thread.
 enum LoopTask {
-    case respond(ServerConnection, HTTPResponder, HTTPResponse, ConnectionAction)
+    case respond(ServerConnection, HTTPResponseWriter, HTTPResponse, ConnectionAction)
     case abort(ServerConnection)
     case setMaxConcurrentStreams(ServerConnection, UInt32)
     case continueDecided(ServerConnection, UInt64, HTTPResponse?)

@@ -341,14 +341,14 @@ final class H2Session {
                               body: st.body, remoteAddress: connection.remoteAddress, tls: connection.tlsInfo,
                               connectionID: connection.id, streamID: st.id, clientKey: connection.clientKey)
         dropBody(st)
-        let responder = HTTPResponder(connection: connection, sequence: 0, streamID: st.id,
+        let writer = HTTPResponseWriter(connection: connection, sequence: 0, streamID: st.id,
                                       isHEAD: st.method == "HEAD")
-        connection.core.handler(req, responder)
+        connection.core.handler(req, writer)
     }
 
     // MARK: Sending
 
-    /// A handler's answer (from its responder): it stops counting in `handlersWorking` even
+    /// A handler's answer (from its writer): it stops counting in `handlersWorking` even
     /// when its stream is gone, then goes out if the stream is still open.
     func handlerAnswered(streamID: Int32, response: HTTPResponse, isHEAD: Bool, action: ConnectionAction) {
         handlersWorking -= 1

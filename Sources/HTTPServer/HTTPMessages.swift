@@ -97,9 +97,9 @@ public enum ConnectionAction: Sendable {
 }
 
 /// Called on a loop thread: must not block. Blocking work goes to the caller's own thread and
-/// answers later through the responder. A handler that never responds stalls its request; the
+/// answers later through the writer. A handler that never responds stalls its request; the
 /// server's shutdown still completes (after its grace period).
-public typealias HTTPHandler = @Sendable (HTTPRequest, HTTPResponder) -> Void
+public typealias HTTPHandler = @Sendable (HTTPRequest, HTTPResponseWriter) -> Void
 
 /// HTTP/1.1 `Expect: 100-continue`: whether to invite the body. Called on a loop thread with
 /// the request head (`body` empty) as soon as it is complete; must not block. Answer through

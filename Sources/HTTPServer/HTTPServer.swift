@@ -1,4 +1,4 @@
-// The public server object, the responder handed to handlers, and the state every loop shares.
+// The public server object, the writer handed to handlers, and the state every loop shares.
 import POSIXThreads
 import Synchronization
 #if canImport(Glibc)
@@ -214,7 +214,7 @@ public final class HTTPContinueDecision: Sendable {
 
 /// Answers one request. Callable from any thread; the first `respond` or `abortConnection`
 /// wins and later calls are ignored.
-public final class HTTPResponder: Sendable {
+public final class HTTPResponseWriter: Sendable {
     let connection: ServerConnection
     /// HTTP/1: the request's position on its connection; HTTP/2: the stream identifier.
     let sequence: UInt64
@@ -257,7 +257,7 @@ public final class HTTPResponder: Sendable {
         }
     }
 
-    /// The event-loop thread this responder answers on. A caller that completes many requests
+    /// The event-loop thread this writer answers on. A caller that completes many requests
     /// at once (the relay's group commit finishes every request of a transaction together)
     /// hands each loop all of its completions in one task instead of one cross-thread hop per
     /// response; `respond` called on the loop's own thread then writes directly.

@@ -275,8 +275,8 @@ extension ServerConnection {
                 let sequence = nextSequence
                 nextSequence += 1
                 slots.append(H1Slot(response: nil, keepAlive: keepAlive, isHEAD: isHEAD, version: head.version))
-                let responder = HTTPResponder(connection: self, sequence: sequence, streamID: 0, isHEAD: isHEAD)
-                core.handler(h1Request(head, body: request.body), responder)
+                let writer = HTTPResponseWriter(connection: self, sequence: sequence, streamID: 0, isHEAD: isHEAD)
+                core.handler(h1Request(head, body: request.body), writer)
             case .failure(let error):
                 let kind = "\(error.kind.rawValue)"
                 core.recordParseError(kind)
@@ -335,9 +335,9 @@ extension ServerConnection {
         updateTimer()
     }
 
-    func h1Complete(_ responder: HTTPResponder, _ response: HTTPResponse, _ action: ConnectionAction) {
-        guard responder.sequence >= baseSequence else { return }
-        let index = Int(responder.sequence - baseSequence)
+    func h1Complete(_ writer: HTTPResponseWriter, _ response: HTTPResponse, _ action: ConnectionAction) {
+        guard writer.sequence >= baseSequence else { return }
+        let index = Int(writer.sequence - baseSequence)
         guard index >= slotsHead && index < slots.count else { return }
         slots[index].response = response
         slots[index].action = action

@@ -6,10 +6,10 @@
 let http2Preface: [UInt8] = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
 
 // @unchecked Sendable: every mutable field is touched only on the connection's loop thread.
-// Other threads only hold the reference (inside an HTTPResponder) and pass it back to that loop
+// Other threads only hold the reference (inside an HTTPResponseWriter) and pass it back to that loop
 // through `EventLoop.enqueue`.
 final class ServerConnection: @unchecked Sendable {
-    /// Strong: responders keep their connection alive after the server stopped, and must
+    /// Strong: response writers keep their connection alive after the server stopped, and must
     /// still find the (stopped) loop to learn that. The loop drops its connections on close.
     let loop: EventLoop
     let socket: TCPSocket
@@ -360,14 +360,14 @@ final class ServerConnection: @unchecked Sendable {
 
     // MARK: Responses from handlers
 
-    func complete(_ responder: HTTPResponder, _ response: HTTPResponse, _ action: ConnectionAction) {
+    func complete(_ writer: HTTPResponseWriter, _ response: HTTPResponse, _ action: ConnectionAction) {
         guard !closed else { return }
         if state.connectionProtocol == .http2 {
-            h2?.handlerAnswered(streamID: responder.streamID, response: response, isHEAD: responder.isHEAD, action: action)
+            h2?.handlerAnswered(streamID: writer.streamID, response: response, isHEAD: writer.isHEAD, action: action)
             if action == .close { state.closeAfterFlush(abrupt: true) }
             flush()
         } else {
-            h1Complete(responder, response, action)
+            h1Complete(writer, response, action)
         }
     }
 

@@ -13,8 +13,8 @@ struct ControlAPI: Sendable {
     let core: MockCore
     let metrics: @Sendable () -> HTTPServerMetrics
 
-    func handle(_ request: HTTPRequest, _ responder: HTTPResponder) {
-        responder.respond(route(request))
+    func handle(_ request: HTTPRequest, _ writer: HTTPResponseWriter) {
+        writer.respond(route(request))
     }
 
     func route(_ request: HTTPRequest) -> HTTPResponse {

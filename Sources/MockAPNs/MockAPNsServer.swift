@@ -79,9 +79,9 @@ final class MockCore: Sendable {
 
     // MARK: The APNs request path
 
-    func handle(_ request: HTTPRequest, _ responder: HTTPResponder) {
+    func handle(_ request: HTTPRequest, _ writer: HTTPResponseWriter) {
         guard request.version == .http2 else {
-            refuseHTTP1(responder)
+            refuseHTTP1(writer)
             return
         }
         let now = configuration.clock()
@@ -94,14 +94,14 @@ final class MockCore: Sendable {
             log("\(request.method) \(request.path) conn=\(request.connectionID) stream=\(request.streamID) -> "
                 + (decision.stall ? "stall" : decision.abort ? "abort" : "\(response.status) \(reasonOf(response))"))
         }
-        send(response, decision, connectionFault, grantStreams: seen.grantStreams, responder)
+        send(response, decision, connectionFault, grantStreams: seen.grantStreams, writer)
     }
 
     /// APNs is HTTP/2 only; a client that works here over HTTP/1.1 would fail there.
-    private func refuseHTTP1(_ responder: HTTPResponder) {
+    private func refuseHTTP1(_ writer: HTTPResponseWriter) {
         let rejection = Rejection(status: 505, reason: "HTTPVersionNotSupported", detail: "APNs speaks HTTP/2 only")
         stats.withLock { $0.requests += 1; $0.byStatusReason["505 HTTPVersionNotSupported", default: 0] += 1 }
-        responder.respond(HTTPResponse(status: 505, headers: HTTPHeaders([("content-type", "application/json")]),
+        writer.respond(HTTPResponse(status: 505, headers: HTTPHeaders([("content-type", "application/json")]),
                                        body: rejection.body()), then: .goAway)
     }
 
@@ -212,10 +212,10 @@ final class MockCore: Sendable {
     /// Answers now or after the injected latency; a stalled stream is never answered, and
     /// GOAWAY/close faults still apply to later streams.
     private func send(_ response: HTTPResponse, _ decision: FaultDecision, _ connectionFault: ConnectionFault,
-                      grantStreams: Bool, _ responder: HTTPResponder) {
+                      grantStreams: Bool, _ writer: HTTPResponseWriter) {
         if decision.stall { return }
         if decision.abort {
-            responder.abortConnection()
+            writer.abortConnection()
             return
         }
         let action: ConnectionAction = switch connectionFault {
@@ -228,12 +228,12 @@ final class MockCore: Sendable {
         let raiseTo: UInt32? = grantStreams ? configuration.maxConcurrentStreams : nil
         if decision.latencyMs > 0 {
             delayQueue.asyncAfter(deadline: .now() + .milliseconds(decision.latencyMs)) {
-                responder.respond(response, then: action)
-                if let raiseTo { responder.setMaxConcurrentStreams(raiseTo) }
+                writer.respond(response, then: action)
+                if let raiseTo { writer.setMaxConcurrentStreams(raiseTo) }
             }
         } else {
-            responder.respond(response, then: action)
-            if let raiseTo { responder.setMaxConcurrentStreams(raiseTo) }
+            writer.respond(response, then: action)
+            if let raiseTo { writer.setMaxConcurrentStreams(raiseTo) }
         }
     }
 
@@ -326,15 +326,15 @@ public final class MockAPNsServer: Lifecycle {
                                                         cleartextHTTP2: true, http2: http2, limits: limits,
                                                         loopThreads: configuration.loopThreads)
         apnsConfiguration.admission = { core.admission() }
-        let apnsServer = try HTTPServer(configuration: apnsConfiguration) { request, responder in
-            core.handle(request, responder)
+        let apnsServer = try HTTPServer(configuration: apnsConfiguration) { request, writer in
+            core.handle(request, writer)
         }
         apns = apnsServer
         if let controlPort = configuration.controlPort {
             let api = ControlAPI(core: core, metrics: { apnsServer.metrics })
             control = try HTTPServer(configuration: HTTPServerConfiguration(host: configuration.controlHost, port: controlPort,
-                                                                            tls: nil, cleartextHTTP2: false)) { request, responder in
-                api.handle(request, responder)
+                                                                            tls: nil, cleartextHTTP2: false)) { request, writer in
+                api.handle(request, writer)
             }
         } else {
             control = nil

@@ -69,7 +69,7 @@ import Testing
 
     /// Pipelined: the refusal waits for the answer to the request before it, in order.
     @Test func refusalKeepsPipelineOrder() throws {
-        let held = Mutex<HTTPResponder?>(nil)
+        let held = Mutex<HTTPResponseWriter?>(nil)
         let cfg = config { _, decision in decision.refuse(HTTPResponse(status: 403)) }
         try withServer(cfg, handler: { req, res in
             if req.path == "/hold" { held.withLock { $0 = res } } else { echoHandler(req, res) }
@@ -79,10 +79,10 @@ import Testing
             c.setReceiveTimeout(milliseconds: 300)
             #expect(c.readResponse(headOnly: true) == nil)
             c.setReceiveTimeout(milliseconds: 5000)
-            var responder: HTTPResponder?
-            for _ in 0..<100 where responder == nil { responder = held.withLock { $0 }; if responder == nil { usleep(10_000) } }
-            try #require(responder != nil)
-            responder?.respond(HTTPResponse(status: 204))
+            var writer: HTTPResponseWriter?
+            for _ in 0..<100 where writer == nil { writer = held.withLock { $0 }; if writer == nil { usleep(10_000) } }
+            try #require(writer != nil)
+            writer?.respond(HTTPResponse(status: 204))
             #expect(c.readResponse()?.status == 204)
             #expect(c.readResponse()?.status == 403)
             #expect(c.waitForClose())
@@ -92,7 +92,7 @@ import Testing
     /// Pipelined: a check that proceeds while the request before it waits owes the 100, sent
     /// right after that request's answer.
     @Test func proceedingKeepsPipelineOrder() throws {
-        let held = Mutex<HTTPResponder?>(nil)
+        let held = Mutex<HTTPResponseWriter?>(nil)
         let cfg = config { _, decision in decision.proceed() }
         try withServer(cfg, handler: { req, res in
             if req.path == "/hold" { held.withLock { $0 = res } } else { echoHandler(req, res) }
@@ -102,10 +102,10 @@ import Testing
             c.setReceiveTimeout(milliseconds: 300)
             #expect(c.readResponse(headOnly: true) == nil, "the 100 came before the answer it follows")
             c.setReceiveTimeout(milliseconds: 5000)
-            var responder: HTTPResponder?
-            for _ in 0..<100 where responder == nil { responder = held.withLock { $0 }; if responder == nil { usleep(10_000) } }
-            try #require(responder != nil)
-            responder?.respond(HTTPResponse(status: 204))
+            var writer: HTTPResponseWriter?
+            for _ in 0..<100 where writer == nil { writer = held.withLock { $0 }; if writer == nil { usleep(10_000) } }
+            try #require(writer != nil)
+            writer?.respond(HTTPResponse(status: 204))
             #expect(c.readResponse()?.status == 204)
             #expect(c.readResponse(headOnly: true)?.status == 100)
             try c.send("hey")

@@ -1,5 +1,5 @@
 // HTTP/1.1 over raw loopback sockets: keep-alive, pipelining order, chunked bodies,
-// 100-continue, malformed requests, limits, timeouts, responder actions and metrics.
+// 100-continue, malformed requests, limits, timeouts, writer actions and metrics.
 import Foundation
 import HTTPServer
 import POSIXThreads
@@ -10,20 +10,20 @@ import Testing
     /// 128 requests at a handler that holds them stop the reading; once they are answered the
     /// connection reads again and answers what the client sent meanwhile.
     @Test func readingResumesOnceAFullPipelineIsAnswered() throws {
-        let held = Mutex<[HTTPResponder]>([])
+        let held = Mutex<[HTTPResponseWriter]>([])
         try withServer(handler: { req, res in
             if req.path == "/hold" { held.withLock { $0.append(res) } } else { echoHandler(req, res) }
         }) { server in
             let c = try RawClient(port: server.localPort)
             try c.send(String(repeating: "GET /hold HTTP/1.1\r\nHost: t\r\n\r\n", count: 128))
-            var responders: [HTTPResponder] = []
-            for _ in 0..<500 where responders.count < 128 {
+            var writers: [HTTPResponseWriter] = []
+            for _ in 0..<500 where writers.count < 128 {
                 usleep(10_000)
-                responders = held.withLock { $0 }
+                writers = held.withLock { $0 }
             }
-            try #require(responders.count == 128)
+            try #require(writers.count == 128)
             try c.send("GET /after HTTP/1.1\r\nHost: t\r\n\r\n")   // sent while the server does not read
-            for r in responders { r.respond(HTTPResponse(status: 204)) }
+            for r in writers { r.respond(HTTPResponse(status: 204)) }
             for i in 0..<128 { #expect(c.readResponse()?.status == 204, "held \(i)") }
             let after = c.readResponse()
             #expect(after?.status == 200 && after?.text == "GET /after 0", "\(after?.status ?? 0)")
@@ -473,7 +473,7 @@ import Testing
 
 @Suite struct ServerLifecycleTests {
     @Test func respondingAfterShutdownIsHarmless() throws {
-        let parked = Mutex<[HTTPResponder]>([])
+        let parked = Mutex<[HTTPResponseWriter]>([])
         let server = try HTTPServer(configuration: HTTPServerConfiguration()) { _, res in
             parked.withLock { $0.append(res) }
         }
@@ -483,15 +483,15 @@ import Testing
         while parked.withLock({ $0.isEmpty }) { Thread.sleep(forTimeInterval: 0.01) }
         server.stop(grace: .milliseconds(100))
         #expect(c.waitForClose())
-        let responders = parked.withLock { $0 }
+        let writers = parked.withLock { $0 }
         // From another thread, after the loop is gone: dropped, no crash.
         let done = DispatchSemaphore(value: 0)
         DispatchQueue.global().async {
-            responders.forEach { $0.respond(HTTPResponse(status: 200)); $0.setMaxConcurrentStreams(1); $0.abortConnection() }
+            writers.forEach { $0.respond(HTTPResponse(status: 200)); $0.setMaxConcurrentStreams(1); $0.abortConnection() }
             done.signal()
         }
         #expect(done.wait(timeout: .now() + 5) == .success)
-        #expect(responders.allSatisfy { $0.hasResponded })
+        #expect(writers.allSatisfy { $0.hasResponded })
     }
 
     @Test func severalLoopThreadsShareOnePort() throws {

@@ -124,7 +124,7 @@ private func checkHTTP1State(_ name: String, config: HTTPServerConfiguration = b
 
     /// The closing request's handler has not answered yet while the peer streams.
     @Test func whileAClosingRequestIsAtTheHandler() throws {
-        let held = Mutex<[HTTPResponder]>([])
+        let held = Mutex<[HTTPResponseWriter]>([])
         try checkHTTP1State("closing request held", handler: { _, res in held.withLock { $0.append(res) } },
                             prefix: Array("GET /hold HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".utf8))
         for r in held.withLock({ $0 }) { r.respond(HTTPResponse(status: 204)) }
@@ -161,7 +161,7 @@ private func checkHTTP1State(_ name: String, config: HTTPServerConfiguration = b
     /// Paused states that were already bounded stay so: 128 requests at a handler that holds
     /// them, and a peer that never reads its answers.
     @Test func whilePausedForPipeliningOrOutput() throws {
-        let held = Mutex<[HTTPResponder]>([])
+        let held = Mutex<[HTTPResponseWriter]>([])
         try checkHTTP1State("pipeline full", handler: { _, res in held.withLock { $0.append(res) } }, prefix: pipelinedGets,
                             tail: pipelinedGets)
         for r in held.withLock({ $0 }) { r.respond(HTTPResponse(status: 204)) }
@@ -173,7 +173,7 @@ private func checkHTTP1State(_ name: String, config: HTTPServerConfiguration = b
     /// Shutdown begins while a request is at the handler: the connection answers it and
     /// parses nothing more, so it must not read either.
     @Test func duringShutdown() throws {
-        let held = Mutex<[HTTPResponder]>([])
+        let held = Mutex<[HTTPResponseWriter]>([])
         let entered = DispatchSemaphore(value: 0)
         let stopped = DispatchSemaphore(value: 0)
         try checkHTTP1State("shutdown", handler: { _, res in held.withLock { $0.append(res) }; entered.signal() },
@@ -203,7 +203,7 @@ private func checkHTTP1State(_ name: String, config: HTTPServerConfiguration = b
         var config = tlsConfiguration(certs)
         config.limits.maxHeaderBytes = maxHeaderBytes
         config.limits.maxBodyBytes = maxBodyBytes
-        let held = Mutex<[HTTPResponder]>([])
+        let held = Mutex<[HTTPResponseWriter]>([])
         defer { for r in held.withLock({ $0 }) { r.respond(HTTPResponse(status: 204)) } }
         try withServer(config, handler: { _, res in held.withLock { $0.append(res) } }) { server in
             let p = Process()

@@ -66,7 +66,7 @@ private func fragments(_ rng: inout SeededRandom) -> [UInt8] {
         config.limits.socketSendBufferBytes = 4096
         config.limits.maxRequestsPerConnection = 50
         config.limits.maxQueuedOutputBytes = 1 << 20
-        let held = Mutex<[HTTPResponder]>([])
+        let held = Mutex<[HTTPResponseWriter]>([])
         let big = [UInt8](repeating: 0x61, count: 300_000)
         let handlerSeed = Atomic<UInt64>(seed)
         let handler: HTTPHandler = { req, res in

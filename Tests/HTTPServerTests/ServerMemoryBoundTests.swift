@@ -128,7 +128,7 @@ private func smallBufferClient(port: Int) throws -> RawClient {
     /// handler got as many requests as the client cared to send; now requests at the handler
     /// count until answered and the 101st is refused (REFUSED_STREAM).
     @Test func resetStreamsKeepCountingUntilTheirHandlerAnswers() throws {
-        let held = Mutex<[HTTPResponder]>([])
+        let held = Mutex<[HTTPResponseWriter]>([])
         try withServer(handler: { req, res in
             if req.path == "/hold" { held.withLock { $0.append(res) } } else { echoHandler(req, res) }
         }) { server in

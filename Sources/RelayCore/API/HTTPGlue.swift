@@ -55,8 +55,8 @@ enum HTTPGlue {
     /// `service` gets the request, the loop that answers it (where a completion may run) and
     /// the way back.
     static func handler(_ service: @escaping @Sendable (APIRequest, any ThreadExecutor, @escaping @Sendable (APIResponse) -> Void) -> Void) -> HTTPHandler {
-        { request, responder in
-            service(apiRequest(request), responder.executor) { responder.respond(httpResponse($0)) }
+        { request, writer in
+            service(apiRequest(request), writer.executor) { writer.respond(httpResponse($0)) }
         }
     }
 
