@@ -1,4 +1,4 @@
-// The only file in RelayCore that sees libpq's C API. `PostgresConnection` owns one `PGconn*`
+// With PostgresConnInfo.swift, the only file in RelayCore that sees libpq's C API. `PostgresConnection` owns one `PGconn*`
 // (PQfinish in deinit), `PostgresResult` owns one `PGresult*` (PQclear in deinit); every call's
 // status is checked and turned into `StoreError.postgres` carrying libpq's own message and the
 // server's SQLSTATE. Parameters and results travel in binary format, arrays (for set-based
@@ -7,56 +7,6 @@
 import FoundationEssentials
 import Glibc
 internal import CPQ
-
-/// A value bound to or read from PostgreSQL. Times are bigint milliseconds since 1970.
-enum PGValue: Sendable, Equatable {
-    case null
-    case int(Int64)
-    case text(String)
-    case bytes([UInt8])
-    case bool(Bool)
-    /// text[] (elements may be NULL)
-    case textArray([String?])
-    /// bigint[] (elements may be NULL)
-    case intArray([Int64?])
-    /// bytea[]
-    case bytesArray([[UInt8]])
-
-    var int: Int64? { if case .int(let v) = self { return v }; return nil }
-    var string: String? { if case .text(let v) = self { return v }; return nil }
-    var bytes: [UInt8]? { if case .bytes(let v) = self { return v }; return nil }
-    var bool: Bool? { if case .bool(let v) = self { return v }; return nil }
-    var isNull: Bool { self == .null }
-}
-
-/// One row of a result, by column position.
-typealias PGRow = [PGValue]
-
-/// SQLSTATEs the store reacts to (https://www.postgresql.org/docs/15/errcodes-appendix.html).
-enum PGState {
-    static let serializationFailure = "40001"
-    static let deadlockDetected = "40P01"
-    static let uniqueViolation = "23505"
-    /// A write on a standby (hot standby, or a primary demoted by a failover), or a session
-    /// whose default_transaction_read_only is on.
-    static let readOnlyTransaction = "25006"
-    /// A prepared statement the server no longer knows (a pooler handed us another session).
-    static let invalidStatementName = "26000"
-    /// "cached plan must not change result type": a table changed under a prepared statement
-    /// (another node migrated).
-    static let featureNotSupported = "0A000"
-    /// Class 08 (connection exception) and 57P0x (admin/crash shutdown, cannot connect now):
-    /// the connection is gone.
-    static func isConnectionLoss(_ s: String) -> Bool { s.hasPrefix("08") || s.hasPrefix("57P0") }
-    static func isRetryable(_ s: String) -> Bool { s == serializationFailure || s == deadlockDetected }
-    /// The connection is open but unfit: it reached a standby (25006), or its prepared
-    /// statements no longer match the server (26000, 0A000). The owner replaces it, which also
-    /// clears the statement cache and re-checks the schema version; with
-    /// `target_session_attrs=read-write` in the URL the new one reaches the primary.
-    static func needsNewConnection(_ s: String) -> Bool {
-        isConnectionLoss(s) || s == readOnlyTransaction || s == invalidStatementName || s == featureNotSupported
-    }
-}
 
 /// One libpq connection. Not thread-safe: exactly one store-owned thread uses it (see
 /// PostgresWorker); it is never touched from an event loop or Swift's cooperative pool.
@@ -535,90 +485,3 @@ private func withCStrings<R>(_ strings: [String], _ body: (UnsafePointer<UnsafeP
     ptrs.append(nil)
     return ptrs.withUnsafeBufferPointer { body($0.baseAddress!) }
 }
-
-/// A connection string as libpq itself reads it (PQconninfoParse): URI (`postgresql://u:p@h/db?k=v`,
-/// percent-encoding included) or keyword/value (`password = x`, `password='a b'`), so redaction
-/// and the transport checks see exactly what the connection will use.
-struct PostgresConnInfo {
-    struct Option: Equatable {
-        var keyword: String
-        var value: String
-        /// libpq marks secrets with dispchar "*" (password, sslpassword).
-        var secret: Bool
-    }
-    /// Only the options the string sets, in libpq's order.
-    let options: [Option]
-
-    /// nil and `error` set when libpq refuses the string. Its message can quote a fragment of
-    /// the string (a password that is not valid percent-encoding), so quoted parts are elided.
-    init?(_ string: String, error: inout String) {
-        var message: UnsafeMutablePointer<CChar>?
-        guard let parsed = PQconninfoParse(string, &message) else {
-            let text = message.map { PostgresConnection.clean(UnsafePointer($0)) } ?? "out of memory"
-            if let message { PQfreemem(message) }
-            error = Self.elideQuoted(text)
-            return nil
-        }
-        defer { PQconninfoFree(parsed) }
-        var options: [Option] = []
-        var p = parsed
-        while let keyword = p.pointee.keyword {
-            if let value = p.pointee.val {
-                let dispchar = p.pointee.dispchar.map { String(cString: $0) } ?? ""
-                options.append(Option(keyword: String(cString: keyword), value: String(cString: value), secret: dispchar.hasPrefix("*")))
-            }
-            p += 1
-        }
-        self.options = options
-    }
-
-    init?(_ string: String) {
-        var ignored = ""
-        self.init(string, error: &ignored)
-    }
-
-    subscript(keyword: String) -> String? { options.first { $0.keyword == keyword }?.value }
-
-    /// keyword=value form with every secret as ***, quoted as libpq reads it back.
-    var redacted: String {
-        options.map { o in
-            guard !o.secret else { return "\(o.keyword)=***" }
-            let plain = !o.value.isEmpty && !o.value.contains { $0.isWhitespace || $0 == "'" || $0 == "\\" }
-            let quoted = plain ? o.value : "'" + o.value.replacing("\\", with: "\\\\").replacing("'", with: "\\'") + "'"
-            return "\(o.keyword)=\(quoted)"
-        }.joined(separator: " ")
-    }
-
-    /// `text` with every non-empty secret value replaced by ***: for libpq's own error messages.
-    func scrub(_ text: String) -> String {
-        options.filter { $0.secret && !$0.value.isEmpty }.reduce(text) { $0.replacing($1.value, with: "***") }
-    }
-
-    private static func elideQuoted(_ text: String) -> String {
-        var out = "", inQuote = false
-        for ch in text {
-            if ch == "\"" {
-                out += inQuote ? "…\"" : "\""
-                inQuote.toggle()
-            } else if !inQuote {
-                out.append(ch)
-            }
-        }
-        return out
-    }
-}
-
-/// A PostgreSQL connection string fit for logs, `relayctl status` and check-config: libpq's
-/// own reading of it with passwords as ***, never the text as written (which may hold one).
-func redactPostgresURL(_ url: String) -> String {
-    PostgresConnInfo(url)?.redacted ?? "(a connection string libpq cannot parse)"
-}
-
-/// Why libpq would refuse this connection string (its message, quoted fragments elided), nil
-/// when it parses: checked at config load so the redaction above always has libpq's reading.
-func postgresURLProblem(_ url: String) -> String? {
-    var error = ""
-    return PostgresConnInfo(url, error: &error) == nil ? "libpq cannot parse it: \(error)" : nil
-}
-
-extension PGValue: StoreColumnValue {}
