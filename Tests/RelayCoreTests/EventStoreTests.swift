@@ -176,11 +176,13 @@ import Testing
         #expect(again.map(\.event.body) == (first + rest).map(\.event.body))
 
         let t = now + 1000
-        try s.recordWebhookResults(webhook: "all", [
-            (first[0].event.id, .delivered(at: t)),
-            (first[1].event.id, .retry(attemptedAt: t, at: t + 5000, error: "status 500")),
-            (rest[0].event.id, .dead(attemptedAt: t, error: "timeout")),
-        ])
+        // Results of the first claim are stale: `again` claimed the same deliveries since.
+        #expect(try s.recordWebhookResults(webhook: "all", [WebhookAttemptRecord(first[0], .delivered(at: t))]) == 1)
+        #expect(try s.recordWebhookResults(webhook: "all", [
+            WebhookAttemptRecord(again[0], .delivered(at: t)),
+            WebhookAttemptRecord(again[1], .retry(attemptedAt: t, at: t + 5000, error: "status 500")),
+            WebhookAttemptRecord(again[2], .dead(attemptedAt: t, error: "timeout")),
+        ]) == 0)
         #expect(try s.claimWebhookDeliveries(webhook: "all", now: t + 4999, leaseUntil: t + 6000, limit: 10).isEmpty)
         let retried = try s.claimWebhookDeliveries(webhook: "all", now: t + 5000, leaseUntil: t + 60_000, limit: 10)
         #expect(retried.map(\.event.id) == [first[1].event.id])
@@ -200,6 +202,53 @@ import Testing
         #expect(Set(replayed.map(\.event.id)) == [first[0].event.id, rest[0].event.id])
         #expect(replayed.first { $0.event.id == rest[0].event.id }?.attempts == 1)
         #expect(replayed.first { $0.event.id == rest[0].event.id }?.event.body == rest[0].event.body)
+    }
+
+    @Test("A late result of an earlier claim (lease ended, replay) never overwrites what a later claim wrote", arguments: StoreBackend.available)
+    func lateResultsOfAnEarlierClaimAreDropped(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        s.eventSettings = EventStoreSettings(webhooks: [WebhookSubscription(name: "w")])
+        let (_, _, rows) = try claimed(s, 2)
+        try s.apply(rows.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .delivered, attempt: nil) })
+        let now = f.clock.nowMillis()
+        func row(_ id: String) throws -> WebhookDeliveryRecord {
+            try #require(try s.webhookDeliveries(WebhookDeliveryFilter(webhook: "w", eventID: id)).first)
+        }
+        // The first claim's lease ends (its sender is slow); both are claimed again.
+        let first = try s.claimWebhookDeliveries(webhook: "w", now: now, leaseUntil: now + 100, limit: 10)
+        let second = try s.claimWebhookDeliveries(webhook: "w", now: now + 100, leaseUntil: now + 100_000, limit: 10)
+        #expect(first.count == 2 && second.map(\.eventID) == first.map(\.eventID))
+        #expect(zip(first, second).allSatisfy { $0.claim < $1.claim })
+        // The second claim's answer comes first: [0] to be retried later.
+        #expect(try s.recordWebhookResults(webhook: "w", [WebhookAttemptRecord(second[0], .retry(attemptedAt: now + 200, at: now + 60_000, error: "HTTP 500"))]) == 0)
+        // Then the first claim's late answers: neither is recorded.
+        #expect(try s.recordWebhookResults(webhook: "w", [
+            WebhookAttemptRecord(first[0], .delivered(at: now + 300)),
+            WebhookAttemptRecord(first[1], .dead(attemptedAt: now + 300, error: "timeout")),
+        ]) == 2)
+        let zero = try row(first[0].eventID), one = try row(first[1].eventID)
+        #expect(zero.state == .pending && zero.attempts == 1 && zero.lastError == "HTTP 500" && zero.nextAttemptAt == now + 60_000)
+        #expect(one.state == .pending && one.attempts == 0 && one.lastError == nil)
+        // [1] is still leased by the second claim.
+        #expect(try s.claimWebhookDeliveries(webhook: "w", now: now + 300, leaseUntil: now + 100_000, limit: 10).isEmpty)
+
+        // A replay bumps the generation too: the second claim's late answer for [1] is dropped,
+        // and the replayed delivery is claimed (at once) under a newer one.
+        #expect(try s.replayWebhookDelivery(eventID: second[1].eventID, webhook: "w") == 1)
+        #expect(try s.recordWebhookResults(webhook: "w", [WebhookAttemptRecord(second[1], .dead(attemptedAt: now + 400, error: "timeout"))]) == 1)
+        #expect(try row(second[1].eventID).state == .pending)
+        // One transaction: the stale result dropped, the replayed delivery claimed.
+        let third = try s.recordAndClaimWebhookDeliveries(webhook: "w", results: [WebhookAttemptRecord(second[1], .delivered(at: now + 500))],
+                                                          now: now + 500, leaseUntil: now + 100_000, limit: 10)
+        #expect(third.stale == 1 && third.claimed.map(\.eventID) == [second[1].eventID])
+        let replayed = try #require(third.claimed.first)
+        #expect(replayed.claim > second[1].claim + 1)
+        let fourth = try s.recordAndClaimWebhookDeliveries(webhook: "w", results: [WebhookAttemptRecord(replayed, .delivered(at: now + 600))],
+                                                           now: now + 600, leaseUntil: now + 100_000, limit: 10)
+        #expect(fourth == WebhookExchange(stale: 0, claimed: []))
+        #expect(try row(second[1].eventID).state == .delivered)
     }
 
     @Test(arguments: StoreBackend.available)

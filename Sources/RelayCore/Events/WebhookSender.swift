@@ -120,7 +120,7 @@ public final class WebhookSender: Lifecycle, Sendable {
     /// What the thread knows of one webhook. Bounded: at most `maxConcurrent` deliveries.
     private struct WebhookState {
         var inFlight: [Int: (delivery: WebhookDelivery, startedAt: Int64)] = [:]
-        var results: [(eventID: String, result: WebhookAttemptResult)] = []
+        var results: [WebhookAttemptRecord] = []
         var nextClaimAt: Int64 = 0
         var consecutiveFailures = 0
         var nextBacklogAt: Int64 = 0
@@ -216,7 +216,7 @@ public final class WebhookSender: Lifecycle, Sendable {
         let error: String
         switch outcome {
         case .status(let status) where (200..<300).contains(status):
-            s.results.append((delivery.event.id, .delivered(at: now)))
+            s.results.append(WebhookAttemptRecord(delivery, .delivered(at: now)))
             s.consecutiveFailures = 0
             metrics.failing(endpoint.name, consecutiveFailures: 0)
             metrics.sent(endpoint.name, latencySeconds: Double(max(0, now - delivery.event.createdAt)) / 1000)
@@ -226,7 +226,7 @@ public final class WebhookSender: Lifecycle, Sendable {
         }
         let result = endpoint.retry.afterFailure(attemptsBefore: delivery.attempts, firstAttemptAt: delivery.firstAttemptAt, now: now,
                                                  error: error, random: random.unit())
-        s.results.append((delivery.event.id, result))
+        s.results.append(WebhookAttemptRecord(delivery, result))
         s.consecutiveFailures += 1
         s.nextClaimAt = max(s.nextClaimAt, now + endpoint.retry.receiverPause(failures: s.consecutiveFailures))
         metrics.failing(endpoint.name, consecutiveFailures: s.consecutiveFailures)
@@ -242,12 +242,23 @@ public final class WebhookSender: Lifecycle, Sendable {
         }
     }
 
+    /// Results of an earlier claim (the lease ended and the delivery was claimed again, or it was
+    /// replayed) are not recorded: the later claim's result stands.
+    private func noteStale(_ i: Int, _ stale: Int) {
+        guard stale > 0 else { return }
+        metrics.staleResults(endpoints[i].name, stale)
+        logger.debug("webhook results of an earlier claim not recorded", ["webhook": endpoints[i].name, "count": stale])
+    }
+
     /// One transaction for the turn's results. If the store refuses, they are dropped: the
     /// deliveries stay leased, come back when the lease ends and are sent again (at least once).
     private func record(_ i: Int, _ s: inout WebhookState) {
         guard !s.results.isEmpty else { return }
         defer { s.results.removeAll(keepingCapacity: true) }
-        do { try outbox.recordWebhookResults(webhook: endpoints[i].name, s.results) } catch {
+        do {
+            let stale = try outbox.recordWebhookResults(webhook: endpoints[i].name, s.results)
+            noteStale(i, stale)
+        } catch {
             logger.error("webhook results not recorded; they are sent again after their lease", ["webhook": endpoints[i].name, "count": s.results.count, "error": "\(error)"])
         }
     }

@@ -177,6 +177,11 @@ extension PostgresOutboxStore {
         CREATE TRIGGER credentials_lock_truncate BEFORE TRUNCATE ON credentials
             FOR EACH STATEMENT EXECUTE FUNCTION relay_credentials_lock();
         """,
+        // v7: a webhook delivery's claim generation (SQLite's v11): every claim and every replay
+        // bumps it, and a result is recorded only under the generation it was claimed with.
+        """
+        ALTER TABLE webhook_deliveries ADD COLUMN IF NOT EXISTS claim bigint NOT NULL DEFAULT 0;
+        """,
     ]
 
     static func schemaVersion(_ c: PostgresConnection) throws -> Int {

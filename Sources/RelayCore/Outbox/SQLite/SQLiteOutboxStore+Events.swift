@@ -174,7 +174,7 @@ extension SQLiteOutboxStore {
             var binds: [SQLValue] = [.integer(now), .integer(now), .integer(seq)]
             if let webhook { binds.append(.text(webhook)) }
             return try db.run("""
-                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = ?, lease_until = 0, first_attempt_at = NULL, updated_at = ?
+                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = ?, lease_until = 0, claim = claim + 1, first_attempt_at = NULL, updated_at = ?
                 WHERE seq = ?\(webhook == nil ? "" : " AND webhook = ?")
                 """, binds)
         }
@@ -184,7 +184,7 @@ extension SQLiteOutboxStore {
         let now = clock.nowMillis()
         return try write { db in
             try db.run("""
-                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = ?, lease_until = 0, first_attempt_at = NULL, updated_at = ?
+                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = ?, lease_until = 0, claim = claim + 1, first_attempt_at = NULL, updated_at = ?
                 WHERE webhook = ? AND state = 'dead'
                 """, [.integer(now), .integer(now), .text(webhook)])
         }
@@ -225,65 +225,93 @@ extension SQLiteOutboxStore {
 
     public func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int) throws -> [WebhookDelivery] {
         guard limit > 0 else { return [] }
+        return try write { db in try Self.claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, db: db) }
+    }
+
+    @discardableResult
+    public func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord]) throws -> Int {
+        guard !results.isEmpty else { return 0 }
+        return try write { db in try Self.recordWebhookResults(webhook: webhook, results, db: db) }
+    }
+
+    public func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], now: Int64, leaseUntil: Int64,
+                                                limit: Int) throws -> WebhookExchange {
+        guard !results.isEmpty || limit > 0 else { return WebhookExchange(stale: 0, claimed: []) }
         return try write { db in
-            let rows = try db.query("""
-                SELECT d.attempts, d.first_attempt_at, \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq
-                WHERE d.webhook = ? AND d.state = 'pending' AND d.next_attempt_at <= ? AND d.lease_until <= ? ORDER BY d.seq LIMIT ?
-                """, [.text(webhook), .integer(now), .integer(now), .integer(Int64(limit))])
-            var out: [WebhookDelivery] = []
-            out.reserveCapacity(rows.count)
-            for r in rows {
-                let e = try EventRecord(columns: r, offset: 2)
-                try db.run("UPDATE webhook_deliveries SET lease_until = ? WHERE webhook = ? AND seq = ?",
-                           [.integer(leaseUntil), .text(webhook), .integer(e.sequence)])
-                out.append(WebhookDelivery(event: e.stored, attempts: Int(r[0].int ?? 0), firstAttemptAt: r[1].int))
-            }
-            return out
+            let stale = try Self.recordWebhookResults(webhook: webhook, results, db: db)
+            return WebhookExchange(stale: stale, claimed: try Self.claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, db: db))
         }
     }
 
-    public func recordWebhookResults(webhook: String, _ results: [(eventID: String, result: WebhookAttemptResult)]) throws {
-        guard !results.isEmpty else { return }
-        let changes = results.compactMap { r in UUIDText.high64(r.eventID.lowercased()).map { (seq: $0, change: WebhookResultChange(r.result)) } }
-        try write { db in
-            for c in changes {
-                try db.run(WebhookResultChange.sqliteUpdate,
-                           [.text(c.change.state.rawValue), .integer(c.change.attemptedAt), .integer(c.change.nextAttemptAt ?? 0),
-                            c.change.error.map { .text($0) } ?? .null, .integer(c.change.attemptedAt), .text(webhook), .integer(c.seq)])
-            }
+    /// The event's columns, not its body: the sender renders it on its own thread.
+    private static func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int, db: SQLiteDatabase) throws -> [WebhookDelivery] {
+        guard limit > 0 else { return [] }
+        let rows = try db.query("""
+            SELECT d.attempts, d.first_attempt_at, d.claim, \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq
+            WHERE d.webhook = ? AND d.state = 'pending' AND d.next_attempt_at <= ? AND d.lease_until <= ? ORDER BY d.seq LIMIT ?
+            """, [.text(webhook), .integer(now), .integer(now), .integer(Int64(limit))])
+        var out: [WebhookDelivery] = []
+        out.reserveCapacity(rows.count)
+        for r in rows {
+            let e = try EventRecord(columns: r, offset: 3)
+            let claim = (r[2].int ?? 0) + 1
+            try db.run("UPDATE webhook_deliveries SET lease_until = ?, claim = ? WHERE webhook = ? AND seq = ?",
+                       [.integer(leaseUntil), .integer(claim), .text(webhook), .integer(e.sequence)])
+            out.append(WebhookDelivery(source: .record(e), attempts: Int(r[0].int ?? 0), firstAttemptAt: r[1].int, claim: claim))
         }
+        return out
+    }
+
+    /// Returns how many results were dropped (claimed again since, or no longer pending).
+    private static func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord], db: SQLiteDatabase) throws -> Int {
+        var stale = 0
+        for r in results {
+            guard let seq = UUIDText.high64(r.eventID.lowercased()) else { stale += 1; continue }
+            let c = WebhookResultChange(r.result)
+            let changed = try db.run(WebhookResultChange.sqliteUpdate,
+                                     [.text(c.state.rawValue), .integer(c.attempted ? 1 : 0), .integer(c.attemptedAt), .integer(c.nextAttemptAt ?? 0),
+                                      c.error.map { .text($0) } ?? .null, .text(webhook), .integer(seq), .integer(r.claim)])
+            if changed == 0 { stale += 1 }
+        }
+        return stale
     }
 }
 
 /// What one attempt's result writes to its delivery row (both stores).
 struct WebhookResultChange {
     var state: WebhookDeliveryState
+    /// False for `notSent`: attempts and first_attempt_at are kept.
+    var attempted: Bool
     var attemptedAt: Int64
-    /// Only for `retry` (otherwise the row's value is kept).
+    /// Only for `retry` and `notSent` (otherwise the row's value is kept).
     var nextAttemptAt: Int64?
     var error: String?
 
     init(_ r: WebhookAttemptResult) {
         switch r {
-        case .delivered(let at): self.init(state: .delivered, attemptedAt: at, nextAttemptAt: nil, error: nil)
-        case .retry(let attemptedAt, let at, let error): self.init(state: .pending, attemptedAt: attemptedAt, nextAttemptAt: at, error: error)
-        case .dead(let attemptedAt, let error): self.init(state: .dead, attemptedAt: attemptedAt, nextAttemptAt: nil, error: error)
+        case .delivered(let at): self.init(state: .delivered, attempted: true, attemptedAt: at, nextAttemptAt: nil, error: nil)
+        case .retry(let attemptedAt, let at, let error): self.init(state: .pending, attempted: true, attemptedAt: attemptedAt, nextAttemptAt: at, error: error)
+        case .dead(let attemptedAt, let error): self.init(state: .dead, attempted: true, attemptedAt: attemptedAt, nextAttemptAt: nil, error: error)
+        case .notSent(let failedAt, let at, let error): self.init(state: .pending, attempted: false, attemptedAt: failedAt, nextAttemptAt: at, error: error)
         }
     }
 
-    init(state: WebhookDeliveryState, attemptedAt: Int64, nextAttemptAt: Int64?, error: String?) {
+    init(state: WebhookDeliveryState, attempted: Bool, attemptedAt: Int64, nextAttemptAt: Int64?, error: String?) {
         self.state = state
+        self.attempted = attempted
         self.attemptedAt = attemptedAt
         self.nextAttemptAt = nextAttemptAt
         self.error = error
     }
 
-    /// Binds: state, attempted at (first attempt), next attempt (0: keep), error, updated at,
-    /// webhook, seq. Only a pending row is changed: a replay or a drop meanwhile wins.
+    /// Binds: state, attempted (1/0), attempted at (first attempt, updated at), next attempt
+    /// (0: keep), error, webhook, seq, claim. Only a pending row under the claim the result
+    /// was made for is changed: a replay, a later claim or a drop meanwhile wins.
     static let sqliteUpdate = """
-        UPDATE webhook_deliveries SET state = ?, attempts = attempts + 1, first_attempt_at = coalesce(first_attempt_at, ?),
-            next_attempt_at = CASE WHEN ?3 > 0 THEN ?3 ELSE next_attempt_at END, lease_until = 0, last_error = ?, updated_at = ?
-        WHERE webhook = ? AND seq = ? AND state = 'pending'
+        UPDATE webhook_deliveries SET state = ?1, attempts = attempts + ?2,
+            first_attempt_at = CASE WHEN ?2 = 1 THEN coalesce(first_attempt_at, ?3) ELSE first_attempt_at END,
+            next_attempt_at = CASE WHEN ?4 > 0 THEN ?4 ELSE next_attempt_at END, lease_until = 0, last_error = ?5, updated_at = ?3
+        WHERE webhook = ?6 AND seq = ?7 AND state = 'pending' AND claim = ?8
         """
 }
 
