@@ -336,3 +336,35 @@ import Testing
         }
     }
 }
+
+/// The webhook claim never walks a backlog: it reads the due pending rows of one webhook in its
+/// order from an index and stops at its limit (on SQLite, on the one writer thread).
+@Suite struct EventClaimPlanTests {
+    @Test(arguments: StoreBackend.available)
+    func theClaimReadsTheDueIndexInOrder(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        switch backend {
+        case .sqlite:
+            let plan = try SQLiteDatabase(path: f.dir.db, readOnly: true)
+                .query("EXPLAIN QUERY PLAN " + SQLiteOutboxStore.claimSQL, [.text("w"), .integer(0), .integer(8)]).compactMap { $0.last?.string }
+            // The range on (webhook, next_attempt_at) of the partial index, no sort, events by key.
+            #expect(plan.contains { $0.contains("USING INDEX webhook_deliveries_due (webhook=? AND next_attempt_at<?)") }, "\(plan)")
+            #expect(!plan.contains { $0.contains("TEMP B-TREE") }, "\(plan)")
+            #expect(plan.contains { $0.contains("SEARCH e USING INTEGER PRIMARY KEY") }, "\(plan)")
+        case .postgres:
+            // An empty table is read sequentially whatever the indexes: forbid that to see the
+            // plan the claim gets once the table has rows.
+            let c = try PostgresConnection(url: f.pgURL, applicationName: "relay-test-plan")
+            try c.execute("SET enable_seqscan = off")
+            let plan = try c.query("EXPLAIN " + PostgresOutboxStore.claimSQL, [.text("w"), .int(0), .int(8), .int(1)]).compactMap { $0.first?.string }
+            // The LIMIT takes the index's rows as they come (no sort below it); the claimed rows
+            // (at most the limit) may be sorted again at the end.
+            let limit = try #require(plan.firstIndex { $0.contains("->  Limit") }, "\(plan.joined(separator: "\n"))")
+            let scan = try #require(plan.firstIndex { $0.contains("Index Scan using webhook_deliveries_due") }, "\(plan.joined(separator: "\n"))")
+            #expect(limit < scan && plan[limit...scan].allSatisfy { !$0.contains("Sort") && !$0.contains("Bitmap") }, "\(plan.joined(separator: "\n"))")
+            #expect(plan[scan + 1].contains("Index Cond: ((webhook = 'w'::text) AND (next_attempt_at <= '0'::bigint))"), "\(plan.joined(separator: "\n"))")
+        }
+    }
+}

@@ -215,7 +215,7 @@ public protocol EventStore: WebhookOutbox {
     /// Deletes up to `limit` events of `types` created before `olderThan` (oldest first) with
     /// their deliveries, in one transaction. Returns how many events.
     func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> Int
-    /// Drops the oldest pending deliveries of each webhook above `max`; returns the dropped count
+    /// Drops the pending deliveries due first (then oldest) of each webhook above `max`; returns the dropped count
     /// per webhook (only those that dropped some).
     func trimWebhookBacklogs(max: Int) throws -> [String: Int]
 }

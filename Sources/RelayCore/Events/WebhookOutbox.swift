@@ -156,8 +156,8 @@ public struct WebhookExchange: Sendable, Equatable {
 /// The store side of webhook delivery. Both backends implement it; the sender calls it from its
 /// own thread (the calls may block on the store).
 public protocol WebhookOutbox: AnyObject, Sendable {
-    /// Up to `limit` pending deliveries of `webhook` whose next attempt is due at `now`, oldest
-    /// event first; each is leased (not returned again) until `leaseUntil`, so a crashed or slow
+    /// Up to `limit` pending deliveries of `webhook` whose next attempt is due at `now`, due
+    /// first, then oldest event first; each is leased (not returned again) until `leaseUntil`, so a crashed or slow
     /// sender's deliveries come back after the lease. Each claim bumps the row's claim generation
     /// (returned in `WebhookDelivery.claim`).
     func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int) throws -> [WebhookDelivery]

@@ -3,7 +3,7 @@
 // loop or the dispatcher's threads, and the only shared resource is the store (WebhookOutbox).
 //
 // Per webhook, each turn of the loop: when its next claim is due and it has room, claim due
-// deliveries (oldest first, leased for longer than an attempt can take) up to `maxConcurrent`
+// deliveries (due first, then oldest, leased for longer than an attempt can take) up to `maxConcurrent`
 // in flight, sign and start them; collect finished transfers; record the results in one call.
 // 2xx is delivered; anything else, or no answer within the timeout, is retried after
 // WebhookRetryPolicy's back-off until `retryFor` from the first attempt, then dead.

@@ -197,7 +197,7 @@ extension PostgresOutboxStore {
                 guard n > max else { continue }
                 dropped[name] = try c.run("""
                     DELETE FROM webhook_deliveries WHERE webhook = $1 AND seq IN
-                        (SELECT seq FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' ORDER BY seq LIMIT $2)
+                        (SELECT seq FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' ORDER BY next_attempt_at, seq LIMIT $2)
                     """, [.text(name), .int(Int64(n - max))]).affected
             }
             return dropped
@@ -226,20 +226,24 @@ extension PostgresOutboxStore {
         }
     }
 
+    /// Due first, then commit order, over the index `webhook_deliveries_due` (EventClaimPlanTests
+    /// reads the plan). Binds: webhook, now, limit, lease until.
+    static let claimSQL = """
+            WITH d AS (
+                UPDATE webhook_deliveries w SET lease_until = $4, claim = w.claim + 1
+                FROM (SELECT seq FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' AND next_attempt_at <= $2 AND lease_until <= $2
+                      ORDER BY next_attempt_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED) c
+                WHERE w.webhook = $1 AND w.seq = c.seq
+                RETURNING w.seq, w.next_attempt_at, w.attempts, w.first_attempt_at, w.claim
+            )
+            SELECT d.attempts, d.first_attempt_at, d.claim, \(eventColumns) FROM d JOIN events e ON e.seq = d.seq ORDER BY d.next_attempt_at, d.seq
+            """
+
     /// SKIP LOCKED: two nodes' senders claiming the same webhook take different rows. The
     /// event's columns, not its body: the sender renders it on its own thread.
     private static func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int, _ c: PostgresConnection) throws -> [WebhookDelivery] {
         guard limit > 0 else { return [] }
-        let rows = try c.query("""
-            WITH d AS (
-                UPDATE webhook_deliveries w SET lease_until = $4, claim = w.claim + 1
-                FROM (SELECT seq FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' AND next_attempt_at <= $2 AND lease_until <= $2
-                      ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED) c
-                WHERE w.webhook = $1 AND w.seq = c.seq
-                RETURNING w.seq, w.attempts, w.first_attempt_at, w.claim
-            )
-            SELECT d.attempts, d.first_attempt_at, d.claim, \(Self.eventColumns) FROM d JOIN events e ON e.seq = d.seq ORDER BY d.seq
-            """, [.text(webhook), .int(now), .int(Int64(limit)), .int(leaseUntil)])
+        let rows = try c.query(claimSQL, [.text(webhook), .int(now), .int(Int64(limit)), .int(leaseUntil)])
         return try rows.map { r in
             WebhookDelivery(source: .record(try EventRecord(columns: r, offset: 3)), attempts: Int(r[0].int ?? 0), firstAttemptAt: r[1].int,
                             claim: r[2].int ?? 0)

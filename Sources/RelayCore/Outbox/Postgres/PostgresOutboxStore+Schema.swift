@@ -178,9 +178,13 @@ extension PostgresOutboxStore {
             FOR EACH STATEMENT EXECUTE FUNCTION relay_credentials_lock();
         """,
         // v7: a webhook delivery's claim generation (SQLite's v11): every claim and every replay
-        // bumps it, and a result is recorded only under the generation it was claimed with.
+        // bumps it, and a result is recorded only under the generation it was claimed with. The
+        // pending index leads with the due time, as SQLite's: the claim reads due rows in order.
         """
         ALTER TABLE webhook_deliveries ADD COLUMN IF NOT EXISTS claim bigint NOT NULL DEFAULT 0;
+        DROP INDEX IF EXISTS webhook_deliveries_pending;
+        CREATE INDEX IF NOT EXISTS webhook_deliveries_due ON webhook_deliveries (webhook, next_attempt_at, seq) INCLUDE (lease_until)
+            WHERE state = 'pending';
         """,
     ]
 

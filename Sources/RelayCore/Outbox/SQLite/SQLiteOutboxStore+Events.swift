@@ -214,7 +214,7 @@ extension SQLiteOutboxStore {
                 guard n > max else { continue }
                 dropped[name] = try db.run("""
                     DELETE FROM webhook_deliveries WHERE webhook = ? AND seq IN
-                        (SELECT seq FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' ORDER BY seq LIMIT ?)
+                        (SELECT seq FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' ORDER BY next_attempt_at, seq LIMIT ?)
                     """, [.text(name), .text(name), .integer(Int64(n - max))])
             }
             return dropped
@@ -243,13 +243,19 @@ extension SQLiteOutboxStore {
         }
     }
 
+    /// Due first, then commit order, over the index `webhook_deliveries_due`: it reads the due
+    /// rows in this order and stops at the limit (SQLiteEventIndexTests reads the plan).
+    /// Binds: webhook, now, limit.
+    static let claimSQL = """
+        SELECT d.attempts, d.first_attempt_at, d.claim, \(eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq
+        WHERE d.webhook = ?1 AND d.state = 'pending' AND d.next_attempt_at <= ?2 AND d.lease_until <= ?2
+        ORDER BY d.next_attempt_at, d.seq LIMIT ?3
+        """
+
     /// The event's columns, not its body: the sender renders it on its own thread.
     private static func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int, db: SQLiteDatabase) throws -> [WebhookDelivery] {
         guard limit > 0 else { return [] }
-        let rows = try db.query("""
-            SELECT d.attempts, d.first_attempt_at, d.claim, \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq
-            WHERE d.webhook = ? AND d.state = 'pending' AND d.next_attempt_at <= ? AND d.lease_until <= ? ORDER BY d.seq LIMIT ?
-            """, [.text(webhook), .integer(now), .integer(now), .integer(Int64(limit))])
+        let rows = try db.query(claimSQL, [.text(webhook), .integer(now), .integer(Int64(limit))])
         var out: [WebhookDelivery] = []
         out.reserveCapacity(rows.count)
         for r in rows {

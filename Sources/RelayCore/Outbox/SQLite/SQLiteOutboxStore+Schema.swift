@@ -282,9 +282,14 @@ extension SQLiteOutboxStore {
         // v11: a webhook delivery's claim generation (docs/events.md "The store's side"): every
         // claim and every replay bumps it, and a result is recorded only under the generation
         // it was claimed with, so a late answer to an earlier claim cannot overwrite a later
-        // claim's or a replay's state.
+        // claim's or a replay's state. The pending index leads with the due time: the claim
+        // reads the due rows in order and stops at its limit (with (webhook, seq) it walked
+        // every pending row not yet due, on the writer thread); lease_until in it skips leased
+        // rows without reading them.
         """
         ALTER TABLE webhook_deliveries ADD COLUMN claim INTEGER NOT NULL DEFAULT 0;
+        DROP INDEX IF EXISTS webhook_deliveries_pending;
+        CREATE INDEX webhook_deliveries_due ON webhook_deliveries (webhook, next_attempt_at, seq, lease_until) WHERE state = 'pending';
         """,
     ]
 
