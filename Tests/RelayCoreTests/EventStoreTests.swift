@@ -187,6 +187,13 @@ import Testing
         let retried = try s.claimWebhookDeliveries(webhook: "all", now: t + 5000, leaseUntil: t + 60_000, limit: 10)
         #expect(retried.map(\.event.id) == [first[1].event.id])
         #expect(retried[0].attempts == 1 && retried[0].firstAttemptAt == t)
+        // Not sent (a local failure): no attempt, due again at its time, the error kept.
+        #expect(try s.recordWebhookResults(webhook: "all", [WebhookAttemptRecord(retried[0], .notSent(failedAt: t + 5000, at: t + 5500, error: "out of memory"))]) == 0)
+        #expect(try s.claimWebhookDeliveries(webhook: "all", now: t + 5499, leaseUntil: t + 6000, limit: 10).isEmpty)
+        let notSent = try s.webhookDeliveries(WebhookDeliveryFilter(webhook: "all", eventID: retried[0].eventID))
+        #expect(notSent.first?.attempts == 1 && notSent.first?.lastError == "out of memory" && notSent.first?.firstAttemptAt == t)
+        let resent = try s.claimWebhookDeliveries(webhook: "all", now: t + 5500, leaseUntil: t + 60_000, limit: 10)
+        #expect(resent.map(\.eventID) == [retried[0].eventID] && resent[0].attempts == 1 && resent[0].firstAttemptAt == t)
 
         #expect(try s.webhookDeliveryCounts()["all"] == [.pending: 1, .dead: 1])
         #expect(try s.webhookDeliveryCounts()["failures"] == [.pending: 1])

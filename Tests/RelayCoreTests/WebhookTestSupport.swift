@@ -56,7 +56,9 @@ final class InMemoryWebhookOutbox: WebhookOutbox, @unchecked Sendable {
         return out
     }
 
-    private(set) var notSent: [String] = []
+    private var notSentErrors: [String] = []
+    /// The errors of `notSent` results recorded (requests never sent), in order.
+    var notSent: [String] { lock.lock(); defer { lock.unlock() }; return notSentErrors }
 
     func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord]) throws -> Int {
         lock.lock(); defer { lock.unlock() }
@@ -69,7 +71,7 @@ final class InMemoryWebhookOutbox: WebhookOutbox, @unchecked Sendable {
             if case .notSent(_, let at, let error) = record.result {
                 r.nextAttemptAt = at
                 r.lastError = error
-                notSent.append(error)
+                notSentErrors.append(error)
                 rows[webhook]![i] = r
                 continue
             }

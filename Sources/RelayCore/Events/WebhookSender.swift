@@ -49,6 +49,10 @@ public final class WebhookSender: Lifecycle, Sendable {
     public let idlePollMillis: Int
     /// How often the backlog gauge asks the store.
     public let backlogRefreshMillis: Int64
+    /// When a delivery that could not be set up here (libcurl out of memory...) is tried again.
+    static let localRetryMillis: Int64 = 1000
+    /// Tests: makes the transport's request setup fail as out of memory would.
+    private let setupFault: (@Sendable () -> String?)?
 
     private struct Running {
         var thread: pthread_t
@@ -59,9 +63,17 @@ public final class WebhookSender: Lifecycle, Sendable {
     private let woken = Atomic<Bool>(false)
     private let graceMillis = Atomic<Int>(0)
 
-    public init(endpoints: [Endpoint], outbox: any WebhookOutbox, metrics: WebhookMetrics, logger: RelayLogger,
+    public convenience init(endpoints: [Endpoint], outbox: any WebhookOutbox, metrics: WebhookMetrics, logger: RelayLogger,
                 clock: any RelayClock = SystemRelayClock(), random: any RandomSource = SystemRandom(),
                 idlePollMillis: Int = 500, backlogRefreshMillis: Int64 = 10_000) {
+        self.init(endpoints: endpoints, outbox: outbox, metrics: metrics, logger: logger, clock: clock, random: random,
+                  idlePollMillis: idlePollMillis, backlogRefreshMillis: backlogRefreshMillis, setupFault: nil)
+    }
+
+    init(endpoints: [Endpoint], outbox: any WebhookOutbox, metrics: WebhookMetrics, logger: RelayLogger, clock: any RelayClock = SystemRelayClock(),
+         random: any RandomSource = SystemRandom(), idlePollMillis: Int = 500, backlogRefreshMillis: Int64 = 10_000,
+         setupFault: (@Sendable () -> String?)?) {
+        self.setupFault = setupFault
         self.endpoints = endpoints
         self.outbox = outbox
         self.metrics = metrics
@@ -88,8 +100,7 @@ public final class WebhookSender: Lifecycle, Sendable {
         guard !endpoints.isEmpty else { return }
         try running.withLock { r in
             guard r == nil else { return }
-            let transport: WebhookTransport
-            do { transport = try WebhookTransport() } catch { throw error }
+            let transport = try WebhookTransport(setupFault: setupFault)
             stopping.store(false, ordering: .sequentiallyConsistent)
             let thread = try startThread(name: "webhooks") { [self] in run(transport) }
             r = Running(thread: thread, transport: transport)
@@ -119,10 +130,11 @@ public final class WebhookSender: Lifecycle, Sendable {
 
     /// What the thread knows of one webhook. Bounded: at most `maxConcurrent` deliveries.
     private struct WebhookState {
-        var inFlight: [Int: (delivery: WebhookDelivery, startedAt: Int64)] = [:]
+        var inFlight: [Int: WebhookDelivery] = [:]
         var results: [WebhookAttemptRecord] = []
         var nextClaimAt: Int64 = 0
         var consecutiveFailures = 0
+        var localFailures = 0
         var nextBacklogAt: Int64 = 0
     }
 
@@ -148,8 +160,8 @@ public final class WebhookSender: Lifecycle, Sendable {
             }
             for (key, outcome) in transport.perform() {
                 now = clock.nowMillis()
-                guard let i = states.firstIndex(where: { $0.inFlight[key] != nil }), let entry = states[i].inFlight.removeValue(forKey: key) else { continue }
-                finish(i, &states[i], entry.delivery, outcome, now: now)
+                guard let i = states.firstIndex(where: { $0.inFlight[key] != nil }), let delivery = states[i].inFlight.removeValue(forKey: key) else { continue }
+                finish(i, &states[i], delivery, outcome, now: now)
             }
             for i in endpoints.indices {
                 record(i, &states[i])
@@ -204,9 +216,9 @@ public final class WebhookSender: Lifecycle, Sendable {
             do {
                 try transport.add(WebhookRequest(key: key, url: endpoint.url, headers: headers.map { "\($0.name): \($0.value)" },
                                                  body: event.body, timeoutMillis: endpoint.timeoutMillis, caFile: endpoint.caFile))
-                s.inFlight[key] = (delivery, now)
+                s.inFlight[key] = delivery
             } catch {
-                finish(i, &s, delivery, .failed("\(error)"), now: now)
+                finish(i, &s, delivery, .local(error.description), now: now)
             }
         }
     }
@@ -219,10 +231,13 @@ public final class WebhookSender: Lifecycle, Sendable {
             s.results.append(WebhookAttemptRecord(delivery, .delivered(at: now)))
             s.consecutiveFailures = 0
             metrics.failing(endpoint.name, consecutiveFailures: 0)
-            metrics.sent(endpoint.name, latencySeconds: Double(max(0, now - delivery.event.createdAt)) / 1000)
+            metrics.sent(endpoint.name, latencySeconds: Double(max(0, now - delivery.eventCreatedAt)) / 1000)
             return
         case .status(let status): error = "HTTP \(status)"
         case .failed(let text): error = text
+        case .local(let text):
+            notSent(i, &s, delivery, text, now: now)
+            return
         }
         let result = endpoint.retry.afterFailure(attemptsBefore: delivery.attempts, firstAttemptAt: delivery.firstAttemptAt, now: now,
                                                  error: error, random: random.unit())
@@ -232,13 +247,28 @@ public final class WebhookSender: Lifecycle, Sendable {
         metrics.failing(endpoint.name, consecutiveFailures: s.consecutiveFailures)
         if case .dead = result {
             metrics.dead(endpoint.name)
-            logger.error("webhook event dead", ["webhook": endpoint.name, "event": delivery.event.id, "attempts": delivery.attempts + 1, "error": error])
+            logger.error("webhook event dead", ["webhook": endpoint.name, "event": delivery.eventID, "attempts": delivery.attempts + 1, "error": error])
         } else {
             metrics.failedAttempt(endpoint.name)
             if s.consecutiveFailures == 1 || s.consecutiveFailures % 100 == 0 {
-                logger.warning("webhook attempt failed", ["webhook": endpoint.name, "event": delivery.event.id, "error": error,
+                logger.warning("webhook attempt failed", ["webhook": endpoint.name, "event": delivery.eventID, "error": error,
                                                           "consecutiveFailures": s.consecutiveFailures])
             }
+        }
+    }
+
+    /// A failure here, not the receiver's: not an attempt (the retry window and the receiver's
+    /// pause are untouched), sent again after `localRetryMillis`, and claims wait as long (the
+    /// next ones would most likely fail alike).
+    private func notSent(_ i: Int, _ s: inout WebhookState, _ delivery: WebhookDelivery, _ error: String, now: Int64) {
+        let endpoint = endpoints[i]
+        s.results.append(WebhookAttemptRecord(delivery, .notSent(failedAt: now, at: now + Self.localRetryMillis, error: error)))
+        s.nextClaimAt = max(s.nextClaimAt, now + Self.localRetryMillis)
+        s.localFailures += 1
+        metrics.localFailure(endpoint.name)
+        if s.localFailures == 1 || s.localFailures % 100 == 0 {
+            logger.error("webhook request not sent: local failure, not the receiver's; tried again", ["webhook": endpoint.name, "event": delivery.eventID,
+                                                                                                     "error": error, "localFailures": s.localFailures])
         }
     }
 
