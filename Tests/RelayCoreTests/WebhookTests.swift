@@ -358,7 +358,7 @@ import TestSupport
         sender.stop(grace: .milliseconds(200))
         #expect(Date().timeIntervalSince(started) < 5)
         // Aborted, not recorded: they stay leased and pending, sent again after the lease.
-        #expect(outbox.snapshot("hook").allSatisfy { $0.state == .pending && $0.attempts == 0 })
+        #expect(outbox.snapshot("hook").allSatisfy { $0.state == .pending && $0.attempts == 0 }, "\(outbox.snapshot("hook"))")
     }
 }
 

@@ -2,9 +2,10 @@
 // ("webhooks") owns one libcurl multi handle for all of them; nothing here runs on the ingest
 // loop or the dispatcher's threads, and the only shared resource is the store (WebhookOutbox).
 //
-// Per webhook, each turn of the loop: when its next claim is due and it has room, claim due
-// deliveries (due first, then oldest, leased for longer than an attempt can take) up to `maxConcurrent`
-// in flight, sign and start them; collect finished transfers; record the results in one call.
+// Per webhook, each turn of the loop: collect finished transfers; in one store transaction,
+// record their results and (when its next claim is due and it has room) claim due deliveries
+// (due first, then oldest, leased for longer than an attempt can take) up to `maxConcurrent` in
+// flight; render, sign and start them here, off the store's writer.
 // 2xx is delivered; anything else, or no answer within the timeout, is retried after
 // WebhookRetryPolicy's back-off until `retryFor` from the first attempt, then dead.
 // A failing receiver is probed one delivery at a time, after a pause that doubles up to
@@ -151,20 +152,15 @@ public final class WebhookSender: Lifecycle, Sendable {
             if woken.exchange(false, ordering: .sequentiallyConsistent) {
                 for i in states.indices where states[i].consecutiveFailures == 0 { states[i].nextClaimAt = 0 }
             }
-            if stopDeadline == nil {
-                for i in endpoints.indices {
-                    // A wall clock stepped back must not postpone claims by the size of the step.
-                    states[i].nextClaimAt = min(states[i].nextClaimAt, now + maxClaimDelay(i))
-                    claim(i, &states[i], transport, now: now, nextKey: &nextKey)
-                }
-            }
             for (key, outcome) in transport.perform() {
                 now = clock.nowMillis()
                 guard let i = states.firstIndex(where: { $0.inFlight[key] != nil }), let delivery = states[i].inFlight.removeValue(forKey: key) else { continue }
                 finish(i, &states[i], delivery, outcome, now: now)
             }
             for i in endpoints.indices {
-                record(i, &states[i])
+                // A wall clock stepped back must not postpone claims by the size of the step.
+                states[i].nextClaimAt = min(states[i].nextClaimAt, now + maxClaimDelay(i))
+                exchange(i, &states[i], transport, now: now, claiming: stopDeadline == nil, nextKey: &nextKey)
                 if stopDeadline == nil, now >= states[i].nextBacklogAt {
                     states[i].nextBacklogAt = now + backlogRefreshMillis
                     metrics.backlog(endpoints[i].name, try? outbox.pendingWebhookDeliveries(webhook: endpoints[i].name))
@@ -178,7 +174,7 @@ public final class WebhookSender: Lifecycle, Sendable {
             }
             if wait > 0 || transport.inFlight > 0 { transport.poll(timeoutMillis: Int(wait)) }
         }
-        for i in endpoints.indices { record(i, &states[i]) }
+        for i in endpoints.indices { exchange(i, &states[i], transport, now: clock.nowMillis(), claiming: false, nextKey: &nextKey) }
     }
 
     /// The longest a claim is ever put off: the idle poll or the receiver pause's cap.
@@ -191,30 +187,44 @@ public final class WebhookSender: Lifecycle, Sendable {
         s.consecutiveFailures > 0 ? 1 : endpoints[i].maxConcurrent
     }
 
-    private func claim(_ i: Int, _ s: inout WebhookState, _ transport: WebhookTransport, now: Int64, nextKey: inout Int) {
+    /// The turn's one store call per webhook: records its results and, when a claim is due and
+    /// there is room, claims the next deliveries in the same transaction (on SQLite one writer
+    /// job instead of two), then signs and starts them. If the store refuses, the results are
+    /// dropped: their deliveries stay leased, come back when the lease ends and are sent again
+    /// (at least once).
+    private func exchange(_ i: Int, _ s: inout WebhookState, _ transport: WebhookTransport, now: Int64, claiming: Bool, nextKey: inout Int) {
         let endpoint = endpoints[i]
-        let room = limit(i, s) - s.inFlight.count
-        guard room > 0, now >= s.nextClaimAt else { return }
+        let room = claiming && now >= s.nextClaimAt ? max(0, limit(i, s) - s.inFlight.count) : 0
+        guard room > 0 || !s.results.isEmpty else { return }
         // Longer than any attempt can take (connect + transfer are each bounded by the timeout),
         // so a delivery comes back to a later claim only if this sender died holding it.
         let leaseUntil = now + 2 * Int64(endpoint.timeoutMillis) + 30_000
-        let deliveries: [WebhookDelivery]
+        let results = s.results
+        s.results.removeAll(keepingCapacity: true)
+        let exchanged: WebhookExchange
         do {
-            deliveries = try outbox.claimWebhookDeliveries(webhook: endpoint.name, now: now, leaseUntil: leaseUntil, limit: room)
+            exchanged = try outbox.recordAndClaimWebhookDeliveries(webhook: endpoint.name, results: results, now: now, leaseUntil: leaseUntil, limit: room)
         } catch {
-            logger.error("webhook claim failed", ["webhook": endpoint.name, "error": "\(error)"])
-            s.nextClaimAt = now + Int64(idlePollMillis)
+            if !results.isEmpty {
+                logger.error("webhook results not recorded; they are sent again after their lease", ["webhook": endpoint.name, "count": results.count, "error": "\(error)"])
+            }
+            if room > 0 {
+                logger.error("webhook claim failed", ["webhook": endpoint.name, "error": "\(error)"])
+                s.nextClaimAt = now + Int64(idlePollMillis)
+            }
             return
         }
+        noteStale(i, exchanged.stale)
         // Fewer than asked: nothing more is due now; look again after the idle poll.
-        if deliveries.count < room { s.nextClaimAt = now + Int64(idlePollMillis) }
-        for delivery in deliveries {
+        if room > 0, exchanged.claimed.count < room { s.nextClaimAt = now + Int64(idlePollMillis) }
+        for delivery in exchanged.claimed {
+            // Rendered here, on this thread, from the columns the claim returned.
             let event = delivery.event
             let headers = WebhookSigning.headers(id: event.id, timestamp: now / 1000, body: event.body, secrets: endpoint.secrets)
             let key = nextKey
             nextKey &+= 1
             do {
-                try transport.add(WebhookRequest(key: key, url: endpoint.url, headers: headers.map { "\($0.name): \($0.value)" },
+                try transport.add(WebhookRequest(key: key, url: endpoint.url, headers: headers.map { $0.name + ": " + $0.value },
                                                  body: event.body, timeoutMillis: endpoint.timeoutMillis, caFile: endpoint.caFile))
                 s.inFlight[key] = delivery
             } catch {
@@ -278,18 +288,5 @@ public final class WebhookSender: Lifecycle, Sendable {
         guard stale > 0 else { return }
         metrics.staleResults(endpoints[i].name, stale)
         logger.debug("webhook results of an earlier claim not recorded", ["webhook": endpoints[i].name, "count": stale])
-    }
-
-    /// One transaction for the turn's results. If the store refuses, they are dropped: the
-    /// deliveries stay leased, come back when the lease ends and are sent again (at least once).
-    private func record(_ i: Int, _ s: inout WebhookState) {
-        guard !s.results.isEmpty else { return }
-        defer { s.results.removeAll(keepingCapacity: true) }
-        do {
-            let stale = try outbox.recordWebhookResults(webhook: endpoints[i].name, s.results)
-            noteStale(i, stale)
-        } catch {
-            logger.error("webhook results not recorded; they are sent again after their lease", ["webhook": endpoints[i].name, "count": s.results.count, "error": "\(error)"])
-        }
     }
 }

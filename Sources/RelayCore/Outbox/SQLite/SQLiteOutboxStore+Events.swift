@@ -225,21 +225,25 @@ extension SQLiteOutboxStore {
 
     public func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int) throws -> [WebhookDelivery] {
         guard limit > 0 else { return [] }
-        return try write { db in try Self.claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, db: db) }
+        let state = writerState
+        return try write { db in try Self.claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, db: db, state: state) }
     }
 
     @discardableResult
     public func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord]) throws -> Int {
         guard !results.isEmpty else { return 0 }
-        return try write { db in try Self.recordWebhookResults(webhook: webhook, results, db: db) }
+        let state = writerState
+        return try write { db in try Self.recordWebhookResults(webhook: webhook, results, db: db, state: state) }
     }
 
     public func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], now: Int64, leaseUntil: Int64,
                                                 limit: Int) throws -> WebhookExchange {
         guard !results.isEmpty || limit > 0 else { return WebhookExchange(stale: 0, claimed: []) }
+        let state = writerState
         return try write { db in
-            let stale = try Self.recordWebhookResults(webhook: webhook, results, db: db)
-            return WebhookExchange(stale: stale, claimed: try Self.claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, db: db))
+            let stale = try Self.recordWebhookResults(webhook: webhook, results, db: db, state: state)
+            return WebhookExchange(stale: stale, claimed: try Self.claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit,
+                                                                                         db: db, state: state))
         }
     }
 
@@ -253,31 +257,44 @@ extension SQLiteOutboxStore {
         """
 
     /// The event's columns, not its body: the sender renders it on its own thread.
-    private static func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int, db: SQLiteDatabase) throws -> [WebhookDelivery] {
+    /// Held statements (WriterState): the statement cache hashes the SQL text on every lookup.
+    private static func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int, db: SQLiteDatabase,
+                                               state: WriterState) throws -> [WebhookDelivery] {
         guard limit > 0 else { return [] }
-        let rows = try db.query(claimSQL, [.text(webhook), .integer(now), .integer(Int64(limit))])
+        let rows = try db.held(&state.claimWebhookDeliveries, claimSQL).rows([.text(webhook), .integer(now), .integer(Int64(limit))])
         var out: [WebhookDelivery] = []
         out.reserveCapacity(rows.count)
         for r in rows {
             let e = try EventRecord(columns: r, offset: 3)
             let claim = (r[2].int ?? 0) + 1
-            try db.run("UPDATE webhook_deliveries SET lease_until = ?, claim = ? WHERE webhook = ? AND seq = ?",
-                       [.integer(leaseUntil), .integer(claim), .text(webhook), .integer(e.sequence)])
+            let lease = try db.held(&state.leaseWebhookDelivery, "UPDATE webhook_deliveries SET lease_until = ?, claim = ? WHERE webhook = ? AND seq = ?")
+            try lease.bind(1, leaseUntil)
+            try lease.bind(2, claim)
+            try lease.bind(3, webhook)
+            try lease.bind(4, e.sequence)
+            try lease.stepOnce()
             out.append(WebhookDelivery(source: .record(e), attempts: Int(r[0].int ?? 0), firstAttemptAt: r[1].int, claim: claim))
         }
         return out
     }
 
     /// Returns how many results were dropped (claimed again since, or no longer pending).
-    private static func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord], db: SQLiteDatabase) throws -> Int {
+    private static func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord], db: SQLiteDatabase, state: WriterState) throws -> Int {
         var stale = 0
         for r in results {
             guard let seq = UUIDText.high64(r.eventID.lowercased()) else { stale += 1; continue }
             let c = WebhookResultChange(r.result)
-            let changed = try db.run(WebhookResultChange.sqliteUpdate,
-                                     [.text(c.state.rawValue), .integer(c.attempted ? 1 : 0), .integer(c.attemptedAt), .integer(c.nextAttemptAt ?? 0),
-                                      c.error.map { .text($0) } ?? .null, .text(webhook), .integer(seq), .integer(r.claim)])
-            if changed == 0 { stale += 1 }
+            let st = try db.held(&state.recordWebhookResult, WebhookResultChange.sqliteUpdate)
+            try st.bind(1, c.state.rawValue)
+            try st.bind(2, Int64(c.attempted ? 1 : 0))
+            try st.bind(3, c.attemptedAt)
+            try st.bind(4, c.nextAttemptAt ?? 0)
+            try st.bind(5, c.error)
+            try st.bind(6, webhook)
+            try st.bind(7, seq)
+            try st.bind(8, r.claim)
+            try st.stepOnce()
+            if db.changes == 0 { stale += 1 }
         }
         return stale
     }

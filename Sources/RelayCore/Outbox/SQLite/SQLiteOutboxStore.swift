@@ -38,6 +38,9 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         var eventIDs = TimeOrderedIDs()
         var insertResponseEvent: SQLiteStatement?
         var insertDelivery: SQLiteStatement?
+        var claimWebhookDeliveries: SQLiteStatement?
+        var leaseWebhookDelivery: SQLiteStatement?
+        var recordWebhookResult: SQLiteStatement?
         /// Events this batch wrote: the observers hear of them after COMMIT, and `tally` counts
         /// them by type (delivered, failed, token.unregistered).
         var eventsInBatch = 0
