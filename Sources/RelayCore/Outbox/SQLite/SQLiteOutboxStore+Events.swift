@@ -261,19 +261,31 @@ extension SQLiteOutboxStore {
     private static func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int, db: SQLiteDatabase,
                                                state: WriterState) throws -> [WebhookDelivery] {
         guard limit > 0 else { return [] }
-        let rows = try db.held(&state.claimWebhookDeliveries, claimSQL).rows([.text(webhook), .integer(now), .integer(Int64(limit))])
+        let select = try db.held(&state.claimWebhookDeliveries, claimSQL)
+        try select.bind(1, webhook)
+        try select.bind(2, now)
+        try select.bind(3, Int64(limit))
+        // Read in place (no [[SQLValue]]), all before the leases are written: they change the
+        // index the SELECT walks.
+        var found: [(attempts: Int64, firstAttemptAt: Int64?, claim: Int64, event: EventRecord)] = []
+        do {
+            defer { select.reset() }
+            while try select.next() {
+                found.append((select.int(0) ?? 0, select.int(1), select.int(2) ?? 0, try EventRecord(columns: select, offset: 3)))
+            }
+        }
         var out: [WebhookDelivery] = []
-        out.reserveCapacity(rows.count)
-        for r in rows {
-            let e = try EventRecord(columns: r, offset: 3)
-            let claim = (r[2].int ?? 0) + 1
+        out.reserveCapacity(found.count)
+        for r in found {
+            let e = r.event
+            let claim = r.claim + 1
             let lease = try db.held(&state.leaseWebhookDelivery, "UPDATE webhook_deliveries SET lease_until = ?, claim = ? WHERE webhook = ? AND seq = ?")
             try lease.bind(1, leaseUntil)
             try lease.bind(2, claim)
             try lease.bind(3, webhook)
             try lease.bind(4, e.sequence)
             try lease.stepOnce()
-            out.append(WebhookDelivery(source: .record(e), attempts: Int(r[0].int ?? 0), firstAttemptAt: r[1].int, claim: claim))
+            out.append(WebhookDelivery(source: .record(e), attempts: Int(r.attempts), firstAttemptAt: r.firstAttemptAt, claim: claim))
         }
         return out
     }
@@ -348,3 +360,4 @@ extension WebhookDeliveryRecord {
                   firstAttemptAt: c.int(3), nextAttemptAt: c.int(4) ?? 0, lastError: c.string(5), updatedAt: c.int(6) ?? 0)
     }
 }
+
