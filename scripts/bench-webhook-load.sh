@@ -30,7 +30,8 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 PY
 PIDS+=($!)
 wait_url "http://127.0.0.1:$HOOK_PORT/"
-HOOK='"events":{"webhooks":[{"name":"bench","url":"http://127.0.0.1:'$HOOK_PORT'/hook","secretFile":"'$WORK'/webhook-secret"}]},'
+# MAX_CONCURRENT: the webhook's maxConcurrent (default: the relay's, 8).
+HOOK='"events":{"webhooks":[{"name":"bench","url":"http://127.0.0.1:'$HOOK_PORT'/hook","secretFile":"'$WORK'/webhook-secret"'${MAX_CONCURRENT:+,\"maxConcurrent\":$MAX_CONCURRENT}'}]},'
 RELAY_PORT=$(free_port); ADMIN_PORT=$(free_port)
 run() {  # label events-member
   local db="$WORK/$1.db"
