@@ -16,7 +16,8 @@
 //      the same key and another box);
 //   4. the same request again is 200 with the same id (never a second row);
 //   5. the validation fast path accepts only what the general path accepts, with the same result,
-//      and the bearer hash taken from the header bytes equals the hash of the parsed secret.
+//      and the bearer hash taken from the header bytes equals the hash of the secret a plain
+//      String parse finds (referenceBearerSecret).
 // A violated check calls fatalError, which libFuzzer reports as a crash with the input saved.
 import Foundation
 
@@ -134,8 +135,8 @@ private func check(_ r: APIResponse, headers: [String: String], contentType: Str
         fatalError("fast path accepted \(fast), the general path answers \(IngestValidation.validateInFull(body: body, limits: IngestLimits()))")
     }
     // The header-bytes hash is the hash of the parsed secret.
-    if IngestService.bearerHash(headers["authorization"]) != IngestService.bearer(headers["authorization"]).map({ Credentials.hash(secret: $0) }) {
-        fatalError("bearerHash disagrees with bearer for \(headers["authorization"] ?? "<none>")")
+    if IngestService.bearerHash(headers["authorization"]) != referenceBearerSecret(headers["authorization"]).map({ Credentials.hash(secret: $0) }) {
+        fatalError("bearerHash disagrees with the reference parse for \(headers["authorization"] ?? "<none>")")
     }
     let validCredential = headers["authorization"] == "Bearer \(fixture.secret)"
     switch validated {
@@ -173,4 +174,20 @@ private func check(_ r: APIResponse, headers: [String: String], contentType: Str
             fatalError("stored token not canonical: \(row.pushToken)")
         }
     }
+}
+
+/// The Authorization rule written the plain way, with Strings (as IngestServiceTests' oracle):
+/// `Bearer` in any case, spaces, `rk_` + base64url characters (3 to 128 bytes), trailing
+/// spaces/tabs trimmed.
+func referenceBearerSecret(_ authorization: String?) -> String? {
+    guard let a = authorization else { return nil }
+    var rest = Substring(a).drop { $0 == " " }
+    guard rest.utf8.count > 6, String(rest.prefix(6)).lowercased() == "bearer" else { return nil }
+    rest = rest.dropFirst(6)
+    guard rest.first == " " else { return nil }
+    rest = rest.drop { $0 == " " || $0 == "\t" }
+    while let last = rest.last, last == " " || last == "\t" { rest = rest.dropLast() }
+    let allowed = Set("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz-_".utf8)
+    guard rest.hasPrefix("rk_"), (3...128).contains(rest.utf8.count), rest.utf8.allSatisfy(allowed.contains) else { return nil }
+    return String(rest)
 }

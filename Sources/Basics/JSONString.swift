@@ -12,9 +12,21 @@ public enum JSONString {
 
     /// Appends `quote(s)`'s bytes to `o`.
     public static func append(_ s: String, to o: inout [UInt8]) {
+        o.append(UInt8(ascii: "\""))
+        // Most text (ids, tokens, names) needs no escape: one scan, then one copy instead of a
+        // switch and an append per byte (~20 instructions a byte in a webhook body's callgrind).
+        let copied = s.utf8.withContiguousStorageIfAvailable { bytes -> Bool in
+            guard !bytes.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == 0x5C }) else { return false }
+            o.append(contentsOf: bytes)
+            return true
+        } ?? false
+        if !copied { appendEscaped(s, to: &o) }
+        o.append(UInt8(ascii: "\""))
+    }
+
+    private static func appendEscaped(_ s: String, to o: inout [UInt8]) {
         let hex: StaticString = "0123456789abcdef"
         let d = hex.utf8Start
-        o.append(UInt8(ascii: "\""))
         for b in s.utf8 {
             switch b {
             case UInt8(ascii: "\""): o.append(0x5C); o.append(0x22)
@@ -26,6 +38,5 @@ public enum JSONString {
             default: o.append(b)
             }
         }
-        o.append(UInt8(ascii: "\""))
     }
 }

@@ -84,10 +84,6 @@ long ccurld_response_code(CURL *c) {
     long code = 0;
     return p_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code) == CURLE_OK ? code : 0;
 }
-long ccurld_http_version(CURL *c) {
-    long version = 0;
-    return p_easy_getinfo(c, CURLINFO_HTTP_VERSION, &version) == CURLE_OK ? version : 0;
-}
 const char *ccurld_easy_strerror(CURLcode code) { return p_easy_strerror(code); }
 
 CURLM *ccurld_multi_init(void) { return p_multi_init(); }

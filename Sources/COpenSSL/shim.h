@@ -37,6 +37,28 @@ static inline void cossl_sha256(const void *data, size_t len, unsigned char out[
 #pragma GCC diagnostic pop
 }
 
+// HMAC-SHA256 with a key's padded blocks hashed once (OpenSSLSupport's HMACSHA256.Key, one per
+// webhook secret): `cossl_sha256_begin` absorbs one 64-byte block into a fresh context, and
+// `cossl_sha256_continue` hashes `data` from a copy of such a context (the saved one is left
+// as it was). Low-level API for the reason given above; copies are cleansed.
+static inline void cossl_sha256_begin(SHA256_CTX *c, const unsigned char block[64]) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    SHA256_Init(c);
+    SHA256_Update(c, block, 64);
+#pragma GCC diagnostic pop
+}
+static inline void cossl_sha256_continue(const SHA256_CTX *start, const void *data, size_t len, unsigned char out[32]) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    SHA256_CTX c = *start;
+    SHA256_Update(&c, data, len);
+    SHA256_Final(out, &c);
+    OPENSSL_cleanse(&c, sizeof c);
+#pragma GCC diagnostic pop
+}
+static inline void cossl_sha256_cleanse(SHA256_CTX *c) { OPENSSL_cleanse(c, sizeof *c); }
+
 // OPENSSL_free is a macro around CRYPTO_free with file/line.
 static inline void cossl_free(void *p) { OPENSSL_free(p); }
 

@@ -161,6 +161,18 @@ import Testing
         #expect(JSONString.quote("\u{7f}/é😀") == "\"\u{7f}/é😀\"")
     }
 
+    @Test("Text without escapes is copied whole; one escape anywhere takes the byte-by-byte path")
+    func plainTextAndTheEscapePath() {
+        let plain = String(repeating: "0123456789abcdef", count: 8) + "-é😀"
+        #expect(JSONString.quote(plain) == "\"" + plain + "\"")
+        #expect(JSONString.quote(plain + "\n") == "\"" + plain + "\\n\"")
+        #expect(JSONString.quote("\u{1f}" + plain) == "\"\\u001f" + plain + "\"")
+        var out = Array("x".utf8)
+        JSONString.append("ab", to: &out)
+        JSONString.append("c\"", to: &out)
+        #expect(String(decoding: out, as: UTF8.self) == #"x"ab""c\"""#)
+    }
+
     @Test func everyControlCharacterRoundTripsThroughFoundation() throws {
         let all = String((0..<0x80).map { Character(Unicode.Scalar(UInt8($0))) }) + "é😀"
         let parsed = try JSONSerialization.jsonObject(with: Data(JSONString.quote(all).utf8), options: [.fragmentsAllowed])

@@ -173,7 +173,7 @@ struct SeededDatabase {
         try store.apply(updates)
         let deliveries = try store.claimWebhookDeliveries(webhook: "backend", now: clock.nowMillis(), leaseUntil: clock.nowMillis() + 1000, limit: 100)
         seeded.eventIDs = deliveries.map(\.event.id)
-        try store.recordWebhookResults(webhook: "backend", [(deliveries[0].event.id, .dead(attemptedAt: clock.nowMillis(), error: "status 500"))])
+        try store.recordWebhookResults(webhook: "backend", [WebhookAttemptRecord(deliveries[0], .dead(attemptedAt: clock.nowMillis(), error: "status 500"))])
         return seeded
     }
 

@@ -24,6 +24,19 @@ import Testing
                 == "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad")
     }
 
+    @Test func anHMACKeyGivesTheOneShotMACForEveryMessage() {
+        let hex: ([UInt8]) -> String = { $0.map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined() }
+        let keyBytes = [UInt8](repeating: 0xaa, count: 131)   // longer than a block: hashed first
+        let key = HMACSHA256.Key(keyBytes)
+        for n in [0, 1, 55, 56, 64, 119, 600] {
+            let message = (0..<n).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+            #expect(key.mac(message) == HMACSHA256.mac(key: keyBytes, message: message))
+            #expect(key.mac(message) == key.mac(message), "the saved state must not move")
+        }
+        #expect(hex(HMACSHA256.Key(Array("Jefe".utf8)).mac(Array("what do ya want for nothing?".utf8)))
+                == "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
+    }
+
     @Test func constantTimeEqualAndWipe() {
         #expect(constantTimeEqual([1, 2, 3], [1, 2, 3]))
         #expect(!constantTimeEqual([1, 2, 3], [1, 2, 4]))

@@ -176,15 +176,24 @@ import Testing
         #expect(again.map(\.event.body) == (first + rest).map(\.event.body))
 
         let t = now + 1000
-        try s.recordWebhookResults(webhook: "all", [
-            (first[0].event.id, .delivered(at: t)),
-            (first[1].event.id, .retry(attemptedAt: t, at: t + 5000, error: "status 500")),
-            (rest[0].event.id, .dead(attemptedAt: t, error: "timeout")),
-        ])
+        // Results of the first claim are stale: `again` claimed the same deliveries since.
+        #expect(try s.recordWebhookResults(webhook: "all", [WebhookAttemptRecord(first[0], .delivered(at: t))]) == 1)
+        #expect(try s.recordWebhookResults(webhook: "all", [
+            WebhookAttemptRecord(again[0], .delivered(at: t)),
+            WebhookAttemptRecord(again[1], .retry(attemptedAt: t, at: t + 5000, error: "status 500")),
+            WebhookAttemptRecord(again[2], .dead(attemptedAt: t, error: "timeout")),
+        ]) == 0)
         #expect(try s.claimWebhookDeliveries(webhook: "all", now: t + 4999, leaseUntil: t + 6000, limit: 10).isEmpty)
         let retried = try s.claimWebhookDeliveries(webhook: "all", now: t + 5000, leaseUntil: t + 60_000, limit: 10)
         #expect(retried.map(\.event.id) == [first[1].event.id])
         #expect(retried[0].attempts == 1 && retried[0].firstAttemptAt == t)
+        // Not sent (a local failure): no attempt, due again at its time, the error kept.
+        #expect(try s.recordWebhookResults(webhook: "all", [WebhookAttemptRecord(retried[0], .notSent(failedAt: t + 5000, at: t + 5500, error: "out of memory"))]) == 0)
+        #expect(try s.claimWebhookDeliveries(webhook: "all", now: t + 5499, leaseUntil: t + 6000, limit: 10).isEmpty)
+        let notSent = try s.webhookDeliveries(WebhookDeliveryFilter(webhook: "all", eventID: retried[0].eventID))
+        #expect(notSent.first?.attempts == 1 && notSent.first?.lastError == "out of memory" && notSent.first?.firstAttemptAt == t)
+        let resent = try s.claimWebhookDeliveries(webhook: "all", now: t + 5500, leaseUntil: t + 60_000, limit: 10)
+        #expect(resent.map(\.eventID) == [retried[0].eventID] && resent[0].attempts == 1 && resent[0].firstAttemptAt == t)
 
         #expect(try s.webhookDeliveryCounts()["all"] == [.pending: 1, .dead: 1])
         #expect(try s.webhookDeliveryCounts()["failures"] == [.pending: 1])
@@ -200,6 +209,53 @@ import Testing
         #expect(Set(replayed.map(\.event.id)) == [first[0].event.id, rest[0].event.id])
         #expect(replayed.first { $0.event.id == rest[0].event.id }?.attempts == 1)
         #expect(replayed.first { $0.event.id == rest[0].event.id }?.event.body == rest[0].event.body)
+    }
+
+    @Test("A late result of an earlier claim (lease ended, replay) never overwrites what a later claim wrote", arguments: StoreBackend.available)
+    func lateResultsOfAnEarlierClaimAreDropped(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        s.eventSettings = EventStoreSettings(webhooks: [WebhookSubscription(name: "w")])
+        let (_, _, rows) = try claimed(s, 2)
+        try s.apply(rows.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .delivered, attempt: nil) })
+        let now = f.clock.nowMillis()
+        func row(_ id: String) throws -> WebhookDeliveryRecord {
+            try #require(try s.webhookDeliveries(WebhookDeliveryFilter(webhook: "w", eventID: id)).first)
+        }
+        // The first claim's lease ends (its sender is slow); both are claimed again.
+        let first = try s.claimWebhookDeliveries(webhook: "w", now: now, leaseUntil: now + 100, limit: 10)
+        let second = try s.claimWebhookDeliveries(webhook: "w", now: now + 100, leaseUntil: now + 100_000, limit: 10)
+        #expect(first.count == 2 && second.map(\.eventID) == first.map(\.eventID))
+        #expect(zip(first, second).allSatisfy { $0.claim < $1.claim })
+        // The second claim's answer comes first: [0] to be retried later.
+        #expect(try s.recordWebhookResults(webhook: "w", [WebhookAttemptRecord(second[0], .retry(attemptedAt: now + 200, at: now + 60_000, error: "HTTP 500"))]) == 0)
+        // Then the first claim's late answers: neither is recorded.
+        #expect(try s.recordWebhookResults(webhook: "w", [
+            WebhookAttemptRecord(first[0], .delivered(at: now + 300)),
+            WebhookAttemptRecord(first[1], .dead(attemptedAt: now + 300, error: "timeout")),
+        ]) == 2)
+        let zero = try row(first[0].eventID), one = try row(first[1].eventID)
+        #expect(zero.state == .pending && zero.attempts == 1 && zero.lastError == "HTTP 500" && zero.nextAttemptAt == now + 60_000)
+        #expect(one.state == .pending && one.attempts == 0 && one.lastError == nil)
+        // [1] is still leased by the second claim.
+        #expect(try s.claimWebhookDeliveries(webhook: "w", now: now + 300, leaseUntil: now + 100_000, limit: 10).isEmpty)
+
+        // A replay bumps the generation too: the second claim's late answer for [1] is dropped,
+        // and the replayed delivery is claimed (at once) under a newer one.
+        #expect(try s.replayWebhookDelivery(eventID: second[1].eventID, webhook: "w") == 1)
+        #expect(try s.recordWebhookResults(webhook: "w", [WebhookAttemptRecord(second[1], .dead(attemptedAt: now + 400, error: "timeout"))]) == 1)
+        #expect(try row(second[1].eventID).state == .pending)
+        // One transaction: the stale result dropped, the replayed delivery claimed.
+        let third = try s.recordAndClaimWebhookDeliveries(webhook: "w", results: [WebhookAttemptRecord(second[1], .delivered(at: now + 500))],
+                                                          now: now + 500, leaseUntil: now + 100_000, limit: 10)
+        #expect(third.stale == 1 && third.claimed.map(\.eventID) == [second[1].eventID])
+        let replayed = try #require(third.claimed.first)
+        #expect(replayed.claim > second[1].claim + 1)
+        let fourth = try s.recordAndClaimWebhookDeliveries(webhook: "w", results: [WebhookAttemptRecord(replayed, .delivered(at: now + 600))],
+                                                           now: now + 600, leaseUntil: now + 100_000, limit: 10)
+        #expect(fourth == WebhookExchange(stale: 0, claimed: []))
+        #expect(try row(second[1].eventID).state == .delivered)
     }
 
     @Test(arguments: StoreBackend.available)
@@ -284,6 +340,38 @@ import Testing
         }
         for bad in ["", "abc", "AAAAAAAAAAA=", "AAAAAAAAAAAA", "gAAAAAAAAAA", "AAAAAAAAAA!", "AAAAAAAAAAB"] {
             #expect(EventCursor.decode(bad) == nil, "\(bad)")
+        }
+    }
+}
+
+/// The webhook claim never walks a backlog: it reads the due pending rows of one webhook in its
+/// order from an index and stops at its limit (on SQLite, on the one writer thread).
+@Suite struct EventClaimPlanTests {
+    @Test(arguments: StoreBackend.available)
+    func theClaimReadsTheDueIndexInOrder(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        switch backend {
+        case .sqlite:
+            let plan = try SQLiteDatabase(path: f.dir.db, readOnly: true)
+                .query("EXPLAIN QUERY PLAN " + SQLiteOutboxStore.claimSQL, [.text("w"), .integer(0), .integer(8)]).compactMap { $0.last?.string }
+            // The range on (webhook, next_attempt_at) of the partial index, no sort, events by key.
+            #expect(plan.contains { $0.contains("USING INDEX webhook_deliveries_due (webhook=? AND next_attempt_at<?)") }, "\(plan)")
+            #expect(!plan.contains { $0.contains("TEMP B-TREE") }, "\(plan)")
+            #expect(plan.contains { $0.contains("SEARCH e USING INTEGER PRIMARY KEY") }, "\(plan)")
+        case .postgres:
+            // An empty table is read sequentially whatever the indexes: forbid that to see the
+            // plan the claim gets once the table has rows.
+            let c = try PostgresConnection(url: f.pgURL, applicationName: "relay-test-plan")
+            try c.execute("SET enable_seqscan = off")
+            let plan = try c.query("EXPLAIN " + PostgresOutboxStore.claimSQL, [.text("w"), .int(0), .int(8), .int(1)]).compactMap { $0.first?.string }
+            // The LIMIT takes the index's rows as they come (no sort below it); the claimed rows
+            // (at most the limit) may be sorted again at the end.
+            let limit = try #require(plan.firstIndex { $0.contains("->  Limit") }, "\(plan.joined(separator: "\n"))")
+            let scan = try #require(plan.firstIndex { $0.contains("Index Scan using webhook_deliveries_due") }, "\(plan.joined(separator: "\n"))")
+            #expect(limit < scan && plan[limit...scan].allSatisfy { !$0.contains("Sort") && !$0.contains("Bitmap") }, "\(plan.joined(separator: "\n"))")
+            #expect(plan[scan + 1].contains("Index Cond: ((webhook = 'w'::text) AND (next_attempt_at <= '0'::bigint))"), "\(plan.joined(separator: "\n"))")
         }
     }
 }

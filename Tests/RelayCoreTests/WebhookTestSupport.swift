@@ -21,6 +21,7 @@ final class InMemoryWebhookOutbox: WebhookOutbox, @unchecked Sendable {
         var errors: [String] = []
         var deadAttemptedAt: Int64?
         var deliveredAt: Int64?
+        var claim: Int64 = 0
     }
     private let lock = NSLock()
     private var rows: [String: [Row]] = [:]
@@ -49,19 +50,33 @@ final class InMemoryWebhookOutbox: WebhookOutbox, @unchecked Sendable {
             let r = rows[webhook]![i]
             guard r.state == .pending, r.nextAttemptAt <= now, r.leaseUntil <= now else { continue }
             rows[webhook]![i].leaseUntil = leaseUntil
-            out.append(WebhookDelivery(event: r.event, attempts: r.attempts, firstAttemptAt: r.firstAttemptAt))
+            rows[webhook]![i].claim += 1
+            out.append(WebhookDelivery(event: r.event, attempts: r.attempts, firstAttemptAt: r.firstAttemptAt, claim: r.claim + 1))
         }
         return out
     }
 
-    func recordWebhookResults(webhook: String, _ results: [(eventID: String, result: WebhookAttemptResult)]) throws {
+    private var notSentErrors: [String] = []
+    /// The errors of `notSent` results recorded (requests never sent), in order.
+    var notSent: [String] { lock.lock(); defer { lock.unlock() }; return notSentErrors }
+
+    func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord]) throws -> Int {
         lock.lock(); defer { lock.unlock() }
-        for (id, result) in results {
-            guard let i = rows[webhook]?.firstIndex(where: { $0.event.id == id }) else { continue }
+        var stale = 0
+        for record in results {
+            guard let i = rows[webhook]?.firstIndex(where: { $0.event.id == record.eventID }),
+                  rows[webhook]![i].state == .pending, rows[webhook]![i].claim == record.claim else { stale += 1; continue }
             var r = rows[webhook]![i]
-            r.attempts += 1
             r.leaseUntil = 0
-            switch result {
+            if case .notSent(_, let at, let error) = record.result {
+                r.nextAttemptAt = at
+                r.lastError = error
+                notSentErrors.append(error)
+                rows[webhook]![i] = r
+                continue
+            }
+            r.attempts += 1
+            switch record.result {
             case .delivered(let at): r.state = .delivered; r.deliveredAt = at; r.firstAttemptAt = r.firstAttemptAt ?? at
             case .retry(let attemptedAt, let at, let error):
                 r.firstAttemptAt = r.firstAttemptAt ?? attemptedAt
@@ -74,9 +89,11 @@ final class InMemoryWebhookOutbox: WebhookOutbox, @unchecked Sendable {
                 r.deadAttemptedAt = attemptedAt
                 r.lastError = error
                 r.errors.append(error)
+            case .notSent: break
             }
             rows[webhook]![i] = r
         }
+        return stale
     }
 
     func pendingWebhookDeliveries(webhook: String) throws -> Int? {

@@ -241,6 +241,32 @@ import TestSupport
         #expect(metrics.counts("hook").sent == 50)
     }
 
+    @Test("A request that cannot be set up here (libcurl out of memory) is no attempt: no failure, no pause, no dead; sent again")
+    func localSetupFailuresAreNotAttempts() throws {
+        let receiver = try WebhookTestReceiver(secrets: Self.secrets)
+        defer { receiver.close() }
+        let outbox = InMemoryWebhookOutbox(webhooks: ["hook"])
+        let events = (0..<3).map { _ in outbox.add() }
+        let metrics = WebhookMetrics(webhooks: ["hook"])
+        // The first five setups fail: each event at least once, two of them twice (1 s apart).
+        // A window of 1 ms: had a local failure been an attempt, the second would be dead.
+        let faults = Mutex(5)
+        let sender = WebhookSender(
+            endpoints: [.init(name: "hook", url: receiver.url, secrets: Self.secrets, maxConcurrent: 4,
+                              retry: WebhookRetryPolicy(baseMillis: 20, capMillis: 200, retryForMillis: 1, pauseCapMillis: 100))],
+            outbox: outbox, metrics: metrics, logger: RelayLogger(minimum: .error, capture: true), idlePollMillis: 50,
+            setupFault: { faults.withLock { n in n > 0 ? { n -= 1; return "out of memory (test)" }() : nil } })
+        try sender.start()
+        defer { sender.stop(grace: .seconds(1)) }
+        #expect(eventually(30) { outbox.snapshot("hook").allSatisfy { $0.state == .delivered } })
+        Self.expectAllArrived(events, receiver, outbox)
+        #expect(outbox.snapshot("hook").allSatisfy { $0.attempts == 1 && $0.errors.isEmpty }, "\(outbox.snapshot("hook"))")
+        #expect(outbox.notSent == Array(repeating: "out of memory (test)", count: 5))
+        let counts = metrics.counts("hook")
+        #expect(counts.sent == 3 && counts.failedAttempts == 0 && counts.dead == 0, "\(counts)")
+        #expect(metrics.localFailures("hook") == 5)
+    }
+
     @Test func deadAfterRetryFor() throws {
         let receiver = try WebhookTestReceiver(secrets: Self.secrets) { _ in .status(503) }
         defer { receiver.close() }
@@ -332,7 +358,7 @@ import TestSupport
         sender.stop(grace: .milliseconds(200))
         #expect(Date().timeIntervalSince(started) < 5)
         // Aborted, not recorded: they stay leased and pending, sent again after the lease.
-        #expect(outbox.snapshot("hook").allSatisfy { $0.state == .pending && $0.attempts == 0 })
+        #expect(outbox.snapshot("hook").allSatisfy { $0.state == .pending && $0.attempts == 0 }, "\(outbox.snapshot("hook"))")
     }
 }
 

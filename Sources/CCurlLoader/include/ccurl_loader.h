@@ -24,7 +24,6 @@ typedef size_t (*ccurld_data_callback)(char *data, size_t size, size_t count, vo
 CURLcode ccurld_setopt_callback(CURL *c, CURLoption option, ccurld_data_callback callback);
 // CURLINFO_RESPONSE_CODE (0 when none arrived) and CURLINFO_HTTP_VERSION (CURL_HTTP_VERSION_*).
 long ccurld_response_code(CURL *c);
-long ccurld_http_version(CURL *c);
 const char *ccurld_easy_strerror(CURLcode code);
 
 CURLM *ccurld_multi_init(void);

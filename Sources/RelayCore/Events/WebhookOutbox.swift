@@ -59,16 +59,53 @@ public enum WebhookDeliveryState: String, Sendable, CaseIterable, Codable {
 
 /// An event claimed for one webhook, with what is known of its earlier attempts.
 public struct WebhookDelivery: Sendable, Equatable {
-    public var event: StoredEvent
+    /// What the store handed over: the stores give the event's columns, rendered by `event` on
+    /// the caller's thread (the sender's), not on the store's writer.
+    enum Source: Sendable, Equatable {
+        case stored(StoredEvent)
+        case record(EventRecord)
+    }
+    let source: Source
     /// Attempts made before this one.
     public var attempts: Int
     /// When the first attempt was made (nil before it): `retryForSeconds` counts from here.
     public var firstAttemptAt: Int64?
+    /// The claim generation this delivery was handed out under: every claim and every replay
+    /// bumps the row's, and a result is recorded only under the generation it was claimed with,
+    /// so a late answer to an earlier claim never overwrites what a later one wrote.
+    public var claim: Int64
 
-    public init(event: StoredEvent, attempts: Int, firstAttemptAt: Int64?) {
-        self.event = event
+    public init(event: StoredEvent, attempts: Int, firstAttemptAt: Int64?, claim: Int64 = 0) {
+        self.init(source: .stored(event), attempts: attempts, firstAttemptAt: firstAttemptAt, claim: claim)
+    }
+
+    init(source: Source, attempts: Int, firstAttemptAt: Int64?, claim: Int64) {
+        self.source = source
         self.attempts = attempts
         self.firstAttemptAt = firstAttemptAt
+        self.claim = claim
+    }
+
+    /// The event with its body, rendered on each read: read it once.
+    public var event: StoredEvent {
+        switch source {
+        case .stored(let e): e
+        case .record(let r): r.stored
+        }
+    }
+
+    public var eventID: String {
+        switch source {
+        case .stored(let e): e.id
+        case .record(let r): r.id
+        }
+    }
+
+    public var eventCreatedAt: Int64 {
+        switch source {
+        case .stored(let e): e.createdAt
+        case .record(let r): r.createdAt
+        }
     }
 }
 
@@ -80,17 +117,59 @@ public enum WebhookAttemptResult: Sendable, Equatable {
     case retry(attemptedAt: Int64, at: Int64, error: String)
     /// Given up after `retryForSeconds`: kept, visible, replayable.
     case dead(attemptedAt: Int64, error: String)
+    /// Never sent: the request could not be set up here (libcurl out of memory, an option
+    /// refused) at `failedAt`. Pending again, due at `at`; not an attempt (attempts and the
+    /// retry window unchanged), `error` kept as the last error.
+    case notSent(failedAt: Int64, at: Int64, error: String)
+}
+
+/// One result to record, with the claim generation its delivery was claimed under.
+public struct WebhookAttemptRecord: Sendable, Equatable {
+    public var eventID: String
+    public var claim: Int64
+    public var result: WebhookAttemptResult
+
+    public init(eventID: String, claim: Int64, result: WebhookAttemptResult) {
+        self.eventID = eventID
+        self.claim = claim
+        self.result = result
+    }
+
+    public init(_ delivery: WebhookDelivery, _ result: WebhookAttemptResult) {
+        self.init(eventID: delivery.eventID, claim: delivery.claim, result: result)
+    }
+}
+
+/// What one `recordAndClaimWebhookDeliveries` did.
+public struct WebhookExchange: Sendable, Equatable {
+    /// Results not recorded because their delivery was claimed again (a lease that ended, a
+    /// replay) or left the pending state meanwhile.
+    public var stale: Int
+    public var claimed: [WebhookDelivery]
+
+    public init(stale: Int, claimed: [WebhookDelivery]) {
+        self.stale = stale
+        self.claimed = claimed
+    }
 }
 
 /// The store side of webhook delivery. Both backends implement it; the sender calls it from its
 /// own thread (the calls may block on the store).
 public protocol WebhookOutbox: AnyObject, Sendable {
-    /// Up to `limit` pending deliveries of `webhook` whose next attempt is due at `now`, oldest
-    /// event first; each is leased (not returned again) until `leaseUntil`, so a crashed or slow
-    /// sender's deliveries come back after the lease.
+    /// Up to `limit` pending deliveries of `webhook` whose next attempt is due at `now`, due
+    /// first, then oldest event first; each is leased (not returned again) until `leaseUntil`, so a crashed or slow
+    /// sender's deliveries come back after the lease. Each claim bumps the row's claim generation
+    /// (returned in `WebhookDelivery.claim`).
     func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int) throws -> [WebhookDelivery]
-    /// Records attempts made on claimed deliveries (one transaction).
-    func recordWebhookResults(webhook: String, _ results: [(eventID: String, result: WebhookAttemptResult)]) throws
+    /// Records attempts made on claimed deliveries (one transaction). A result whose claim is
+    /// not the row's current one, or whose row is no longer pending, is dropped; returns how
+    /// many were.
+    @discardableResult
+    func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord]) throws -> Int
+    /// `recordWebhookResults` then `claimWebhookDeliveries` (`limit` may be 0) in one transaction:
+    /// the sender's one write per turn.
+    func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], now: Int64, leaseUntil: Int64,
+                                         limit: Int) throws -> WebhookExchange
     /// How many deliveries of `webhook` are pending (due or not, leased or not), for the
     /// `relay_webhook_backlog` gauge; nil when the store does not count them (the default).
     func pendingWebhookDeliveries(webhook: String) throws -> Int?
@@ -98,4 +177,11 @@ public protocol WebhookOutbox: AnyObject, Sendable {
 
 extension WebhookOutbox {
     public func pendingWebhookDeliveries(webhook: String) throws -> Int? { nil }
+
+    /// Two calls (two transactions); the stores do both in one.
+    public func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], now: Int64, leaseUntil: Int64,
+                                                limit: Int) throws -> WebhookExchange {
+        let stale = results.isEmpty ? 0 : try recordWebhookResults(webhook: webhook, results)
+        return WebhookExchange(stale: stale, claimed: limit > 0 ? try claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit) : [])
+    }
 }

@@ -2,9 +2,10 @@
 // ("webhooks") owns one libcurl multi handle for all of them; nothing here runs on the ingest
 // loop or the dispatcher's threads, and the only shared resource is the store (WebhookOutbox).
 //
-// Per webhook, each turn of the loop: when its next claim is due and it has room, claim due
-// deliveries (oldest first, leased for longer than an attempt can take) up to `maxConcurrent`
-// in flight, sign and start them; collect finished transfers; record the results in one call.
+// Per webhook, each turn of the loop: collect finished transfers; in one store transaction,
+// record their results and (when its next claim is due and it has room) claim due deliveries
+// (due first, then oldest, leased for longer than an attempt can take) up to `maxConcurrent` in
+// flight; render, sign and start them here, off the store's writer.
 // 2xx is delivered; anything else, or no answer within the timeout, is retried after
 // WebhookRetryPolicy's back-off until `retryFor` from the first attempt, then dead.
 // A failing receiver is probed one delivery at a time, after a pause that doubles up to
@@ -49,6 +50,10 @@ public final class WebhookSender: Lifecycle, Sendable {
     public let idlePollMillis: Int
     /// How often the backlog gauge asks the store.
     public let backlogRefreshMillis: Int64
+    /// When a delivery that could not be set up here (libcurl out of memory...) is tried again.
+    static let localRetryMillis: Int64 = 1000
+    /// Tests: makes the transport's request setup fail as out of memory would.
+    private let setupFault: (@Sendable () -> String?)?
 
     private struct Running {
         var thread: pthread_t
@@ -59,9 +64,17 @@ public final class WebhookSender: Lifecycle, Sendable {
     private let woken = Atomic<Bool>(false)
     private let graceMillis = Atomic<Int>(0)
 
-    public init(endpoints: [Endpoint], outbox: any WebhookOutbox, metrics: WebhookMetrics, logger: RelayLogger,
+    public convenience init(endpoints: [Endpoint], outbox: any WebhookOutbox, metrics: WebhookMetrics, logger: RelayLogger,
                 clock: any RelayClock = SystemRelayClock(), random: any RandomSource = SystemRandom(),
                 idlePollMillis: Int = 500, backlogRefreshMillis: Int64 = 10_000) {
+        self.init(endpoints: endpoints, outbox: outbox, metrics: metrics, logger: logger, clock: clock, random: random,
+                  idlePollMillis: idlePollMillis, backlogRefreshMillis: backlogRefreshMillis, setupFault: nil)
+    }
+
+    init(endpoints: [Endpoint], outbox: any WebhookOutbox, metrics: WebhookMetrics, logger: RelayLogger, clock: any RelayClock = SystemRelayClock(),
+         random: any RandomSource = SystemRandom(), idlePollMillis: Int = 500, backlogRefreshMillis: Int64 = 10_000,
+         setupFault: (@Sendable () -> String?)?) {
+        self.setupFault = setupFault
         self.endpoints = endpoints
         self.outbox = outbox
         self.metrics = metrics
@@ -88,8 +101,7 @@ public final class WebhookSender: Lifecycle, Sendable {
         guard !endpoints.isEmpty else { return }
         try running.withLock { r in
             guard r == nil else { return }
-            let transport: WebhookTransport
-            do { transport = try WebhookTransport() } catch { throw error }
+            let transport = try WebhookTransport(setupFault: setupFault)
             stopping.store(false, ordering: .sequentiallyConsistent)
             let thread = try startThread(name: "webhooks") { [self] in run(transport) }
             r = Running(thread: thread, transport: transport)
@@ -119,10 +131,11 @@ public final class WebhookSender: Lifecycle, Sendable {
 
     /// What the thread knows of one webhook. Bounded: at most `maxConcurrent` deliveries.
     private struct WebhookState {
-        var inFlight: [Int: (delivery: WebhookDelivery, startedAt: Int64)] = [:]
-        var results: [(eventID: String, result: WebhookAttemptResult)] = []
+        var inFlight: [Int: WebhookDelivery] = [:]
+        var results: [WebhookAttemptRecord] = []
         var nextClaimAt: Int64 = 0
         var consecutiveFailures = 0
+        var localFailures = 0
         var nextBacklogAt: Int64 = 0
     }
 
@@ -139,20 +152,15 @@ public final class WebhookSender: Lifecycle, Sendable {
             if woken.exchange(false, ordering: .sequentiallyConsistent) {
                 for i in states.indices where states[i].consecutiveFailures == 0 { states[i].nextClaimAt = 0 }
             }
-            if stopDeadline == nil {
-                for i in endpoints.indices {
-                    // A wall clock stepped back must not postpone claims by the size of the step.
-                    states[i].nextClaimAt = min(states[i].nextClaimAt, now + maxClaimDelay(i))
-                    claim(i, &states[i], transport, now: now, nextKey: &nextKey)
-                }
-            }
             for (key, outcome) in transport.perform() {
                 now = clock.nowMillis()
-                guard let i = states.firstIndex(where: { $0.inFlight[key] != nil }), let entry = states[i].inFlight.removeValue(forKey: key) else { continue }
-                finish(i, &states[i], entry.delivery, outcome, now: now)
+                guard let i = states.firstIndex(where: { $0.inFlight[key] != nil }), let delivery = states[i].inFlight.removeValue(forKey: key) else { continue }
+                finish(i, &states[i], delivery, outcome, now: now)
             }
             for i in endpoints.indices {
-                record(i, &states[i])
+                // A wall clock stepped back must not postpone claims by the size of the step.
+                states[i].nextClaimAt = min(states[i].nextClaimAt, now + maxClaimDelay(i))
+                exchange(i, &states[i], transport, now: now, claiming: stopDeadline == nil, nextKey: &nextKey)
                 if stopDeadline == nil, now >= states[i].nextBacklogAt {
                     states[i].nextBacklogAt = now + backlogRefreshMillis
                     metrics.backlog(endpoints[i].name, try? outbox.pendingWebhookDeliveries(webhook: endpoints[i].name))
@@ -166,7 +174,7 @@ public final class WebhookSender: Lifecycle, Sendable {
             }
             if wait > 0 || transport.inFlight > 0 { transport.poll(timeoutMillis: Int(wait)) }
         }
-        for i in endpoints.indices { record(i, &states[i]) }
+        for i in endpoints.indices { exchange(i, &states[i], transport, now: clock.nowMillis(), claiming: false, nextKey: &nextKey) }
     }
 
     /// The longest a claim is ever put off: the idle poll or the receiver pause's cap.
@@ -179,34 +187,48 @@ public final class WebhookSender: Lifecycle, Sendable {
         s.consecutiveFailures > 0 ? 1 : endpoints[i].maxConcurrent
     }
 
-    private func claim(_ i: Int, _ s: inout WebhookState, _ transport: WebhookTransport, now: Int64, nextKey: inout Int) {
+    /// The turn's one store call per webhook: records its results and, when a claim is due and
+    /// there is room, claims the next deliveries in the same transaction (on SQLite one writer
+    /// job instead of two), then signs and starts them. If the store refuses, the results are
+    /// dropped: their deliveries stay leased, come back when the lease ends and are sent again
+    /// (at least once).
+    private func exchange(_ i: Int, _ s: inout WebhookState, _ transport: WebhookTransport, now: Int64, claiming: Bool, nextKey: inout Int) {
         let endpoint = endpoints[i]
-        let room = limit(i, s) - s.inFlight.count
-        guard room > 0, now >= s.nextClaimAt else { return }
+        let room = claiming && now >= s.nextClaimAt ? max(0, limit(i, s) - s.inFlight.count) : 0
+        guard room > 0 || !s.results.isEmpty else { return }
         // Longer than any attempt can take (connect + transfer are each bounded by the timeout),
         // so a delivery comes back to a later claim only if this sender died holding it.
         let leaseUntil = now + 2 * Int64(endpoint.timeoutMillis) + 30_000
-        let deliveries: [WebhookDelivery]
+        let results = s.results
+        s.results.removeAll(keepingCapacity: true)
+        let exchanged: WebhookExchange
         do {
-            deliveries = try outbox.claimWebhookDeliveries(webhook: endpoint.name, now: now, leaseUntil: leaseUntil, limit: room)
+            exchanged = try outbox.recordAndClaimWebhookDeliveries(webhook: endpoint.name, results: results, now: now, leaseUntil: leaseUntil, limit: room)
         } catch {
-            logger.error("webhook claim failed", ["webhook": endpoint.name, "error": "\(error)"])
-            s.nextClaimAt = now + Int64(idlePollMillis)
+            if !results.isEmpty {
+                logger.error("webhook results not recorded; they are sent again after their lease", ["webhook": endpoint.name, "count": results.count, "error": "\(error)"])
+            }
+            if room > 0 {
+                logger.error("webhook claim failed", ["webhook": endpoint.name, "error": "\(error)"])
+                s.nextClaimAt = now + Int64(idlePollMillis)
+            }
             return
         }
+        noteStale(i, exchanged.stale)
         // Fewer than asked: nothing more is due now; look again after the idle poll.
-        if deliveries.count < room { s.nextClaimAt = now + Int64(idlePollMillis) }
-        for delivery in deliveries {
+        if room > 0, exchanged.claimed.count < room { s.nextClaimAt = now + Int64(idlePollMillis) }
+        for delivery in exchanged.claimed {
+            // Rendered here, on this thread, from the columns the claim returned.
             let event = delivery.event
             let headers = WebhookSigning.headers(id: event.id, timestamp: now / 1000, body: event.body, secrets: endpoint.secrets)
             let key = nextKey
             nextKey &+= 1
             do {
-                try transport.add(WebhookRequest(key: key, url: endpoint.url, headers: headers.map { "\($0.name): \($0.value)" },
+                try transport.add(WebhookRequest(key: key, url: endpoint.url, headers: headers.map { $0.name + ": " + $0.value },
                                                  body: event.body, timeoutMillis: endpoint.timeoutMillis, caFile: endpoint.caFile))
-                s.inFlight[key] = (delivery, now)
+                s.inFlight[key] = delivery
             } catch {
-                finish(i, &s, delivery, .failed("\(error)"), now: now)
+                finish(i, &s, delivery, .local(error.description), now: now)
             }
         }
     }
@@ -216,39 +238,55 @@ public final class WebhookSender: Lifecycle, Sendable {
         let error: String
         switch outcome {
         case .status(let status) where (200..<300).contains(status):
-            s.results.append((delivery.event.id, .delivered(at: now)))
+            s.results.append(WebhookAttemptRecord(delivery, .delivered(at: now)))
             s.consecutiveFailures = 0
             metrics.failing(endpoint.name, consecutiveFailures: 0)
-            metrics.sent(endpoint.name, latencySeconds: Double(max(0, now - delivery.event.createdAt)) / 1000)
+            metrics.sent(endpoint.name, latencySeconds: Double(max(0, now - delivery.eventCreatedAt)) / 1000)
             return
         case .status(let status): error = "HTTP \(status)"
         case .failed(let text): error = text
+        case .local(let text):
+            notSent(i, &s, delivery, text, now: now)
+            return
         }
         let result = endpoint.retry.afterFailure(attemptsBefore: delivery.attempts, firstAttemptAt: delivery.firstAttemptAt, now: now,
                                                  error: error, random: random.unit())
-        s.results.append((delivery.event.id, result))
+        s.results.append(WebhookAttemptRecord(delivery, result))
         s.consecutiveFailures += 1
         s.nextClaimAt = max(s.nextClaimAt, now + endpoint.retry.receiverPause(failures: s.consecutiveFailures))
         metrics.failing(endpoint.name, consecutiveFailures: s.consecutiveFailures)
         if case .dead = result {
             metrics.dead(endpoint.name)
-            logger.error("webhook event dead", ["webhook": endpoint.name, "event": delivery.event.id, "attempts": delivery.attempts + 1, "error": error])
+            logger.error("webhook event dead", ["webhook": endpoint.name, "event": delivery.eventID, "attempts": delivery.attempts + 1, "error": error])
         } else {
             metrics.failedAttempt(endpoint.name)
             if s.consecutiveFailures == 1 || s.consecutiveFailures % 100 == 0 {
-                logger.warning("webhook attempt failed", ["webhook": endpoint.name, "event": delivery.event.id, "error": error,
+                logger.warning("webhook attempt failed", ["webhook": endpoint.name, "event": delivery.eventID, "error": error,
                                                           "consecutiveFailures": s.consecutiveFailures])
             }
         }
     }
 
-    /// One transaction for the turn's results. If the store refuses, they are dropped: the
-    /// deliveries stay leased, come back when the lease ends and are sent again (at least once).
-    private func record(_ i: Int, _ s: inout WebhookState) {
-        guard !s.results.isEmpty else { return }
-        defer { s.results.removeAll(keepingCapacity: true) }
-        do { try outbox.recordWebhookResults(webhook: endpoints[i].name, s.results) } catch {
-            logger.error("webhook results not recorded; they are sent again after their lease", ["webhook": endpoints[i].name, "count": s.results.count, "error": "\(error)"])
+    /// A failure here, not the receiver's: not an attempt (the retry window and the receiver's
+    /// pause are untouched), sent again after `localRetryMillis`, and claims wait as long (the
+    /// next ones would most likely fail alike).
+    private func notSent(_ i: Int, _ s: inout WebhookState, _ delivery: WebhookDelivery, _ error: String, now: Int64) {
+        let endpoint = endpoints[i]
+        s.results.append(WebhookAttemptRecord(delivery, .notSent(failedAt: now, at: now + Self.localRetryMillis, error: error)))
+        s.nextClaimAt = max(s.nextClaimAt, now + Self.localRetryMillis)
+        s.localFailures += 1
+        metrics.localFailure(endpoint.name)
+        if s.localFailures == 1 || s.localFailures % 100 == 0 {
+            logger.error("webhook request not sent: local failure, not the receiver's; tried again", ["webhook": endpoint.name, "event": delivery.eventID,
+                                                                                                     "error": error, "localFailures": s.localFailures])
         }
+    }
+
+    /// Results of an earlier claim (the lease ended and the delivery was claimed again, or it was
+    /// replayed) are not recorded: the later claim's result stands.
+    private func noteStale(_ i: Int, _ stale: Int) {
+        guard stale > 0 else { return }
+        metrics.staleResults(endpoints[i].name, stale)
+        logger.debug("webhook results of an earlier claim not recorded", ["webhook": endpoints[i].name, "count": stale])
     }
 }

@@ -5,11 +5,11 @@ import Basics
 internal import OpenSSLSupport
 
 /// One signing secret, `whsec_<base64>`: the key is the base64-decoded part after the prefix.
-/// The bytes are wiped when the last copy goes.
+/// The decoded bytes are wiped once its HMAC state is made; that is cleansed when the last copy goes.
 public final class WebhookSecret: Sendable {
     public static let prefix = "whsec_"
-    // Written only in init (then wiped in deinit, after the last reference is gone).
-    nonisolated(unsafe) private var key: [UInt8]
+    /// The key's HMAC state (its padded blocks hashed; cleansed when freed).
+    private let key: HMACSHA256.Key
 
     public enum ParseError: Error, Equatable, CustomStringConvertible {
         case missingPrefix, notBase64, tooShort(Int)
@@ -27,17 +27,16 @@ public final class WebhookSecret: Sendable {
 
     public init(parsing text: String) throws(ParseError) {
         guard text.hasPrefix(Self.prefix) else { throw .missingPrefix }
-        guard let key = Basics.Base64.decode(text.dropFirst(Self.prefix.count)) else { throw .notBase64 }
+        guard var key = Basics.Base64.decode(text.dropFirst(Self.prefix.count)) else { throw .notBase64 }
         guard key.count >= Self.minimumKeyBytes else { throw .tooShort(key.count) }
-        self.key = key
+        self.key = HMACSHA256.Key(key)
+        wipe(&key)
     }
 
     /// Any key, for tests of the signing function against published examples with short keys.
-    init(key: [UInt8]) { self.key = key }
+    init(key: [UInt8]) { self.key = HMACSHA256.Key(key) }
 
-    deinit { wipe(&key) }
-
-    func mac(_ message: [UInt8]) -> [UInt8] { HMACSHA256.mac(key: key, message: message) }
+    func mac(_ message: [UInt8]) -> [UInt8] { key.mac(message) }
 }
 
 public enum WebhookSigning {

@@ -28,6 +28,9 @@ enum WebhookTransferOutcome: Equatable {
     case status(Int)
     /// No answer: connection refused, TLS failure, timeout...
     case failed(String)
+    /// Not the receiver's doing: libcurl failed here (out of memory, an option or feature it
+    /// refused). The request may not have left; it is not an attempt.
+    case local(String)
 }
 
 /// Owned by one thread, except `wakeup`, which any thread may call until `close`.
@@ -40,6 +43,8 @@ final class WebhookTransport: @unchecked Sendable {
     private let open = Mutex(true)
     private let multi: UnsafeMutableRawPointer
     private var transfers: [Int: Transfer] = [:]   // by easy handle address
+    /// Tests: a text here makes `add` fail as a local setup error would.
+    private let setupFault: (@Sendable () -> String?)?
 
     /// What one easy handle needs kept alive while it runs; freed with it.
     private final class Transfer {
@@ -59,7 +64,8 @@ final class WebhookTransport: @unchecked Sendable {
         var errorText: String { String(cString: errorBuffer) }
     }
 
-    init() throws(WebhookTransportError) {
+    init(setupFault: (@Sendable () -> String?)? = nil) throws(WebhookTransportError) {
+        self.setupFault = setupFault
         var error = [CChar](repeating: 0, count: 256)
         guard ccurld_load(&error, error.count) == 1 else {
             throw WebhookTransportError(description: String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
@@ -74,8 +80,10 @@ final class WebhookTransport: @unchecked Sendable {
 
     var inFlight: Int { transfers.count }
 
-    /// Starts a transfer; it finishes in a later `perform`.
+    /// Starts a transfer; it finishes in a later `perform`. Throws only for failures here (the
+    /// handle or an option could not be set up): nothing was sent.
     func add(_ request: WebhookRequest) throws(WebhookTransportError) {
+        if let fault = setupFault?() { throw WebhookTransportError(description: fault) }
         guard let easy = ccurld_easy_init() else { throw WebhookTransportError(description: "curl_easy_init failed") }
         let transfer = Transfer(key: request.key, easy: easy)
         for line in request.headers + ["Content-Type: application/json", "User-Agent: accessory-relay/\(BuildInfo.version)", "Expect:"] {
@@ -148,6 +156,8 @@ final class WebhookTransport: @unchecked Sendable {
             let outcome: WebhookTransferOutcome
             if result == CURLE_OK || (result == CURLE_WRITE_ERROR && status > 0) {
                 outcome = .status(status)
+            } else if Self.localFailures.contains(result) {
+                outcome = .local(String(cString: ccurld_easy_strerror(result)))
             } else {
                 let detail = transfer.errorText
                 outcome = .failed(detail.isEmpty ? String(cString: ccurld_easy_strerror(result)) : detail)
@@ -157,6 +167,10 @@ final class WebhookTransport: @unchecked Sendable {
         }
         return done
     }
+
+    /// Results that say nothing about the receiver: libcurl or this host could not do its part.
+    private static let localFailures: [CURLcode] = [CURLE_OUT_OF_MEMORY, CURLE_FAILED_INIT, CURLE_BAD_FUNCTION_ARGUMENT, CURLE_UNKNOWN_OPTION,
+                                                     CURLE_NOT_BUILT_IN]
 
     /// Waits up to `timeoutMillis` for socket activity, curl's own timers or `wakeup`.
     func poll(timeoutMillis: Int) {

@@ -13,6 +13,8 @@ public final class WebhookMetrics: Sendable {
         var dead = 0
         var backlog: Int?
         var failing = 0
+        var staleResults = 0
+        var localFailures = 0
     }
     struct State {
         var webhooks: [String: PerWebhook] = [:]
@@ -31,9 +33,17 @@ public final class WebhookMetrics: Sendable {
         }
     }
     func failedAttempt(_ webhook: String) { state.withLock { $0.webhooks[webhook, default: PerWebhook()].failedAttempts += 1 } }
+    func staleResults(_ webhook: String, _ n: Int) { state.withLock { $0.webhooks[webhook, default: PerWebhook()].staleResults += n } }
+    func localFailure(_ webhook: String) { state.withLock { $0.webhooks[webhook, default: PerWebhook()].localFailures += 1 } }
     func dead(_ webhook: String) { state.withLock { $0.webhooks[webhook, default: PerWebhook()].dead += 1 } }
     func backlog(_ webhook: String, _ count: Int?) { state.withLock { $0.webhooks[webhook, default: PerWebhook()].backlog = count } }
     func failing(_ webhook: String, consecutiveFailures: Int) { state.withLock { $0.webhooks[webhook, default: PerWebhook()].failing = consecutiveFailures } }
+
+    /// Results dropped because their delivery was claimed again or replayed meanwhile.
+    public func staleResults(_ webhook: String) -> Int { state.withLock { $0.webhooks[webhook]?.staleResults ?? 0 } }
+
+    /// Requests not sent because of a failure here (libcurl out of memory, an option refused).
+    public func localFailures(_ webhook: String) -> Int { state.withLock { $0.webhooks[webhook]?.localFailures ?? 0 } }
 
     /// Counts as tests read them.
     public func counts(_ webhook: String) -> (sent: Int, failedAttempts: Int, dead: Int) {
@@ -51,6 +61,10 @@ public final class WebhookMetrics: Sendable {
         for (name, w) in sorted { r.sample("relay_webhook_failed_attempts_total", ["webhook": name], w.failedAttempts) }
         r.declare("relay_webhook_events_dead_total", .counter, help: "Events given up on after retryForSeconds (kept; relayctl events replay).")
         for (name, w) in sorted { r.sample("relay_webhook_events_dead_total", ["webhook": name], w.dead) }
+        r.declare("relay_webhook_stale_results_total", .counter, help: "Webhook results not recorded: their delivery was claimed again (lease ended) or replayed meanwhile.")
+        for (name, w) in sorted { r.sample("relay_webhook_stale_results_total", ["webhook": name], w.staleResults) }
+        r.declare("relay_webhook_local_failures_total", .counter, help: "Webhook requests not sent because of a failure in this process (libcurl out of memory, an option refused): not attempts, tried again after 1 s.")
+        for (name, w) in sorted { r.sample("relay_webhook_local_failures_total", ["webhook": name], w.localFailures) }
         r.declare("relay_webhook_consecutive_failures", .gauge, help: "Attempts in a row a webhook has not answered 2xx (0 while it accepts).")
         for (name, w) in sorted { r.sample("relay_webhook_consecutive_failures", ["webhook": name], w.failing) }
         r.declare("relay_webhook_backlog", .gauge, help: "Events pending for a webhook (not yet delivered or dead), as the store counts them.")

@@ -161,7 +161,7 @@ extension PostgresOutboxStore {
         let now = clock.nowMillis()
         return try write { c in
             try c.run("""
-                UPDATE webhook_deliveries d SET state = 'pending', next_attempt_at = $1, lease_until = 0, first_attempt_at = NULL, updated_at = $1
+                UPDATE webhook_deliveries d SET state = 'pending', next_attempt_at = $1, lease_until = 0, claim = d.claim + 1, first_attempt_at = NULL, updated_at = $1
                 FROM events e WHERE e.id = $2 AND d.seq = e.seq AND ($3::text IS NULL OR d.webhook = $3)
                 """, [.int(now), .text(eventID.lowercased()), webhook.map { .text($0) } ?? .null]).affected
         }
@@ -171,7 +171,7 @@ extension PostgresOutboxStore {
         let now = clock.nowMillis()
         return try write { c in
             try c.run("""
-                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = $1, lease_until = 0, first_attempt_at = NULL, updated_at = $1
+                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = $1, lease_until = 0, claim = claim + 1, first_attempt_at = NULL, updated_at = $1
                 WHERE webhook = $2 AND state = 'dead'
                 """, [.int(now), .text(webhook)]).affected
         }
@@ -198,7 +198,7 @@ extension PostgresOutboxStore {
                 guard n > max else { continue }
                 dropped[name] = try c.run("""
                     DELETE FROM webhook_deliveries WHERE webhook = $1 AND seq IN
-                        (SELECT seq FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' ORDER BY seq LIMIT $2)
+                        (SELECT seq FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' ORDER BY next_attempt_at, seq LIMIT $2)
                     """, [.text(name), .int(Int64(n - max))]).affected
             }
             return dropped
@@ -207,47 +207,72 @@ extension PostgresOutboxStore {
 
     // MARK: WebhookOutbox
 
-    /// SKIP LOCKED: two nodes' senders claiming the same webhook take different rows. The
-    /// sender's times are the node's clock: compared and stored in the database's (One clock).
+    /// The sender's times are the node's clock: compared and stored in the database's (One clock).
     public func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int) throws -> [WebhookDelivery] {
         guard limit > 0 else { return [] }
-        let now = clock.toDatabase(now), leaseUntil = clock.toDatabase(leaseUntil)
-        return try write { [clock] c in
-            let rows = try c.query("""
-                WITH d AS (
-                    UPDATE webhook_deliveries w SET lease_until = $4
-                    FROM (SELECT seq FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' AND next_attempt_at <= $2 AND lease_until <= $2
-                          ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED) c
-                    WHERE w.webhook = $1 AND w.seq = c.seq
-                    RETURNING w.seq, w.attempts, w.first_attempt_at
-                )
-                SELECT d.attempts, d.first_attempt_at, \(Self.eventColumns) FROM d JOIN events e ON e.seq = d.seq ORDER BY d.seq
-                """, [.text(webhook), .int(now), .int(Int64(limit)), .int(leaseUntil)])
-            return try rows.map { r in
-                WebhookDelivery(event: try EventRecord(columns: r, offset: 2).stored, attempts: Int(r[0].int ?? 0),
-                                firstAttemptAt: r[1].int.map(clock.toLocal))
-            }
+        return try write { [clock] c in try Self.claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, clock, c) }
+    }
+
+    @discardableResult
+    public func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord]) throws -> Int {
+        guard !results.isEmpty else { return 0 }
+        return try writeTransaction { [clock] c in try Self.recordWebhookResults(webhook: webhook, results, clock, c) }
+    }
+
+    public func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], now: Int64, leaseUntil: Int64,
+                                                limit: Int) throws -> WebhookExchange {
+        guard !results.isEmpty || limit > 0 else { return WebhookExchange(stale: 0, claimed: []) }
+        return try writeTransaction { [clock] c in
+            let stale = try Self.recordWebhookResults(webhook: webhook, results, clock, c)
+            return WebhookExchange(stale: stale, claimed: try Self.claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, clock, c))
         }
     }
 
-    public func recordWebhookResults(webhook: String, _ results: [(eventID: String, result: WebhookAttemptResult)]) throws {
-        guard !results.isEmpty else { return }
+    /// Due first, then commit order, over the index `webhook_deliveries_due` (EventClaimPlanTests
+    /// reads the plan). Binds: webhook, now, limit, lease until.
+    static let claimSQL = """
+            WITH d AS (
+                UPDATE webhook_deliveries w SET lease_until = $4, claim = w.claim + 1
+                FROM (SELECT seq FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' AND next_attempt_at <= $2 AND lease_until <= $2
+                      ORDER BY next_attempt_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED) c
+                WHERE w.webhook = $1 AND w.seq = c.seq
+                RETURNING w.seq, w.next_attempt_at, w.attempts, w.first_attempt_at, w.claim
+            )
+            SELECT d.attempts, d.first_attempt_at, d.claim, \(eventColumns) FROM d JOIN events e ON e.seq = d.seq ORDER BY d.next_attempt_at, d.seq
+            """
+
+    /// SKIP LOCKED: two nodes' senders claiming the same webhook take different rows. The
+    /// event's columns, not its body: the sender renders it on its own thread.
+    private static func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int, _ clock: DatabaseClock,
+                                               _ c: PostgresConnection) throws -> [WebhookDelivery] {
+        guard limit > 0 else { return [] }
+        let rows = try c.query(claimSQL, [.text(webhook), .int(clock.toDatabase(now)), .int(Int64(limit)), .int(clock.toDatabase(leaseUntil))])
+        return try rows.map { r in
+            WebhookDelivery(source: .record(try EventRecord(columns: r, offset: 3)), attempts: Int(r[0].int ?? 0), firstAttemptAt: r[1].int.map(clock.toLocal),
+                            claim: r[2].int ?? 0)
+        }
+    }
+
+    /// Returns how many results were dropped (claimed again since, or no longer pending).
+    private static func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord], _ clock: DatabaseClock,
+                                             _ c: PostgresConnection) throws -> Int {
+        guard !results.isEmpty else { return 0 }
         let changes = results.map { r in
             var change = WebhookResultChange(r.result)
             change.attemptedAt = clock.toDatabase(change.attemptedAt)
             change.nextAttemptAt = change.nextAttemptAt.map(clock.toDatabase)
-            return (id: r.eventID.lowercased(), change: change)
+            return (id: r.eventID.lowercased(), claim: r.claim, change: change)
         }
-        try writeTransaction { c in
-            try c.query("""
-                UPDATE webhook_deliveries d SET state = x.state, attempts = d.attempts + 1, first_attempt_at = coalesce(d.first_attempt_at, x.at),
-                    next_attempt_at = coalesce(x.next, d.next_attempt_at), lease_until = 0, last_error = x.error, updated_at = x.at
-                FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[]) AS x(id, state, at, next, error)
-                JOIN events e ON e.id = x.id
-                WHERE d.webhook = $1 AND d.seq = e.seq AND d.state = 'pending'
-                """, [.text(webhook), .textArray(changes.map(\.id)), .textArray(changes.map(\.change.state.rawValue)),
-                      .intArray(changes.map(\.change.attemptedAt)), .intArray(changes.map(\.change.nextAttemptAt)),
-                      .textArray(changes.map(\.change.error))])
-        }
+        let applied = try c.run("""
+            UPDATE webhook_deliveries d SET state = x.state, attempts = d.attempts + x.attempted,
+                first_attempt_at = CASE WHEN x.attempted = 1 THEN coalesce(d.first_attempt_at, x.at) ELSE d.first_attempt_at END,
+                next_attempt_at = coalesce(x.next, d.next_attempt_at), lease_until = 0, last_error = x.error, updated_at = x.at
+            FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::bigint[], $8::bigint[]) AS x(id, state, at, next, error, claim, attempted)
+            JOIN events e ON e.id = x.id
+            WHERE d.webhook = $1 AND d.seq = e.seq AND d.state = 'pending' AND d.claim = x.claim
+            """, [.text(webhook), .textArray(changes.map(\.id)), .textArray(changes.map(\.change.state.rawValue)),
+                  .intArray(changes.map(\.change.attemptedAt)), .intArray(changes.map(\.change.nextAttemptAt)),
+                  .textArray(changes.map(\.change.error)), .intArray(changes.map(\.claim)), .intArray(changes.map { $0.change.attempted ? 1 : 0 })]).affected
+        return results.count - applied
     }
 }

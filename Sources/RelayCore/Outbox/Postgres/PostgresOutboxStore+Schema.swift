@@ -184,6 +184,15 @@ extension PostgresOutboxStore {
         """
         ALTER TABLE responses ADD COLUMN IF NOT EXISTS lease_epoch bigint NOT NULL DEFAULT 0;
         """,
+        // v8: a webhook delivery's claim generation (SQLite's v11): every claim and every replay
+        // bumps it, and a result is recorded only under the generation it was claimed with. The
+        // pending index leads with the due time, as SQLite's: the claim reads due rows in order.
+        """
+        ALTER TABLE webhook_deliveries ADD COLUMN IF NOT EXISTS claim bigint NOT NULL DEFAULT 0;
+        DROP INDEX IF EXISTS webhook_deliveries_pending;
+        CREATE INDEX IF NOT EXISTS webhook_deliveries_due ON webhook_deliveries (webhook, next_attempt_at, seq) INCLUDE (lease_until)
+            WHERE state = 'pending';
+        """,
     ]
 
     static func schemaVersion(_ c: PostgresConnection) throws -> Int {

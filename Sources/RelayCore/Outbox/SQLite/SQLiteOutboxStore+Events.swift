@@ -174,7 +174,7 @@ extension SQLiteOutboxStore {
             var binds: [SQLValue] = [.integer(now), .integer(now), .integer(seq)]
             if let webhook { binds.append(.text(webhook)) }
             return try db.run("""
-                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = ?, lease_until = 0, first_attempt_at = NULL, updated_at = ?
+                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = ?, lease_until = 0, claim = claim + 1, first_attempt_at = NULL, updated_at = ?
                 WHERE seq = ?\(webhook == nil ? "" : " AND webhook = ?")
                 """, binds)
         }
@@ -184,7 +184,7 @@ extension SQLiteOutboxStore {
         let now = clock.nowMillis()
         return try write { db in
             try db.run("""
-                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = ?, lease_until = 0, first_attempt_at = NULL, updated_at = ?
+                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = ?, lease_until = 0, claim = claim + 1, first_attempt_at = NULL, updated_at = ?
                 WHERE webhook = ? AND state = 'dead'
                 """, [.integer(now), .integer(now), .text(webhook)])
         }
@@ -214,7 +214,7 @@ extension SQLiteOutboxStore {
                 guard n > max else { continue }
                 dropped[name] = try db.run("""
                     DELETE FROM webhook_deliveries WHERE webhook = ? AND seq IN
-                        (SELECT seq FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' ORDER BY seq LIMIT ?)
+                        (SELECT seq FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' ORDER BY next_attempt_at, seq LIMIT ?)
                     """, [.text(name), .text(name), .integer(Int64(n - max))])
             }
             return dropped
@@ -225,65 +225,128 @@ extension SQLiteOutboxStore {
 
     public func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int) throws -> [WebhookDelivery] {
         guard limit > 0 else { return [] }
+        let state = writerState
+        return try write { db in try Self.claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, db: db, state: state) }
+    }
+
+    @discardableResult
+    public func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord]) throws -> Int {
+        guard !results.isEmpty else { return 0 }
+        let state = writerState
+        return try write { db in try Self.recordWebhookResults(webhook: webhook, results, db: db, state: state) }
+    }
+
+    public func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], now: Int64, leaseUntil: Int64,
+                                                limit: Int) throws -> WebhookExchange {
+        guard !results.isEmpty || limit > 0 else { return WebhookExchange(stale: 0, claimed: []) }
+        let state = writerState
         return try write { db in
-            let rows = try db.query("""
-                SELECT d.attempts, d.first_attempt_at, \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq
-                WHERE d.webhook = ? AND d.state = 'pending' AND d.next_attempt_at <= ? AND d.lease_until <= ? ORDER BY d.seq LIMIT ?
-                """, [.text(webhook), .integer(now), .integer(now), .integer(Int64(limit))])
-            var out: [WebhookDelivery] = []
-            out.reserveCapacity(rows.count)
-            for r in rows {
-                let e = try EventRecord(columns: r, offset: 2)
-                try db.run("UPDATE webhook_deliveries SET lease_until = ? WHERE webhook = ? AND seq = ?",
-                           [.integer(leaseUntil), .text(webhook), .integer(e.sequence)])
-                out.append(WebhookDelivery(event: e.stored, attempts: Int(r[0].int ?? 0), firstAttemptAt: r[1].int))
-            }
-            return out
+            let stale = try Self.recordWebhookResults(webhook: webhook, results, db: db, state: state)
+            return WebhookExchange(stale: stale, claimed: try Self.claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit,
+                                                                                         db: db, state: state))
         }
     }
 
-    public func recordWebhookResults(webhook: String, _ results: [(eventID: String, result: WebhookAttemptResult)]) throws {
-        guard !results.isEmpty else { return }
-        let changes = results.compactMap { r in UUIDText.high64(r.eventID.lowercased()).map { (seq: $0, change: WebhookResultChange(r.result)) } }
-        try write { db in
-            for c in changes {
-                try db.run(WebhookResultChange.sqliteUpdate,
-                           [.text(c.change.state.rawValue), .integer(c.change.attemptedAt), .integer(c.change.nextAttemptAt ?? 0),
-                            c.change.error.map { .text($0) } ?? .null, .integer(c.change.attemptedAt), .text(webhook), .integer(c.seq)])
+    /// Due first, then commit order, over the index `webhook_deliveries_due`: it reads the due
+    /// rows in this order and stops at the limit (SQLiteEventIndexTests reads the plan).
+    /// Binds: webhook, now, limit.
+    static let claimSQL = """
+        SELECT d.attempts, d.first_attempt_at, d.claim, \(eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq
+        WHERE d.webhook = ?1 AND d.state = 'pending' AND d.next_attempt_at <= ?2 AND d.lease_until <= ?2
+        ORDER BY d.next_attempt_at, d.seq LIMIT ?3
+        """
+
+    /// The event's columns, not its body: the sender renders it on its own thread.
+    /// Held statements (WriterState): the statement cache hashes the SQL text on every lookup.
+    private static func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int, db: SQLiteDatabase,
+                                               state: WriterState) throws -> [WebhookDelivery] {
+        guard limit > 0 else { return [] }
+        let select = try db.held(&state.claimWebhookDeliveries, claimSQL)
+        try select.bind(1, webhook)
+        try select.bind(2, now)
+        try select.bind(3, Int64(limit))
+        // Read in place (no [[SQLValue]]), all before the leases are written: they change the
+        // index the SELECT walks.
+        var found: [(attempts: Int64, firstAttemptAt: Int64?, claim: Int64, event: EventRecord)] = []
+        do {
+            defer { select.reset() }
+            while try select.next() {
+                found.append((select.int(0) ?? 0, select.int(1), select.int(2) ?? 0, try EventRecord(columns: select, offset: 3)))
             }
         }
+        var out: [WebhookDelivery] = []
+        out.reserveCapacity(found.count)
+        for r in found {
+            let e = r.event
+            let claim = r.claim + 1
+            let lease = try db.held(&state.leaseWebhookDelivery, "UPDATE webhook_deliveries SET lease_until = ?, claim = ? WHERE webhook = ? AND seq = ?")
+            try lease.bind(1, leaseUntil)
+            try lease.bind(2, claim)
+            try lease.bind(3, webhook)
+            try lease.bind(4, e.sequence)
+            try lease.stepOnce()
+            out.append(WebhookDelivery(source: .record(e), attempts: Int(r.attempts), firstAttemptAt: r.firstAttemptAt, claim: claim))
+        }
+        return out
+    }
+
+    /// Returns how many results were dropped (claimed again since, or no longer pending).
+    private static func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord], db: SQLiteDatabase, state: WriterState) throws -> Int {
+        var stale = 0
+        for r in results {
+            guard let seq = UUIDText.high64(r.eventID.lowercased()) else { stale += 1; continue }
+            let c = WebhookResultChange(r.result)
+            let st = try db.held(&state.recordWebhookResult, WebhookResultChange.sqliteUpdate)
+            try st.bind(1, c.state.rawValue)
+            try st.bind(2, Int64(c.attempted ? 1 : 0))
+            try st.bind(3, c.attemptedAt)
+            try st.bind(4, c.nextAttemptAt ?? 0)
+            try st.bind(5, c.error)
+            try st.bind(6, webhook)
+            try st.bind(7, seq)
+            try st.bind(8, r.claim)
+            try st.stepOnce()
+            if db.changes == 0 { stale += 1 }
+        }
+        return stale
     }
 }
 
 /// What one attempt's result writes to its delivery row (both stores).
 struct WebhookResultChange {
     var state: WebhookDeliveryState
+    /// False for `notSent`: attempts and first_attempt_at are kept.
+    var attempted: Bool
     var attemptedAt: Int64
-    /// Only for `retry` (otherwise the row's value is kept).
+    /// Only for `retry` and `notSent` (otherwise the row's value is kept).
     var nextAttemptAt: Int64?
     var error: String?
 
     init(_ r: WebhookAttemptResult) {
         switch r {
-        case .delivered(let at): self.init(state: .delivered, attemptedAt: at, nextAttemptAt: nil, error: nil)
-        case .retry(let attemptedAt, let at, let error): self.init(state: .pending, attemptedAt: attemptedAt, nextAttemptAt: at, error: error)
-        case .dead(let attemptedAt, let error): self.init(state: .dead, attemptedAt: attemptedAt, nextAttemptAt: nil, error: error)
+        case .delivered(let at): self.init(state: .delivered, attempted: true, attemptedAt: at, nextAttemptAt: nil, error: nil)
+        case .retry(let attemptedAt, let at, let error): self.init(state: .pending, attempted: true, attemptedAt: attemptedAt, nextAttemptAt: at, error: error)
+        case .dead(let attemptedAt, let error): self.init(state: .dead, attempted: true, attemptedAt: attemptedAt, nextAttemptAt: nil, error: error)
+        case .notSent(let failedAt, let at, let error): self.init(state: .pending, attempted: false, attemptedAt: failedAt, nextAttemptAt: at, error: error)
         }
     }
 
-    init(state: WebhookDeliveryState, attemptedAt: Int64, nextAttemptAt: Int64?, error: String?) {
+    init(state: WebhookDeliveryState, attempted: Bool, attemptedAt: Int64, nextAttemptAt: Int64?, error: String?) {
         self.state = state
+        self.attempted = attempted
         self.attemptedAt = attemptedAt
         self.nextAttemptAt = nextAttemptAt
         self.error = error
     }
 
-    /// Binds: state, attempted at (first attempt), next attempt (0: keep), error, updated at,
-    /// webhook, seq. Only a pending row is changed: a replay or a drop meanwhile wins.
+    /// Binds: state, attempted (1/0), attempted at (first attempt, updated at), next attempt
+    /// (0: keep), error, webhook, seq, claim. Only a pending row under the claim the result
+    /// was made for is changed: a replay, a later claim or a drop meanwhile wins.
     static let sqliteUpdate = """
-        UPDATE webhook_deliveries SET state = ?, attempts = attempts + 1, first_attempt_at = coalesce(first_attempt_at, ?),
-            next_attempt_at = CASE WHEN ?3 > 0 THEN ?3 ELSE next_attempt_at END, lease_until = 0, last_error = ?, updated_at = ?
-        WHERE webhook = ? AND seq = ? AND state = 'pending'
+        UPDATE webhook_deliveries SET state = ?1, attempts = attempts + ?2,
+            first_attempt_at = CASE WHEN ?2 = 1 THEN coalesce(first_attempt_at, ?3) ELSE first_attempt_at END,
+            next_attempt_at = CASE WHEN ?4 > 0 THEN ?4 ELSE next_attempt_at END, lease_until = 0, last_error = ?5, updated_at = ?3
+        WHERE webhook = ?6 AND seq = ?7 AND state = 'pending' AND claim = ?8
         """
 }
 
@@ -297,3 +360,4 @@ extension WebhookDeliveryRecord {
                   firstAttemptAt: c.int(3), nextAttemptAt: c.int(4) ?? 0, lastError: c.string(5), updatedAt: c.int(6) ?? 0)
     }
 }
+

@@ -278,6 +278,18 @@ extension SQLiteOutboxStore {
         CREATE TRIGGER IF NOT EXISTS credentials_updated AFTER UPDATE OF id, hash, apps, revoked_at ON credentials
             BEGIN UPDATE credential_generation SET generation = generation + 1 WHERE id = 1; END;
         """,
+        // v11: a webhook delivery's claim generation (docs/events.md "The store's side"): every
+        // claim and every replay bumps it, and a result is recorded only under the generation
+        // it was claimed with, so a late answer to an earlier claim cannot overwrite a later
+        // claim's or a replay's state. The pending index leads with the due time: the claim
+        // reads the due rows in order and stops at its limit (with (webhook, seq) it walked
+        // every pending row not yet due, on the writer thread); lease_until in it skips leased
+        // rows without reading them.
+        """
+        ALTER TABLE webhook_deliveries ADD COLUMN claim INTEGER NOT NULL DEFAULT 0;
+        DROP INDEX IF EXISTS webhook_deliveries_pending;
+        CREATE INDEX webhook_deliveries_due ON webhook_deliveries (webhook, next_attempt_at, seq, lease_until) WHERE state = 'pending';
+        """,
     ]
 
     /// Schema v5's key of a stored id (its first 64 bits), for the migration's copy.

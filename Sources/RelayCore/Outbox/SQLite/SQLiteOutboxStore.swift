@@ -11,7 +11,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     // @unchecked Sendable: `writer` serialises every write on its own thread; `reader` is only
     // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread),
     // except its `sharedSettings`, a Mutex.
-    public static let schemaVersion = 10
+    public static let schemaVersion = 11
 
     let writer: GroupCommitWriter?
     let reader: SQLiteDatabase
@@ -37,6 +37,9 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         var eventIDs = TimeOrderedIDs()
         var insertResponseEvent: SQLiteStatement?
         var insertDelivery: SQLiteStatement?
+        var claimWebhookDeliveries: SQLiteStatement?
+        var leaseWebhookDelivery: SQLiteStatement?
+        var recordWebhookResult: SQLiteStatement?
         /// Events this batch wrote: the observers hear of them after COMMIT, and `tally` counts
         /// them by type (delivered, failed, token.unregistered).
         var eventsInBatch = 0
