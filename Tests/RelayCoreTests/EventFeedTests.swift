@@ -123,7 +123,7 @@ import Testing
             s.close()
         }
         let feed = EventFeed(store: s, workers: workers, pollMillis: 600_000)
-        s.observeEvents { [weak feed] in feed?.eventsCommitted() }
+        s.observeEvents { [weak feed] in feed?.eventsCommitted(credentials: $0) }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         _ = try s.ingestNow(sample(), secret: c.secret)
         let row = try s.claimDue(limit: 1)[0]
@@ -139,6 +139,53 @@ import Testing
         #expect(done.wait(timeout: .now() + 20) == .success)
         guard case .success(let page)?? = slot.value else { Issue.record("no page: \(String(describing: slot.value))"); return }
         #expect(page.events.count == 1 && page.events[0].type == .responseDelivered)
+    }
+
+    /// Polls of eight credentials wait; an event of one of them reads that one's poll only
+    /// (one store read), whether this process's commit names the credential (`notified`) or
+    /// the poll for other processes' events finds it; the others are answered empty at their
+    /// deadline without another read.
+    @Test(arguments: StoreBackend.available, [true, false])
+    func aCommitReadsOnlyItsCredentialsPolls(_ backend: StoreBackend, notified: Bool) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        let workers = WorkerPool(name: "feed-test", threads: 2)
+        defer {
+            workers.close()
+            s.close()
+        }
+        let feed = EventFeed(store: s, workers: workers, pollMillis: notified ? 600_000 : 100)
+        if notified { s.observeEvents { [weak feed] in feed?.eventsCommitted(credentials: $0) } }
+        let credentials = try (0..<8).map { try s.createCredential(name: "c\($0)", apps: ["com.example.app"]) }
+        _ = try s.ingestNow(sample(), secret: credentials[0].secret)
+        let row = try s.claimDue(limit: 1)[0]
+        var waits: [(DispatchSemaphore, ResultBox<Result<EventPage, StoreError>?>)] = []
+        for (i, c) in credentials.enumerated() {
+            let done = DispatchSemaphore(value: 0)
+            let slot = ResultBox<Result<EventPage, StoreError>?>()
+            // The others' deadline: far enough for the commit below, near enough for the test.
+            let wait: Int64 = i == 0 ? 600_000_000 : 6_000_000
+            feed.serve(credentialID: c.record.id, query: EventFeedQuery(after: 0, limit: 10, waitSeconds: 600),
+                       deadlineMicros: monotonicMicros() + wait) {
+                slot.value = $0
+                done.signal()
+            }
+            waits.append((done, slot))
+        }
+        waitUntil("every poll is waiting") { feed.waitingCount == 8 && feed.readsUnderWay == 0 }
+        let before = feed.storeReads.load(ordering: .relaxed)
+        try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .delivered, attempt: nil)])
+        #expect(waits[0].0.wait(timeout: .now() + 20) == .success)
+        guard case .success(let page)?? = waits[0].1.value else { Issue.record("no page: \(String(describing: waits[0].1.value))"); return }
+        #expect(page.events.count == 1 && page.events[0].type == .responseDelivered)
+        #expect(feed.storeReads.load(ordering: .relaxed) - before == 1)
+        for (done, slot) in waits.dropFirst() {
+            #expect(done.wait(timeout: .now() + 30) == .success)
+            guard case .success(let empty)?? = slot.value else { Issue.record("no page: \(String(describing: slot.value))"); continue }
+            #expect(empty.events.isEmpty)
+        }
+        #expect(feed.storeReads.load(ordering: .relaxed) - before == 1)
+        waitUntil("nothing waits") { feed.waitingCount == 0 }
     }
 
     @Test func aLongPollWithNothingToSayEndsEmptyAtItsDeadline() throws {

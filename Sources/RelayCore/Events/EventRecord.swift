@@ -191,9 +191,14 @@ public protocol EventStore: WebhookOutbox {
     var eventSettings: EventStoreSettings { get set }
     /// What this process committed (relay_events_created_total).
     var eventsCreated: EventTally { get }
-    /// `body` runs after each commit of this process that wrote events (the feed's long polls
-    /// wake on it; other nodes' events are found by polling).
-    func observeEvents(_ body: @escaping @Sendable () -> Void)
+    /// `body` runs after each commit of this process that wrote events, with the credentials
+    /// those events belong to (the feed reads again only their long polls; other nodes' events
+    /// are found by `eventCredentials`).
+    func observeEvents(_ body: @escaping @Sendable (_ credentials: Set<String>) -> Void)
+    /// The credentials of the events committed after `sequence` (any process's), looking at
+    /// the next `limit` events at most. Commit order is sequence order, so polling on from
+    /// `through` misses none.
+    func eventCredentials(after sequence: Int64, limit: Int) throws -> EventOwners
     /// The credential's events after `sequence`, in commit order, at most `limit`; `next` is
     /// where the following read starts (past the last event returned, or past every event
     /// examined, of any credential, when fewer were found: a store may examine a bounded
@@ -218,6 +223,15 @@ public protocol EventStore: WebhookOutbox {
     /// Drops the oldest pending deliveries of each webhook above `max`; returns the dropped count
     /// per webhook (only those that dropped some).
     func trimWebhookBacklogs(max: Int) throws -> [String: Int]
+}
+
+/// What `eventCredentials` looked at.
+public struct EventOwners: Sendable, Equatable {
+    /// The last sequence looked at (the one asked after when there was none).
+    public var through: Int64
+    public var credentials: Set<String>
+    /// Events looked at: `limit` when there may be more.
+    public var examined: Int
 }
 
 public struct EventPage: Sendable, Equatable {

@@ -78,7 +78,7 @@ public final class IngestService: Sendable {
         self.workers = workers
         let feed = EventFeed(store: store, workers: workers)
         self.feed = feed
-        store.observeEvents { [weak feed] in feed?.eventsCommitted() }
+        store.observeEvents { [weak feed] in feed?.eventsCommitted(credentials: $0) }
         credentials.prime()
     }
 

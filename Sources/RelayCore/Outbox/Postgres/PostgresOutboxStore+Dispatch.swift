@@ -82,20 +82,20 @@ extension PostgresOutboxStore {
         }
         // One transaction: a row failed here (expired, or behind its token's 410) gets its
         // event in the same commit.
-        let rows: [OutboxRow] = try writeTransaction { [self] c in
+        let (rows, owners): ([OutboxRow], Set<String>) = try writeTransaction { [self] c in
             // Expired leases first: their rows have waited longest (a node died holding them).
             var rows = try c.query(Self.reclaimSQL, params(limit)).map(OutboxRow.init(columns:))
             if rows.count < limit {
                 rows += try c.query(Self.dueSQL, params(limit - rows.count)).map(OutboxRow.init(columns:))
             }
-            try insertResponseEvents(c, responseIDs: rows.filter { $0.state == .failed }.map(\.id), now: now)
-            return rows
+            let owners = try insertResponseEvents(c, responseIDs: rows.filter { $0.state == .failed }.map(\.id), now: now)
+            return (rows, Set(owners.compactMap { $0 }))
         }
         let failed = rows.filter { $0.state == .failed }.count
         adjustPending(-failed)
         if failed > 0 {
             eventsCreated.add(.responseFailed, failed)   // each failed row got its event in the commit
-            eventsCommitted()
+            eventsCommitted(owners)
         }
         return rows.filter { $0.state == .inflight }.sorted { ($0.nextAttemptAt, $0.createdAt) < ($1.nextAttemptAt, $1.createdAt) }
     }
@@ -143,6 +143,8 @@ extension PostgresOutboxStore {
     struct Applied {
         var finished = 0
         var events: [EventType: Int] = [:]
+        /// The events' credentials (the feed's polls to read again).
+        var credentials: Set<String> = []
     }
 
     /// After an outcome transaction's COMMIT.
@@ -150,7 +152,7 @@ extension PostgresOutboxStore {
         adjustPending(-applied.finished)
         if applied.finished > 0 {
             eventsCreated.add(applied.events)
-            eventsCommitted()
+            eventsCommitted(applied.credentials)
         }
     }
 
@@ -252,18 +254,21 @@ extension PostgresOutboxStore {
             }
             // The events of the rows this commit finishes (those whose lease this node held).
             let finished = changed.filter { $0.first?.string == "delivered" || $0.first?.string == "failed" }.compactMap { $0[1].string }
-            try insertResponseEvents(c, responseIDs: finished, now: now)
+            let owners = try insertResponseEvents(c, responseIDs: finished, now: now)
             let delivered = changed.filter { $0.first?.string == "delivered" }.count
             var applied = Applied(finished: finished.count,
-                                  events: [.responseDelivered: delivered, .responseFailed: finished.count - delivered])
+                                  events: [.responseDelivered: delivered, .responseFailed: finished.count - delivered],
+                                  credentials: Set(owners.compactMap { $0 }))
             // token.unregistered is a 410's event: a BadDeviceToken mark fails rows (their own
             // response.failed events) and says nothing about the token's registration.
             let unregistered = unreg.filter { $0.value.reason != StoreRules.badDeviceTokenReason }.mapValues(\.ts)
             if !unregistered.isEmpty {
                 let changedIDs = Set(finished)
-                applied.events[.tokenUnregistered] = try insertTokenEvents(
+                let written = try insertTokenEvents(
                     c, answered: answered.filter { unregistered[$0.key] != nil }.mapValues { $0.filter(changedIDs.contains) }.filter { !$0.value.isEmpty },
                     unregisteredAt: unregistered, now: now)
+                applied.events[.tokenUnregistered] = written.count
+                applied.credentials.formUnion(written.credentials)
             }
             return applied
         }

@@ -14,13 +14,14 @@ extension PostgresOutboxStore {
         set { sharedEventSettings.withLock { $0 = newValue } }
     }
 
-    public func observeEvents(_ body: @escaping @Sendable () -> Void) {
+    public func observeEvents(_ body: @escaping @Sendable (Set<String>) -> Void) {
         eventObservers.withLock { $0.append(body) }
     }
 
-    /// After a commit that wrote events (this node's only; other nodes' are found by polling).
-    func eventsCommitted() {
-        for observe in eventObservers.withLock({ $0 }) { observe() }
+    /// After a commit that wrote events of `credentials` (this node's only; other nodes' are
+    /// found by polling).
+    func eventsCommitted(_ credentials: Set<String>) {
+        for observe in eventObservers.withLock({ $0 }) { observe(credentials) }
     }
 
     static let eventColumns = EventRecord.columnNames.map { "e.\($0)" }.joined(separator: ", ")
@@ -41,10 +42,10 @@ extension PostgresOutboxStore {
         """
 
     /// In the outcome's transaction: one event per response id (now terminal), in order.
-    /// Returns how many were written.
+    /// Returns each written event's credential.
     @discardableResult
-    func insertResponseEvents(_ c: PostgresConnection, responseIDs: [String], now: Int64) throws -> Int {
-        guard !responseIDs.isEmpty else { return 0 }
+    func insertResponseEvents(_ c: PostgresConnection, responseIDs: [String], now: Int64) throws -> [String?] {
+        guard !responseIDs.isEmpty else { return [] }
         let eventIDs = ids.withLock { g in responseIDs.map { _ in g.mint(nowMillis: now).id } }
         try c.query("SELECT pg_advisory_xact_lock($1)", [.int(Self.eventLockKey)])
         let rows = try c.query("""
@@ -57,17 +58,18 @@ extension PostgresOutboxStore {
                 FROM unnest($5::text[], $6::text[]) WITH ORDINALITY AS x(rid, eid, n) JOIN responses r ON r.id = x.rid
                 WHERE r.state IN ('delivered','failed')
                 ORDER BY x.n
-                RETURNING seq, type, app
+                RETURNING seq, type, app, credential_id
             ), fan AS (\(Self.fanOutSQL))
-            SELECT count(*) FROM ev
+            SELECT credential_id FROM ev
             """, [.int(now)] + webhookParams() + [.textArray(responseIDs), .textArray(eventIDs)])
-        return Int(rows.first?.first?.int ?? 0)
+        return rows.map { $0.first?.string }
     }
 
     /// token.unregistered for each recorded token, once per credential and app whose rows the
     /// 410s answered (`answered`: token -> response ids).
-    func insertTokenEvents(_ c: PostgresConnection, answered: [String: [String]], unregisteredAt: [String: Int64], now: Int64) throws -> Int {
+    func insertTokenEvents(_ c: PostgresConnection, answered: [String: [String]], unregisteredAt: [String: Int64], now: Int64) throws -> (count: Int, credentials: Set<String>) {
         var n = 0
+        var credentials: Set<String> = []
         for token in answered.keys.sorted() {
             let owners = try c.query("SELECT DISTINCT credential_id, app FROM responses WHERE id = ANY($1::text[]) ORDER BY 1, 2",
                                      [.textArray(answered[token] ?? [])])
@@ -85,8 +87,9 @@ extension PostgresOutboxStore {
                 """, [.int(now)] + webhookParams() + [.textArray(eventIDs), .textArray(owners.map { $0[0].string }), .textArray(owners.map { $0[1].string }),
                       .text(token), .int(unregisteredAt[token] ?? now)])
             n += Int(rows.first?.first?.int ?? 0)
+            credentials.formUnion(owners.compactMap { $0[0].string })
         }
-        return n
+        return (n, credentials)
     }
 
     // MARK: the feed and relayctl (query connection)
@@ -97,6 +100,21 @@ extension PostgresOutboxStore {
             let events = try c.query("SELECT \(Self.eventColumns) FROM events e WHERE e.credential_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3",
                                      [.text(credentialID), .int(sequence), .int(Int64(max(0, limit)))]).map { try EventRecord(columns: $0).stored }
             return EventPage(events: events, next: events.last?.sequence ?? sequence)
+        }
+    }
+
+    public func eventCredentials(after sequence: Int64, limit: Int) throws -> EventOwners {
+        try read { c in
+            var through = sequence
+            var credentials: Set<String> = []
+            var examined = 0
+            for r in try c.query("SELECT credential_id, max(seq), count(*) FROM (SELECT credential_id, seq FROM events WHERE seq > $1 ORDER BY seq LIMIT $2) x GROUP BY credential_id",
+                                 [.int(sequence), .int(Int64(max(0, limit)))]) {
+                if let cred = r[0].string { credentials.insert(cred) }
+                through = max(through, r[1].int ?? sequence)
+                examined += Int(r[2].int ?? 0)
+            }
+            return EventOwners(through: through, credentials: credentials, examined: examined)
         }
     }
 

@@ -35,10 +35,15 @@ extension SQLiteOutboxStore {
         guard db.changes > 0 else { return }
         state.eventsInBatch += 1
         if delivered { state.eventTypesInBatch.delivered += 1 } else { state.eventTypesInBatch.failed += 1 }
+        // The owner (the feed wakes only its polls) and the app (the webhooks' filter), from the
+        // page just written. (RETURNING instead cost ~20k instructions per event: an ephemeral table each time.)
+        let owner = try db.held(&state.readEventOwner, "SELECT credential_id, app FROM events WHERE seq = ?")
+        defer { owner.reset() }
+        try owner.bind(1, seq)
+        guard try owner.next() else { return }
+        if !owner.isNull(0) { state.eventCredentialsInBatch.insert(owner.text(0)) }
         guard !state.events.webhooks.isEmpty else { return }
-        // (RETURNING app instead cost ~20k instructions per event: an ephemeral table each time.)
-        let app = try db.scalar("SELECT app FROM events WHERE seq = ?", [.integer(seq)]).string ?? ""
-        try fanOut(seq: seq, type: type, app: app, now: now, db: db, state: state)
+        try fanOut(seq: seq, type: type, app: owner.text(1), now: now, db: db, state: state)
     }
 
     /// token.unregistered for the token's recorded 410, once per credential and app whose rows
@@ -58,6 +63,7 @@ extension SQLiteOutboxStore {
                       .text(token), .integer(unregisteredAt)])
             state.eventsInBatch += 1
             state.eventTypesInBatch.unregistered += 1
+            state.eventCredentialsInBatch.insert(credential)
             try fanOut(seq: seq, type: .tokenUnregistered, app: app, now: now, db: db, state: state)
         }
     }
@@ -75,8 +81,8 @@ extension SQLiteOutboxStore {
         }
     }
 
-    /// Called after each commit that wrote events (the feed's long polls); set once.
-    public func observeEvents(_ body: @escaping @Sendable () -> Void) {
+    /// Called after each commit that wrote events with their credentials (the feed's long polls); set once.
+    public func observeEvents(_ body: @escaping @Sendable (Set<String>) -> Void) {
         writerState.eventObservers.withLock { $0.append(body) }
     }
 
@@ -104,6 +110,21 @@ extension SQLiteOutboxStore {
                     .map { try EventRecord(columns: $0).stored }
                 return EventPage(events: events, next: limit > 0 && events.count == limit ? events[events.count - 1].sequence : end)
             }
+        }
+    }
+
+    public func eventCredentials(after sequence: Int64, limit: Int) throws -> EventOwners {
+        try read { db in
+            var through = sequence
+            var credentials: Set<String> = []
+            var examined = 0
+            for r in try db.query("SELECT credential_id, max(seq), count(*) FROM (SELECT credential_id, seq FROM events WHERE seq > ? ORDER BY seq LIMIT ?) GROUP BY credential_id",
+                                  [.integer(sequence), .integer(Int64(max(0, limit)))]) {
+                if let c = r[0].string { credentials.insert(c) }
+                through = max(through, r[1].int ?? sequence)
+                examined += Int(r[2].int ?? 0)
+            }
+            return EventOwners(through: through, credentials: credentials, examined: examined)
         }
     }
 
