@@ -92,7 +92,14 @@ import Testing
         // Authentication comes first.
         #expect(get(h, "limit=0", secret: nil).status == 401)
         #expect(get(h, "limit=0", secret: "rk_unknown").status == 401)
-        #expect(get(h, "limit=1000&wait=0&after=AAAAAAAAAAA", secret: h.secret).status == 200)
+        let next = try #require(json(get(h, "limit=1", secret: h.secret))["next"] as? String)
+        #expect(get(h, "limit=1000&wait=0&after=\(next)", secret: h.secret).status == 200)
+        // Another credential's cursor, or one changed by a character, is not a cursor of this feed.
+        let tampered = String(next.dropLast()) + (next.hasSuffix("A") ? "B" : "A")
+        for (query, secret) in [("after=\(next)", h.otherSecret), ("after=\(tampered)", h.secret), ("after=AAAAAAAAAAA", h.secret)] {
+            let r = get(h, query, secret: secret)
+            #expect(r.status == 400 && json(r)["field"] as? String == "after" && json(r)["error"] as? String == "invalid_cursor", "\(query)")
+        }
         let post = h.call("POST", "/v1/events", secret: h.secret, body: "{}")
         #expect(post.status == 405 && post.header("allow") == "GET, HEAD")
     }
@@ -156,6 +163,7 @@ import Testing
         }
         let feed = EventFeed(store: s, workers: workers, pollMillis: notified ? 600_000 : 100)
         if notified { s.observeEvents { [weak feed] in feed?.eventsCommitted(credentials: $0) } }
+        feed.prepare()
         let credentials = try (0..<8).map { try s.createCredential(name: "c\($0)", apps: ["com.example.app"]) }
         _ = try s.ingestNow(sample(), secret: credentials[0].secret)
         let row = try s.claimDue(limit: 1)[0]
@@ -172,7 +180,7 @@ import Testing
             }
             waits.append((done, slot))
         }
-        waitUntil("every poll is waiting") { feed.waitingCount == 8 && feed.readsUnderWay == 0 }
+        waitUntil("every poll is waiting") { feed.parkedCount == 8 && feed.readsUnderWay == 0 }
         let before = feed.storeReads.load(ordering: .relaxed)
         try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .delivered, attempt: nil)])
         #expect(waits[0].0.wait(timeout: .now() + 20) == .success)
@@ -196,5 +204,23 @@ import Testing
         #expect(done.wait(timeout: .now() + 20) == .success)
         let r = try #require(slot.value)
         #expect(r.status == 200 && events(r).isEmpty)
+    }
+
+    /// The cursor is sealed with the database's key: a receiver resumes with its last `next`
+    /// after the relay restarts, and finds the events committed meanwhile.
+    @Test func aCursorResumesAfterARestart() throws {
+        var h: Harness? = try Harness(dir: dir, clock: clock)
+        _ = try deliver(h!, 2, secret: h!.secret)
+        let first = get(h!, secret: h!.secret)
+        #expect(events(first).count == 2)
+        let next = try #require(json(first)["next"] as? String)
+        let secrets = (secret: h!.secret, otherSecret: h!.otherSecret)
+        h = nil
+        let reopened = try Harness(dir: dir, clock: clock, reopening: secrets)
+        let secret = secrets.secret
+        let later = try deliver(reopened, 1, from: 3, secret: secret)
+        let r = get(reopened, "after=\(next)", secret: secret)
+        #expect(r.status == 200)
+        #expect(events(r).compactMap { ($0["data"] as? [String: Any])?["id"] as? String } == later)
     }
 }

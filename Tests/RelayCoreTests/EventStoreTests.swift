@@ -141,11 +141,10 @@ import Testing
         try s.apply([DeliveryUpdate(id: rows[0].id, pushToken: rows[0].pushToken, outcome: .delivered, attempt: nil)])
         #expect(try s.events(credentialID: cred, after: 0, limit: 10).count == 1)
         #expect(try s.events(credentialID: other.record.id, after: 0, limit: 10).isEmpty)
-        // SQLite walks the events after the cursor (no index by credential): its next read
-        // starts past what it examined. PostgreSQL reads its index: next stays.
+        // Nothing of its own: next stays (SQLite moves past others' events only a whole
+        // scanned stretch at a time; PostgreSQL reads its index).
         let page = try s.eventPage(credentialID: other.record.id, after: 0, limit: 10)
-        let expectedNext = backend == .sqlite ? try s.lastEventSequence() : 0
-        #expect(page.events.isEmpty && page.next == expectedNext)
+        #expect(page.events.isEmpty && page.next == 0)
     }
 
     @Test(arguments: StoreBackend.available)
@@ -279,11 +278,67 @@ import Testing
     }
 
     @Test func cursorsRoundTripAndRefuseAnythingElse() {
+        let cursor = FeedCursor(key: Array(repeating: 7, count: FeedCursor.keyLength))
         for v: Int64 in [0, 1, 255, 1 << 40, .max] {
-            #expect(EventCursor.decode(EventCursor.encode(v)) == v)
+            let text = cursor.seal(v, credentialID: "cred-a")
+            #expect(text.utf8.count == FeedCursor.textLength)
+            #expect(cursor.open(text, credentialID: "cred-a") == v)
+            // Another credential's cursor, or another database's, opens to nothing.
+            #expect(cursor.open(text, credentialID: "cred-b") == nil)
+            #expect(FeedCursor(key: Array(repeating: 8, count: FeedCursor.keyLength)).open(text, credentialID: "cred-a") == nil)
+            // Any character changed is refused.
+            let chars = Array(text)
+            for i in chars.indices {
+                var t = chars
+                t[i] = t[i] == "A" ? "B" : "A"
+                #expect(cursor.open(String(t), credentialID: "cred-a") == nil, "\(String(t))")
+            }
         }
-        for bad in ["", "abc", "AAAAAAAAAAA=", "AAAAAAAAAAAA", "gAAAAAAAAAA", "AAAAAAAAAA!", "AAAAAAAAAAB"] {
-            #expect(EventCursor.decode(bad) == nil, "\(bad)")
+        // Deterministic per credential (an unchanged position reads as unchanged), another
+        // credential's differs.
+        #expect(cursor.seal(5, credentialID: "cred-a") == cursor.seal(5, credentialID: "cred-a"))
+        #expect(cursor.seal(5, credentialID: "cred-a") != cursor.seal(5, credentialID: "cred-b"))
+        for bad in ["", "abc", "AAAAAAAAAAA", String(repeating: "A", count: 21), String(repeating: "A", count: 22), String(repeating: "A", count: 23)] {
+            #expect(cursor.open(bad, credentialID: "cred-a") == nil, "\(bad)")
         }
+    }
+
+    /// A credential's position does not move with other credentials' events (below a whole
+    /// scanned stretch): its cursor cannot count them.
+    @Test(arguments: StoreBackend.available)
+    func aPositionDoesNotMoveWithOtherCredentialsEvents(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let a = try s.createCredential(name: "a", apps: ["com.example.app"])
+        let b = try s.createCredential(name: "b", apps: ["com.example.app"])
+        func deliver(_ c: CreatedCredential, _ index: UInt32) throws {
+            _ = try s.ingestNow(sample(index: index), secret: c.secret)
+            let rows = try s.claimDue(limit: 10)
+            try s.apply(rows.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .delivered, attempt: nil) })
+        }
+        try deliver(a, 1)
+        let first = try s.eventPage(credentialID: a.record.id, after: 0, limit: 10)
+        #expect(first.events.count == 1)
+        for i in 2...4 { try deliver(b, UInt32(i)) }
+        let empty = try s.eventPage(credentialID: a.record.id, after: first.next, limit: 10)
+        #expect(empty.events.isEmpty && empty.next == first.next)
+        try deliver(a, 5)
+        let later = try s.eventPage(credentialID: a.record.id, after: empty.next, limit: 10)
+        #expect(later.events.count == 1 && later.next == later.events[0].sequence)
+    }
+
+    /// The cursor key is the database's: made once, the same after a restart.
+    @Test(arguments: StoreBackend.available)
+    func theCursorKeySurvivesARestart(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        var s = try f.open()
+        let key = try s.feedCursorKey()
+        #expect(key.count == FeedCursor.keyLength && key != Array(repeating: 0, count: FeedCursor.keyLength))
+        #expect(try s.feedCursorKey() == key)
+        s.close()
+        s = try f.open()
+        defer { s.close() }
+        #expect(try s.feedCursorKey() == key)
     }
 }

@@ -144,22 +144,6 @@ public struct WebhookDeliveryFilter: Sendable {
     }
 }
 
-/// The feed's cursor: the event's sequence as unpadded base64url of its 8 big-endian bytes.
-/// Opaque to clients; a cursor that does not decode to a non-negative sequence is refused.
-public enum EventCursor {
-    public static func encode(_ sequence: Int64) -> String {
-        let v = UInt64(bitPattern: sequence)
-        return Basics.Base64.encode((0..<8).map { UInt8(truncatingIfNeeded: v >> (56 - 8 * UInt64($0))) }, alphabet: .url, padding: false)
-    }
-
-    public static func decode(_ text: String) -> Int64? {
-        guard text.utf8.count == 11, let b = Basics.Base64.decode(text, alphabet: .url, padding: false), b.count == 8 else { return nil }
-        let v = b.reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
-        guard v <= UInt64(Int64.max), encode(Int64(v)) == text else { return nil }
-        return Int64(v)
-    }
-}
-
 /// Events this process committed, by type: relay_events_created_total. Added to after each
 /// commit that wrote events (a rolled-back transaction's events are not counted).
 public final class EventTally: Sendable {
@@ -200,12 +184,16 @@ public protocol EventStore: WebhookOutbox {
     /// `through` misses none.
     func eventCredentials(after sequence: Int64, limit: Int) throws -> EventOwners
     /// The credential's events after `sequence`, in commit order, at most `limit`; `next` is
-    /// where the following read starts (past the last event returned, or past every event
-    /// examined, of any credential, when fewer were found: a store may examine a bounded
-    /// stretch per read instead of keeping an index by credential).
+    /// where the following read starts: the last event returned, else `sequence`, or past a
+    /// whole stretch of other credentials' events examined (a store may examine a bounded
+    /// stretch per read instead of keeping an index by credential). It moves past others'
+    /// events no finer than that stretch: the feed's cursor must not count them.
     func eventPage(credentialID: String, after sequence: Int64, limit: Int) throws -> EventPage
     /// The newest sequence committed (the feed's start), or 0.
     func lastEventSequence() throws -> Int64
+    /// The database's key for the feed's cursors (FeedCursor), made at the first call: every
+    /// process and restart on this database seals and opens cursors alike.
+    func feedCursorKey() throws -> [UInt8]
     func event(id: String) throws -> StoredEvent?
     /// Every credential's events, newest first (relayctl).
     func listEvents(type: EventType?, limit: Int) throws -> [StoredEvent]

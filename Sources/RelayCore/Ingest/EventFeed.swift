@@ -20,8 +20,9 @@ struct EventFeedQuery: Equatable {
     static let maxWaitSeconds = 30
 
     /// `query`: the request target after "?", as sent (cursors are base64url: nothing to
-    /// percent-decode; a percent-encoded one is refused like any other bad cursor).
-    static func parse(_ query: String) -> Result<EventFeedQuery, ClientError> {
+    /// percent-decode; a percent-encoded one is refused like any other bad cursor). `after` must
+    /// be a cursor `cursor` sealed for `credentialID`.
+    static func parse(_ query: String, cursor: FeedCursor, credentialID: String) -> Result<EventFeedQuery, ClientError> {
         var q = EventFeedQuery()
         var seen: Set<String> = []
         for pair in query.split(separator: "&", omittingEmptySubsequences: true) {
@@ -36,7 +37,7 @@ struct EventFeedQuery: Equatable {
             }
             switch name {
             case "after":
-                guard let seq = EventCursor.decode(value) else {
+                guard let seq = cursor.open(value, credentialID: credentialID) else {
                     return .failure(ClientError(status: 400, code: "invalid_cursor", field: "after", message: "not a cursor from this feed's \"next\""))
                 }
                 q.after = seq
@@ -86,6 +87,9 @@ final class EventFeed: Sendable {
         var all: UInt64 = 0
         var threadRunning = false
         var kicked = false
+        /// Where the query for other processes' events goes on from (kept while no poll waits,
+        /// so a poll parked later still hears of what committed meanwhile); nil until known.
+        var polledThrough: Int64?
     }
 
     /// Long polls waiting at once; past it a poll is answered at once (empty, as if `wait` were 0).
@@ -104,11 +108,37 @@ final class EventFeed: Sendable {
     private let workers: WorkerPool
     private let state = Mutex(State())
     private let wake = Condition()
+    /// The database's cursor key, read once (`cursor`).
+    private let sealing = Mutex<(cursor: FeedCursor?, loading: Bool)>((nil, false))
 
     init(store: any OutboxStore, workers: WorkerPool, pollMillis: Int64 = 1000) {
         self.store = store
         self.workers = workers
         self.pollMillis = pollMillis
+    }
+
+    /// The cursor sealer, or nil while the key is not read yet (the store could not be read:
+    /// a 503); then a read of the key is started.
+    func cursor() -> FeedCursor? {
+        let start = sealing.withLock { s -> Bool in
+            guard s.cursor == nil, !s.loading else { return false }
+            s.loading = true
+            return true
+        }
+        if start {
+            workers.submit { [self] in
+                let key = try? store.feedCursorKey()
+                sealing.withLock { $0 = (key.map(FeedCursor.init(key:)), false) }
+            }
+        }
+        return sealing.withLock { $0.cursor }
+    }
+
+    /// At start-up, on the caller's thread: reads the cursor key, so the first request need not
+    /// wait, and where other processes' events are looked for from.
+    func prepare() {
+        if let key = try? store.feedCursorKey() { sealing.withLock { $0.cursor = FeedCursor(key: key) } }
+        if let last = try? store.lastEventSequence() { state.withLock { $0.polledThrough = $0.polledThrough ?? last } }
     }
 
     /// Reads now; with nothing to return and time left, waits. `answer(nil)`: the worker pool
@@ -126,6 +156,8 @@ final class EventFeed: Sendable {
 
     var waitingCount: Int { state.withLock { $0.waitingCount + $0.due.count } }
     var readsUnderWay: Int { state.withLock { $0.reading } }
+    /// Parked polls (not woken ones).
+    var parkedCount: Int { state.withLock { $0.waitingCount } }
 
     /// In the state's lock: true when a parked poll became due.
     private func wakeLocked(_ s: inout State, _ credentials: Set<String>) -> Bool {
@@ -210,8 +242,6 @@ final class EventFeed: Sendable {
     }
 
     private struct PollState {
-        /// Where the query for other processes' events goes on from; nil until the first.
-        var through: Int64?
         var nextAt: Int64 = 0
     }
 
@@ -224,19 +254,20 @@ final class EventFeed: Sendable {
             var everyone = false
             var more = false
             do {
-                if let through = poll.through {
+                if let through = state.withLock({ $0.polledThrough }) {
                     let owners = try store.eventCredentials(after: through, limit: Self.pollLimit)
-                    poll.through = owners.through
+                    state.withLock { $0.polledThrough = owners.through }
                     credentials = owners.credentials
                     more = owners.examined >= Self.pollLimit
                 } else {
                     // From the newest on; polls parked before may have missed what came between
                     // their read and this one: all are read again once.
-                    poll.through = try store.lastEventSequence()
+                    let last = try store.lastEventSequence()
+                    state.withLock { $0.polledThrough = last }
                     everyone = true
                 }
             } catch {
-                poll.through = nil   // read again from the newest, everyone once more
+                more = false   // the store is unreachable: asked again at the next poll
             }
             poll.nextAt = more ? now : now + pollMillis * 1000
             let woke = state.withLock { s -> Bool in
@@ -292,14 +323,14 @@ final class EventFeed: Sendable {
 
     /// `{"events":[{"id":...,"type":...,"timestamp":...,"data":{...}}, ...],"next":"<cursor>"}`:
     /// each entry is the webhook body with the event id in front.
-    static func render(_ page: EventPage) -> [UInt8] {
+    static func render(_ page: EventPage, next: String) -> [UInt8] {
         var out = Array("{\"events\":[".utf8)
         for (i, e) in page.events.enumerated() {
             if i > 0 { out.append(UInt8(ascii: ",")) }
             out += Array("{\"id\":\"\(e.id)\",".utf8)
             out += e.body.dropFirst()
         }
-        out += Array("],\"next\":\"\(EventCursor.encode(page.next))\"}".utf8)
+        out += Array("],\"next\":\"\(next)\"}".utf8)
         return out
     }
 }

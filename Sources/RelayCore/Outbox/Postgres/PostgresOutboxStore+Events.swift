@@ -118,6 +118,18 @@ extension PostgresOutboxStore {
         }
     }
 
+    /// Nodes starting together both insert; the first commit wins and both read it.
+    public func feedCursorKey() throws -> [UInt8] {
+        let fresh = RelayCrypto.randomBytes(FeedCursor.keyLength)
+        return try write { c in
+            try c.query("INSERT INTO feed_cursor_key (id, key) VALUES (1, $1) ON CONFLICT (id) DO NOTHING", [.bytes(fresh)])
+            guard let key = try c.query("SELECT key FROM feed_cursor_key WHERE id = 1").first?.first?.bytes, key.count == FeedCursor.keyLength else {
+                throw StoreError.invalid("feed_cursor_key holds no \(FeedCursor.keyLength)-byte key")
+            }
+            return key
+        }
+    }
+
     public func lastEventSequence() throws -> Int64 {
         try read { c in try c.query("SELECT max(seq) FROM events").first?.first?.int ?? 0 }
     }

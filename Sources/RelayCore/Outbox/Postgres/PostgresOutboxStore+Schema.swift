@@ -177,6 +177,15 @@ extension PostgresOutboxStore {
         CREATE TRIGGER credentials_lock_truncate BEFORE TRUNCATE ON credentials
             FOR EACH STATEMENT EXECUTE FUNCTION relay_credentials_lock();
         """,
+        // v7 (SQLite's v11): the key that seals the feed's cursors (FeedCursor), one for every
+        // node, so a cursor read on one node resumes on another and after a restart; written by
+        // the first feed that needs it (feedCursorKey).
+        """
+        CREATE TABLE IF NOT EXISTS feed_cursor_key (
+            id int PRIMARY KEY CHECK (id = 1),
+            key bytea NOT NULL
+        );
+        """,
     ]
 
     static func schemaVersion(_ c: PostgresConnection) throws -> Int {

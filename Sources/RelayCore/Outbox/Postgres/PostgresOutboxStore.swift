@@ -20,7 +20,7 @@ import Synchronization
 public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     // @unchecked Sendable: every connection is confined to the worker thread holding it; shared
     // state (counters, `touchedAt`, `ids`) lives in Mutexes.
-    public static let schemaVersion = 6
+    public static let schemaVersion = 7
     /// pg_advisory_lock key serialising migrations between nodes starting at once.
     static let migrationLockKey: Int64 = 0x5245_4C41_594D_4947  // "RELAYMIG"
     /// Transaction advisory lock over the credentials: every ingest write holds it shared, and

@@ -101,14 +101,17 @@ extension SQLiteOutboxStore {
             try db.execute("BEGIN")
             defer { try? db.execute("COMMIT") }
             do {
-                guard let end = try db.scalar("SELECT max(seq) FROM (SELECT seq FROM events WHERE seq > ? ORDER BY seq LIMIT ?)",
-                                              [.integer(sequence), .integer(Int64(Self.feedScanRows))]).int else {
-                    return EventPage(events: [], next: sequence)
-                }
+                let stretch = try db.query("SELECT max(seq), count(*) FROM (SELECT seq FROM events WHERE seq > ? ORDER BY seq LIMIT ?)",
+                                           [.integer(sequence), .integer(Int64(Self.feedScanRows))]).first
+                guard let end = stretch?[0].int else { return EventPage(events: [], next: sequence) }
                 let events = try db.query("SELECT \(Self.eventColumns) FROM events e WHERE e.seq > ? AND e.seq <= ? AND e.credential_id = ? ORDER BY e.seq LIMIT ?",
                                           [.integer(sequence), .integer(end), .text(credentialID), .integer(Int64(max(0, limit)))])
                     .map { try EventRecord(columns: $0).stored }
-                return EventPage(events: events, next: limit > 0 && events.count == limit ? events[events.count - 1].sequence : end)
+                // Past other credentials' events only a whole stretch at a time: the cursor then
+                // tells no more than that 10,000 events went by.
+                let full = (stretch?[1].int ?? 0) >= Int64(Self.feedScanRows)
+                let next = limit > 0 && events.count == limit ? events[events.count - 1].sequence : full ? end : events.last?.sequence ?? sequence
+                return EventPage(events: events, next: next)
             }
         }
     }
@@ -125,6 +128,20 @@ extension SQLiteOutboxStore {
                 examined += Int(r[2].int ?? 0)
             }
             return EventOwners(through: through, credentials: credentials, examined: examined)
+        }
+    }
+
+    public func feedCursorKey() throws -> [UInt8] {
+        if let key = try read({ db in try db.scalar("SELECT key FROM feed_cursor_key WHERE id = 1").bytes }), key.count == FeedCursor.keyLength {
+            return key
+        }
+        let fresh = RelayCrypto.randomBytes(FeedCursor.keyLength)
+        return try write { db in
+            try db.run("INSERT OR IGNORE INTO feed_cursor_key (id, key) VALUES (1, ?)", [.blob(fresh)])
+            guard let key = try db.scalar("SELECT key FROM feed_cursor_key WHERE id = 1").bytes, key.count == FeedCursor.keyLength else {
+                throw StoreError.invalid("feed_cursor_key holds no \(FeedCursor.keyLength)-byte key")
+            }
+            return key
         }
     }
 

@@ -279,6 +279,14 @@ extension SQLiteOutboxStore {
         CREATE TRIGGER IF NOT EXISTS credentials_updated AFTER UPDATE OF id, hash, apps, revoked_at ON credentials
             BEGIN UPDATE credential_generation SET generation = generation + 1 WHERE id = 1; END;
         """,
+        // v11: the key that seals the feed's cursors (FeedCursor), one for the database so a
+        // cursor survives a restart; written by the first feed that needs it (feedCursorKey).
+        """
+        CREATE TABLE IF NOT EXISTS feed_cursor_key (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            key BLOB NOT NULL
+        );
+        """,
     ]
 
     /// Schema v5's key of a stored id (its first 64 bits), for the migration's copy.

@@ -12,7 +12,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     // @unchecked Sendable: `writer` serialises every write on its own thread; `reader` is only
     // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread),
     // except its `sharedSettings`, a Mutex.
-    public static let schemaVersion = 10
+    public static let schemaVersion = 11
 
     let writer: GroupCommitWriter?
     let reader: SQLiteDatabase
