@@ -102,6 +102,57 @@ import Testing
         #expect(failed["status"] as? Int == 410 && failed["reason"] as? String == "Unregistered")
     }
 
+    /// token.unregistered follows one rule on both backends (StoreRules.tokenUnregisteredEvents):
+    /// the same answer sequences write the same events. A first 410 writes one for its row's
+    /// credential and app; the same 410 applied again (the row already failed) writes none; a
+    /// 410 older than the row's own ingest still writes one, with APNs' timestamp; a
+    /// BadDeviceToken writes none, also beside a 410 in one batch (whose rows alone count).
+    @Test(arguments: StoreBackend.available)
+    func tokenUnregisteredIsDecidedAlikeOnEveryBackend(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let a = try s.createCredential(name: "a", apps: [app])
+        let b = try s.createCredential(name: "b", apps: [app])
+        let names = [a.record.id: "a", b.record.id: "b"]
+        let t = String(repeating: "ab", count: 32), u = String(repeating: "cd", count: 32)
+        var ids: [String: String] = [:]
+        for (key, secret, token, index) in [("a1", a.secret, t, 1), ("a2", a.secret, t, 2), ("b1", b.secret, t, 3), ("ua", a.secret, u, 4), ("ub", b.secret, u, 5)] {
+            guard case .accepted(let id) = try s.ingestNow(sample(token: token, index: UInt32(index)), secret: secret) else { Issue.record("\(key) refused"); return }
+            ids[key] = id
+        }
+        #expect(try s.claimDue(limit: 10).count == 5)
+        let now = f.clock.nowMillis()
+        func answer(_ key: String, _ reason: String, _ ts: Int64) -> DeliveryUpdate {
+            let token = key.hasPrefix("u") ? u : t
+            let status = reason == StoreRules.badDeviceTokenReason ? 400 : 410
+            return DeliveryUpdate(id: ids[key]!, pushToken: token, outcome: .unregistered(reason: reason, apnsTimestamp: ts),
+                                  attempt: AttemptRecord(responseID: ids[key]!, attemptedAt: now, status: status, reason: reason, apnsTimestamp: ts))
+        }
+        var seen = 0
+        /// The token.unregistered events written since the last call: credential name, app, token, unregisteredAt.
+        func written() throws -> [String] {
+            let all = try s.listEvents(type: .tokenUnregistered, limit: 100).reversed()
+            defer { seen = all.count }
+            return try all.dropFirst(seen).map { e in
+                let d = try #require(try body(e)["data"] as? [String: Any])
+                return "\(names[e.credentialID ?? ""] ?? "?") \(e.app) \((d["pushToken"] as? String ?? "").prefix(2)) \(d["unregisteredAt"] as? String ?? "")"
+            }
+        }
+        try s.apply([answer("a1", "Unregistered", now - 10)])
+        #expect(try written() == ["a \(app) ab \(IngestService.iso(now - 10))"])
+        try s.apply([answer("a1", "Unregistered", now - 5)])   // the row is failed already
+        #expect(try written() == [])
+        try s.apply([answer("b1", "ExpiredToken", now - 60_000)])   // older than b1's ingest
+        #expect(try written() == ["b \(app) ab \(IngestService.iso(now - 60_000))"])
+        try s.apply([answer("a2", StoreRules.badDeviceTokenReason, now)])
+        #expect(try written() == [])
+        try s.apply([answer("ua", "Unregistered", now - 100), answer("ub", StoreRules.badDeviceTokenReason, now)])
+        #expect(try written() == ["a \(app) cd \(IngestService.iso(now - 100))"])
+        // The mark records the newest answer's reason (here the BadDeviceToken), alike too.
+        #expect(try s.unregisteredTokens().first { $0.token == u }?.reason == StoreRules.badDeviceTokenReason)
+    }
+
     /// An event exists if and only if its outcome committed: an event write that fails rolls
     /// the outcome back with it (the row stays inflight, as after any failed outcome write).
     @Test(arguments: StoreBackend.available)

@@ -139,6 +139,39 @@ enum StoreRules {
         "\(mark).recorded_at > \(seen) AND (\(mark).reason <> '\(badDeviceTokenReason)' OR \(badHold) > 0)"
     }
 
+    /// One token-marking answer (410 Unregistered / ExpiredToken, or 400 BadDeviceToken) in the
+    /// transaction that records the token's mark: its row's owner, and whether this
+    /// transaction's outcome UPDATE finished the row (it was still inflight, under this node's
+    /// lease: an answer applied twice, or for a row another node took over, finishes nothing).
+    struct MarkingAnswer: Equatable {
+        var reason: String
+        var apnsTimestamp: Int64
+        var credentialID: String
+        var app: String
+        var finished: Bool
+    }
+
+    /// The mark the answers of one transaction record: the newest APNs timestamp's answer (the
+    /// later one on a tie) gives its reason; the cutoff starts from that timestamp (`markCutoff`).
+    static func markFrom(_ answers: [(reason: String, apnsTimestamp: Int64)]) -> (reason: String, apnsTimestamp: Int64)? {
+        answers.reduce(nil) { newest, a in a.apnsTimestamp >= (newest?.apnsTimestamp ?? .min) ? a : newest }
+    }
+
+    /// The token.unregistered events of one transaction's answers for one token: one per
+    /// credential and app (sorted) whose rows a 410 answered AND this transaction finished, with
+    /// the newest 410 timestamp as `unregisteredAt`. A BadDeviceToken answer says nothing about
+    /// the token's registration (its rows get their own response.failed). A repeated 410 writes
+    /// the event again (a new answer of APNs), one for a row already finished does not, and
+    /// neither the mark's cutoff nor an ingest newer than the 410 changes what is written.
+    static func tokenUnregisteredEvents(_ answers: [MarkingAnswer]) -> (unregisteredAt: Int64, owners: [(credentialID: String, app: String)])? {
+        let gone = answers.filter { $0.finished && $0.reason != badDeviceTokenReason }
+        guard let at = gone.map(\.apnsTimestamp).max() else { return nil }
+        var owners: [(credentialID: String, app: String)] = []
+        for a in gone where !owners.contains(where: { $0 == (a.credentialID, a.app) }) { owners.append((a.credentialID, a.app)) }
+        owners.sort { ($0.credentialID, $0.app) < ($1.credentialID, $1.app) }
+        return (at, owners)
+    }
+
     /// Token-wide work after an APNs answer reads or changes at most this many of the token's
     /// rows per writer transaction, so a token with a million queued rows never holds the
     /// writer (and the ingest batches queued behind it) for more than one such step

@@ -161,8 +161,7 @@ extension PostgresOutboxStore {
         let me = options.nodeID
         var ids: [String?] = [], states: [String?] = [], counted: [Int64?] = [], next: [Int64?] = [], status: [Int64?] = [], reasons: [String?] = []
         var pace: [String: Int64] = [:]
-        var unreg: [String: (ts: Int64, reason: String)] = [:]
-        var answered: [String: [String]] = [:]
+        var marking: [String: [(reason: String, apnsTimestamp: Int64, id: String)]] = [:]
         for u in updates {
             let s = u.attempt?.status.map { Int64($0) }
             ids.append(u.id)
@@ -175,8 +174,7 @@ extension PostgresOutboxStore {
                 states.append("failed"); next.append(nil); reasons.append(why)
             case .unregistered(let why, let ts):
                 states.append("failed"); next.append(nil); reasons.append(why)
-                if ts >= unreg[u.pushToken]?.ts ?? .min { unreg[u.pushToken] = (ts, why) }
-                answered[u.pushToken, default: []].append(u.id)
+                marking[u.pushToken, default: []].append((why, ts, u.id))
             case .retry(let at, let until):
                 states.append("retry"); next.append(at); reasons.append(u.attempt?.reason)
                 if let until { pace[u.pushToken] = max(pace[u.pushToken] ?? .min, until) }
@@ -187,6 +185,7 @@ extension PostgresOutboxStore {
             }
         }
         let attempts = updates.compactMap(\.attempt)
+        let unreg = marking.compactMapValues { StoreRules.markFrom($0.map { ($0.reason, $0.apnsTimestamp) }) }
         let unregTokens = unreg.keys.sorted()
         return { [self] c in
             // The 410's tokens locked first (before any row lock of this transaction): an ingest
@@ -249,7 +248,7 @@ extension PostgresOutboxStore {
                     INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at, reason) VALUES ($1, $2, $3, $4)
                     ON CONFLICT (token) DO UPDATE SET apns_timestamp = GREATEST(unregistered_tokens.apns_timestamp, excluded.apns_timestamp),
                         recorded_at = excluded.recorded_at, reason = excluded.reason
-                    """, [.text(token), .int(StoreRules.markCutoff(apnsTimestamp: unreg[token]!.ts, newestPendingCreatedAt: waiting, now: now)),
+                    """, [.text(token), .int(StoreRules.markCutoff(apnsTimestamp: unreg[token]!.apnsTimestamp, newestPendingCreatedAt: waiting, now: now)),
                           .int(now), .text(unreg[token]!.reason)])
             }
             // The events of the rows this commit finishes (those whose lease this node held).
@@ -259,16 +258,22 @@ extension PostgresOutboxStore {
             var applied = Applied(finished: finished.count,
                                   events: [.responseDelivered: delivered, .responseFailed: finished.count - delivered],
                                   credentials: Set(owners.compactMap { $0 }))
-            // token.unregistered is a 410's event: a BadDeviceToken mark fails rows (their own
-            // response.failed events) and says nothing about the token's registration.
-            let unregistered = unreg.filter { $0.value.reason != StoreRules.badDeviceTokenReason }.mapValues(\.ts)
-            if !unregistered.isEmpty {
-                let changedIDs = Set(finished)
-                let written = try insertTokenEvents(
-                    c, answered: answered.filter { unregistered[$0.key] != nil }.mapValues { $0.filter(changedIDs.contains) }.filter { !$0.value.isEmpty },
-                    unregisteredAt: unregistered, now: now)
-                applied.events[.tokenUnregistered] = written.count
-                applied.credentials.formUnion(written.credentials)
+            // token.unregistered per StoreRules.tokenUnregisteredEvents, over the rows' owners.
+            let finishedIDs = Set(finished)
+            for token in unregTokens {
+                let answers = marking[token] ?? []
+                var owner: [String: (credential: String, app: String)] = [:]
+                for r in try c.query("SELECT id, credential_id, app FROM responses WHERE id = ANY($1::text[])", [.textArray(answers.map(\.id))]) {
+                    if let id = r[0].string { owner[id] = (r[1].string ?? "", r[2].string ?? "") }
+                }
+                let facts = answers.compactMap { a in
+                    owner[a.id].map { StoreRules.MarkingAnswer(reason: a.reason, apnsTimestamp: a.apnsTimestamp, credentialID: $0.credential, app: $0.app,
+                                                               finished: finishedIDs.contains(a.id)) }
+                }
+                guard let events = StoreRules.tokenUnregisteredEvents(facts) else { continue }
+                try insertTokenEvents(c, token: token, owners: events.owners, unregisteredAt: events.unregisteredAt, now: now)
+                applied.events[.tokenUnregistered, default: 0] += events.owners.count
+                applied.credentials.formUnion(events.owners.map(\.credentialID))
             }
             return applied
         }

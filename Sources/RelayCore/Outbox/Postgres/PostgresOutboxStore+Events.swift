@@ -65,31 +65,22 @@ extension PostgresOutboxStore {
         return rows.map { $0.first?.string }
     }
 
-    /// token.unregistered for each recorded token, once per credential and app whose rows the
-    /// 410s answered (`answered`: token -> response ids).
-    func insertTokenEvents(_ c: PostgresConnection, answered: [String: [String]], unregisteredAt: [String: Int64], now: Int64) throws -> (count: Int, credentials: Set<String>) {
-        var n = 0
-        var credentials: Set<String> = []
-        for token in answered.keys.sorted() {
-            let owners = try c.query("SELECT DISTINCT credential_id, app FROM responses WHERE id = ANY($1::text[]) ORDER BY 1, 2",
-                                     [.textArray(answered[token] ?? [])])
-            guard !owners.isEmpty else { continue }
-            let eventIDs = ids.withLock { g in owners.map { _ in g.mint(nowMillis: now).id } }
-            try c.query("SELECT pg_advisory_xact_lock($1)", [.int(Self.eventLockKey)])
-            let rows = try c.query("""
-                WITH ev AS (
-                    INSERT INTO events (id, type, created_at, credential_id, app, push_token, unregistered_at)
-                    SELECT x.eid, 'token.unregistered', $1, x.cred, x.app, $8, $9
-                    FROM unnest($5::text[], $6::text[], $7::text[]) WITH ORDINALITY AS x(eid, cred, app, n) ORDER BY x.n
-                    RETURNING seq, type, app
-                ), fan AS (\(Self.fanOutSQL))
-                SELECT count(*) FROM ev
-                """, [.int(now)] + webhookParams() + [.textArray(eventIDs), .textArray(owners.map { $0[0].string }), .textArray(owners.map { $0[1].string }),
-                      .text(token), .int(unregisteredAt[token] ?? now)])
-            n += Int(rows.first?.first?.int ?? 0)
-            credentials.formUnion(owners.compactMap { $0[0].string })
-        }
-        return (n, credentials)
+    /// token.unregistered for the token's recorded 410, once per owner
+    /// (StoreRules.tokenUnregisteredEvents).
+    func insertTokenEvents(_ c: PostgresConnection, token: String, owners: [(credentialID: String, app: String)], unregisteredAt: Int64, now: Int64) throws {
+        guard !owners.isEmpty else { return }
+        let eventIDs = ids.withLock { g in owners.map { _ in g.mint(nowMillis: now).id } }
+        try c.query("SELECT pg_advisory_xact_lock($1)", [.int(Self.eventLockKey)])
+        try c.query("""
+            WITH ev AS (
+                INSERT INTO events (id, type, created_at, credential_id, app, push_token, unregistered_at)
+                SELECT x.eid, 'token.unregistered', $1, x.cred, x.app, $8, $9
+                FROM unnest($5::text[], $6::text[], $7::text[]) WITH ORDINALITY AS x(eid, cred, app, n) ORDER BY x.n
+                RETURNING seq, type, app
+            ), fan AS (\(Self.fanOutSQL))
+            SELECT count(*) FROM ev
+            """, [.int(now)] + webhookParams() + [.textArray(eventIDs), .textArray(owners.map(\.credentialID)), .textArray(owners.map(\.app)),
+                  .text(token), .int(unregisteredAt)])
     }
 
     // MARK: the feed and relayctl (query connection)

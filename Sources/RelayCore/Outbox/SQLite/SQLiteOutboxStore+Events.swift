@@ -46,15 +46,10 @@ extension SQLiteOutboxStore {
         try fanOut(seq: seq, type: type, app: owner.text(1), now: now, db: db, state: state)
     }
 
-    /// token.unregistered for the token's recorded 410, once per credential and app whose rows
-    /// the 410s answered.
-    static func recordTokenEvents(token: String, answered: [Int64], unregisteredAt: Int64, now: Int64, db: SQLiteDatabase, state: WriterState) throws {
-        var owners: [(credential: String, app: String)] = []
-        for rowid in answered {
-            guard let r = try db.query("SELECT credential_id, app FROM responses WHERE id_high = ?", [.integer(rowid)]).first,
-                  let credential = r[0].string, let app = r[1].string else { continue }
-            if !owners.contains(where: { $0 == (credential, app) }) { owners.append((credential, app)) }
-        }
+    /// token.unregistered for the token's recorded 410, once per owner
+    /// (StoreRules.tokenUnregisteredEvents).
+    static func recordTokenEvents(token: String, owners: [(credentialID: String, app: String)], unregisteredAt: Int64, now: Int64,
+                                  db: SQLiteDatabase, state: WriterState) throws {
         for (credential, app) in owners {
             let (id, seq) = state.eventIDs.mint(nowMillis: now)
             try db.run("""
