@@ -266,9 +266,9 @@ import Testing
         let all = try s.events(credentialID: cred, after: 0, limit: 10)
         #expect(all.count == 4)
         // Only the types asked for, only before the cutoff, at most `limit` per call.
-        #expect(try s.purgeEvents(types: [.responseFailed], olderThan: cutoff, limit: 10) == 0)
-        #expect(try s.purgeEvents(types: [.responseDelivered], olderThan: cutoff, limit: 1) == 1)
-        #expect(try s.purgeEvents(types: [.responseDelivered], olderThan: cutoff, limit: 10) == 1)
+        #expect(try s.purgeEvents(types: [.responseFailed], olderThan: cutoff, limit: 10).events == 0)
+        #expect(try s.purgeEvents(types: [.responseDelivered], olderThan: cutoff, limit: 1).events == 1)
+        #expect(try s.purgeEvents(types: [.responseDelivered], olderThan: cutoff, limit: 10).events == 1)
         #expect(try s.events(credentialID: cred, after: 0, limit: 10) == Array(all[2...]))
         #expect(try s.webhookDeliveryCounts()["all"] == [.pending: 2])
 
@@ -326,6 +326,9 @@ import Testing
         #expect(text.contains("relay_webhook_backlog_dropped_total{webhook=\"w\"} 1"))
         #expect(text.contains("relay_events_removed_total 1"))
         #expect(logger.capturedLines.contains { $0.contains("webhook backlog over events.maxBacklogPerWebhook") })
+        // The deleted event was still pending for "w": counted and logged, never sent.
+        #expect(text.contains("relay_webhook_deliveries_expired_total{webhook=\"w\"} 1"))
+        #expect(logger.capturedLines.contains { $0.contains("retention deleted events still pending for a webhook") && $0.contains("\"deliveries\":1") })
     }
 
     @Test func cursorsRoundTripAndRefuseAnythingElse() {

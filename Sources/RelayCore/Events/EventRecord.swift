@@ -206,11 +206,24 @@ public protocol EventStore: WebhookOutbox {
     /// Deliveries by webhook and state.
     func webhookDeliveryCounts() throws -> [String: [WebhookDeliveryState: Int]]
     /// Deletes up to `limit` events of `types` created before `olderThan` (oldest first) with
-    /// their deliveries, in one transaction. Returns how many events.
-    func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> Int
+    /// their deliveries, in one transaction.
+    func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> PurgedEvents
     /// Drops the oldest pending deliveries of each webhook above `max`; returns the dropped count
     /// per webhook (only those that dropped some).
     func trimWebhookBacklogs(max: Int) throws -> [String: Int]
+}
+
+/// What one `purgeEvents` deleted.
+public struct PurgedEvents: Sendable, Equatable {
+    public var events: Int
+    /// Deliveries still pending (never delivered, retrying) deleted with their events, by webhook:
+    /// those events never reach that webhook.
+    public var pendingDeliveries: [String: Int]
+
+    public init(events: Int = 0, pendingDeliveries: [String: Int] = [:]) {
+        self.events = events
+        self.pendingDeliveries = pendingDeliveries
+    }
 }
 
 /// What `eventCredentials` looked at.

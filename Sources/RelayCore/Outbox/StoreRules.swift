@@ -139,6 +139,47 @@ enum StoreRules {
         "\(mark).recorded_at > \(seen) AND (\(mark).reason <> '\(badDeviceTokenReason)' OR \(badHold) > 0)"
     }
 
+    /// How long past its hold a mark is kept before retention deletes it (`markIsStale`).
+    static let staleMarkMillis: Int64 = 30 * 86_400_000
+
+    /// Bounds of `markIsStale` at one time, for both stores' DELETE (`staleMarkSQL`).
+    struct StaleMarkBounds: Equatable {
+        /// A 410 mark is stale when recorded before this; Int64.min (none is) while the
+        /// quarantine is 0: refused until `relayctl tokens forget`.
+        var unregisteredRecordedBefore: Int64
+        var badDeviceTokenRecordedBefore: Int64
+        /// And its cutoff before this: every row it covers is past ingest.ttlSeconds.
+        var cutoffBefore: Int64
+    }
+
+    static func staleMarkBounds(now: Int64, settings: IngestStoreSettings) -> StaleMarkBounds {
+        func before(_ hold: Int64) -> Int64 {
+            let (a, o1) = now.subtractingReportingOverflow(hold)
+            let (b, o2) = a.subtractingReportingOverflow(staleMarkMillis)
+            return o1 || o2 ? .min : b
+        }
+        return StaleMarkBounds(unregisteredRecordedBefore: settings.unregisteredQuarantineMillis > 0 ? before(settings.unregisteredQuarantineMillis) : .min,
+                               badDeviceTokenRecordedBefore: before(settings.badDeviceTokenHoldMillis),
+                               cutoffBefore: { let (c, o) = now.subtractingReportingOverflow(settings.ttlMillis); return o ? .min : c }())
+    }
+
+    /// A mark that no longer changes anything, which retention deletes (unregistered_tokens
+    /// otherwise keeps every token APNs ever refused): its hold ended `staleMarkMillis` ago with
+    /// no probe since (a probe let through restarts the hold, recorded_at), and every row its
+    /// cutoff covers is past its time to live. Without it the next response for the token is
+    /// simply accepted instead of being the probe of a hold that ended a month ago. A 410 mark
+    /// while the quarantine is 0 stays (refused until `relayctl tokens forget`).
+    static func markIsStale(reason: String, recordedAt: Int64, cutoff: Int64, bounds b: StaleMarkBounds) -> Bool {
+        guard cutoff < b.cutoffBefore else { return false }
+        return recordedAt < (reason == badDeviceTokenReason ? b.badDeviceTokenRecordedBefore : b.unregisteredRecordedBefore)
+    }
+
+    /// `markIsStale` in SQL (both dialects) over the unregistered_tokens alias `mark`, with the
+    /// bounds as parameters (`StaleMarkBounds` fields, in that order).
+    static func staleMarkSQL(mark: String, unregisteredBefore: String, badDeviceTokenBefore: String, cutoffBefore: String) -> String {
+        "\(mark).apns_timestamp < \(cutoffBefore) AND \(mark).recorded_at < CASE WHEN \(mark).reason = '\(badDeviceTokenReason)' THEN \(badDeviceTokenBefore) ELSE \(unregisteredBefore) END"
+    }
+
     /// One token-marking answer (410 Unregistered / ExpiredToken, or 400 BadDeviceToken) in the
     /// transaction that records the token's mark: its row's owner, and whether this
     /// transaction's outcome UPDATE finished the row (it was still inflight, under this node's

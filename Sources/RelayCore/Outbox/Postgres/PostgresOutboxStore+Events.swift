@@ -198,14 +198,18 @@ extension PostgresOutboxStore {
         }
     }
 
-    public func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> Int {
-        guard !types.isEmpty, limit > 0 else { return 0 }
+    public func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> PurgedEvents {
+        guard !types.isEmpty, limit > 0 else { return PurgedEvents() }
         return try writeTransaction { c in
             let seqs = try c.query("SELECT seq FROM events WHERE created_at < $1 AND type = ANY($2::text[]) ORDER BY seq LIMIT $3",
                                    [.int(olderThan), .textArray(types.map(\.rawValue)), .int(Int64(limit))]).compactMap { $0[0].int }
-            guard !seqs.isEmpty else { return 0 }
-            try c.query("DELETE FROM webhook_deliveries WHERE seq = ANY($1::bigint[])", [.intArray(seqs)])
-            return try c.run("DELETE FROM events WHERE seq = ANY($1::bigint[])", [.intArray(seqs)]).affected
+            guard !seqs.isEmpty else { return PurgedEvents() }
+            var pending: [String: Int] = [:]
+            for r in try c.query("DELETE FROM webhook_deliveries WHERE seq = ANY($1::bigint[]) RETURNING webhook, state", [.intArray(seqs)])
+            where r[1].string == WebhookDeliveryState.pending.rawValue {
+                if let w = r[0].string { pending[w, default: 0] += 1 }
+            }
+            return PurgedEvents(events: try c.run("DELETE FROM events WHERE seq = ANY($1::bigint[])", [.intArray(seqs)]).affected, pendingDeliveries: pending)
         }
     }
 

@@ -223,18 +223,22 @@ extension SQLiteOutboxStore {
         }
     }
 
-    public func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> Int {
-        guard !types.isEmpty, limit > 0 else { return 0 }
+    public func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> PurgedEvents {
+        guard !types.isEmpty, limit > 0 else { return PurgedEvents() }
         let typeList = "(" + types.map { "'\($0.rawValue)'" }.joined(separator: ",") + ")"
         return try write { db in
             // seq is time-ordered: the oldest events are the lowest rowids.
             let seqs = try db.query("SELECT seq FROM events WHERE created_at < ? AND type IN \(typeList) ORDER BY seq LIMIT ?",
                                     [.integer(olderThan), .integer(Int64(limit))]).compactMap { $0[0].int }
+            var pending: [String: Int] = [:]
             for seq in seqs {
+                for r in try db.query("SELECT webhook FROM webhook_deliveries WHERE seq = ? AND state = 'pending'", [.integer(seq)]) {
+                    if let w = r[0].string { pending[w, default: 0] += 1 }
+                }
                 try db.run("DELETE FROM webhook_deliveries WHERE seq = ?", [.integer(seq)])
                 try db.run("DELETE FROM events WHERE seq = ?", [.integer(seq)])
             }
-            return seqs.count
+            return PurgedEvents(events: seqs.count, pendingDeliveries: pending)
         }
     }
 
