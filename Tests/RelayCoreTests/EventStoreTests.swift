@@ -153,6 +153,27 @@ import Testing
         #expect(try s.unregisteredTokens().first { $0.token == u }?.reason == StoreRules.badDeviceTokenReason)
     }
 
+    /// The backlog gauge counts the pending deliveries up to a cap (StoreRules
+    /// .webhookBacklogCountCap), never the whole backlog: a bounded read every 10 s.
+    @Test(arguments: StoreBackend.available)
+    func theBacklogCountStopsAtItsCap(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        s.eventSettings = EventStoreSettings(webhooks: [WebhookSubscription(name: "w")])
+        let (_, _, rows) = try claimed(s, 5)
+        try s.apply(rows.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .delivered, attempt: nil) })
+        func count(_ cap: Int) throws -> Int? {
+            if let q = s as? SQLiteOutboxStore { return try q.pendingWebhookDeliveries(webhook: "w", cap: cap) }
+            if let p = s as? PostgresOutboxStore { return try p.pendingWebhookDeliveries(webhook: "w", cap: cap) }
+            return nil
+        }
+        #expect(try count(3) == 3)
+        #expect(try count(100) == 5)
+        #expect(try s.pendingWebhookDeliveries(webhook: "w") == 5)
+        #expect(try s.pendingWebhookDeliveries(webhook: "other") == 0)
+    }
+
     /// An event exists if and only if its outcome committed: an event write that fails rolls
     /// the outcome back with it (the row stays inflight, as after any failed outcome write).
     @Test(arguments: StoreBackend.available)

@@ -139,6 +139,11 @@ enum StoreRules {
         "\(mark).recorded_at > \(seen) AND (\(mark).reason <> '\(badDeviceTokenReason)' OR \(badHold) > 0)"
     }
 
+    /// The webhook backlog gauge counts at most this many pending deliveries (reported as this
+    /// many above it): a count reads every entry of the pending index, every 10 s per webhook
+    /// per node, and a full one over the 1,000,000 a backlog may hold took the reader that long.
+    static let webhookBacklogCountCap = 100_000
+
     /// How long past its hold a mark is kept before retention deletes it (`markIsStale`).
     static let staleMarkMillis: Int64 = 30 * 86_400_000
 

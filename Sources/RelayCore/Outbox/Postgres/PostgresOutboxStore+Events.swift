@@ -159,10 +159,16 @@ extension PostgresOutboxStore {
         }
     }
 
-    /// The sender's backlog gauge (every 10 s): counted over the pending rows' partial index.
+    /// The sender's backlog gauge (every 10 s): counted over the pending rows' partial index,
+    /// at most `webhookBacklogCountCap` entries (StoreRules).
     public func pendingWebhookDeliveries(webhook: String) throws -> Int? {
+        try pendingWebhookDeliveries(webhook: webhook, cap: StoreRules.webhookBacklogCountCap)
+    }
+
+    func pendingWebhookDeliveries(webhook: String, cap: Int) throws -> Int {
         try read { c in
-            Int(try c.query("SELECT count(*) FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending'", [.text(webhook)]).first?.first?.int ?? 0)
+            Int(try c.query("SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' LIMIT $2) x",
+                            [.text(webhook), .int(Int64(max(0, cap)))]).first?.first?.int ?? 0)
         }
     }
 
@@ -214,7 +220,9 @@ extension PostgresOutboxStore {
     }
 
     public func trimWebhookBacklogs(max: Int) throws -> [String: Int] {
-        let names = eventSettings.webhooks.map(\.name)
+        // Counted on the query connection first (bounded); the write counts only a backlog that is over.
+        let names = try eventSettings.webhooks.map(\.name).filter { try pendingWebhookDeliveries(webhook: $0, cap: max + 1) > max }
+        guard !names.isEmpty else { return [:] }
         return try writeTransaction { c in
             var dropped: [String: Int] = [:]
             for name in names {

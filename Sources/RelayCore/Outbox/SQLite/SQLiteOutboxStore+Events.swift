@@ -177,10 +177,16 @@ extension SQLiteOutboxStore {
         }
     }
 
-    /// The sender's backlog gauge (every 10 s): counted over the pending rows' partial index.
+    /// The sender's backlog gauge (every 10 s): counted over the pending rows' partial index,
+    /// at most `webhookBacklogCountCap` entries (StoreRules).
     public func pendingWebhookDeliveries(webhook: String) throws -> Int? {
+        try pendingWebhookDeliveries(webhook: webhook, cap: StoreRules.webhookBacklogCountCap)
+    }
+
+    func pendingWebhookDeliveries(webhook: String, cap: Int) throws -> Int {
         try read { db in
-            Int(try db.query("SELECT count(*) FROM webhook_deliveries WHERE webhook = ? AND state = 'pending'", [.text(webhook)]).first?[0].int ?? 0)
+            Int(try db.query("SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' LIMIT ?)",
+                             [.text(webhook), .integer(Int64(max(0, cap)))]).first?[0].int ?? 0)
         }
     }
 
@@ -243,7 +249,10 @@ extension SQLiteOutboxStore {
     }
 
     public func trimWebhookBacklogs(max: Int) throws -> [String: Int] {
-        let names = eventSettings.webhooks.map(\.name)
+        // Counted on the reader first (bounded): the writer, which ingest waits for, counts only
+        // a backlog that is over.
+        let names = try eventSettings.webhooks.map(\.name).filter { try pendingWebhookDeliveries(webhook: $0, cap: max + 1) > max }
+        guard !names.isEmpty else { return [:] }
         return try write { db in
             var dropped: [String: Int] = [:]
             for name in names {
