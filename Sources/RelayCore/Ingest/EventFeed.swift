@@ -100,8 +100,9 @@ final class EventFeed: Sendable {
     /// Events looked at per query for other processes' commits.
     static let pollLimit = 10_000
     /// How often this feed asks the store which credentials got events from other processes
-    /// (PostgreSQL nodes): those credentials' polls are read again.
-    let pollMillis: Int64
+    /// (PostgreSQL nodes): those credentials' polls are read again. nil: never (SQLite, where
+    /// only this process commits events).
+    let pollMillis: Int64?
     /// eventPage calls made (tests count them).
     let storeReads = Atomic<Int>(0)
     private let store: any OutboxStore
@@ -111,7 +112,7 @@ final class EventFeed: Sendable {
     /// The database's cursor key, read once (`cursor`).
     private let sealing = Mutex<(cursor: FeedCursor?, loading: Bool)>((nil, false))
 
-    init(store: any OutboxStore, workers: WorkerPool, pollMillis: Int64 = 1000) {
+    init(store: any OutboxStore, workers: WorkerPool, pollMillis: Int64? = 1000) {
         self.store = store
         self.workers = workers
         self.pollMillis = pollMillis
@@ -249,7 +250,7 @@ final class EventFeed: Sendable {
     /// false once nothing waits (the thread ends; the next long poll starts another).
     private func runOnce(_ poll: inout PollState) -> Bool {
         var now = monotonicMicros()
-        if now >= poll.nextAt {
+        if let pollMillis, now >= poll.nextAt {
             var credentials: Set<String> = []
             var everyone = false
             var more = false
@@ -312,10 +313,11 @@ final class EventFeed: Sendable {
         for w in expired { w.answer(.success(EventPage(events: [], next: w.query.after))) }
         for w in reads { read(w, reread: true) }
         guard running else { return false }
-        let until = min(poll.nextAt, nearest ?? poll.nextAt)
+        let until = pollMillis == nil ? nearest ?? .max : min(poll.nextAt, nearest ?? poll.nextAt)
         wake.withLock {
             if !state.withLock({ $0.kicked }) {
-                _ = wake.wait(until: Date().addingTimeInterval(Double(max(0, until - monotonicMicros())) / 1e6))
+                // At most a minute: nothing is due without a deadline or a kick, so this is only a bound.
+                _ = wake.wait(until: Date().addingTimeInterval(Double(min(60_000_000, max(0, until - monotonicMicros()))) / 1e6))
             }
         }
         return true

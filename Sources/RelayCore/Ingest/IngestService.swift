@@ -76,7 +76,8 @@ public final class IngestService: Sendable {
         self.metrics = metrics
         self.logger = logger
         self.workers = workers
-        let feed = EventFeed(store: store, workers: workers)
+        // Only PostgreSQL has other processes committing events (other nodes) to poll for.
+        let feed = EventFeed(store: store, workers: workers, pollMillis: store is SQLiteOutboxStore ? nil : 1000)
         self.feed = feed
         store.observeEvents { [weak feed] in feed?.eventsCommitted(credentials: $0) }
         feed.prepare()
