@@ -196,6 +196,31 @@ import Testing
         waitUntil("nothing waits") { feed.waitingCount == 0 }
     }
 
+    /// A wake of many credentials at once reads their polls at most EventFeed.maxRereads at a
+    /// time, not all at once into the reader pool's queue.
+    @Test func wokenPollsAreReadAFewAtATime() throws {
+        let f = try StoreFixture(.sqlite)
+        let s = try f.open()
+        let workers = WorkerPool(name: "feed-test", threads: 2)
+        defer {
+            workers.close()
+            s.close()
+        }
+        let feed = EventFeed(store: s, workers: workers, pollMillis: nil)
+        let ids = (0..<40).map { "cred_\($0)" }
+        let answered = Counter()
+        for id in ids {
+            feed.serve(credentialID: id, query: EventFeedQuery(after: 0, limit: 10, waitSeconds: 30),
+                       deadlineMicros: monotonicMicros() + 30_000_000) { _ in answered.add() }
+        }
+        waitUntil("every poll is waiting") { feed.parkedCount == 40 && feed.readsUnderWay == 0 }
+        let before = feed.storeReads.load(ordering: .relaxed)
+        feed.eventsCommitted(credentials: Set(ids))
+        waitUntil("every poll was read again") { feed.storeReads.load(ordering: .relaxed) - before == 40 && feed.parkedCount == 40 && feed.readsUnderWay == 0 }
+        #expect(feed.peakRereads >= 1 && feed.peakRereads <= EventFeed.maxRereads)
+        #expect(answered.value == 0)
+    }
+
     @Test func aLongPollWithNothingToSayEndsEmptyAtItsDeadline() throws {
         let h = try Harness(dir: dir, clock: clock)
         // Another credential's event does not answer this one's poll.

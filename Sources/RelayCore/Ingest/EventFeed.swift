@@ -80,6 +80,8 @@ final class EventFeed: Sendable {
         /// Reads of this feed under way, and the re-reads of woken polls among them.
         var reading = 0
         var rereading = 0
+        /// The most re-reads under way at once so far (tests check the bound).
+        var peakRereading = 0
         /// Bumped by each wake of a credential (and `all` of every one) while reads are under
         /// way: a read that began before its credential's bump may have missed those events, so
         /// it is read again instead of parked. Cleared when no read is under way.
@@ -157,6 +159,7 @@ final class EventFeed: Sendable {
 
     var waitingCount: Int { state.withLock { $0.waitingCount + $0.due.count } }
     var readsUnderWay: Int { state.withLock { $0.reading } }
+    var peakRereads: Int { state.withLock { $0.peakRereading } }
     /// Parked polls (not woken ones).
     var parkedCount: Int { state.withLock { $0.waitingCount } }
 
@@ -304,6 +307,7 @@ final class EventFeed: Sendable {
             let reads = Array(s.due.prefix(n))
             s.due.removeFirst(n)
             s.rereading += n
+            s.peakRereading = max(s.peakRereading, s.rereading)
             if s.waitingCount == 0 && s.due.isEmpty && s.rereading == 0 {
                 s.threadRunning = false
                 return (reads, nil, false)
