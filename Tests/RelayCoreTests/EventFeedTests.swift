@@ -130,7 +130,7 @@ import Testing
             s.close()
         }
         let feed = EventFeed(store: s, workers: workers, pollMillis: 600_000)
-        s.observeEvents { [weak feed] in feed?.eventsCommitted(credentials: $0) }
+        s.observeEvents { [weak feed] in feed?.eventsCommitted($0) }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         _ = try s.ingestNow(sample(), secret: c.secret)
         let row = try s.claimDue(limit: 1)[0]
@@ -162,7 +162,7 @@ import Testing
             s.close()
         }
         let feed = EventFeed(store: s, workers: workers, pollMillis: notified ? 600_000 : 100)
-        if notified { s.observeEvents { [weak feed] in feed?.eventsCommitted(credentials: $0) } }
+        if notified { s.observeEvents { [weak feed] in feed?.eventsCommitted($0) } }
         feed.prepare()
         let credentials = try (0..<8).map { try s.createCredential(name: "c\($0)", apps: ["com.example.app"]) }
         _ = try s.ingestNow(sample(), secret: credentials[0].secret)

@@ -175,10 +175,10 @@ public protocol EventStore: WebhookOutbox {
     var eventSettings: EventStoreSettings { get set }
     /// What this process committed (relay_events_created_total).
     var eventsCreated: EventTally { get }
-    /// `body` runs after each commit of this process that wrote events, with the credentials
-    /// those events belong to (the feed reads again only their long polls; other nodes' events
-    /// are found by `eventCredentials`).
-    func observeEvents(_ body: @escaping @Sendable (_ credentials: Set<String>) -> Void)
+    /// `body` runs after each commit of this process that wrote events (the feed reads again
+    /// only the long polls of their credentials; other nodes' events are found by
+    /// `eventCredentials`).
+    func observeEvents(_ body: @escaping @Sendable (EventsCommitted) -> Void)
     /// The credentials of the events committed after `sequence` (any process's), looking at
     /// the next `limit` events at most. Commit order is sequence order, so polling on from
     /// `through` misses none.
@@ -211,6 +211,23 @@ public protocol EventStore: WebhookOutbox {
     /// Drops the oldest pending deliveries of each webhook above `max`; returns the dropped count
     /// per webhook (only those that dropped some).
     func trimWebhookBacklogs(max: Int) throws -> [String: Int]
+}
+
+/// One commit's events, as `observeEvents` reports them.
+public struct EventsCommitted: Sendable, Equatable {
+    /// Their credentials, when the commit has them at hand (PostgreSQL's INSERT ... RETURNING);
+    /// nil: `eventCredentials(after: after, limit: count)` gives them (SQLite, whose writer
+    /// does not read them back: that cost ~7.6k instructions per response).
+    public var credentials: Set<String>?
+    /// The sequence just before the commit's first event, and how many it wrote (SQLite).
+    public var after: Int64
+    public var count: Int
+
+    public init(credentials: Set<String>?, after: Int64 = 0, count: Int = 0) {
+        self.credentials = credentials
+        self.after = after
+        self.count = count
+    }
 }
 
 /// What one `purgeEvents` deleted.

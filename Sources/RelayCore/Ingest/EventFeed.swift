@@ -1,8 +1,9 @@
 // GET /v1/events: a credential's delivery events after a cursor, with an optional long poll.
 // Reads run on the worker pool like GET /v1/responses/<id>; a poll that found nothing waits
 // here, off every thread that serves requests, and is read again only when events of its own
-// credential commit: this process's commits name their credentials (OutboxStore.observeEvents),
-// other nodes' are asked for every `pollMillis` (eventCredentials). At most `maxRereads` woken
+// credential commit: this process's commits name their credentials or where their events are
+// (OutboxStore.observeEvents; looked up on the feed's thread), other nodes' are asked for every
+// `pollMillis` (eventCredentials). At most `maxRereads` woken
 // polls are read at once; at its deadline a poll is answered empty without a read. The HTTP
 // loop never blocks: the answer is completed later.
 import FoundationEssentials
@@ -89,6 +90,11 @@ final class EventFeed: Sendable {
         var all: UInt64 = 0
         var threadRunning = false
         var kicked = false
+        /// This process's commits whose credentials the feed's thread is to look up
+        /// (EventsCommitted without them): consecutive commits, merged. Only kept while a read is
+        /// under way or a poll waits (nobody to wake otherwise, and a commit skipped then would
+        /// make the next merge cover the wrong events).
+        var unresolved: (after: Int64, count: Int)?
         /// Where the query for other processes' events goes on from (kept while no poll waits,
         /// so a poll parked later still hears of what committed meanwhile); nil until known.
         var polledThrough: Int64?
@@ -149,6 +155,26 @@ final class EventFeed: Sendable {
     func serve(credentialID: String, query: EventFeedQuery, deadlineMicros: Int64,
                answer: @escaping @Sendable (Result<EventPage, StoreError>?) -> Void) {
         read(Waiter(credentialID: credentialID, query: query, deadlineMicros: deadlineMicros, answer: answer), reread: false)
+    }
+
+    /// This process committed events: the waiting polls of their credentials are read again.
+    /// Without the credentials, they are looked up on the feed's thread, only while someone
+    /// waits (the committer, SQLite's writer, pays nothing).
+    func eventsCommitted(_ c: EventsCommitted) {
+        if let credentials = c.credentials { return eventsCommitted(credentials: credentials) }
+        guard c.count > 0 else { return }
+        let start = state.withLock { s -> Bool? in
+            guard s.reading > 0 || s.waitingCount > 0 else {
+                s.unresolved = nil
+                return nil
+            }
+            if let u = s.unresolved { s.unresolved = (u.after, u.count + c.count) } else { s.unresolved = (c.after, c.count) }
+            guard !s.threadRunning else { return false }
+            s.threadRunning = true
+            return true
+        }
+        guard let start else { return }
+        if start { startThread() } else { kick() }
     }
 
     /// Events of `credentials` were committed: their waiting polls are read again.
@@ -231,18 +257,19 @@ final class EventFeed: Sendable {
             if start { s.threadRunning = true }
             return (parked, start, reread || !s.due.isEmpty)
         }
-        if start {
-            let t = OSThread { [weak self] in
-                guard let feed = self else { return }
-                var poll = PollState()
-                while feed.runOnce(&poll) {}
-            }
-            t.name = "relay-event-feed"
-            t.start()
-        } else if freed {
-            kick()
-        }
+        if start { startThread() } else if freed { kick() }
         return parked
+    }
+
+    /// After setting threadRunning.
+    private func startThread() {
+        let t = OSThread { [weak self] in
+            guard let feed = self else { return }
+            var poll = PollState()
+            while feed.runOnce(&poll) {}
+        }
+        t.name = "relay-event-feed"
+        t.start()
     }
 
     private struct PollState {
@@ -252,6 +279,20 @@ final class EventFeed: Sendable {
     /// One round: other processes' events, deadlines, re-reads up to the bound, then a wait;
     /// false once nothing waits (the thread ends; the next long poll starts another).
     private func runOnce(_ poll: inout PollState) -> Bool {
+        if let u = state.withLock({ s -> (after: Int64, count: Int)? in defer { s.unresolved = nil }; return s.unresolved }) {
+            // This process's commits: their events' credentials, by sequence.
+            if let owners = try? store.eventCredentials(after: u.after, limit: u.count) {
+                _ = state.withLock { wakeLocked(&$0, owners.credentials) }
+            } else {
+                // Unreadable now: every poll is read again rather than left to its deadline.
+                state.withLock { s in
+                    s.all &+= 1
+                    s.due += s.waiting.values.joined()
+                    s.waiting = [:]
+                    s.waitingCount = 0
+                }
+            }
+        }
         var now = monotonicMicros()
         if let pollMillis, now >= poll.nextAt {
             var credentials: Set<String> = []
@@ -308,7 +349,7 @@ final class EventFeed: Sendable {
             s.due.removeFirst(n)
             s.rereading += n
             s.peakRereading = max(s.peakRereading, s.rereading)
-            if s.waitingCount == 0 && s.due.isEmpty && s.rereading == 0 {
+            if s.waitingCount == 0 && s.due.isEmpty && s.rereading == 0 && s.unresolved == nil {
                 s.threadRunning = false
                 return (reads, nil, false)
             }
@@ -319,7 +360,7 @@ final class EventFeed: Sendable {
         guard running else { return false }
         let until = pollMillis == nil ? nearest ?? .max : min(poll.nextAt, nearest ?? poll.nextAt)
         wake.withLock {
-            if !state.withLock({ $0.kicked }) {
+            if !state.withLock({ $0.kicked || $0.unresolved != nil }) {
                 // At most a minute: nothing is due without a deadline or a kick, so this is only a bound.
                 _ = wake.wait(until: Date().addingTimeInterval(Double(min(60_000_000, max(0, until - monotonicMicros()))) / 1e6))
             }

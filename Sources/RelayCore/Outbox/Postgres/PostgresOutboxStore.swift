@@ -61,7 +61,7 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     let stats = Mutex((batches: 0, jobs: 0))
     private let settings = Mutex(IngestStoreSettings())
     let sharedEventSettings = Mutex(EventStoreSettings())
-    let eventObservers = Mutex<[@Sendable (Set<String>) -> Void]>([])
+    let eventObservers = Mutex<[@Sendable (EventsCommitted) -> Void]>([])
     /// Events this node committed, by type (relay_events_created_total).
     public let eventsCreated = EventTally()
     /// When this node last wrote each credential's last_used_at.

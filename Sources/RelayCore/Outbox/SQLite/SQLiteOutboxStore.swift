@@ -42,11 +42,10 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         /// them by type (delivered, failed, token.unregistered).
         var eventsInBatch = 0
         var eventTypesInBatch = (delivered: 0, failed: 0, unregistered: 0)
-        /// The credentials this batch's events belong to: only their feed polls are read again.
-        var eventCredentialsInBatch: Set<String> = []
-        var readEventOwner: SQLiteStatement?
+        /// The batch's first event (its sequence): the observers are told where its events are.
+        var firstEventInBatch: Int64?
         let tally = EventTally()
-        let eventObservers = Mutex<[@Sendable (Set<String>) -> Void]>([])
+        let eventObservers = Mutex<[@Sendable (EventsCommitted) -> Void]>([])
         /// queued + inflight + retry rows: read from outbox_stats at each batch start, adjusted
         /// by the batch's jobs, written back before COMMIT (so relayctl's changes from another
         /// process are seen, and start-up needs no count over the whole table).
@@ -197,7 +196,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             state.queuedInBatch = 0
             state.eventsInBatch = 0
             state.eventTypesInBatch = (0, 0, 0)
-            state.eventCredentialsInBatch.removeAll(keepingCapacity: true)
+            state.firstEventInBatch = nil
             state.handedOff.removeAll()
         }
         w.afterBatch = { Self.completeDeferred(state) }
@@ -215,9 +214,9 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
                 state.tally.add(.responseDelivered, t.delivered)
                 state.tally.add(.responseFailed, t.failed)
                 state.tally.add(.tokenUnregistered, t.unregistered)
-                let credentials = state.eventCredentialsInBatch
-                state.eventCredentialsInBatch = []
-                for observe in state.eventObservers.withLock({ $0 }) { observe(credentials) }
+                let committed = EventsCommitted(credentials: nil, after: (state.firstEventInBatch ?? 1) - 1, count: t.delivered + t.failed + t.unregistered)
+                state.firstEventInBatch = nil
+                for observe in state.eventObservers.withLock({ $0 }) { observe(committed) }
             }
         }
         w.afterBegin = { db in
@@ -244,7 +243,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             state.mintedInBatch = 0
             state.eventsInBatch = 0
             state.eventTypesInBatch = (0, 0, 0)
-            state.eventCredentialsInBatch.removeAll(keepingCapacity: true)
+            state.firstEventInBatch = nil
         }
         writer = w
         reader = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis)
