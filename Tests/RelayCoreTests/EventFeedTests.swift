@@ -92,7 +92,14 @@ import Testing
         // Authentication comes first.
         #expect(get(h, "limit=0", secret: nil).status == 401)
         #expect(get(h, "limit=0", secret: "rk_unknown").status == 401)
-        #expect(get(h, "limit=1000&wait=0&after=AAAAAAAAAAA", secret: h.secret).status == 200)
+        let next = try #require(json(get(h, "limit=1", secret: h.secret))["next"] as? String)
+        #expect(get(h, "limit=1000&wait=0&after=\(next)", secret: h.secret).status == 200)
+        // Another credential's cursor, or one changed by a character, is not a cursor of this feed.
+        let tampered = String(next.dropLast()) + (next.hasSuffix("A") ? "B" : "A")
+        for (query, secret) in [("after=\(next)", h.otherSecret), ("after=\(tampered)", h.secret), ("after=AAAAAAAAAAA", h.secret)] {
+            let r = get(h, query, secret: secret)
+            #expect(r.status == 400 && json(r)["field"] as? String == "after" && json(r)["error"] as? String == "invalid_cursor", "\(query)")
+        }
         let post = h.call("POST", "/v1/events", secret: h.secret, body: "{}")
         #expect(post.status == 405 && post.header("allow") == "GET, HEAD")
     }
@@ -123,7 +130,7 @@ import Testing
             s.close()
         }
         let feed = EventFeed(store: s, workers: workers, pollMillis: 600_000)
-        s.observeEvents { [weak feed] in feed?.eventsCommitted() }
+        s.observeEvents { [weak feed] in feed?.eventsCommitted($0) }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         _ = try s.ingestNow(sample(), secret: c.secret)
         let row = try s.claimDue(limit: 1)[0]
@@ -141,6 +148,79 @@ import Testing
         #expect(page.events.count == 1 && page.events[0].type == .responseDelivered)
     }
 
+    /// Polls of eight credentials wait; an event of one of them reads that one's poll only
+    /// (one store read), whether this process's commit names the credential (`notified`) or
+    /// the poll for other processes' events finds it; the others are answered empty at their
+    /// deadline without another read.
+    @Test(arguments: StoreBackend.available, [true, false])
+    func aCommitReadsOnlyItsCredentialsPolls(_ backend: StoreBackend, notified: Bool) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        let workers = WorkerPool(name: "feed-test", threads: 2)
+        defer {
+            workers.close()
+            s.close()
+        }
+        let feed = EventFeed(store: s, workers: workers, pollMillis: notified ? 600_000 : 100)
+        if notified { s.observeEvents { [weak feed] in feed?.eventsCommitted($0) } }
+        feed.prepare()
+        let credentials = try (0..<8).map { try s.createCredential(name: "c\($0)", apps: ["com.example.app"]) }
+        _ = try s.ingestNow(sample(), secret: credentials[0].secret)
+        let row = try s.claimDue(limit: 1)[0]
+        var waits: [(DispatchSemaphore, ResultBox<Result<EventPage, StoreError>?>)] = []
+        for (i, c) in credentials.enumerated() {
+            let done = DispatchSemaphore(value: 0)
+            let slot = ResultBox<Result<EventPage, StoreError>?>()
+            // The others' deadline: far enough for the commit below, near enough for the test.
+            let wait: Int64 = i == 0 ? 600_000_000 : 6_000_000
+            feed.serve(credentialID: c.record.id, query: EventFeedQuery(after: 0, limit: 10, waitSeconds: 600),
+                       deadlineMicros: monotonicMicros() + wait) {
+                slot.value = $0
+                done.signal()
+            }
+            waits.append((done, slot))
+        }
+        waitUntil("every poll is waiting") { feed.parkedCount == 8 && feed.readsUnderWay == 0 }
+        let before = feed.storeReads.load(ordering: .relaxed)
+        try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .delivered, attempt: nil)])
+        #expect(waits[0].0.wait(timeout: .now() + 20) == .success)
+        guard case .success(let page)?? = waits[0].1.value else { Issue.record("no page: \(String(describing: waits[0].1.value))"); return }
+        #expect(page.events.count == 1 && page.events[0].type == .responseDelivered)
+        #expect(feed.storeReads.load(ordering: .relaxed) - before == 1)
+        for (done, slot) in waits.dropFirst() {
+            #expect(done.wait(timeout: .now() + 30) == .success)
+            guard case .success(let empty)?? = slot.value else { Issue.record("no page: \(String(describing: slot.value))"); continue }
+            #expect(empty.events.isEmpty)
+        }
+        #expect(feed.storeReads.load(ordering: .relaxed) - before == 1)
+        waitUntil("nothing waits") { feed.waitingCount == 0 }
+    }
+
+    /// A wake of many credentials at once reads their polls at most EventFeed.maxRereads at a
+    /// time, not all at once into the reader pool's queue.
+    @Test func wokenPollsAreReadAFewAtATime() throws {
+        let f = try StoreFixture(.sqlite)
+        let s = try f.open()
+        let workers = WorkerPool(name: "feed-test", threads: 2)
+        defer {
+            workers.close()
+            s.close()
+        }
+        let feed = EventFeed(store: s, workers: workers, pollMillis: nil)
+        let ids = (0..<40).map { "cred_\($0)" }
+        let answered = Counter()
+        for id in ids {
+            feed.serve(credentialID: id, query: EventFeedQuery(after: 0, limit: 10, waitSeconds: 30),
+                       deadlineMicros: monotonicMicros() + 30_000_000) { _ in answered.add() }
+        }
+        waitUntil("every poll is waiting") { feed.parkedCount == 40 && feed.readsUnderWay == 0 }
+        let before = feed.storeReads.load(ordering: .relaxed)
+        feed.eventsCommitted(credentials: Set(ids))
+        waitUntil("every poll was read again") { feed.storeReads.load(ordering: .relaxed) - before == 40 && feed.parkedCount == 40 && feed.readsUnderWay == 0 }
+        #expect(feed.peakRereads >= 1 && feed.peakRereads <= EventFeed.maxRereads)
+        #expect(answered.value == 0)
+    }
+
     @Test func aLongPollWithNothingToSayEndsEmptyAtItsDeadline() throws {
         let h = try Harness(dir: dir, clock: clock)
         // Another credential's event does not answer this one's poll.
@@ -149,5 +229,23 @@ import Testing
         #expect(done.wait(timeout: .now() + 20) == .success)
         let r = try #require(slot.value)
         #expect(r.status == 200 && events(r).isEmpty)
+    }
+
+    /// The cursor is sealed with the database's key: a receiver resumes with its last `next`
+    /// after the relay restarts, and finds the events committed meanwhile.
+    @Test func aCursorResumesAfterARestart() throws {
+        var h: Harness? = try Harness(dir: dir, clock: clock)
+        _ = try deliver(h!, 2, secret: h!.secret)
+        let first = get(h!, secret: h!.secret)
+        #expect(events(first).count == 2)
+        let next = try #require(json(first)["next"] as? String)
+        let secrets = (secret: h!.secret, otherSecret: h!.otherSecret)
+        h = nil
+        let reopened = try Harness(dir: dir, clock: clock, reopening: secrets)
+        let secret = secrets.secret
+        let later = try deliver(reopened, 1, from: 3, secret: secret)
+        let r = get(reopened, "after=\(next)", secret: secret)
+        #expect(r.status == 200)
+        #expect(events(r).compactMap { ($0["data"] as? [String: Any])?["id"] as? String } == later)
     }
 }

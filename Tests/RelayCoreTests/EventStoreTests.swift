@@ -102,6 +102,78 @@ import Testing
         #expect(failed["status"] as? Int == 410 && failed["reason"] as? String == "Unregistered")
     }
 
+    /// token.unregistered follows one rule on both backends (StoreRules.tokenUnregisteredEvents):
+    /// the same answer sequences write the same events. A first 410 writes one for its row's
+    /// credential and app; the same 410 applied again (the row already failed) writes none; a
+    /// 410 older than the row's own ingest still writes one, with APNs' timestamp; a
+    /// BadDeviceToken writes none, also beside a 410 in one batch (whose rows alone count).
+    @Test(arguments: StoreBackend.available)
+    func tokenUnregisteredIsDecidedAlikeOnEveryBackend(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let a = try s.createCredential(name: "a", apps: [app])
+        let b = try s.createCredential(name: "b", apps: [app])
+        let names = [a.record.id: "a", b.record.id: "b"]
+        let t = String(repeating: "ab", count: 32), u = String(repeating: "cd", count: 32)
+        var ids: [String: String] = [:]
+        for (key, secret, token, index) in [("a1", a.secret, t, 1), ("a2", a.secret, t, 2), ("b1", b.secret, t, 3), ("ua", a.secret, u, 4), ("ub", b.secret, u, 5)] {
+            guard case .accepted(let id) = try s.ingestNow(sample(token: token, index: UInt32(index)), secret: secret) else { Issue.record("\(key) refused"); return }
+            ids[key] = id
+        }
+        #expect(try s.claimDue(limit: 10).count == 5)
+        let now = f.clock.nowMillis()
+        func answer(_ key: String, _ reason: String, _ ts: Int64) -> DeliveryUpdate {
+            let token = key.hasPrefix("u") ? u : t
+            let status = reason == StoreRules.badDeviceTokenReason ? 400 : 410
+            return DeliveryUpdate(id: ids[key]!, pushToken: token, outcome: .unregistered(reason: reason, apnsTimestamp: ts),
+                                  attempt: AttemptRecord(responseID: ids[key]!, attemptedAt: now, status: status, reason: reason, apnsTimestamp: ts))
+        }
+        var seen = 0
+        /// The token.unregistered events written since the last call: credential name, app, token, unregisteredAt.
+        func written() throws -> [String] {
+            let all = try s.listEvents(type: .tokenUnregistered, limit: 100).reversed()
+            defer { seen = all.count }
+            return try all.dropFirst(seen).map { e in
+                let d = try #require(try body(e)["data"] as? [String: Any])
+                return "\(names[e.credentialID ?? ""] ?? "?") \(e.app) \((d["pushToken"] as? String ?? "").prefix(2)) \(d["unregisteredAt"] as? String ?? "")"
+            }
+        }
+        try s.apply([answer("a1", "Unregistered", now - 10)])
+        #expect(try written() == ["a \(app) ab \(IngestService.iso(now - 10))"])
+        try s.apply([answer("a1", "Unregistered", now - 5)])   // the row is failed already
+        #expect(try written() == [])
+        try s.apply([answer("b1", "ExpiredToken", now - 60_000)])   // older than b1's ingest
+        #expect(try written() == ["b \(app) ab \(IngestService.iso(now - 60_000))"])
+        try s.apply([answer("a2", StoreRules.badDeviceTokenReason, now)])
+        #expect(try written() == [])
+        try s.apply([answer("ua", "Unregistered", now - 100), answer("ub", StoreRules.badDeviceTokenReason, now)])
+        #expect(try written() == ["a \(app) cd \(IngestService.iso(now - 100))"])
+        // The mark records the newest answer's reason (here the BadDeviceToken), alike too.
+        #expect(try s.unregisteredTokens().first { $0.token == u }?.reason == StoreRules.badDeviceTokenReason)
+    }
+
+    /// The backlog gauge counts the pending deliveries up to a cap (StoreRules
+    /// .webhookBacklogCountCap), never the whole backlog: a bounded read every 10 s.
+    @Test(arguments: StoreBackend.available)
+    func theBacklogCountStopsAtItsCap(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        s.eventSettings = EventStoreSettings(webhooks: [WebhookSubscription(name: "w")])
+        let (_, _, rows) = try claimed(s, 5)
+        try s.apply(rows.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .delivered, attempt: nil) })
+        func count(_ cap: Int) throws -> Int? {
+            if let q = s as? SQLiteOutboxStore { return try q.pendingWebhookDeliveries(webhook: "w", cap: cap) }
+            if let p = s as? PostgresOutboxStore { return try p.pendingWebhookDeliveries(webhook: "w", cap: cap) }
+            return nil
+        }
+        #expect(try count(3) == 3)
+        #expect(try count(100) == 5)
+        #expect(try s.pendingWebhookDeliveries(webhook: "w") == 5)
+        #expect(try s.pendingWebhookDeliveries(webhook: "other") == 0)
+    }
+
     /// An event exists if and only if its outcome committed: an event write that fails rolls
     /// the outcome back with it (the row stays inflight, as after any failed outcome write).
     @Test(arguments: StoreBackend.available)
@@ -141,11 +213,10 @@ import Testing
         try s.apply([DeliveryUpdate(id: rows[0].id, pushToken: rows[0].pushToken, outcome: .delivered, attempt: nil)])
         #expect(try s.events(credentialID: cred, after: 0, limit: 10).count == 1)
         #expect(try s.events(credentialID: other.record.id, after: 0, limit: 10).isEmpty)
-        // SQLite walks the events after the cursor (no index by credential): its next read
-        // starts past what it examined. PostgreSQL reads its index: next stays.
+        // Nothing of its own: next stays (SQLite moves past others' events only a whole
+        // scanned stretch at a time; PostgreSQL reads its index).
         let page = try s.eventPage(credentialID: other.record.id, after: 0, limit: 10)
-        let expectedNext = backend == .sqlite ? try s.lastEventSequence() : 0
-        #expect(page.events.isEmpty && page.next == expectedNext)
+        #expect(page.events.isEmpty && page.next == 0)
     }
 
     @Test(arguments: StoreBackend.available)
@@ -272,9 +343,9 @@ import Testing
         let all = try s.events(credentialID: cred, after: 0, limit: 10)
         #expect(all.count == 4)
         // Only the types asked for, only before the cutoff, at most `limit` per call.
-        #expect(try s.purgeEvents(types: [.responseFailed], olderThan: cutoff, limit: 10) == 0)
-        #expect(try s.purgeEvents(types: [.responseDelivered], olderThan: cutoff, limit: 1) == 1)
-        #expect(try s.purgeEvents(types: [.responseDelivered], olderThan: cutoff, limit: 10) == 1)
+        #expect(try s.purgeEvents(types: [.responseFailed], olderThan: cutoff, limit: 10).events == 0)
+        #expect(try s.purgeEvents(types: [.responseDelivered], olderThan: cutoff, limit: 1).events == 1)
+        #expect(try s.purgeEvents(types: [.responseDelivered], olderThan: cutoff, limit: 10).events == 1)
         #expect(try s.events(credentialID: cred, after: 0, limit: 10) == Array(all[2...]))
         #expect(try s.webhookDeliveryCounts()["all"] == [.pending: 2])
 
@@ -332,15 +403,74 @@ import Testing
         #expect(text.contains("relay_webhook_backlog_dropped_total{webhook=\"w\"} 1"))
         #expect(text.contains("relay_events_removed_total 1"))
         #expect(logger.capturedLines.contains { $0.contains("webhook backlog over events.maxBacklogPerWebhook") })
+        // The deleted event was still pending for "w": counted and logged, never sent.
+        #expect(text.contains("relay_webhook_deliveries_expired_total{webhook=\"w\"} 1"))
+        #expect(logger.capturedLines.contains { $0.contains("retention deleted events still pending for a webhook") && $0.contains("\"deliveries\":1") })
     }
 
     @Test func cursorsRoundTripAndRefuseAnythingElse() {
+        let cursor = FeedCursor(key: Array(repeating: 7, count: FeedCursor.keyLength))
         for v: Int64 in [0, 1, 255, 1 << 40, .max] {
-            #expect(EventCursor.decode(EventCursor.encode(v)) == v)
+            let text = cursor.seal(v, credentialID: "cred-a")
+            #expect(text.utf8.count == FeedCursor.textLength)
+            #expect(cursor.open(text, credentialID: "cred-a") == v)
+            // Another credential's cursor, or another database's, opens to nothing.
+            #expect(cursor.open(text, credentialID: "cred-b") == nil)
+            #expect(FeedCursor(key: Array(repeating: 8, count: FeedCursor.keyLength)).open(text, credentialID: "cred-a") == nil)
+            // Any character changed is refused.
+            let chars = Array(text)
+            for i in chars.indices {
+                var t = chars
+                t[i] = t[i] == "A" ? "B" : "A"
+                #expect(cursor.open(String(t), credentialID: "cred-a") == nil, "\(String(t))")
+            }
         }
-        for bad in ["", "abc", "AAAAAAAAAAA=", "AAAAAAAAAAAA", "gAAAAAAAAAA", "AAAAAAAAAA!", "AAAAAAAAAAB"] {
-            #expect(EventCursor.decode(bad) == nil, "\(bad)")
+        // Deterministic per credential (an unchanged position reads as unchanged), another
+        // credential's differs.
+        #expect(cursor.seal(5, credentialID: "cred-a") == cursor.seal(5, credentialID: "cred-a"))
+        #expect(cursor.seal(5, credentialID: "cred-a") != cursor.seal(5, credentialID: "cred-b"))
+        for bad in ["", "abc", "AAAAAAAAAAA", String(repeating: "A", count: 21), String(repeating: "A", count: 22), String(repeating: "A", count: 23)] {
+            #expect(cursor.open(bad, credentialID: "cred-a") == nil, "\(bad)")
         }
+    }
+
+    /// A credential's position does not move with other credentials' events (below a whole
+    /// scanned stretch): its cursor cannot count them.
+    @Test(arguments: StoreBackend.available)
+    func aPositionDoesNotMoveWithOtherCredentialsEvents(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let a = try s.createCredential(name: "a", apps: ["com.example.app"])
+        let b = try s.createCredential(name: "b", apps: ["com.example.app"])
+        func deliver(_ c: CreatedCredential, _ index: UInt32) throws {
+            _ = try s.ingestNow(sample(index: index), secret: c.secret)
+            let rows = try s.claimDue(limit: 10)
+            try s.apply(rows.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .delivered, attempt: nil) })
+        }
+        try deliver(a, 1)
+        let first = try s.eventPage(credentialID: a.record.id, after: 0, limit: 10)
+        #expect(first.events.count == 1)
+        for i in 2...4 { try deliver(b, UInt32(i)) }
+        let empty = try s.eventPage(credentialID: a.record.id, after: first.next, limit: 10)
+        #expect(empty.events.isEmpty && empty.next == first.next)
+        try deliver(a, 5)
+        let later = try s.eventPage(credentialID: a.record.id, after: empty.next, limit: 10)
+        #expect(later.events.count == 1 && later.next == later.events[0].sequence)
+    }
+
+    /// The cursor key is the database's: made once, the same after a restart.
+    @Test(arguments: StoreBackend.available)
+    func theCursorKeySurvivesARestart(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        var s = try f.open()
+        let key = try s.feedCursorKey()
+        #expect(key.count == FeedCursor.keyLength && key != Array(repeating: 0, count: FeedCursor.keyLength))
+        #expect(try s.feedCursorKey() == key)
+        s.close()
+        s = try f.open()
+        defer { s.close() }
+        #expect(try s.feedCursorKey() == key)
     }
 }
 

@@ -16,12 +16,13 @@ import Testing
         let logger = RelayLogger(minimum: .info, format: .json, capture: true, bounds: .standard, monotonic: { 0 })
         let secret: String
         let otherSecret: String
+        /// `reopening`: the secrets of an earlier Harness on the same directory (a restart).
         init(dir: TempDir, clock: TestClock, metrics: RelayMetrics = RelayMetrics(), maxPending: Int = 1_000_000,
-             settings: (inout IngestSettings) -> Void = { _ in }) throws {
+             reopening: (secret: String, otherSecret: String)? = nil, settings: (inout IngestSettings) -> Void = { _ in }) throws {
             store = try SQLiteOutboxStore(path: dir.db, clock: clock)
             store.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app", "com.example.other"], maxPending: maxPending)
-            secret = try store.createCredential(name: "a", apps: ["com.example.app"]).secret
-            otherSecret = try store.createCredential(name: "b", apps: ["com.example.app", "com.example.other"]).secret
+            secret = try reopening?.secret ?? store.createCredential(name: "a", apps: ["com.example.app"]).secret
+            otherSecret = try reopening?.otherSecret ?? store.createCredential(name: "b", apps: ["com.example.app", "com.example.other"]).secret
             var s = IngestSettings()
             settings(&s)
             service = IngestService(store: store, settings: s, metrics: metrics, logger: logger, workers: workers)

@@ -122,5 +122,25 @@ import Testing
         #expect(v(now: 9_000, scan: 4_000) == .postpone(until: 14_000))
         #expect(StoreRules.scanHoldUntil(scanStartedAt: 4_000, now: 9_000) == 14_000)   // as long as the scan has run
     }
-}
 
+    @Test func tokenUnregisteredEventsAreThe410sFinishedRowsOwners() {
+        typealias A = StoreRules.MarkingAnswer
+        let bad = StoreRules.badDeviceTokenReason
+        #expect(StoreRules.tokenUnregisteredEvents([]) == nil)
+        // Only finished 410 rows count; owners once each, sorted; the newest 410 timestamp.
+        let r = StoreRules.tokenUnregisteredEvents([
+            A(reason: "Unregistered", apnsTimestamp: 5, credentialID: "c2", app: "x", finished: true),
+            A(reason: "ExpiredToken", apnsTimestamp: 9, credentialID: "c1", app: "x", finished: true),
+            A(reason: "Unregistered", apnsTimestamp: 7, credentialID: "c2", app: "x", finished: true),
+            A(reason: "Unregistered", apnsTimestamp: 99, credentialID: "c3", app: "x", finished: false),
+            A(reason: bad, apnsTimestamp: 100, credentialID: "c4", app: "x", finished: true),
+        ])
+        #expect(r?.unregisteredAt == 9)
+        #expect(r?.owners.map { "\($0.credentialID)/\($0.app)" } == ["c1/x", "c2/x"])
+        #expect(StoreRules.tokenUnregisteredEvents([A(reason: bad, apnsTimestamp: 1, credentialID: "c", app: "x", finished: true)]) == nil)
+        #expect(StoreRules.tokenUnregisteredEvents([A(reason: "Unregistered", apnsTimestamp: 1, credentialID: "c", app: "x", finished: false)]) == nil)
+        // The mark: the newest timestamp's reason, the later answer on a tie.
+        #expect(StoreRules.markFrom([]) == nil)
+        #expect(StoreRules.markFrom([("Unregistered", 5), (bad, 5), ("ExpiredToken", 3)])! == (bad, 5))
+    }
+}

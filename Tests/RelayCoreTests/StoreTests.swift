@@ -20,7 +20,7 @@ import Testing
         // keeps a UNIQUE constraint).
         #expect(try f.schemaVersion == (backend == .sqlite ? SQLiteOutboxStore.schemaVersion : PostgresOutboxStore.schemaVersion))
         let tables = try f.tables.filter { $0 != "relay_schema_version" && $0 != "outbox_stats" && $0 != "response_keys" }
-        #expect(tables == ["attempts", "credential_generation", "credentials", "events", "responses", "token_pacing", "unregistered_tokens", "webhook_deliveries"])
+        #expect(tables == ["attempts", "credential_generation", "credentials", "events", "feed_cursor_key", "responses", "token_pacing", "unregistered_tokens", "webhook_deliveries"])
     }
 
     @Test(arguments: StoreBackend.available)
@@ -1204,5 +1204,67 @@ final class RecordingExecutor: ThreadExecutor, @unchecked Sendable {
         }
         // The live pacing still holds its token's rows back.
         #expect(try s.claimDue(limit: 2).map(\.pushToken) == [ended])
+    }
+}
+
+/// unregistered_tokens is pruned by the retention sweep once a mark changes nothing
+/// (StoreRules.markIsStale): its hold ended staleMarkMillis ago and the rows it covers are past
+/// their TTL. A mark still in reach, and a 410 mark while the quarantine is 0, stay.
+@Suite struct StaleMarkPruneTests {
+    @Test(arguments: StoreBackend.available)
+    func theSweepDropsStaleMarksAndKeepsTheOthers(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let old = String(repeating: "f1", count: 32), recent = String(repeating: "f2", count: 32)
+        func mark(_ token: String) throws {
+            _ = try s.ingestNow(sample(token: token, index: 1), secret: c.secret)
+            let r = try s.claimDue(limit: 1)[0]
+            try s.apply([DeliveryUpdate(id: r.id, pushToken: r.pushToken, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: f.clock.nowMillis()), attempt: nil)])
+        }
+        try mark(old)
+        let hold: Int64 = 3_600_000, ttl: Int64 = 86_400_000
+        f.clock.advance(hold + StoreRules.staleMarkMillis - 10)
+        try mark(recent)
+        f.clock.advance(20)
+        func sweep() {
+            RetentionSweeper(store: s, policy: RetentionPolicy(deliveredSeconds: 0, failedSeconds: 0), clock: f.clock,
+                             logger: RelayLogger(capture: true), batch: 100).sweepOnce()
+        }
+        // Quarantine 0: a 410 mark is refused until forgotten, never stale.
+        _ = try s.ingestNow(sample(token: "aa", index: 9), secret: c.secret, ttl: ttl, quarantine: 0)
+        sweep()
+        #expect(Set(try s.unregisteredTokens().map(\.token)) == [old, recent])
+        _ = try s.ingestNow(sample(token: "aa", index: 9), secret: c.secret, ttl: ttl, quarantine: hold)
+        sweep()
+        #expect(try s.unregisteredTokens().map(\.token) == [recent])
+        if let sqlite = s as? SQLiteOutboxStore {
+            #expect(try sqlite.write { _ in sqlite.writerState.watchedTokens } == [recent])
+        }
+        // Gone: the old token's responses are accepted (no probe that re-arms a hold).
+        for i: UInt32 in [2, 3] {
+            guard case .accepted = try s.ingestNow(sample(token: old, index: i), secret: c.secret, ttl: ttl, quarantine: hold) else {
+                Issue.record("the pruned token's response \(i) was refused"); return
+            }
+        }
+    }
+
+    @Test func theRuleAndItsBounds() {
+        let settings = IngestStoreSettings(ttlMillis: 1000, unregisteredQuarantineMillis: 100, badDeviceTokenHoldMillis: 50)
+        let now = StoreRules.staleMarkMillis * 2
+        let b = StoreRules.staleMarkBounds(now: now, settings: settings)
+        let edge410 = now - 100 - StoreRules.staleMarkMillis, edgeBad = now - 50 - StoreRules.staleMarkMillis
+        #expect(StoreRules.markIsStale(reason: "Unregistered", recordedAt: edge410 - 1, cutoff: now - 1001, bounds: b))
+        #expect(!StoreRules.markIsStale(reason: "Unregistered", recordedAt: edge410, cutoff: now - 1001, bounds: b))
+        #expect(!StoreRules.markIsStale(reason: "Unregistered", recordedAt: edge410 - 1, cutoff: now - 1000, bounds: b))
+        #expect(StoreRules.markIsStale(reason: "BadDeviceToken", recordedAt: edgeBad - 1, cutoff: now - 1001, bounds: b))
+        #expect(!StoreRules.markIsStale(reason: "BadDeviceToken", recordedAt: edgeBad, cutoff: now - 1001, bounds: b))
+        var forever = settings
+        forever.unregisteredQuarantineMillis = 0
+        #expect(!StoreRules.markIsStale(reason: "Unregistered", recordedAt: .min + 1, cutoff: .min + 1, bounds: StoreRules.staleMarkBounds(now: now, settings: forever)))
+        // No overflow with huge holds: nothing is stale.
+        forever.unregisteredQuarantineMillis = .max
+        #expect(!StoreRules.markIsStale(reason: "Unregistered", recordedAt: 0, cutoff: 0, bounds: StoreRules.staleMarkBounds(now: now, settings: forever)))
     }
 }

@@ -191,22 +191,6 @@ public struct WebhookDeliveryFilter: Sendable {
     }
 }
 
-/// The feed's cursor: the event's sequence as unpadded base64url of its 8 big-endian bytes.
-/// Opaque to clients; a cursor that does not decode to a non-negative sequence is refused.
-public enum EventCursor {
-    public static func encode(_ sequence: Int64) -> String {
-        let v = UInt64(bitPattern: sequence)
-        return Basics.Base64.encode((0..<8).map { UInt8(truncatingIfNeeded: v >> (56 - 8 * UInt64($0))) }, alphabet: .url, padding: false)
-    }
-
-    public static func decode(_ text: String) -> Int64? {
-        guard text.utf8.count == 11, let b = Basics.Base64.decode(text, alphabet: .url, padding: false), b.count == 8 else { return nil }
-        let v = b.reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
-        guard v <= UInt64(Int64.max), encode(Int64(v)) == text else { return nil }
-        return Int64(v)
-    }
-}
-
 /// Events this process committed, by type: relay_events_created_total. Added to after each
 /// commit that wrote events (a rolled-back transaction's events are not counted).
 public final class EventTally: Sendable {
@@ -238,16 +222,25 @@ public protocol EventStore: WebhookOutbox {
     var eventSettings: EventStoreSettings { get set }
     /// What this process committed (relay_events_created_total).
     var eventsCreated: EventTally { get }
-    /// `body` runs after each commit of this process that wrote events (the feed's long polls
-    /// wake on it; other nodes' events are found by polling).
-    func observeEvents(_ body: @escaping @Sendable () -> Void)
+    /// `body` runs after each commit of this process that wrote events (the feed reads again
+    /// only the long polls of their credentials; other nodes' events are found by
+    /// `eventCredentials`).
+    func observeEvents(_ body: @escaping @Sendable (EventsCommitted) -> Void)
+    /// The credentials of the events committed after `sequence` (any process's), looking at
+    /// the next `limit` events at most. Commit order is sequence order, so polling on from
+    /// `through` misses none.
+    func eventCredentials(after sequence: Int64, limit: Int) throws -> EventOwners
     /// The credential's events after `sequence`, in commit order, at most `limit`; `next` is
-    /// where the following read starts (past the last event returned, or past every event
-    /// examined, of any credential, when fewer were found: a store may examine a bounded
-    /// stretch per read instead of keeping an index by credential).
+    /// where the following read starts: the last event returned, else `sequence`, or past a
+    /// whole stretch of other credentials' events examined (a store may examine a bounded
+    /// stretch per read instead of keeping an index by credential). It moves past others'
+    /// events no finer than that stretch: the feed's cursor must not count them.
     func eventPage(credentialID: String, after sequence: Int64, limit: Int) throws -> EventPage
     /// The newest sequence committed (the feed's start), or 0.
     func lastEventSequence() throws -> Int64
+    /// The database's key for the feed's cursors (FeedCursor), made at the first call: every
+    /// process and restart on this database seals and opens cursors alike.
+    func feedCursorKey() throws -> [UInt8]
     func event(id: String) throws -> StoredEvent?
     /// Every credential's events, newest first (relayctl).
     func listEvents(type: EventType?, limit: Int) throws -> [StoredEvent]
@@ -260,11 +253,50 @@ public protocol EventStore: WebhookOutbox {
     /// Deliveries by webhook and state.
     func webhookDeliveryCounts() throws -> [String: [WebhookDeliveryState: Int]]
     /// Deletes up to `limit` events of `types` created before `olderThan` (oldest first) with
-    /// their deliveries, in one transaction. Returns how many events.
-    func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> Int
+    /// their deliveries, in one transaction.
+    func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> PurgedEvents
     /// Drops the pending deliveries due first (then oldest) of each webhook above `max`; returns the dropped count
     /// per webhook (only those that dropped some).
     func trimWebhookBacklogs(max: Int) throws -> [String: Int]
+}
+
+/// One commit's events, as `observeEvents` reports them.
+public struct EventsCommitted: Sendable, Equatable {
+    /// Their credentials, when the commit has them at hand (PostgreSQL's INSERT ... RETURNING);
+    /// nil: `eventCredentials(after: after, limit: count)` gives them (SQLite, whose writer
+    /// does not read them back: that cost ~7.6k instructions per response).
+    public var credentials: Set<String>?
+    /// The sequence just before the commit's first event, and how many it wrote (SQLite).
+    public var after: Int64
+    public var count: Int
+
+    public init(credentials: Set<String>?, after: Int64 = 0, count: Int = 0) {
+        self.credentials = credentials
+        self.after = after
+        self.count = count
+    }
+}
+
+/// What one `purgeEvents` deleted.
+public struct PurgedEvents: Sendable, Equatable {
+    public var events: Int
+    /// Deliveries still pending (never delivered, retrying) deleted with their events, by webhook:
+    /// those events never reach that webhook.
+    public var pendingDeliveries: [String: Int]
+
+    public init(events: Int = 0, pendingDeliveries: [String: Int] = [:]) {
+        self.events = events
+        self.pendingDeliveries = pendingDeliveries
+    }
+}
+
+/// What `eventCredentials` looked at.
+public struct EventOwners: Sendable, Equatable {
+    /// The last sequence looked at (the one asked after when there was none).
+    public var through: Int64
+    public var credentials: Set<String>
+    /// Events looked at: `limit` when there may be more.
+    public var examined: Int
 }
 
 public struct EventPage: Sendable, Equatable {

@@ -75,9 +75,11 @@ public final class IngestService: Sendable {
         self.metrics = metrics
         self.logger = logger
         self.workers = workers
-        let feed = EventFeed(store: store, workers: workers)
+        // Only PostgreSQL has other processes committing events (other nodes) to poll for.
+        let feed = EventFeed(store: store, workers: workers, pollMillis: store is SQLiteOutboxStore ? nil : 1000)
         self.feed = feed
-        store.observeEvents { [weak feed] in feed?.eventsCommitted() }
+        store.observeEvents { [weak feed] in feed?.eventsCommitted($0) }
+        feed.prepare()
         credentials.prime()
     }
 
@@ -491,8 +493,11 @@ public final class IngestService: Sendable {
 
     private func authenticatedEvents(_ hash: [UInt8], credentialID: String, query: String, _ finish: Exchange) {
         guard withinCredentialRate(hash, finish) else { return }
+        guard let cursor = feed.cursor() else {
+            return finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "retry later"), headers: [("retry-after", "1")]), "storage")
+        }
         let q: EventFeedQuery
-        switch EventFeedQuery.parse(query) {
+        switch EventFeedQuery.parse(query, cursor: cursor, credentialID: credentialID) {
         case .failure(let e): return finish(.error(e), nil)
         case .success(let parsed): q = parsed
         }
@@ -500,7 +505,7 @@ public final class IngestService: Sendable {
         feed.serve(credentialID: credentialID, query: q, deadlineMicros: deadline) { [logger] result in
             switch result {
             case .success(let page)?:
-                finish(APIResponse(status: 200, bodyBytes: EventFeed.render(page)), nil)
+                finish(APIResponse(status: 200, bodyBytes: EventFeed.render(page, next: cursor.seal(page.next, credentialID: credentialID))), nil)
             case .failure(let error)?:
                 logger.error("storage error on events read", ["request_id": finish.requestID, "error": "\(error)"])
                 finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "retry later"), headers: [("retry-after", "1")]), "storage")

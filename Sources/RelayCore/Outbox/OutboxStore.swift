@@ -315,6 +315,10 @@ public protocol OutboxStore: EventStore {
     /// and SQLite's in-memory set of watched tokens, from growing with every token APNs ever
     /// answered TooManyRequests for. Returns how many.
     func pruneEndedPacing(before: Int64, limit: Int) throws -> Int
+    /// Deletes up to `limit` token marks that no longer change anything at `now`
+    /// (StoreRules.markIsStale, with `ingestSettings`): the retention sweep keeps
+    /// unregistered_tokens from holding every token APNs ever refused. Returns how many.
+    func pruneStaleMarks(now: Int64, limit: Int) throws -> Int
     func unregisteredTokens() throws -> [UnregisteredToken]
     func forgetToken(_ token: String) throws -> Bool
 

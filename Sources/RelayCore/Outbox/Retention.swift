@@ -58,6 +58,8 @@ public final class RetentionSweeper: Lifecycle {
         var removed: [ResponseState: Int] = [:]
         var eventsRemoved = 0
         var backlogDropped: [String: Int] = [:]
+        var deliveriesExpired: [String: Int] = [:]
+        var marksPruned = 0
         var failures = 0
     }
 
@@ -110,6 +112,13 @@ public final class RetentionSweeper: Lifecycle {
             state.withLock { $0.failures += 1 }
             logger?.error("retention: pruning ended token pacing failed", ["error": "\(error)"])
         }
+        do {
+            let n = try store.pruneStaleMarks(now: clock.nowMillis(), limit: 10_000)
+            state.withLock { $0.marksPruned += n }
+        } catch {
+            state.withLock { $0.failures += 1 }
+            logger?.error("retention: pruning stale token marks failed", ["error": "\(error)"])
+        }
         return removed
     }
 
@@ -122,12 +131,14 @@ public final class RetentionSweeper: Lifecycle {
     /// Events past retention, then each webhook's backlog bound (the oldest pending dropped).
     private func sweepEvents() {
         var removed = 0
+        var expired: [String: Int] = [:]
         for (s, olderThan) in policy.cutoffs(now: clock.nowMillis()) {
             do {
                 while true {
-                    let n = try store.purgeEvents(types: Self.eventTypes(s), olderThan: olderThan, limit: batch)
-                    removed += n
-                    if n < batch || isStopping { break }
+                    let purged = try store.purgeEvents(types: Self.eventTypes(s), olderThan: olderThan, limit: batch)
+                    removed += purged.events
+                    for (w, n) in purged.pendingDeliveries { expired[w, default: 0] += n }
+                    if purged.events < batch || isStopping { break }
                     wake.lock()
                     if !isStopping && pauseMillis > 0 { _ = wake.wait(until: Date().addingTimeInterval(Double(pauseMillis) / 1000)) }
                     wake.unlock()
@@ -146,6 +157,13 @@ public final class RetentionSweeper: Lifecycle {
         state.withLock {
             $0.eventsRemoved += removed
             for (w, n) in dropped { $0.backlogDropped[w, default: 0] += n }
+            for (w, n) in expired { $0.deliveriesExpired[w, default: 0] += n }
+        }
+        // Events past retention that a webhook never received (its receiver down or failing for
+        // longer than store.retention): they will not be sent. One line per 10 s at most.
+        for (w, n) in expired.sorted(by: { $0.key < $1.key }) {
+            logger?.limited(.error, "retention deleted events still pending for a webhook: they will not be sent", key: "retention expired deliveries",
+                            ["webhook": w, "deliveries": n])
         }
         for (w, n) in dropped.sorted(by: { $0.key < $1.key }) {
             logger?.error("webhook backlog over events.maxBacklogPerWebhook: oldest pending events dropped for it", ["webhook": w, "dropped": n, "max": bound])
@@ -190,6 +208,13 @@ public final class RetentionSweeper: Lifecycle {
         r.counter("relay_events_removed_total", help: "Delivery events (with their webhook deliveries) deleted by store.retention.", s.eventsRemoved)
         r.declare("relay_webhook_backlog_dropped_total", .counter, help: "Pending webhook deliveries dropped over events.maxBacklogPerWebhook (the oldest first).")
         for w in store.eventSettings.webhooks.map(\.name) { r.sample("relay_webhook_backlog_dropped_total", ["webhook": w], s.backlogDropped[w] ?? 0) }
+        r.declare("relay_webhook_deliveries_expired_total", .counter,
+                  help: "Pending webhook deliveries (never delivered, or retrying) deleted by store.retention with their events: never sent.")
+        for w in Set(store.eventSettings.webhooks.map(\.name)).union(s.deliveriesExpired.keys).sorted() {
+            r.sample("relay_webhook_deliveries_expired_total", ["webhook": w], s.deliveriesExpired[w] ?? 0)
+        }
+        r.counter("relay_token_marks_pruned_total", help: "Token marks (unregistered_tokens) deleted by retention once they no longer change anything (StoreRules.markIsStale).",
+                  s.marksPruned)
         r.declare("relay_retention_seconds", .gauge, help: "store.retention by state (0: kept forever).")
         r.sample("relay_retention_seconds", ["state": "delivered"], policy.deliveredSeconds)
         r.sample("relay_retention_seconds", ["state": "failed"], policy.failedSeconds)

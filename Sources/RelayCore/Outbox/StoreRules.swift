@@ -139,6 +139,85 @@ enum StoreRules {
         "\(mark).recorded_at > \(seen) AND (\(mark).reason <> '\(badDeviceTokenReason)' OR \(badHold) > 0)"
     }
 
+    /// The webhook backlog gauge counts at most this many pending deliveries (reported as this
+    /// many above it): a count reads every entry of the pending index, every 10 s per webhook
+    /// per node, and a full one over the 1,000,000 a backlog may hold took the reader that long.
+    static let webhookBacklogCountCap = 100_000
+
+    /// How long past its hold a mark is kept before retention deletes it (`markIsStale`).
+    static let staleMarkMillis: Int64 = 30 * 86_400_000
+
+    /// Bounds of `markIsStale` at one time, for both stores' DELETE (`staleMarkSQL`).
+    struct StaleMarkBounds: Equatable {
+        /// A 410 mark is stale when recorded before this; Int64.min (none is) while the
+        /// quarantine is 0: refused until `relayctl tokens forget`.
+        var unregisteredRecordedBefore: Int64
+        var badDeviceTokenRecordedBefore: Int64
+        /// And its cutoff before this: every row it covers is past ingest.ttlSeconds.
+        var cutoffBefore: Int64
+    }
+
+    static func staleMarkBounds(now: Int64, settings: IngestStoreSettings) -> StaleMarkBounds {
+        func before(_ hold: Int64) -> Int64 {
+            let (a, o1) = now.subtractingReportingOverflow(hold)
+            let (b, o2) = a.subtractingReportingOverflow(staleMarkMillis)
+            return o1 || o2 ? .min : b
+        }
+        return StaleMarkBounds(unregisteredRecordedBefore: settings.unregisteredQuarantineMillis > 0 ? before(settings.unregisteredQuarantineMillis) : .min,
+                               badDeviceTokenRecordedBefore: before(settings.badDeviceTokenHoldMillis),
+                               cutoffBefore: { let (c, o) = now.subtractingReportingOverflow(settings.ttlMillis); return o ? .min : c }())
+    }
+
+    /// A mark that no longer changes anything, which retention deletes (unregistered_tokens
+    /// otherwise keeps every token APNs ever refused): its hold ended `staleMarkMillis` ago with
+    /// no probe since (a probe let through restarts the hold, recorded_at), and every row its
+    /// cutoff covers is past its time to live. Without it the next response for the token is
+    /// simply accepted instead of being the probe of a hold that ended a month ago. A 410 mark
+    /// while the quarantine is 0 stays (refused until `relayctl tokens forget`).
+    static func markIsStale(reason: String, recordedAt: Int64, cutoff: Int64, bounds b: StaleMarkBounds) -> Bool {
+        guard cutoff < b.cutoffBefore else { return false }
+        return recordedAt < (reason == badDeviceTokenReason ? b.badDeviceTokenRecordedBefore : b.unregisteredRecordedBefore)
+    }
+
+    /// `markIsStale` in SQL (both dialects) over the unregistered_tokens alias `mark`, with the
+    /// bounds as parameters (`StaleMarkBounds` fields, in that order).
+    static func staleMarkSQL(mark: String, unregisteredBefore: String, badDeviceTokenBefore: String, cutoffBefore: String) -> String {
+        "\(mark).apns_timestamp < \(cutoffBefore) AND \(mark).recorded_at < CASE WHEN \(mark).reason = '\(badDeviceTokenReason)' THEN \(badDeviceTokenBefore) ELSE \(unregisteredBefore) END"
+    }
+
+    /// One token-marking answer (410 Unregistered / ExpiredToken, or 400 BadDeviceToken) in the
+    /// transaction that records the token's mark: its row's owner, and whether this
+    /// transaction's outcome UPDATE finished the row (it was still inflight, under this node's
+    /// lease: an answer applied twice, or for a row another node took over, finishes nothing).
+    struct MarkingAnswer: Equatable {
+        var reason: String
+        var apnsTimestamp: Int64
+        var credentialID: String
+        var app: String
+        var finished: Bool
+    }
+
+    /// The mark the answers of one transaction record: the newest APNs timestamp's answer (the
+    /// later one on a tie) gives its reason; the cutoff starts from that timestamp (`markCutoff`).
+    static func markFrom(_ answers: [(reason: String, apnsTimestamp: Int64)]) -> (reason: String, apnsTimestamp: Int64)? {
+        answers.reduce(nil) { newest, a in a.apnsTimestamp >= (newest?.apnsTimestamp ?? .min) ? a : newest }
+    }
+
+    /// The token.unregistered events of one transaction's answers for one token: one per
+    /// credential and app (sorted) whose rows a 410 answered AND this transaction finished, with
+    /// the newest 410 timestamp as `unregisteredAt`. A BadDeviceToken answer says nothing about
+    /// the token's registration (its rows get their own response.failed). A repeated 410 writes
+    /// the event again (a new answer of APNs), one for a row already finished does not, and
+    /// neither the mark's cutoff nor an ingest newer than the 410 changes what is written.
+    static func tokenUnregisteredEvents(_ answers: [MarkingAnswer]) -> (unregisteredAt: Int64, owners: [(credentialID: String, app: String)])? {
+        let gone = answers.filter { $0.finished && $0.reason != badDeviceTokenReason }
+        guard let at = gone.map(\.apnsTimestamp).max() else { return nil }
+        var owners: [(credentialID: String, app: String)] = []
+        for a in gone where !owners.contains(where: { $0 == (a.credentialID, a.app) }) { owners.append((a.credentialID, a.app)) }
+        owners.sort { ($0.credentialID, $0.app) < ($1.credentialID, $1.app) }
+        return (at, owners)
+    }
+
     /// Token-wide work after an APNs answer reads or changes at most this many of the token's
     /// rows per writer transaction, so a token with a million queued rows never holds the
     /// writer (and the ingest batches queued behind it) for more than one such step

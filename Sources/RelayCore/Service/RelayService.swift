@@ -114,7 +114,7 @@ public final class RelayService: @unchecked Sendable {
         if !c.events.webhooks.isEmpty {
             // Secret file errors name their key (events.webhooks[i].secretFile) already.
             let sender = try WebhookSender(configuration: c, outbox: store, metrics: webhookMetrics, logger: logger)
-            store.observeEvents { [weak sender] in sender?.wake() }
+            store.observeEvents { [weak sender] _ in sender?.wake() }
             try naming("events.webhooks") { try running.start(sender, grace: .seconds(2)) }
         }
         let workers = WorkerPool(name: "relay-reader", threads: 2)

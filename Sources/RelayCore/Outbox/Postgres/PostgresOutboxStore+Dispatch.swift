@@ -93,7 +93,7 @@ extension PostgresOutboxStore {
         // no clock, so they are written even while this node's clock is out of bound.
         // One transaction: a row failed here (expired, or behind its token's 410) gets its
         // event in the same commit.
-        let rows: [OutboxRow] = try dispatchWorker.perform { [self] w in
+        let (rows, owners): ([OutboxRow], Set<String>) = try dispatchWorker.perform { [self] w in
             try writeRetainedOutcomes(w)
             return try w.transaction { [self] c in
                 // The database's own time decides which leases have ended and which rows are
@@ -111,15 +111,15 @@ extension PostgresOutboxStore {
                 if rows.count < limit {
                     rows += try c.query(Self.dueSQL, params(limit - rows.count)).map(Self.claimedRow)
                 }
-                try insertResponseEvents(c, responseIDs: rows.filter { $0.state == .failed }.map(\.id), now: now)
-                return rows
+                let owners = try insertResponseEvents(c, responseIDs: rows.filter { $0.state == .failed }.map(\.id), now: now)
+                return (rows, Set(owners.compactMap { $0 }))
             }
         }
         let failed = rows.filter { $0.state == .failed }.count
         adjustPending(-failed)
         if failed > 0 {
             eventsCreated.add(.responseFailed, failed)   // each failed row got its event in the commit
-            eventsCommitted()
+            eventsCommitted(owners)
         }
         return rows.filter { $0.state == .inflight }.sorted { ($0.nextAttemptAt, $0.createdAt) < ($1.nextAttemptAt, $1.createdAt) }
             .map(toLocal)
@@ -194,6 +194,8 @@ extension PostgresOutboxStore {
     struct Applied {
         var finished = 0
         var events: [EventType: Int] = [:]
+        /// The events' credentials (the feed's polls to read again).
+        var credentials: Set<String> = []
     }
 
     /// After an outcome transaction's COMMIT.
@@ -201,7 +203,7 @@ extension PostgresOutboxStore {
         adjustPending(-applied.finished)
         if applied.finished > 0 {
             eventsCreated.add(applied.events)
-            eventsCommitted()
+            eventsCommitted(applied.credentials)
         }
     }
 
@@ -213,8 +215,7 @@ extension PostgresOutboxStore {
         var ids: [String?] = [], states: [String?] = [], counted: [Int64?] = [], next: [Int64?] = [], status: [Int64?] = [], reasons: [String?] = []
         var epochs: [Int64?] = []
         var pace: [String: Int64] = [:]
-        var unreg: [String: (ts: Int64, reason: String)] = [:]
-        var answered: [String: [String]] = [:]
+        var marking: [String: [(reason: String, apnsTimestamp: Int64, id: String)]] = [:]
         for u in updates {
             let s = u.attempt?.status.map { Int64($0) }
             ids.append(u.id)
@@ -228,8 +229,7 @@ extension PostgresOutboxStore {
                 states.append("failed"); next.append(nil); reasons.append(why)
             case .unregistered(let why, let ts):
                 states.append("failed"); next.append(nil); reasons.append(why)
-                if ts >= unreg[u.pushToken]?.ts ?? .min { unreg[u.pushToken] = (ts, why) }
-                answered[u.pushToken, default: []].append(u.id)
+                marking[u.pushToken, default: []].append((why, ts, u.id))
             case .retry(let at, let until):
                 states.append("retry"); next.append(at); reasons.append(u.attempt?.reason)
                 if let until { pace[u.pushToken] = max(pace[u.pushToken] ?? .min, until) }
@@ -240,6 +240,7 @@ extension PostgresOutboxStore {
             }
         }
         let attempts = updates.compactMap(\.attempt)
+        let unreg = marking.compactMapValues { StoreRules.markFrom($0.map { ($0.reason, $0.apnsTimestamp) }) }
         let unregTokens = unreg.keys.sorted()
         return { [self] c in
             // The 410's tokens locked first (before any row lock of this transaction): an ingest
@@ -305,23 +306,32 @@ extension PostgresOutboxStore {
                     INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at, reason) VALUES ($1, $2, $3, $4)
                     ON CONFLICT (token) DO UPDATE SET apns_timestamp = GREATEST(unregistered_tokens.apns_timestamp, excluded.apns_timestamp),
                         recorded_at = excluded.recorded_at, reason = excluded.reason
-                    """, [.text(token), .int(StoreRules.markCutoff(apnsTimestamp: unreg[token]!.ts, newestPendingCreatedAt: waiting, now: now)),
+                    """, [.text(token), .int(StoreRules.markCutoff(apnsTimestamp: unreg[token]!.apnsTimestamp, newestPendingCreatedAt: waiting, now: now)),
                           .int(now), .text(unreg[token]!.reason)])
             }
             // The events of the rows this commit finishes (those whose lease this node held).
             let finished = changed.filter { $0.first?.string == "delivered" || $0.first?.string == "failed" }.compactMap { $0[1].string }
-            try insertResponseEvents(c, responseIDs: finished, now: now)
+            let owners = try insertResponseEvents(c, responseIDs: finished, now: now)
             let delivered = changed.filter { $0.first?.string == "delivered" }.count
             var applied = Applied(finished: finished.count,
-                                  events: [.responseDelivered: delivered, .responseFailed: finished.count - delivered])
-            // token.unregistered is a 410's event: a BadDeviceToken mark fails rows (their own
-            // response.failed events) and says nothing about the token's registration.
-            let unregistered = unreg.filter { $0.value.reason != StoreRules.badDeviceTokenReason }.mapValues(\.ts)
-            if !unregistered.isEmpty {
-                let changedIDs = Set(finished)
-                applied.events[.tokenUnregistered] = try insertTokenEvents(
-                    c, answered: answered.filter { unregistered[$0.key] != nil }.mapValues { $0.filter(changedIDs.contains) }.filter { !$0.value.isEmpty },
-                    unregisteredAt: unregistered, now: now)
+                                  events: [.responseDelivered: delivered, .responseFailed: finished.count - delivered],
+                                  credentials: Set(owners.compactMap { $0 }))
+            // token.unregistered per StoreRules.tokenUnregisteredEvents, over the rows' owners.
+            let finishedIDs = Set(finished)
+            for token in unregTokens {
+                let answers = marking[token] ?? []
+                var owner: [String: (credential: String, app: String)] = [:]
+                for r in try c.query("SELECT id, credential_id, app FROM responses WHERE id = ANY($1::text[])", [.textArray(answers.map(\.id))]) {
+                    if let id = r[0].string { owner[id] = (r[1].string ?? "", r[2].string ?? "") }
+                }
+                let facts = answers.compactMap { a in
+                    owner[a.id].map { StoreRules.MarkingAnswer(reason: a.reason, apnsTimestamp: a.apnsTimestamp, credentialID: $0.credential, app: $0.app,
+                                                               finished: finishedIDs.contains(a.id)) }
+                }
+                guard let events = StoreRules.tokenUnregisteredEvents(facts) else { continue }
+                try insertTokenEvents(c, token: token, owners: events.owners, unregisteredAt: events.unregisteredAt, now: now)
+                applied.events[.tokenUnregistered, default: 0] += events.owners.count
+                applied.credentials.formUnion(events.owners.map(\.credentialID))
             }
             return applied
         }

@@ -14,13 +14,14 @@ extension PostgresOutboxStore {
         set { sharedEventSettings.withLock { $0 = newValue } }
     }
 
-    public func observeEvents(_ body: @escaping @Sendable () -> Void) {
+    public func observeEvents(_ body: @escaping @Sendable (EventsCommitted) -> Void) {
         eventObservers.withLock { $0.append(body) }
     }
 
-    /// After a commit that wrote events (this node's only; other nodes' are found by polling).
-    func eventsCommitted() {
-        for observe in eventObservers.withLock({ $0 }) { observe() }
+    /// After a commit that wrote events of `credentials` (this node's only; other nodes' are
+    /// found by polling).
+    func eventsCommitted(_ credentials: Set<String>) {
+        for observe in eventObservers.withLock({ $0 }) { observe(EventsCommitted(credentials: credentials)) }
     }
 
     static let eventColumns = EventRecord.columnNames.map { "e.\($0)" }.joined(separator: ", ")
@@ -41,10 +42,10 @@ extension PostgresOutboxStore {
         """
 
     /// In the outcome's transaction: one event per response id (now terminal), in order.
-    /// Returns how many were written.
+    /// Returns each written event's credential.
     @discardableResult
-    func insertResponseEvents(_ c: PostgresConnection, responseIDs: [String], now: Int64) throws -> Int {
-        guard !responseIDs.isEmpty else { return 0 }
+    func insertResponseEvents(_ c: PostgresConnection, responseIDs: [String], now: Int64) throws -> [String?] {
+        guard !responseIDs.isEmpty else { return [] }
         let eventIDs = ids.withLock { g in responseIDs.map { _ in g.mint(nowMillis: now).id } }
         try c.query("SELECT pg_advisory_xact_lock($1)", [.int(Self.eventLockKey)])
         let rows = try c.query("""
@@ -57,36 +58,29 @@ extension PostgresOutboxStore {
                 FROM unnest($5::text[], $6::text[]) WITH ORDINALITY AS x(rid, eid, n) JOIN responses r ON r.id = x.rid
                 WHERE r.state IN ('delivered','failed')
                 ORDER BY x.n
+                RETURNING seq, type, app, credential_id
+            ), fan AS (\(Self.fanOutSQL))
+            SELECT credential_id FROM ev
+            """, [.int(now)] + webhookParams() + [.textArray(responseIDs), .textArray(eventIDs)])
+        return rows.map { $0.first?.string }
+    }
+
+    /// token.unregistered for the token's recorded 410, once per owner
+    /// (StoreRules.tokenUnregisteredEvents).
+    func insertTokenEvents(_ c: PostgresConnection, token: String, owners: [(credentialID: String, app: String)], unregisteredAt: Int64, now: Int64) throws {
+        guard !owners.isEmpty else { return }
+        let eventIDs = ids.withLock { g in owners.map { _ in g.mint(nowMillis: now).id } }
+        try c.query("SELECT pg_advisory_xact_lock($1)", [.int(Self.eventLockKey)])
+        try c.query("""
+            WITH ev AS (
+                INSERT INTO events (id, type, created_at, credential_id, app, push_token, unregistered_at)
+                SELECT x.eid, 'token.unregistered', $1, x.cred, x.app, $8, $9
+                FROM unnest($5::text[], $6::text[], $7::text[]) WITH ORDINALITY AS x(eid, cred, app, n) ORDER BY x.n
                 RETURNING seq, type, app
             ), fan AS (\(Self.fanOutSQL))
             SELECT count(*) FROM ev
-            """, [.int(now)] + webhookParams() + [.textArray(responseIDs), .textArray(eventIDs)])
-        return Int(rows.first?.first?.int ?? 0)
-    }
-
-    /// token.unregistered for each recorded token, once per credential and app whose rows the
-    /// 410s answered (`answered`: token -> response ids).
-    func insertTokenEvents(_ c: PostgresConnection, answered: [String: [String]], unregisteredAt: [String: Int64], now: Int64) throws -> Int {
-        var n = 0
-        for token in answered.keys.sorted() {
-            let owners = try c.query("SELECT DISTINCT credential_id, app FROM responses WHERE id = ANY($1::text[]) ORDER BY 1, 2",
-                                     [.textArray(answered[token] ?? [])])
-            guard !owners.isEmpty else { continue }
-            let eventIDs = ids.withLock { g in owners.map { _ in g.mint(nowMillis: now).id } }
-            try c.query("SELECT pg_advisory_xact_lock($1)", [.int(Self.eventLockKey)])
-            let rows = try c.query("""
-                WITH ev AS (
-                    INSERT INTO events (id, type, created_at, credential_id, app, push_token, unregistered_at)
-                    SELECT x.eid, 'token.unregistered', $1, x.cred, x.app, $8, $9
-                    FROM unnest($5::text[], $6::text[], $7::text[]) WITH ORDINALITY AS x(eid, cred, app, n) ORDER BY x.n
-                    RETURNING seq, type, app
-                ), fan AS (\(Self.fanOutSQL))
-                SELECT count(*) FROM ev
-                """, [.int(now)] + webhookParams() + [.textArray(eventIDs), .textArray(owners.map { $0[0].string }), .textArray(owners.map { $0[1].string }),
-                      .text(token), .int(unregisteredAt[token] ?? now)])
-            n += Int(rows.first?.first?.int ?? 0)
-        }
-        return n
+            """, [.int(now)] + webhookParams() + [.textArray(eventIDs), .textArray(owners.map(\.credentialID)), .textArray(owners.map(\.app)),
+                  .text(token), .int(unregisteredAt)])
     }
 
     // MARK: the feed and relayctl (query connection)
@@ -97,6 +91,33 @@ extension PostgresOutboxStore {
             let events = try c.query("SELECT \(Self.eventColumns) FROM events e WHERE e.credential_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3",
                                      [.text(credentialID), .int(sequence), .int(Int64(max(0, limit)))]).map { try EventRecord(columns: $0).stored }
             return EventPage(events: events, next: events.last?.sequence ?? sequence)
+        }
+    }
+
+    public func eventCredentials(after sequence: Int64, limit: Int) throws -> EventOwners {
+        try read { c in
+            var through = sequence
+            var credentials: Set<String> = []
+            var examined = 0
+            for r in try c.query("SELECT credential_id, max(seq), count(*) FROM (SELECT credential_id, seq FROM events WHERE seq > $1 ORDER BY seq LIMIT $2) x GROUP BY credential_id",
+                                 [.int(sequence), .int(Int64(max(0, limit)))]) {
+                if let cred = r[0].string { credentials.insert(cred) }
+                through = max(through, r[1].int ?? sequence)
+                examined += Int(r[2].int ?? 0)
+            }
+            return EventOwners(through: through, credentials: credentials, examined: examined)
+        }
+    }
+
+    /// Nodes starting together both insert; the first commit wins and both read it.
+    public func feedCursorKey() throws -> [UInt8] {
+        let fresh = RelayCrypto.randomBytes(FeedCursor.keyLength)
+        return try write { c in
+            try c.query("INSERT INTO feed_cursor_key (id, key) VALUES (1, $1) ON CONFLICT (id) DO NOTHING", [.bytes(fresh)])
+            guard let key = try c.query("SELECT key FROM feed_cursor_key WHERE id = 1").first?.first?.bytes, key.count == FeedCursor.keyLength else {
+                throw StoreError.invalid("feed_cursor_key holds no \(FeedCursor.keyLength)-byte key")
+            }
+            return key
         }
     }
 
@@ -138,10 +159,16 @@ extension PostgresOutboxStore {
         }
     }
 
-    /// The sender's backlog gauge (every 10 s): counted over the pending rows' partial index.
+    /// The sender's backlog gauge (every 10 s): counted over the pending rows' partial index,
+    /// at most `webhookBacklogCountCap` entries (StoreRules).
     public func pendingWebhookDeliveries(webhook: String) throws -> Int? {
+        try pendingWebhookDeliveries(webhook: webhook, cap: StoreRules.webhookBacklogCountCap)
+    }
+
+    func pendingWebhookDeliveries(webhook: String, cap: Int) throws -> Int {
         try read { c in
-            Int(try c.query("SELECT count(*) FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending'", [.text(webhook)]).first?.first?.int ?? 0)
+            Int(try c.query("SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' LIMIT $2) x",
+                            [.text(webhook), .int(Int64(max(0, cap)))]).first?.first?.int ?? 0)
         }
     }
 
@@ -177,20 +204,26 @@ extension PostgresOutboxStore {
         }
     }
 
-    public func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> Int {
-        guard !types.isEmpty, limit > 0 else { return 0 }
+    public func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> PurgedEvents {
+        guard !types.isEmpty, limit > 0 else { return PurgedEvents() }
         let olderThan = clock.toDatabase(olderThan)
         return try writeTransaction { c in
             let seqs = try c.query("SELECT seq FROM events WHERE created_at < $1 AND type = ANY($2::text[]) ORDER BY seq LIMIT $3",
                                    [.int(olderThan), .textArray(types.map(\.rawValue)), .int(Int64(limit))]).compactMap { $0[0].int }
-            guard !seqs.isEmpty else { return 0 }
-            try c.query("DELETE FROM webhook_deliveries WHERE seq = ANY($1::bigint[])", [.intArray(seqs)])
-            return try c.run("DELETE FROM events WHERE seq = ANY($1::bigint[])", [.intArray(seqs)]).affected
+            guard !seqs.isEmpty else { return PurgedEvents() }
+            var pending: [String: Int] = [:]
+            for r in try c.query("DELETE FROM webhook_deliveries WHERE seq = ANY($1::bigint[]) RETURNING webhook, state", [.intArray(seqs)])
+            where r[1].string == WebhookDeliveryState.pending.rawValue {
+                if let w = r[0].string { pending[w, default: 0] += 1 }
+            }
+            return PurgedEvents(events: try c.run("DELETE FROM events WHERE seq = ANY($1::bigint[])", [.intArray(seqs)]).affected, pendingDeliveries: pending)
         }
     }
 
     public func trimWebhookBacklogs(max: Int) throws -> [String: Int] {
-        let names = eventSettings.webhooks.map(\.name)
+        // Counted on the query connection first (bounded); the write counts only a backlog that is over.
+        let names = try eventSettings.webhooks.map(\.name).filter { try pendingWebhookDeliveries(webhook: $0, cap: max + 1) > max }
+        guard !names.isEmpty else { return [:] }
         return try writeTransaction { c in
             var dropped: [String: Int] = [:]
             for name in names {

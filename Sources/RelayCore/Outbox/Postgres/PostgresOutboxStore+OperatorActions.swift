@@ -90,6 +90,18 @@ extension PostgresOutboxStore {
         }
     }
 
+    public func pruneStaleMarks(now: Int64, limit: Int) throws -> Int {
+        let b = StoreRules.staleMarkBounds(now: now, settings: ingestSettings)
+        let stale = StoreRules.staleMarkSQL(mark: "m", unregisteredBefore: "$1", badDeviceTokenBefore: "$2", cutoffBefore: "$3")
+        return try write { c in
+            // The condition again in the DELETE: another node may have re-armed a mark (a probe).
+            try c.run("""
+                DELETE FROM unregistered_tokens m WHERE \(stale)
+                    AND token IN (SELECT token FROM unregistered_tokens m WHERE \(stale) LIMIT $4)
+                """, [.int(b.unregisteredRecordedBefore), .int(b.badDeviceTokenRecordedBefore), .int(b.cutoffBefore), .int(Int64(max(0, limit)))]).affected
+        }
+    }
+
     public func forgetToken(_ token: String) throws -> Bool {
         try write { c in try c.run("DELETE FROM unregistered_tokens WHERE token = $1", [.text(token.lowercased())]).affected > 0 }
     }

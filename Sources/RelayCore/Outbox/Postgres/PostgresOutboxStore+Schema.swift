@@ -193,6 +193,15 @@ extension PostgresOutboxStore {
         CREATE INDEX IF NOT EXISTS webhook_deliveries_due ON webhook_deliveries (webhook, next_attempt_at, seq) INCLUDE (lease_until)
             WHERE state = 'pending';
         """,
+        // v9 (SQLite's v12): the key that seals the feed's cursors (FeedCursor), one for every
+        // node, so a cursor read on one node resumes on another and after a restart; written by
+        // the first feed that needs it (feedCursorKey).
+        """
+        CREATE TABLE IF NOT EXISTS feed_cursor_key (
+            id int PRIMARY KEY CHECK (id = 1),
+            key bytea NOT NULL
+        );
+        """,
     ]
 
     static func schemaVersion(_ c: PostgresConnection) throws -> Int {

@@ -163,10 +163,12 @@ extension SQLiteOutboxStore {
 
     /// One outcome's writes: its attempt and its row (inflight only). A 410's cutoff is written
     /// by the scan that calls this; a TooManyRequests paces the token's other rows when they
-    /// are claimed (StoreRules.claimVerdict), not by a walk over them here.
-    static func applyOutcome(_ u: DeliveryUpdate, now: Int64, db: SQLiteDatabase, state: WriterState) throws {
+    /// are claimed (StoreRules.claimVerdict), not by a walk over them here. Returns whether the
+    /// row changed (it was inflight).
+    @discardableResult
+    static func applyOutcome(_ u: DeliveryUpdate, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> Bool {
         // A row is found by its key and id (schema v5); an id that is not a UUID has no row.
-        guard let high = UUIDText.high64(u.id) else { return }
+        guard let high = UUIDText.high64(u.id) else { return false }
         if let a = u.attempt {
             // Typed binds on held statements: this and the delivered UPDATE run once per push.
             let st = try db.held(&state.insertAttempt,
@@ -202,14 +204,16 @@ extension SQLiteOutboxStore {
                 try db.run("DELETE FROM unregistered_tokens WHERE token = ?", [.text(u.pushToken)])
             }
             if changed > 0 { try recordResponseEvent(rowid: high, delivered: true, now: now, db: db, state: state) }
+            return changed > 0
         case .failed(let why), .unregistered(let why, _):
             let changed = try db.run(
                 "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
                 [.integer(Int64(counted)), status, .text(why), .integer(now), .integer(high), .text(u.id)])
             state.pending -= changed
             if changed > 0 { try recordResponseEvent(rowid: high, delivered: false, now: now, db: db, state: state) }
+            return changed > 0
         case .retry(let at, let paceUntil):
-            try db.run(
+            let changed = try db.run(
                 "UPDATE responses SET state = 'retry', attempts = attempts + ?, next_attempt_at = ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
                 [.integer(Int64(counted)), .integer(at), status, reason, .integer(now), .integer(high), .text(u.id)])
             if let until = paceUntil {
@@ -220,14 +224,15 @@ extension SQLiteOutboxStore {
                     ON CONFLICT (token) DO UPDATE SET paced_until = max(paced_until, excluded.paced_until), updated_at = excluded.updated_at
                     """, [.text(u.pushToken), .integer(until), .integer(now)])
             }
+            return changed > 0
         case .requeue:
-            try db.run(
+            return try db.run(
                 "UPDATE responses SET state = 'queued', updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
-                [.integer(now), .integer(high), .text(u.id)])
+                [.integer(now), .integer(high), .text(u.id)]) > 0
         case .release(let at):
-            try db.run(
+            return try db.run(
                 "UPDATE responses SET state = 'queued', next_attempt_at = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
-                [.integer(at), .integer(now), .integer(high), .text(u.id)])
+                [.integer(at), .integer(now), .integer(high), .text(u.id)]) > 0
         }
     }
 }

@@ -34,6 +34,7 @@ extension SQLiteOutboxStore {
         try st.stepOnce()
         guard db.changes > 0 else { return }
         state.eventsInBatch += 1
+        if state.firstEventInBatch == nil { state.firstEventInBatch = seq }
         if delivered { state.eventTypesInBatch.delivered += 1 } else { state.eventTypesInBatch.failed += 1 }
         guard !state.events.webhooks.isEmpty else { return }
         // (RETURNING app instead cost ~20k instructions per event: an ephemeral table each time.)
@@ -41,15 +42,10 @@ extension SQLiteOutboxStore {
         try fanOut(seq: seq, type: type, app: app, now: now, db: db, state: state)
     }
 
-    /// token.unregistered for the token's recorded 410, once per credential and app whose rows
-    /// the 410s answered.
-    static func recordTokenEvents(token: String, answered: [Int64], unregisteredAt: Int64, now: Int64, db: SQLiteDatabase, state: WriterState) throws {
-        var owners: [(credential: String, app: String)] = []
-        for rowid in answered {
-            guard let r = try db.query("SELECT credential_id, app FROM responses WHERE id_high = ?", [.integer(rowid)]).first,
-                  let credential = r[0].string, let app = r[1].string else { continue }
-            if !owners.contains(where: { $0 == (credential, app) }) { owners.append((credential, app)) }
-        }
+    /// token.unregistered for the token's recorded 410, once per owner
+    /// (StoreRules.tokenUnregisteredEvents).
+    static func recordTokenEvents(token: String, owners: [(credentialID: String, app: String)], unregisteredAt: Int64, now: Int64,
+                                  db: SQLiteDatabase, state: WriterState) throws {
         for (credential, app) in owners {
             let (id, seq) = state.eventIDs.mint(nowMillis: now)
             try db.run("""
@@ -58,6 +54,7 @@ extension SQLiteOutboxStore {
                       .text(token), .integer(unregisteredAt)])
             state.eventsInBatch += 1
             state.eventTypesInBatch.unregistered += 1
+            if state.firstEventInBatch == nil { state.firstEventInBatch = seq }
             try fanOut(seq: seq, type: .tokenUnregistered, app: app, now: now, db: db, state: state)
         }
     }
@@ -75,8 +72,8 @@ extension SQLiteOutboxStore {
         }
     }
 
-    /// Called after each commit that wrote events (the feed's long polls); set once.
-    public func observeEvents(_ body: @escaping @Sendable () -> Void) {
+    /// Called after each commit that wrote events with their credentials (the feed's long polls); set once.
+    public func observeEvents(_ body: @escaping @Sendable (EventsCommitted) -> Void) {
         writerState.eventObservers.withLock { $0.append(body) }
     }
 
@@ -95,15 +92,47 @@ extension SQLiteOutboxStore {
             try db.execute("BEGIN")
             defer { try? db.execute("COMMIT") }
             do {
-                guard let end = try db.scalar("SELECT max(seq) FROM (SELECT seq FROM events WHERE seq > ? ORDER BY seq LIMIT ?)",
-                                              [.integer(sequence), .integer(Int64(Self.feedScanRows))]).int else {
-                    return EventPage(events: [], next: sequence)
-                }
+                let stretch = try db.query("SELECT max(seq), count(*) FROM (SELECT seq FROM events WHERE seq > ? ORDER BY seq LIMIT ?)",
+                                           [.integer(sequence), .integer(Int64(Self.feedScanRows))]).first
+                guard let end = stretch?[0].int else { return EventPage(events: [], next: sequence) }
                 let events = try db.query("SELECT \(Self.eventColumns) FROM events e WHERE e.seq > ? AND e.seq <= ? AND e.credential_id = ? ORDER BY e.seq LIMIT ?",
                                           [.integer(sequence), .integer(end), .text(credentialID), .integer(Int64(max(0, limit)))])
                     .map { try EventRecord(columns: $0).stored }
-                return EventPage(events: events, next: limit > 0 && events.count == limit ? events[events.count - 1].sequence : end)
+                // Past other credentials' events only a whole stretch at a time: the cursor then
+                // tells no more than that 10,000 events went by.
+                let full = (stretch?[1].int ?? 0) >= Int64(Self.feedScanRows)
+                let next = limit > 0 && events.count == limit ? events[events.count - 1].sequence : full ? end : events.last?.sequence ?? sequence
+                return EventPage(events: events, next: next)
             }
+        }
+    }
+
+    public func eventCredentials(after sequence: Int64, limit: Int) throws -> EventOwners {
+        try read { db in
+            var through = sequence
+            var credentials: Set<String> = []
+            var examined = 0
+            for r in try db.query("SELECT credential_id, max(seq), count(*) FROM (SELECT credential_id, seq FROM events WHERE seq > ? ORDER BY seq LIMIT ?) GROUP BY credential_id",
+                                  [.integer(sequence), .integer(Int64(max(0, limit)))]) {
+                if let c = r[0].string { credentials.insert(c) }
+                through = max(through, r[1].int ?? sequence)
+                examined += Int(r[2].int ?? 0)
+            }
+            return EventOwners(through: through, credentials: credentials, examined: examined)
+        }
+    }
+
+    public func feedCursorKey() throws -> [UInt8] {
+        if let key = try read({ db in try db.scalar("SELECT key FROM feed_cursor_key WHERE id = 1").bytes }), key.count == FeedCursor.keyLength {
+            return key
+        }
+        let fresh = RelayCrypto.randomBytes(FeedCursor.keyLength)
+        return try write { db in
+            try db.run("INSERT OR IGNORE INTO feed_cursor_key (id, key) VALUES (1, ?)", [.blob(fresh)])
+            guard let key = try db.scalar("SELECT key FROM feed_cursor_key WHERE id = 1").bytes, key.count == FeedCursor.keyLength else {
+                throw StoreError.invalid("feed_cursor_key holds no \(FeedCursor.keyLength)-byte key")
+            }
+            return key
         }
     }
 
@@ -144,10 +173,16 @@ extension SQLiteOutboxStore {
         }
     }
 
-    /// The sender's backlog gauge (every 10 s): counted over the pending rows' partial index.
+    /// The sender's backlog gauge (every 10 s): counted over the pending rows' partial index,
+    /// at most `webhookBacklogCountCap` entries (StoreRules).
     public func pendingWebhookDeliveries(webhook: String) throws -> Int? {
+        try pendingWebhookDeliveries(webhook: webhook, cap: StoreRules.webhookBacklogCountCap)
+    }
+
+    func pendingWebhookDeliveries(webhook: String, cap: Int) throws -> Int {
         try read { db in
-            Int(try db.query("SELECT count(*) FROM webhook_deliveries WHERE webhook = ? AND state = 'pending'", [.text(webhook)]).first?[0].int ?? 0)
+            Int(try db.query("SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' LIMIT ?)",
+                             [.text(webhook), .integer(Int64(max(0, cap)))]).first?[0].int ?? 0)
         }
     }
 
@@ -190,23 +225,30 @@ extension SQLiteOutboxStore {
         }
     }
 
-    public func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> Int {
-        guard !types.isEmpty, limit > 0 else { return 0 }
+    public func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> PurgedEvents {
+        guard !types.isEmpty, limit > 0 else { return PurgedEvents() }
         let typeList = "(" + types.map { "'\($0.rawValue)'" }.joined(separator: ",") + ")"
         return try write { db in
             // seq is time-ordered: the oldest events are the lowest rowids.
             let seqs = try db.query("SELECT seq FROM events WHERE created_at < ? AND type IN \(typeList) ORDER BY seq LIMIT ?",
                                     [.integer(olderThan), .integer(Int64(limit))]).compactMap { $0[0].int }
+            var pending: [String: Int] = [:]
             for seq in seqs {
+                for r in try db.query("SELECT webhook FROM webhook_deliveries WHERE seq = ? AND state = 'pending'", [.integer(seq)]) {
+                    if let w = r[0].string { pending[w, default: 0] += 1 }
+                }
                 try db.run("DELETE FROM webhook_deliveries WHERE seq = ?", [.integer(seq)])
                 try db.run("DELETE FROM events WHERE seq = ?", [.integer(seq)])
             }
-            return seqs.count
+            return PurgedEvents(events: seqs.count, pendingDeliveries: pending)
         }
     }
 
     public func trimWebhookBacklogs(max: Int) throws -> [String: Int] {
-        let names = eventSettings.webhooks.map(\.name)
+        // Counted on the reader first (bounded): the writer, which ingest waits for, counts only
+        // a backlog that is over.
+        let names = try eventSettings.webhooks.map(\.name).filter { try pendingWebhookDeliveries(webhook: $0, cap: max + 1) > max }
+        guard !names.isEmpty else { return [:] }
         return try write { db in
             var dropped: [String: Int] = [:]
             for name in names {

@@ -69,6 +69,24 @@ extension SQLiteOutboxStore {
         }
     }
 
+    public func pruneStaleMarks(now: Int64, limit: Int) throws -> Int {
+        let b = StoreRules.staleMarkBounds(now: now, settings: ingestSettings)
+        let state = writerState
+        return try write { db in
+            let tokens = try db.query("SELECT token FROM unregistered_tokens m WHERE \(StoreRules.staleMarkSQL(mark: "m", unregisteredBefore: "?1", badDeviceTokenBefore: "?2", cutoffBefore: "?3")) LIMIT ?4",
+                                      [.integer(b.unregisteredRecordedBefore), .integer(b.badDeviceTokenRecordedBefore), .integer(b.cutoffBefore),
+                                       .integer(Int64(max(0, limit)))]).compactMap { $0[0].string }
+            for token in tokens {
+                try db.run("DELETE FROM unregistered_tokens WHERE token = ?", [.text(token)])
+                // Still watched while it is paced (watchedTokens mirrors both tables).
+                if try db.query("SELECT 1 FROM token_pacing WHERE token = ?", [.text(token)]).isEmpty {
+                    state.watchedTokens.remove(token)
+                }
+            }
+            return tokens.count
+        }
+    }
+
     public func purgeBatch(state s: ResponseState, olderThan: Int64, limit: Int) throws -> Int {
         try StoreRules.checkPurgeable(s)
         let state = writerState

@@ -290,6 +290,14 @@ extension SQLiteOutboxStore {
         DROP INDEX IF EXISTS webhook_deliveries_pending;
         CREATE INDEX webhook_deliveries_due ON webhook_deliveries (webhook, next_attempt_at, seq, lease_until) WHERE state = 'pending';
         """,
+        // v12: the key that seals the feed's cursors (FeedCursor), one for the database so a
+        // cursor survives a restart; written by the first feed that needs it (feedCursorKey).
+        """
+        CREATE TABLE IF NOT EXISTS feed_cursor_key (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            key BLOB NOT NULL
+        );
+        """,
     ]
 
     /// Schema v5's key of a stored id (its first 64 bits), for the migration's copy.

@@ -173,9 +173,16 @@ extension SQLiteOutboxStore {
             return
         }
         let now = state.clock.nowMillis()
-        for u in scan.updates { try applyOutcome(u, now: now, db: db, state: state) }
-        let marks = scan.updates.compactMap { u -> (reason: String, ts: Int64)? in if case .unregistered(let r, let ts) = u.outcome { (r, ts) } else { nil } }
-        let apns = marks.map(\.ts).max() ?? now
+        var answers: [StoreRules.MarkingAnswer] = []
+        for u in scan.updates {
+            let finished = try applyOutcome(u, now: now, db: db, state: state)
+            guard case .unregistered(let reason, let ts) = u.outcome, let high = UUIDText.high64(u.id),
+                  let owner = try db.query("SELECT credential_id, app FROM responses WHERE id_high = ?", [.integer(high)]).first else { continue }
+            answers.append(StoreRules.MarkingAnswer(reason: reason, apnsTimestamp: ts, credentialID: owner[0].string ?? "", app: owner[1].string ?? "",
+                                                    finished: finished))
+        }
+        let mark = StoreRules.markFrom(answers.map { ($0.reason, $0.apnsTimestamp) })
+        let apns = mark?.apnsTimestamp ?? now
         state.watchedTokens.insert(token)
         try db.run(
             """
@@ -183,11 +190,9 @@ extension SQLiteOutboxStore {
             ON CONFLICT (token) DO UPDATE SET apns_timestamp = max(apns_timestamp, excluded.apns_timestamp), recorded_at = excluded.recorded_at,
                 reason = excluded.reason
             """, [.text(token), .integer(StoreRules.markCutoff(apnsTimestamp: apns, newestPendingCreatedAt: newestPending, now: now)), .integer(now),
-                  .text(marks.last?.reason ?? StoreRules.unregisteredReason)])
-        // token.unregistered is a 410's event; a BadDeviceToken mark fails the rows (their own
-        // response.failed events) and tells nothing about the token's registration.
-        if marks.last?.reason != StoreRules.badDeviceTokenReason {
-            try recordTokenEvents(token: token, answered: scan.updates.compactMap { UUIDText.high64($0.id) }, unregisteredAt: apns, now: now, db: db, state: state)
+                  .text(mark?.reason ?? StoreRules.unregisteredReason)])
+        if let events = StoreRules.tokenUnregisteredEvents(answers) {
+            try recordTokenEvents(token: token, owners: events.owners, unregisteredAt: events.unregisteredAt, now: now, db: db, state: state)
         }
         state.tokenScans[token] = nil
         state.tokenScanOrder.removeAll { $0 == token }

@@ -11,7 +11,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     // @unchecked Sendable: `writer` serialises every write on its own thread; `reader` is only
     // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread),
     // except its `sharedSettings`, a Mutex.
-    public static let schemaVersion = 11
+    public static let schemaVersion = 12
 
     let writer: GroupCommitWriter?
     let reader: SQLiteDatabase
@@ -44,8 +44,10 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         /// them by type (delivered, failed, token.unregistered).
         var eventsInBatch = 0
         var eventTypesInBatch = (delivered: 0, failed: 0, unregistered: 0)
+        /// The batch's first event (its sequence): the observers are told where its events are.
+        var firstEventInBatch: Int64?
         let tally = EventTally()
-        let eventObservers = Mutex<[@Sendable () -> Void]>([])
+        let eventObservers = Mutex<[@Sendable (EventsCommitted) -> Void]>([])
         /// queued + inflight + retry rows: read from outbox_stats at each batch start, adjusted
         /// by the batch's jobs, written back before COMMIT (so relayctl's changes from another
         /// process are seen, and start-up needs no count over the whole table).
@@ -192,6 +194,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             state.queuedInBatch = 0
             state.eventsInBatch = 0
             state.eventTypesInBatch = (0, 0, 0)
+            state.firstEventInBatch = nil
             state.handedOff.removeAll()
         }
         w.afterBatch = { Self.completeDeferred(state) }
@@ -209,7 +212,9 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
                 state.tally.add(.responseDelivered, t.delivered)
                 state.tally.add(.responseFailed, t.failed)
                 state.tally.add(.tokenUnregistered, t.unregistered)
-                for observe in state.eventObservers.withLock({ $0 }) { observe() }
+                let committed = EventsCommitted(credentials: nil, after: (state.firstEventInBatch ?? 1) - 1, count: t.delivered + t.failed + t.unregistered)
+                state.firstEventInBatch = nil
+                for observe in state.eventObservers.withLock({ $0 }) { observe(committed) }
             }
         }
         w.afterBegin = { db in
@@ -236,6 +241,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             state.mintedInBatch = 0
             state.eventsInBatch = 0
             state.eventTypesInBatch = (0, 0, 0)
+            state.firstEventInBatch = nil
         }
         writer = w
         reader = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis)
