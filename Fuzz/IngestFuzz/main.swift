@@ -175,19 +175,3 @@ private func check(_ r: APIResponse, headers: [String: String], contentType: Str
         }
     }
 }
-
-/// The Authorization rule written the plain way, with Strings (as IngestServiceTests' oracle):
-/// `Bearer` in any case, spaces, `rk_` + base64url characters (3 to 128 bytes), trailing
-/// spaces/tabs trimmed.
-func referenceBearerSecret(_ authorization: String?) -> String? {
-    guard let a = authorization else { return nil }
-    var rest = Substring(a).drop { $0 == " " }
-    guard rest.utf8.count > 6, String(rest.prefix(6)).lowercased() == "bearer" else { return nil }
-    rest = rest.dropFirst(6)
-    guard rest.first == " " else { return nil }
-    rest = rest.drop { $0 == " " || $0 == "\t" }
-    while let last = rest.last, last == " " || last == "\t" { rest = rest.dropLast() }
-    let allowed = Set("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz-_".utf8)
-    guard rest.hasPrefix("rk_"), (3...128).contains(rest.utf8.count), rest.utf8.allSatisfy(allowed.contains) else { return nil }
-    return String(rest)
-}

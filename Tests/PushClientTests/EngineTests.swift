@@ -29,7 +29,7 @@ import Testing
         let client = try rig.client(connections: 1)
         defer { client.shutdown() }
         let results = sendAll(client, (0..<300).map { push(index: UInt32($0)) })
-        #expect(results.allSatisfy { $0.map(isDelivered) == true })
+        #expect(results.allSatisfy { $0.map(isDelivered) == true }, "\(results.filter { $0.map(isDelivered) != true }.prefix(5))")
         #expect(client.engineStats.maxStreamsInFlight > 1)
         #expect(rig.mock.stats.connectionsSeen == 1)
     }

@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import HTTPServer
 import Testing
+import TestSupport
 @testable import RelayCore
 
 @Suite struct IngestServiceTests {
@@ -510,24 +511,10 @@ import Testing
         "Bearer rk_" + String(repeating: "a", count: 126), "Bearer rk_é", "Bearer rk_-_09AZaz", "Bearerrk_abc",
     ]
 
-    /// The header rule written the plain way, with Strings: the oracle for the byte parser.
-    static func referenceSecret(_ authorization: String?) -> String? {
-        guard let a = authorization else { return nil }
-        var rest = Substring(a).drop { $0 == " " }
-        guard rest.utf8.count > 6, String(rest.prefix(6)).lowercased() == "bearer" else { return nil }
-        rest = rest.dropFirst(6)
-        guard rest.first == " " else { return nil }
-        rest = rest.drop { $0 == " " || $0 == "\t" }
-        while let last = rest.last, last == " " || last == "\t" { rest = rest.dropLast() }
-        let allowed = Set("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz-_".utf8)
-        guard rest.hasPrefix("rk_"), (3...128).contains(rest.utf8.count), rest.utf8.allSatisfy(allowed.contains) else { return nil }
-        return String(rest)
-    }
-
     @Test func bearerHashIsTheHashOfTheParsedSecret() {
         var accepted = 0
         for a in Self.authorizations {
-            let expected = Self.referenceSecret(a).map { Credentials.hash(secret: $0) }
+            let expected = referenceBearerSecret(a).map { Credentials.hash(secret: $0) }   // TestSupport
             #expect(IngestService.bearerHash(a) == expected, "\(a ?? "nil")")
             if expected != nil { accepted += 1 }
         }

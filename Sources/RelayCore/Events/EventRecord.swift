@@ -264,7 +264,7 @@ public protocol EventStore: WebhookOutbox {
 public struct EventsCommitted: Sendable, Equatable {
     /// Their credentials, when the commit has them at hand (PostgreSQL's INSERT ... RETURNING);
     /// nil: `eventCredentials(after: after, limit: count)` gives them (SQLite, whose writer
-    /// does not read them back: that cost ~7.6k instructions per response).
+    /// does not read them back: that would cost every response, polled or not).
     public var credentials: Set<String>?
     /// The sequence just before the commit's first event, and how many it wrote (SQLite).
     public var after: Int64

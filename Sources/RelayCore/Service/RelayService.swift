@@ -55,13 +55,31 @@ public final class RelayService: @unchecked Sendable {
     /// credentials, starts the dispatcher and both listeners, then tells systemd READY=1.
     public func start() throws {
         let c = config
+        // The store's one way to the dispatcher: rows it hands off and "queued rows committed".
+        let channel = DispatchChannel()
+        let store = try openStore(c, channel: channel)
+        let credentialsLoaded = try startDelivery(c, store: store, channel: channel)
+        try startIngest(c, store: store)
+        try startAdmin(c, store: store, credentialsLoaded: credentialsLoaded)
+        if c.watchdog, let watchdog = WatchdogPinger(healthy: { [weak dispatcher = self.dispatcher, weak store] in
+            (dispatcher?.isRunning ?? false) && store != nil
+        }) {
+            try running.start(watchdog)
+        }
+        let elapsedMs = Double(monotonicMicros() - startedAt) / 1000
+        logger.info("relay-server ready", ["ingest": "\(c.listen.host):\(ingestPort)", "admin": c.adminEnabled ? "\(c.admin.host):\(adminPort)" : "disabled",
+                                           "db": OutboxStores.describe(c.store), "apps": c.apps.count, "startup_ms": elapsedMs])
+        SystemdNotifier.notify("READY=1\nSTATUS=accepting responses on \(c.listen.host):\(ingestPort)")
+    }
+
+    /// The store, migrated, with the settings ingest and events read; a second relay-server on
+    /// the same SQLite file stops here.
+    private func openStore(_ c: RelayConfig, channel: DispatchChannel) throws -> any OutboxStore {
         // SQLite or PostgreSQL, as configured (docs/postgres.md).
         // A schema migration can take a while (the v3 rebuild: ~16 s per million rows): keep
         // systemd's start timeout moving (EXTEND_TIMEOUT_USEC, systemd >= 236) and say so in
         // the log every 10 s, instead of being killed and rolled back mid-way.
         let slowStartLog = Mutex<Int64>(0)
-        // The store's one way to the dispatcher: rows it hands off and "queued rows committed".
-        let channel = DispatchChannel()
         let store = try naming("store") { try OutboxStores.open(c.store, exclusiveNode: true, logger: logger, channel: channel, onSlowStart: { [logger] stage in
             SystemdNotifier.notify("EXTEND_TIMEOUT_USEC=15000000\nSTATUS=\(stage)")
             let now = monotonicMicros()
@@ -88,6 +106,12 @@ public final class RelayService: @unchecked Sendable {
         // The SQLite store's ingest lock and dedupe tail: a second relay-server on the same
         // file stops here, naming the lock.
         if let s = store as? SQLiteOutboxStore { try naming("store") { try s.prepareIngest() } }
+        return store
+    }
+
+    /// One transport per app, the dispatcher, retention and the webhook sender. Returns whether
+    /// every app's APNs credentials loaded.
+    private func startDelivery(_ c: RelayConfig, store: any OutboxStore, channel: DispatchChannel) throws -> Bool {
         var transports: [String: any PushTransport] = [:]
         for (i, app) in c.apps.enumerated() {
             let transport = SwappableTransport(try naming("apps[\(i)] (\(app.bundleID))") { try makeTransport(app, c) })
@@ -117,6 +141,11 @@ public final class RelayService: @unchecked Sendable {
             store.observeEvents { [weak sender] _ in sender?.wake() }
             try naming("events.webhooks") { try running.start(sender, grace: .seconds(2)) }
         }
+        return transports.count == c.apps.count
+    }
+
+    /// The ingest listener and its service.
+    private func startIngest(_ c: RelayConfig, store: any OutboxStore) throws {
         let workers = WorkerPool(name: "relay-reader", threads: 2)
         running.adopt(StopAction { _ in workers.close() })
 
@@ -163,38 +192,30 @@ public final class RelayService: @unchecked Sendable {
         // Authentication and the credential's bucket before `100 Continue` invites the body.
         serverConfig.continueCheck = HTTPGlue.continueCheck { ingest.continueCheck($0, $1) }
         let ingestServer = try naming("listen") { try HTTPServer(configuration: serverConfig, handler: HTTPGlue.handler { ingest.handle($0, on: $1, respond: $2) }) }
-        try naming("listen") { try running.start(ingestServer, grace: grace) }
+        try naming("listen") { try running.start(ingestServer, grace: .milliseconds(c.dispatch.shutdownGraceMillis)) }
         self.ingestServer = ingestServer
+    }
 
-        let credentialsLoaded = transports.count == c.apps.count
-        if c.adminEnabled {
-            // The admin listener's own thread for /readyz and /metrics (never the ingest readers).
-            let adminWorkers = WorkerPool(name: "relay-admin", threads: 1)
-            running.adopt(StopAction { _ in adminWorkers.close() })
-            let admin = AdminService(
-                store: store, metrics: metrics, workers: adminWorkers,
-                readiness: { [weak dispatcher] in
-                    ["dispatcher_running": dispatcher?.isRunning ?? false, "apns_credentials_loaded": credentialsLoaded]
-                },
-                paused: { [weak dispatcher] in dispatcher?.paused ?? [:] },
-                extraMetrics: { [weak self] r in self?.collectMetrics(into: &r) })
-            var adminConfig = HTTPServerConfiguration(host: c.admin.host, port: c.admin.port)
-            adminConfig.limits.maxBodyBytes = 1024
-            adminConfig.limits.maxConnections = OpenFileLimit.adminConnections
-            adminConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: 1024)
-            let adminServer = try naming("admin") { try HTTPServer(configuration: adminConfig, handler: HTTPGlue.handler { request, _, respond in admin.handle(request, respond: respond) }) }
-            try naming("admin") { try running.start(adminServer, grace: .seconds(1)) }
-            self.adminServer = adminServer
-        }
-        if c.watchdog, let watchdog = WatchdogPinger(healthy: { [weak dispatcher, weak store] in
-            (dispatcher?.isRunning ?? false) && store != nil
-        }) {
-            try running.start(watchdog)
-        }
-        let elapsedMs = Double(monotonicMicros() - startedAt) / 1000
-        logger.info("relay-server ready", ["ingest": "\(c.listen.host):\(ingestPort)", "admin": c.adminEnabled ? "\(c.admin.host):\(adminPort)" : "disabled",
-                                           "db": OutboxStores.describe(c.store), "apps": c.apps.count, "startup_ms": elapsedMs])
-        SystemdNotifier.notify("READY=1\nSTATUS=accepting responses on \(c.listen.host):\(ingestPort)")
+    /// The admin listener (/readyz, /metrics) on its own thread.
+    private func startAdmin(_ c: RelayConfig, store: any OutboxStore, credentialsLoaded: Bool) throws {
+        guard c.adminEnabled else { return }
+        // The admin listener's own thread for /readyz and /metrics (never the ingest readers).
+        let adminWorkers = WorkerPool(name: "relay-admin", threads: 1)
+        running.adopt(StopAction { _ in adminWorkers.close() })
+        let admin = AdminService(
+            store: store, metrics: metrics, workers: adminWorkers,
+            readiness: { [weak dispatcher = self.dispatcher] in
+                ["dispatcher_running": dispatcher?.isRunning ?? false, "apns_credentials_loaded": credentialsLoaded]
+            },
+            paused: { [weak dispatcher = self.dispatcher] in dispatcher?.paused ?? [:] },
+            extraMetrics: { [weak self] r in self?.collectMetrics(into: &r) })
+        var adminConfig = HTTPServerConfiguration(host: c.admin.host, port: c.admin.port)
+        adminConfig.limits.maxBodyBytes = 1024
+        adminConfig.limits.maxConnections = OpenFileLimit.adminConnections
+        adminConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: 1024)
+        let adminServer = try naming("admin") { try HTTPServer(configuration: adminConfig, handler: HTTPGlue.handler { request, _, respond in admin.handle(request, respond: respond) }) }
+        try naming("admin") { try running.start(adminServer, grace: .seconds(1)) }
+        self.adminServer = adminServer
     }
 
     /// A start-up failure, prefixed with the config key it comes from: "admin: libuv bind

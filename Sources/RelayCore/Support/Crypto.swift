@@ -16,8 +16,8 @@ public enum RelayCrypto {
     public static func randomBytes(_ count: Int) -> [UInt8] { SecureRandom.bytes(count) }
 
     /// Random bytes for identifiers (response ids, request ids) from a 4 KiB buffer refilled
-    /// by RAND_bytes: one RAND_bytes call per request cost ~6.5k instructions (DRBG locking and
-    /// reseed checks), the buffered draw ~100. Same CSPRNG output, each byte handed out once.
+    /// by RAND_bytes: one RAND_bytes call per request pays the DRBG's locking and reseed checks
+    /// each time. Same CSPRNG output, each byte handed out once.
     /// Secrets (credentials) keep using `randomBytes`, so they never sit in a shared buffer.
     static func idBytes(_ count: Int) -> [UInt8] {
         precondition(count <= IDPool.size)
@@ -32,7 +32,7 @@ public enum RelayCrypto {
     }
 
     /// 16 lowercase hex digits from 8 pool bytes, formatted without an intermediate array.
-    // Kept beside Basics.Hex.encode: formats under the pool lock with no array, once per request (docs/benchmarks.md, instructions per response).
+    // Kept beside Basics.Hex.encode: formats under the pool lock with no array, once per request.
     static func requestID() -> String {
         let digits: StaticString = "0123456789abcdef"
         return idPool.withLock { pool in

@@ -37,7 +37,7 @@ extension SQLiteOutboxStore {
         if state.firstEventInBatch == nil { state.firstEventInBatch = seq }
         if delivered { state.eventTypesInBatch.delivered += 1 } else { state.eventTypesInBatch.failed += 1 }
         guard !state.events.webhooks.isEmpty else { return }
-        // (RETURNING app instead cost ~20k instructions per event: an ephemeral table each time.)
+        // (Not RETURNING app: SQLite builds an ephemeral table for it each time.)
         let app = try db.scalar("SELECT app FROM events WHERE seq = ?", [.integer(seq)]).string ?? ""
         try fanOut(seq: seq, type: type, app: app, now: now, db: db, state: state)
     }
@@ -80,7 +80,7 @@ extension SQLiteOutboxStore {
     // MARK: the feed and relayctl (reader)
 
     /// Rows of events examined per feed read. No index by credential: it cost a page write per
-    /// outcome commit (~9% of an unbatched response's instructions, docs/events.md); a read
+    /// outcome commit (docs/events.md); a read
     /// walks the rowid range after the cursor instead, at most this far.
     static let feedScanRows = 10_000
 

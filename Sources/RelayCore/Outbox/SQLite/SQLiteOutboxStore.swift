@@ -77,7 +77,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         /// Response ids, minted on the writer thread in commit order.
         var ids = TimeOrderedIDs()
         /// The two ingest INSERTs, held here so the hot path skips the connection's statement
-        /// cache (a dictionary keyed by the SQL text: hashing it cost ~2k instructions a row).
+        /// cache (a dictionary keyed by the SQL text, hashed at every lookup).
         var insertQueued: SQLiteStatement?
         var insertInflight: SQLiteStatement?
         /// The two statements every delivered push runs (apply), held for the same reason.
