@@ -105,7 +105,8 @@ extension RelayConfig {
                 c.store.retention.failedSeconds = try t.nonNegative("failedSeconds", max: 3_153_600_000) ?? c.store.retention.failedSeconds
             }
             if c.store.kind == "sqlite" {
-                c.store.minFreeBytes = try s.nonNegative("minFreeBytes", max: Int64.max / 2) ?? c.store.minFreeBytes
+                // At most 1 PiB: config numbers are read as doubles, exact up to 2^53.
+                c.store.minFreeBytes = try s.nonNegative("minFreeBytes", max: 1 << 50) ?? c.store.minFreeBytes
             } else {
                 c.store.minFreeBytes = 0
             }
