@@ -181,6 +181,26 @@ enum StoreRules {
         return .send
     }
 
+    // MARK: claim order
+
+    /// THE order due rows are claimed in, whatever their state (queued or retry): by due time
+    /// (next_attempt_at), a tie by id (UUIDv7: the order rows were accepted in). A retry that
+    /// fell due long ago goes before the rows accepted since, so a flood of new responses
+    /// cannot starve it (and a retry due later than they waits its turn). PostgreSQL takes
+    /// expired leases (rows a stopped node held: waiting longest) before any due row, in
+    /// lease-expiry order; SQLite has no leases. StoreContractTests check both backends.
+    static func claimsBefore<Tie: Comparable>(dueAt a: Int64, tie ta: Tie, dueAt b: Int64, tie tb: Tie) -> Bool {
+        (a, ta) < (b, tb)
+    }
+    static func claimsBefore(_ a: OutboxRow, _ b: OutboxRow) -> Bool {
+        claimsBefore(dueAt: a.nextAttemptAt, tie: a.id, dueAt: b.nextAttemptAt, tie: b.id)
+    }
+    /// `claimsBefore` as an ORDER BY list (both dialects); `tie` is how the backend spells the
+    /// id: PostgreSQL `id`; SQLite `id_high` (the rowid: the id's first 64 bits, in the id's
+    /// order for the store's UUIDv7 ids, and the claim index's own order within one due time,
+    /// so no sort).
+    static func claimOrderSQL(tie: String) -> String { "next_attempt_at, \(tie)" }
+
     /// `claimVerdict` for PostgreSQL's set-based claim (no scan there: an index gives the
     /// cutoff at once): a CASE over `r` (the row), `u` (its unregistered_tokens row, if any) and
     /// `p` (its token_pacing row, if any), `$1` = now, giving 'send', 'expired', 'unregistered'

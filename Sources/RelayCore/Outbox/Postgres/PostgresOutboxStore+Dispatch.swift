@@ -60,7 +60,7 @@ extension PostgresOutboxStore {
     /// table's key per row (LATERAL ... OFFSET 0) whatever a cached plan expects.
     private static let dueSQL = """
         WITH c AS (SELECT id, push_token, created_at, expires_at FROM responses
-                   WHERE state IN ('queued','retry') AND next_attempt_at <= $1 ORDER BY next_attempt_at LIMIT $2
+                   WHERE state IN ('queued','retry') AND next_attempt_at <= $1 ORDER BY \(StoreRules.claimOrderSQL(tie: "id")) LIMIT $2
                    FOR UPDATE SKIP LOCKED),
         v AS (SELECT r.id, \(StoreRules.claimVerdictSQL) AS verdict, p.paced_until, u.reason AS mark_reason
               FROM c r
@@ -107,9 +107,10 @@ extension PostgresOutboxStore {
                     [.int(now), .int(Int64(n)), .text(options.nodeID), .int(now + options.leaseMillis)]
                 }
                 // Expired leases first: their rows have waited longest (a node died holding them).
-                var rows = try c.query(Self.reclaimSQL, params(limit)).map(Self.claimedRow)
+                // RETURNING's order is the UPDATE's, not the candidates': each part sorted again.
+                var rows = try c.query(Self.reclaimSQL, params(limit)).map(Self.claimedRow).sorted(by: StoreRules.claimsBefore)
                 if rows.count < limit {
-                    rows += try c.query(Self.dueSQL, params(limit - rows.count)).map(Self.claimedRow)
+                    rows += try c.query(Self.dueSQL, params(limit - rows.count)).map(Self.claimedRow).sorted(by: StoreRules.claimsBefore)
                 }
                 try insertResponseEvents(c, responseIDs: rows.filter { $0.state == .failed }.map(\.id), now: now)
                 return rows
@@ -121,8 +122,8 @@ extension PostgresOutboxStore {
             eventsCreated.add(.responseFailed, failed)   // each failed row got its event in the commit
             eventsCommitted()
         }
-        return rows.filter { $0.state == .inflight }.sorted { ($0.nextAttemptAt, $0.createdAt) < ($1.nextAttemptAt, $1.createdAt) }
-            .map(toLocal)
+        // In claim order: expired leases first, then due rows (StoreRules.claimsBefore).
+        return rows.filter { $0.state == .inflight }.map(toLocal)
     }
 
     /// Earliest next_attempt_at among queued/retry rows, or an earlier lease expiry (so a

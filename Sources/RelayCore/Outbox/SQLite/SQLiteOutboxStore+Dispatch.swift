@@ -22,22 +22,36 @@ extension SQLiteOutboxStore {
         let state = writerState
         return try write { db in
             Self.scheduleTokenScan(state)   // after a failed step: retried at the dispatcher's pace
-            // One query per state so each walks (state, next_attempt_at) in order without a sort.
+            // One query per state so each walks the partial index responses_claim (state,
+            // next_attempt_at, rowid) in order without a sort (a state literal lets the planner
+            // use it; `state IN (...)` would sort every due row), merged here in the claim
+            // order (StoreRules.claimsBefore): at most `limit` rows are read and decoded, plus
+            // one look-ahead per state.
             var rows: [OutboxRow] = []
             var rowids: [Int64] = []
             rows.reserveCapacity(limit)
             rowids.reserveCapacity(limit)
-            // The state is a literal so the partial index responses_claim applies.
-            for s in [ResponseState.queued, .retry] where rows.count < limit {
-                let select = try db.held(&state.claimSelect[s],
-                    "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = '\(s.rawValue)' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?")
-                defer { select.reset() }
-                try select.bind(1, now)
-                try select.bind(2, Int64(limit - rows.count))
-                while try select.next() {
-                    rows.append(try OutboxRow(columns: select))
-                    rowids.append(select.int64(16))
-                }
+            let order = StoreRules.claimOrderSQL(tie: "id_high")
+            let queued = try db.held(&state.claimSelect[.queued],
+                "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = 'queued' AND next_attempt_at <= ? ORDER BY \(order) LIMIT ?")
+            defer { queued.reset() }
+            let retry = try db.held(&state.claimSelect[.retry],
+                "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = 'retry' AND next_attempt_at <= ? ORDER BY \(order) LIMIT ?")
+            defer { retry.reset() }
+            for st in [queued, retry] {
+                try st.bind(1, now)
+                try st.bind(2, Int64(limit))
+            }
+            var hasQueued = try queued.next()
+            var hasRetry = try retry.next()
+            while rows.count < limit, hasQueued || hasRetry {
+                // Columns 10 (next_attempt_at) and 16 (rowid) decide; only the chosen row is decoded.
+                let takeQueued = !hasRetry || (hasQueued && StoreRules.claimsBefore(dueAt: queued.int64(10), tie: queued.int64(16),
+                                                                                   dueAt: retry.int64(10), tie: retry.int64(16)))
+                let st = takeQueued ? queued : retry
+                rows.append(try OutboxRow(columns: st))
+                rowids.append(st.int64(16))
+                if takeQueued { hasQueued = try queued.next() } else { hasRetry = try retry.next() }
             }
             // By rowid (id_high, read with the row in the same transaction): no id text to parse or compare.
             let markInflight = try db.held(&state.markInflight, "UPDATE responses SET state = 'inflight', updated_at = ? WHERE rowid = ?")
