@@ -212,6 +212,45 @@ enum StoreRules {
              ELSE 'send' END
         """
 
+    // MARK: outcome columns
+
+    /// What one outcome writes to its row (an inflight row this node still holds), both
+    /// backends: the rule once, each backend only spells the UPDATE. Also updated_at = now, and
+    /// PostgreSQL clears the lease.
+    struct OutcomeColumns: Equatable {
+        /// last_status and last_reason, set together (either may be NULL).
+        struct Last: Equatable {
+            var status: Int64?
+            var reason: String?
+        }
+        var state: ResponseState
+        /// Added to attempts: 1 for an attempt recorded with the outcome, 0 without one.
+        var attemptsAdded: Int64
+        /// The new next_attempt_at; nil keeps it.
+        var nextAttemptAt: Int64?
+        /// The new last status and reason; nil keeps both (a row put back unsent: its last
+        /// answer still stands).
+        var last: Last?
+    }
+
+    static func outcomeColumns(_ outcome: DeliveryOutcome, attempt: AttemptRecord?) -> OutcomeColumns {
+        let counted: Int64 = attempt == nil ? 0 : 1
+        let status = attempt?.status.map { Int64($0) }
+        switch outcome {
+        case .delivered:
+            return OutcomeColumns(state: .delivered, attemptsAdded: counted, last: .init(status: status, reason: nil))
+        case .failed(let why), .unregistered(let why, _):
+            return OutcomeColumns(state: .failed, attemptsAdded: counted, last: .init(status: status, reason: why))
+        case .retry(let at, _):
+            return OutcomeColumns(state: .retry, attemptsAdded: counted, nextAttemptAt: at, last: .init(status: status, reason: attempt?.reason))
+        case .requeue:
+            // Not attempted (shutdown): attempts unchanged (DeliveryOutcome.requeue).
+            return OutcomeColumns(state: .queued, attemptsAdded: 0)
+        case .release(let at):
+            return OutcomeColumns(state: .queued, attemptsAdded: 0, nextAttemptAt: at)
+        }
+    }
+
     /// An operator requeue (relayctl retry) moves only these: inflight belongs to the
     /// dispatcher, a delivered row requeued would be pushed twice, a queued row is already due.
     static let requeueableStates: [ResponseState] = [.failed, .retry]

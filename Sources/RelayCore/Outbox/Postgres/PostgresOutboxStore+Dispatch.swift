@@ -212,32 +212,29 @@ extension PostgresOutboxStore {
         let now = clock.nowMillis()
         let me = options.nodeID
         var ids: [String?] = [], states: [String?] = [], counted: [Int64?] = [], next: [Int64?] = [], status: [Int64?] = [], reasons: [String?] = []
-        var epochs: [Int64?] = []
+        var epochs: [Int64?] = [], keepLast: [Int64?] = []
         var pace: [String: Int64] = [:]
         var unreg: [String: (ts: Int64, reason: String)] = [:]
         var answered: [String: [String]] = [:]
         for u in updates {
-            let s = u.attempt?.status.map { Int64($0) }
+            // The columns from the rule both backends apply (StoreRules.outcomeColumns).
+            let cols = StoreRules.outcomeColumns(u.outcome, attempt: u.attempt)
             ids.append(u.id)
             epochs.append(u.leaseEpoch)
-            counted.append(u.attempt == nil ? 0 : 1)
-            status.append(s)
+            states.append(cols.state.rawValue)
+            counted.append(cols.attemptsAdded)
+            next.append(cols.nextAttemptAt)
+            keepLast.append(cols.last == nil ? 1 : 0)
+            status.append(cols.last?.status)
+            reasons.append(cols.last?.reason)
             switch u.outcome {
-            case .delivered:
-                states.append("delivered"); next.append(nil); reasons.append(nil)
-            case .failed(let why):
-                states.append("failed"); next.append(nil); reasons.append(why)
             case .unregistered(let why, let ts):
-                states.append("failed"); next.append(nil); reasons.append(why)
                 if ts >= unreg[u.pushToken]?.ts ?? .min { unreg[u.pushToken] = (ts, why) }
                 answered[u.pushToken, default: []].append(u.id)
-            case .retry(let at, let until):
-                states.append("retry"); next.append(at); reasons.append(u.attempt?.reason)
+            case .retry(_, let until):
                 if let until { pace[u.pushToken] = max(pace[u.pushToken] ?? .min, until) }
-            case .requeue:
-                states.append("queued"); next.append(nil); reasons.append(nil)
-            case .release(let at):
-                states.append("queued"); next.append(at); reasons.append(nil)
+            case .delivered, .failed, .requeue, .release:
+                break
             }
         }
         let attempts = updates.compactMap(\.attempt)
@@ -270,11 +267,11 @@ extension PostgresOutboxStore {
                     state = u.state,
                     attempts = r.attempts + u.counted,
                     next_attempt_at = COALESCE(u.next, r.next_attempt_at),
-                    last_status = CASE WHEN u.state = 'queued' THEN r.last_status ELSE u.status END,
-                    last_reason = CASE WHEN u.state = 'queued' THEN r.last_reason ELSE u.reason END,
+                    last_status = CASE WHEN u.keep = 1 THEN r.last_status ELSE u.status END,
+                    last_reason = CASE WHEN u.keep = 1 THEN r.last_reason ELSE u.reason END,
                     lease_owner = NULL, lease_expires_at = NULL, updated_at = $7
-                FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[], $9::bigint[])
-                    AS u(id, state, counted, next, status, reason, epoch)
+                FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[], $9::bigint[], $10::bigint[])
+                    AS u(id, state, counted, next, status, reason, epoch, keep)
                 WHERE r.id = u.id AND r.state = 'inflight' AND r.lease_owner = $8 AND (u.epoch IS NULL OR r.lease_epoch = u.epoch)
                 RETURNING u.state, r.push_token, r.created_at, r.id),
                 cleared AS (DELETE FROM unregistered_tokens m USING done
@@ -282,7 +279,7 @@ extension PostgresOutboxStore {
                 SELECT state, id FROM done
                 """,
                 [.textArray(ids), .textArray(states), .intArray(counted), .intArray(next), .intArray(status), .textArray(reasons),
-                 .int(now), .text(me), .intArray(epochs)])
+                 .int(now), .text(me), .intArray(epochs), .intArray(keepLast)])
             // Shared pacing and unregistered tokens, in token order so nodes lock rows alike.
             for token in pace.keys.sorted() {
                 let until = pace[token]!

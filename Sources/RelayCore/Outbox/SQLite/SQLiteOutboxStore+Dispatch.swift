@@ -193,20 +193,29 @@ extension SQLiteOutboxStore {
             try st.bind(6, a.latencyMicros)
             try st.stepOnce()
         }
-        let status: SQLValue = u.attempt?.status.map { .integer(Int64($0)) } ?? .null
-        let reason: SQLValue = u.attempt?.reason.map { .text($0) } ?? .null
-        let counted = u.attempt == nil ? 0 : 1
+        // One UPDATE for every outcome (a held statement: this runs once per push), its columns
+        // from the rule both backends apply (StoreRules.outcomeColumns).
+        let cols = StoreRules.outcomeColumns(u.outcome, attempt: u.attempt)
+        let st = try db.held(&state.applyOutcome,
+            """
+            UPDATE responses SET state = ?1, attempts = attempts + ?2, next_attempt_at = coalesce(?3, next_attempt_at),
+                last_status = CASE WHEN ?4 THEN ?5 ELSE last_status END, last_reason = CASE WHEN ?4 THEN ?6 ELSE last_reason END,
+                updated_at = ?7
+            WHERE id_high = ?8 AND id = ?9 AND state = 'inflight'
+            """)
+        try st.bind(1, cols.state.rawValue)
+        try st.bind(2, cols.attemptsAdded)
+        try st.bind(3, cols.nextAttemptAt)
+        try st.bind(4, Int64(cols.last == nil ? 0 : 1))
+        try st.bind(5, cols.last?.status)
+        try st.bind(6, cols.last?.reason)
+        try st.bind(7, now)
+        try st.bind(8, high)
+        try st.bind(9, u.id)
+        try st.stepOnce()
+        let changed = db.changes
         switch u.outcome {
         case .delivered:
-            let st = try db.held(&state.markDelivered,
-                "UPDATE responses SET state = 'delivered', attempts = attempts + ?, last_status = ?, last_reason = NULL, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'")
-            try st.bind(1, Int64(counted))
-            try st.bind(2, u.attempt?.status.map(Int64.init))
-            try st.bind(3, now)
-            try st.bind(4, high)
-            try st.bind(5, u.id)
-            try st.stepOnce()
-            let changed = db.changes
             state.pending -= changed
             // A probe's 200 (a row accepted after its token's cutoff) proves the token valid again.
             if changed > 0, !state.watchedTokens.isEmpty, state.watchedTokens.contains(u.pushToken),
@@ -216,16 +225,10 @@ extension SQLiteOutboxStore {
                 try db.run("DELETE FROM unregistered_tokens WHERE token = ?", [.text(u.pushToken)])
             }
             if changed > 0 { try recordResponseEvent(rowid: high, delivered: true, now: now, db: db, state: state) }
-        case .failed(let why), .unregistered(let why, _):
-            let changed = try db.run(
-                "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
-                [.integer(Int64(counted)), status, .text(why), .integer(now), .integer(high), .text(u.id)])
+        case .failed, .unregistered:
             state.pending -= changed
             if changed > 0 { try recordResponseEvent(rowid: high, delivered: false, now: now, db: db, state: state) }
-        case .retry(let at, let paceUntil):
-            try db.run(
-                "UPDATE responses SET state = 'retry', attempts = attempts + ?, next_attempt_at = ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
-                [.integer(Int64(counted)), .integer(at), status, reason, .integer(now), .integer(high), .text(u.id)])
+        case .retry(_, let paceUntil):
             if let until = paceUntil {
                 state.watchedTokens.insert(u.pushToken)
                 try db.run(
@@ -234,14 +237,8 @@ extension SQLiteOutboxStore {
                     ON CONFLICT (token) DO UPDATE SET paced_until = max(paced_until, excluded.paced_until), updated_at = excluded.updated_at
                     """, [.text(u.pushToken), .integer(until), .integer(now)])
             }
-        case .requeue:
-            try db.run(
-                "UPDATE responses SET state = 'queued', updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
-                [.integer(now), .integer(high), .text(u.id)])
-        case .release(let at):
-            try db.run(
-                "UPDATE responses SET state = 'queued', next_attempt_at = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
-                [.integer(at), .integer(now), .integer(high), .text(u.id)])
+        case .requeue, .release:
+            break
         }
     }
 }
