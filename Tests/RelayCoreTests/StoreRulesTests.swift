@@ -3,6 +3,26 @@ import Testing
 
 /// The rules both stores call (StoreRules); StoreContractTests check each store applies them.
 @Suite struct StoreRulesTests {
+    /// What each outcome writes to its row (both backends' apply SQL takes these columns).
+    @Test func outcomeColumns() {
+        typealias C = StoreRules.OutcomeColumns
+        let a = AttemptRecord(responseID: "r", attemptedAt: 5, status: 503, reason: "ServiceUnavailable")
+        let none = AttemptRecord(responseID: "r", attemptedAt: 5, status: nil, reason: "timeout")
+        #expect(StoreRules.outcomeColumns(.delivered, attempt: AttemptRecord(responseID: "r", attemptedAt: 5, status: 200, reason: nil))
+                == C(state: .delivered, attemptsAdded: 1, nextAttemptAt: nil, last: .init(status: 200, reason: nil)))
+        #expect(StoreRules.outcomeColumns(.failed(reason: "BadTopic"), attempt: a)
+                == C(state: .failed, attemptsAdded: 1, nextAttemptAt: nil, last: .init(status: 503, reason: "BadTopic")))
+        #expect(StoreRules.outcomeColumns(.failed(reason: "expired"), attempt: nil)
+                == C(state: .failed, attemptsAdded: 0, nextAttemptAt: nil, last: .init(status: nil, reason: "expired")))
+        #expect(StoreRules.outcomeColumns(.unregistered(reason: "Unregistered", apnsTimestamp: 3), attempt: a)
+                == C(state: .failed, attemptsAdded: 1, nextAttemptAt: nil, last: .init(status: 503, reason: "Unregistered")))
+        #expect(StoreRules.outcomeColumns(.retry(at: 99, paceTokenUntil: 120), attempt: none)
+                == C(state: .retry, attemptsAdded: 1, nextAttemptAt: 99, last: .init(status: nil, reason: "timeout")))
+        // Put back unsent: attempts and the last answer stand.
+        #expect(StoreRules.outcomeColumns(.requeue, attempt: nil) == C(state: .queued, attemptsAdded: 0, nextAttemptAt: nil, last: nil))
+        #expect(StoreRules.outcomeColumns(.release(at: 77), attempt: nil) == C(state: .queued, attemptsAdded: 0, nextAttemptAt: 77, last: nil))
+    }
+
     let hash: [UInt8] = Array(repeating: 7, count: 32)
     func cred(apps: [String], revoked: Bool = false) -> CredentialFacts {
         CredentialFacts(id: "cred_1", hash: hash, apps: apps, revoked: revoked)

@@ -246,6 +246,50 @@ import Testing
         #expect(outcomes.map(\.reason) == [nil, "BadDeviceToken"])
     }
 
+    /// One claim order on both backends (StoreRules.claimsBefore): due rows by due time, queued
+    /// and retry alike, a tie by id (accept order). A retry due before newer queued rows is
+    /// claimed first; one due later waits behind them.
+    @Test(arguments: StoreBackend.available)
+    func dueRowsAreClaimedByDueTimeWhateverTheirState(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        func ingest(_ i: UInt32) throws -> String {
+            guard case .accepted(let id) = try s.ingestNow(sample(index: i), secret: c.secret) else { throw StoreError.invalid("not accepted") }
+            return id
+        }
+        let t = f.clock.nowMillis()
+        // Three rows sent once and answered 503: retry rows due at t+15, t+5 and t+30.
+        let x = try (0..<3).map { try ingest(UInt32($0)) }
+        let sent = try s.claimDue(limit: 10)
+        #expect(Set(sent.map(\.id)) == Set(x))
+        try s.apply(zip(x, [15, 5, 30]).map { id, due in
+            DeliveryUpdate(id: id, pushToken: sent[0].pushToken, outcome: .retry(at: t + Int64(due), paceTokenUntil: nil),
+                           attempt: AttemptRecord(responseID: id, attemptedAt: t, status: 503, reason: "ServiceUnavailable"))
+        })
+        // Queued rows accepted (so due) at t+10, t+20, t+30 (the same time as x[2]), t+40.
+        var q: [String] = []
+        for i in 0..<4 {
+            f.clock.advance(t + Int64(10 * (i + 1)) - f.clock.nowMillis())
+            q.append(try ingest(UInt32(10 + i)))
+        }
+        f.clock.advance(10)
+        // The tie at t+30: x[2] was accepted first (its id sorts first).
+        #expect(x[2] < q[2])
+        #expect(try s.claimDue(limit: 4).map(\.id) == [x[1], q[0], x[0], q[1]])
+        #expect(try s.claimDue(limit: 10).map(\.id) == [x[2], q[2], q[3]])
+    }
+
+    /// The claim order's rule itself: due time first, then the tie.
+    @Test func claimOrderRule() {
+        #expect(StoreRules.claimsBefore(dueAt: 1, tie: "b", dueAt: 2, tie: "a"))
+        #expect(StoreRules.claimsBefore(dueAt: 2, tie: "a", dueAt: 2, tie: "b"))
+        #expect(!StoreRules.claimsBefore(dueAt: 2, tie: "b", dueAt: 2, tie: "a"))
+        #expect(!StoreRules.claimsBefore(dueAt: 2, tie: "a", dueAt: 2, tie: "a"))
+        #expect(StoreRules.claimOrderSQL(tie: "id") == "next_attempt_at, id")
+    }
+
     /// A paused app's row goes back as if never sent: queued, due at the next probe, attempts,
     /// attempt history and last status/reason as they were (docs/pushclient.md "Paused apps").
     @Test(arguments: StoreBackend.available)

@@ -260,6 +260,26 @@ enum StoreRules {
         return .send
     }
 
+    // MARK: claim order
+
+    /// THE order due rows are claimed in, whatever their state (queued or retry): by due time
+    /// (next_attempt_at), a tie by id (UUIDv7: the order rows were accepted in). A retry that
+    /// fell due long ago goes before the rows accepted since, so a flood of new responses
+    /// cannot starve it (and a retry due later than they waits its turn). PostgreSQL takes
+    /// expired leases (rows a stopped node held: waiting longest) before any due row, in
+    /// lease-expiry order; SQLite has no leases. StoreContractTests check both backends.
+    static func claimsBefore<Tie: Comparable>(dueAt a: Int64, tie ta: Tie, dueAt b: Int64, tie tb: Tie) -> Bool {
+        (a, ta) < (b, tb)
+    }
+    static func claimsBefore(_ a: OutboxRow, _ b: OutboxRow) -> Bool {
+        claimsBefore(dueAt: a.nextAttemptAt, tie: a.id, dueAt: b.nextAttemptAt, tie: b.id)
+    }
+    /// `claimsBefore` as an ORDER BY list (both dialects); `tie` is how the backend spells the
+    /// id: PostgreSQL `id`; SQLite `id_high` (the rowid: the id's first 64 bits, in the id's
+    /// order for the store's UUIDv7 ids, and the claim index's own order within one due time,
+    /// so no sort).
+    static func claimOrderSQL(tie: String) -> String { "next_attempt_at, \(tie)" }
+
     /// `claimVerdict` for PostgreSQL's set-based claim (no scan there: an index gives the
     /// cutoff at once): a CASE over `r` (the row), `u` (its unregistered_tokens row, if any) and
     /// `p` (its token_pacing row, if any), `$1` = now, giving 'send', 'expired', 'unregistered'
@@ -270,6 +290,45 @@ enum StoreRules {
              WHEN p.paced_until > $1 THEN 'postpone'
              ELSE 'send' END
         """
+
+    // MARK: outcome columns
+
+    /// What one outcome writes to its row (an inflight row this node still holds), both
+    /// backends: the rule once, each backend only spells the UPDATE. Also updated_at = now, and
+    /// PostgreSQL clears the lease.
+    struct OutcomeColumns: Equatable {
+        /// last_status and last_reason, set together (either may be NULL).
+        struct Last: Equatable {
+            var status: Int64?
+            var reason: String?
+        }
+        var state: ResponseState
+        /// Added to attempts: 1 for an attempt recorded with the outcome, 0 without one.
+        var attemptsAdded: Int64
+        /// The new next_attempt_at; nil keeps it.
+        var nextAttemptAt: Int64?
+        /// The new last status and reason; nil keeps both (a row put back unsent: its last
+        /// answer still stands).
+        var last: Last?
+    }
+
+    static func outcomeColumns(_ outcome: DeliveryOutcome, attempt: AttemptRecord?) -> OutcomeColumns {
+        let counted: Int64 = attempt == nil ? 0 : 1
+        let status = attempt?.status.map { Int64($0) }
+        switch outcome {
+        case .delivered:
+            return OutcomeColumns(state: .delivered, attemptsAdded: counted, last: .init(status: status, reason: nil))
+        case .failed(let why), .unregistered(let why, _):
+            return OutcomeColumns(state: .failed, attemptsAdded: counted, last: .init(status: status, reason: why))
+        case .retry(let at, _):
+            return OutcomeColumns(state: .retry, attemptsAdded: counted, nextAttemptAt: at, last: .init(status: status, reason: attempt?.reason))
+        case .requeue:
+            // Not attempted (shutdown): attempts unchanged (DeliveryOutcome.requeue).
+            return OutcomeColumns(state: .queued, attemptsAdded: 0)
+        case .release(let at):
+            return OutcomeColumns(state: .queued, attemptsAdded: 0, nextAttemptAt: at)
+        }
+    }
 
     /// An operator requeue (relayctl retry) moves only these: inflight belongs to the
     /// dispatcher, a delivered row requeued would be pushed twice, a queued row is already due.

@@ -60,7 +60,7 @@ extension PostgresOutboxStore {
     /// table's key per row (LATERAL ... OFFSET 0) whatever a cached plan expects.
     private static let dueSQL = """
         WITH c AS (SELECT id, push_token, created_at, expires_at FROM responses
-                   WHERE state IN ('queued','retry') AND next_attempt_at <= $1 ORDER BY next_attempt_at LIMIT $2
+                   WHERE state IN ('queued','retry') AND next_attempt_at <= $1 ORDER BY \(StoreRules.claimOrderSQL(tie: "id")) LIMIT $2
                    FOR UPDATE SKIP LOCKED),
         v AS (SELECT r.id, \(StoreRules.claimVerdictSQL) AS verdict, p.paced_until, u.reason AS mark_reason
               FROM c r
@@ -107,9 +107,10 @@ extension PostgresOutboxStore {
                     [.int(now), .int(Int64(n)), .text(options.nodeID), .int(now + options.leaseMillis)]
                 }
                 // Expired leases first: their rows have waited longest (a node died holding them).
-                var rows = try c.query(Self.reclaimSQL, params(limit)).map(Self.claimedRow)
+                // RETURNING's order is the UPDATE's, not the candidates': each part sorted again.
+                var rows = try c.query(Self.reclaimSQL, params(limit)).map(Self.claimedRow).sorted(by: StoreRules.claimsBefore)
                 if rows.count < limit {
-                    rows += try c.query(Self.dueSQL, params(limit - rows.count)).map(Self.claimedRow)
+                    rows += try c.query(Self.dueSQL, params(limit - rows.count)).map(Self.claimedRow).sorted(by: StoreRules.claimsBefore)
                 }
                 let owners = try insertResponseEvents(c, responseIDs: rows.filter { $0.state == .failed }.map(\.id), now: now)
                 return (rows, Set(owners.compactMap { $0 }))
@@ -121,8 +122,8 @@ extension PostgresOutboxStore {
             eventsCreated.add(.responseFailed, failed)   // each failed row got its event in the commit
             eventsCommitted(owners)
         }
-        return rows.filter { $0.state == .inflight }.sorted { ($0.nextAttemptAt, $0.createdAt) < ($1.nextAttemptAt, $1.createdAt) }
-            .map(toLocal)
+        // In claim order: expired leases first, then due rows (StoreRules.claimsBefore).
+        return rows.filter { $0.state == .inflight }.map(toLocal)
     }
 
     /// Earliest next_attempt_at among queued/retry rows, or an earlier lease expiry (so a
@@ -213,30 +214,27 @@ extension PostgresOutboxStore {
         let now = clock.nowMillis()
         let me = options.nodeID
         var ids: [String?] = [], states: [String?] = [], counted: [Int64?] = [], next: [Int64?] = [], status: [Int64?] = [], reasons: [String?] = []
-        var epochs: [Int64?] = []
+        var epochs: [Int64?] = [], keepLast: [Int64?] = []
         var pace: [String: Int64] = [:]
         var marking: [String: [(reason: String, apnsTimestamp: Int64, id: String)]] = [:]
         for u in updates {
-            let s = u.attempt?.status.map { Int64($0) }
+            // The columns from the rule both backends apply (StoreRules.outcomeColumns).
+            let cols = StoreRules.outcomeColumns(u.outcome, attempt: u.attempt)
             ids.append(u.id)
             epochs.append(u.leaseEpoch)
-            counted.append(u.attempt == nil ? 0 : 1)
-            status.append(s)
+            states.append(cols.state.rawValue)
+            counted.append(cols.attemptsAdded)
+            next.append(cols.nextAttemptAt)
+            keepLast.append(cols.last == nil ? 1 : 0)
+            status.append(cols.last?.status)
+            reasons.append(cols.last?.reason)
             switch u.outcome {
-            case .delivered:
-                states.append("delivered"); next.append(nil); reasons.append(nil)
-            case .failed(let why):
-                states.append("failed"); next.append(nil); reasons.append(why)
             case .unregistered(let why, let ts):
-                states.append("failed"); next.append(nil); reasons.append(why)
                 marking[u.pushToken, default: []].append((why, ts, u.id))
-            case .retry(let at, let until):
-                states.append("retry"); next.append(at); reasons.append(u.attempt?.reason)
+            case .retry(_, let until):
                 if let until { pace[u.pushToken] = max(pace[u.pushToken] ?? .min, until) }
-            case .requeue:
-                states.append("queued"); next.append(nil); reasons.append(nil)
-            case .release(let at):
-                states.append("queued"); next.append(at); reasons.append(nil)
+            case .delivered, .failed, .requeue, .release:
+                break
             }
         }
         let attempts = updates.compactMap(\.attempt)
@@ -270,11 +268,11 @@ extension PostgresOutboxStore {
                     state = u.state,
                     attempts = r.attempts + u.counted,
                     next_attempt_at = COALESCE(u.next, r.next_attempt_at),
-                    last_status = CASE WHEN u.state = 'queued' THEN r.last_status ELSE u.status END,
-                    last_reason = CASE WHEN u.state = 'queued' THEN r.last_reason ELSE u.reason END,
+                    last_status = CASE WHEN u.keep = 1 THEN r.last_status ELSE u.status END,
+                    last_reason = CASE WHEN u.keep = 1 THEN r.last_reason ELSE u.reason END,
                     lease_owner = NULL, lease_expires_at = NULL, updated_at = $7
-                FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[], $9::bigint[])
-                    AS u(id, state, counted, next, status, reason, epoch)
+                FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[], $9::bigint[], $10::bigint[])
+                    AS u(id, state, counted, next, status, reason, epoch, keep)
                 WHERE r.id = u.id AND r.state = 'inflight' AND r.lease_owner = $8 AND (u.epoch IS NULL OR r.lease_epoch = u.epoch)
                 RETURNING u.state, r.push_token, r.created_at, r.id),
                 cleared AS (DELETE FROM unregistered_tokens m USING done
@@ -282,7 +280,7 @@ extension PostgresOutboxStore {
                 SELECT state, id FROM done
                 """,
                 [.textArray(ids), .textArray(states), .intArray(counted), .intArray(next), .intArray(status), .textArray(reasons),
-                 .int(now), .text(me), .intArray(epochs)])
+                 .int(now), .text(me), .intArray(epochs), .intArray(keepLast)])
             // Shared pacing and unregistered tokens, in token order so nodes lock rows alike.
             for token in pace.keys.sorted() {
                 let until = pace[token]!

@@ -22,22 +22,36 @@ extension SQLiteOutboxStore {
         let state = writerState
         return try write { db in
             Self.scheduleTokenScan(state)   // after a failed step: retried at the dispatcher's pace
-            // One query per state so each walks (state, next_attempt_at) in order without a sort.
+            // One query per state so each walks the partial index responses_claim (state,
+            // next_attempt_at, rowid) in order without a sort (a state literal lets the planner
+            // use it; `state IN (...)` would sort every due row), merged here in the claim
+            // order (StoreRules.claimsBefore): at most `limit` rows are read and decoded, plus
+            // one look-ahead per state.
             var rows: [OutboxRow] = []
             var rowids: [Int64] = []
             rows.reserveCapacity(limit)
             rowids.reserveCapacity(limit)
-            // The state is a literal so the partial index responses_claim applies.
-            for s in [ResponseState.queued, .retry] where rows.count < limit {
-                let select = try db.held(&state.claimSelect[s],
-                    "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = '\(s.rawValue)' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?")
-                defer { select.reset() }
-                try select.bind(1, now)
-                try select.bind(2, Int64(limit - rows.count))
-                while try select.next() {
-                    rows.append(try OutboxRow(columns: select))
-                    rowids.append(select.int64(16))
-                }
+            let order = StoreRules.claimOrderSQL(tie: "id_high")
+            let queued = try db.held(&state.claimSelect[.queued],
+                "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = 'queued' AND next_attempt_at <= ? ORDER BY \(order) LIMIT ?")
+            defer { queued.reset() }
+            let retry = try db.held(&state.claimSelect[.retry],
+                "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = 'retry' AND next_attempt_at <= ? ORDER BY \(order) LIMIT ?")
+            defer { retry.reset() }
+            for st in [queued, retry] {
+                try st.bind(1, now)
+                try st.bind(2, Int64(limit))
+            }
+            var hasQueued = try queued.next()
+            var hasRetry = try retry.next()
+            while rows.count < limit, hasQueued || hasRetry {
+                // Columns 10 (next_attempt_at) and 16 (rowid) decide; only the chosen row is decoded.
+                let takeQueued = !hasRetry || (hasQueued && StoreRules.claimsBefore(dueAt: queued.int64(10), tie: queued.int64(16),
+                                                                                   dueAt: retry.int64(10), tie: retry.int64(16)))
+                let st = takeQueued ? queued : retry
+                rows.append(try OutboxRow(columns: st))
+                rowids.append(st.int64(16))
+                if takeQueued { hasQueued = try queued.next() } else { hasRetry = try retry.next() }
             }
             // By rowid (id_high, read with the row in the same transaction): no id text to parse or compare.
             let markInflight = try db.held(&state.markInflight, "UPDATE responses SET state = 'inflight', updated_at = ? WHERE rowid = ?")
@@ -148,6 +162,20 @@ extension SQLiteOutboxStore {
         }
     }
 
+    static let outcomeShapes = 5 * 4
+    static func outcomeShape(_ c: StoreRules.OutcomeColumns) -> Int {
+        let s = switch c.state { case .queued: 0; case .inflight: 1; case .retry: 2; case .delivered: 3; case .failed: 4 }
+        return s * 4 + (c.nextAttemptAt == nil ? 0 : 2) + (c.last == nil ? 0 : 1)
+    }
+    /// The UPDATE for one shape of `StoreRules.outcomeColumns` (binds: 1 attempts added,
+    /// 2 next_attempt_at, 3 and 4 last status and reason, 5 now, 6 and 7 the row's key and id).
+    static func outcomeSQL(_ c: StoreRules.OutcomeColumns) -> String {
+        "UPDATE responses SET state = '\(c.state.rawValue)', attempts = attempts + ?1"
+            + (c.nextAttemptAt == nil ? "" : ", next_attempt_at = ?2")
+            + (c.last == nil ? "" : ", last_status = ?3, last_reason = ?4")
+            + ", updated_at = ?5 WHERE id_high = ?6 AND id = ?7 AND state = 'inflight'"
+    }
+
     /// A token's mark (unregistered_tokens: cutoff and reason) and pacing (token_pacing), if any.
     struct TokenFacts {
         var cutoff: Int64?
@@ -181,20 +209,24 @@ extension SQLiteOutboxStore {
             try st.bind(6, a.latencyMicros)
             try st.stepOnce()
         }
-        let status: SQLValue = u.attempt?.status.map { .integer(Int64($0)) } ?? .null
-        let reason: SQLValue = u.attempt?.reason.map { .text($0) } ?? .null
-        let counted = u.attempt == nil ? 0 : 1
+        // The columns from the rule both backends apply (StoreRules.outcomeColumns), written by
+        // a held statement per shape (this runs once per push): the state a literal, only the
+        // columns the outcome sets (a bound state and CASEs cost ~0.8 % of a response).
+        let cols = StoreRules.outcomeColumns(u.outcome, attempt: u.attempt)
+        let st = try db.held(&state.applyOutcome[outcomeShape(cols)], outcomeSQL(cols))
+        try st.bind(1, cols.attemptsAdded)
+        if let next = cols.nextAttemptAt { try st.bind(2, next) }
+        if let last = cols.last {
+            try st.bind(3, last.status)
+            try st.bind(4, last.reason)
+        }
+        try st.bind(5, now)
+        try st.bind(6, high)
+        try st.bind(7, u.id)
+        try st.stepOnce()
+        let changed = db.changes
         switch u.outcome {
         case .delivered:
-            let st = try db.held(&state.markDelivered,
-                "UPDATE responses SET state = 'delivered', attempts = attempts + ?, last_status = ?, last_reason = NULL, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'")
-            try st.bind(1, Int64(counted))
-            try st.bind(2, u.attempt?.status.map(Int64.init))
-            try st.bind(3, now)
-            try st.bind(4, high)
-            try st.bind(5, u.id)
-            try st.stepOnce()
-            let changed = db.changes
             state.pending -= changed
             // A probe's 200 (a row accepted after its token's cutoff) proves the token valid again.
             if changed > 0, !state.watchedTokens.isEmpty, state.watchedTokens.contains(u.pushToken),
@@ -204,18 +236,10 @@ extension SQLiteOutboxStore {
                 try db.run("DELETE FROM unregistered_tokens WHERE token = ?", [.text(u.pushToken)])
             }
             if changed > 0 { try recordResponseEvent(rowid: high, delivered: true, now: now, db: db, state: state) }
-            return changed > 0
-        case .failed(let why), .unregistered(let why, _):
-            let changed = try db.run(
-                "UPDATE responses SET state = 'failed', attempts = attempts + ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
-                [.integer(Int64(counted)), status, .text(why), .integer(now), .integer(high), .text(u.id)])
+        case .failed, .unregistered:
             state.pending -= changed
             if changed > 0 { try recordResponseEvent(rowid: high, delivered: false, now: now, db: db, state: state) }
-            return changed > 0
-        case .retry(let at, let paceUntil):
-            let changed = try db.run(
-                "UPDATE responses SET state = 'retry', attempts = attempts + ?, next_attempt_at = ?, last_status = ?, last_reason = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
-                [.integer(Int64(counted)), .integer(at), status, reason, .integer(now), .integer(high), .text(u.id)])
+        case .retry(_, let paceUntil):
             if let until = paceUntil {
                 state.watchedTokens.insert(u.pushToken)
                 try db.run(
@@ -224,16 +248,10 @@ extension SQLiteOutboxStore {
                     ON CONFLICT (token) DO UPDATE SET paced_until = max(paced_until, excluded.paced_until), updated_at = excluded.updated_at
                     """, [.text(u.pushToken), .integer(until), .integer(now)])
             }
-            return changed > 0
-        case .requeue:
-            return try db.run(
-                "UPDATE responses SET state = 'queued', updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
-                [.integer(now), .integer(high), .text(u.id)]) > 0
-        case .release(let at):
-            return try db.run(
-                "UPDATE responses SET state = 'queued', next_attempt_at = ?, updated_at = ? WHERE id_high = ? AND id = ? AND state = 'inflight'",
-                [.integer(at), .integer(now), .integer(high), .text(u.id)]) > 0
+        case .requeue, .release:
+            break
         }
+        return changed > 0
     }
 }
 

@@ -82,7 +82,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         var insertInflight: SQLiteStatement?
         /// The two statements every delivered push runs (apply), held for the same reason.
         var insertAttempt: SQLiteStatement?
-        var markDelivered: SQLiteStatement?
+        var applyOutcome = [SQLiteStatement?](repeating: nil, count: SQLiteOutboxStore.outcomeShapes)
         /// The pending counter's read and write, once per batch.
         var readPending: SQLiteStatement?
         var writePending: SQLiteStatement?
