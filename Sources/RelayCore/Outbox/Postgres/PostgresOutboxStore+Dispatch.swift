@@ -293,20 +293,7 @@ extension PostgresOutboxStore {
                 // The token's other rows wait when they are claimed (StoreRules.claimVerdict),
                 // on any node: no walk over them here.
             }
-            // In the transaction that failed the rows (after their UPDATE): an ingest batch on any
-            // node either committed before (its rows count as waiting) or sees the record.
-            for token in unregTokens {
-                let waiting = try c.query(
-                    "SELECT max(created_at) FROM responses WHERE push_token = $1 AND state IN ('queued','inflight','retry')",
-                    [.text(token)]).first?.first?.int
-                try c.query(
-                    """
-                    INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at, reason) VALUES ($1, $2, $3, $4)
-                    ON CONFLICT (token) DO UPDATE SET apns_timestamp = GREATEST(unregistered_tokens.apns_timestamp, excluded.apns_timestamp),
-                        recorded_at = excluded.recorded_at, reason = excluded.reason
-                    """, [.text(token), .int(StoreRules.markCutoff(apnsTimestamp: unreg[token]!.apnsTimestamp, newestPendingCreatedAt: waiting, now: now)),
-                          .int(now), .text(unreg[token]!.reason)])
-            }
+            try writeMarks(c, unregTokens, unreg, now: now)
             // The events of the rows this commit finishes (those whose lease this node held).
             let finished = changed.filter { $0.first?.string == "delivered" || $0.first?.string == "failed" }.compactMap { $0[1].string }
             let owners = try insertResponseEvents(c, responseIDs: finished, now: now)
@@ -314,24 +301,48 @@ extension PostgresOutboxStore {
             var applied = Applied(finished: finished.count,
                                   events: [.responseDelivered: delivered, .responseFailed: finished.count - delivered],
                                   credentials: Set(owners.compactMap { $0 }))
-            // token.unregistered per StoreRules.tokenUnregisteredEvents, over the rows' owners.
-            let finishedIDs = Set(finished)
-            for token in unregTokens {
-                let answers = marking[token] ?? []
-                var owner: [String: (credential: String, app: String)] = [:]
-                for r in try c.query("SELECT id, credential_id, app FROM responses WHERE id = ANY($1::text[])", [.textArray(answers.map(\.id))]) {
-                    if let id = r[0].string { owner[id] = (r[1].string ?? "", r[2].string ?? "") }
-                }
-                let facts = answers.compactMap { a in
-                    owner[a.id].map { StoreRules.MarkingAnswer(reason: a.reason, apnsTimestamp: a.apnsTimestamp, credentialID: $0.credential, app: $0.app,
-                                                               finished: finishedIDs.contains(a.id)) }
-                }
-                guard let events = StoreRules.tokenUnregisteredEvents(facts) else { continue }
-                try insertTokenEvents(c, token: token, owners: events.owners, unregisteredAt: events.unregisteredAt, now: now)
-                applied.events[.tokenUnregistered, default: 0] += events.owners.count
-                applied.credentials.formUnion(events.owners.map(\.credentialID))
-            }
+            try writeTokenEvents(c, unregTokens, marking, finished: Set(finished), now: now, into: &applied)
             return applied
+        }
+    }
+
+    /// The 410 marks of this outcome batch, in the transaction that failed the rows (after their
+    /// UPDATE): an ingest batch on any node either committed before (its rows count as waiting)
+    /// or sees the record.
+    private func writeMarks(_ c: PostgresConnection, _ unregTokens: [String],
+                            _ unreg: [String: (reason: String, apnsTimestamp: Int64)], now: Int64) throws {
+        for token in unregTokens {
+            let waiting = try c.query(
+                "SELECT max(created_at) FROM responses WHERE push_token = $1 AND state IN ('queued','inflight','retry')",
+                [.text(token)]).first?.first?.int
+            try c.query(
+                """
+                INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at, reason) VALUES ($1, $2, $3, $4)
+                ON CONFLICT (token) DO UPDATE SET apns_timestamp = GREATEST(unregistered_tokens.apns_timestamp, excluded.apns_timestamp),
+                    recorded_at = excluded.recorded_at, reason = excluded.reason
+                """, [.text(token), .int(StoreRules.markCutoff(apnsTimestamp: unreg[token]!.apnsTimestamp, newestPendingCreatedAt: waiting, now: now)),
+                      .int(now), .text(unreg[token]!.reason)])
+        }
+    }
+
+    /// token.unregistered per StoreRules.tokenUnregisteredEvents, over the answered rows' owners.
+    private func writeTokenEvents(_ c: PostgresConnection, _ unregTokens: [String],
+                                  _ marking: [String: [(reason: String, apnsTimestamp: Int64, id: String)]],
+                                  finished finishedIDs: Set<String>, now: Int64, into applied: inout Applied) throws {
+        for token in unregTokens {
+            let answers = marking[token] ?? []
+            var owner: [String: (credential: String, app: String)] = [:]
+            for r in try c.query("SELECT id, credential_id, app FROM responses WHERE id = ANY($1::text[])", [.textArray(answers.map(\.id))]) {
+                if let id = r[0].string { owner[id] = (r[1].string ?? "", r[2].string ?? "") }
+            }
+            let facts = answers.compactMap { a in
+                owner[a.id].map { StoreRules.MarkingAnswer(reason: a.reason, apnsTimestamp: a.apnsTimestamp, credentialID: $0.credential, app: $0.app,
+                                                           finished: finishedIDs.contains(a.id)) }
+            }
+            guard let events = StoreRules.tokenUnregisteredEvents(facts) else { continue }
+            try insertTokenEvents(c, token: token, owners: events.owners, unregisteredAt: events.unregisteredAt, now: now)
+            applied.events[.tokenUnregistered, default: 0] += events.owners.count
+            applied.credentials.formUnion(events.owners.map(\.credentialID))
         }
     }
 }
