@@ -11,6 +11,10 @@
 #                                    server runs crash recovery from the WAL (reliability tests)
 #   scripts/pg-test.sh pause DIR     stop the server (fast: connections are cut), keep the data
 #   scripts/pg-test.sh resume DIR    start it again on the same port (outage tests)
+#   scripts/pg-test.sh standby DIR SDIR  a streaming standby of DIR's cluster in SDIR
+#                                    (pg_basebackup -R, its own port); prints its URL
+#   scripts/pg-test.sh promote SDIR  promote that standby to a primary
+#   scripts/pg-test.sh sql DIR SQL   run SQL on DIR's cluster (psql -Atc), print the result
 #   scripts/pg-test.sh run -- CMD..  start a cluster in a temp dir, run CMD with RELAY_TEST_PG_URL
 #                                    set, stop and remove the cluster whatever CMD's outcome,
 #                                    exit with CMD's status. If RELAY_TEST_PG_URL is already
@@ -103,6 +107,38 @@ resume() {
   as_pg "$BIN/pg_ctl" -D "$1/data" -l "$1/server.log" -w -t 60 start >/dev/null
 }
 
+standby() {
+  local primary=$1 dir=$2
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  [ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
+  chmod 700 "$dir"
+  local port
+  port=$(free_port)
+  as_pg "$BIN/pg_basebackup" -h 127.0.0.1 -p "$(cat "$primary/port")" -U relay -D "$dir/data" -R -X stream -c fast >"$dir/basebackup.log" 2>&1 || {
+    cat "$dir/basebackup.log" >&2
+    exit 1
+  }
+  # The copied postgresql.conf names the primary's port and socket directory: later lines win.
+  printf "port = %s\nunix_socket_directories = '%s'\n" "$port" "$dir" >>"$dir/data/postgresql.conf"
+  echo "$port" >"$dir/port"
+  local url="postgresql://relay@127.0.0.1:$port/relay"
+  echo "$url" >"$dir/url"
+  as_pg "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null || {
+    cat "$dir/server.log" >&2
+    exit 1
+  }
+  echo "$url"
+}
+
+promote() {
+  as_pg "$BIN/pg_ctl" -D "$1/data" -w -t 60 promote >/dev/null
+}
+
+sql() {
+  as_pg "$BIN/psql" -h 127.0.0.1 -p "$(cat "$1/port")" -U relay -d relay -v ON_ERROR_STOP=1 -Atc "$2"
+}
+
 case "${1:-}" in
   start) start "${2:?usage: pg-test.sh start DIR}" ;;
   stop) stop "${2:?usage: pg-test.sh stop DIR}" ;;
@@ -110,6 +146,9 @@ case "${1:-}" in
   crash) crash "${2:?usage: pg-test.sh crash DIR}" ;;
   pause) pause "${2:?usage: pg-test.sh pause DIR}" ;;
   resume) resume "${2:?usage: pg-test.sh resume DIR}" ;;
+  standby) standby "${2:?usage: pg-test.sh standby DIR SDIR}" "${3:?usage: pg-test.sh standby DIR SDIR}" ;;
+  promote) promote "${2:?usage: pg-test.sh promote SDIR}" ;;
+  sql) sql "${2:?usage: pg-test.sh sql DIR SQL}" "${3:?usage: pg-test.sh sql DIR SQL}" ;;
   run)
     shift
     [ "${1:-}" = "--" ] && shift
@@ -130,7 +169,7 @@ case "${1:-}" in
     exit $status
     ;;
   *)
-    echo "usage: pg-test.sh start DIR | stop DIR | restart DIR | crash DIR | pause DIR | resume DIR | run -- COMMAND..." >&2
+    echo "usage: pg-test.sh start DIR | stop DIR | restart DIR | crash DIR | pause DIR | resume DIR | standby DIR SDIR | promote SDIR | sql DIR SQL | run -- COMMAND..." >&2
     exit 64
     ;;
 esac
