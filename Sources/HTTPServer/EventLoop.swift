@@ -15,7 +15,6 @@ enum LoopTask {
     case abort(ServerConnection)
     case setMaxConcurrentStreams(ServerConnection, UInt32)
     case continueDecided(ServerConnection, UInt64, HTTPResponse?)
-    case run(@Sendable () -> Void)
     case beginShutdown
     case forceClose
 }
@@ -31,7 +30,7 @@ private func uvMessage(_ code: Int32) -> String { String(cString: uv_strerror(co
 // date cache) is touched only on the loop thread once `start` has created it. Other threads
 // use only `enqueue` (a Mutex-protected queue plus uv_async_send, which libuv documents as
 // thread-safe), `isCurrentThread` (an Atomic) and `connectionCount` (an Atomic).
-final class EventLoop: ThreadExecutor, @unchecked Sendable {
+final class EventLoop: @unchecked Sendable {
     let core: ServerCore
     let loop: UnsafeMutablePointer<uv_loop_t>
     private let async: UnsafeMutablePointer<uv_async_t>
@@ -206,9 +205,6 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
         }
     }
 
-    @discardableResult
-    func execute(_ work: @escaping @Sendable () -> Void) -> Bool { enqueue(.run(work)) }
-
     private func runTasks() {
         let items = tasks.withLock { q -> [LoopTask] in
             let items = q.items
@@ -221,7 +217,6 @@ final class EventLoop: ThreadExecutor, @unchecked Sendable {
             case .abort(let c): c.close()
             case .setMaxConcurrentStreams(let c, let n): c.setMaxConcurrentStreams(n)
             case .continueDecided(let c, let sequence, let refusal): c.continueDecided(sequence: sequence, refusal: refusal)
-            case .run(let work): work()
             case .beginShutdown: beginShutdown()
             case .forceClose: forceClose()
             }

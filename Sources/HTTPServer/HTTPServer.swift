@@ -213,7 +213,10 @@ public final class HTTPContinueDecision: Sendable {
 }
 
 /// Answers one request. Callable from any thread; the first `respond` or `abortConnection`
-/// wins and later calls are ignored.
+/// wins and later calls are ignored. The server decides where the reply is written: on the
+/// connection's loop, directly when called there, else through the loop's task queue (one
+/// wake-up for every reply queued before the loop runs: a batch of replies from the store's
+/// writer costs one).
 public final class HTTPResponseWriter: Sendable {
     let connection: ServerConnection
     /// HTTP/1: the request's position on its connection; HTTP/2: the stream identifier.
@@ -256,12 +259,6 @@ public final class HTTPResponseWriter: Sendable {
             loop.enqueue(.setMaxConcurrentStreams(connection, n))
         }
     }
-
-    /// The event-loop thread this writer answers on. A caller that completes many requests
-    /// at once (the relay's group commit finishes every request of a transaction together)
-    /// hands each loop all of its completions in one task instead of one cross-thread hop per
-    /// response; `respond` called on the loop's own thread then writes directly.
-    public var executor: any ThreadExecutor { connection.loop }
 
     /// Whether `respond` or `abortConnection` was already called.
     public var hasResponded: Bool { answered.load(ordering: .acquiring) }

@@ -5,14 +5,6 @@
 import Glibc
 import FoundationEssentials
 
-/// A thread (or event loop) that runs work handed to it from other threads, in order.
-public protocol ThreadExecutor: AnyObject, Sendable {
-    /// Runs `work` on the executor's thread after the work queued before it. Returns false once
-    /// the executor stopped: `work` is dropped.
-    @discardableResult
-    func execute(_ work: @escaping @Sendable () -> Void) -> Bool
-}
-
 /// A detached, named OS thread running `body` once. Start it with `start()`.
 ///
 /// `@unchecked Sendable`: `body` and `name` are set before `start()` (which hands them to the

@@ -47,31 +47,6 @@ import Testing
         }
     }
 
-    @Test func executorRunsWorkOnTheLoopThreadAndRefusesOnceStopped() throws {
-        // The handler runs on the loop thread; another thread hands work back to that loop.
-        let captured = Mutex<(any ThreadExecutor)?>(nil)
-        let handler: HTTPHandler = { _, res in
-            let loopThread = UInt(pthread_self())
-            captured.withLock { $0 = res.executor }
-            Thread.detachNewThread {
-                let queued = res.executor.execute {
-                    let same = UInt(pthread_self()) == loopThread
-                    res.respond(HTTPResponse(status: 200, body: Array((same ? "loop" : "other").utf8)))
-                }
-                if !queued { res.respond(HTTPResponse(status: 500)) }
-            }
-        }
-        let server = try HTTPServer(configuration: HTTPServerConfiguration(), handler: handler)
-        try server.start()
-        let c = try RawClient(port: server.localPort)
-        try c.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
-        let r = try #require(c.readResponse())
-        #expect(r.status == 200 && r.text == "loop")
-        server.stop(grace: .milliseconds(500))
-        let executor = try #require(captured.withLock { $0 })
-        #expect(executor.execute {} == false)
-    }
-
     @Test func pipelinedResponsesKeepRequestOrderWhenHandlersAnswerOutOfOrder() throws {
         // /slow/N answers after N*30 ms from another thread: the first request answers last.
         let handler: HTTPHandler = { req, res in

@@ -73,7 +73,7 @@ struct PostgresDeadlineTests {
                                                unregisteredQuarantineMillis: 0, badDeviceTokenHoldMillis: 0)
         for i in 0..<n {
             done.enter()
-            s.submit(IngestRequest(response: sample(index: UInt32(100 + i)), credentialHash: Credentials.hash(secret: c.secret)), on: nil) { r in
+            s.submit(IngestRequest(response: sample(index: UInt32(100 + i)), credentialHash: Credentials.hash(secret: c.secret))) { r in
                 let elapsed = ContinuousClock.now - start
                 answers.withLock { $0.append((Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18, r)) }
                 done.leave()
@@ -141,7 +141,7 @@ struct PostgresDeadlineTests {
         let start = ContinuousClock.now
         for i in 0..<n {
             done.enter()
-            s.submit(IngestRequest(response: sample(index: UInt32(100 + i)), credentialHash: Credentials.hash(secret: c.secret)), on: nil) { r in
+            s.submit(IngestRequest(response: sample(index: UInt32(100 + i)), credentialHash: Credentials.hash(secret: c.secret))) { r in
                 let elapsed = ContinuousClock.now - start
                 answers.withLock { $0.append((Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18, r)) }
                 done.leave()

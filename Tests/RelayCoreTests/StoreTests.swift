@@ -1118,104 +1118,78 @@ import Testing
     }
 }
 
-/// Stands in for an HTTP event loop: keeps the tasks it is given until the test runs them.
-final class RecordingExecutor: ThreadExecutor, @unchecked Sendable {
-    // @unchecked Sendable: the only state is a Mutex.
-    private let tasks = Mutex<[@Sendable () -> Void]>([])
-    var queued: Int { tasks.withLock { $0.count } }
-
-    func execute(_ work: @escaping @Sendable () -> Void) -> Bool {
-        tasks.withLock { $0.append(work) }
-        return true
-    }
-
-    /// Runs and drops the tasks queued so far; returns how many there were.
-    @discardableResult
-    func runAll() -> Int {
-        let work = tasks.withLock { t in defer { t.removeAll() }; return t }
-        for w in work { w() }
-        return work.count
-    }
-}
-
-@Suite struct DeferredCompletionTests {
+/// A submit completes once, after its batch's COMMIT (or ROLLBACK), on the writer thread, in
+/// commit order: plain completions, no executor (the HTTP server moves the reply to its loop).
+@Suite struct IngestCompletionTests {
     let dir = TempDir()
 
-    /// Completions in the order they ran.
+    /// Completions in the order they ran, with whether they ran on the submitting thread.
     final class Log: Sendable {
-        let entries = Mutex<[(UInt32, Result<IngestOutcome, StoreError>)]>([])
-        func withLock<T>(_ body: (inout [(UInt32, Result<IngestOutcome, StoreError>)]) -> T) -> T { entries.withLock { body(&$0) } }
+        let entries = Mutex<[(UInt32, Result<IngestOutcome, StoreError>, Bool)]>([])
+        func withLock<T>(_ body: (inout [(UInt32, Result<IngestOutcome, StoreError>, Bool)]) -> T) -> T { entries.withLock { body(&$0) } }
     }
 
-    func submit(_ s: SQLiteOutboxStore, _ secret: String, index: UInt32, on executor: RecordingExecutor?, into results: Log) {
+    func submit(_ s: SQLiteOutboxStore, _ secret: String, index: UInt32, into results: Log) {
         s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 60_000, maxPending: 1000)
-        s.submit(IngestRequest(response: sample(index: index), credentialHash: Credentials.hash(secret: secret)), on: executor) { r in
-            results.withLock { $0.append((index, r)) }
+        let caller = UInt(pthread_self())
+        s.submit(IngestRequest(response: sample(index: index), credentialHash: Credentials.hash(secret: secret))) { r in
+            let here = UInt(pthread_self()) == caller
+            results.withLock { $0.append((index, r, here)) }
         }
     }
 
-    @Test func aBatchCompletesOnEachExecutorInOneTaskInCommitOrder() throws {
+    @Test func aBatchCompletesOnTheWriterThreadAfterCommitInCommitOrder() throws {
         let s = try SQLiteOutboxStore(path: dir.db)
         defer { s.close() }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
-        let (a, b) = (RecordingExecutor(), RecordingExecutor())
         let results = Log()
         let gate = try holdWriter(s)
-        for i in 0..<10 { submit(s, c.secret, index: UInt32(i), on: i % 3 == 0 ? b : a, into: results) }
-        gate.signal()
-        // Committed, but nothing is answered until the loops run their task: one task each.
-        waitUntil("both executors were handed the batch") { a.queued == 1 && b.queued == 1 }
+        for i in 0..<10 { submit(s, c.secret, index: UInt32(i), into: results) }
+        // The writer is held in an earlier batch: nothing is answered before this one committed.
         #expect(results.withLock { $0.isEmpty })
-        #expect(a.runAll() == 1)
-        #expect(results.withLock { $0.map(\.0) } == [1, 2, 4, 5, 7, 8])
-        #expect(b.runAll() == 1)
+        gate.signal()
+        waitUntil("every completion ran") { results.withLock { $0.count == 10 } }
         let all = results.withLock { $0 }
-        #expect(all.map(\.0) == [1, 2, 4, 5, 7, 8, 0, 3, 6, 9])
+        #expect(all.map(\.0) == Array(0..<10))
+        #expect(all.allSatisfy { !$0.2 })
         // Ids are minted in commit order (submission order within the batch).
-        var ids: [UInt32: String] = [:]
-        for (i, r) in all {
+        var ids: [String] = []
+        for (i, r, _) in all {
             guard case .success(.accepted(let id)) = r else { Issue.record("request \(i): \(r)"); continue }
-            ids[i] = id
+            ids.append(id)
         }
-        let ordered = (0..<10).compactMap { ids[UInt32($0)] }
-        #expect(ordered.count == 10 && ordered == ordered.sorted())
+        #expect(ids.count == 10 && ids == ids.sorted())
         #expect(try s.counts().byState[.queued] == 10)
     }
 
-    @Test func aRolledBackBatchFailsItsDeferredIngestsOnTheirExecutor() throws {
+    @Test func aRolledBackBatchFailsEveryIngestInIt() throws {
         let s = try SQLiteOutboxStore(path: dir.db)
         defer { s.close() }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
-        let loop = RecordingExecutor()
         let results = Log()
         let gate = try holdWriter(s)
-        submit(s, c.secret, index: 1, on: loop, into: results)
-        submit(s, c.secret, index: 2, on: nil, into: results)
+        submit(s, c.secret, index: 1, into: results)
+        submit(s, c.secret, index: 2, into: results)
         try #require(s.writer).enqueue({ db in try db.execute("INSERT INTO no_such_table VALUES (1)") }, completion: { _ in })
         gate.signal()
-        // Without an executor the completion runs on the writer thread, as before.
-        // The executor's task is handed over after the direct completion may already have run.
-        waitUntil("the direct completion ran and the loop got its task") { results.withLock { $0.count == 1 } && loop.queued == 1 }
-        #expect(loop.runAll() == 1)
+        waitUntil("both completions ran") { results.withLock { $0.count == 2 } }
         let all = results.withLock { $0 }
-        #expect(all.map(\.0) == [2, 1])
-        for (_, r) in all {
+        #expect(all.map(\.0) == [1, 2])
+        for (_, r, _) in all {
             guard case .failure(let e) = r else { Issue.record("ingest succeeded in a failed batch"); continue }
             #expect("\(e)".contains("no_such_table"))
         }
         #expect(try s.counts().pending == 0)
     }
 
-    @Test func aClosedStoreRefusesAtOnceWithoutTheExecutor() throws {
+    @Test func aClosedStoreRefusesAtOnceOnTheCallersThread() throws {
         let s = try SQLiteOutboxStore(path: dir.db)
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         s.close()
-        let loop = RecordingExecutor()
         let results = Log()
-        submit(s, c.secret, index: 1, on: loop, into: results)
-        #expect(loop.queued == 0)
+        submit(s, c.secret, index: 1, into: results)
         let all = results.withLock { $0 }
-        #expect(all.count == 1)
+        #expect(all.count == 1 && all.first?.2 == true)
         if case .failure(.closed) = all.first?.1 {} else { Issue.record("expected .closed, got \(String(describing: all.first))") }
     }
 }

@@ -2,7 +2,6 @@
 // Conversions only: the API's rules live in IngestService.swift and AdminService.swift.
 import FoundationEssentials
 import HTTPServer
-import POSIXThreads
 
 enum HTTPGlue {
     /// Honours a client's X-Request-Id when it is short and plain; otherwise mints one.
@@ -52,11 +51,11 @@ enum HTTPGlue {
         return HTTPResponse(status: r.status, headers: h, body: r.bodyBytes)
     }
 
-    /// `service` gets the request, the loop that answers it (where a completion may run) and
-    /// the way back.
-    static func handler(_ service: @escaping @Sendable (APIRequest, any ThreadExecutor, @escaping @Sendable (APIResponse) -> Void) -> Void) -> HTTPHandler {
+    /// `service` gets the request and completes with the response, on any thread: the writer
+    /// hands it to the loop that owns the connection.
+    static func handler(_ service: @escaping @Sendable (APIRequest, @escaping @Sendable (APIResponse) -> Void) -> Void) -> HTTPHandler {
         { request, writer in
-            service(apiRequest(request), writer.executor) { writer.respond(httpResponse($0)) }
+            service(apiRequest(request)) { writer.respond(httpResponse($0)) }
         }
     }
 

@@ -136,16 +136,15 @@ public final class IngestService: Sendable {
         }
     }
 
-    /// Never blocks: storage work completes `respond` from the writer or a worker thread, or on
-    /// `executor` (the HTTP loop that answers, when known: the store completes a committed
-    /// batch's ingests there in one task, see OutboxStore.submit).
-    public func handle(_ request: APIRequest, on executor: (any ThreadExecutor)? = nil, respond: @escaping @Sendable (APIResponse) -> Void) {
+    /// A request in, a response out. Never blocks: `respond` runs once, on the caller's thread
+    /// or, after storage work, on the store's writer or a worker thread.
+    public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIResponse) -> Void) {
         let finish = Exchange(service: self, request: request, start: monotonicMicros(), respond: respond)
         if request.path == "/v1/responses" {
             guard request.method == "POST" else {
                 return finish(APIResponse(status: 405, headers: [("allow", "POST")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use POST").jsonBody), nil)
             }
-            post(request, executor, finish)
+            post(request, finish)
         } else if request.path.hasPrefix("/v1/responses/") {
             guard request.method == "GET" || request.method == "HEAD" else {
                 return finish(APIResponse(status: 405, headers: [("allow", "GET, HEAD")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody), nil)
@@ -358,21 +357,21 @@ public final class IngestService: Sendable {
                       headers: [("retry-after", String(c.retryAfterSeconds))]), "credential rate")
     }
 
-    private func post(_ request: APIRequest, _ executor: (any ThreadExecutor)?, _ finish: Exchange) {
+    private func post(_ request: APIRequest, _ finish: Exchange) {
         let hash = Self.bearerHash(request.authorization)
         switch admit(hash, finish) {
         case .refused: return
-        case .admitted(_, let apps): authenticatedPost(request, hash!, apps, executor, finish)
+        case .admitted(_, let apps): authenticatedPost(request, hash!, apps, finish)
         case .pending(let charged):
             credentials.afterRead(hash!) { [self] verdict in
                 guard let credential = resumed(verdict, charged: charged, finish) else { return }
-                authenticatedPost(request, hash!, credential.apps, executor, finish)
+                authenticatedPost(request, hash!, credential.apps, finish)
             }
         }
     }
 
     /// `apps`: the credential's, from the cache (the store checks them again in its transaction).
-    private func authenticatedPost(_ request: APIRequest, _ hash: [UInt8], _ apps: [String], _ executor: (any ThreadExecutor)?, _ finish: Exchange) {
+    private func authenticatedPost(_ request: APIRequest, _ hash: [UInt8], _ apps: [String], _ finish: Exchange) {
         guard withinCredentialRate(hash, finish) else { return }
         // The IngestRequest is built where the validated value is bound: a local in between
         // costs two copies of the Result and one of the request per POST.
@@ -395,7 +394,7 @@ public final class IngestService: Sendable {
             }
         }
         // Captures only the exchange (see Exchange).
-        store.submit(ingest, on: executor) { [finish] result in finish.service.answer(result, finish) }
+        store.submit(ingest) { [finish] result in finish.service.answer(result, finish) }
     }
 
     /// The answer to a stored (or refused) ingest.

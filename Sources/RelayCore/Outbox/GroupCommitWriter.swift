@@ -41,8 +41,6 @@ final class GroupCommitWriter: @unchecked Sendable {
     var afterRollback: ((SQLiteDatabase) -> Void)?
     /// The store's own per-batch step after a successful COMMIT, before the jobs' completions.
     var afterBatchCommitted: (() -> Void)?
-    /// Called on the writer thread after every job of a batch finished, committed or not.
-    var afterBatch: (() -> Void)?
     /// Called on the writer thread before each batch's BEGIN (per-batch caches reset here).
     var beforeBatch: (() -> Void)?
     /// Run inside the transaction right after BEGIN and right before COMMIT (state kept in the
@@ -136,7 +134,6 @@ final class GroupCommitWriter: @unchecked Sendable {
             afterBatchCommitted?()
         }
         for job in batch { job.finish(failure) }
-        afterBatch?()
         betweenBatches?(db)
     }
 }

@@ -268,12 +268,11 @@ public struct OutboxFilter: Sendable {
 /// blocks and completes after the transaction committed.
 public protocol OutboxStore: EventStore {
     // MARK: ingest (hot path)
-    /// `executor`: where the completion should run (the HTTP loop that answers). A store that
-    /// commits many ingests per transaction may run every completion of one executor in one
-    /// task there, after COMMIT, instead of on its writer thread: building and sending the
-    /// answer then costs the writer (the critical path of durable ingest) nothing. nil: the
-    /// store calls the completion on a thread of its own.
-    func submit(_ request: IngestRequest, on executor: (any ThreadExecutor)?,
+    /// Completes once, after the transaction that stored (or refused) the request committed,
+    /// on a thread of the store's own (the SQLite writer, a PostgreSQL ingest thread), or at
+    /// once on the caller's thread when the request is refused before it is queued. Where the
+    /// answer is written is the caller's business (HTTPServer moves it to its loop).
+    func submit(_ request: IngestRequest,
                 completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void)
     /// What `submit` checks every request against; read once per batch.
     var ingestSettings: IngestStoreSettings { get set }
@@ -352,10 +351,5 @@ extension OutboxStore {
         } catch {
             completion((error as? StoreError) ?? .invalid("\(error)"))
         }
-    }
-
-    /// Completes on the store's own thread.
-    public func submit(_ request: IngestRequest, completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
-        submit(request, on: nil, completion: completion)
     }
 }

@@ -13,8 +13,8 @@ import POSIXThreads
 import Synchronization
 
 extension PostgresOutboxStore {
-    /// Completes on the ingest thread whatever `executor` says: a batch's answers need no grouping here.
-    public func submit(_ request: IngestRequest, on executor: (any ThreadExecutor)?,
+    /// Completes on the ingest thread after the batch's commit.
+    public func submit(_ request: IngestRequest,
                        completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
         guard !options.readOnly else { return completion(.failure(.invalid("store opened read-only"))) }
         let item = PendingIngest(request: request, now: clock.nowMillis(), deadline: monotonicMillis() + options.timeouts.requestMillis,

@@ -1,5 +1,5 @@
 // SQLiteOutboxStore: the ingest job on the group-commit writer (facts gathered here,
-// decided by StoreRules) and the hand-over of its completions to the HTTP loops.
+// decided by StoreRules), completed on the writer thread after its batch's COMMIT.
 import FoundationEssentials
 import Glibc
 import POSIXThreads
@@ -10,36 +10,32 @@ extension SQLiteOutboxStore {
         set { writerState.sharedSettings.withLock { $0 = newValue } }
     }
 
-    public func submit(_ request: IngestRequest, on executor: (any ThreadExecutor)?,
+    public func submit(_ request: IngestRequest,
                        completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
         guard let writer else { return completion(.failure(.invalid("store opened read-only"))) }
         // Cached statvfs (once a second at most): the hot path pays a lock and a clock read.
         if let g = freeSpaceGuard, g.isBelowFloor { return completion(.success(.storageFull)) }
-        writer.enqueue(IngestJob(request, now: clock.nowMillis(), state: writerState, executor: executor, completion: completion))
+        writer.enqueue(IngestJob(request, now: clock.nowMillis(), state: writerState, completion: completion))
     }
 
     /// One submit in the writer's queue: the request in, the outcome out. One object per request instead of four closure contexts, a result
     /// box and a Result per job.
-    // @unchecked Sendable: a job is touched by one thread at a time. The writer thread runs and
-    // finishes it; a deferred job is then handed, inside one executor task, to the HTTP loop,
-    // which calls `complete()` once. The hand-over goes through the executor's locked queue.
+    // @unchecked Sendable: a job is touched by one thread at a time: the writer thread runs and
+    // finishes it (or the submitting thread refuses it when the queue is full or closed).
     final class IngestJob: GroupCommitWriter.Job, @unchecked Sendable {
         let request: IngestRequest
         let now: Int64
         let state: WriterState
-        /// The HTTP loop the completion runs on (nil: the writer thread).
-        let executor: (any ThreadExecutor)?
         let completion: @Sendable (Result<IngestOutcome, StoreError>) -> Void
         var outcome: IngestOutcome?
         var error: StoreError?
         override var refusedWhenQueueFull: Bool { true }
 
-        init(_ request: IngestRequest, now: Int64, state: WriterState, executor: (any ThreadExecutor)?,
+        init(_ request: IngestRequest, now: Int64, state: WriterState,
              completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
             self.request = request
             self.now = now
             self.state = state
-            self.executor = executor
             self.completion = completion
         }
 
@@ -56,8 +52,9 @@ extension SQLiteOutboxStore {
 
         override func finish(_ error: StoreError?) {
             self.error = error
-            // The answer is built and sent on the request's loop (afterBatch hands them over).
-            if executor != nil { state.deferred.append(self) } else { complete() }
+            // After COMMIT (or ROLLBACK): the completion runs here, on the writer thread; the
+            // HTTP server moves the reply to the loop that writes it.
+            complete()
         }
 
         override func refuse(_ error: StoreError) {
@@ -68,33 +65,6 @@ extension SQLiteOutboxStore {
         func complete() {
             if let error { return completion(.failure(error)) }
             if let outcome { completion(.success(outcome)) } else { completion(.failure(.invalid("ingest produced no outcome"))) }
-        }
-    }
-
-    /// Hands the batch's deferred completions to their loops: one task per loop (one loop
-    /// in the default configuration), in commit order within each loop.
-    static func completeDeferred(_ state: WriterState) {
-        guard let first = state.deferred.first?.executor else { return }
-        // The array itself is handed over (emptying it in place would copy a shared buffer).
-        let jobs = state.deferred
-        state.deferred = []
-        // One loop (the default): the batch's array as it is, no grouping.
-        if jobs.allSatisfy({ $0.executor === first }) {
-            first.execute { for job in jobs { job.complete() } }
-            return
-        }
-        var groups: [(executor: any ThreadExecutor, jobs: [IngestJob])] = []
-        for job in jobs {
-            guard let executor = job.executor else { continue }   // only deferred with one
-            if let i = groups.firstIndex(where: { $0.executor === executor }) {
-                groups[i].jobs.append(job)
-            } else {
-                groups.append((executor, [job]))
-            }
-        }
-        for group in groups {
-            let batch = group.jobs
-            group.executor.execute { for job in batch { job.complete() } }
         }
     }
 

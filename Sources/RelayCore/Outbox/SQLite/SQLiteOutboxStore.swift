@@ -72,8 +72,6 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         /// Rows this batch inserted `queued` (not handed off): the dispatcher hears of them once
         /// after COMMIT when there are any.
         var queuedInBatch = 0
-        /// Ingest jobs of the current batch whose completion runs on their HTTP loop.
-        var deferred: [IngestJob] = []
         /// Response ids, minted on the writer thread in commit order.
         var ids = TimeOrderedIDs()
         /// The two ingest INSERTs, held here so the hot path skips the connection's statement
@@ -197,7 +195,6 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             state.firstEventInBatch = nil
             state.handedOff.removeAll()
         }
-        w.afterBatch = { Self.completeDeferred(state) }
         w.afterBatchCommitted = {
             // The array itself is handed over (it is replaced, not emptied in place).
             channel?.committed(handedOff: state.handedOff, queued: state.queuedInBatch > 0)
