@@ -25,8 +25,9 @@ same encryptedData) or failed with a reason; none lost; no row inflight once its
 past; duplicates (mock-apns' count per apns-id) attributed to the rows a killed node held leased
 or to the rows inflight across a database outage, and within that bound. During (fast, immediate,
 outage, stall) every ingest answer is booked: 202 only for rows that are there afterwards, 503
-with Retry-After and `storage_unavailable`, no request left hanging or answered after 5 s; /readyz of every node polled
-(fails while the database is down); time from the database's return to each node's first 202
+with Retry-After and `storage_unavailable`, no request left hanging (10 s) or answered later than
+store.requestTimeoutMs (5 s) + 1 s; in outage and stall at least one 503 and /readyz of every node
+polled (each node fails, none answers 200, while the database is down); time from the database's return to each node's first 202
 and first /readyz 200.
 
 `--plant-loss` deletes one acknowledged, not yet sent row mid-run (the harness must report it
@@ -49,8 +50,11 @@ import uuid
 
 LEASE_SECONDS = 12          # --lease; must exceed maxQueueWaitMs + maxAnswerWaitMs + 1 s (set to 1 s and lease - 3 s)
 GRACE_MS = 5000             # an inflight row whose lease is this far past counts as stuck
-CLIENT_TIMEOUT = 15.0       # an ingest request without an answer for this long counts as hanging
-SLOW_ANSWER = 5.0           # an ingest answer (even a 503) taking longer than this is a stall, not "fails fast"
+STORE_DEADLINE_MS = 5000    # store.requestTimeoutMs (the default, written to each node's config)
+# docs/postgres.md: ingest answers (503 storage_unavailable at worst) within requestTimeoutMs of the
+# request reaching the store; 1 s more for the HTTP layer and this Python client on a loaded box.
+SLOW_ANSWER = STORE_DEADLINE_MS / 1000 + 1.0
+CLIENT_TIMEOUT = 2 * STORE_DEADLINE_MS / 1000  # an ingest request without an answer for this long counts as hanging
 
 
 def now_ms():
@@ -171,7 +175,7 @@ class PGEnv:
             "listen": {"host": "127.0.0.1", "port": n.port},
             "admin": {"host": "127.0.0.1", "port": n.admin_port},
             "store": {"kind": "postgres", "url": self.cluster.url, "nodeId": n.name, "leaseSeconds": LEASE_SECONDS,
-                      "maxPending": 5000000},
+                      "requestTimeoutMs": STORE_DEADLINE_MS, "maxPending": 5000000},
             "ingest": {"rateLimits": {"perCredential": {"perSecond": 0, "burst": 1},
                                       "perPushToken": {"perSecond": 0, "burst": 1},
                                       "authFailuresPerAddress": {"perSecond": 0, "burst": 1}}},
@@ -338,7 +342,9 @@ class Monitor:
         self.readyz = []   # (monotonic, node, status or None)
         self.stuck = []    # (monotonic, count or None)
         self.stop_flag = threading.Event()
-        self.threads = [threading.Thread(target=self._readyz, daemon=True), threading.Thread(target=self._stuck, daemon=True)]
+        # one poller per node: a node whose probe waits out its 2 s does not delay the others' polls
+        self.threads = [threading.Thread(target=self._readyz, args=(n,), daemon=True) for n in env.nodes]
+        self.threads.append(threading.Thread(target=self._stuck, daemon=True))
 
     def start(self):
         for t in self.threads:
@@ -350,11 +356,11 @@ class Monitor:
         for t in self.threads:
             t.join(timeout=20)
 
-    def _readyz(self):
+    def _readyz(self, n):
         while not self.stop_flag.is_set():
-            for n in self.env.nodes:
-                if n.proc is not None and n.proc.poll() is None:
-                    self.readyz.append((time.monotonic(), n.name, self.env.readyz(n, timeout=2)))
+            if n.proc is not None and n.proc.poll() is None:
+                status = self.env.readyz(n, timeout=2)
+                self.readyz.append((time.monotonic(), n.name, status))
             time.sleep(0.25)
 
     def _stuck(self):
@@ -623,7 +629,7 @@ def outage_checks(load, mon, times, how, env):
            "answersOtherStatus": dict(collections.Counter(a[2] for a in other)), "requestsHung": len(hung),
            "unansweredRequests": sum(1 for a in load.answers if a[2] is None),
            "slowestAnswerSeconds": round(max((a[6] for a in load.answers), default=0), 2),
-           "answersSlowerThan5s": len(slow)}
+           "answersSlowerThanDeadline": len(slow), "deadlineSeconds": SLOW_ANSWER}
     if how in ("outage", "stall"):
         # the database is certainly down from pg_ctl stop's return to pg_ctl start's call
         t_stopped = times["stoppedAt"]
@@ -633,6 +639,8 @@ def outage_checks(load, mon, times, how, env):
         out["readyz200WhileStopped"] = sum(1 for r in ready if r[2] == 200)
         out["readyzWhileStopped"] = {str(k): v for k, v in collections.Counter(r[2] for r in ready).items()}  # None: no answer in 2 s
         out["readyzPollsWhileStopped"] = len(ready)
+        out["readyzFailedWhileStoppedPerNode"] = {n.name: sum(1 for r in ready if r[1] == n.name and r[2] != 200)
+                                                  for n in env.nodes}
     fails = collections.Counter(r[1] for r in mon.readyz if t_down <= r[0] <= t_up + 1.0 and r[2] != 200)
     out["readyzFailedPerNode"] = {n.name: fails.get(n.name, 0) for n in env.nodes}
     resume = {}
@@ -648,6 +656,9 @@ def outage_checks(load, mon, times, how, env):
           and out["worstResumeSeconds"] <= 10.0)
     if how in ("outage", "stall"):
         ok = ok and out["acceptedWhileStopped"] == 0 and out["readyz200WhileStopped"] == 0 and out["readyzPollsWhileStopped"] > 0
+        ok = ok and all(v > 0 for v in out["readyzFailedWhileStoppedPerNode"].values())
+        # down (or stalled) past the deadline: clients must have been told so (503), not kept waiting
+        ok = ok and (out["answers503"] > 0 or t_up - t_stopped <= SLOW_ANSWER)
         ok = ok and all(v["readyz200"] is not None and v["readyz200"] <= 10.0 for v in resume.values())
     out["pass"] = ok
     return out
@@ -811,7 +822,7 @@ def markdown(res):
         if o:
             during = (f"answers {o['answersDuringOutage']}; 503 without Retry-After/code: {o['answers503WithoutRetryAfterOrCode']}; "
                       f"other status {o['answersOtherStatus']}; hung {o['requestsHung']}; /readyz non-200 polls {o['readyzFailedPerNode']}")
-            during += f"; slowest answer {o['slowestAnswerSeconds']} s ({o['answersSlowerThan5s']} over 5 s)"
+            during += f"; slowest answer {o['slowestAnswerSeconds']} s ({o['answersSlowerThanDeadline']} over {o['deadlineSeconds']:g} s)"
             if "acceptedWhileStopped" in o:
                 during += (f"; 2xx while stopped: {o['acceptedWhileStopped']}; /readyz 200 while stopped: "
                            f"{o['readyz200WhileStopped']}/{o['readyzPollsWhileStopped']}")

@@ -567,11 +567,14 @@ import TestSupport
     final class Table: Sendable {
         let keys = Mutex<[CredentialKey]>([])
         let failing = Mutex(false)
+        /// Runs inside a load (a request arriving while the read is in progress).
+        let duringLoad = Mutex<(@Sendable () -> Void)?>(nil)
         let fullLoads = Mutex(0)
         let jobs = Mutex<[@Sendable () -> Void]>([])
         let now = Mutex<Int64>(0)
 
         func load(_ known: CredentialGeneration?) throws -> (generation: CredentialGeneration, keys: [CredentialKey]?) {
+            if let during = duringLoad.withLock({ f in defer { f = nil }; return f }) { during() }
             if failing.withLock({ $0 }) { throw StoreError.invalid("down") }
             let k = keys.withLock { $0 }
             // Exact, as the stores' counter: any change to the keys is a new generation.
@@ -698,6 +701,38 @@ import TestSupport
         cache.afterRead(Self.a) { v in got.withLock { $0.append(v) } }
         t.runJobs()
         #expect(got.withLock { $0 } == [.unavailable, .valid(id: "cred_a", apps: [])])
+    }
+
+    /// A request arriving while a read runs waits for the next read, unless that read fails:
+    /// then it is `.unavailable` at once, not after a second read (against a stalled PostgreSQL
+    /// each read waits out `store.requestTimeoutMs`: 10 s instead of 5 before this).
+    @Test func aFailedReadAlsoServesTheWaitersThatArrivedDuringIt() {
+        let t = Table()
+        let cache = t.cache()
+        t.failing.withLock { $0 = true }
+        let got = Mutex<[String]>([])
+        cache.afterRead(Self.a) { v in got.withLock { $0.append("first \(v)") } }
+        t.duringLoad.withLock {
+            $0 = {
+                t.now.withLock { $0 = 10 }
+                cache.afterRead(Self.a) { v in got.withLock { $0.append("during \(v)") } }
+            }
+        }
+        #expect(t.runJobs() == 1)   // one read, failed: no second one for the request that came during it
+        #expect(got.withLock { $0 } == ["first unavailable", "during unavailable"])
+        // A successful read still sends a request that came during it on to the next read.
+        t.failing.withLock { $0 = false }
+        t.keys.withLock { $0 = [CredentialKey(id: "cred_a", hash: Self.a, revoked: false)] }
+        got.withLock { $0 = [] }
+        cache.afterRead(Self.a) { v in got.withLock { $0.append("first \(v)") } }
+        t.duringLoad.withLock {
+            $0 = {
+                t.now.withLock { $0 = 20 }
+                cache.afterRead(Self.a) { v in got.withLock { $0.append("during \(v)") } }
+            }
+        }
+        #expect(t.runJobs() == 2)
+        #expect(got.withLock { $0 }.count == 2)
     }
 }
 

@@ -165,7 +165,11 @@ final class CredentialCache: Sendable {
     }
 
     /// One read; then the waiters it serves (those that arrived before it began) are resumed,
-    /// and if others arrived meanwhile the next read starts.
+    /// and if others arrived meanwhile the next read starts. A failed read serves every waiter,
+    /// also those that arrived while it ran, with `.unavailable`: the database did not answer
+    /// (or missed the deadline), and a waiter sent on to the next read would wait out a second
+    /// `store.requestTimeoutMs` against a stalled server (10 s instead of 5 in the PostgreSQL
+    /// stall scenario). Refusing admits no one, so the revocation bound is unaffected.
     private func read(startedAt: Int64) {
         let known = state.withLock { $0.copy?.generation }
         let result = Result { try load(known) }
@@ -185,7 +189,7 @@ final class CredentialCache: Sendable {
             }
             var out: [(Verdict, @Sendable (Verdict) -> Void)] = []
             s.waiters.removeAll { w in
-                guard w.since <= startedAt else { return false }
+                guard w.since <= startedAt || fresh == nil else { return false }
                 let v: Verdict
                 if let fresh {
                     if let key = w.key, let e = fresh.byKey.find(key) {
