@@ -50,6 +50,7 @@ import threading
 import time
 import traceback
 import uuid
+from reliability_threads import WorkerThreads
 
 BUNDLE = "com.example.reliability"
 KEY_ID = "RELKEY0001"
@@ -338,7 +339,7 @@ class Deliveries:
 # Load
 
 
-class Load:
+class Load(WorkerThreads):
     """Concurrent ingest on keep-alive HTTP/1.1 connections, one push token per thread, a fresh
     message index per request (so every request is a new response). Books every answer."""
 
@@ -351,20 +352,7 @@ class Load:
         self.errors = 0          # requests with no answer (connection refused/reset): not acknowledged
         self.refused = set()     # (token, session, messageIndex) answered 503: must never be stored
         self.lock = threading.Lock()
-        self.stop_flag = threading.Event()
-        self.threads = []
-
-    def start(self):
-        for k in range(self.nthreads):
-            t = threading.Thread(target=self._worker, args=(k,), daemon=True)
-            t.start()
-            self.threads.append(t)
-        return self
-
-    def stop(self):
-        self.stop_flag.set()
-        for t in self.threads:
-            t.join(timeout=15)
+        self._init_threads(threads)
 
     def _worker(self, k):
         token = self.tokens[k % len(self.tokens)]

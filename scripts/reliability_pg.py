@@ -47,6 +47,7 @@ import subprocess
 import threading
 import time
 import uuid
+from reliability_threads import WorkerThreads
 
 LEASE_SECONDS = 12          # --lease; must exceed maxQueueWaitMs + maxAnswerWaitMs + 1 s (set to 1 s and lease - 3 s)
 GRACE_MS = 5000             # an inflight row whose lease is this far past counts as stuck
@@ -226,11 +227,13 @@ class PGEnv:
 # Load through all nodes
 
 
-class PGLoad:
+class PGLoad(WorkerThreads):
     """Client threads, each with its own node, push token and session; a fresh messageIndex per
     response and random encryptedData bytes, so every row's content can be checked. A request
     without an answer goes again (same bytes) to the next node; a 503 goes again after its
     Retry-After (capped at 1 s). Every answer is booked with its time and node."""
+
+    join_seconds = CLIENT_TIMEOUT + 10
 
     def __init__(self, env, secret, threads, rate):
         self.env, self.secret, self.nthreads, self.rate = env, secret, threads, rate
@@ -239,20 +242,7 @@ class PGLoad:
         self.unacked = []      # requests abandoned at stop without a 2xx: (token, session, index)
         self.mismatch200 = []  # a resent request answered 200 with another id than a 202 had given
         self.lock = threading.Lock()
-        self.stop_flag = threading.Event()
-        self.threads = []
-
-    def start(self):
-        for k in range(self.nthreads):
-            t = threading.Thread(target=self._worker, args=(k,), daemon=True)
-            t.start()
-            self.threads.append(t)
-        return self
-
-    def stop(self):
-        self.stop_flag.set()
-        for t in self.threads:
-            t.join(timeout=CLIENT_TIMEOUT + 10)
+        self._init_threads(threads)
 
     def _worker(self, k):
         nodes = self.env.nodes
