@@ -10,6 +10,27 @@ import TestSupport
 
 @Suite(.enabled(if: PGTest.url != nil, Comment(rawValue: PGTest.skipMessage)))
 struct PostgresDeadlineTests {
+
+    /// `n` ingests submitted at once (indexes 100...), each answer with the seconds it took;
+    /// waits at most 25 s for all of them.
+    static func submitAtOnce(_ n: Int, to s: PostgresOutboxStore, secret: String) -> [(Double, Result<IngestOutcome, StoreError>)] {
+        let done = DispatchGroup()
+        let answers = Mutex<[(Double, Result<IngestOutcome, StoreError>)]>([])
+        let start = ContinuousClock.now
+        for i in 0..<n {
+            done.enter()
+            s.submit(IngestRequest(response: sample(index: UInt32(100 + i)), credentialHash: Credentials.hash(secret: secret))) { r in
+                let elapsed = ContinuousClock.now - start
+                answers.withLock { $0.append((Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18, r)) }
+                done.leave()
+            }
+        }
+        #expect(done.wait(timeout: .now() + 25) == .success)
+        let got = answers.withLock { $0 }
+        #expect(got.count == n)
+        return got
+    }
+
     let f: StoreFixture
     init() throws { f = try StoreFixture(.postgres) }
 
@@ -66,22 +87,9 @@ struct PostgresDeadlineTests {
 
         // 40 requests at once: a batch on each ingest connection, the rest queued behind them.
         let n = 40
-        let done = DispatchGroup()
-        let answers = Mutex<[(Double, Result<IngestOutcome, StoreError>)]>([])
-        let start = ContinuousClock.now
         s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"], ttlMillis: 86_400_000, maxPending: 1000,
                                                unregisteredQuarantineMillis: 0, badDeviceTokenHoldMillis: 0)
-        for i in 0..<n {
-            done.enter()
-            s.submit(IngestRequest(response: sample(index: UInt32(100 + i)), credentialHash: Credentials.hash(secret: c.secret))) { r in
-                let elapsed = ContinuousClock.now - start
-                answers.withLock { $0.append((Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18, r)) }
-                done.leave()
-            }
-        }
-        #expect(done.wait(timeout: .now() + 25) == .success)
-        let got = answers.withLock { $0 }
-        #expect(got.count == n)
+        let got = Self.submitAtOnce(n, to: s, secret: c.secret)
         let slowest = got.map(\.0).max() ?? 99
         // requestTimeoutMs 1.5 s: the documented bound is that plus scheduling; 8 s is the margin.
         #expect(slowest < 8, "slowest answer after \(slowest) s")
@@ -136,20 +144,7 @@ struct PostgresDeadlineTests {
         defer { proxy.unstall() }
         Thread.detachNewThread { Thread.sleep(forTimeInterval: 30); proxy.unstall() }
         let n = 40
-        let done = DispatchGroup()
-        let answers = Mutex<[(Double, Result<IngestOutcome, StoreError>)]>([])
-        let start = ContinuousClock.now
-        for i in 0..<n {
-            done.enter()
-            s.submit(IngestRequest(response: sample(index: UInt32(100 + i)), credentialHash: Credentials.hash(secret: c.secret))) { r in
-                let elapsed = ContinuousClock.now - start
-                answers.withLock { $0.append((Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18, r)) }
-                done.leave()
-            }
-        }
-        #expect(done.wait(timeout: .now() + 25) == .success)
-        let got = answers.withLock { $0 }
-        #expect(got.count == n)
+        let got = Self.submitAtOnce(n, to: s, secret: c.secret)
         let slowest = got.map(\.0).max() ?? 99
         #expect(slowest < 8, "slowest answer after \(slowest) s")
         for (_, r) in got {
