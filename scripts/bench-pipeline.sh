@@ -56,22 +56,7 @@ EVENTS=""
 HOOK_EVENTS=""
 start_hook_receiver() {  # sets HOOK_EVENTS: the config member of one webhook to it
   [ -n "$HOOK_EVENTS" ] && return
-  HOOK_PORT=$(free_port)
-  echo "whsec_$(openssl rand -base64 32)" > "$WORK/webhook-secret"
-  python3 - "$HOOK_PORT" <<'EOF' &
-import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", "0")))
-        self.send_response(204); self.send_header("content-length", "0"); self.end_headers()
-    do_GET = do_POST
-    def log_message(self, *_): pass
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-EOF
-  PIDS+=($!)
-  wait_url "http://127.0.0.1:$HOOK_PORT/"
+  start_webhook_receiver
   HOOK_EVENTS='"events":{"webhooks":[{"name":"bench","url":"http://127.0.0.1:'$HOOK_PORT'/hook","secretFile":"'$WORK'/webhook-secret"}]},'
 }
 if [ -n "${BENCH_WEBHOOK:-}" ]; then start_hook_receiver; EVENTS=$HOOK_EVENTS; fi

@@ -14,22 +14,7 @@ trap cleanup EXIT
 . scripts/lib-bench.sh
 start_bench_mock
 write_post_lua "$WORK/post.lua"
-HOOK_PORT=$(free_port)
-echo "whsec_$(openssl rand -base64 32)" > "$WORK/webhook-secret"
-python3 - "$HOOK_PORT" <<'PY' &
-import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", "0")))
-        self.send_response(204); self.send_header("content-length", "0"); self.end_headers()
-    do_GET = do_POST
-    def log_message(self, *_): pass
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-PY
-PIDS+=($!)
-wait_url "http://127.0.0.1:$HOOK_PORT/"
+start_webhook_receiver
 # MAX_CONCURRENT: the webhook's maxConcurrent (default: the relay's, 8).
 HOOK='"events":{"webhooks":[{"name":"bench","url":"http://127.0.0.1:'$HOOK_PORT'/hook","secretFile":"'$WORK'/webhook-secret"'${MAX_CONCURRENT:+,\"maxConcurrent\":$MAX_CONCURRENT}'}]},'
 RELAY_PORT=$(free_port); ADMIN_PORT=$(free_port)

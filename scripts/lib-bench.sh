@@ -223,3 +223,24 @@ tree_ticks() {
 }
 # ticks requests -> CPU microseconds per request
 us_per_req() { awk -v t="$1" -v n="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN{printf "%.1f", (n > 0 ? t / hz * 1e6 / n : 0)}'; }
+
+# A loopback webhook receiver answering 204 to everything (python3 http.server): sets HOOK_PORT,
+# writes a fresh secret to $WORK/webhook-secret, adds its pid to PIDS, waits until it answers.
+start_webhook_receiver() {
+  HOOK_PORT=$(free_port)
+  echo "whsec_$(openssl rand -base64 32)" > "$WORK/webhook-secret"
+  python3 - "$HOOK_PORT" <<'EOF' &
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        self.send_response(204); self.send_header("content-length", "0"); self.end_headers()
+    do_GET = do_POST
+    def log_message(self, *_): pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+EOF
+  PIDS+=($!)
+  wait_url "http://127.0.0.1:$HOOK_PORT/"
+}
