@@ -50,7 +50,7 @@ import threading
 import time
 import traceback
 import uuid
-from reliability_threads import WorkerThreads
+from reliability_common import JsonlTail, WorkerThreads
 
 BUNDLE = "com.example.reliability"
 KEY_ID = "RELKEY0001"
@@ -298,24 +298,14 @@ class Deliveries:
     """Reads mock-apns' --deliveries-log incrementally (it survives mock restarts)."""
 
     def __init__(self, path):
-        self.path = path
-        self.offset = 0
+        self.tail = JsonlTail(path)
         self.count = collections.Counter()
         self.first_at = {}
         self.by_token = collections.Counter()
         self.received_wall = {}  # apns-id -> mock-apns' receivedAt of the first delivery (UNIX s)
-        self.partial = b""
 
     def poll(self):
-        if not os.path.exists(self.path):
-            return
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        self.offset += len(data)
-        data = self.partial + data
-        lines = data.split(b"\n")
-        self.partial = lines.pop()
+        lines = self.tail.new_lines()
         now = time.monotonic()
         for line in lines:
             if not line.strip():

@@ -47,7 +47,7 @@ import subprocess
 import threading
 import time
 import uuid
-from reliability_threads import WorkerThreads
+from reliability_common import JsonlTail, WorkerThreads
 
 LEASE_SECONDS = 12          # --lease; must exceed maxQueueWaitMs + maxAnswerWaitMs + 1 s (set to 1 s and lease - 3 s)
 GRACE_MS = 5000             # an inflight row whose lease is this far past counts as stuck
@@ -461,21 +461,14 @@ class MockLog:
     """mock-apns' deliveries log: count per apns-id and the encryptedData of each delivery."""
 
     def __init__(self, path):
-        self.path, self.offset, self.partial = path, 0, b""
+        self.tail = JsonlTail(path)
         self.count = collections.Counter()
         self.data = {}
         self.data_mismatch = set()
         self.received = collections.defaultdict(list)  # apns-id -> mock-apns' receivedAt of each delivery (UNIX s)
 
     def poll(self):
-        if not os.path.exists(self.path):
-            return
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        self.offset += len(chunk)
-        lines = (self.partial + chunk).split(b"\n")
-        self.partial = lines.pop()
+        lines = self.tail.new_lines()
         for line in lines:
             if not line.strip():
                 continue
