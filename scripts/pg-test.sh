@@ -48,12 +48,19 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
-start() {
-  local dir=$1
-  mkdir -p "$dir"
-  dir=$(cd "$dir" && pwd)
+# DIR created if missing, owned by postgres when run as root, mode 700; prints its absolute path.
+private_dir() {
+  mkdir -p "$1"
+  local dir
+  dir=$(cd "$1" && pwd)
   [ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
   chmod 700 "$dir"
+  printf %s "$dir"
+}
+
+start() {
+  local dir
+  dir=$(private_dir "$1")
   local port
   port=$(free_port)
   as_pg "$BIN/initdb" -D "$dir/data" -U relay --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 || {
@@ -108,11 +115,8 @@ resume() {
 }
 
 standby() {
-  local primary=$1 dir=$2
-  mkdir -p "$dir"
-  dir=$(cd "$dir" && pwd)
-  [ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
-  chmod 700 "$dir"
+  local primary=$1 dir
+  dir=$(private_dir "$2")
   local port
   port=$(free_port)
   as_pg "$BIN/pg_basebackup" -h 127.0.0.1 -p "$(cat "$primary/port")" -U relay -D "$dir/data" -R -X stream -c fast >"$dir/basebackup.log" 2>&1 || {
