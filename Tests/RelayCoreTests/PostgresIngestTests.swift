@@ -351,6 +351,17 @@ struct PostgresIngestBatchTests {
 /// the check and the commit: a revocation or a 410 committed after the read refuses the
 /// batch (401, 410), and one that starts during the write waits for its commit.
 extension PostgresIngestBatchTests {
+    /// A credential, one response of `token` stored and claimed (the push on its way); nil
+    /// (recorded) when the store refused it.
+    func oneRowClaimed(_ s: PostgresOutboxStore, token: String) throws -> (credential: CreatedCredential, sent: [OutboxRow])? {
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        guard case .accepted = try s.ingestNow(sample(token: token, index: 1), secret: c.secret, apps: apps) else {
+            Issue.record("not accepted")
+            return nil
+        }
+        return (c, try s.claimDue(limit: 1))
+    }
+
     /// Runs `body` once, on the ingest thread, between the next batch's read and its write.
     func betweenReadAndWrite(_ s: PostgresOutboxStore, _ body: @escaping @Sendable () throws -> Void) {
         let once = Mutex(true)
@@ -395,10 +406,9 @@ extension PostgresIngestBatchTests {
     func aMarkRecordedBetweenTheReadAndTheInsertIsRefusedAndTheTokenStaysRefused(reason: String, refusal: IngestOutcome) throws {
         let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
         defer { s.close() }
-        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         let token = String(repeating: "de", count: 32)
-        guard case .accepted = try s.ingestNow(sample(token: token, index: 1), secret: c.secret, apps: apps) else { Issue.record("not accepted"); return }
-        let sent = try s.claimDue(limit: 1)
+        guard let claimed = try oneRowClaimed(s, token: token) else { return }
+        let (c, sent) = claimed
         #expect(sent.count == 1)
         f.clock.advance(5)
         let answeredAt = f.clock.nowMillis()
@@ -418,10 +428,9 @@ extension PostgresIngestBatchTests {
     @Test func aProbeTakenByAnotherNodeBetweenTheReadAndTheInsertIsRefused() throws {
         let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
         defer { s.close() }
-        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         let token = String(repeating: "dc", count: 32)
-        guard case .accepted = try s.ingestNow(sample(token: token, index: 1), secret: c.secret, apps: apps) else { Issue.record("not accepted"); return }
-        let sent = try s.claimDue(limit: 1)
+        guard let claimed = try oneRowClaimed(s, token: token) else { return }
+        let (c, sent) = claimed
         try s.apply([DeliveryUpdate(id: sent[0].id, pushToken: token,
                                     outcome: .unregistered(reason: "Unregistered", apnsTimestamp: f.clock.nowMillis()), attempt: nil)])
         f.clock.advance(3_600_001)   // the quarantine is over: the next response is the probe
@@ -471,10 +480,9 @@ extension PostgresIngestBatchTests {
     @Test func a410DuringTheWriteWaitsForItsCommitAndTheTokenStaysRefused() throws {
         let s = try f.openPostgres(nodeID: "a", ingestConnections: 1)
         defer { s.close() }
-        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         let token = String(repeating: "de", count: 32)
-        guard case .accepted = try s.ingestNow(sample(token: token, index: 1), secret: c.secret, apps: apps) else { Issue.record("not accepted"); return }
-        let sent = try s.claimDue(limit: 1)
+        guard let claimed = try oneRowClaimed(s, token: token) else { return }
+        let (c, sent) = claimed
         #expect(sent.count == 1)
         f.clock.advance(5)
         let answeredAt = f.clock.nowMillis()
