@@ -221,6 +221,30 @@ import Testing
         #expect(answered.value == 0)
     }
 
+    /// One credential's polls take at most maxWaitingPerCredential places: its extra polls are
+    /// answered at once, and another credential's poll still waits (the waiting room is shared).
+    @Test func oneCredentialsPollsDoNotFillTheWaitingRoom() throws {
+        let f = try StoreFixture(.sqlite)
+        let s = try f.open()
+        let workers = WorkerPool(name: "feed-test", threads: 2)
+        defer {
+            workers.close()
+            s.close()
+        }
+        let feed = EventFeed(store: s, workers: workers, pollMillis: nil)
+        let answered = Counter()
+        let query = EventFeedQuery(after: 0, limit: 10, waitSeconds: 30)
+        for _ in 0..<(EventFeed.maxWaitingPerCredential + 10) {
+            feed.serve(credentialID: "cred_greedy", query: query, deadlineMicros: monotonicMicros() + 30_000_000) { _ in answered.add() }
+        }
+        waitUntil("the greedy credential's extra polls are answered") {
+            answered.value == 10 && feed.parkedCount == EventFeed.maxWaitingPerCredential && feed.readsUnderWay == 0
+        }
+        feed.serve(credentialID: "cred_other", query: query, deadlineMicros: monotonicMicros() + 30_000_000) { _ in answered.add() }
+        waitUntil("the other credential's poll waits") { feed.parkedCount == EventFeed.maxWaitingPerCredential + 1 && feed.readsUnderWay == 0 }
+        #expect(answered.value == 10)
+    }
+
     @Test func aLongPollWithNothingToSayEndsEmptyAtItsDeadline() throws {
         let h = try Harness(dir: dir, clock: clock)
         // Another credential's event does not answer this one's poll.

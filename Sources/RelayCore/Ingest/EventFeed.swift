@@ -102,6 +102,9 @@ final class EventFeed: Sendable {
 
     /// Long polls waiting at once; past it a poll is answered at once (empty, as if `wait` were 0).
     static let maxWaiting = 1024
+    /// Of those, one credential's: its extra polls are answered at once, so one tenant's polls
+    /// never fill the waiting room and turn another tenant's long polls into short ones.
+    static let maxWaitingPerCredential = 64
     /// Woken polls read at once: a commit for many credentials queues their reads here instead
     /// of filling the worker pool (whose queue, when full, answers every read 503).
     static let maxRereads = 4
@@ -246,7 +249,7 @@ final class EventFeed: Sendable {
                 if s.all != seen.all || (s.generations[w.credentialID] ?? 0) != seen.credential {
                     s.due.append(w)   // woken while it read: read again
                     parked = true
-                } else if s.waitingCount < Self.maxWaiting {
+                } else if s.waitingCount < Self.maxWaiting, (s.waiting[w.credentialID]?.count ?? 0) < Self.maxWaitingPerCredential {
                     s.waiting[w.credentialID, default: []].append(w)
                     s.waitingCount += 1
                     parked = true
