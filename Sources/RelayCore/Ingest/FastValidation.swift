@@ -22,12 +22,35 @@ import Glibc
 
 extension IngestValidation {
     static func fastValidate(_ body: UnsafeBufferPointer<UInt8>, limits: IngestLimits) -> NewResponse? {
-        guard let base = body.baseAddress else { return nil }
-        let n = body.count
-        var i = 0
-        // Value byte ranges per slot (string contents without quotes, or a number's digits).
+        guard let base = body.baseAddress, let fields = scanFields(base, body.count) else { return nil }
+        return decodeFields(base, fields, limits: limits)
+    }
+
+    /// Where each known field's value lies in the body: string contents without their quotes,
+    /// or a number's digits. A slot not present has start -1.
+    struct FieldRanges {
         var starts = (-1, -1, -1, -1, -1, -1)
         var ends = (0, 0, 0, 0, 0, 0)
+
+        @inline(__always)
+        mutating func set(_ slot: Int, _ start: Int, _ end: Int) {
+            switch slot {
+            case 0: starts.0 = start; ends.0 = end
+            case 1: starts.1 = start; ends.1 = end
+            case 2: starts.2 = start; ends.2 = end
+            case 3: starts.3 = start; ends.3 = end
+            case 4: starts.4 = start; ends.4 = end
+            default: starts.5 = start; ends.5 = end
+            }
+        }
+    }
+
+    /// Step 1: the object's shape. Nil for anything but a flat object of distinct known keys
+    /// holding plain strings (messageIndex: also a plain integer) with the five required present.
+    @inline(__always)
+    private static func scanFields(_ base: UnsafePointer<UInt8>, _ n: Int) -> FieldRanges? {
+        var i = 0
+        var fields = FieldRanges()
         var seen: UInt8 = 0
 
         while i < n, isJSONSpace(base[i]) { i += 1 }
@@ -67,14 +90,7 @@ extension IngestValidation {
                     guard isJSONSpace(b) || b == UInt8(ascii: ",") || b == UInt8(ascii: "}") else { return nil }
                 }
             }
-            switch slot {
-            case 0: starts.0 = valueStart; ends.0 = valueEnd
-            case 1: starts.1 = valueStart; ends.1 = valueEnd
-            case 2: starts.2 = valueStart; ends.2 = valueEnd
-            case 3: starts.3 = valueStart; ends.3 = valueEnd
-            case 4: starts.4 = valueStart; ends.4 = valueEnd
-            default: starts.5 = valueStart; ends.5 = valueEnd
-            }
+            fields.set(slot, valueStart, valueEnd)
             while i < n, isJSONSpace(base[i]) { i += 1 }
             guard i < n else { return nil }
             if base[i] == UInt8(ascii: ",") { i += 1; continue }
@@ -84,23 +100,14 @@ extension IngestValidation {
         }
         while i < n, isJSONSpace(base[i]) { i += 1 }
         guard i == n, seen & 0b11111 == 0b11111 else { return nil }
+        return fields
+    }
 
-        // pushToken: Basics.PushToken's rule, canonical lowercase. Checked and lowercased
-        // in one pass straight into the String's storage; a bad byte abandons the String.
-        let tokenStart = base + starts.0
-        let tokenCount = ends.0 - starts.0
-        guard PushToken.isValidLength(tokenCount) else { return nil }
-        var tokenOK = true
-        let pushToken = String(unsafeUninitializedCapacity: tokenCount) { out in
-            for k in 0..<tokenCount {
-                let b = tokenStart[k]
-                let lower = b | 0x20   // maps A-F to a-f; digits already have the bit
-                guard b &- 0x30 < 10 || lower &- 0x61 < 6 else { tokenOK = false; return 0 }
-                out[k] = b &- 0x30 < 10 ? b : lower
-            }
-            return tokenCount
-        }
-        guard tokenOK else { return nil }
+    /// Step 2: each value's own check and conversion, in slot order.
+    @inline(__always)
+    private static func decodeFields(_ base: UnsafePointer<UInt8>, _ fields: FieldRanges, limits: IngestLimits) -> NewResponse? {
+        let (starts, ends) = (fields.starts, fields.ends)
+        guard let pushToken = lowercasedPushToken(base + starts.0, ends.0 - starts.0) else { return nil }
 
         // sessionIdentifier: a UUID, canonical uppercase, checked and formatted in one pass.
         guard let session = UUIDText.canonicalUppercase(UnsafeBufferPointer(start: base + starts.1, count: ends.1 - starts.1)) else { return nil }
@@ -109,17 +116,7 @@ extension IngestValidation {
         guard let keyID = Base64.decode(UnsafeBufferPointer(start: base + starts.2, count: ends.2 - starts.2), trailingBits: .ignored),
               keyID.count == 4 else { return nil }
 
-        // messageIndex: 1...10 decimal digits, at most UInt32.max.
-        let digitCount = ends.3 - starts.3
-        guard digitCount > 0, digitCount <= 10 else { return nil }
-        var value: UInt64 = 0
-        for k in starts.3..<ends.3 {
-            let d = base[k] &- 0x30
-            guard d < 10 else { return nil }
-            value = value * 10 + UInt64(d)
-        }
-        guard value <= UInt64(UInt32.max) else { return nil }
-        let index = UInt32(value)
+        guard let index = decimalIndex(base + starts.3, ends.3 - starts.3) else { return nil }
 
         // encryptedData: base64 of a sealed box whose APNs payload fits.
         guard let sealed = Base64.decode(UnsafeBufferPointer(start: base + starts.4, count: ends.4 - starts.4), trailingBits: .ignored),
@@ -138,6 +135,37 @@ extension IngestValidation {
             app = String(decoding: UnsafeBufferPointer(start: base + starts.5, count: count), as: UTF8.self)
         }
         return NewResponse(app: app, pushToken: pushToken, sessionIdentifier: session, keyID: keyID, messageIndex: index, encryptedData: sealed)
+    }
+
+    /// pushToken: Basics.PushToken's rule, canonical lowercase. Checked and lowercased in one
+    /// pass straight into the String's storage; a bad byte abandons the String.
+    @inline(__always)
+    private static func lowercasedPushToken(_ tokenStart: UnsafePointer<UInt8>, _ tokenCount: Int) -> String? {
+        guard PushToken.isValidLength(tokenCount) else { return nil }
+        var tokenOK = true
+        let pushToken = String(unsafeUninitializedCapacity: tokenCount) { out in
+            for k in 0..<tokenCount {
+                let b = tokenStart[k]
+                let lower = b | 0x20   // maps A-F to a-f; digits already have the bit
+                guard b &- 0x30 < 10 || lower &- 0x61 < 6 else { tokenOK = false; return 0 }
+                out[k] = b &- 0x30 < 10 ? b : lower
+            }
+            return tokenCount
+        }
+        return tokenOK ? pushToken : nil
+    }
+
+    /// messageIndex: 1...10 decimal digits, at most UInt32.max.
+    @inline(__always)
+    private static func decimalIndex(_ digits: UnsafePointer<UInt8>, _ digitCount: Int) -> UInt32? {
+        guard digitCount > 0, digitCount <= 10 else { return nil }
+        var value: UInt64 = 0
+        for k in 0..<digitCount {
+            let d = digits[k] &- 0x30
+            guard d < 10 else { return nil }
+            value = value * 10 + UInt64(d)
+        }
+        return value <= UInt64(UInt32.max) ? UInt32(value) : nil
     }
 
     @inline(__always)
