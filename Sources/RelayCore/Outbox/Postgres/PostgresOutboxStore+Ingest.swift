@@ -175,91 +175,123 @@ extension PostgresOutboxStore {
         FROM u WHERE u.id NOT IN (SELECT id FROM ins)
         """
 
+    /// What step 1 read: the batch's credentials, the stored rows holding its keys, the token
+    /// marks (as read, and as this batch's probes update them) and the tokens' pacing.
+    private struct BatchFacts {
+        var creds: [[UInt8]: CredentialFacts] = [:]
+        var found: [Int: [String: ExistingRow]] = [:]
+        var marks: [String: (recordedAt: Int64, reason: String)] = [:]
+        var seenMarks: [String: Int64] = [:]
+        var pacedUntil: [String: Int64] = [:]
+    }
+
+    /// What step 2 decided: an outcome for every request refused or found, the rows to insert
+    /// (ids minted, in arrival order), the requests repeating an earlier one of the batch, the
+    /// probes, and the credentials whose last_used_at to touch.
+    private struct BatchPlan {
+        var outcomes: [Result<IngestOutcome, StoreError>?]
+        var insert: [(item: Int, credID: String, key: Key, id: String)] = []
+        var duplicateOf: [(item: Int, of: Int, credID: String)] = []
+        var probes: [Int: String] = [:]   // item -> its token, whose hold starts again if it is stored
+        var touched: [String: Int64] = [:]
+    }
+
     private func ingest(_ items: [PendingIngest], _ settings: IngestStoreSettings, _ c: PostgresConnection) throws
         -> [Result<IngestOutcome, StoreError>] {
-        // 1. The facts, in one round trip. Credentials are read on every batch: a revocation
-        //    committed by relayctl (on any node) takes effect for the very next batch.
+        let facts = try readFacts(items, c)
+        var plan = decide(items, facts, settings)
+        let notStored = try write(&plan, items, facts, settings, c)
+        return try settle(plan, notStored: notStored, items, c)
+    }
+
+    /// 1. The facts, in one round trip. Credentials are read on every batch: a revocation
+    ///    committed by relayctl (on any node) takes effect for the very next batch.
+    private func readFacts(_ items: [PendingIngest], _ c: PostgresConnection) throws -> BatchFacts {
         let responses = items.map(\.request.response)
         let hashes = Array(Set(items.map(\.request.credentialHash)))
         let tokens = Array(Set(items.map(\.request.response.pushToken)))
-        let facts = try c.pipeline([
+        let answers = try c.pipeline([
             ("SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ANY($1)", [.bytesArray(hashes)]),
             Self.existingStatement(responses),
             ("SELECT token, recorded_at, reason FROM unregistered_tokens WHERE token = ANY($1)", [.textArray(tokens)]),
             ("SELECT token, paced_until FROM token_pacing WHERE token = ANY($1)", [.textArray(tokens)]),
         ])
-        var creds: [[UInt8]: CredentialFacts] = [:]
-        for r in facts[0].rows {
+        var facts = BatchFacts()
+        for r in answers[0].rows {
             guard let id = r[0].string, let h = r[1].bytes else { continue }
-            creds[h] = CredentialFacts(id: id, hash: h, apps: Credentials.splitApps(r[2].string ?? ""), revoked: !r[3].isNull)
+            facts.creds[h] = CredentialFacts(id: id, hash: h, apps: Credentials.splitApps(r[2].string ?? ""), revoked: !r[3].isNull)
         }
-        let found = try Self.existingRows(facts[1].rows, count: items.count)
-        var marks: [String: (recordedAt: Int64, reason: String)] = [:]
-        for r in facts[2].rows {
-            if let t = r[0].string, let at = r[1].int { marks[t] = (at, r[2].string ?? StoreRules.unregisteredReason) }
+        facts.found = try Self.existingRows(answers[1].rows, count: items.count)
+        for r in answers[2].rows {
+            if let t = r[0].string, let at = r[1].int { facts.marks[t] = (at, r[2].string ?? StoreRules.unregisteredReason) }
         }
-        let seenMarks = marks.mapValues(\.recordedAt)   // as read: the INSERT checks nothing changed since
-        var probes: [Int: String] = [:]   // item -> its token, whose hold starts again if it is stored
-        var pacedUntil: [String: Int64] = [:]
-        for r in facts[3].rows {
-            if let t = r[0].string, let p = r[1].int { pacedUntil[t] = p }
+        facts.seenMarks = facts.marks.mapValues(\.recordedAt)   // as read: the INSERT checks nothing changed since
+        for r in answers[3].rows {
+            if let t = r[0].string, let p = r[1].int { facts.pacedUntil[t] = p }
         }
+        return facts
+    }
 
-        // 2. Decide each request in arrival order, as SQLiteOutboxStore does one by one.
-        var outcomes = [Result<IngestOutcome, StoreError>?](repeating: nil, count: items.count)
-        var touched: [String: Int64] = [:]
+    /// 2. Decide each request in arrival order, as SQLiteOutboxStore does one by one; then the
+    ///    outbox bound, the last check: reserved here, in arrival order, so batches in flight on
+    ///    other connections count too (given back by step 3 for whatever is not stored).
+    private func decide(_ items: [PendingIngest], _ facts: BatchFacts, _ settings: IngestStoreSettings) -> BatchPlan {
+        var plan = BatchPlan(outcomes: .init(repeating: nil, count: items.count))
+        var marks = facts.marks
         var firstInBatch: [Key: Int] = [:]         // key -> the item that inserts it
-        var duplicateOf: [(item: Int, of: Int, credID: String)] = []
         var wanted: [(item: Int, credID: String, key: Key)] = []
         for (n, item) in items.enumerated() {
             let req = item.request
-            switch StoreRules.admit(credential: creds[req.credentialHash], presentedHash: req.credentialHash, requestedApp: req.response.app,
+            switch StoreRules.admit(credential: facts.creds[req.credentialHash], presentedHash: req.credentialHash, requestedApp: req.response.app,
                                     configuredApps: settings.configuredApps) {
             case .refused(let outcome):
-                outcomes[n] = .success(outcome)
+                plan.outcomes[n] = .success(outcome)
             case .admitted(let credID, let app):
                 if StoreRules.lastUsedIsStale(touchedAt: touchedAt.withLock({ $0[credID] }), now: item.now) {
-                    touched[credID] = max(touched[credID] ?? 0, item.now)
+                    plan.touched[credID] = max(plan.touched[credID] ?? 0, item.now)
                 }
                 let key = Key(app: app, req.response)
-                if let e = found[n]?[app] {
-                    outcomes[n] = .success(StoreRules.dedupe(e, credentialID: credID, encryptedData: req.response.encryptedData))
+                if let e = facts.found[n]?[app] {
+                    plan.outcomes[n] = .success(StoreRules.dedupe(e, credentialID: credID, encryptedData: req.response.encryptedData))
                 } else if let first = firstInBatch[key] {
-                    duplicateOf.append((n, first, credID))
+                    plan.duplicateOf.append((n, first, credID))
                 } else if let m = marks[req.response.pushToken],
                           case .refused(let outcome) = StoreRules.markAdmission(reason: m.reason, recordedAt: m.recordedAt, now: item.now, settings: settings) {
-                    outcomes[n] = .success(outcome)
+                    plan.outcomes[n] = .success(outcome)
                 } else {
                     let token = req.response.pushToken
                     if let m = marks[token], StoreRules.markAdmission(reason: m.reason, recordedAt: m.recordedAt, now: item.now, settings: settings) == .probe {
                         marks[token]?.recordedAt = item.now   // one probe per hold, in this batch too
-                        probes[n] = token
+                        plan.probes[n] = token
                     }
                     firstInBatch[key] = n
                     wanted.append((n, credID, key))
                 }
             }
         }
-        // The outbox bound is the last check: reserved here, in arrival order, so batches in
-        // flight on other connections count too; given back for whatever is not stored.
         let granted = reservePending(wanted.count, limit: settings.maxPending)
-        var insert: [(item: Int, credID: String, key: Key, id: String)] = []
         ids.withLock { gen in
             for (k, w) in wanted.enumerated() {
                 if k < granted {
-                    insert.append((w.item, w.credID, w.key, gen.mint(nowMillis: items[w.item].now).id))
+                    plan.insert.append((w.item, w.credID, w.key, gen.mint(nowMillis: items[w.item].now).id))
                 } else {
-                    outcomes[w.item] = .success(.overCapacity)
+                    plan.outcomes[w.item] = .success(.overCapacity)
                 }
             }
         }
+        return plan
+    }
 
-        // 3. One round trip that commits: the locks, the rows (checked again under them), then
-        //    last_used_at (at most once a minute per credential and node). Rows go in key order
-        //    and credentials in id order, so two batches (of this node or another) take their
-        //    row locks in the same order.
+    /// 3. One round trip that commits: the locks, the rows (checked again under them), then
+    ///    last_used_at (at most once a minute per credential and node). Rows go in key order
+    ///    and credentials in id order, so two batches (of this node or another) take their
+    ///    row locks in the same order. Returns the rows not inserted, by position in
+    ///    `plan.insert`: refused by the re-check, or their key taken.
+    private func write(_ plan: inout BatchPlan, _ items: [PendingIngest], _ facts: BatchFacts, _ settings: IngestStoreSettings,
+                       _ c: PostgresConnection) throws -> [Int: (revoked: Bool, markReason: String?)] {
         if let hook = ingestWillWrite.withLock({ $0 }) { hook() }
-        insert.sort { $0.key < $1.key }
+        plan.insert.sort { $0.key < $1.key }
+        let insert = plan.insert
         var write: [(sql: String, params: [PGValue])] = []
         if !insert.isEmpty {
             let rs = insert.map { items[$0.item].request.response }
@@ -269,48 +301,52 @@ extension PostgresOutboxStore {
                 .textArray(insert.map(\.id)), .textArray(insert.map(\.key.app)), .textArray(rs.map(\.pushToken)),
                 .textArray(rs.map(\.sessionIdentifier)), .bytesArray(rs.map(\.keyID)), .intArray(rs.map { Int64($0.messageIndex) }),
                 .bytesArray(rs.map(\.encryptedData)), .textArray(insert.map(\.credID)),
-                .intArray(insert.map { max(items[$0.item].now, pacedUntil[items[$0.item].request.response.pushToken] ?? 0) }),
+                .intArray(insert.map { max(items[$0.item].now, facts.pacedUntil[items[$0.item].request.response.pushToken] ?? 0) }),
                 .intArray(nows), .intArray(nows.map { $0 + settings.ttlMillis }),
-                .intArray(rs.map { seenMarks[$0.pushToken] ?? -1 }), .int(settings.badDeviceTokenHoldMillis),
+                .intArray(rs.map { facts.seenMarks[$0.pushToken] ?? -1 }), .int(settings.badDeviceTokenHoldMillis),
             ]))
         }
         // A probe's hold starts again with it (only if it is stored: it commits with the rows).
         var rearmed: [String: Int64] = [:]
-        for row in insert { if let token = probes[row.item] { rearmed[token] = max(rearmed[token] ?? .min, items[row.item].now) } }
+        for row in insert { if let token = plan.probes[row.item] { rearmed[token] = max(rearmed[token] ?? .min, items[row.item].now) } }
         for token in rearmed.keys.sorted() {
             write.append(("UPDATE unregistered_tokens SET recorded_at = $2 WHERE token = $1 AND recorded_at < $2", [.text(token), .int(rearmed[token]!)]))
         }
+        let touched = plan.touched
         let touchedIDs = touched.keys.sorted()
         for id in touchedIDs {
             write.append(("UPDATE credentials SET last_used_at = $1 WHERE id = $2 AND (last_used_at IS NULL OR last_used_at < $1) AND revoked_at IS NULL",
                           [.int(touched[id]!), .text(id)]))
         }
-        // Rows not inserted, by position in `insert`: refused by the re-check, or their key taken.
         var notStored: [Int: (revoked: Bool, markReason: String?)] = [:]
-        if !write.isEmpty {
-            do {
-                let answers = try c.pipeline(write)
-                if !insert.isEmpty {
-                    for r in answers[1].rows {
-                        guard let n = r[0].int, n >= 1, n <= insert.count, let revoked = r[1].bool
-                        else { throw StoreError.invalid("malformed insert answer") }
-                        notStored[Int(n) - 1] = (revoked, r[2].string)
-                    }
+        guard !write.isEmpty else { return notStored }
+        do {
+            let answers = try c.pipeline(write)
+            if !insert.isEmpty {
+                for r in answers[1].rows {
+                    guard let n = r[0].int, n >= 1, n <= insert.count, let revoked = r[1].bool
+                    else { throw StoreError.invalid("malformed insert answer") }
+                    notStored[Int(n) - 1] = (revoked, r[2].string)
                 }
-            } catch {
-                adjustPending(-insert.count)
-                throw error
             }
-            touchedAt.withLock { t in for id in touchedIDs { t[id] = max(t[id] ?? 0, touched[id]!) } }
+        } catch {
+            adjustPending(-insert.count)
+            throw error
         }
+        touchedAt.withLock { t in for id in touchedIDs { t[id] = max(t[id] ?? 0, touched[id]!) } }
+        return notStored
+    }
 
-        // 4. Committed. A credential revoked or a token recorded unregistered since the read
-        //    refuses its rows as the read would have. A row another node (or connection)
-        //    inserted meanwhile conflicted, after waiting for its commit, and is answered as the
-        //    duplicate it is.
+    /// 4. Committed. A credential revoked or a token recorded unregistered since the read
+    ///    refuses its rows as the read would have. A row another node (or connection) inserted
+    ///    meanwhile conflicted, after waiting for its commit, and is answered as the duplicate
+    ///    it is. A request repeating an earlier one of the batch shares its fate.
+    private func settle(_ plan: BatchPlan, notStored: [Int: (revoked: Bool, markReason: String?)], _ items: [PendingIngest],
+                        _ c: PostgresConnection) throws -> [Result<IngestOutcome, StoreError>] {
+        var outcomes = plan.outcomes
         var rowOf: [Int: Result<ExistingRow, StoreError>] = [:]   // item -> the row holding its key
         var lost: [(item: Int, credID: String, app: String)] = []
-        for (k, row) in insert.enumerated() {
+        for (k, row) in plan.insert.enumerated() {
             if let refused = notStored[k] {
                 if refused.revoked {
                     outcomes[row.item] = .success(.unauthorized)
@@ -341,14 +377,13 @@ extension PostgresOutboxStore {
                 outcomes[l.item] = row.map { StoreRules.dedupe($0, credentialID: l.credID, encryptedData: items[l.item].request.response.encryptedData) }
             }
         }
-        // A request repeating an earlier one of the batch shares its fate: the row it stored
-        // (or found), or its refusal by the outbox bound.
-        // A 401 is the first one's credential's, not this one's: it may retry.
-        for d in duplicateOf {
+        // The repeat shares the row its first stored (or found), or its refusal by the outbox
+        // bound. A 401 is the first one's credential's, not this one's: it may retry.
+        for d in plan.duplicateOf {
             let data = items[d.item].request.response.encryptedData
             if let r = rowOf[d.of] {
                 outcomes[d.item] = r.map { StoreRules.dedupe($0, credentialID: d.credID, encryptedData: data) }
-            } else if case .success(.unauthorized)? = outcomes[d.of], insert.first(where: { $0.item == d.of })?.credID != d.credID {
+            } else if case .success(.unauthorized)? = outcomes[d.of], plan.insert.first(where: { $0.item == d.of })?.credID != d.credID {
                 outcomes[d.item] = .failure(.unavailable("the request stored first with this key was refused; retry"))
             } else {
                 outcomes[d.item] = outcomes[d.of]
