@@ -269,7 +269,7 @@ Latency is measured per response from the client's send time to mock-apns' \`rec
 (millisecond resolution) on the same clock. Load average during the run: $(cut -d' ' -f1-3 /proc/loadavg)
 (other processes share these $(nproc) cores). Most of the RSS is file-backed pages of shared
 libraries (the Swift runtime, libcrypto, FoundationEssentials; relay-server links neither
-Foundation/ICU nor libcurl, docs/architecture.md "Memory"): the anonymous part does
+Foundation/ICU nor libcurl, docs/storage.md "Memory"): the anonymous part does
 not grow with the number of queued rows, which are never loaded into memory.
 
 EOF

@@ -1,5 +1,5 @@
 // relay-server must not link Foundation (with ICU) or libcurl: together they cost ~7 MB of
-// resident memory per process (docs/architecture.md, "Memory"). One Foundation-only call in any
+// resident memory per process (docs/storage.md, "Memory"). One Foundation-only call in any
 // module relay-server depends on would bring them back silently, so the linkage is a test.
 import Foundation
 import Testing

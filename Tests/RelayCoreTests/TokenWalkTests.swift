@@ -5,7 +5,7 @@ import Testing
 
 /// A 410 or TooManyRequests for a token with thousands of waiting rows: the rows end as the
 /// token's answer says, in bounded steps with other tokens' ingests committing in between, and
-/// across a restart (docs/architecture.md "Token-wide outcomes").
+/// across a restart (docs/storage.md "Token-wide outcomes").
 extension StoreContractTests {
     static let busyToken = String(repeating: "ab", count: 32)
     static let otherToken = String(repeating: "cd", count: 32)

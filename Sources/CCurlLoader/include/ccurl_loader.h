@@ -1,6 +1,6 @@
 // libcurl loaded with dlopen, only when a relay has webhooks configured (RelayCore's
 // WebhookTransport). relay-server must not link libcurl: its dependency tree (GnuTLS, Kerberos,
-// LDAP, libssh2, librtmp...) costs resident memory in every relay process (docs/architecture.md,
+// LDAP, libssh2, librtmp...) costs resident memory in every relay process (docs/storage.md,
 // "Memory"; Tests/IntegrationTests/LinkageTests.swift). curl.h is included for its types and
 // constants only; every call goes through a pointer that ccurld_load resolved. The variadic
 // curl_easy_setopt / curl_multi_setopt / curl_easy_getinfo get one typed wrapper per argument

@@ -7,7 +7,7 @@
 // its next transaction start the WAL over (so the file stops growing), and a PASSIVE checkpoint
 // of its own when the WAL passes the hard limit. Durability is SQLite's: every checkpoint syncs
 // the WAL before and the database file after copying (synchronous as the writer's), and a WAL
-// is only reused once all of it is in the synced database file. docs/architecture.md "Checkpoints".
+// is only reused once all of it is in the synced database file. docs/storage.md "Checkpoints".
 import Dispatch
 import FoundationEssentials
 import POSIXThreads
@@ -19,7 +19,7 @@ public struct SQLiteCheckpointPolicy: Sendable, Equatable {
     public var passivePages = 1024
     /// WAL size from which the checkpointer catches up and has the writer restart the WAL.
     /// Small on purpose: every commit appends its hot pages again, and SQLite's lookup of a page
-    /// in the WAL walks all of that page's entries (docs/architecture.md "Checkpoints").
+    /// in the WAL walks all of that page's entries (docs/storage.md "Checkpoints").
     public var restartPages = 1024
     /// Frames the writer copies itself to restart the WAL (the checkpointer catches up first).
     public var restartResiduePages = 256

@@ -1,4 +1,4 @@
-// SQLiteOutboxStore: the dedupe key's index (schema v6, docs/architecture.md "Dedupe index").
+// SQLiteOutboxStore: the dedupe key's index (schema v6, docs/storage.md "Dedupe index").
 // A key (app, push token, session, key id, message index; the app since v7) is found through a
 // 64-bit keyed hash `h` whose high half hashes the token alone (a token's rows, whatever their
 // app, are one range of h). Keys of rows up

@@ -1,5 +1,5 @@
 // OutboxStore on SQLite (WAL). Writes go through the GroupCommitWriter (one thread, one
-// connection); reads use a second connection behind a lock. Schema: docs/architecture.md.
+// connection); reads use a second connection behind a lock. Schema: docs/storage.md.
 // This file: state, opening and the two connections; each job is in SQLiteOutboxStore+<job>.swift
 // (Schema, Ingest, Dispatch, Queries, OperatorActions, Credentials).
 import FoundationEssentials
