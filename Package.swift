@@ -82,8 +82,8 @@ let package = Package(
         .executableTarget(name: "push-bench", dependencies: ["PushClient"]),
 
         // MARK: Tests (mirror the source targets; integration tests drive the real binaries)
-        // Helpers shared by the test targets (seeded PRNG, loopback sockets); Glibc only.
-        .target(name: "TestSupport", path: "Tests/TestSupport"),
+        // Helpers shared by the test targets (seeded PRNG, loopback sockets); no Foundation.
+        .target(name: "TestSupport", dependencies: ["POSIXThreads"], path: "Tests/TestSupport"),
         // Test-only fault injection under SQLite's unix VFS (ENOSPC, EIO, short writes, EINTR).
         .target(name: "CSQLiteFault", dependencies: ["CSQLite"], path: "Tests/CSQLiteFault"),
         .testTarget(name: "BasicsTests", dependencies: ["Basics", "COpenSSL"]),
