@@ -353,7 +353,7 @@ import TestSupport
         for _ in 0..<4 { outbox.add() }
         let sender = Self.sender(receiver.url, outbox, metrics: WebhookMetrics(), timeoutMillis: 60_000)
         try sender.start()
-        #expect(eventually(10) { receiver.requests.count == 4 })
+        #expect(eventually(30) { receiver.requests.count == 4 })
         let started = Date()
         sender.stop(grace: .milliseconds(200))
         #expect(Date().timeIntervalSince(started) < 5)
