@@ -82,8 +82,8 @@ let package = Package(
         .executableTarget(name: "push-bench", dependencies: ["PushClient"]),
 
         // MARK: Tests (mirror the source targets; integration tests drive the real binaries)
-        // Helpers shared by the test targets (seeded PRNG, loopback sockets); Glibc only.
-        .target(name: "TestSupport", path: "Tests/TestSupport"),
+        // Helpers shared by the test targets (seeded PRNG, loopback sockets); no Foundation.
+        .target(name: "TestSupport", dependencies: ["POSIXThreads"], path: "Tests/TestSupport"),
         // Test-only fault injection under SQLite's unix VFS (ENOSPC, EIO, short writes, EINTR).
         .target(name: "CSQLiteFault", dependencies: ["CSQLite"], path: "Tests/CSQLiteFault"),
         .testTarget(name: "BasicsTests", dependencies: ["Basics", "COpenSSL"]),
@@ -92,7 +92,7 @@ let package = Package(
         .testTarget(name: "KeyExchangeTests", dependencies: ["KeyExchange", "Ratchet", "COpenSSL"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "POSIXThreads", "TestSupport"]),
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "TestSupport"]),
-        .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs", "TestSupport"]),
+        .testTarget(name: "PushClientTests", dependencies: ["PushClient", "MockAPNs", "POSIXThreads", "TestSupport"]),
         .testTarget(name: "MockAPNsTests", dependencies: ["MockAPNs", "KeyExchange", "Ratchet"]),
         .testTarget(name: "RelayCoreTests", dependencies: ["RelayCore", "HTTPServer", "PushClient", "MockAPNs", "Ratchet", "POSIXThreads", "TestSupport", "CSQLiteFault"]),
         .testTarget(name: "IntegrationTests", dependencies: ["BuildInfo", "Ratchet", "RelayCore", "TestSupport"], exclude: ["Golden"]),

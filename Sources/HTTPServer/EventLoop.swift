@@ -1,5 +1,5 @@
 // The libuv loop: one `EventLoop` per loop thread (loop, cross-thread task queue woken by a
-// uv_async, listener). The connection's handles are in TCPSocket.swift. Handles are
+// uv_async, listener). The listener is in Listener.swift, a connection's handles in TCPSocket.swift. Handles are
 // heap-allocated so they never move while libuv holds them; the Swift object a handle points
 // back to is retained until that handle's close callback ran.
 internal import CUV
@@ -34,7 +34,7 @@ final class EventLoop: @unchecked Sendable {
     let core: ServerCore
     let loop: UnsafeMutablePointer<uv_loop_t>
     private let async: UnsafeMutablePointer<uv_async_t>
-    private var listener: UnsafeMutablePointer<uv_tcp_t>?
+    private var listener: Listener?
     private let tasks = Mutex(TaskQueue())
     private let threadID = Atomic<UInt>(0)
     private var thread: pthread_t?
@@ -103,7 +103,7 @@ final class EventLoop: @unchecked Sendable {
             }
         }
         guard rc == 0 else { throw HTTPServerError.invalidAddress("\(host):\(port)") }
-        let fd = socket(isV6 ? AF_INET6 : AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        let fd = socket(isV6 ? AF_INET6 : AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
         guard fd >= 0 else { throw HTTPServerError.libuv(operation: "socket", message: String(cString: strerror(errno))) }
         var one: Int32 = 1
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
@@ -114,32 +114,19 @@ final class EventLoop: @unchecked Sendable {
         let brc = withUnsafePointer(to: &storage) { p in
             p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) }
         }
-        guard brc == 0 else {
+        guard brc == 0, Glibc.listen(fd, 1024) == 0 else {
             let msg = String(cString: strerror(errno))
             close(fd)
-            throw HTTPServerError.libuv(operation: "bind \(host):\(port)", message: msg)
-        }
-        let handle = UnsafeMutablePointer<uv_tcp_t>.allocate(capacity: 1)
-        uv_tcp_init(loop, handle)
-        handle.pointee.data = Unmanaged.passUnretained(self).toOpaque()
-        listener = handle
-        var urc = uv_tcp_open(handle, uv_os_sock_t(fd))
-        if urc == 0 {
-            urc = uv_listen(UnsafeMutableRawPointer(handle).assumingMemoryBound(to: uv_stream_t.self), 1024) { server, status in
-                guard let server, let data = server.pointee.data else { return }
-                Unmanaged<EventLoop>.fromOpaque(data).takeUnretainedValue().accept(status: status)
-            }
-        }
-        guard urc == 0 else {
-            closeListener()
-            throw HTTPServerError.libuv(operation: "listen \(host):\(port)", message: uvMessage(urc))
+            throw HTTPServerError.libuv(operation: (brc == 0 ? "listen " : "bind ") + "\(host):\(port)", message: msg)
         }
         var bound = sockaddr_storage()
-        var blen = Int32(MemoryLayout<sockaddr_storage>.size)
+        var blen = socklen_t(MemoryLayout<sockaddr_storage>.size)
         _ = withUnsafeMutablePointer(to: &bound) { p in
-            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { uv_tcp_getsockname(handle, $0, &blen) }
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &blen) }
         }
-        return Self.port(of: &bound)
+        let boundPort = Self.port(of: &bound)
+        listener = try Listener(loop: self, fd: fd, address: "\(isV6 ? "[\(host)]" : host):\(boundPort)")
+        return boundPort
     }
 
     private static func port(of storage: inout sockaddr_storage) -> Int {
@@ -152,11 +139,8 @@ final class EventLoop: @unchecked Sendable {
     }
 
     private func closeListener() {
-        guard let l = listener else { return }
+        listener?.close()
         listener = nil
-        uv_close(UnsafeMutableRawPointer(l).assumingMemoryBound(to: uv_handle_t.self)) { h in
-            h?.deallocate()
-        }
     }
 
     func startThread() throws {
@@ -242,11 +226,11 @@ final class EventLoop: @unchecked Sendable {
 
     // MARK: Accepting
 
-    private func accept(status: Int32) {
-        guard status == 0, let l = listener else { return }
+    /// A connection the listener accepted (`fd` non-blocking, close-on-exec; now owned here).
+    func accepted(_ fd: Int32) {
         let socket = TCPSocket(loop: self)
-        let rc = uv_accept(UnsafeMutableRawPointer(l).assumingMemoryBound(to: uv_stream_t.self), socket.stream)
-        guard rc == 0 else {
+        guard socket.open(fd) else {
+            close(fd)
             socket.close()
             return
         }

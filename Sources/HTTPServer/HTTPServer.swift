@@ -155,6 +155,9 @@ final class ServerCore: Sendable {
     }
     func recordProxyRefused() { counters.withLock { $0.proxyHeaderFailures += 1 } }
     func recordTimeout() { counters.withLock { $0.timeouts += 1 } }
+    func recordAcceptFailure() { counters.withLock { $0.acceptFailures += 1 } }
+    /// HTTPServerConfiguration.onAcceptError, if set (the listener tells each episode once).
+    func tellAcceptError(_ message: String) { configuration.onAcceptError?(message) }
     func recordInputBudgetClose() { counters.withLock { $0.connectionsClosedForInputBudget += 1 } }
     func recordHandshakeFailure() { counters.withLock { $0.tlsHandshakeFailures += 1 } }
     func recordParseError(_ kind: String) { counters.withLock { $0.parseErrorsByKind[kind, default: 0] += 1 } }

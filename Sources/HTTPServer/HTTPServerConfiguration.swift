@@ -137,6 +137,12 @@ public struct HTTPServerConfiguration: Sendable {
     /// Asked once per accepted connection, on its loop thread (keep it short); nil serves every
     /// connection. For test servers that misbehave on purpose (mock-apns' connection faults).
     public var admission: (@Sendable () -> HTTPAdmission)?
+    /// Told (on a loop thread; keep it short) when accepting fails for a reason that is not one
+    /// connection's own: once when a shortage of descriptors, buffers or memory pauses accepting
+    /// (retried with a back-off, 10 ms doubling to 1 s) and once when it works again; once when
+    /// the listening socket is broken (shut down or closed under the server) and that loop stops
+    /// accepting. Each failed accept is counted in `HTTPServerMetrics.acceptFailures`.
+    public var onAcceptError: (@Sendable (_ message: String) -> Void)?
 
     /// `{"error":"<kind>"}`, the default `errorResponse`.
     public static let plainErrorResponse: @Sendable (Int, String) -> HTTPReply = { status, kind in
@@ -187,6 +193,9 @@ public struct HTTPServerMetrics: Sendable, Equatable {
     /// Connections closed because connections together held more input than
     /// `maxBufferedInputBytesTotal` (the one holding most on its loop goes first).
     public var connectionsClosedForInputBudget: Int = 0
+    /// Accepts that failed for lack of descriptors, buffers or memory (each pause), or on a
+    /// broken listening socket (`HTTPServerConfiguration.onAcceptError`).
+    public var acceptFailures: Int = 0
 
     public init() {}
 

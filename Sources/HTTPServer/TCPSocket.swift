@@ -41,6 +41,9 @@ final class TCPSocket {
         UnsafeMutableRawPointer(tcp).assumingMemoryBound(to: uv_stream_t.self)
     }
 
+    /// Takes an accepted socket; false if libuv refused it (the caller still owns `fd`).
+    func open(_ fd: Int32) -> Bool { uv_tcp_open(tcp, uv_os_sock_t(fd)) == 0 }
+
     func setNoDelay() { uv_tcp_nodelay(tcp, 1) }
 
     func setSendBuffer(_ bytes: Int) {

@@ -7,8 +7,8 @@ import TestSupport
 @testable import HTTPClient
 
 /// Answers every connection with `response` (raw bytes) once the request has arrived, then
-/// closes it. Counts the connections it served. `stop()` only shuts the listener down; its
-/// thread closes it, so the descriptor cannot be reused under an accept still to come.
+/// closes it. Counts the connections it served. `stop()` returns once the accept thread is gone
+/// (LoopbackListener.close), so no accept runs on a descriptor number closed and reused since.
 private final class ScriptedServer: Sendable {
     let listener: LoopbackListener
     let response: [UInt8]
@@ -17,51 +17,38 @@ private final class ScriptedServer: Sendable {
     init(_ response: [UInt8]) throws {
         listener = try LoopbackListener()
         self.response = response
-        let thread = Thread { [self] in serve() }
-        thread.start()
+        listener.acceptInBackground { [self] fd in serve(fd) }
     }
 
     convenience init(status: String, headers: [String], body: [UInt8]) throws {
         try self.init(Array(("HTTP/1.1 \(status)\r\n" + headers.map { $0 + "\r\n" }.joined() + "\r\n").utf8) + body)
     }
 
-    private let stopping = Atomic<Bool>(false)
-
-    func stop() {
-        stopping.store(true, ordering: .releasing)
-        shutdown(listener.fd, Int32(SHUT_RDWR))
-    }
+    func stop() { listener.close() }
 
     var url: String { "http://127.0.0.1:\(listener.port)" }
     var connections: Int { served.load(ordering: .acquiring) }
 
-    private func serve() {
+    /// One connection (the client's request arrives at once: curl, in the same test).
+    private func serve(_ fd: Int32) {
+        served.add(1, ordering: .releasing)
+        // The request: its head, then Content-Length bytes.
+        var data = [UInt8]()
+        var buffer = [UInt8](repeating: 0, count: 65536)
         while true {
-            let fd = accept(listener.fd, nil, nil)
-            guard fd >= 0 else {
-                if stopping.load(ordering: .acquiring) { return listener.close() }
-                if errno == EINTR || errno == ECONNABORTED { continue }
-                return   // left open: stop() must not shut down a descriptor number reused since
-            }
-            served.add(1, ordering: .releasing)
-            // The request: its head, then Content-Length bytes.
-            var data = [UInt8]()
-            var buffer = [UInt8](repeating: 0, count: 65536)
-            while true {
-                let n = read(fd, &buffer, buffer.count)
-                guard n > 0 else { break }
-                data += buffer[0..<n]
-                guard let end = data.indices.dropLast(3).first(where: { data[$0] == 13 && data[$0 + 1] == 10 && data[$0 + 2] == 13 && data[$0 + 3] == 10 }) else { continue }
-                let head = String(decoding: data[0..<end], as: UTF8.self).lowercased()
-                let length = head.split(separator: "\r\n").compactMap { line -> Int? in
-                    line.hasPrefix("content-length:") ? Int(line.dropFirst(15).trimmingCharacters(in: .whitespaces)) : nil
-                }.first ?? 0
-                if data.count >= end + 4 + length { break }
-            }
-            _ = response.withUnsafeBytes { writeAll(fd, $0) }
-            shutdown(fd, Int32(SHUT_WR))
-            close(fd)
+            let n = read(fd, &buffer, buffer.count)
+            guard n > 0 else { break }
+            data += buffer[0..<n]
+            guard let end = data.indices.dropLast(3).first(where: { data[$0] == 13 && data[$0 + 1] == 10 && data[$0 + 2] == 13 && data[$0 + 3] == 10 }) else { continue }
+            let head = String(decoding: data[0..<end], as: UTF8.self).lowercased()
+            let length = head.split(separator: "\r\n").compactMap { line -> Int? in
+                line.hasPrefix("content-length:") ? Int(line.dropFirst(15).trimmingCharacters(in: .whitespaces)) : nil
+            }.first ?? 0
+            if data.count >= end + 4 + length { break }
         }
+        _ = response.withUnsafeBytes { writeAll(fd, $0) }
+        shutdown(fd, Int32(SHUT_WR))
+        close(fd)
     }
 
     private func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) -> Bool {

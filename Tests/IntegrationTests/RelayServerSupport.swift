@@ -126,6 +126,8 @@ final class RelayChild: @unchecked Sendable {
     let name: String
     private let log = RelayLogBuffer()
     private var errPipe: Pipe?
+    /// Signalled by the stderr reader at EOF (nil without one).
+    private var stderrRead: DispatchSemaphore?
 
     /// `readStderr: false` leaves stderr a pipe nobody reads (it fills at 64 KiB); what it
     /// holds is read only after the process exited.
@@ -141,13 +143,26 @@ final class RelayChild: @unchecked Sendable {
         errPipe = err
         process.standardError = err
         process.standardOutput = FileHandle.nullDevice
-        let log = self.log
-        if readStderr { err.fileHandleForReading.readabilityHandler = { h in
-            let d = h.availableData
-            if d.isEmpty { h.readabilityHandler = nil; return }
-            log.bytes.withLock { $0 += d }
-        } }
         try process.run()
+        guard readStderr else { return }
+        // A thread of its own reads to EOF, and `wait` waits for that EOF: with a
+        // readabilityHandler, wait() could look while the handler held a chunk it had read but
+        // not yet appended (under load: the start-up error line missing from stderr).
+        let log = self.log
+        let done = DispatchSemaphore(value: 0)
+        stderrRead = done
+        let fd = err.fileHandleForReading.fileDescriptor
+        Thread.detachNewThread { [err] in
+            var buffer = [UInt8](repeating: 0, count: 65536)
+            while true {
+                let n = read(fd, &buffer, buffer.count)
+                if n > 0 { log.bytes.withLock { $0 += buffer[0..<n] }; continue }
+                if n < 0 && errno == EINTR { continue }
+                break
+            }
+            withExtendedLifetime(err) {}   // the pipe (and `fd`) stays open until EOF
+            done.signal()
+        }
     }
 
     deinit {
@@ -190,13 +205,16 @@ final class RelayChild: @unchecked Sendable {
         return process.terminationStatus
     }
 
-    /// After exit: stop the async reader and take whatever it had not read yet, so stderr is
-    /// complete when a test looks at it.
+    /// After exit: everything the process wrote to stderr is in `stderr` when this returns
+    /// (bounded: a descendant still holding the pipe open would keep it from ending).
     private func drainStderr() {
-        guard let h = errPipe?.fileHandleForReading else { return }
-        h.readabilityHandler = nil
-        let rest = h.readDataToEndOfFile()
-        if !rest.isEmpty { log.bytes.withLock { $0 += rest } }
+        if let done = stderrRead {
+            _ = done.wait(timeout: .now() + 30)
+            stderrRead = nil
+        } else if let h = errPipe?.fileHandleForReading {
+            let rest = h.readDataToEndOfFile()
+            if !rest.isEmpty { log.bytes.withLock { $0 += rest } }
+        }
         errPipe = nil
     }
 }

@@ -339,7 +339,7 @@ import Glibc
         let h = try RelayHarness()
         func start(_ extra: [String] = []) throws -> (status: Int32?, stderr: String) {
             let p = try RelayChild(relayBinary("relay-server"), ["--config", h.dir + "/relay.json"] + extra, name: "relay-server")
-            let status = p.wait(seconds: 15)
+            let status = p.wait(seconds: 60)   // a start-up that fails takes well under 1 s unloaded
             return (status, p.stderr)
         }
         let good = try String(contentsOfFile: h.dir + "/relay.json", encoding: .utf8)
@@ -510,5 +510,21 @@ import Glibc
         let stopping = receive(until: "STOPPING=1")
         #expect(stopping.contains { $0.contains("STOPPING=1") })
         #expect(h.relay?.wait(seconds: 15) == 0)
+    }
+}
+
+/// The harness's child process: what it wrote to stderr is all there once `wait` returns.
+@Suite struct RelayChildTests {
+    /// Start-up failures are judged by their stderr line right after exit, so `wait` must not
+    /// return before the reader has everything: 200 children that write one line and exit at
+    /// once. (Without the wait for the reader's EOF, 47 of 200 lines were missing.)
+    @Test func stderrIsCompleteWhenWaitReturns() throws {
+        var missing = 0
+        for i in 0..<200 {
+            let p = try RelayChild("/bin/sh", ["-c", "echo line-\(i) >&2; exit 3"], name: "sh")
+            #expect(p.wait(seconds: 60) == 3)
+            if !p.stderr.contains("line-\(i)\n") { missing += 1 }
+        }
+        #expect(missing == 0, "\(missing) of 200 stderr lines missing when wait returned")
     }
 }

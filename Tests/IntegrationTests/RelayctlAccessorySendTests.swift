@@ -20,48 +20,45 @@ private final class FakeRelay: @unchecked Sendable {
         listener = try LoopbackListener()
         self.statePath = statePath
         self.script = script
-        let thread = Thread { [unowned self] in self.serve() }
-        thread.start()
+        // The accept thread holds the fake until `listener.close()`, which every test defers.
+        listener.acceptInBackground { [self] fd in serve(fd) }
     }
 
     var requests: [Received] { lock.lock(); defer { lock.unlock() }; return received }
 
-    private func serve() {
-        while true {
-            let fd = accept(listener.fd, nil, nil)
-            guard fd >= 0 else { return }
-            var data = [UInt8]()
-            var buffer = [UInt8](repeating: 0, count: 65536)
-            var request: (headers: String, body: [UInt8])?
-            while request == nil {
-                let n = read(fd, &buffer, buffer.count)
-                guard n > 0 else { break }
-                data += buffer[0..<n]
-                if let end = data.indices.dropLast(3).first(where: { data[$0] == 13 && data[$0 + 1] == 10 && data[$0 + 2] == 13 && data[$0 + 3] == 10 }) {
-                    let headers = String(decoding: data[0..<end], as: UTF8.self)
-                    let length = headers.split(separator: "\r\n").compactMap { line -> Int? in
-                        let p = line.split(separator: ":", maxSplits: 1)
-                        return p.count == 2 && p[0].lowercased() == "content-length" ? Int(p[1].trimmingCharacters(in: .whitespaces)) : nil
-                    }.first ?? 0
-                    if data.count >= end + 4 + length { request = (headers, Array(data[(end + 4)..<(end + 4 + length)])) }
-                }
+    /// One connection: its request, the next scripted answer, close.
+    private func serve(_ fd: Int32) {
+        var data = [UInt8]()
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        var request: (headers: String, body: [UInt8])?
+        while request == nil {
+            let n = read(fd, &buffer, buffer.count)
+            guard n > 0 else { break }
+            data += buffer[0..<n]
+            if let end = data.indices.dropLast(3).first(where: { data[$0] == 13 && data[$0 + 1] == 10 && data[$0 + 2] == 13 && data[$0 + 3] == 10 }) {
+                let headers = String(decoding: data[0..<end], as: UTF8.self)
+                let length = headers.split(separator: "\r\n").compactMap { line -> Int? in
+                    let p = line.split(separator: ":", maxSplits: 1)
+                    return p.count == 2 && p[0].lowercased() == "content-length" ? Int(p[1].trimmingCharacters(in: .whitespaces)) : nil
+                }.first ?? 0
+                if data.count >= end + 4 + length { request = (headers, Array(data[(end + 4)..<(end + 4 + length)])) }
             }
-            if let request {
-                let state = (try? JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: statePath)))) as? [String: Any]
-                // `accessory send` keeps its ratchet under "sending", `send-test` under "ratchet".
-                let onDisk = (((state?["sending"] ?? state?["ratchet"]) as? [String: Any])?["nextIndex"] as? Int) ?? -1
-                let auth = request.headers.split(separator: "\r\n").first { $0.lowercased().hasPrefix("authorization:") }.map(String.init) ?? ""
-                lock.lock()
-                received.append(Received(json: (try? JSONSerialization.jsonObject(with: Data(request.body))) as? [String: Any] ?? [:],
-                                         nextIndexOnDisk: onDisk, authorization: auth))
-                let (status, extra) = script.isEmpty ? (500, "") : script.removeFirst()
-                lock.unlock()
-                let body = status == 409 ? #"{"error":"conflict","field":"messageIndex"}"# : #"{"id":"00000000-0000-0000-0000-000000000001","state":"queued"}"#
-                let response = "HTTP/1.1 \(status) X\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\(extra)\r\n\(body)"
-                _ = Array(response.utf8).withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-            }
-            close(fd)
         }
+        if let request {
+            let state = (try? JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: statePath)))) as? [String: Any]
+            // `accessory send` keeps its ratchet under "sending", `send-test` under "ratchet".
+            let onDisk = (((state?["sending"] ?? state?["ratchet"]) as? [String: Any])?["nextIndex"] as? Int) ?? -1
+            let auth = request.headers.split(separator: "\r\n").first { $0.lowercased().hasPrefix("authorization:") }.map(String.init) ?? ""
+            lock.lock()
+            received.append(Received(json: (try? JSONSerialization.jsonObject(with: Data(request.body))) as? [String: Any] ?? [:],
+                                     nextIndexOnDisk: onDisk, authorization: auth))
+            let (status, extra) = script.isEmpty ? (500, "") : script.removeFirst()
+            lock.unlock()
+            let body = status == 409 ? #"{"error":"conflict","field":"messageIndex"}"# : #"{"id":"00000000-0000-0000-0000-000000000001","state":"queued"}"#
+            let response = "HTTP/1.1 \(status) X\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\(extra)\r\n\(body)"
+            _ = Array(response.utf8).withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        }
+        close(fd)
     }
 }
 

@@ -35,17 +35,10 @@ final class ScriptedH2Server: @unchecked Sendable {
     init(_ script: Script) throws {
         self.script = script
         listener = try LoopbackListener()
-        Thread { [self] in
-            var index = 0
-            while true {
-                let fd = accept(listener.fd, nil, nil)
-                if fd < 0 { return }
-                let n = index
-                index += 1
-                log.withLock { $0.answered.append(0) }
-                Thread { [self] in serve(fd, connection: n) }.start()
-            }
-        }.start()
+        listener.acceptInBackground { [self] fd in
+            let n = log.withLock { $0.answered.append(0); return $0.answered.count - 1 }
+            Thread { [self] in serve(fd, connection: n) }.start()
+        }
     }
 
     func close() { listener.close() }

@@ -1,6 +1,7 @@
 // Helpers shared by the PushClient tests: temp dirs, running CLI tools, throwaway keys/certs,
 // loopback listeners. Everything binds 127.0.0.1 on ephemeral ports.
 import Foundation
+import POSIXThreads
 import TestSupport
 @testable import PushClient
 
@@ -78,8 +79,7 @@ func derSignature(raw: [UInt8]) -> [UInt8] {
 
 /// A TCP listener that accepts connections and never writes a byte: the "dead server".
 final class SilentListener: @unchecked Sendable {
-    // @unchecked: `socket` is immutable; accepted fds are only touched by the accept thread
-    // until `close()`, which runs after the test has finished with the listener.
+    // @unchecked: `socket` is immutable and closes itself safely; `accepted` is guarded by `lock`.
     private let socket: LoopbackListener
     var fd: Int32 { socket.fd }
     var port: Int { socket.port }
@@ -88,18 +88,12 @@ final class SilentListener: @unchecked Sendable {
 
     init() throws {
         socket = try LoopbackListener()
-        let fd = socket.fd
-        Thread { [self] in
-            while true {
-                let c = accept(fd, nil, nil)
-                if c < 0 { return }
-                lock.lock(); accepted.append(c); lock.unlock()
-            }
-        }.start()
+        socket.acceptInBackground { [self] c in lock.lock(); accepted.append(c); lock.unlock() }
     }
 
     var acceptedCount: Int { lock.lock(); defer { lock.unlock() }; return accepted.count }
 
+    /// Stops accepting (the accept thread is gone when it returns), then closes what it accepted.
     func close() {
         socket.close()
         lock.lock(); for c in accepted { Glibc.close(c) }; accepted.removeAll(); lock.unlock()
@@ -179,60 +173,71 @@ final class ManualClock: PushClock, @unchecked Sendable {
 /// stop flowing both ways but the sockets stay open (a black-holed connection, as after a
 /// NAT or middlebox dropped its state). Connections accepted after `freezeExisting()` flow.
 final class FreezableProxy: @unchecked Sendable {
-    // @unchecked: `listener` and `target` are immutable; `frozenBefore`, `accepted` and `fds`
-    // are guarded by `lock`.
+    // @unchecked: `listener` and `target` are immutable; `frozenBefore`, `accepted`, `fds`,
+    // `pumps` and `stopped` are guarded by `condition`.
     private let listener: LoopbackListener
     private let target: Int
-    private let lock = NSLock()
+    private let condition = Condition()
     private var accepted = 0
     private var frozenBefore = 0
     private var fds: [Int32] = []
+    /// Pump threads still running: they use `fds`, which are closed only once this is 0.
+    private var pumps = 0
     private var stopped = false
     var port: Int { listener.port }
 
     init(targetPort: Int) throws {
         listener = try LoopbackListener()
         target = targetPort
-        Thread { [self] in acceptLoop() }.start()
+        listener.acceptInBackground { [self] c in connect(c) }
     }
 
-    func freezeExisting() { lock.lock(); frozenBefore = accepted; lock.unlock() }
+    func freezeExisting() { condition.withLock { frozenBefore = accepted } }
 
-    var connectionCount: Int { lock.lock(); defer { lock.unlock() }; return accepted }
+    var connectionCount: Int { condition.withLock { accepted } }
 
+    /// Stops accepting, wakes the pumps (shut down both ways), waits for them to leave, and only
+    /// then closes the descriptors: a pump between its `stopped` check and its next read must
+    /// not reach a number closed and reused meanwhile.
     func close() {
-        lock.lock(); stopped = true; let all = fds; fds.removeAll(); lock.unlock()
         listener.close()
+        condition.lock()
+        stopped = true
+        for fd in fds { shutdown(fd, Int32(SHUT_RDWR)) }
+        while pumps > 0 { condition.wait() }
+        let all = fds
+        fds.removeAll()
+        condition.unlock()
         for fd in all { Glibc.close(fd) }
     }
 
-    private func acceptLoop() {
-        while true {
-            let c = accept(listener.fd, nil, nil)
-            if c < 0 { return }
-            let upstream = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            var addr = sockaddr_in()
-            addr.sin_family = sa_family_t(AF_INET)
-            addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-            addr.sin_port = UInt16(target).bigEndian
-            let ok = withUnsafePointer(to: &addr) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(upstream, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-            }
-            lock.lock()
-            if stopped || !ok { lock.unlock(); Glibc.close(c); Glibc.close(upstream); continue }
-            accepted += 1
-            let serial = accepted
-            fds += [c, upstream]
-            lock.unlock()
-            Thread { [self] in pump(c, upstream, serial: serial) }.start()
+    private func connect(_ c: Int32) {
+        let upstream = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = UInt16(target).bigEndian
+        let ok = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(upstream, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
         }
+        condition.lock()
+        if stopped || !ok { condition.unlock(); Glibc.close(c); Glibc.close(upstream); return }
+        accepted += 1
+        let serial = accepted
+        fds += [c, upstream]
+        pumps += 1
+        condition.unlock()
+        Thread { [self] in
+            pump(c, upstream, serial: serial)
+            condition.withLock { pumps -= 1; condition.broadcast() }
+        }.start()
     }
 
     private func pump(_ a: Int32, _ b: Int32, serial: Int) {
         var buf = [UInt8](repeating: 0, count: 16384)
         var fds = [pollfd(fd: a, events: Int16(POLLIN), revents: 0), pollfd(fd: b, events: Int16(POLLIN), revents: 0)]
         while true {
-            lock.lock(); let frozen = serial <= frozenBefore; let stop = stopped; lock.unlock()
+            let (frozen, stop) = condition.withLock { (serial <= frozenBefore, stopped) }
             if stop { return }
             if frozen { usleep(20_000); continue }   // hold the bytes: nothing is read or written
             fds[0].revents = 0; fds[1].revents = 0

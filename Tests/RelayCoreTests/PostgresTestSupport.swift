@@ -4,6 +4,7 @@
 import Foundation
 import Ratchet
 import Testing
+import TestSupport
 @testable import RelayCore
 
 enum PGTest {
@@ -141,30 +142,20 @@ struct SkewedClock: RelayClock {
 /// A loopback TCP proxy in front of the test PostgreSQL that a test can cut (every connection
 /// closed, new ones closed on accept) and restore: a database outage that touches no other test.
 final class OutageProxy: @unchecked Sendable {
-    // @unchecked Sendable: `sockets`, `halfDone`, `down` and `stopped` are only touched under `lock`; the listening
-    // socket is set in init and closed in stop().
-    private let listener: Int32
+    // @unchecked Sendable: `sockets`, `halfDone`, `down`, `stalled`, `held` and `stopped` are
+    // only touched under `lock`; the listener closes itself once its accept thread is gone.
+    private let listener: LoopbackListener
     private let targetPort: UInt16
     private let lock = NSLock()
     private var sockets: Set<Int32> = []
     private var down = false
     private var stopped = false
-    let port: Int
+    var port: Int { listener.port }
 
     init(targetPort: Int) throws {
         self.targetPort = UInt16(targetPort)
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var addr = Self.loopback(0)
-        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let ok = withUnsafeMutablePointer(to: &addr) { p in
-            p.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 && listen(fd, 64) == 0
-            }
-        }
-        guard fd >= 0, ok else { throw StoreError.invalid("proxy listen failed") }
-        listener = fd
-        port = Int(UInt16(bigEndian: addr.sin_port))
-        Thread.detachNewThread { [self] in self.acceptLoop() }
+        do { listener = try LoopbackListener(backlog: 64) } catch { throw StoreError.invalid("proxy listen failed: \(error)") }
+        listener.acceptInBackground { [self] client in self.accepted(client) }
     }
 
     static func loopback(_ port: UInt16) -> sockaddr_in {
@@ -218,43 +209,39 @@ final class OutageProxy: @unchecked Sendable {
         return stalled
     }
 
+    /// Cuts every connection and stops accepting (the accept thread is gone when it returns).
     func stop() {
         lock.lock()
         stopped = true
         lock.unlock()
         cut()
-        shutdown(listener, Int32(SHUT_RDWR))
-        close(listener)
+        listener.close()
+        lock.lock()
+        for c in held { close(c) }
+        held = []
+        lock.unlock()
     }
 
-    private func acceptLoop() {
-        while true {
-            let client = accept(listener, nil, nil)
-            if client < 0 {
-                lock.lock(); let over = stopped; lock.unlock()
-                if over { return }
-                continue
-            }
-            lock.lock()
-            let refuse = down
-            if stalled { held.append(client) }
-            let hold = stalled
-            lock.unlock()
-            if hold { continue }
-            if refuse { close(client); continue }
-            let server = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            var addr = Self.loopback(targetPort)
-            let connected = withUnsafePointer(to: &addr) { p in
-                p.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(server, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-            }
-            guard connected else { close(client); close(server); continue }
-            lock.lock()
-            sockets.insert(client)
-            sockets.insert(server)
-            lock.unlock()
-            Thread.detachNewThread { [self] in self.pump(from: client, to: server, pair: client) }
-            Thread.detachNewThread { [self] in self.pump(from: server, to: client, pair: client) }
+    private func accepted(_ client: Int32) {
+        lock.lock()
+        let refuse = down || stopped
+        let hold = stalled && !stopped
+        if hold { held.append(client) }
+        lock.unlock()
+        if hold { return }
+        if refuse { close(client); return }
+        let server = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var addr = Self.loopback(targetPort)
+        let connected = withUnsafePointer(to: &addr) { p in
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(server, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
         }
+        guard connected else { close(client); close(server); return }
+        lock.lock()
+        sockets.insert(client)
+        sockets.insert(server)
+        lock.unlock()
+        Thread.detachNewThread { [self] in self.pump(from: client, to: server, pair: client) }
+        Thread.detachNewThread { [self] in self.pump(from: server, to: client, pair: client) }
     }
 
     private var halfDone: Set<Int32> = []

@@ -123,7 +123,8 @@ enum UUIDv7Text {
 /// A loopback HTTP/1.1 server (keep-alive, one thread per connection) that records every POST
 /// and checks its Standard Webhooks signature against each of `secrets`.
 final class WebhookTestReceiver: @unchecked Sendable {
-    // @unchecked Sendable: mutable state only under `lock`; the listener fd is closed once.
+    // @unchecked Sendable: mutable state only under `lock`; the sockets are in `listener` and
+    // `connections`, which close each descriptor once and never touch one after that.
     enum Action { case status(Int), noAnswer, redirect(String), largeBody(status: Int, bytes: Int) }
     struct Received {
         var id: String
@@ -137,13 +138,12 @@ final class WebhookTestReceiver: @unchecked Sendable {
 
     let port: Int
     private let listener: LoopbackListener
+    private let connections = ServedConnections()
     private let secrets: [WebhookSecret]
     private let decide: @Sendable (Int) -> Action
     private let lock = NSLock()
     private var received: [Received] = []
-    private var connectionFDs: [Int32] = []
-    private(set) var connectionsAccepted = 0
-    private var closed = false
+    private var accepted = 0
 
     /// `decide` gets the request's number (0, 1, ...) and says how to answer it.
     init(secrets: [WebhookSecret], port: Int? = nil, decide: @escaping @Sendable (Int) -> Action = { _ in .status(204) }) throws {
@@ -151,37 +151,30 @@ final class WebhookTestReceiver: @unchecked Sendable {
         self.decide = decide
         listener = try port.map { try LoopbackListener(port: $0) } ?? LoopbackListener()
         self.port = listener.port
-        let fd = listener.fd
-        Thread.detachNewThread { [self] in
-            while true {
-                let c = accept(fd, nil, nil)
-                if c < 0 { if errno == EINTR { continue }; return }
-                lock.lock()
-                if closed { lock.unlock(); Glibc.close(c); return }
-                connectionFDs.append(c)
-                connectionsAccepted += 1
-                lock.unlock()
-                Thread.detachNewThread { [self] in serve(c) }
-            }
+        listener.acceptInBackground { [self] c in
+            guard connections.add(c) else { return }
+            lock.lock(); accepted += 1; lock.unlock()
+            Thread.detachNewThread { [self] in serve(c) }
         }
     }
 
     var url: String { "http://127.0.0.1:\(port)/hook" }
     var requests: [Received] { lock.lock(); defer { lock.unlock() }; return received }
+    var connectionsAccepted: Int { lock.lock(); defer { lock.unlock() }; return accepted }
+    /// Connections accepted and not closed yet (a serving thread closes its connection when
+    /// the sender closes it).
+    var connectionsOpen: Int { connections.count }
 
+    /// Stops accepting and ends the connections still open. Idempotent.
     func close() {
-        lock.lock()
-        closed = true
-        let fds = connectionFDs
-        lock.unlock()
         listener.close()
-        for fd in fds { shutdown(fd, Int32(SHUT_RDWR)) }
+        connections.shutdownAll()
     }
 
     deinit { close() }
 
     private func serve(_ fd: Int32) {
-        defer { Glibc.close(fd) }
+        defer { connections.close(fd) }
         var buffer: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 16384)
         func fill() -> Bool {

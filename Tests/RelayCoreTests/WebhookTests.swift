@@ -353,7 +353,7 @@ import TestSupport
         for _ in 0..<4 { outbox.add() }
         let sender = Self.sender(receiver.url, outbox, metrics: WebhookMetrics(), timeoutMillis: 60_000)
         try sender.start()
-        #expect(eventually(10) { receiver.requests.count == 4 })
+        #expect(eventually(30) { receiver.requests.count == 4 })
         let started = Date()
         sender.stop(grace: .milliseconds(200))
         #expect(Date().timeIntervalSince(started) < 5)
@@ -425,5 +425,59 @@ import TestSupport
         #expect(lines.allSatisfy { $0.verified == [true, true] }, "standardwebhooks refused a signature: \(lines.filter { $0.verified != [true, true] })")
         let types = Dictionary(uniqueKeysWithValues: events.map { ($0.id, $0.type.rawValue) })
         #expect(lines.allSatisfy { types[$0.id] == $0.type })
+    }
+}
+
+/// The test receiver's own socket hygiene: it shares the process with every other suite, so a
+/// descriptor it touches after closing it belongs to someone else by then.
+@Suite struct WebhookTestReceiverTests {
+    /// A connection the sender hung up on is closed by its serving thread; `close()` used to
+    /// shut it down again by number, and that number was another test's socket by then (a
+    /// concurrent HTTP test's client read EOF instead of its response). Here the numbers freed
+    /// are taken by socket pairs, which must still carry bytes both ways after `close()`.
+    @Test func closeLeavesDescriptorsReusedSinceAlone() throws {
+        let receiver = try WebhookTestReceiver(secrets: WebhookSenderTests.secrets)
+        defer { receiver.close() }
+        for _ in 0..<4 {
+            let fd = try connectLoopback(receiver.port)
+            let request = Array("POST /hook HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n".utf8)
+            #expect(request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } == request.count)
+            var answer = [UInt8](repeating: 0, count: 256)
+            #expect(recv(fd, &answer, answer.count, 0) > 0)
+            Glibc.close(fd)
+        }
+        #expect(eventually(10) { receiver.connectionsOpen == 0 }, "the serving threads did not close their connections")
+        // The lowest free numbers, the four just freed among them (unless a concurrent test took one).
+        var pairs: [[Int32]] = []
+        defer { for p in pairs { Glibc.close(p[0]); Glibc.close(p[1]) } }
+        for _ in 0..<32 {
+            var p: [Int32] = [0, 0]
+            try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &p) == 0)
+            pairs.append(p)
+        }
+        receiver.close()
+        for p in pairs {
+            for (from, to) in [(p[0], p[1]), (p[1], p[0])] {
+                var byte: UInt8 = 0x2a
+                #expect(send(from, &byte, 1, Int32(MSG_NOSIGNAL)) == 1, "descriptor \(from) was shut down")
+                #expect(recv(to, &byte, 1, Int32(MSG_DONTWAIT)) == 1, "descriptor \(to) was shut down")
+            }
+        }
+    }
+
+    private func connectLoopback(_ port: Int) throws -> Int32 {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        try #require(fd >= 0)
+        var tv = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = UInt16(port).bigEndian
+        let rc = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard rc == 0 else { Glibc.close(fd); throw CocoaError(.fileReadUnknown) }
+        return fd
     }
 }

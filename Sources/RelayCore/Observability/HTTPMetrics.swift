@@ -22,6 +22,8 @@ extension PrometheusRegistry {
             ("relay_http_largest_connection_input_bytes", .gauge, "The most input one connection has held at once since start."),
             ("relay_http_connections_closed_input_budget_total", .counter,
              "Connections closed because connections together held more input than the server-wide budget."),
+            ("relay_http_accept_failures_total", .counter,
+             "Accepts that failed for lack of descriptors, buffers or memory, or on a broken listening socket."),
         ]
         for (name, kind, help) in families { declare(name, kind, help: help) }
         for (l, m) in listeners {
@@ -42,6 +44,7 @@ extension PrometheusRegistry {
             sample("relay_http_buffered_input_bytes", ["listener": l], m.bufferedInputBytes)
             sample("relay_http_largest_connection_input_bytes", ["listener": l], m.largestConnectionInputBytes)
             sample("relay_http_connections_closed_input_budget_total", ["listener": l], m.connectionsClosedForInputBudget)
+            sample("relay_http_accept_failures_total", ["listener": l], m.acceptFailures)
         }
     }
 }

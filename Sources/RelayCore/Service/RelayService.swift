@@ -191,6 +191,7 @@ public final class RelayService: @unchecked Sendable {
         serverConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: c.ingest.maxBodyBytes)
         // Authentication and the credential's bucket before `100 Continue` invites the body.
         serverConfig.continueCheck = HTTPGlue.continueCheck { ingest.continueCheck($0, $1) }
+        serverConfig.onAcceptError = { [logger] message in logger.error("ingest listener: \(message)") }
         let ingestServer = try naming("listen") { try HTTPServer(configuration: serverConfig, handler: HTTPGlue.handler { ingest.handle($0, respond: $1) }) }
         try naming("listen") { try running.start(ingestServer, grace: .milliseconds(c.dispatch.shutdownGraceMillis)) }
         self.ingestServer = ingestServer
@@ -213,6 +214,7 @@ public final class RelayService: @unchecked Sendable {
         adminConfig.limits.maxBodyBytes = 1024
         adminConfig.limits.maxConnections = OpenFileLimit.adminConnections
         adminConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: 1024)
+        adminConfig.onAcceptError = { [logger] message in logger.error("admin listener: \(message)") }
         let adminServer = try naming("admin") { try HTTPServer(configuration: adminConfig, handler: HTTPGlue.handler { admin.handle($0, respond: $1) }) }
         try naming("admin") { try running.start(adminServer, grace: .seconds(1)) }
         self.adminServer = adminServer

@@ -100,8 +100,9 @@ public final class SQLiteDatabase {
             if let db { sqlite3_close_v2(db) }
             throw StoreError.sqlite(code: rc, message: message, context: "open \(path)")
         }
-        self.handle = db
-        self.path = path
+        // Before the stored properties are set: once they all are, a throw runs deinit, which
+        // closes the handle, and closing it here as well was a second sqlite3_close_v2 on freed
+        // memory.
         let trc = sqlite3_busy_timeout(db, busyTimeoutMillis)
         guard trc == SQLITE_OK else {
             let error = StoreError.sqlite(code: trc, message: String(cString: sqlite3_errmsg(db)), context: "busy_timeout")
@@ -110,6 +111,8 @@ public final class SQLiteDatabase {
         }
         // Extended codes tell SQLITE_IOERR_FSYNC apart from other I/O errors in logs.
         sqlite3_extended_result_codes(db, 1)
+        self.handle = db
+        self.path = path
     }
 
     deinit {
