@@ -384,3 +384,10 @@ final class EventFeed: Sendable {
         return out
     }
 }
+
+extension EventFeed: OutboxCommitObserver {
+    /// The store's commits: those that wrote events read their credentials' waiting polls again.
+    func committed(_ commit: OutboxCommit) {
+        if let events = commit.events { eventsCommitted(events) }
+    }
+}

@@ -72,11 +72,6 @@ extension SQLiteOutboxStore {
         }
     }
 
-    /// Called after each commit that wrote events with their credentials (the feed's long polls); set once.
-    public func observeEvents(_ body: @escaping @Sendable (EventsCommitted) -> Void) {
-        writerState.eventObservers.withLock { $0.append(body) }
-    }
-
     // MARK: the feed and relayctl (reader)
 
     /// Rows of events examined per feed read. No index by credential: it cost a page write per

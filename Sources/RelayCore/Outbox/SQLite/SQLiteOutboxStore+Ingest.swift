@@ -80,8 +80,8 @@ extension SQLiteOutboxStore {
     private static let insertQueuedSQL = insertSQL(state: .queued)
     private static let insertInflightSQL = insertSQL(state: .inflight)
 
-    /// Runs on the writer thread inside the batch transaction. A row inserted `inflight` on a
-    /// channel slot joins `state.handedOff`, posted to the dispatcher after COMMIT.
+    /// Runs on the writer thread inside the batch transaction. A row inserted `inflight` in the
+    /// room the taker offered joins `state.handedOff`, given to it after COMMIT.
     private static func ingest(_ request: IngestJob, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> IngestOutcome {
         // Credential: looked up in the same transaction, so a revocation committed by relayctl
         // takes effect for the very next batch.
@@ -150,8 +150,10 @@ extension SQLiteOutboxStore {
         }
         // The probe's hold starts again with it: the next response waits for its answer or the hold.
         if probe { try db.run("UPDATE unregistered_tokens SET recorded_at = ? WHERE token = ?", [.integer(now), .text(r.pushToken)]) }
-        let handOff = due <= now && (state.channel?.reserve() ?? false)
-        if handOff { state.reservedInBatch += 1 }
+        // Due now and room offered before the batch (DispatchChannel): inserted `inflight` and
+        // given to the taker after COMMIT, no claim needed.
+        let handOff = due <= now && state.handOffRoom > 0
+        if handOff { state.handOffRoom -= 1 }
         var (id, high) = state.ids.mint(nowMillis: now)
         let expires = now + request.ttlMillis
         // Two statements with the state as a literal, bound without [SQLValue] arrays.
@@ -190,7 +192,7 @@ extension SQLiteOutboxStore {
         state.mintedInBatch = max(state.mintedInBatch, high)
         state.pending += 1
         guard handOff else {
-            state.queuedInBatch += 1
+            state.queuedDueInBatch = true
             return .accepted(id: id)
         }
         let row = OutboxRow(id: id, app: app, pushToken: r.pushToken, sessionIdentifier: r.sessionIdentifier, keyID: r.keyID,

@@ -197,7 +197,7 @@ extension SQLiteOutboxStore {
         state.tokenScans[token] = nil
         state.tokenScanOrder.removeAll { $0 == token }
         state.tokenScanWritten += scan.waiters   // told after COMMIT
-        // The token's held rows are due again: the dispatcher's next claim fails them.
-        state.channel?.wake()
+        // The token's held rows are due again (announced after COMMIT): the next claim fails them.
+        state.queuedDueInBatch = true
     }
 }

@@ -23,9 +23,6 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     /// Copies the WAL into the database file off the writer's path (nil when read-only).
     let checkpointer: SQLiteCheckpointer?
 
-    /// Where committed rows go to the dispatcher (nil: no dispatcher, nothing handed off).
-    let channel: DispatchChannel?
-
     final class WriterState {
         /// `ingestSettings`, set from any thread; copied into `settings` at each batch start.
         let sharedSettings = Mutex(IngestStoreSettings())
@@ -47,7 +44,9 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         /// The batch's first event (its sequence): the observers are told where its events are.
         var firstEventInBatch: Int64?
         let tally = EventTally()
-        let eventObservers = Mutex<[@Sendable (EventsCommitted) -> Void]>([])
+        /// Told after each COMMIT (OutboxCommit.swift): the dispatcher's channel, the event feed,
+        /// the webhook sender.
+        let observers = CommitObservers()
         /// queued + inflight + retry rows: read from outbox_stats at each batch start, adjusted
         /// by the batch's jobs, written back before COMMIT (so relayctl's changes from another
         /// process are seen, and start-up needs no count over the whole table).
@@ -63,15 +62,14 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         /// Tokens present in unregistered_tokens or token_pacing. Only this process inserts
         /// there (relayctl only deletes), so a token outside the set needs no lookup.
         var watchedTokens: Set<String> = []
-        /// The dispatcher's channel (set once, before the writer starts).
-        var channel: DispatchChannel?
-        /// Slots this batch took from the channel, and the rows it inserted `inflight` on them:
-        /// posted after COMMIT, given back on ROLLBACK.
-        var reservedInBatch = 0
+        /// The observer that offered room for due rows before this batch (the dispatcher's
+        /// channel), the room left, and the rows the batch inserted `inflight` for it: given to it
+        /// after COMMIT; on ROLLBACK they never existed and nothing is owed.
+        var taker: (any OutboxCommitObserver)?
+        var handOffRoom = 0
         var handedOff: [OutboxRow] = []
-        /// Rows this batch inserted `queued` (not handed off): the dispatcher hears of them once
-        /// after COMMIT when there are any.
-        var queuedInBatch = 0
+        /// The batch stored rows due that wait for a claim (queued), or made held rows due again.
+        var queuedDueInBatch = false
         /// Response ids, minted on the writer thread in commit order.
         var ids = TimeOrderedIDs()
         /// The two ingest INSERTs, held here so the hot path skips the connection's statement
@@ -127,13 +125,11 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         var clock: any RelayClock = SystemRelayClock()
     }
 
-    /// `channel`: the dispatcher's (RelayService gives both the same one); without it every row
-    /// is inserted `queued` and waits for a claim.
-    public init(path: String, options: SQLiteStoreOptions = .init(), clock: any RelayClock = SystemRelayClock(),
-                channel: DispatchChannel? = nil) throws {
+    /// Without a commit observer offering room (`addCommitObserver`: the dispatcher's channel)
+    /// every row is inserted `queued` and waits for a claim.
+    public init(path: String, options: SQLiteStoreOptions = .init(), clock: any RelayClock = SystemRelayClock()) throws {
         self.path = path
         self.clock = clock
-        self.channel = channel
         freeSpaceGuard = options.readOnly || options.minFreeBytes <= 0 ? nil
             : FreeSpaceGuard(path: path, minFreeBytes: options.minFreeBytes, probe: options.freeSpaceProbe ?? FreeSpaceGuard.statvfsAvailable)
         if options.readOnly {
@@ -175,7 +171,6 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         if let ckpt { db.onWALCommit { frames in ckpt.committed(walFrames: frames) } }
         let w = GroupCommitWriter(db: db, maxBatch: options.maxBatch)
         let state = writerState
-        state.channel = channel
         state.writer = w
         state.clock = clock
         // The dedupe merge first, so the checkpoint that may follow copies its pages too.
@@ -188,16 +183,19 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             state.events = state.sharedEventSettings.withLock { $0 }
             state.credentials.removeAll(keepingCapacity: true)
             state.lastCredential = nil
-            state.reservedInBatch = 0
-            state.queuedInBatch = 0
+            state.queuedDueInBatch = false
             state.eventsInBatch = 0
             state.eventTypesInBatch = (0, 0, 0)
             state.firstEventInBatch = nil
             state.handedOff.removeAll()
+            // Outside the transaction: the room is a number read now, not a slot taken.
+            let taker = state.observers.taker()
+            state.taker = taker?.observer
+            state.handOffRoom = taker?.room ?? 0
         }
         w.afterBatchCommitted = {
             // The array itself is handed over (it is replaced, not emptied in place).
-            channel?.committed(handedOff: state.handedOff, queued: state.queuedInBatch > 0)
+            var commit = OutboxCommit(handedOff: state.handedOff, queuedDue: state.queuedDueInBatch)
             state.handedOff = []
             state.tail.batchCommitted()
             state.committedHigh = max(state.committedHigh, state.mintedInBatch)
@@ -209,10 +207,11 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
                 state.tally.add(.responseDelivered, t.delivered)
                 state.tally.add(.responseFailed, t.failed)
                 state.tally.add(.tokenUnregistered, t.unregistered)
-                let committed = EventsCommitted(credentials: nil, after: (state.firstEventInBatch ?? 1) - 1, count: t.delivered + t.failed + t.unregistered)
+                commit.events = EventsCommitted(credentials: nil, after: (state.firstEventInBatch ?? 1) - 1, count: t.delivered + t.failed + t.unregistered)
                 state.firstEventInBatch = nil
-                for observe in state.eventObservers.withLock({ $0 }) { observe(committed) }
             }
+            state.observers.committed(commit, taker: state.taker)
+            state.taker = nil
         }
         w.afterBegin = { db in
             let read = try db.held(&state.readPending, "SELECT pending FROM outbox_stats WHERE id = 1")
@@ -231,8 +230,8 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             }
         }
         w.afterRollback = { _ in
-            if state.reservedInBatch > 0 { channel?.release(state.reservedInBatch) }
-            state.reservedInBatch = 0
+            // Nothing is announced: the rows inserted for the taker were never committed.
+            state.taker = nil
             state.handedOff = []
             state.tail.batchRolledBack()
             state.mintedInBatch = 0
@@ -261,6 +260,8 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         if writer != nil { writerState.ingestLock = nil }   // the writer thread has exited
         checkpointer?.stop()
     }
+    public func addCommitObserver(_ observer: any OutboxCommitObserver) { writerState.observers.add(observer) }
+
     func write<T>(_ work: @escaping (SQLiteDatabase) throws -> T) throws -> T {
         guard let writer else { throw StoreError.invalid("store opened read-only") }
         return try writer.perform(work)
