@@ -42,9 +42,9 @@ extension SQLiteOutboxStore {
         // What `ingest` reads: the request's fields and the store's settings for this batch.
         var response: NewResponse { request.response }
         var credentialHash: [UInt8] { request.credentialHash }
-        var configuredApps: Set<String> { state.settings.configuredApps }
-        var ttlMillis: Int64 { state.settings.ttlMillis }
-        var maxPending: Int { state.settings.maxPending }
+        var configuredApps: Set<String> { state.batch.settings.configuredApps }
+        var ttlMillis: Int64 { state.batch.settings.ttlMillis }
+        var maxPending: Int { state.batch.settings.maxPending }
 
         override func run(_ db: SQLiteDatabase) throws {
             outcome = try SQLiteOutboxStore.ingest(self, now: now, db: db, state: state)
@@ -81,20 +81,20 @@ extension SQLiteOutboxStore {
     private static let insertInflightSQL = insertSQL(state: .inflight)
 
     /// Runs on the writer thread inside the batch transaction. A row inserted `inflight` in the
-    /// room the taker offered joins `state.handedOff`, given to it after COMMIT.
+    /// room the taker offered is handed off (`state.batch`), given to it after COMMIT.
     private static func ingest(_ request: IngestJob, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> IngestOutcome {
         // Credential: looked up in the same transaction, so a revocation committed by relayctl
         // takes effect for the very next batch.
         let cred: CredentialFacts?
         var touchChecked = false
-        if let last = state.lastCredential, last.hash == request.credentialHash {
+        if let last = state.batch.lastCredential, last.hash == request.credentialHash {
             cred = last.credential   // the common case: a batch from one credential, no hashing
             touchChecked = last.touchChecked
-        } else if let cached = state.credentials[request.credentialHash] {
+        } else if let cached = state.batch.credentials[request.credentialHash] {
             cred = cached
-            state.lastCredential = (request.credentialHash, cached, false)
+            state.batch.lastCredential = (request.credentialHash, cached, false)
         } else {
-            let lookup = try db.held(&state.lookupCredential, "SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?")
+            let lookup = try db.held(&state.statements.lookupCredential, "SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?")
             defer { lookup.reset() }
             try lookup.bind(1, request.credentialHash)
             if try lookup.next(), !lookup.isNull(0), !lookup.isNull(1) {
@@ -102,8 +102,8 @@ extension SQLiteOutboxStore {
             } else {
                 cred = nil
             }
-            state.credentials[request.credentialHash] = .some(cred)
-            state.lastCredential = (request.credentialHash, cred, false)
+            state.batch.credentials[request.credentialHash] = .some(cred)
+            state.batch.lastCredential = (request.credentialHash, cred, false)
         }
         let credID: String, app: String
         switch StoreRules.admit(credential: cred, presentedHash: request.credentialHash, requestedApp: request.response.app,
@@ -117,33 +117,32 @@ extension SQLiteOutboxStore {
                 try db.run("UPDATE credentials SET last_used_at = ? WHERE id = ?", [.integer(now), .text(credID)])
                 state.credentialTouched[credID] = now
             }
-            state.lastCredential?.touchChecked = true
+            state.batch.lastCredential?.touchChecked = true
         }
         let r = request.response
         var due = now
         // Duplicates first, so a retried POST gets its 200 whatever else changed since.
-        if state.ingestLock == nil { try prepareIngest(db, state: state, path: state.databasePath) }
-        guard state.tail.count < state.tailLimit else {
-            throw StoreError.unavailable("the dedupe index is not being merged (\(state.mergeFailures) failed merges); see the log")
-        }
-        let h = state.hasher.hash(app: app, r)
-        if let dup = try existing(r, app: app, h: h, db: db, state: state) {
+        let dedupe = state.dedupe
+        if !dedupe.isPrepared { try prepareIngest(db, state: state) }
+        try dedupe.checkTailBound()
+        let h = dedupe.hasher.hash(app: app, r)
+        if let dup = try dedupe.existing(r, app: app, h: h, db: db) {
             return StoreRules.dedupe(dup, credentialID: credID, encryptedData: r.encryptedData)
         }
         // Slow path (rare): the token is marked or paced, or the outbox is at its bound.
         // isEmpty first: no hashing of the token when nothing is marked or paced.
         var probe = false
-        if (!state.watchedTokens.isEmpty && state.watchedTokens.contains(r.pushToken)) || state.pending >= request.maxPending {
+        if (!state.watchedTokens.isEmpty && state.watchedTokens.contains(r.pushToken)) || state.pending.count >= request.maxPending {
             if let mark = try db.query("SELECT recorded_at, reason FROM unregistered_tokens WHERE token = ?", [.text(r.pushToken)]).first,
                let recordedAt = mark[0].int {
                 switch StoreRules.markAdmission(reason: mark[1].string ?? StoreRules.unregisteredReason, recordedAt: recordedAt, now: now,
-                                                settings: state.settings) {
+                                                settings: state.batch.settings) {
                 case .refused(let outcome): return outcome
                 case .probe: probe = true
                 case .open: break
                 }
             }
-            guard state.pending < request.maxPending else { return .overCapacity }
+            guard state.pending.count < request.maxPending else { return .overCapacity }
             if let paced = try db.query("SELECT paced_until FROM token_pacing WHERE token = ?", [.text(r.pushToken)]).first?[0].int, paced > now {
                 due = paced
             }
@@ -152,12 +151,11 @@ extension SQLiteOutboxStore {
         if probe { try db.run("UPDATE unregistered_tokens SET recorded_at = ? WHERE token = ?", [.integer(now), .text(r.pushToken)]) }
         // Due now and room offered before the batch (DispatchChannel): inserted `inflight` and
         // given to the taker after COMMIT, no claim needed.
-        let handOff = due <= now && state.handOffRoom > 0
-        if handOff { state.handOffRoom -= 1 }
+        let handOff = due <= now && state.batch.takeRoom()
         var (id, high) = state.ids.mint(nowMillis: now)
         let expires = now + request.ttlMillis
         // Two statements with the state as a literal, bound without [SQLValue] arrays.
-        let insert = handOff ? try db.held(&state.insertInflight, insertInflightSQL) : try db.held(&state.insertQueued, insertQueuedSQL)
+        let insert = handOff ? try db.held(&state.statements.insertInflight, insertInflightSQL) : try db.held(&state.statements.insertQueued, insertQueuedSQL)
         var clashes = 0
         while true {
             try insert.bind(1, id)
@@ -188,17 +186,16 @@ extension SQLiteOutboxStore {
                 (id, high) = state.ids.mint(nowMillis: now)
             }
         }
-        state.tail.add(h, high, inBatch: true)
-        state.mintedInBatch = max(state.mintedInBatch, high)
-        state.pending += 1
+        dedupe.added(h, id: high)
+        state.pending.count += 1
         guard handOff else {
-            state.queuedDueInBatch = true
+            state.batch.queuedDue = true
             return .accepted(id: id)
         }
         let row = OutboxRow(id: id, app: app, pushToken: r.pushToken, sessionIdentifier: r.sessionIdentifier, keyID: r.keyID,
                             messageIndex: r.messageIndex, encryptedData: r.encryptedData, credentialID: credID, state: .inflight,
                             attempts: 0, nextAttemptAt: due, createdAt: now, expiresAt: expires, lastStatus: nil, lastReason: nil, updatedAt: now)
-        state.handedOff.append(row)
+        state.batch.handOff(row)
         return .accepted(id: id)
     }
 

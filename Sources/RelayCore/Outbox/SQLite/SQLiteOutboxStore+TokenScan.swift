@@ -54,10 +54,10 @@ extension SQLiteOutboxStore {
     static func beginTokenScan(_ u: DeliveryUpdate, db: SQLiteDatabase, state: WriterState, written: ((StoreError?) -> Void)?) throws {
         guard let high = UUIDText.high64(u.id) else { return }
         if state.tokenScans[u.pushToken] == nil {
-            let range = state.hasher.tokenRange(u.pushToken)
+            let range = state.dedupe.hasher.tokenRange(u.pushToken)
             var scan = TokenScan(range: range, startedAt: state.clock.nowMillis(), tailIDs: [], arrivalsAfter: 0)
             scan.restart(tailIDs: try unmergedTokenIDs(u.pushToken, range: range, db: db, state: state),
-                         arrivalsAfter: max(state.committedHigh, state.mintedInBatch))
+                         arrivalsAfter: state.dedupe.newestID)
             state.tokenScans[u.pushToken] = scan
             state.tokenScanOrder.append(u.pushToken)
         }
@@ -69,7 +69,7 @@ extension SQLiteOutboxStore {
 
     /// The token's rows above merged_through: this store's tail, or read from the table.
     private static func unmergedTokenIDs(_ token: String, range: ClosedRange<Int64>, db: SQLiteDatabase, state: WriterState) throws -> [Int64] {
-        if state.ingestLock != nil { return state.tail.tokenIDs(range) }
+        if state.dedupe.isPrepared { return state.dedupe.tail.tokenIDs(range) }
         return try db.query("""
             SELECT id_high FROM responses WHERE push_token = ?
               AND id_high > (SELECT merged_through FROM outbox_stats WHERE id = 1)
@@ -130,7 +130,7 @@ extension SQLiteOutboxStore {
         } else {
             // Rows committed since the scan began (every token's, in id order): the last stretch,
             // up to this transaction's own rows, is read by the transaction that writes the cutoff.
-            let upTo = max(state.committedHigh, state.mintedInBatch)
+            let upTo = state.dedupe.newestID
             let rows = try db.query("SELECT id_high, created_at, state, push_token FROM responses WHERE id_high > ? AND id_high <= ? ORDER BY id_high LIMIT ?",
                                     [.integer(scan.arrivalsAfter), .integer(upTo), .integer(Int64(chunk))])
             for r in rows {
@@ -168,7 +168,7 @@ extension SQLiteOutboxStore {
             // Every candidate kept went terminal meanwhile (rare): older pending rows may
             // remain, so the scan starts over (nothing written yet).
             scan.restart(tailIDs: try unmergedTokenIDs(token, range: scan.range, db: db, state: state),
-                         arrivalsAfter: max(state.committedHigh, state.mintedInBatch))
+                         arrivalsAfter: state.dedupe.newestID)
             state.tokenScans[token] = scan
             return
         }
@@ -198,6 +198,6 @@ extension SQLiteOutboxStore {
         state.tokenScanOrder.removeAll { $0 == token }
         state.tokenScanWritten += scan.waiters   // told after COMMIT
         // The token's held rows are due again (announced after COMMIT): the next claim fails them.
-        state.queuedDueInBatch = true
+        state.batch.queuedDue = true
     }
 }
