@@ -35,16 +35,26 @@ final class CommitRecorder: OutboxCommitObserver, Sendable {
 @Suite struct CommitObserverTests {
     static let refusedToken = String(repeating: "fe", count: 32)
 
-    /// Makes the next inserts of `refusedToken` fail inside the store's transaction.
+    /// Makes a transaction that inserted a row of `refusedToken` fail after the INSERT: before
+    /// COMMIT on SQLite (the pending counter's write, which follows the batch's jobs), at COMMIT
+    /// on PostgreSQL (a deferred constraint trigger). The row was written, then rolled back.
     func refuseToken(_ f: StoreFixture) throws {
         switch f.backend {
         case .sqlite:
             _ = try f.sql("""
-                CREATE TRIGGER test_refuse BEFORE INSERT ON responses WHEN NEW.push_token = '\(Self.refusedToken)'
+                CREATE TRIGGER test_refuse BEFORE UPDATE ON outbox_stats
+                WHEN EXISTS (SELECT 1 FROM responses WHERE push_token = '\(Self.refusedToken)')
                 BEGIN SELECT RAISE(ABORT, 'refused by the test'); END
                 """)
         case .postgres:
-            _ = try f.sql("ALTER TABLE responses ADD CONSTRAINT test_refuse CHECK (push_token <> '\(Self.refusedToken)') NOT VALID")
+            _ = try f.sql("""
+                CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN IF NEW.push_token = '\(Self.refusedToken)' THEN RAISE EXCEPTION 'refused by the test'; END IF; RETURN NULL; END $$
+                """)
+            _ = try f.sql("""
+                CREATE CONSTRAINT TRIGGER test_refuse AFTER INSERT ON responses DEFERRABLE INITIALLY DEFERRED
+                FOR EACH ROW EXECUTE FUNCTION test_refuse()
+                """)
         }
     }
 
@@ -62,7 +72,7 @@ final class CommitRecorder: OutboxCommitObserver, Sendable {
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         #expect(recorder.commits.isEmpty)   // a credential is nothing an observer acts on
 
-        // A rolled-back ingest: its row never existed, nothing is announced.
+        // A rolled-back ingest: its row was inserted, then rolled back; nothing is announced.
         try refuseToken(f)
         #expect(throws: StoreError.self) { try s.ingestNow(sample(token: Self.refusedToken), secret: c.secret) }
         #expect(recorder.commits.isEmpty)
