@@ -69,7 +69,7 @@ extension SQLiteOutboxStore {
                     }
                 }
                 switch StoreRules.claimVerdict(createdAt: row.createdAt, expiresAt: row.expiresAt, now: now, unregisteredCutoff: facts.cutoff,
-                                               pacedUntil: facts.paced, scanStartedAt: state.tokenScans.isEmpty ? nil : state.tokenScans[row.pushToken]?.startedAt) {
+                                               pacedUntil: facts.paced, scanStartedAt: state.scans.startedAt(row.pushToken)) {
                 case .send:
                     break
                 case .expired:

@@ -118,7 +118,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     }
 
     /// Steps run by 410 cutoff scans so far (SQLiteOutboxStore+TokenScan.swift).
-    var tokenScanSteps: Int { writerState.tokenScanSteps.load(ordering: .relaxed) }
+    var tokenScanSteps: Int { writerState.scans.steps.load(ordering: .relaxed) }
 
     /// Microseconds the writer spent inside transactions (BEGIN to the end of COMMIT) so far.
     public var writerTransactionMicros: Int { writer?.transactionTime ?? 0 }

@@ -1,6 +1,6 @@
 // What the SQLite writer thread keeps between and within its batches, as small owners: the
 // pending counter, the open batch's facts (IngestBatch), the held statements, the dedupe index
-// (SQLiteOutboxStore+Dedupe.swift), the token scans (+TokenScan.swift). WriterState ties them
+// (SQLiteOutboxStore+Dedupe.swift), the token scans (TokenScans, +TokenScan.swift). WriterState ties them
 // together and is the GroupCommitWriter's one observer: it hears of each batch's steps in
 // order and tells the store's commit observers after COMMIT.
 import FoundationEssentials
@@ -165,15 +165,8 @@ extension SQLiteOutboxStore {
         /// Tokens present in unregistered_tokens or token_pacing. Only this process inserts
         /// there (relayctl only deletes), so a token outside the set needs no lookup.
         var watchedTokens: Set<String> = []
-        // Token scans behind 410 cutoffs (SQLiteOutboxStore+TokenScan.swift), oldest first.
-        var tokenScans: [String: TokenScan] = [:]
-        var tokenScanOrder: [String] = []
-        var tokenScanQueued = false
-        var tokenScanWritten: [(StoreError?) -> Void] = []
-        var tokenWalkChunk = StoreRules.tokenWalkChunk
-        var readScanRow: SQLiteStatement?
-        /// Scan steps run (read from any thread: tests count the transactions a scan took).
-        let tokenScanSteps = Atomic<Int>(0)
+        /// Token scans behind 410 cutoffs (SQLiteOutboxStore+TokenScan.swift).
+        let scans = TokenScans()
         /// For jobs the writer queues itself (the scan's next step); set once before it starts.
         weak var writer: GroupCommitWriter?
         var clock: any RelayClock = SystemRelayClock()
