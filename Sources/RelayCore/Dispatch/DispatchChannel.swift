@@ -26,8 +26,8 @@ public final class DispatchChannel: OutboxCommitObserver, @unchecked Sendable {
     /// Free slots, read by the store before a write transaction: it inserts up to this many
     /// due rows `inflight` and posts them after COMMIT (saving their claim). 0 while the
     /// dispatcher is not running or is stopping. A claim under way meanwhile may take the same
-    /// slots: maxInflight is then exceeded by at most that claim (as when the store reserved
-    /// slots inside its transaction).
+    /// slots: maxInflight is then exceeded by at most that claim (the window the store's slot
+    /// reservation inside its transaction had too).
     public var roomForDueRows: Int {
         condition.withLock { phase == .open ? max(0, capacity - inflight) : 0 }
     }
