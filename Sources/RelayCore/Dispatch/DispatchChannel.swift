@@ -25,9 +25,10 @@ public final class DispatchChannel: OutboxCommitObserver, @unchecked Sendable {
 
     /// Free slots, read by the store before a write transaction: it inserts up to this many
     /// due rows `inflight` and posts them after COMMIT (saving their claim). 0 while the
-    /// dispatcher is not running or is stopping. A claim under way meanwhile may take the same
-    /// slots: maxInflight is then exceeded by at most that claim (the window the store's slot
-    /// reservation inside its transaction had too).
+    /// dispatcher is not running or is stopping. Nothing is reserved: a claim sized while that
+    /// batch runs may count the same slots, and maxInflight is then exceeded by at most the
+    /// smaller of the two (a soft bound, as it was with the reservation, whose race was a claim
+    /// sized before the INSERT).
     public var roomForDueRows: Int {
         condition.withLock { phase == .open ? max(0, capacity - inflight) : 0 }
     }
