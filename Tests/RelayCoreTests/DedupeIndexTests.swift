@@ -86,7 +86,7 @@ import TestSupport
         let c = try s.createCredential(name: "c", apps: ["com.example.app"]), o = try s.createCredential(name: "o", apps: ["com.example.app"])
         var ids: [Int: String] = [:]
         try Self.ingest(s, 0..<10, secret: c.secret, tokens: 3, into: &ids)
-        let (merges, tail, merged) = try s.write { _ in (s.writerState.merges, s.writerState.tail.count, s.writerState.mergedThrough) }
+        let (merges, tail, merged) = try s.write { _ in (s.writerState.dedupe.merges, s.writerState.dedupe.tail.count, s.writerState.dedupe.mergedThrough) }
         #expect(merges >= 2 && tail < 4, "merges \(merges), tail \(tail)")
         let db = try SQLiteDatabase(path: path, readOnly: true)
         #expect(try db.scalar("SELECT merged_through FROM outbox_stats").int == merged)
@@ -117,7 +117,7 @@ import TestSupport
             try s.prepareIngest()   // as relay-server starts: the rebuild is queued, not awaited
             #expect(try Self.integrity(crashed) == "ok")
             try Self.expectDuplicates(s, ids, secret: secret, tokens: 2, "after kill -9, tail rebuilt from the table")
-            #expect(try s.write { _ in s.writerState.tail.count } == 12, "rebuilt from rows above merged_through")
+            #expect(try s.write { _ in s.writerState.dedupe.tail.count } == 12, "rebuilt from rows above merged_through")
         }
         let s = try open(mergeRows: 1000)
         defer { s.close() }
@@ -188,26 +188,26 @@ import TestSupport
         let crashCopies = Mutex<[String]>([])
         let dir = self.dir
         let failed = try s.write { _ in
-            s.writerState.beforeMergeCommit = {
+            s.writerState.dedupe.beforeMergeCommit = {
                 crashCopies.withLock { $0.append(try! StorageFaultTests.crashCopy(dir)) }   // kill -9 mid-merge
             }
-            return s.writerState.mergeFailures
+            return s.writerState.dedupe.mergeFailures
         }
         do {
             let rule = try FaultRule(path + "-wal", fault.rule)
-            _ = try s.write { _ in s.writerState.mergeRequested = true }   // the merge runs after this batch
+            _ = try s.write { _ in s.writerState.dedupe.mergeRequested = true }   // the merge runs after this batch
             _ = try s.write { _ in }
             #expect(rule.counts.failed >= 1, "the fault was hit")
         }
-        let (failures, tail, merged) = try s.write { _ in (s.writerState.mergeFailures, s.writerState.tail.count, s.writerState.mergedThrough) }
+        let (failures, tail, merged) = try s.write { _ in (s.writerState.dedupe.mergeFailures, s.writerState.dedupe.tail.count, s.writerState.dedupe.mergedThrough) }
         #expect(failures == failed + 1 && tail == 40 && merged == 0)
         #expect(try SQLiteDatabase(path: path, readOnly: true).scalar("SELECT merged_through FROM outbox_stats").int == 0)
         try Self.expectDuplicates(s, ids, secret: c.secret, tokens: 7, "after the failed merge")
         try Self.ingest(s, 40..<45, secret: c.secret, tokens: 7, into: &ids)
         // The next merge goes through; a copy taken right after it is intact too.
-        _ = try s.write { _ in s.writerState.mergeRequested = true; s.writerState.beforeMergeCommit = nil }
+        _ = try s.write { _ in s.writerState.dedupe.mergeRequested = true; s.writerState.dedupe.beforeMergeCommit = nil }
         _ = try s.write { _ in }
-        #expect(try s.write { _ in s.writerState.tail.count } == 0)
+        #expect(try s.write { _ in s.writerState.dedupe.tail.count } == 0)
         #expect(try SQLiteDatabase(path: path, readOnly: true).scalar("SELECT count(*) FROM response_keys").int == 45)
         let afterMerge = try StorageFaultTests.crashCopy(dir)
         try Self.expectDuplicates(s, ids, secret: c.secret, tokens: 7, "after the next merge")
@@ -234,15 +234,15 @@ import TestSupport
         let steps = Mutex(0)
         let dir = self.dir
         try s.write { _ in
-            s.writerState.mergeChunk = 3
-            s.writerState.beforeMergeCommit = {
+            s.writerState.dedupe.mergeChunk = 3
+            s.writerState.dedupe.beforeMergeCommit = {
                 if steps.withLock({ $0 += 1; return $0 }) == 3 { copies.withLock { $0.append(try! StorageFaultTests.crashCopy(dir)) } }
             }
-            s.writerState.mergeRequested = true
+            s.writerState.dedupe.mergeRequested = true
         }
         _ = try s.write { _ in }
         #expect(steps.withLock { $0 } == 4, "10 keys in chunks of 3")
-        #expect(try s.write { _ in s.writerState.tail.count } == 0)
+        #expect(try s.write { _ in s.writerState.dedupe.tail.count } == 0)
         let copy = try #require(copies.withLock { $0.first })
         let db = try SQLiteDatabase(path: copy)
         #expect(try db.scalar("SELECT count(*) FROM response_keys").int == 6, "two chunks committed before the kill")
@@ -251,7 +251,7 @@ import TestSupport
             let cs = try SQLiteOutboxStore(path: copy)
             defer { cs.close() }
             try Self.expectDuplicates(cs, ids, secret: c.secret, tokens: 3, "killed between chunks")
-            #expect(try cs.write { _ in cs.writerState.tail.count } == 10)
+            #expect(try cs.write { _ in cs.writerState.dedupe.tail.count } == 10)
         }
         #expect(try db.scalar("SELECT count(*) FROM response_keys").int == 10)
         #expect(try db.scalar("PRAGMA integrity_check").string == "ok")
@@ -279,7 +279,7 @@ import TestSupport
         gate.signal()
         done.wait()
         guard case .failure = result.value! else { Issue.record("committed in a failed batch"); return }
-        #expect(try s.write { _ in s.writerState.tail.count } == 3)
+        #expect(try s.write { _ in s.writerState.dedupe.tail.count } == 3)
         try Self.ingest(s, 7..<8, secret: c.secret, into: &ids)
         try Self.expectDuplicates(s, ids, secret: c.secret, "after the rollback")
     }
@@ -375,7 +375,7 @@ import TestSupport
                 try db.run("INSERT INTO unregistered_tokens (token, apns_timestamp, recorded_at) VALUES (?, ?, ?)",
                            [.text(token), .integer(clock.nowMillis() - 500), .integer(clock.nowMillis())])
                 s.writerState.watchedTokens.insert(token)
-                if mergeRows > 1 { #expect(s.writerState.tail.count == 4) }
+                if mergeRows > 1 { #expect(s.writerState.dedupe.tail.count == 4) }
             }
             #expect(try s.ingestNow(sample(token: token, index: 10), secret: secret) == .unregistered)
         }

@@ -14,25 +14,23 @@ import Testing
         FinishedPush(row: row(n), answer: PushAnswer(status: 200, reason: nil, classification: .done), at: 1, latencyMicros: 1, random: 0)
     }
 
-    @Test func slotsAreTakenOnlyWhileTheDispatcherRunsAndUpToItsCapacity() {
+    @Test func roomIsOfferedOnlyWhileTheDispatcherRunsAndUpToItsCapacity() {
         let ch = DispatchChannel()
-        #expect(!ch.reserve())          // not started: every row is inserted queued
+        #expect(ch.roomForDueRows == 0)   // not started: every row is inserted queued
         ch.open(capacity: 2)
-        #expect(ch.reserve() && ch.reserve())
-        #expect(!ch.reserve())          // full
-        ch.release(1)
-        #expect(ch.take(waitingMillis: 0).freeSlots == 1)
-        #expect(ch.reserve())
-        // A committed row keeps its slot (now in flight) until it is answered.
-        ch.committed(handedOff: [row(1)], queued: false)
-        #expect(!ch.reserve() && ch.inflightCount == 1)
+        #expect(ch.roomForDueRows == 2)
+        ch.occupy(1)                      // a claimed row
+        #expect(ch.roomForDueRows == 1 && ch.take(waitingMillis: 0).freeSlots == 1)
+        // A handed-off row takes its slot (now in flight) until it is answered.
+        ch.committed(OutboxCommit(handedOff: [row(1)]))
+        #expect(ch.roomForDueRows == 0 && ch.inflightCount == 2)
         ch.answered(push(1))
-        #expect(ch.inflightCount == 0)
+        #expect(ch.inflightCount == 1 && ch.roomForDueRows == 1)
         let inbox = ch.take(waitingMillis: 0)
         #expect(inbox.rows == [row(1)] && inbox.answers.count == 1 && inbox.freeSlots == 1)
         #expect(ch.requestStop())
-        #expect(!ch.reserve())          // stopping: no new hand-offs
-        #expect(!ch.requestStop())      // once
+        #expect(ch.roomForDueRows == 0)   // stopping: no new hand-offs
+        #expect(!ch.requestStop())        // once
     }
 
     @Test func answersDuringTheStopAreMarkedAndNothingIsKeptAfterTheThreadExited() {
@@ -51,7 +49,7 @@ import Testing
         // Late answers and rows committed after exit are dropped (the rows stay inflight in the
         // database and are requeued at the next start).
         ch.answered(push(3))
-        ch.committed(handedOff: [row(4)], queued: true)
+        ch.committed(OutboxCommit(handedOff: [row(4)], queuedDue: true))
         #expect(ch.take(waitingMillis: 0).isEmpty)
     }
 

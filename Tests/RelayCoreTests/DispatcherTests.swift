@@ -162,7 +162,8 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
 
     @Test func rowsAcceptedWhileTheDispatcherHasRoomAreSentWithoutAClaim() throws {
         let ch = DispatchChannel()
-        let s = try SQLiteOutboxStore(path: dir.db, clock: clock, channel: ch)
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        s.addCommitObserver(ch)
         defer { s.close() }
         let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
         let t = FakeTransport { _, _ in PushAnswer(status: 200, reason: nil, classification: .done) }
@@ -174,7 +175,7 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
             guard case .accepted(let id) = try s.ingestNow(sample(index: UInt32(i)), secret: secret) else { Issue.record("no"); return }
             ids.append(id)
         }
-        // A duplicate gives its reservation back.
+        // A duplicate takes no room.
         if case .duplicate(let id, _) = try s.ingestNow(sample(index: 0), secret: secret) {
             #expect(id == ids[0])
         } else { Issue.record("not answered as a duplicate") }
@@ -183,8 +184,7 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         #expect(d.inflightCount == 0)
         // No claim ran: the dispatcher slept (idle poll 60 s) and rows came by hand-off.
         #expect(s.writerStats.batches - batchesBefore < 40)
-        #expect(ch.reserve())
-        ch.release(1)
+        #expect(ch.roomForDueRows == DispatcherOptions().maxInflight)
         d.stop()
     }
 
@@ -192,7 +192,8 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
     /// starts on the writer thread (before the channel, a handed-off row was sent from there).
     @Test func handedOffRowsAreSentFromTheDispatcherThreadNeverTheWriter() throws {
         let ch = DispatchChannel()
-        let s = try SQLiteOutboxStore(path: dir.db, clock: clock, channel: ch)
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        s.addCommitObserver(ch)
         defer { s.close() }
         let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
         let threads = Mutex<[String]>([])
@@ -209,9 +210,12 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         #expect(threads.withLock { $0 } == Array(repeating: "relay-dispatche", count: 5))   // comm keeps 15 bytes
     }
 
-    @Test func aRolledBackBatchReleasesItsReservations() throws {
+    /// A rolled-back batch is never announced: the row it inserted `inflight` for the
+    /// dispatcher never existed, and the dispatcher's slot stays free.
+    @Test func aRolledBackBatchHandsNothingOff() throws {
         let ch = DispatchChannel()
-        let s = try SQLiteOutboxStore(path: dir.db, clock: clock, channel: ch)
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        s.addCommitObserver(ch)
         defer { s.close() }
         let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
         let t = FakeTransport { _, _ in nil }
@@ -229,8 +233,8 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
         done.wait()
         guard case .failure = result.value! else { Issue.record("accepted in a failed batch"); d.stop(); return }
         #expect(t.sent.withLock { $0.isEmpty })
-        #expect(ch.reserve())  // the only slot is free again
-        ch.release(1)
+        #expect(ch.roomForDueRows == 1 && ch.inflightCount == 0)   // the only slot is still free
+        #expect(try s.counts().pending == 0)
         d.stop()
     }
 }
@@ -243,7 +247,8 @@ func waitUntil(_ what: String, _ cond: () throws -> Bool) rethrows {
     /// thread (it could not send them); the next finishing push makes it claim them.
     @Test func queuedRowsWaitForAFreeSlotWithoutWakeUps() throws {
         let ch = DispatchChannel()
-        let s = try SQLiteOutboxStore(path: dir.db, clock: clock, channel: ch)
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        s.addCommitObserver(ch)
         defer { s.close() }
         let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
         let t = FakeTransport { _, _ in nil }   // APNs never answers: slots stay taken
@@ -304,10 +309,11 @@ func holdWriter(_ s: SQLiteOutboxStore) throws -> DispatchSemaphore {
     @Test func aBatchPostsItsHandedOffRowsAndItsQueuedRowsOnce() throws {
         let ch = DispatchChannel()
         ch.open(capacity: 8)
-        let s = try SQLiteOutboxStore(path: dir.db, clock: clock, channel: ch)
+        let s = try SQLiteOutboxStore(path: dir.db, clock: clock)
+        s.addCommitObserver(ch)
         defer { s.close() }
         let secret = try s.createCredential(name: "c", apps: ["com.example.app"]).secret
-        for _ in 0..<5 { #expect(ch.reserve()) }   // 5 of 8 slots busy elsewhere
+        ch.occupy(5)   // 5 of 8 slots busy elsewhere
         // 3 free slots, 8 rows in one batch: 3 handed off (inflight), 5 queued, one post.
         let first = try ingestInOneBatch(s, secret: secret, from: 0, count: 8)
         #expect(first.count == 8 && first.allSatisfy { if case .accepted = $0 { true } else { false } })
@@ -315,13 +321,12 @@ func holdWriter(_ s: SQLiteOutboxStore) throws -> DispatchSemaphore {
         #expect(inbox.rows.count == 3 && inbox.rows.allSatisfy { $0.state == .inflight })
         #expect(inbox.mayHaveDue)
         #expect(ch.queuedWakeSignals == 1)
-        #expect(ch.inflightCount == 3)
+        #expect(ch.inflightCount == 8)   // 5 elsewhere, 3 handed off
         #expect(try s.counts().byState[.queued] == 5)
         #expect(try s.counts().byState[.inflight] == 3)
         #expect(Set(try s.list(OutboxFilter(state: .inflight)).map(\.id)) == Set(inbox.rows.map(\.id)))
         // Slots free again, 4 rows in one batch: all handed off, no queued notice.
-        ch.release(5)
-        ch.vacate(3)
+        ch.vacate(8)
         _ = try ingestInOneBatch(s, secret: secret, from: 100, count: 4)
         let second = ch.take(waitingMillis: 0)
         #expect(second.rows.count == 4 && !second.mayHaveDue)

@@ -118,7 +118,7 @@ import Testing
         #expect(events(r).compactMap { ($0["data"] as? [String: Any])?["id"] as? String } == ids)
     }
 
-    /// The store tells the feed of its commits (OutboxStore.observeEvents): with the fallback
+    /// The store tells the feed of its commits (OutboxStore.addCommitObserver): with the fallback
     /// poll ten minutes away, only that wakes the waiting read.
     @Test(arguments: StoreBackend.available)
     func aCommitWakesAWaitingReadWithoutThePoll(_ backend: StoreBackend) throws {
@@ -130,7 +130,7 @@ import Testing
             s.close()
         }
         let feed = EventFeed(store: s, workers: workers, pollMillis: 600_000)
-        s.observeEvents { [weak feed] in feed?.eventsCommitted($0) }
+        s.addCommitObserver(feed)
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         _ = try s.ingestNow(sample(), secret: c.secret)
         let row = try s.claimDue(limit: 1)[0]
@@ -162,7 +162,7 @@ import Testing
             s.close()
         }
         let feed = EventFeed(store: s, workers: workers, pollMillis: notified ? 600_000 : 100)
-        if notified { s.observeEvents { [weak feed] in feed?.eventsCommitted($0) } }
+        if notified { s.addCommitObserver(feed) }
         feed.prepare()
         let credentials = try (0..<8).map { try s.createCredential(name: "c\($0)", apps: ["com.example.app"]) }
         _ = try s.ingestNow(sample(), secret: credentials[0].secret)

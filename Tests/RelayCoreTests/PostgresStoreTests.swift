@@ -264,11 +264,11 @@ struct PostgresStoreTests {
     }
 
     /// The dispatcher hears of committed rows through its channel (rows are inserted queued,
-    /// nothing is handed off); a batch that inserted nothing says nothing.
+    /// nothing is handed off, whatever room it offers); a batch that inserted nothing says nothing.
     @Test func aCommitThatInsertedRowsWakesTheDispatcherChannel() throws {
         let ch = DispatchChannel()
         ch.open(capacity: 4)
-        let s = try f.openPostgres(nodeID: "a", channel: ch)
+        let s = try f.openPostgres(nodeID: "a", observer: ch)
         defer { s.close() }
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])
         #expect(ch.take(waitingMillis: 0).isEmpty)

@@ -75,11 +75,13 @@ final class StoreFixture: @unchecked Sendable {
 
     /// The fixture's clock is the database's (tests move it); `skewMillis` sets this node's
     /// clock that far ahead of it.
-    func openPostgres(nodeID: String, leaseMillis: Int64 = 60_000, ingestConnections: Int = 2, channel: DispatchChannel? = nil,
+    func openPostgres(nodeID: String, leaseMillis: Int64 = 60_000, ingestConnections: Int = 2, observer: (any OutboxCommitObserver)? = nil,
                       skewMillis: Int64 = 0, maxClockOffsetMillis: Int64 = 10_000) throws -> PostgresOutboxStore {
-        try PostgresOutboxStore(options: PostgresStoreOptions(url: pgURL, nodeID: nodeID, leaseMillis: leaseMillis, ingestConnections: ingestConnections,
-                                                              maxClockOffsetMillis: maxClockOffsetMillis),
-                                clock: skewMillis == 0 ? clock : SkewedClock(base: clock, skewMillis: skewMillis), channel: channel, databaseClock: clock)
+        let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: pgURL, nodeID: nodeID, leaseMillis: leaseMillis, ingestConnections: ingestConnections,
+                                                                      maxClockOffsetMillis: maxClockOffsetMillis),
+                                        clock: skewMillis == 0 ? clock : SkewedClock(base: clock, skewMillis: skewMillis), databaseClock: clock)
+        if let observer { s.addCommitObserver(observer) }
+        return s
     }
 
     /// Runs SQL directly against this fixture's database (checks that bypass the store).

@@ -153,7 +153,7 @@ extension StoreContractTests {
             let c = try s.createCredential(name: "c", apps: ["com.example.app"])
             try StoreContractTests.fill(s, token: StoreContractTests.busyToken, count: 3000, secret: c.secret)
             let state = s.writerState
-            try s.write { _ in state.tokenWalkChunk = 10 }   // hundreds of steps: the close lands among them
+            try s.write { _ in state.scans.walkChunk = 10 }   // hundreds of steps: the close lands among them
             let answered = try s.claimDue(limit: 1)[0]
             id = answered.id
             let ts = f.clock.nowMillis()

@@ -1,12 +1,12 @@
-// The one way into the dispatcher thread. The store takes a slot for a row it inserts already
-// `inflight` (saving the claim transaction) and, after COMMIT, posts those rows or just "queued
-// rows committed"; push answers and the stop request arrive here too. Nothing calls the
-// dispatcher: its thread drains this inbox and sends. RelayService owns one and gives it to the
-// store and to the Dispatcher.
+// The one way into the dispatcher thread. The store tells it of its commits (it is the store's
+// OutboxCommitObserver: rows inserted `inflight` in the room it offered, or just "queued rows
+// committed"); push answers and the stop request arrive here too. Nothing calls the
+// dispatcher: its thread drains this inbox and sends. RelayService owns one, registers it with
+// the store and gives it to the Dispatcher.
 import FoundationEssentials
 import POSIXThreads
 
-public final class DispatchChannel: @unchecked Sendable {
+public final class DispatchChannel: OutboxCommitObserver, @unchecked Sendable {
     // @unchecked Sendable: every mutable field is guarded by `condition`.
     private enum Phase { case closed, open, stopping, finished }
 
@@ -14,8 +14,6 @@ public final class DispatchChannel: @unchecked Sendable {
     private var phase = Phase.closed
     /// dispatch.maxInflight, set when the dispatcher opens the channel.
     private var capacity = 0
-    /// Slots the store took for rows of a transaction not yet committed.
-    private var reserved = 0
     /// Rows posted or sent and not answered yet.
     private var inflight = 0
     private var inbox = DispatchInbox()
@@ -23,41 +21,37 @@ public final class DispatchChannel: @unchecked Sendable {
 
     public init() {}
 
-    // MARK: the store's side (writer thread)
+    // MARK: the store's side (OutboxCommitObserver, on the store's thread)
 
-    /// A slot for a row about to be inserted `inflight`, taken inside the transaction; false
-    /// while the dispatcher is not running, is stopping, or has every slot taken.
-    public func reserve() -> Bool {
-        condition.lock()
-        defer { condition.unlock() }
-        guard phase == .open, reserved + inflight < capacity else { return false }
-        reserved += 1
-        return true
+    /// Free slots, read by the store before a write transaction: it inserts up to this many
+    /// due rows `inflight` and posts them after COMMIT (saving their claim). 0 while the
+    /// dispatcher is not running or is stopping. Nothing is reserved: a claim sized while that
+    /// batch runs may count the same slots, and maxInflight is then exceeded by at most the
+    /// smaller of the two (a soft bound, as it was with the reservation, whose race was a claim
+    /// sized before the INSERT).
+    public var roomForDueRows: Int {
+        condition.withLock { phase == .open ? max(0, capacity - inflight) : 0 }
     }
 
-    /// Gives back slots whose rows were not stored (duplicate, rolled-back batch).
-    public func release(_ count: Int) {
-        condition.lock()
-        reserved = max(0, reserved - count)
-        condition.unlock()
+    /// After a COMMIT: the rows inserted `inflight` for this channel, and whether the commit also
+    /// made rows due that wait for a claim. Handed-off rows always wake the dispatcher; queued
+    /// rows only when it could claim them: with every slot taken the flag waits for the next
+    /// answer, which wakes it anyway (no futex wake and context switch per COMMIT while a backlog
+    /// drains). A row posted after the dispatcher exited stays `inflight` in the database and is
+    /// requeued at the next start.
+    public func committed(_ commit: OutboxCommit) {
+        post(handedOff: commit.handedOff, queued: commit.queuedDue)
     }
 
-    /// After a COMMIT, once per batch: the rows inserted `inflight` on a reserved slot, and
-    /// whether the batch also inserted rows `queued` (no free slot, or a paced token). Handed-off
-    /// rows always wake the dispatcher; queued rows only when it could claim them: with every slot
-    /// taken the flag waits for the next answer, which wakes it anyway (no futex wake and context
-    /// switch per COMMIT while a backlog drains). A row posted after the dispatcher exited stays
-    /// `inflight` in the database and is requeued at the next start.
-    public func committed(handedOff rows: [OutboxRow], queued: Bool) {
+    private func post(handedOff rows: [OutboxRow], queued: Bool) {
         guard !rows.isEmpty || queued else { return }
         condition.lock()
         defer { condition.unlock() }
-        reserved = max(0, reserved - rows.count)
         guard phase != .finished else { return }
         inflight += rows.count
         if inbox.rows.isEmpty { inbox.rows = rows } else { inbox.rows += rows }
         if queued { inbox.mayHaveDue = true }
-        let wakes = !rows.isEmpty || phase == .stopping || reserved + inflight < capacity
+        let wakes = !rows.isEmpty || phase == .stopping || inflight < capacity
         if wakes {
             condition.signal()
             if queued { queuedSignals += 1 }
@@ -66,7 +60,7 @@ public final class DispatchChannel: @unchecked Sendable {
 
     /// Something may be due (a row written by another process, a test's clock moved): claim now
     /// instead of at the next poll.
-    public func wake() { committed(handedOff: [], queued: true) }
+    public func wake() { post(handedOff: [], queued: true) }
 
     /// The app's credentials were reloaded: end its pause (if any) and send its rows again.
     public func resume(app: String) {
@@ -86,7 +80,7 @@ public final class DispatchChannel: @unchecked Sendable {
 
     // MARK: the dispatcher's side
 
-    /// The dispatcher started: hand-off slots may be taken.
+    /// The dispatcher started: the store may hand rows off.
     func open(capacity: Int) {
         condition.withLock {
             self.capacity = capacity
@@ -102,7 +96,7 @@ public final class DispatchChannel: @unchecked Sendable {
     /// Rows counted in flight that will never be answered (their app has no transport).
     func vacate(_ count: Int) { condition.withLock { inflight = max(0, inflight - count) } }
 
-    /// An APNs answer (any thread). Its slot is free at once, as the store's next reserve sees.
+    /// An APNs answer (any thread). Its slot is free at once, as the store's next transaction sees.
     func answered(_ push: FinishedPush) {
         condition.lock()
         defer { condition.unlock() }
@@ -114,7 +108,7 @@ public final class DispatchChannel: @unchecked Sendable {
         condition.signal()
     }
 
-    /// Stops hand-off reservations and tells the thread to drain; false when the dispatcher is
+    /// Stops hand-offs (no more room offered) and tells the thread to drain; false when the dispatcher is
     /// not running or already stopping.
     func requestStop() -> Bool {
         condition.lock()
@@ -156,7 +150,7 @@ public final class DispatchChannel: @unchecked Sendable {
         }
         var taken = inbox
         inbox = DispatchInbox()
-        taken.freeSlots = max(0, capacity - reserved - inflight)
+        taken.freeSlots = max(0, capacity - inflight)
         return taken
     }
 }
@@ -184,7 +178,7 @@ struct DispatchInbox: Sendable, Equatable {
     var resumeApps: Set<String> = []
     var stopRequested = false
     var graceOver = false
-    /// Slots free when it was taken (capacity minus reserved and in-flight rows).
+    /// Slots free when it was taken (capacity minus in-flight rows).
     var freeSlots = 0
     /// When it was taken (RelayClock ms; set by the dispatcher, which owns the clock).
     var takenAt: Int64 = 0

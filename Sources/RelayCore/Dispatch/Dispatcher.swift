@@ -49,8 +49,8 @@ public final class Dispatcher: @unchecked Sendable {
     /// Paused apps and why (app -> APNs reason or "credential_file"): /readyz and /metrics read it.
     private let pausedApps = Mutex<[String: String]>([:])
 
-    /// `channel`: the one the store was given, for the hand-off; a fresh one means no hand-off
-    /// (every row is claimed).
+    /// `channel`: the one registered with the store (`addCommitObserver`), for the hand-off; one
+    /// no store knows of means no hand-off (every row is claimed).
     public init(store: any OutboxStore, transports: [String: any PushTransport], options: DispatcherOptions = .init(),
                 channel: DispatchChannel = DispatchChannel(), clock: any RelayClock = SystemRelayClock(),
                 random: any RandomSource = SystemRandom(), metrics: RelayMetrics = RelayMetrics(), logger: RelayLogger = RelayLogger()) {

@@ -222,10 +222,6 @@ public protocol EventStore: WebhookOutbox {
     var eventSettings: EventStoreSettings { get set }
     /// What this process committed (relay_events_created_total).
     var eventsCreated: EventTally { get }
-    /// `body` runs after each commit of this process that wrote events (the feed reads again
-    /// only the long polls of their credentials; other nodes' events are found by
-    /// `eventCredentials`).
-    func observeEvents(_ body: @escaping @Sendable (EventsCommitted) -> Void)
     /// The credentials of the events committed after `sequence` (any process's), looking at
     /// the next `limit` events at most. Commit order is sequence order, so polling on from
     /// `through` misses none.
@@ -260,7 +256,8 @@ public protocol EventStore: WebhookOutbox {
     func trimWebhookBacklogs(max: Int) throws -> [String: Int]
 }
 
-/// One commit's events, as `observeEvents` reports them.
+/// One commit's events, as `OutboxCommit.events` reports them (this process's commits only;
+/// other nodes' events are found by `eventCredentials`).
 public struct EventsCommitted: Sendable, Equatable {
     /// Their credentials, when the commit has them at hand (PostgreSQL's INSERT ... RETURNING);
     /// nil: `eventCredentials(after: after, limit: count)` gives them (SQLite, whose writer

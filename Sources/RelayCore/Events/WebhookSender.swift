@@ -290,3 +290,10 @@ public final class WebhookSender: Lifecycle, Sendable {
         logger.debug("webhook results of an earlier claim not recorded", ["webhook": endpoints[i].name, "count": stale])
     }
 }
+
+extension WebhookSender: OutboxCommitObserver {
+    /// A commit of this process that wrote events (other nodes' are found by the idle poll).
+    public func committed(_ commit: OutboxCommit) {
+        if commit.events != nil { wake() }
+    }
+}

@@ -2,7 +2,7 @@
 // Reads run on the worker pool like GET /v1/responses/<id>; a poll that found nothing waits
 // here, off every thread that serves requests, and is read again only when events of its own
 // credential commit: this process's commits name their credentials or where their events are
-// (OutboxStore.observeEvents; looked up on the feed's thread), other nodes' are asked for every
+// (the feed is a commit observer, OutboxStore.addCommitObserver; looked up on the feed's thread), other nodes' are asked for every
 // `pollMillis` (eventCredentials). At most `maxRereads` woken
 // polls are read at once; at its deadline a poll is answered empty without a read. The HTTP
 // loop never blocks: the answer is completed later.
@@ -382,5 +382,12 @@ final class EventFeed: Sendable {
         }
         out += Array("],\"next\":\"\(next)\"}".utf8)
         return out
+    }
+}
+
+extension EventFeed: OutboxCommitObserver {
+    /// The store's commits: those that wrote events read their credentials' waiting polls again.
+    func committed(_ commit: OutboxCommit) {
+        if let events = commit.events { eventsCommitted(events) }
     }
 }

@@ -78,7 +78,7 @@ public final class IngestService: Sendable {
         // Only PostgreSQL has other processes committing events (other nodes) to poll for.
         let feed = EventFeed(store: store, workers: workers, pollMillis: store is SQLiteOutboxStore ? nil : 1000)
         self.feed = feed
-        store.observeEvents { [weak feed] in feed?.eventsCommitted($0) }
+        store.addCommitObserver(feed)
         feed.prepare()
         credentials.prime()
     }

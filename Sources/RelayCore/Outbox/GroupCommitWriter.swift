@@ -8,9 +8,29 @@ import Glibc
 import POSIXThreads
 import Synchronization
 
+/// What the writer tells its store around each batch, in this order (one protocol, as GRDB's
+/// TransactionObserver, instead of optional hooks). Writer thread only.
+protocol GroupCommitObserver: AnyObject {
+    /// Before BEGIN (per-batch state reset, settings read).
+    func batchWillBegin()
+    /// Inside the transaction, right after BEGIN and right before COMMIT (state kept in the
+    /// database per batch, e.g. the pending-row counter). A throw fails the batch.
+    func batchDidBegin(_ db: SQLiteDatabase) throws
+    func batchWillCommit(_ db: SQLiteDatabase) throws
+    /// After a successful COMMIT, before the jobs' completions.
+    func batchDidCommit()
+    /// After a batch rolled back (in-memory state derived from it is dropped), before the jobs'
+    /// completions.
+    func batchDidRollback()
+    /// After the batch is over (its completions handed out), the connection outside any
+    /// transaction: work that must not delay the batch's answers but only the writer can do
+    /// (the WAL checkpoint that lets the next transaction restart it).
+    func betweenBatches(_ db: SQLiteDatabase)
+}
+
 final class GroupCommitWriter: @unchecked Sendable {
-    // @unchecked Sendable: `db`, the held statements and the hooks are touched only by the
-    // writer thread after `start()` (hooks are set before it); the job queue is its own lock.
+    // @unchecked Sendable: `db`, the held statements and the observer are touched only by the
+    // writer thread after `start()`; the job queue is its own lock.
 
     /// One unit of work in a batch. Subclasses override both methods: `IngestJob` (the hot path:
     /// one object per request, no closures) and `ClosureJob` (everything else).
@@ -36,21 +56,8 @@ final class GroupCommitWriter: @unchecked Sendable {
     private var begin: SQLiteStatement?
     private var commit: SQLiteStatement?
 
-    /// Called on the writer thread after a batch rolled back, so in-memory state derived from
-    /// the database can be recomputed.
-    var afterRollback: ((SQLiteDatabase) -> Void)?
-    /// The store's own per-batch step after a successful COMMIT, before the jobs' completions.
-    var afterBatchCommitted: (() -> Void)?
-    /// Called on the writer thread before each batch's BEGIN (per-batch caches reset here).
-    var beforeBatch: (() -> Void)?
-    /// Run inside the transaction right after BEGIN and right before COMMIT (state kept in the
-    /// database per batch, e.g. the pending-row counter). A throw fails the batch.
-    var afterBegin: ((SQLiteDatabase) throws -> Void)?
-    var beforeCommit: ((SQLiteDatabase) throws -> Void)?
-    /// Called on the writer thread after each batch is over (its completions handed out), the
-    /// connection outside any transaction: work that must not delay the batch's answers but
-    /// only the writer can do (the WAL checkpoint that lets the next transaction restart it).
-    var betweenBatches: ((SQLiteDatabase) -> Void)?
+    /// Told of each batch's steps (the store's per-batch state); nil: none.
+    private let observer: (any GroupCommitObserver)?
 
     // Read by /metrics from other threads.
     private let batchCounter = Atomic<Int>(0)
@@ -65,8 +72,10 @@ final class GroupCommitWriter: @unchecked Sendable {
     /// Jobs that may wait before `refusedWhenQueueFull` jobs are refused (StoreRules.maxWaitingIngests).
     let maxQueuedJobs: Int
 
-    init(db: SQLiteDatabase, maxBatch: Int = 1024, maxQueuedJobs: Int = StoreRules.maxWaitingIngests, name: String = "relay-sqlite-writer") {
+    init(db: SQLiteDatabase, maxBatch: Int = 1024, maxQueuedJobs: Int = StoreRules.maxWaitingIngests, name: String = "relay-sqlite-writer",
+         observer: (any GroupCommitObserver)? = nil) {
         self.db = db
+        self.observer = observer
         self.maxQueuedJobs = maxQueuedJobs
         // Everything queued (up to maxBatch) goes into one transaction.
         jobs = JobQueue(name: name) { queue in min(queue.count, maxBatch) }
@@ -112,18 +121,18 @@ final class GroupCommitWriter: @unchecked Sendable {
 
     private func runBatch(_ batch: [Job]) {
         var failure: StoreError?
-        beforeBatch?()
+        observer?.batchWillBegin()
         let started = monotonicMicros()
         do {
             try db.held(&begin, "BEGIN IMMEDIATE").stepOnce()
-            try afterBegin?(db)
+            try observer?.batchDidBegin(db)
             for job in batch { try job.run(db) }
-            try beforeCommit?(db)
+            try observer?.batchWillCommit(db)
             try db.held(&commit, "COMMIT").stepOnce()
         } catch {
             failure = (error as? StoreError) ?? .invalid("\(error)")
             if !db.isAutocommit { try? db.execute("ROLLBACK") }
-            afterRollback?(db)
+            observer?.batchDidRollback()
         }
         transactionMicros.add(Int(monotonicMicros() - started), ordering: .relaxed)
         if failure == nil {
@@ -131,10 +140,10 @@ final class GroupCommitWriter: @unchecked Sendable {
             jobCounter.add(batch.count, ordering: .relaxed)
             // The store's step first: the dispatcher gets the batch's rows before the jobs'
             // completions send their 202s, and whoever sees a completion also sees the hand-off.
-            afterBatchCommitted?()
+            observer?.batchDidCommit()
         }
         for job in batch { job.finish(failure) }
-        betweenBatches?(db)
+        observer?.betweenBatches(db)
     }
 }
 

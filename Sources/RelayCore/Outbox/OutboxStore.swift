@@ -1,5 +1,5 @@
-// The store boundary. relay-server, relayctl and tests talk to an `OutboxStore`; SQLite
-// implements it now (SQLiteOutboxStore), PostgreSQL later (issue 8) as an added backend.
+// The store boundary. relay-server, relayctl and tests talk to an `OutboxStore`, on SQLite
+// (SQLiteOutboxStore) or PostgreSQL (PostgresOutboxStore).
 // All times are integer milliseconds since 1970 (UTC), so both backends store plain integers.
 import POSIXThreads
 import FoundationEssentials
@@ -276,6 +276,12 @@ public protocol OutboxStore: EventStore {
                 completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void)
     /// What `submit` checks every request against; read once per batch.
     var ingestSettings: IngestStoreSettings { get set }
+
+    // MARK: commits
+    /// `observer` is told after each COMMIT of this process that handed it rows, stored rows
+    /// waiting for a claim, or wrote events, never after a rollback (OutboxCommit.swift). Held
+    /// weakly: it listens while its owner keeps it.
+    func addCommitObserver(_ observer: any OutboxCommitObserver)
 
     // MARK: dispatcher
     /// Rows left inflight by a crash go back to queued (same id). Returns how many.

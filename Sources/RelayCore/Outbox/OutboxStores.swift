@@ -5,12 +5,11 @@ import FoundationEssentials
 public enum OutboxStores {
     /// `readOnly`: SQLite opens only a read connection; PostgreSQL skips migrations and refuses
     /// writes. Either way the schema must already be current (relay-server migrates on start).
-    /// `onSlowStart`: see SQLiteStoreOptions.onSlowStart (a long SQLite migration). `channel`:
-    /// the dispatcher's, which the store tells about committed rows.
+    /// `onSlowStart`: see SQLiteStoreOptions.onSlowStart (a long SQLite migration).
     /// `exclusiveNode` (relay-server): a PostgreSQL store refuses to open while another live
     /// process holds its node id (PostgresStoreOptions.exclusiveNode).
     public static func open(_ config: RelayConfig.Store, readOnly: Bool = false, exclusiveNode: Bool = false, clock: any RelayClock = SystemRelayClock(),
-                            logger: RelayLogger? = nil, channel: DispatchChannel? = nil,
+                            logger: RelayLogger? = nil,
                             onSlowStart: (@Sendable (String) -> Void)? = nil, backgroundCheckpoints: Bool = true) throws -> any OutboxStore {
         switch config.kind {
         case "postgres":
@@ -19,14 +18,14 @@ public enum OutboxStores {
                 options: PostgresStoreOptions(url: url, nodeID: config.nodeID, leaseMillis: Int64(config.leaseSeconds) * 1000, readOnly: readOnly,
                                               maxClockOffsetMillis: Int64(config.maxClockOffsetSeconds) * 1000,
                                               timeouts: config.timeouts, exclusiveNode: exclusiveNode && !readOnly),
-                clock: clock, logger: logger, channel: channel)
+                clock: clock, logger: logger)
         case "sqlite":
             var options = SQLiteStoreOptions(synchronous: config.synchronous, busyTimeoutMillis: Int32(config.busyTimeoutMillis), readOnly: readOnly)
             options.minFreeBytes = config.minFreeBytes
             options.onSlowStart = onSlowStart
             options.logger = logger
             options.backgroundCheckpoints = backgroundCheckpoints
-            return try SQLiteOutboxStore(path: config.path, options: options, clock: clock, channel: channel)
+            return try SQLiteOutboxStore(path: config.path, options: options, clock: clock)
         default:
             throw StoreError.invalid("unknown store kind \(config.kind)")
         }

@@ -55,10 +55,8 @@ public final class RelayService: @unchecked Sendable {
     /// credentials, starts the dispatcher and both listeners, then tells systemd READY=1.
     public func start() throws {
         let c = config
-        // The store's one way to the dispatcher: rows it hands off and "queued rows committed".
-        let channel = DispatchChannel()
-        let store = try openStore(c, channel: channel)
-        let credentialsLoaded = try startDelivery(c, store: store, channel: channel)
+        let store = try openStore(c)
+        let credentialsLoaded = try startDelivery(c, store: store)
         try startIngest(c, store: store)
         try startAdmin(c, store: store, credentialsLoaded: credentialsLoaded)
         if c.watchdog, let watchdog = WatchdogPinger(healthy: { [weak dispatcher = self.dispatcher, weak store] in
@@ -74,13 +72,13 @@ public final class RelayService: @unchecked Sendable {
 
     /// The store, migrated, with the settings ingest and events read; a second relay-server on
     /// the same SQLite file stops here.
-    private func openStore(_ c: RelayConfig, channel: DispatchChannel) throws -> any OutboxStore {
+    private func openStore(_ c: RelayConfig) throws -> any OutboxStore {
         // SQLite or PostgreSQL, as configured (docs/postgres.md).
         // A schema migration can take a while (the v3 rebuild: ~16 s per million rows): keep
         // systemd's start timeout moving (EXTEND_TIMEOUT_USEC, systemd >= 236) and say so in
         // the log every 10 s, instead of being killed and rolled back mid-way.
         let slowStartLog = Mutex<Int64>(0)
-        let store = try naming("store") { try OutboxStores.open(c.store, exclusiveNode: true, logger: logger, channel: channel, onSlowStart: { [logger] stage in
+        let store = try naming("store") { try OutboxStores.open(c.store, exclusiveNode: true, logger: logger, onSlowStart: { [logger] stage in
             SystemdNotifier.notify("EXTEND_TIMEOUT_USEC=15000000\nSTATUS=\(stage)")
             let now = monotonicMicros()
             if slowStartLog.withLock({ last in
@@ -111,7 +109,7 @@ public final class RelayService: @unchecked Sendable {
 
     /// One transport per app, the dispatcher, retention and the webhook sender. Returns whether
     /// every app's APNs credentials loaded.
-    private func startDelivery(_ c: RelayConfig, store: any OutboxStore, channel: DispatchChannel) throws -> Bool {
+    private func startDelivery(_ c: RelayConfig, store: any OutboxStore) throws -> Bool {
         var transports: [String: any PushTransport] = [:]
         for (i, app) in c.apps.enumerated() {
             let transport = SwappableTransport(try naming("apps[\(i)] (\(app.bundleID))") { try makeTransport(app, c) })
@@ -121,6 +119,10 @@ public final class RelayService: @unchecked Sendable {
         var policy = DeliveryPolicy(backoffBaseMillis: Int64(c.dispatch.backoffBaseMillis), backoffCapMillis: Int64(c.dispatch.backoffCapMillis),
                                     tooManyRequestsDelayMillis: Int64(c.dispatch.tooManyRequestsDelayMillis))
         policy.marksBadDeviceTokens = c.dispatch.badDeviceTokenHoldSeconds > 0
+        // The store's one way to the dispatcher: told of each commit (rows handed off, queued
+        // rows to claim), before the dispatcher starts and ingest opens.
+        let channel = DispatchChannel()
+        store.addCommitObserver(channel)
         let dispatcher = Dispatcher(store: store, transports: transports,
                                     options: DispatcherOptions(maxInflight: c.dispatch.maxInflight, claimBatch: c.dispatch.claimBatch, policy: policy,
                                                                pause: PauseSchedule(baseMillis: Int64(c.dispatch.pauseProbeBaseMillis),
@@ -138,7 +140,7 @@ public final class RelayService: @unchecked Sendable {
         if !c.events.webhooks.isEmpty {
             // Secret file errors name their key (events.webhooks[i].secretFile) already.
             let sender = try WebhookSender(configuration: c, outbox: store, metrics: webhookMetrics, logger: logger)
-            store.observeEvents { [weak sender] _ in sender?.wake() }
+            store.addCommitObserver(sender)
             try naming("events.webhooks") { try running.start(sender, grace: .seconds(2)) }
         }
         return transports.count == c.apps.count

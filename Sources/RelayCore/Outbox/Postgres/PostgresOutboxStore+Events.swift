@@ -14,14 +14,10 @@ extension PostgresOutboxStore {
         set { sharedEventSettings.withLock { $0 = newValue } }
     }
 
-    public func observeEvents(_ body: @escaping @Sendable (EventsCommitted) -> Void) {
-        eventObservers.withLock { $0.append(body) }
-    }
-
     /// After a commit that wrote events of `credentials` (this node's only; other nodes' are
     /// found by polling).
     func eventsCommitted(_ credentials: Set<String>) {
-        for observe in eventObservers.withLock({ $0 }) { observe(EventsCommitted(credentials: credentials)) }
+        observers.committed(OutboxCommit(events: EventsCommitted(credentials: credentials)))
     }
 
     static let eventColumns = EventRecord.columnNames.map { "e.\($0)" }.joined(separator: ", ")

@@ -13,6 +13,8 @@ import POSIXThreads
 import Synchronization
 
 extension PostgresOutboxStore {
+    public func addCommitObserver(_ observer: any OutboxCommitObserver) { observers.add(observer) }
+
     /// Completes on the ingest thread after the batch's commit.
     public func submit(_ request: IngestRequest,
                        completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
@@ -63,8 +65,10 @@ extension PostgresOutboxStore {
             $0.batches += 1
             $0.jobs += items.count
         }
-        // Before the completions, as on SQLite: whoever sees a 202 also sees the wake-up.
-        if result.contains(where: { if case .success(.accepted) = $0 { true } else { false } }) { channel?.wake() }
+        // Before the completions, as on SQLite: whoever sees a 202 also sees the observers told.
+        if result.contains(where: { if case .success(.accepted) = $0 { true } else { false } }) {
+            observers.committed(OutboxCommit(queuedDue: true))
+        }
         for (i, r) in zip(items, result) { i.completion(r) }
         refreshPendingIfStale()
     }

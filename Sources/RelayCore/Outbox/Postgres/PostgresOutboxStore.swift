@@ -75,7 +75,9 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     let stats = Mutex((batches: 0, jobs: 0))
     private let settings = Mutex(IngestStoreSettings())
     let sharedEventSettings = Mutex(EventStoreSettings())
-    let eventObservers = Mutex<[@Sendable (EventsCommitted) -> Void]>([])
+    /// Told after each COMMIT (OutboxCommit.swift). No room is taken: rows are always
+    /// inserted `queued` here, and a claim takes the lease.
+    let observers = CommitObservers()
     /// Events this node committed, by type (relay_events_created_total).
     public let eventsCreated = EventTally()
     /// When this node last wrote each credential's last_used_at.
@@ -94,19 +96,14 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
         set { settings.withLock { $0 = newValue } }
     }
 
-    /// Told after each ingest COMMIT that inserted rows (nil: no dispatcher). Rows are always
-    /// inserted `queued` here: a claim takes the lease.
-    let channel: DispatchChannel?
-
     /// Connects, runs migrations under an advisory lock (or, read-only, checks the version),
     /// measures the clock offset and counts pending rows. Throws when the database cannot be
     /// reached or is newer than us. `clock`: the node's; `databaseClock` (tests): the database's,
     /// instead of its clock_timestamp().
     public init(options: PostgresStoreOptions, clock: any RelayClock = SystemRelayClock(), logger: RelayLogger? = nil,
-                channel: DispatchChannel? = nil, databaseClock: (any RelayClock)? = nil) throws {
+                databaseClock: (any RelayClock)? = nil) throws {
         guard !options.nodeID.isEmpty else { throw StoreError.invalid("node id must not be empty") }
         self.options = options
-        self.channel = channel
         self.clock = DatabaseClock(local: clock)
         self.databaseClock = databaseClock
         self.logger = logger

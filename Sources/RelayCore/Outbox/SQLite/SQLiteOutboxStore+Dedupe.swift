@@ -168,73 +168,117 @@ final class IngestLock {
     deinit { Glibc.close(fd) }   // releases the flock
 }
 
-extension SQLiteOutboxStore {
+/// The dedupe index as the ingesting store holds it: the hash, the tail of keys not yet merged
+/// into response_keys with its watermarks, the merge under way and the ingest lock. Writer
+/// thread only (SQLiteOutboxStore's writer jobs and batch steps).
+final class DedupeIndex {
     /// Tail keys at which the writer merges them into response_keys (after a batch, in
     /// transactions of their own, `defaultMergeChunk` keys each); ingest refuses (503) above
     /// four times as many (merges failing).
     static let defaultMergeRows = 32_768
     static let defaultMergeChunk = 4096
 
-    /// Takes the ingest lock, once per store: relay-server calls it at start, so a second
-    /// server on the same file fails there, naming the lock (otherwise the first ingest takes
-    /// it). The tail is rebuilt by the writer's next job: ingests queue behind it, and the
-    /// start does not wait for it (32,768 rows after a kill -9).
-    public func prepareIngest() throws {
-        guard let writer else { throw StoreError.invalid("store opened read-only") }
-        let state = writerState
-        let path = self.path
-        let lock: IngestLock
-        do {
-            lock = try IngestLock(database: path)
-        } catch {
-            // This store's own writer may hold it already (its first ingest took it).
-            if (try? write { _ in state.ingestLock != nil }) == true { return }
-            throw error
-        }
-        writer.enqueue({ db in try Self.prepareIngest(db, state: state, path: path, lock: lock) }, completion: { _ in })
+    var hasher: DedupeHasher!
+    var tail = DedupeTail()
+    private(set) var ingestLock: IngestLock?
+    var databasePath = ""
+    private(set) var mergedThrough: Int64 = 0
+    /// The highest id_high committed (minted_through), and minted in the open batch.
+    private(set) var committedHigh: Int64 = 0
+    private(set) var mintedInBatch: Int64 = 0
+    var mergeRows = DedupeIndex.defaultMergeRows {
+        didSet { tailLimit = 4 * mergeRows }
     }
+    var mergeChunk = DedupeIndex.defaultMergeChunk
+    private var merge: DedupeMerge?
+    private var mergeRetryAt = 0
+    private(set) var tailLimit = 4 * DedupeIndex.defaultMergeRows
+    /// Merge the whole tail after the current batch (close, tests).
+    var mergeRequested = false
+    private(set) var merges = 0
+    private(set) var mergeFailures = 0
+    /// Tests: runs inside a merge transaction right before its COMMIT (a throw fails it).
+    var beforeMergeCommit: (() throws -> Void)?
+    var logger: RelayLogger?
+    private var lookupKey: SQLiteStatement?
+    private var readKeyRow: SQLiteStatement?
 
-    static func prepareIngest(_ db: SQLiteDatabase, state: WriterState, path: String, lock taken: IngestLock? = nil) throws {
-        guard state.ingestLock == nil else { return }
-        let lock = try taken ?? IngestLock(database: path)
+    /// This store ingests (its tail is rebuilt and held).
+    var isPrepared: Bool { ingestLock != nil }
+    /// The newest id minted, committed or in the open batch.
+    var newestID: Int64 { max(committedHigh, mintedInBatch) }
+
+    /// Takes the lock (or the one given) and rebuilds the tail from the rows above
+    /// merged_through. Returns minted_through: ids minted from now on must be above it.
+    func prepare(_ db: SQLiteDatabase, lock taken: IngestLock? = nil) throws -> Int64? {
+        guard ingestLock == nil else { return nil }
+        let lock = try taken ?? IngestLock(database: databasePath)
         let row = try db.query("SELECT merged_through, minted_through FROM outbox_stats WHERE id = 1").first
         let merged = row?[0].int ?? 0, minted = row?[1].int ?? 0
-        var tail = DedupeTail()
+        var rebuilt = DedupeTail()
         let scan = try db.statement("SELECT id_high, app, push_token, session_id, key_id, message_index FROM responses WHERE id_high > ? AND id_high <= ?")
         defer { scan.reset() }
         try scan.bind(1, merged)
         try scan.bind(2, minted)
         while try scan.next() {
-            let h = state.hasher.hash(scan.text(1), scan.text(2), scan.text(3), scan.blob(4), UInt32(truncatingIfNeeded: scan.int64(5)))
-            tail.add(h, scan.int64(0), inBatch: false)
+            let h = hasher.hash(scan.text(1), scan.text(2), scan.text(3), scan.blob(4), UInt32(truncatingIfNeeded: scan.int64(5)))
+            rebuilt.add(h, scan.int64(0), inBatch: false)
         }
-        // Ids minted from now on are above every key minted before (a clock stepped back, a
-        // restart), so they are above the watermark and in the tail.
-        state.ids.advance(pastHigh: minted)
-        state.tail = tail
-        state.mergedThrough = merged
-        state.committedHigh = minted
-        state.ingestLock = lock
+        tail = rebuilt
+        mergedThrough = merged
+        committedHigh = minted
+        ingestLock = lock
+        return minted
+    }
+
+    /// The writer thread has exited: the lock goes with the store.
+    func releaseLock() { ingestLock = nil }
+
+    /// A row inserted in the open batch.
+    func added(_ h: Int64, id high: Int64) {
+        tail.add(h, high, inBatch: true)
+        mintedInBatch = max(mintedInBatch, high)
+    }
+
+    /// Whether the open batch minted past the committed watermark (minted_through to write).
+    var mintedPastCommitted: Bool { mintedInBatch > committedHigh }
+
+    func batchCommitted() {
+        tail.batchCommitted()
+        committedHigh = max(committedHigh, mintedInBatch)
+        mintedInBatch = 0
+    }
+
+    func batchRolledBack() {
+        tail.batchRolledBack()
+        mintedInBatch = 0
+    }
+
+    /// Ingest refuses once the tail outgrew its bound (merges failing).
+    func checkTailBound() throws {
+        guard tail.count < tailLimit else {
+            throw StoreError.unavailable("the dedupe index is not being merged (\(mergeFailures) failed merges); see the log")
+        }
     }
 
     /// The stored row with r's dedupe key under `app`, if any: tail and index candidates, each verified.
-    static func existing(_ r: NewResponse, app: String, h: Int64, db: SQLiteDatabase, state: WriterState) throws -> ExistingRow? {
-        for id in state.tail.candidates(h) {
-            if let row = try verified(id, r, app: app, db: db, state: state) { return row }
+    func existing(_ r: NewResponse, app: String, h: Int64, db: SQLiteDatabase) throws -> ExistingRow? {
+        for id in tail.candidates(h) {
+            if let row = try verified(id, r, app: app, db: db) { return row }
         }
-        let lookup = try db.held(&state.lookupKey, "SELECT id_high FROM response_keys WHERE h = ?")
+        let lookup = try db.held(&lookupKey, "SELECT id_high FROM response_keys WHERE h = ?")
         try lookup.bind(1, h)
         var ids: [Int64] = []
         while try lookup.next() { ids.append(lookup.int64(0)) }
         lookup.reset()
         for id in ids {
-            if let row = try verified(id, r, app: app, db: db, state: state) { return row }
+            if let row = try verified(id, r, app: app, db: db) { return row }
         }
         return nil
     }
 
-    private static func verified(_ id: Int64, _ r: NewResponse, app: String, db: SQLiteDatabase, state: WriterState) throws -> ExistingRow? {
-        let read = try db.held(&state.readKeyRow,
+    private func verified(_ id: Int64, _ r: NewResponse, app: String, db: SQLiteDatabase) throws -> ExistingRow? {
+        let read = try db.held(&readKeyRow,
             "SELECT id, state, credential_id, push_token, session_id, key_id, message_index, app, encrypted_data FROM responses WHERE id_high = ?")
         defer { read.reset() }
         try read.bind(1, id)
@@ -250,43 +294,43 @@ extension SQLiteOutboxStore {
     /// merged_through, then the merged keys leave the tail. Keys written by earlier steps are
     /// in both places meanwhile, which lookups tolerate; after a crash the rebuilt tail holds
     /// them again and INSERT OR IGNORE skips them. A failed step changes nothing.
-    static func mergeStep(_ db: SQLiteDatabase, state: WriterState) throws {
-        guard state.ingestLock != nil, state.merge != nil || state.committedHigh > state.mergedThrough else { return }
+    func mergeStep(_ db: SQLiteDatabase) throws {
+        guard ingestLock != nil, merge != nil || committedHigh > mergedThrough else { return }
         do {
             try db.execute("BEGIN IMMEDIATE")
-            if state.merge == nil {
-                let upTo = state.committedHigh
+            if merge == nil {
+                let upTo = committedHigh
                 var present: Set<Int64> = []
-                present.reserveCapacity(state.tail.count)
+                present.reserveCapacity(tail.count)
                 let scan = try db.statement("SELECT id_high FROM responses WHERE id_high > ? AND id_high <= ?")
-                try scan.bind(1, state.mergedThrough)
+                try scan.bind(1, mergedThrough)
                 try scan.bind(2, upTo)
                 while try scan.next() { present.insert(scan.int64(0)) }
                 scan.reset()
-                state.merge = DedupeMerge(upTo: upTo, entries: state.tail.sorted().filter { present.contains($0.id) })
+                merge = DedupeMerge(upTo: upTo, entries: tail.sorted().filter { present.contains($0.id) })
             }
-            guard let merge = state.merge else { return }
-            let end = min(merge.entries.count, merge.next + max(1, state.mergeChunk))
+            guard let step = merge else { return }
+            let end = min(step.entries.count, step.next + max(1, mergeChunk))
             let insert = try db.statement("INSERT OR IGNORE INTO response_keys (h, id_high) VALUES (?, ?)")
-            for e in merge.entries[merge.next..<end] {
+            for e in step.entries[step.next..<end] {
                 try insert.bind(1, e.h)
                 try insert.bind(2, e.id)
                 try insert.stepOnce()
             }
-            let last = end == merge.entries.count
-            if last { try db.run("UPDATE outbox_stats SET merged_through = ? WHERE id = 1", [.integer(merge.upTo)]) }
-            try state.beforeMergeCommit?()
+            let last = end == step.entries.count
+            if last { try db.run("UPDATE outbox_stats SET merged_through = ? WHERE id = 1", [.integer(step.upTo)]) }
+            try beforeMergeCommit?()
             try db.execute("COMMIT")
-            state.merge?.next = end
+            merge?.next = end
             if last {
-                state.tail.remove(through: merge.upTo)
-                state.mergedThrough = merge.upTo
-                state.merge = nil
-                state.merges += 1
+                tail.remove(through: step.upTo)
+                mergedThrough = step.upTo
+                merge = nil
+                merges += 1
             }
         } catch {
             if !db.isAutocommit { try? db.execute("ROLLBACK") }
-            state.mergeFailures += 1
+            mergeFailures += 1
             throw error
         }
     }
@@ -294,22 +338,48 @@ extension SQLiteOutboxStore {
     /// After each batch (writer thread): a merge step when the tail holds `mergeRows` keys or
     /// a merge is under way; the whole merge on request (close). After a failed step the next
     /// try waits for a quarter of `mergeRows` more keys.
-    static func maybeMerge(_ db: SQLiteDatabase, state: WriterState) {
-        guard state.ingestLock != nil else { return }
-        let due = state.merge != nil || state.tail.count >= state.mergeRows
-        guard state.mergeRequested || (due && state.tail.count >= state.mergeRetryAt) else { return }
-        let all = state.mergeRequested
-        state.mergeRequested = false
+    func maybeMerge(_ db: SQLiteDatabase) {
+        guard ingestLock != nil else { return }
+        let due = merge != nil || tail.count >= mergeRows
+        guard mergeRequested || (due && tail.count >= mergeRetryAt) else { return }
+        let all = mergeRequested
+        mergeRequested = false
         do {
             repeat {
-                try mergeStep(db, state: state)
-            } while all && (state.merge != nil || state.committedHigh > state.mergedThrough)
-            state.mergeRetryAt = 0
+                try mergeStep(db)
+            } while all && (merge != nil || committedHigh > mergedThrough)
+            mergeRetryAt = 0
         } catch {
-            state.mergeRetryAt = state.tail.count + max(1, state.mergeRows / 4)
-            state.logger?.error("dedupe index merge failed (the keys stay in memory and answer as before; retried later)",
-                                ["error": "\(error)", "tailKeys": state.tail.count, "failures": state.mergeFailures])
+            mergeRetryAt = tail.count + max(1, mergeRows / 4)
+            logger?.error("dedupe index merge failed (the keys stay in memory and answer as before; retried later)",
+                          ["error": "\(error)", "tailKeys": tail.count, "failures": mergeFailures])
         }
+    }
+}
+
+extension SQLiteOutboxStore {
+    /// Takes the ingest lock, once per store: relay-server calls it at start, so a second
+    /// server on the same file fails there, naming the lock (otherwise the first ingest takes
+    /// it). The tail is rebuilt by the writer's next job: ingests queue behind it, and the
+    /// start does not wait for it (32,768 rows after a kill -9).
+    public func prepareIngest() throws {
+        guard let writer else { throw StoreError.invalid("store opened read-only") }
+        let state = writerState
+        let lock: IngestLock
+        do {
+            lock = try IngestLock(database: path)
+        } catch {
+            // This store's own writer may hold it already (its first ingest took it).
+            if (try? write { _ in state.dedupe.isPrepared }) == true { return }
+            throw error
+        }
+        writer.enqueue({ db in try Self.prepareIngest(db, state: state, lock: lock) }, completion: { _ in })
+    }
+
+    /// The dedupe tail rebuilt, and ids minted from now on above every key minted before (a
+    /// clock stepped back, a restart), so they are above the watermark and in the tail.
+    static func prepareIngest(_ db: SQLiteDatabase, state: WriterState, lock: IngestLock? = nil) throws {
+        if let minted = try state.dedupe.prepare(db, lock: lock) { state.ids.advance(pastHigh: minted) }
     }
 
     /// Schema v6's start of the index: a fresh SipHash key, and both watermarks at the newest

@@ -32,10 +32,10 @@ extension SQLiteOutboxStore {
             rows.reserveCapacity(limit)
             rowids.reserveCapacity(limit)
             let order = StoreRules.claimOrderSQL(tie: "id_high")
-            let queued = try db.held(&state.claimSelect[.queued],
+            let queued = try db.held(&state.statements.claimSelect[.queued],
                 "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = 'queued' AND next_attempt_at <= ? ORDER BY \(order) LIMIT ?")
             defer { queued.reset() }
-            let retry = try db.held(&state.claimSelect[.retry],
+            let retry = try db.held(&state.statements.claimSelect[.retry],
                 "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = 'retry' AND next_attempt_at <= ? ORDER BY \(order) LIMIT ?")
             defer { retry.reset() }
             for st in [queued, retry] {
@@ -54,8 +54,8 @@ extension SQLiteOutboxStore {
                 if takeQueued { hasQueued = try queued.next() } else { hasRetry = try retry.next() }
             }
             // By rowid (id_high, read with the row in the same transaction): no id text to parse or compare.
-            let markInflight = try db.held(&state.markInflight, "UPDATE responses SET state = 'inflight', updated_at = ? WHERE rowid = ?")
-            let markExpired = try db.held(&state.markExpired, "UPDATE responses SET state = 'failed', last_reason = 'expired', updated_at = ? WHERE rowid = ?")
+            let markInflight = try db.held(&state.statements.markInflight, "UPDATE responses SET state = 'inflight', updated_at = ? WHERE rowid = ?")
+            let markExpired = try db.held(&state.statements.markExpired, "UPDATE responses SET state = 'failed', last_reason = 'expired', updated_at = ? WHERE rowid = ?")
             var claimed: [OutboxRow] = []
             claimed.reserveCapacity(rows.count)
             var tokens: [String: TokenFacts] = [:]
@@ -69,20 +69,20 @@ extension SQLiteOutboxStore {
                     }
                 }
                 switch StoreRules.claimVerdict(createdAt: row.createdAt, expiresAt: row.expiresAt, now: now, unregisteredCutoff: facts.cutoff,
-                                               pacedUntil: facts.paced, scanStartedAt: state.tokenScans.isEmpty ? nil : state.tokenScans[row.pushToken]?.startedAt) {
+                                               pacedUntil: facts.paced, scanStartedAt: state.scans.startedAt(row.pushToken)) {
                 case .send:
                     break
                 case .expired:
                     try markExpired.bind(1, now)
                     try markExpired.bind(2, rowid)
                     try markExpired.stepOnce()
-                    state.pending -= 1
+                    state.pending.count -= 1
                     try Self.recordResponseEvent(rowid: rowid, delivered: false, now: now, db: db, state: state)
                     continue
                 case .unregistered:
                     try db.run("UPDATE responses SET state = 'failed', last_reason = ?, updated_at = ? WHERE rowid = ?",
                                [.text(facts.reason), .integer(now), .integer(rowid)])
-                    state.pending -= 1
+                    state.pending.count -= 1
                     try Self.recordResponseEvent(rowid: rowid, delivered: false, now: now, db: db, state: state)
                     continue
                 case .postpone(let until):
@@ -199,7 +199,7 @@ extension SQLiteOutboxStore {
         guard let high = UUIDText.high64(u.id) else { return false }
         if let a = u.attempt {
             // Typed binds on held statements: this and the delivered UPDATE run once per push.
-            let st = try db.held(&state.insertAttempt,
+            let st = try db.held(&state.statements.insertAttempt,
                 "INSERT INTO attempts (response_id, attempted_at, status, reason, apns_timestamp, latency_us) VALUES (?, ?, ?, ?, ?, ?)")
             try st.bind(1, a.responseID)
             try st.bind(2, a.attemptedAt)
@@ -213,7 +213,7 @@ extension SQLiteOutboxStore {
         // a held statement per shape (this runs once per push): the state a literal, only the
         // columns the outcome sets (a bound state and CASEs cost ~0.8 % of a response).
         let cols = StoreRules.outcomeColumns(u.outcome, attempt: u.attempt)
-        let st = try db.held(&state.applyOutcome[outcomeShape(cols)], outcomeSQL(cols))
+        let st = try db.held(&state.statements.applyOutcome[outcomeShape(cols)], outcomeSQL(cols))
         try st.bind(1, cols.attemptsAdded)
         if let next = cols.nextAttemptAt { try st.bind(2, next) }
         if let last = cols.last {
@@ -227,7 +227,7 @@ extension SQLiteOutboxStore {
         let changed = db.changes
         switch u.outcome {
         case .delivered:
-            state.pending -= changed
+            state.pending.count -= changed
             // A probe's 200 (a row accepted after its token's cutoff) proves the token valid again.
             if changed > 0, !state.watchedTokens.isEmpty, state.watchedTokens.contains(u.pushToken),
                let cutoff = try db.query("SELECT apns_timestamp FROM unregistered_tokens WHERE token = ?", [.text(u.pushToken)]).first?[0].int,
@@ -237,7 +237,7 @@ extension SQLiteOutboxStore {
             }
             if changed > 0 { try recordResponseEvent(rowid: high, delivered: true, now: now, db: db, state: state) }
         case .failed, .unregistered:
-            state.pending -= changed
+            state.pending.count -= changed
             if changed > 0 { try recordResponseEvent(rowid: high, delivered: false, now: now, db: db, state: state) }
         case .retry(_, let paceUntil):
             if let until = paceUntil {

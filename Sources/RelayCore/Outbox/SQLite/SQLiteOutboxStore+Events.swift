@@ -33,9 +33,7 @@ extension SQLiteOutboxStore {
         try st.bind(5, rowid)
         try st.stepOnce()
         guard db.changes > 0 else { return }
-        state.eventsInBatch += 1
-        if state.firstEventInBatch == nil { state.firstEventInBatch = seq }
-        if delivered { state.eventTypesInBatch.delivered += 1 } else { state.eventTypesInBatch.failed += 1 }
+        state.batch.eventWritten(seq: seq, type)
         guard !state.events.webhooks.isEmpty else { return }
         // (Not RETURNING app: SQLite builds an ephemeral table for it each time.)
         let app = try db.scalar("SELECT app FROM events WHERE seq = ?", [.integer(seq)]).string ?? ""
@@ -52,9 +50,7 @@ extension SQLiteOutboxStore {
                 INSERT INTO events (seq, id, type, created_at, credential_id, app, push_token, unregistered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
                 """, [.integer(seq), .text(id), .text(EventType.tokenUnregistered.rawValue), .integer(now), .text(credential), .text(app),
                       .text(token), .integer(unregisteredAt)])
-            state.eventsInBatch += 1
-            state.eventTypesInBatch.unregistered += 1
-            if state.firstEventInBatch == nil { state.firstEventInBatch = seq }
+            state.batch.eventWritten(seq: seq, .tokenUnregistered)
             try fanOut(seq: seq, type: .tokenUnregistered, app: app, now: now, db: db, state: state)
         }
     }
@@ -70,11 +66,6 @@ extension SQLiteOutboxStore {
             try st.bind(4, now)
             try st.stepOnce()
         }
-    }
-
-    /// Called after each commit that wrote events with their credentials (the feed's long polls); set once.
-    public func observeEvents(_ body: @escaping @Sendable (EventsCommitted) -> Void) {
-        writerState.eventObservers.withLock { $0.append(body) }
     }
 
     // MARK: the feed and relayctl (reader)

@@ -42,9 +42,9 @@ extension SQLiteOutboxStore {
         // What `ingest` reads: the request's fields and the store's settings for this batch.
         var response: NewResponse { request.response }
         var credentialHash: [UInt8] { request.credentialHash }
-        var configuredApps: Set<String> { state.settings.configuredApps }
-        var ttlMillis: Int64 { state.settings.ttlMillis }
-        var maxPending: Int { state.settings.maxPending }
+        var configuredApps: Set<String> { state.batch.settings.configuredApps }
+        var ttlMillis: Int64 { state.batch.settings.ttlMillis }
+        var maxPending: Int { state.batch.settings.maxPending }
 
         override func run(_ db: SQLiteDatabase) throws {
             outcome = try SQLiteOutboxStore.ingest(self, now: now, db: db, state: state)
@@ -80,21 +80,63 @@ extension SQLiteOutboxStore {
     private static let insertQueuedSQL = insertSQL(state: .queued)
     private static let insertInflightSQL = insertSQL(state: .inflight)
 
-    /// Runs on the writer thread inside the batch transaction. A row inserted `inflight` on a
-    /// channel slot joins `state.handedOff`, posted to the dispatcher after COMMIT.
+    /// Runs on the writer thread inside the batch transaction, step by step: the credential,
+    /// the dedupe key, the token's marks and the outbox bound, the INSERT. A row inserted
+    /// `inflight` in the room the taker offered is handed off (`state.batch`), given to it after
+    /// COMMIT.
     private static func ingest(_ request: IngestJob, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> IngestOutcome {
-        // Credential: looked up in the same transaction, so a revocation committed by relayctl
-        // takes effect for the very next batch.
+        let credID: String, app: String
+        switch try admit(request, now: now, db: db, state: state) {
+        case .refused(let outcome): return outcome
+        case .admitted(let c, let a): (credID, app) = (c, a)
+        }
+        let r = request.response
+        // Duplicates first, so a retried POST gets its 200 whatever else changed since.
+        let dedupe = state.dedupe
+        if !dedupe.isPrepared { try prepareIngest(db, state: state) }
+        try dedupe.checkTailBound()
+        let h = dedupe.hasher.hash(app: app, r)
+        if let dup = try dedupe.existing(r, app: app, h: h, db: db) {
+            return StoreRules.dedupe(dup, credentialID: credID, encryptedData: r.encryptedData)
+        }
+        let due: Int64
+        switch try tokenAndBound(r.pushToken, maxPending: request.maxPending, now: now, db: db, state: state) {
+        case .refused(let outcome): return outcome
+        case .dueAt(let at): due = at
+        }
+        // Due now and room offered before the batch (DispatchChannel): inserted `inflight` and
+        // given to the taker after COMMIT, no claim needed.
+        let handOff = due <= now && state.batch.takeRoom()
+        let expires = now + request.ttlMillis
+        let (id, high) = try insert(r, app: app, credentialID: credID, inflight: handOff, due: due, now: now, expires: expires, db: db, state: state)
+        dedupe.added(h, id: high)
+        state.pending.count += 1
+        guard handOff else {
+            state.batch.queuedDue = true
+            return .accepted(id: id)
+        }
+        state.batch.handOff(OutboxRow(id: id, app: app, pushToken: r.pushToken, sessionIdentifier: r.sessionIdentifier, keyID: r.keyID,
+                                      messageIndex: r.messageIndex, encryptedData: r.encryptedData, credentialID: credID, state: .inflight,
+                                      attempts: 0, nextAttemptAt: due, createdAt: now, expiresAt: expires, lastStatus: nil, lastReason: nil,
+                                      updatedAt: now))
+        return .accepted(id: id)
+    }
+
+    /// The credential, looked up in the same transaction (a revocation committed by relayctl
+    /// takes effect for the very next batch), decided by StoreRules.admit; its last_used_at
+    /// kept to the minute (checked once per credential and batch, not per row).
+    private static func admit(_ request: IngestJob, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> StoreRules.Admission {
+        let batch = state.batch
         let cred: CredentialFacts?
         var touchChecked = false
-        if let last = state.lastCredential, last.hash == request.credentialHash {
+        if let last = batch.lastCredential, last.hash == request.credentialHash {
             cred = last.credential   // the common case: a batch from one credential, no hashing
             touchChecked = last.touchChecked
-        } else if let cached = state.credentials[request.credentialHash] {
+        } else if let cached = batch.credentials[request.credentialHash] {
             cred = cached
-            state.lastCredential = (request.credentialHash, cached, false)
+            batch.lastCredential = (request.credentialHash, cached, false)
         } else {
-            let lookup = try db.held(&state.lookupCredential, "SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?")
+            let lookup = try db.held(&state.statements.lookupCredential, "SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?")
             defer { lookup.reset() }
             try lookup.bind(1, request.credentialHash)
             if try lookup.next(), !lookup.isNull(0), !lookup.isNull(1) {
@@ -102,60 +144,57 @@ extension SQLiteOutboxStore {
             } else {
                 cred = nil
             }
-            state.credentials[request.credentialHash] = .some(cred)
-            state.lastCredential = (request.credentialHash, cred, false)
+            batch.credentials[request.credentialHash] = .some(cred)
+            batch.lastCredential = (request.credentialHash, cred, false)
         }
-        let credID: String, app: String
-        switch StoreRules.admit(credential: cred, presentedHash: request.credentialHash, requestedApp: request.response.app,
-                                configuredApps: request.configuredApps) {
-        case .refused(let outcome): return outcome
-        case .admitted(let c, let a): (credID, app) = (c, a)
-        }
-        // last_used_at is kept to the minute: checked once per credential and batch, not per row.
-        if !touchChecked {
+        let verdict = StoreRules.admit(credential: cred, presentedHash: request.credentialHash, requestedApp: request.response.app,
+                                       configuredApps: request.configuredApps)
+        if !touchChecked, case .admitted(let credID, _) = verdict {
             if StoreRules.lastUsedIsStale(touchedAt: state.credentialTouched[credID], now: now) {
                 try db.run("UPDATE credentials SET last_used_at = ? WHERE id = ?", [.integer(now), .text(credID)])
                 state.credentialTouched[credID] = now
             }
-            state.lastCredential?.touchChecked = true
+            batch.lastCredential?.touchChecked = true
         }
-        let r = request.response
-        var due = now
-        // Duplicates first, so a retried POST gets its 200 whatever else changed since.
-        if state.ingestLock == nil { try prepareIngest(db, state: state, path: state.databasePath) }
-        guard state.tail.count < state.tailLimit else {
-            throw StoreError.unavailable("the dedupe index is not being merged (\(state.mergeFailures) failed merges); see the log")
-        }
-        let h = state.hasher.hash(app: app, r)
-        if let dup = try existing(r, app: app, h: h, db: db, state: state) {
-            return StoreRules.dedupe(dup, credentialID: credID, encryptedData: r.encryptedData)
-        }
-        // Slow path (rare): the token is marked or paced, or the outbox is at its bound.
+        return verdict
+    }
+
+    private enum TokenVerdict {
+        case refused(IngestOutcome)
+        case dueAt(Int64)
+    }
+
+    /// The slow path (rare): the token is marked or paced, or the outbox is at its bound. A
+    /// probe's hold starts again with it: the next response waits for its answer or the hold.
+    private static func tokenAndBound(_ token: String, maxPending: Int, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> TokenVerdict {
         // isEmpty first: no hashing of the token when nothing is marked or paced.
+        guard (!state.watchedTokens.isEmpty && state.watchedTokens.contains(token)) || state.pending.count >= maxPending else { return .dueAt(now) }
         var probe = false
-        if (!state.watchedTokens.isEmpty && state.watchedTokens.contains(r.pushToken)) || state.pending >= request.maxPending {
-            if let mark = try db.query("SELECT recorded_at, reason FROM unregistered_tokens WHERE token = ?", [.text(r.pushToken)]).first,
-               let recordedAt = mark[0].int {
-                switch StoreRules.markAdmission(reason: mark[1].string ?? StoreRules.unregisteredReason, recordedAt: recordedAt, now: now,
-                                                settings: state.settings) {
-                case .refused(let outcome): return outcome
-                case .probe: probe = true
-                case .open: break
-                }
-            }
-            guard state.pending < request.maxPending else { return .overCapacity }
-            if let paced = try db.query("SELECT paced_until FROM token_pacing WHERE token = ?", [.text(r.pushToken)]).first?[0].int, paced > now {
-                due = paced
+        if let mark = try db.query("SELECT recorded_at, reason FROM unregistered_tokens WHERE token = ?", [.text(token)]).first,
+           let recordedAt = mark[0].int {
+            switch StoreRules.markAdmission(reason: mark[1].string ?? StoreRules.unregisteredReason, recordedAt: recordedAt, now: now,
+                                            settings: state.batch.settings) {
+            case .refused(let outcome): return .refused(outcome)
+            case .probe: probe = true
+            case .open: break
             }
         }
-        // The probe's hold starts again with it: the next response waits for its answer or the hold.
-        if probe { try db.run("UPDATE unregistered_tokens SET recorded_at = ? WHERE token = ?", [.integer(now), .text(r.pushToken)]) }
-        let handOff = due <= now && (state.channel?.reserve() ?? false)
-        if handOff { state.reservedInBatch += 1 }
+        guard state.pending.count < maxPending else { return .refused(.overCapacity) }
+        var due = now
+        if let paced = try db.query("SELECT paced_until FROM token_pacing WHERE token = ?", [.text(token)]).first?[0].int, paced > now {
+            due = paced
+        }
+        if probe { try db.run("UPDATE unregistered_tokens SET recorded_at = ? WHERE token = ?", [.integer(now), .text(token)]) }
+        return .dueAt(due)
+    }
+
+    /// The row, under a freshly minted id (two statements with the state as a literal, bound
+    /// without [SQLValue] arrays). Returns its id and key.
+    private static func insert(_ r: NewResponse, app: String, credentialID: String, inflight: Bool, due: Int64, now: Int64, expires: Int64,
+                               db: SQLiteDatabase, state: WriterState) throws -> (id: String, high: Int64) {
         var (id, high) = state.ids.mint(nowMillis: now)
-        let expires = now + request.ttlMillis
-        // Two statements with the state as a literal, bound without [SQLValue] arrays.
-        let insert = handOff ? try db.held(&state.insertInflight, insertInflightSQL) : try db.held(&state.insertQueued, insertQueuedSQL)
+        let insert = inflight ? try db.held(&state.statements.insertInflight, insertInflightSQL)
+            : try db.held(&state.statements.insertQueued, insertQueuedSQL)
         var clashes = 0
         while true {
             try insert.bind(1, id)
@@ -165,14 +204,14 @@ extension SQLiteOutboxStore {
             try insert.bind(5, r.keyID)
             try insert.bind(6, Int64(r.messageIndex))
             try insert.bind(7, r.encryptedData)
-            try insert.bind(8, credID)
+            try insert.bind(8, credentialID)
             try insert.bind(9, due)
             try insert.bind(10, now)
             try insert.bind(11, expires)
             try insert.bind(12, high)
             do {
                 try insert.stepOnce()
-                break
+                return (id, high)
             } catch let error as StoreError where error.isPrimaryKeyConflict && clashes < maxKeyClashes {
                 // The id's high word is taken. Ids are minted above minted_through (also after
                 // a restart with the clock stepped back), so only a row inserted by other means
@@ -186,18 +225,6 @@ extension SQLiteOutboxStore {
                 (id, high) = state.ids.mint(nowMillis: now)
             }
         }
-        state.tail.add(h, high, inBatch: true)
-        state.mintedInBatch = max(state.mintedInBatch, high)
-        state.pending += 1
-        guard handOff else {
-            state.queuedInBatch += 1
-            return .accepted(id: id)
-        }
-        let row = OutboxRow(id: id, app: app, pushToken: r.pushToken, sessionIdentifier: r.sessionIdentifier, keyID: r.keyID,
-                            messageIndex: r.messageIndex, encryptedData: r.encryptedData, credentialID: credID, state: .inflight,
-                            attempts: 0, nextAttemptAt: due, createdAt: now, expiresAt: expires, lastStatus: nil, lastReason: nil, updatedAt: now)
-        state.handedOff.append(row)
-        return .accepted(id: id)
     }
 
     /// Ingest attempts per row whose id's high word was taken (each moves past a whole

@@ -17,7 +17,7 @@ extension SQLiteOutboxStore {
                 let changed = try db.run(
                     "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE id_high = ? AND id = ? AND state IN \(StoreRules.requeueableSQL)",
                     [.integer(now), .integer(StoreRules.requeueExpiryFloor(now: now)), .integer(now), .integer(high), .text(id)])
-                if changed > 0 && wasTerminal { state.pending += 1 }
+                if changed > 0 && wasTerminal { state.pending.count += 1 }
                 n += changed
             }
             return n
@@ -38,7 +38,7 @@ extension SQLiteOutboxStore {
                     "UPDATE responses SET state = 'queued', next_attempt_at = ?, expires_at = max(expires_at, ?), updated_at = ? WHERE state = 'failed'",
                     [.integer(now), .integer(StoreRules.requeueExpiryFloor(now: now)), .integer(now)])
             }
-            state.pending += n
+            state.pending.count += n
             return n
         }
     }
@@ -102,7 +102,7 @@ extension SQLiteOutboxStore {
                 try db.run("DELETE FROM responses WHERE id_high = ?", [r[0]])
                 // Its dedupe entry (none yet while the row is in an ingesting store's tail: that
                 // store's merge leaves deleted rows out).
-                let h = state.hasher.hash(r[2].string ?? "", r[3].string ?? "", r[4].string ?? "", r[5].bytes ?? [],
+                let h = state.dedupe.hasher.hash(r[2].string ?? "", r[3].string ?? "", r[4].string ?? "", r[5].bytes ?? [],
                                           UInt32(truncatingIfNeeded: r[6].int ?? 0))
                 try db.run("DELETE FROM response_keys WHERE h = ? AND id_high = ?", [.integer(h), r[0]])
             }

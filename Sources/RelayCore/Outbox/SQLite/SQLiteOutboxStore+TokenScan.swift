@@ -49,27 +49,61 @@ struct TokenScan {
     }
 }
 
+/// The scans under way, oldest first, and the writer's bookkeeping of their steps. Writer
+/// thread only, except `steps`.
+final class TokenScans {
+    var byToken: [String: TokenScan] = [:]
+    private(set) var order: [String] = []
+    /// A step is in the writer's queue.
+    var queued = false
+    /// Told after the current step's COMMIT (the scans it finished).
+    var written: [(StoreError?) -> Void] = []
+    var walkChunk = StoreRules.tokenWalkChunk
+    var readRow: SQLiteStatement?
+    /// Steps run (read from any thread: tests count the transactions a scan took).
+    let steps = Atomic<Int>(0)
+
+    var isEmpty: Bool { byToken.isEmpty }
+
+    /// When the token's scan began (its due rows wait meanwhile: StoreRules.claimVerdict).
+    func startedAt(_ token: String) -> Int64? { byToken.isEmpty ? nil : byToken[token]?.startedAt }
+
+    func begin(_ token: String, _ scan: TokenScan) {
+        byToken[token] = scan
+        order.append(token)
+    }
+
+    func remove(_ token: String) {
+        byToken[token] = nil
+        order.removeAll { $0 == token }
+    }
+
+    func removeAll() {
+        byToken = [:]
+        order = []
+    }
+}
+
 extension SQLiteOutboxStore {
     /// A 410 outcome (writer thread, inside the apply job): starts or joins its token's scan.
     static func beginTokenScan(_ u: DeliveryUpdate, db: SQLiteDatabase, state: WriterState, written: ((StoreError?) -> Void)?) throws {
         guard let high = UUIDText.high64(u.id) else { return }
-        if state.tokenScans[u.pushToken] == nil {
-            let range = state.hasher.tokenRange(u.pushToken)
+        if state.scans.byToken[u.pushToken] == nil {
+            let range = state.dedupe.hasher.tokenRange(u.pushToken)
             var scan = TokenScan(range: range, startedAt: state.clock.nowMillis(), tailIDs: [], arrivalsAfter: 0)
             scan.restart(tailIDs: try unmergedTokenIDs(u.pushToken, range: range, db: db, state: state),
-                         arrivalsAfter: max(state.committedHigh, state.mintedInBatch))
-            state.tokenScans[u.pushToken] = scan
-            state.tokenScanOrder.append(u.pushToken)
+                         arrivalsAfter: state.dedupe.newestID)
+            state.scans.begin(u.pushToken, scan)
         }
-        state.tokenScans[u.pushToken]?.updates.append(u)
-        state.tokenScans[u.pushToken]?.answered.insert(high)
-        if let written { state.tokenScans[u.pushToken]?.waiters.append(written) }
+        state.scans.byToken[u.pushToken]?.updates.append(u)
+        state.scans.byToken[u.pushToken]?.answered.insert(high)
+        if let written { state.scans.byToken[u.pushToken]?.waiters.append(written) }
         scheduleTokenScan(state)
     }
 
     /// The token's rows above merged_through: this store's tail, or read from the table.
     private static func unmergedTokenIDs(_ token: String, range: ClosedRange<Int64>, db: SQLiteDatabase, state: WriterState) throws -> [Int64] {
-        if state.ingestLock != nil { return state.tail.tokenIDs(range) }
+        if state.dedupe.isPrepared { return state.dedupe.tail.tokenIDs(range) }
         return try db.query("""
             SELECT id_high FROM responses WHERE push_token = ?
               AND id_high > (SELECT merged_through FROM outbox_stats WHERE id = 1)
@@ -79,21 +113,20 @@ extension SQLiteOutboxStore {
     /// Queues the next step unless one is queued. Called again by claims (the dispatcher's poll)
     /// after a step's batch failed, so a failing disk is not retried in a tight loop.
     static func scheduleTokenScan(_ state: WriterState) {
-        guard !state.tokenScans.isEmpty, !state.tokenScanQueued, let writer = state.writer else { return }
-        state.tokenScanQueued = true
+        guard !state.scans.byToken.isEmpty, !state.scans.queued, let writer = state.writer else { return }
+        state.scans.queued = true
         writer.enqueue({ db in try tokenScanStep(db, state: state) }, completion: { result in
-            state.tokenScanQueued = false
-            let told = state.tokenScanWritten
-            state.tokenScanWritten = []
+            state.scans.queued = false
+            let told = state.scans.written
+            state.scans.written = []
             switch result {
             case .success:
                 for w in told { w(nil) }
                 scheduleTokenScan(state)
             case .failure(.closed):
                 // The store closed: the answered rows stay inflight (requeued at the next start).
-                for w in told + state.tokenScans.values.flatMap(\.waiters) { w(.closed) }
-                state.tokenScans = [:]
-                state.tokenScanOrder = []
+                for w in told + state.scans.byToken.values.flatMap(\.waiters) { w(.closed) }
+                state.scans.removeAll()
             case .failure(let error):
                 // Rolled back: those 410s are not written; their rows stay inflight as after
                 // any failed outcome write.
@@ -104,10 +137,10 @@ extension SQLiteOutboxStore {
 
     /// One step of the oldest scan: up to tokenWalkChunk rows read, or its last transaction.
     static func tokenScanStep(_ db: SQLiteDatabase, state: WriterState) throws {
-        guard let token = state.tokenScanOrder.first, var scan = state.tokenScans[token] else { return }
-        state.tokenScanSteps.add(1, ordering: .relaxed)
-        let chunk = state.tokenWalkChunk
-        let read = try db.held(&state.readScanRow, "SELECT created_at, state, push_token FROM responses WHERE id_high = ?")
+        guard let token = state.scans.order.first, var scan = state.scans.byToken[token] else { return }
+        state.scans.steps.add(1, ordering: .relaxed)
+        let chunk = state.scans.walkChunk
+        let read = try db.held(&state.scans.readRow, "SELECT created_at, state, push_token FROM responses WHERE id_high = ?")
         func look(_ id: Int64) throws {
             defer { read.reset() }
             try read.bind(1, id)
@@ -130,7 +163,7 @@ extension SQLiteOutboxStore {
         } else {
             // Rows committed since the scan began (every token's, in id order): the last stretch,
             // up to this transaction's own rows, is read by the transaction that writes the cutoff.
-            let upTo = max(state.committedHigh, state.mintedInBatch)
+            let upTo = state.dedupe.newestID
             let rows = try db.query("SELECT id_high, created_at, state, push_token FROM responses WHERE id_high > ? AND id_high <= ? ORDER BY id_high LIMIT ?",
                                     [.integer(scan.arrivalsAfter), .integer(upTo), .integer(Int64(chunk))])
             for r in rows {
@@ -141,21 +174,21 @@ extension SQLiteOutboxStore {
             if rows.count == chunk, let last = rows.last?[0].int {
                 scan.arrivalsAfter = last
             } else {
-                state.tokenScans[token] = scan
+                state.scans.byToken[token] = scan
                 try finishTokenScan(token, db: db, state: state)
                 return
             }
         }
-        state.tokenScans[token] = scan
+        state.scans.byToken[token] = scan
     }
 
     /// The scan's last transaction: the newest candidate still pending (checked again: it may
     /// have been delivered meanwhile) is the cutoff's newest waiting row, the answered rows
     /// fail, and the cutoff is written, as the answer's own transaction did before.
     private static func finishTokenScan(_ token: String, db: SQLiteDatabase, state: WriterState) throws {
-        guard var scan = state.tokenScans[token] else { return }
+        guard var scan = state.scans.byToken[token] else { return }
         var newestPending: Int64?
-        let read = try db.held(&state.readScanRow, "SELECT created_at, state, push_token FROM responses WHERE id_high = ?")
+        let read = try db.held(&state.scans.readRow, "SELECT created_at, state, push_token FROM responses WHERE id_high = ?")
         for c in scan.newest {
             defer { read.reset() }
             try read.bind(1, c.id)
@@ -168,8 +201,8 @@ extension SQLiteOutboxStore {
             // Every candidate kept went terminal meanwhile (rare): older pending rows may
             // remain, so the scan starts over (nothing written yet).
             scan.restart(tailIDs: try unmergedTokenIDs(token, range: scan.range, db: db, state: state),
-                         arrivalsAfter: max(state.committedHigh, state.mintedInBatch))
-            state.tokenScans[token] = scan
+                         arrivalsAfter: state.dedupe.newestID)
+            state.scans.byToken[token] = scan
             return
         }
         let now = state.clock.nowMillis()
@@ -194,10 +227,9 @@ extension SQLiteOutboxStore {
         if let events = StoreRules.tokenUnregisteredEvents(answers) {
             try recordTokenEvents(token: token, owners: events.owners, unregisteredAt: events.unregisteredAt, now: now, db: db, state: state)
         }
-        state.tokenScans[token] = nil
-        state.tokenScanOrder.removeAll { $0 == token }
-        state.tokenScanWritten += scan.waiters   // told after COMMIT
-        // The token's held rows are due again: the dispatcher's next claim fails them.
-        state.channel?.wake()
+        state.scans.remove(token)
+        state.scans.written += scan.waiters   // told after COMMIT
+        // The token's held rows are due again (announced after COMMIT): the next claim fails them.
+        state.batch.queuedDue = true
     }
 }

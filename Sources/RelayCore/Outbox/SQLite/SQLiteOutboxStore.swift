@@ -23,117 +23,11 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     /// Copies the WAL into the database file off the writer's path (nil when read-only).
     let checkpointer: SQLiteCheckpointer?
 
-    /// Where committed rows go to the dispatcher (nil: no dispatcher, nothing handed off).
-    let channel: DispatchChannel?
-
-    final class WriterState {
-        /// `ingestSettings`, set from any thread; copied into `settings` at each batch start.
-        let sharedSettings = Mutex(IngestStoreSettings())
-        var settings = IngestStoreSettings()
-        /// `eventSettings`, likewise (copied into `events` at each batch start).
-        let sharedEventSettings = Mutex(EventStoreSettings())
-        var events = EventStoreSettings()
-        /// Event ids (their first 64 bits are `events.seq`), minted in commit order.
-        var eventIDs = TimeOrderedIDs()
-        var insertResponseEvent: SQLiteStatement?
-        var insertDelivery: SQLiteStatement?
-        var claimWebhookDeliveries: SQLiteStatement?
-        var leaseWebhookDelivery: SQLiteStatement?
-        var recordWebhookResult: SQLiteStatement?
-        /// Events this batch wrote: the observers hear of them after COMMIT, and `tally` counts
-        /// them by type (delivered, failed, token.unregistered).
-        var eventsInBatch = 0
-        var eventTypesInBatch = (delivered: 0, failed: 0, unregistered: 0)
-        /// The batch's first event (its sequence): the observers are told where its events are.
-        var firstEventInBatch: Int64?
-        let tally = EventTally()
-        let eventObservers = Mutex<[@Sendable (EventsCommitted) -> Void]>([])
-        /// queued + inflight + retry rows: read from outbox_stats at each batch start, adjusted
-        /// by the batch's jobs, written back before COMMIT (so relayctl's changes from another
-        /// process are seen, and start-up needs no count over the whole table).
-        var pending = 0
-        var pendingAtBatchStart = 0
-        var credentialTouched: [String: Int64] = [:]
-        /// Credential lookups within the current transaction (a revocation by another process
-        /// cannot commit while we hold the write lock, so this is exact).
-        var credentials: [[UInt8]: CredentialFacts?] = [:]
-        /// The credential looked up last in this batch (same lifetime as `credentials`), and
-        /// whether its last_used_at was already checked in this batch.
-        var lastCredential: (hash: [UInt8], credential: CredentialFacts?, touchChecked: Bool)?
-        /// Tokens present in unregistered_tokens or token_pacing. Only this process inserts
-        /// there (relayctl only deletes), so a token outside the set needs no lookup.
-        var watchedTokens: Set<String> = []
-        /// The dispatcher's channel (set once, before the writer starts).
-        var channel: DispatchChannel?
-        /// Slots this batch took from the channel, and the rows it inserted `inflight` on them:
-        /// posted after COMMIT, given back on ROLLBACK.
-        var reservedInBatch = 0
-        var handedOff: [OutboxRow] = []
-        /// Rows this batch inserted `queued` (not handed off): the dispatcher hears of them once
-        /// after COMMIT when there are any.
-        var queuedInBatch = 0
-        /// Response ids, minted on the writer thread in commit order.
-        var ids = TimeOrderedIDs()
-        /// The two ingest INSERTs, held here so the hot path skips the connection's statement
-        /// cache (a dictionary keyed by the SQL text, hashed at every lookup).
-        var insertQueued: SQLiteStatement?
-        var insertInflight: SQLiteStatement?
-        /// The two statements every delivered push runs (apply), held for the same reason.
-        var insertAttempt: SQLiteStatement?
-        var applyOutcome = [SQLiteStatement?](repeating: nil, count: SQLiteOutboxStore.outcomeShapes)
-        /// The pending counter's read and write, once per batch.
-        var readPending: SQLiteStatement?
-        var writePending: SQLiteStatement?
-        /// The claim's statements (one SELECT per claimable state, the two row updates) and
-        /// the credential lookup, held for the same reason as the INSERTs.
-        var claimSelect: [ResponseState: SQLiteStatement] = [:]
-        var markInflight: SQLiteStatement?
-        var markExpired: SQLiteStatement?
-        var lookupCredential: SQLiteStatement?
-        /// The dedupe index (SQLiteOutboxStore+Dedupe): the hash under this database's key, the
-        /// tail of unmerged keys and its watermarks, the ingest lock once taken.
-        var hasher: DedupeHasher!
-        var tail = DedupeTail()
-        var ingestLock: IngestLock?
-        var databasePath = ""
-        var mergedThrough: Int64 = 0
-        /// The highest id_high committed (minted_through), and minted in the open batch.
-        var committedHigh: Int64 = 0
-        var mintedInBatch: Int64 = 0
-        var mergeRows = SQLiteOutboxStore.defaultMergeRows
-        var mergeChunk = SQLiteOutboxStore.defaultMergeChunk
-        var merge: DedupeMerge?
-        var mergeRetryAt = 0
-        var tailLimit = 4 * SQLiteOutboxStore.defaultMergeRows
-        var mergeRequested = false
-        var merges = 0
-        var mergeFailures = 0
-        /// Tests: runs inside a merge transaction right before its COMMIT (a throw fails it).
-        var beforeMergeCommit: (() throws -> Void)?
-        var logger: RelayLogger?
-        var lookupKey: SQLiteStatement?
-        var readKeyRow: SQLiteStatement?
-        // Token scans behind 410 cutoffs (SQLiteOutboxStore+TokenScan.swift), oldest first.
-        var tokenScans: [String: TokenScan] = [:]
-        var tokenScanOrder: [String] = []
-        var tokenScanQueued = false
-        var tokenScanWritten: [(StoreError?) -> Void] = []
-        var tokenWalkChunk = StoreRules.tokenWalkChunk
-        var readScanRow: SQLiteStatement?
-        /// Scan steps run (read from any thread: tests count the transactions a scan took).
-        let tokenScanSteps = Atomic<Int>(0)
-        /// For jobs the writer queues itself (the scan's next step); set once before it starts.
-        weak var writer: GroupCommitWriter?
-        var clock: any RelayClock = SystemRelayClock()
-    }
-
-    /// `channel`: the dispatcher's (RelayService gives both the same one); without it every row
-    /// is inserted `queued` and waits for a claim.
-    public init(path: String, options: SQLiteStoreOptions = .init(), clock: any RelayClock = SystemRelayClock(),
-                channel: DispatchChannel? = nil) throws {
+    /// Without a commit observer offering room (`addCommitObserver`: the dispatcher's channel)
+    /// every row is inserted `queued` and waits for a claim.
+    public init(path: String, options: SQLiteStoreOptions = .init(), clock: any RelayClock = SystemRelayClock()) throws {
         self.path = path
         self.clock = clock
-        self.channel = channel
         freeSpaceGuard = options.readOnly || options.minFreeBytes <= 0 ? nil
             : FreeSpaceGuard(path: path, minFreeBytes: options.minFreeBytes, probe: options.freeSpaceProbe ?? FreeSpaceGuard.statvfsAvailable)
         if options.readOnly {
@@ -154,11 +48,10 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         guard let key = try db.scalar("SELECT dedupe_key FROM outbox_stats WHERE id = 1").bytes else {
             throw StoreError.invalid("database \(path) has no dedupe key in outbox_stats (schema v6 sets one)")
         }
-        writerState.hasher = try DedupeHasher(key: key, override: options.dedupeHash)
-        writerState.databasePath = path
-        writerState.logger = options.logger
-        writerState.mergeRows = max(1, options.dedupeMergeRows)
-        writerState.tailLimit = 4 * writerState.mergeRows
+        writerState.dedupe.hasher = try DedupeHasher(key: key, override: options.dedupeHash)
+        writerState.dedupe.databasePath = path
+        writerState.dedupe.logger = options.logger
+        writerState.dedupe.mergeRows = max(1, options.dedupeMergeRows)
         // Event ids stay above every stored one, whatever the clock did across a restart.
         if let top = try db.scalar("SELECT max(seq) FROM events").int { writerState.eventIDs.advance(pastHigh: top) }
         for row in try db.query("SELECT token FROM unregistered_tokens UNION SELECT token FROM token_pacing") {
@@ -173,73 +66,11 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
             ? try SQLiteCheckpointer(path: path, synchronous: options.synchronous, policy: options.checkpoint, logger: options.logger) : nil
         checkpointer = ckpt
         if let ckpt { db.onWALCommit { frames in ckpt.committed(walFrames: frames) } }
-        let w = GroupCommitWriter(db: db, maxBatch: options.maxBatch)
         let state = writerState
-        state.channel = channel
-        state.writer = w
         state.clock = clock
-        // The dedupe merge first, so the checkpoint that may follow copies its pages too.
-        w.betweenBatches = { db in
-            Self.maybeMerge(db, state: state)
-            ckpt?.betweenBatches(db)
-        }
-        w.beforeBatch = {
-            state.settings = state.sharedSettings.withLock { $0 }
-            state.events = state.sharedEventSettings.withLock { $0 }
-            state.credentials.removeAll(keepingCapacity: true)
-            state.lastCredential = nil
-            state.reservedInBatch = 0
-            state.queuedInBatch = 0
-            state.eventsInBatch = 0
-            state.eventTypesInBatch = (0, 0, 0)
-            state.firstEventInBatch = nil
-            state.handedOff.removeAll()
-        }
-        w.afterBatchCommitted = {
-            // The array itself is handed over (it is replaced, not emptied in place).
-            channel?.committed(handedOff: state.handedOff, queued: state.queuedInBatch > 0)
-            state.handedOff = []
-            state.tail.batchCommitted()
-            state.committedHigh = max(state.committedHigh, state.mintedInBatch)
-            state.mintedInBatch = 0
-            if state.eventsInBatch > 0 {
-                state.eventsInBatch = 0
-                let t = state.eventTypesInBatch
-                state.eventTypesInBatch = (0, 0, 0)
-                state.tally.add(.responseDelivered, t.delivered)
-                state.tally.add(.responseFailed, t.failed)
-                state.tally.add(.tokenUnregistered, t.unregistered)
-                let committed = EventsCommitted(credentials: nil, after: (state.firstEventInBatch ?? 1) - 1, count: t.delivered + t.failed + t.unregistered)
-                state.firstEventInBatch = nil
-                for observe in state.eventObservers.withLock({ $0 }) { observe(committed) }
-            }
-        }
-        w.afterBegin = { db in
-            let read = try db.held(&state.readPending, "SELECT pending FROM outbox_stats WHERE id = 1")
-            state.pending = try read.next() ? Int(read.int64(0)) : 0
-            read.reset()
-            state.pendingAtBatchStart = state.pending
-        }
-        w.beforeCommit = { db in
-            // One row, one page: the counter and the newest id minted (the tail's upper bound).
-            if state.pending != state.pendingAtBatchStart || state.mintedInBatch > state.committedHigh {
-                let write = try db.held(&state.writePending,
-                    "UPDATE outbox_stats SET pending = ?, minted_through = max(minted_through, ?) WHERE id = 1")
-                try write.bind(1, Int64(state.pending))
-                try write.bind(2, state.mintedInBatch)
-                try write.stepOnce()
-            }
-        }
-        w.afterRollback = { _ in
-            if state.reservedInBatch > 0 { channel?.release(state.reservedInBatch) }
-            state.reservedInBatch = 0
-            state.handedOff = []
-            state.tail.batchRolledBack()
-            state.mintedInBatch = 0
-            state.eventsInBatch = 0
-            state.eventTypesInBatch = (0, 0, 0)
-            state.firstEventInBatch = nil
-        }
+        state.checkpointer = ckpt
+        let w = GroupCommitWriter(db: db, maxBatch: options.maxBatch, observer: state)
+        state.writer = w
         writer = w
         reader = try SQLiteDatabase(path: path, busyTimeoutMillis: options.busyTimeoutMillis)
         w.start()
@@ -252,15 +83,17 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     /// queued, then checkpoints the whole WAL into the database file.
     public func close() {
         let state = writerState
-        _ = try? write { _ in state.mergeRequested = state.ingestLock != nil }
+        _ = try? write { _ in state.dedupe.mergeRequested = state.dedupe.isPrepared }
         shutdown()
     }
 
     private func shutdown() {
         writer?.close()
-        if writer != nil { writerState.ingestLock = nil }   // the writer thread has exited
+        if writer != nil { writerState.dedupe.releaseLock() }   // the writer thread has exited
         checkpointer?.stop()
     }
+    public func addCommitObserver(_ observer: any OutboxCommitObserver) { writerState.observers.add(observer) }
+
     func write<T>(_ work: @escaping (SQLiteDatabase) throws -> T) throws -> T {
         guard let writer else { throw StoreError.invalid("store opened read-only") }
         return try writer.perform(work)
@@ -285,7 +118,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     }
 
     /// Steps run by 410 cutoff scans so far (SQLiteOutboxStore+TokenScan.swift).
-    var tokenScanSteps: Int { writerState.tokenScanSteps.load(ordering: .relaxed) }
+    var tokenScanSteps: Int { writerState.scans.steps.load(ordering: .relaxed) }
 
     /// Microseconds the writer spent inside transactions (BEGIN to the end of COMMIT) so far.
     public var writerTransactionMicros: Int { writer?.transactionTime ?? 0 }

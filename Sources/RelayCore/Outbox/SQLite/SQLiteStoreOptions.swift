@@ -27,7 +27,7 @@ public struct SQLiteStoreOptions: Sendable {
     public var logger: RelayLogger?
     /// Unmerged dedupe keys at which the writer merges them into the on-disk index (memory
     /// and restart rebuild are bounded by it; larger merges share more index pages).
-    public var dedupeMergeRows: Int = SQLiteOutboxStore.defaultMergeRows
+    public var dedupeMergeRows: Int = DedupeIndex.defaultMergeRows
     /// Tests only: replaces the keyed dedupe hash (e.g. a constant, to force collisions).
     public var dedupeHash: DedupeHashFunction?
     public init(synchronous: Synchronous = .full, busyTimeoutMillis: Int32 = 5000, maxBatch: Int = 1024, readOnly: Bool = false) {
