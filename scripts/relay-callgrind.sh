@@ -6,12 +6,18 @@
 #   tokens=0: one push token per wrk thread (write_post_lua); N > 0: N push tokens interleaved with
 #   200-400-byte ciphertexts (write_tokens_lua, the traffic of scripts/bench-ingest.sh).
 # then:  callgrind_annotate OUT_PREFIX.cg.1 ; divide by the printed row count.
+# BENCH_BIN=DIR runs the relay-server and mock-apns found there instead of building them (A/B runs
+# of two builds: scripts/bench-ab.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$1; STALL=${2:-1}; DUR=${3:-8}; TOKENS=${4:-0}
-swift build -c release --product relay-server >&2
-swift build -c release --product mock-apns >&2
-BIN=$(swift build -c release --show-bin-path)
+if [ -n "${BENCH_BIN:-}" ]; then
+  BIN=$BENCH_BIN
+else
+  swift build -c release --product relay-server >&2
+  swift build -c release --product mock-apns >&2
+  BIN=$(swift build -c release --show-bin-path)
+fi
 WORK=$(mktemp -d /tmp/relay-callgrind.XXXXXX)
 LUA="$WORK/post.lua"
 PIDS=()
