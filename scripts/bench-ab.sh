@@ -9,7 +9,8 @@
 # Measurements (BENCH_AB_ONLY="ingest ingest-cg conns cg http" picks some; all by default):
 #   ingest   durable 202/s and relay CPU µs per row at BENCH_TOKENS (1,000) interleaved push
 #            tokens, SQLite FULL, APNs stalled: scripts/bench-ingest.sh, system relay-small (and
-#            relay-pg, the PostgreSQL backend on its own throwaway cluster, with BENCH_AB_PG=1);
+#            relay-pg, the PostgreSQL backend on its own throwaway cluster, with BENCH_AB_PG=1), and
+#            the CPU per row of its writer and HTTP loop threads;
 #   ingest-cg  instructions per durable row at 1,000 interleaved tokens, APNs stalled, wrk -t2 -c64
 #            for 8 s under callgrind: scripts/relay-callgrind.sh OUT 1 8 1000 (OUT/icg-old-rN.cg.1
 #            and OUT/icg-new-rN.cg.1 kept: callgrind_annotate --inclusive=yes for the threads);
@@ -59,10 +60,14 @@ measure() {  # round build(old|new) measurement
       BENCH_BIN=$bin BENCH_INGEST_SYSTEMS=$systems BENCH_INGEST_ROUNDS=1 scripts/bench-ingest.sh > "$log.md" 2> "$log.err"
       cp .build/bench-ingest-results.tsv "$log.tsv"
       # system round records/s cpu_us_per_record bytes_written_per_record extra
-      while IFS=$'\t' read -r sys _ rps us bytes _; do
+      while IFS=$'\t' read -r sys _ rps us bytes extra; do
         record "$r" "$b" "$sys 202/s" "$rps"
         record "$r" "$b" "$sys CPU µs per row" "$us"
         record "$r" "$b" "$sys bytes written per row" "$bytes"
+        # the two threads ingest runs on: the SQLite writer and the HTTP loop (main thread's name)
+        for th in relay-sqlite-wr relay-server; do
+          record "$r" "$b" "$sys thread $th CPU µs per row" "$(sed -n "s/.*threads µs per row:.* $th \([0-9.]*\).*/\1/p" <<<"$extra")"
+        done
       done < "$log.tsv"
       ;;
     ingest-cg)

@@ -105,7 +105,7 @@ EOF
   fi
   echo "== round $round: $system" >&2
   a0=$(metric "$admin" 'relay_ingest_requests_total{status="202"}'); c0=$(metric "$admin" relay_store_commits_total)
-  t0=$(proc_ticks "$pid"); w0=$(io_written "$pid"); m0=$(mock_connections)
+  t0=$(proc_ticks "$pid"); w0=$(io_written "$pid"); m0=$(mock_connections); th0=$(thread_ticks "$pid")
   if [ "$kind" = postgres ]; then p0=$(tree_ticks "$PG_MASTER"); w0=$(wal_bytes); fi
   local perf_pid=""
   if [ -n "${BENCH_PERF:-}" ] && [ "$system" = "${BENCH_PERF_SYSTEM:-relay-small}" ] && [ "$round" = 1 ] && command -v perf >/dev/null; then
@@ -115,21 +115,26 @@ EOF
   fi
   WRK_THREADS=2 WRK_TOKENS=$tokens WRK_SEED=$round RELAY_CRED="$SECRET" \
     wrk --latency -t2 -c"$CONNECTIONS" -d"${DURATION}s" -s "$lua" "http://127.0.0.1:$port" > "$WORK/wrk-$system-$round.txt"
-  t1=$(proc_ticks "$pid"); w1=$(io_written "$pid"); m1=$(mock_connections)
+  t1=$(proc_ticks "$pid"); w1=$(io_written "$pid"); m1=$(mock_connections); th1=$(thread_ticks "$pid")
   if [ "$kind" = postgres ]; then p1=$(tree_ticks "$PG_MASTER"); w1=$(wal_bytes); fi
   a1=$(metric "$admin" 'relay_ingest_requests_total{status="202"}'); c1=$(metric "$admin" relay_store_commits_total)
   if [ -n "$perf_pid" ]; then wait "$perf_pid" || true; fi
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
   secs=$(wrk_seconds "$WORK/wrk-$system-$round.txt")
   python3 - "$system" "$round" "$((a1 - a0))" "$secs" "$((t1 - t0))" "$((p1 - p0))" "$((c1 - c0))" "$(getconf CLK_TCK)" "$((w1 - w0))" "$((m1 - m0))" \
-    "$(awk '/ 99%/{print $2}' "$WORK/wrk-$system-$round.txt")" >> "$RESULTS" <<'PY'
+    "$(awk '/ 99%/{print $2}' "$WORK/wrk-$system-$round.txt")" "$th0" "$th1" >> "$RESULTS" <<'PY'
 import sys
-system, rnd, n, secs, t, p, commits, hz, w, apns, p99 = sys.argv[1:]
+system, rnd, n, secs, t, p, commits, hz, w, apns, p99, th0, th1 = sys.argv[1:]
 n, secs, t, p, commits, hz = int(n), float(secs), int(t), int(p), int(commits), int(hz)
 us = (t + p) / hz * 1e6 / n if n else 0
 extra = (f"rows per commit {n / commits:.1f}; " if commits else "") + f"wrk p99 {p99}; APNs connections opened {apns}"
 if p:
     extra += f"; relay {t / hz * 1e6 / n:.1f} µs + PostgreSQL {p / hz * 1e6 / n:.1f} µs"
+# The relay's threads by name, busiest first (relay-sqlite-wr is the SQLite writer).
+a, b = (dict((k, int(v)) for k, v in (l.split() for l in x.splitlines() if l.strip())) for x in (th0, th1))
+busy = sorted(((b[k] - a.get(k, 0), k) for k in b if b[k] > a.get(k, 0)), reverse=True)
+if n and busy:
+    extra += "; threads µs per row: " + ", ".join(f"{k} {d / hz * 1e6 / n:.1f}" for d, k in busy)
 print(f"{system}\t{rnd}\t{n / secs:.0f}\t{us:.1f}\t{int(w) / n if n else 0:.0f}\t{extra}")
 PY
 }
