@@ -5,18 +5,28 @@
 #   Instructions per request (callgrind on a stripped copy, differential between two request
 #   counts so start-up cost cancels out): http-bench-server vs nginx, HTTP/1.1.
 # Both servers run one event-loop thread / worker. Every process started here is stopped on exit.
-# Environment: DURATION (seconds per load run, default 5), ROUNDS (default 3; best round kept).
+# Environment: DURATION (seconds per load run, default 5), ROUNDS (default 3; best round kept);
+# BENCH_BIN=DIR runs the http-bench-server found there instead of building it; BENCH_HTTP_CG_ONLY=1
+# measures only ours' instructions per request (HTTP/1.1 and HTTP/2) and prints the two figures
+# (A/B runs of two builds: scripts/bench-ab.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-5}
 ROUNDS=${ROUNDS:-3}
-for tool in wrk h2load nginx nghttpd valgrind objcopy python3; do
+CG_ONLY=${BENCH_HTTP_CG_ONLY:-}
+TOOLS=(h2load valgrind objcopy python3)
+[ -n "$CG_ONLY" ] || TOOLS+=(wrk nginx nghttpd)
+for tool in "${TOOLS[@]}"; do
   command -v "$tool" >/dev/null || { echo "bench-http: $tool missing (make deps bench-deps)" >&2; exit 1; }
 done
 
-swift build -c release --product http-bench-server >&2
-BIN="$(swift build -c release --show-bin-path)/http-bench-server"
+if [ -n "${BENCH_BIN:-}" ]; then
+  BIN="$BENCH_BIN/http-bench-server"
+else
+  swift build -c release --product http-bench-server >&2
+  BIN="$(swift build -c release --show-bin-path)/http-bench-server"
+fi
 
 tmp=$(mktemp -d)
 pids=()
@@ -40,14 +50,15 @@ stop() {  # pid
   wait "$1" 2>/dev/null || true
 }
 
+mkdir -p "$tmp/nginx" "$tmp/www"
+printf 'Hello, world!' > "$tmp/www/index.html"
+if [ -z "$CG_ONLY" ]; then   # throughput against the anchors
 # --- servers -------------------------------------------------------------------------------
 ours_port=$(free_port)
 "$BIN" --port "$ours_port" > /dev/null &
 ours_pid=$!; pids+=("$ours_pid")
 wait_port "$ours_port"
 
-mkdir -p "$tmp/nginx" "$tmp/www"
-printf 'Hello, world!' > "$tmp/www/index.html"
 nginx_port=$(free_port)
 cat > "$tmp/nginx/nginx.conf" <<EOF
 worker_processes 1;
@@ -93,6 +104,7 @@ H2_OURS=$(best "${h2_ours[@]}"); H2_NGHTTPD=$(best "${h2_nghttpd[@]}")
 
 stop "$ours_pid"; stop "$nginx_pid"; stop "$nghttpd_pid"
 pids=()
+fi   # throughput
 
 # --- instructions per request (callgrind) ---------------------------------------------------
 objcopy --strip-debug "$BIN" "$tmp/http-bench-server.stripped"
@@ -123,9 +135,16 @@ callgrind_total() {  # label n proto(h1|h2) cmd...
 }
 ours1=$(callgrind_total ours $N1 h1 "$tmp/http-bench-server.stripped" --port @PORT@)
 ours2=$(callgrind_total ours $N2 h1 "$tmp/http-bench-server.stripped" --port @PORT@)
+IPR_OURS=$(( (ours2 - ours1) / (N2 - N1) ))
+if [ -n "$CG_ONLY" ]; then
+  ours_h2_1=$(callgrind_total ours $N1 h2 "$tmp/http-bench-server.stripped" --port @PORT@)
+  ours_h2_2=$(callgrind_total ours $N2 h2 "$tmp/http-bench-server.stripped" --port @PORT@)
+  echo "h1 $IPR_OURS instructions per request, HTTP/1.1: ($ours2 - $ours1) / ($N2 - $N1)"
+  echo "h2 $(( (ours_h2_2 - ours_h2_1) / (N2 - N1) )) instructions per request, HTTP/2: ($ours_h2_2 - $ours_h2_1) / ($N2 - $N1)"
+  exit 0
+fi
 ngx1=$(callgrind_total nginx $N1 h1 nginx -c "$tmp/nginx/cg.conf" -p "$tmp/nginx" -e "$tmp/nginx/error.log")
 ngx2=$(callgrind_total nginx $N2 h1 nginx -c "$tmp/nginx/cg.conf" -p "$tmp/nginx" -e "$tmp/nginx/error.log")
-IPR_OURS=$(( (ours2 - ours1) / (N2 - N1) ))
 IPR_NGINX=$(( (ngx2 - ngx1) / (N2 - N1) ))
 ours_h2_1=$(callgrind_total ours $N1 h2 "$tmp/http-bench-server.stripped" --port @PORT@)
 ours_h2_2=$(callgrind_total ours $N2 h2 "$tmp/http-bench-server.stripped" --port @PORT@)

@@ -20,7 +20,10 @@
 # BENCH_PERF_SYSTEM (default relay-small) into DIR/SYSTEM.perf.data (then: perf report -i ...
 # --no-children). BENCH_BIN=DIR runs the relay-server and mock-apns found there instead of
 # building them (A/B runs against an older release build). BENCH_PG_SETTINGS="k = v; ..." adds
-# settings to the benchmark cluster's postgresql.conf (e.g. pg_stat_statements for a profile).
+# settings to the benchmark cluster's postgresql.conf (e.g. pg_stat_statements for a profile);
+# BENCH_PG_STATS=FILE then writes the cluster's top statements (pg_stat_statements: calls, rows,
+# total and mean execution time) to FILE after the rounds, e.g. with
+# BENCH_PG_SETTINGS="shared_preload_libraries = 'pg_stat_statements'" BENCH_INGEST_SYSTEMS=relay-pg.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +34,12 @@ SMALL=${BENCH_TOKENS:-1000}
 LARGE=${BENCH_TOKENS_LARGE:-100000}
 REDIS_REQUESTS=${BENCH_REDIS_REQUESTS:-400000}
 . scripts/lib-bench.sh
-bench_prologue bench-ingest wrk nginx redis-server redis-benchmark redis-cli pgbench psql openssl sqlite3 curl python3 timeout
+wanted() { [ -z "${BENCH_INGEST_SYSTEMS:-}" ] || [[ " $BENCH_INGEST_SYSTEMS " == *" $1 "* ]]; }
+# The peers' tools only when their systems run (an A/B of relay-small needs neither nginx nor Redis).
+TOOLS=(wrk pgbench psql openssl sqlite3 curl python3 timeout)
+if wanted nginx; then TOOLS+=(nginx); fi
+if wanted redis; then TOOLS+=(redis-server redis-benchmark redis-cli); fi
+bench_prologue bench-ingest "${TOOLS[@]}"
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 sync   # earlier benchmarks' dirty pages would compete with every server's fsyncs
 
@@ -45,6 +53,7 @@ if [ -n "${BENCH_PG_SETTINGS:-}" ]; then tr ';' '\n' <<<"$BENCH_PG_SETTINGS" >> 
 scripts/pg-test.sh restart "$WORK/pg" >&2
 PG_MASTER=$(head -1 "$WORK/pg/data/postmaster.pid")
 PAYLOAD=$(python3 -c 'import random, string; r = random.Random(18); print("".join(r.choice(string.ascii_letters + string.digits) for _ in range(400)))')
+if [ -n "${BENCH_PG_STATS:-}" ]; then psql -q "$PG_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null; fi
 psql -q "$PG_URL" -c "CREATE TABLE records (id bigserial PRIMARY KEY, token int NOT NULL, payload text NOT NULL)" >/dev/null
 cat > "$WORK/insert.sql" <<EOF
 \\set token random(1, $SMALL)
@@ -96,7 +105,7 @@ EOF
   fi
   echo "== round $round: $system" >&2
   a0=$(metric "$admin" 'relay_ingest_requests_total{status="202"}'); c0=$(metric "$admin" relay_store_commits_total)
-  t0=$(proc_ticks "$pid"); w0=$(io_written "$pid"); m0=$(mock_connections)
+  t0=$(proc_ticks "$pid"); w0=$(io_written "$pid"); m0=$(mock_connections); th0=$(thread_ticks "$pid")
   if [ "$kind" = postgres ]; then p0=$(tree_ticks "$PG_MASTER"); w0=$(wal_bytes); fi
   local perf_pid=""
   if [ -n "${BENCH_PERF:-}" ] && [ "$system" = "${BENCH_PERF_SYSTEM:-relay-small}" ] && [ "$round" = 1 ] && command -v perf >/dev/null; then
@@ -106,21 +115,26 @@ EOF
   fi
   WRK_THREADS=2 WRK_TOKENS=$tokens WRK_SEED=$round RELAY_CRED="$SECRET" \
     wrk --latency -t2 -c"$CONNECTIONS" -d"${DURATION}s" -s "$lua" "http://127.0.0.1:$port" > "$WORK/wrk-$system-$round.txt"
-  t1=$(proc_ticks "$pid"); w1=$(io_written "$pid"); m1=$(mock_connections)
+  t1=$(proc_ticks "$pid"); w1=$(io_written "$pid"); m1=$(mock_connections); th1=$(thread_ticks "$pid")
   if [ "$kind" = postgres ]; then p1=$(tree_ticks "$PG_MASTER"); w1=$(wal_bytes); fi
   a1=$(metric "$admin" 'relay_ingest_requests_total{status="202"}'); c1=$(metric "$admin" relay_store_commits_total)
   if [ -n "$perf_pid" ]; then wait "$perf_pid" || true; fi
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
   secs=$(wrk_seconds "$WORK/wrk-$system-$round.txt")
   python3 - "$system" "$round" "$((a1 - a0))" "$secs" "$((t1 - t0))" "$((p1 - p0))" "$((c1 - c0))" "$(getconf CLK_TCK)" "$((w1 - w0))" "$((m1 - m0))" \
-    "$(awk '/ 99%/{print $2}' "$WORK/wrk-$system-$round.txt")" >> "$RESULTS" <<'PY'
+    "$(awk '/ 99%/{print $2}' "$WORK/wrk-$system-$round.txt")" "$th0" "$th1" >> "$RESULTS" <<'PY'
 import sys
-system, rnd, n, secs, t, p, commits, hz, w, apns, p99 = sys.argv[1:]
+system, rnd, n, secs, t, p, commits, hz, w, apns, p99, th0, th1 = sys.argv[1:]
 n, secs, t, p, commits, hz = int(n), float(secs), int(t), int(p), int(commits), int(hz)
 us = (t + p) / hz * 1e6 / n if n else 0
 extra = (f"rows per commit {n / commits:.1f}; " if commits else "") + f"wrk p99 {p99}; APNs connections opened {apns}"
 if p:
     extra += f"; relay {t / hz * 1e6 / n:.1f} µs + PostgreSQL {p / hz * 1e6 / n:.1f} µs"
+# The relay's threads by name, busiest first (relay-sqlite-wr is the SQLite writer).
+a, b = (dict((k, int(v)) for k, v in (l.split() for l in x.splitlines() if l.strip())) for x in (th0, th1))
+busy = sorted(((b[k] - a.get(k, 0), k) for k in b if b[k] > a.get(k, 0)), reverse=True)
+if n and busy:
+    extra += "; threads µs per row: " + ", ".join(f"{k} {d / hz * 1e6 / n:.1f}" for d, k in busy)
 print(f"{system}\t{rnd}\t{n / secs:.0f}\t{us:.1f}\t{int(w) / n if n else 0:.0f}\t{extra}")
 PY
 }
@@ -157,8 +171,10 @@ pgbench_run() {  # ROUND
     "$((r1 - r0)) rows; latency average $(awk '/^latency average/{print $4, $5}' "$WORK/pgbench-$round.txt")" >> "$RESULTS"
 }
 
-start_nginx_anchor
-NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | tr '\n' ' ')
+if wanted nginx; then
+  start_nginx_anchor
+  NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | tr '\n' ' ')
+fi
 nginx_run() {  # ROUND
   local round=$1 t0 t1 n
   echo "== round $round: nginx" >&2
@@ -170,7 +186,6 @@ nginx_run() {  # ROUND
     "$(us_per_req $((t1 - t0)) "$n")" "stores nothing" >> "$RESULTS"
 }
 
-wanted() { [ -z "${BENCH_INGEST_SYSTEMS:-}" ] || [[ " $BENCH_INGEST_SYSTEMS " == *" $1 "* ]]; }
 for round in $(seq 1 "$ROUNDS"); do
   if wanted nginx; then nginx_run "$round"; fi
   if wanted relay-1; then relay relay-1 "$round" sqlite "$WORK/one.lua" 2; fi
@@ -180,11 +195,16 @@ for round in $(seq 1 "$ROUNDS"); do
   if wanted pgbench; then pgbench_run "$round"; fi
   if wanted relay-pg; then relay relay-pg "$round" postgres "$WORK/tokens.lua" "$SMALL"; fi
 done
-stop_nginx_anchor
+if wanted nginx; then stop_nginx_anchor; fi
+if [ -n "${BENCH_PG_STATS:-}" ]; then
+  psql -q "$PG_URL" -c "\\pset footer off" -c "SELECT calls, rows, round(total_exec_time::numeric, 1) AS total_ms,
+    round((total_exec_time / calls * 1000)::numeric, 1) AS mean_us, left(regexp_replace(query, '\\s+', ' ', 'g'), 300) AS query
+    FROM pg_stat_statements WHERE calls > 0 ORDER BY total_exec_time DESC LIMIT 25" > "$BENCH_PG_STATS"
+fi
 cp "$RESULTS" .build/bench-ingest-results.tsv 2>/dev/null || true
 
 python3 - "$RESULTS" "${BENCH_DATA:-}" "$DURATION" "$CONNECTIONS" "$ROUNDS" "$SMALL" "$LARGE" "$REDIS_REQUESTS" \
-  "$LOAD_START" "$(cut -d' ' -f1-3 /proc/loadavg)" "$(redis-server --version | awk '{sub(/^v=/, "", $3); print $3}')" \
+  "$LOAD_START" "$(cut -d' ' -f1-3 /proc/loadavg)" "$(command -v redis-server >/dev/null && redis-server --version | awk '{sub(/^v=/, "", $3); print $3}')" \
   "$(pgbench --version | awk '{print $3}')" <<'PY'
 import csv, os, sys
 res, data, dur, conns, rounds, small, large, rreq, load0, load1, rver, pver = sys.argv[1:]

@@ -10,6 +10,7 @@
 # BENCH_CG_ONLY=1 runs stage 5 alone and prints its figure; BENCH_CG_KEEP=DIR keeps the symbols
 # (strips debug info only, as valgrind 3.19 needs) and copies both callgrind outputs to DIR, so
 # two builds can be compared function by function: scripts/cg-diff.py OLD_DIR NEW_DIR.
+# BENCH_CONNS_ONLY=1 runs stage 2 alone and prints its table (A/B runs: scripts/bench-ab.sh).
 # Delivery events: stage 5 also measures the relay with one webhook configured (docs/events.md),
 # its loopback receiver answering 204 to each event (python3 http.server; it does not verify), and
 # waits until every event was delivered to it, so sending them is inside the figure.
@@ -95,6 +96,7 @@ write_post_lua "$WORK/post.lua"
 wrk_rps() { awk '/Requests\/sec/{print $2}' "$1"; }
 
 if [ -z "${BENCH_CG_ONLY:-}" ]; then   # stages 1-4
+if [ -z "${BENCH_CONNS_ONLY:-}" ]; then   # stage 1
 # --- 1. latency at several offered loads ---------------------------------------------------
 write_config "$WORK/latency.db"
 start_relay
@@ -108,6 +110,8 @@ for rate in $LOADS; do
   LAT_ROWS+="| $offered/s | $achieved/s | $matched | $p50 | $p99 | $p999 | $max |"$'\n'
 done
 stop_relay
+
+fi   # stage 1
 
 # --- 2. ingest 202/s vs connections, nginx alongside ---------------------------------------
 start_nginx_anchor
@@ -144,6 +148,11 @@ for _ in range(100):
 ts.sort(); print(f"p50 {ts[50]:.2f} ms, p99 {ts[98]:.2f} ms")
 EOF
 )
+if [ -n "${BENCH_CONNS_ONLY:-}" ]; then
+  printf '| connections | relay 202/s | nginx 200/s | ratio |\n|---|---|---|---|\n%s' "$CONN_ROWS"
+  echo "synchronous=NORMAL at 64 connections: $NORMAL_RPS 202/s; 4 KiB write + fsync: $FSYNC"
+  exit 0
+fi
 
 # --- 3. drain a backlog --------------------------------------------------------------------
 echo "== drain of $DRAIN_ROWS queued rows" >&2

@@ -211,6 +211,14 @@ LUA
 # CPU ticks (utime + stime, /proc/PID/stat after the command name) of the given pids, summed;
 # all threads of each. Pids that are gone count 0.
 proc_ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}'))); done; echo "$t"; }
+# CPU ticks per thread name of one process ("name ticks" lines, threads of the same name summed;
+# spaces in names become _): which thread a change moved work to.
+thread_ticks() {
+  local t
+  for t in /proc/"$1"/task/*; do
+    [ -r "$t/stat" ] && printf '%s %s\n' "$(tr ' ' _ < "$t/comm")" "$(sed 's/.*) //' "$t/stat" | awk '{print $12 + $13}')"
+  done | awk '{s[$1] += $2} END {for (k in s) print k, s[k]}'
+}
 # CPU ticks of a process tree that forks short-lived children (PostgreSQL's backends): the
 # parent's own time plus its reaped children's (cutime + cstime) plus every live child's. A
 # child that exits between two readings moves from the live sum into the parent's cutime, so
