@@ -147,10 +147,20 @@ private func smallBufferClient(port: Int) throws -> RawClient {
             #expect(refused?.payload == [0, 0, 0, 7])   // REFUSED_STREAM
             #expect(held.withLock { $0.count } == 100)
             #expect(server.metrics.parseErrorsByKind["h2_unanswered_limit"] == 1)
-            // Once the handler answers, new requests are taken again.
+            // Once the handler answers, new requests are taken again. The answers reach the
+            // connection through its loop's task queue, so a request read before the loop ran
+            // them is still refused: ask again (a new stream each time) until one is taken.
             for r in held.withLock({ $0 }) { r.respond(HTTPReply(status: 200)) }
-            try c.get("/after", stream: 203)
-            let after = c.read { $0.type == 0 && $0.stream == 203 }
+            var after: RawH2Client.Frame?
+            var stream: UInt32 = 203
+            for _ in 0..<100 {
+                try c.get("/after", stream: stream)
+                let answer = c.read { ($0.type == 0 || $0.type == 3) && $0.stream == stream }
+                if answer?.type == 0 { after = answer; break }
+                guard answer?.payload == [0, 0, 0, 7] else { break }   // anything but REFUSED_STREAM fails below
+                stream += 2
+                Thread.sleep(forTimeInterval: 0.05)
+            }
             #expect(after.map { String(decoding: $0.payload, as: UTF8.self) } == "GET /after 0")
         }
     }
