@@ -11,7 +11,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     // @unchecked Sendable: `writer` serialises every write on its own thread; `reader` is only
     // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread),
     // except its `sharedSettings`, a Mutex.
-    public static let schemaVersion = 12
+    public static let schemaVersion = 13
 
     let writer: GroupCommitWriter?
     let reader: SQLiteDatabase
@@ -40,6 +40,11 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
         var claimWebhookDeliveries: SQLiteStatement?
         var leaseWebhookDelivery: SQLiteStatement?
         var recordWebhookResult: SQLiteStatement?
+        var readWebhookCursor: SQLiteStatement?
+        var writeWebhookCursor: SQLiteStatement?
+        var scanNewEvents: SQLiteStatement?
+        /// The webhooks whose cursors this process made sure of (ensureCursors).
+        var cursorsReadyFor: [WebhookSubscription] = []
         /// Events this batch wrote: the observers hear of them after COMMIT, and `tally` counts
         /// them by type (delivered, failed, token.unregistered).
         var eventsInBatch = 0
