@@ -135,6 +135,9 @@ public struct RelayConfig: Sendable, Equatable {
         /// `events.maxBacklogPerWebhook`: pending deliveries a webhook may have before the oldest
         /// are dropped (counted in relay_webhook_backlog_dropped_total, logged as an error).
         public var maxBacklogPerWebhook = EventStoreSettings.defaultMaxBacklogPerWebhook
+        /// `events.senderNiceness`: the webhooks thread's nice value (0-19), below ingest and
+        /// dispatch so a saturating load delays events instead of ingest.
+        public var senderNiceness = Int(WebhookSender.defaultNiceness)
     }
     public struct Log: Sendable, Equatable {
         public var format = RelayLogger.Format.json

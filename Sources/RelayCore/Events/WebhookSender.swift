@@ -101,7 +101,7 @@ public final class WebhookSender: Lifecycle, Sendable {
                                       timeoutMillis: w.timeoutMillis, maxConcurrent: w.maxConcurrent,
                                       retry: WebhookRetryPolicy(retryForMillis: Int64(w.retryForSeconds) * 1000)))
         }
-        self.init(endpoints: endpoints, outbox: outbox, metrics: metrics, logger: logger)
+        self.init(endpoints: endpoints, outbox: outbox, metrics: metrics, logger: logger, niceness: Int32(configuration.events.senderNiceness))
     }
 
     /// Loads libcurl and starts the thread (no thread without endpoints).
