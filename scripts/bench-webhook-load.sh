@@ -15,8 +15,9 @@ trap cleanup EXIT
 start_bench_mock
 write_post_lua "$WORK/post.lua"
 start_webhook_receiver
-# MAX_CONCURRENT: the webhook's maxConcurrent (default: the relay's, 8).
-HOOK='"events":{"webhooks":[{"name":"bench","url":"http://127.0.0.1:'$HOOK_PORT'/hook","secretFile":"'$WORK'/webhook-secret"'${MAX_CONCURRENT:+,\"maxConcurrent\":$MAX_CONCURRENT}'}]},'
+# MAX_CONCURRENT: the webhook's maxConcurrent (default: the relay's, 8); SENDER_NICENESS:
+# events.senderNiceness (default: the relay's, 10; a relay before that key refuses it: leave unset there).
+HOOK='"events":{"webhooks":[{"name":"bench","url":"http://127.0.0.1:'$HOOK_PORT'/hook","secretFile":"'$WORK'/webhook-secret"'${MAX_CONCURRENT:+,\"maxConcurrent\":$MAX_CONCURRENT}'}]'${SENDER_NICENESS:+,\"senderNiceness\":$SENDER_NICENESS}'},'
 RELAY_PORT=$(free_port); ADMIN_PORT=$(free_port)
 run() {  # label events-member
   local db="$WORK/$1.db"

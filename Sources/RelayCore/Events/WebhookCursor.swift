@@ -30,6 +30,13 @@ enum WebhookCursorRules {
         return .none
     }
 
+    /// The holder's lease, renewed once a quarter of it is used: an idle sender's turns (every
+    /// 500 ms) then write nothing, and a live holder's lease (at least 60 s, WebhookSender)
+    /// outlasts its longest wait between turns (the receiver pause's 30 s cap).
+    static func renewedLease(current: Int64, now: Int64, wanted: Int64) -> Int64 {
+        current - now < (wanted - now) * 3 / 4 ? wanted : current
+    }
+
     /// The cursor's new `seq` after the holder reports `through`: never back, never past what
     /// was handed out.
     static func advanced(seq: Int64, claimedThrough: Int64, through: Int64) -> Int64 {

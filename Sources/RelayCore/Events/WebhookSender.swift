@@ -221,7 +221,9 @@ public final class WebhookSender: Lifecycle, Sendable {
         guard room > 0 || !s.results.isEmpty || release else { return }
         // Longer than any attempt can take (connect + transfer are each bounded by the timeout),
         // so a delivery comes back to a later claim only if this sender died holding it.
-        let leaseUntil = now + 2 * Int64(endpoint.timeoutMillis) + 30_000
+        // The cursor's lease is renewed once a quarter is used (WebhookCursorRules.renewedLease):
+        // at least 45 s left, past the receiver pause's cap, between two turns of a live sender.
+        let leaseUntil = now + 2 * Int64(endpoint.timeoutMillis) + 60_000
         let results = s.results
         s.results.removeAll(keepingCapacity: true)
         let position = s.cursor.map { g in

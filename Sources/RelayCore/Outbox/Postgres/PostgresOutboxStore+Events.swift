@@ -332,12 +332,13 @@ extension PostgresOutboxStore {
             case .take(let epoch):
                 row.epoch = epoch
                 row.claimedThrough = row.seq
+                row.leaseUntil = 0
                 fallthrough
             case .hold:
                 if releaseCursor {
                     row.leaseUntil = 0
                 } else {
-                    row.leaseUntil = leaseUntil
+                    row.leaseUntil = WebhookCursorRules.renewedLease(current: row.leaseUntil, now: now, wanted: leaseUntil)
                     if claimed.count < limit {
                         let (events, through) = try Self.newEvents(after: row.claimedThrough, room: limit - claimed.count, row.subscription, c)
                         row.claimedThrough = through

@@ -381,12 +381,13 @@ extension SQLiteOutboxStore {
         case .take(let epoch):
             row.epoch = epoch
             row.claimedThrough = row.seq
+            row.leaseUntil = 0
             fallthrough
         case .hold:
             if release {
                 row.leaseUntil = 0
             } else {
-                row.leaseUntil = leaseUntil
+                row.leaseUntil = WebhookCursorRules.renewedLease(current: row.leaseUntil, now: now, wanted: leaseUntil)
                 if claimed.count < limit {
                     let (events, through) = try newEvents(after: row.claimedThrough, room: limit - claimed.count, row.subscription, db: db, state: state)
                     row.claimedThrough = through
