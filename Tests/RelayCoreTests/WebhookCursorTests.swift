@@ -118,8 +118,9 @@ import Testing
         let ids = got.withLock { $0 }
         #expect(Set(ids).count == ids.count && Set(ids) == Set(more.map(\.id)))
         // a stops without releasing (it died): b takes over once the lease ends, from a's cursor.
-        #expect(try b.exchange("w", now: now + 30_011).claimed.isEmpty)
-        let tb2 = try b.exchange("w", now: now + 30_012)
+        // (a's turns came within a quarter of its lease: it was not renewed, WebhookCursorRules.renewedLease)
+        #expect(try b.exchange("w", now: now + 29_999).claimed.isEmpty)
+        let tb2 = try b.exchange("w", now: now + 30_000)
         #expect(tb2.cursor != nil && tb2.cursor!.epoch > holdA.epoch)
         #expect(tb2.claimed.map(\.eventID) == Array((later + more).map(\.id).prefix(10)))
     }
@@ -158,5 +159,51 @@ import Testing
         let got = try s.exchange("w", now: f.clock.nowMillis())
         #expect(got.claimed.map(\.eventID) == [e[1].id, e[3].id, after[0].id])
         #expect(got.claimed.map(\.attempts) == [1, 0, 0] && got.claimed.map(\.fromCursor) == [false, false, true])
+    }
+}
+
+/// The cursor's pure rules (WebhookCursorRules), both stores' one copy.
+@Suite struct WebhookCursorRulesTests {
+    @Test func whoGetsTheCursor() {
+        // The holder keeps it, even past its lease (nobody took it meanwhile).
+        #expect(WebhookCursorRules.grant(storedEpoch: 3, leaseUntil: 100, caller: 3, now: 500, takeUnleased: false) == .hold)
+        // Another caller waits for the lease, then takes it under a new epoch.
+        #expect(WebhookCursorRules.grant(storedEpoch: 3, leaseUntil: 100, caller: 2, now: 99, takeUnleased: false) == .none)
+        #expect(WebhookCursorRules.grant(storedEpoch: 3, leaseUntil: 100, caller: nil, now: 99, takeUnleased: false) == .none)
+        #expect(WebhookCursorRules.grant(storedEpoch: 3, leaseUntil: 100, caller: nil, now: 100, takeUnleased: false) == .take(epoch: 4))
+        // SQLite: a starting sender (no epoch) takes it at once; one with a stale epoch does not.
+        #expect(WebhookCursorRules.grant(storedEpoch: 3, leaseUntil: 100, caller: nil, now: 0, takeUnleased: true) == .take(epoch: 4))
+        #expect(WebhookCursorRules.grant(storedEpoch: 3, leaseUntil: 100, caller: 2, now: 0, takeUnleased: true) == .none)
+    }
+
+    @Test func theCursorMovesOverTheFinishedPrefixOnly() {
+        // Never back, never past what was handed out.
+        #expect(WebhookCursorRules.advanced(seq: 10, claimedThrough: 20, through: 5) == 10)
+        #expect(WebhookCursorRules.advanced(seq: 10, claimedThrough: 20, through: 15) == 15)
+        #expect(WebhookCursorRules.advanced(seq: 10, claimedThrough: 20, through: 25) == 20)
+        // Through: just before the first event still in flight, else all handed out.
+        #expect(WebhookCursorRules.through(claimedThrough: 20, inFlight: [17, 12, 19]) == 11)
+        #expect(WebhookCursorRules.through(claimedThrough: 20, inFlight: []) == 20)
+    }
+
+    @Test func theLeaseIsRenewedOnceAQuarterIsUsed() {
+        #expect(WebhookCursorRules.renewedLease(current: 1000 + 60_000, now: 1000, wanted: 1000 + 60_000) == 61_000)
+        #expect(WebhookCursorRules.renewedLease(current: 61_000, now: 15_999, wanted: 75_999) == 61_000)   // 45,001 left
+        #expect(WebhookCursorRules.renewedLease(current: 61_000, now: 16_001, wanted: 76_001) == 76_001)   // 44,999 left
+        #expect(WebhookCursorRules.renewedLease(current: 0, now: 5, wanted: 100) == 100)
+    }
+
+    @Test func subscriptionsRoundTripThroughTheRowAndFilterInSQL() {
+        let all = WebhookSubscription(name: "a")
+        let some = WebhookSubscription(name: "b", types: [.responseFailed, .tokenUnregistered], apps: ["com.example.app", "it's"])
+        for s in [all, some, WebhookSubscription(name: "c", types: [], apps: [])] {
+            let (types, apps) = WebhookCursorRules.encode(s)
+            #expect(WebhookCursorRules.decode(name: s.name, types: types, apps: apps) == s)
+        }
+        // A row the migration made (no subscription yet) receives everything.
+        #expect(WebhookCursorRules.decode(name: "m", types: nil, apps: nil) == WebhookSubscription(name: "m"))
+        #expect(WebhookCursorRules.sqlFilter(all) == "1 = 1")
+        #expect(WebhookCursorRules.sqlFilter(some) == "e.type IN ('response.failed','token.unregistered') AND e.app IN ('com.example.app','it''s')")
+        #expect(WebhookCursorRules.sqlFilter(WebhookSubscription(name: "c", types: [], apps: nil)) == "0 = 1")
     }
 }

@@ -91,6 +91,13 @@ struct WebhookCursorRow: Equatable {
     var leaseUntil: Int64
     var subscription: WebhookSubscription
 
+    /// Whether the exchange must write the row: `seq`, the epoch or the lease changed, or the
+    /// hand-out point when the row keeps it (a caller that keeps its own spares that write).
+    func changed(from before: WebhookCursorRow, handOutKeptByCaller: Bool) -> Bool {
+        seq != before.seq || epoch != before.epoch || leaseUntil != before.leaseUntil
+            || (!handOutKeptByCaller && claimedThrough != before.claimedThrough)
+    }
+
     init(columns c: some StoreColumns) throws {
         guard let w = c.string(0) else { throw StoreError.invalid("malformed webhook_cursors row") }
         webhook = w

@@ -157,15 +157,20 @@ public struct WebhookAttemptRecord: Sendable, Equatable {
     }
 }
 
-/// The sender's hold on a webhook's cursor: the epoch it was granted and how far every new
-/// event it was handed is finished (delivered, or its failure in the same call's results).
+/// The sender's hold on a webhook's cursor: the epoch it was granted, how far every new event
+/// it was handed is finished (delivered, or its failure in the same call's results), and how
+/// far it was handed events (the last grant's `claimedThrough`). A holder that keeps its
+/// hand-out point spares the store a write per claim: the store then writes the cursor row only
+/// when `seq`, the epoch or the lease change (nil: the store keeps it in the row).
 public struct WebhookCursorPosition: Sendable, Equatable {
     public var epoch: Int64
     public var through: Int64
+    public var claimedThrough: Int64?
 
-    public init(epoch: Int64, through: Int64) {
+    public init(epoch: Int64, through: Int64, claimedThrough: Int64? = nil) {
         self.epoch = epoch
         self.through = through
+        self.claimedThrough = claimedThrough
     }
 }
 

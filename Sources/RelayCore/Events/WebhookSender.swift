@@ -228,7 +228,8 @@ public final class WebhookSender: Lifecycle, Sendable {
         s.results.removeAll(keepingCapacity: true)
         let position = s.cursor.map { g in
             WebhookCursorPosition(epoch: g.epoch, through: WebhookCursorRules.through(
-                claimedThrough: g.claimedThrough, inFlight: s.inFlight.values.lazy.filter { $0.fromCursor && $0.claim == g.epoch }.map(\.sequence)))
+                claimedThrough: g.claimedThrough, inFlight: s.inFlight.values.lazy.filter { $0.fromCursor && $0.claim == g.epoch }.map(\.sequence)),
+                claimedThrough: g.claimedThrough)
         }
         let exchanged: WebhookExchange
         do {

@@ -322,7 +322,12 @@ extension PostgresOutboxStore {
             stale += results.count - fromRows.count - current.count
             try Self.insertRetryRows(webhook: webhook, current.filter { if case .delivered = $0.result { false } else { true } }, clock, c)
             let before = row
+            var handOutKept = false
             if let cursor, cursor.epoch == row.epoch {
+                if let handedOut = cursor.claimedThrough {
+                    row.claimedThrough = max(row.seq, handedOut)
+                    handOutKept = true
+                }
                 row.seq = WebhookCursorRules.advanced(seq: row.seq, claimedThrough: row.claimedThrough, through: cursor.through)
             }
             var claimed = try Self.claimRows(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, clock, c)
@@ -333,6 +338,7 @@ extension PostgresOutboxStore {
                 row.epoch = epoch
                 row.claimedThrough = row.seq
                 row.leaseUntil = 0
+                handOutKept = false
                 fallthrough
             case .hold:
                 if releaseCursor {
@@ -351,7 +357,7 @@ extension PostgresOutboxStore {
                     grant = WebhookCursorGrant(epoch: row.epoch, claimedThrough: row.claimedThrough)
                 }
             }
-            if row != before {
+            if row.changed(from: before, handOutKeptByCaller: handOutKept) {
                 try c.run("UPDATE webhook_cursors SET seq = $1, claimed_through = $2, epoch = $3, lease_until = $4 WHERE webhook = $5",
                           [.int(row.seq), .int(row.claimedThrough), .int(row.epoch), .int(row.leaseUntil), .text(webhook)])
             }
@@ -454,7 +460,7 @@ extension PostgresOutboxStore {
     private static func insertRetryRows(webhook: String, _ results: [WebhookAttemptRecord], _ clock: DatabaseClock, _ c: PostgresConnection) throws {
         guard !results.isEmpty else { return }
         let changes = changes(results, clock)
-        try c.run("""
+        _ = try c.run("""
             INSERT INTO webhook_deliveries (webhook, seq, state, attempts, first_attempt_at, next_attempt_at, last_error, updated_at)
             SELECT $1, e.seq, x.state, x.attempted, CASE WHEN x.attempted = 1 THEN x.at END, coalesce(x.next, x.at), x.error, x.at
             FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::bigint[]) AS x(id, state, at, next, error, attempted)

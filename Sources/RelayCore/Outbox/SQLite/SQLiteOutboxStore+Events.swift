@@ -371,7 +371,12 @@ extension SQLiteOutboxStore {
             }
         }
         let before = row
+        var handOutKept = false
         if let cursor, cursor.epoch == row.epoch {
+            if let handedOut = cursor.claimedThrough {
+                row.claimedThrough = max(row.seq, handedOut)
+                handOutKept = true
+            }
             row.seq = WebhookCursorRules.advanced(seq: row.seq, claimedThrough: row.claimedThrough, through: cursor.through)
         }
         var claimed = try claimRows(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, db: db, state: state)
@@ -382,6 +387,7 @@ extension SQLiteOutboxStore {
             row.epoch = epoch
             row.claimedThrough = row.seq
             row.leaseUntil = 0
+            handOutKept = false
             fallthrough
         case .hold:
             if release {
@@ -396,7 +402,7 @@ extension SQLiteOutboxStore {
                 grant = WebhookCursorGrant(epoch: row.epoch, claimedThrough: row.claimedThrough)
             }
         }
-        if row != before {
+        if row.changed(from: before, handOutKeptByCaller: handOutKept) {
             let st = try db.held(&state.writeWebhookCursor, "UPDATE webhook_cursors SET seq = ?, claimed_through = ?, epoch = ?, lease_until = ? WHERE webhook = ?")
             try st.bind(1, row.seq)
             try st.bind(2, row.claimedThrough)
