@@ -128,7 +128,8 @@ public struct RelayConfig: Sendable, Equatable {
         public var subscription: WebhookSubscription { WebhookSubscription(name: name, types: types, apps: apps) }
     }
     /// `events`: delivery events (docs/events.md). The webhooks (`events.webhooks`) are the
-    /// sender's configuration and the store's fan-out; the store reads the backlog bound.
+    /// sender's configuration and the store's subscriptions (each webhook's cursor reads the events
+    /// they receive); the store reads the backlog bound.
     public struct Events: Sendable, Equatable {
         public var webhooks: [Webhook] = []
         public var subscriptions: [WebhookSubscription] { webhooks.map(\.subscription) }

@@ -346,7 +346,7 @@ extension PostgresOutboxStore {
                 } else {
                     row.leaseUntil = WebhookCursorRules.renewedLease(current: row.leaseUntil, now: now, wanted: leaseUntil)
                     if claimed.count < limit {
-                        let (events, through) = try Self.newEvents(after: row.claimedThrough, room: limit - claimed.count, row.subscription, c)
+                        let (events, through) = try Self.newEvents(after: row.claimedThrough, room: limit - claimed.count, subscription, c)
                         row.claimedThrough = through
                         claimed += events.map { e in
                             var e = e

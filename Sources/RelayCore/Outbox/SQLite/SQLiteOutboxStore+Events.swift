@@ -395,7 +395,9 @@ extension SQLiteOutboxStore {
             } else {
                 row.leaseUntil = WebhookCursorRules.renewedLease(current: row.leaseUntil, now: now, wanted: leaseUntil)
                 if claimed.count < limit {
-                    let (events, through) = try newEvents(after: row.claimedThrough, room: limit - claimed.count, row.subscription, db: db, state: state)
+                    // The configured subscription (the row's is the same, written at start).
+                    let subscription = state.events.webhooks.first { $0.name == webhook } ?? row.subscription
+                    let (events, through) = try newEvents(after: row.claimedThrough, room: limit - claimed.count, subscription, db: db, state: state)
                     row.claimedThrough = through
                     claimed += events.map { WebhookDelivery(source: .record($0), attempts: 0, firstAttemptAt: nil, claim: row.epoch, fromCursor: true) }
                 }
