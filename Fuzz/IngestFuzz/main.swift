@@ -52,7 +52,7 @@ private final class Fixture: Sendable {
         atexit { atexit_path.withLock { p in for s in ["", "-wal", "-shm"] { unlink(p + s) } } }
     }
 
-    func post(headers: [String: String], body: [UInt8]) -> APIResponse {
+    func post(headers: [String: String], body: [UInt8]) -> APIReply {
         let done = DispatchSemaphore(value: 0)
         let box = ResponseBox()
         service.handle(APIRequest(method: "POST", path: "/v1/responses", authorization: headers["authorization"],
@@ -69,9 +69,9 @@ import Synchronization
 private let atexit_path = Mutex<String>("")
 
 private final class ResponseBox: Sendable {
-    private let value = Mutex<APIResponse?>(nil)
-    func set(_ r: APIResponse) { value.withLock { $0 = r } }
-    func get() -> APIResponse { value.withLock { $0! } }
+    private let value = Mutex<APIReply?>(nil)
+    func set(_ r: APIReply) { value.withLock { $0 = r } }
+    func get() -> APIReply { value.withLock { $0! } }
 }
 
 private let fixture = Fixture()
@@ -112,11 +112,11 @@ public func ingestFuzzOneInput(_ data: UnsafePointer<UInt8>, _ size: Int) -> CIn
     return 0
 }
 
-private func field(_ r: APIResponse, _ name: String) -> String? {
+private func field(_ r: APIReply, _ name: String) -> String? {
     (try? JSONSerialization.jsonObject(with: Data(r.body.utf8))) .flatMap { ($0 as? [String: Any])?[name] as? String }
 }
 
-private func check(_ r: APIResponse, headers: [String: String], contentType: String?, body: [UInt8]) {
+private func check(_ r: APIReply, headers: [String: String], contentType: String?, body: [UInt8]) {
     guard documented.contains(r.status) else { fatalError("undocumented status \(r.status): \(r.body)") }
     guard let object = (try? JSONSerialization.jsonObject(with: Data(r.body.utf8))) as? [String: Any] else {
         fatalError("answer body is not a JSON object: \(r.body)")

@@ -11,10 +11,10 @@ import Glibc
 
 /// Work handed to a loop from another thread.
 enum LoopTask {
-    case respond(ServerConnection, HTTPResponseWriter, HTTPResponse, ConnectionAction)
+    case respond(ServerConnection, HTTPReplyWriter, HTTPReply, ConnectionAction)
     case abort(ServerConnection)
     case setMaxConcurrentStreams(ServerConnection, UInt32)
-    case continueDecided(ServerConnection, UInt64, HTTPResponse?)
+    case continueDecided(ServerConnection, UInt64, HTTPReply?)
     case beginShutdown
     case forceClose
 }

@@ -341,7 +341,7 @@ final class H2Session {
                               body: st.body, remoteAddress: connection.remoteAddress, tls: connection.tlsInfo,
                               connectionID: connection.id, streamID: st.id, clientKey: connection.clientKey)
         dropBody(st)
-        let writer = HTTPResponseWriter(connection: connection, sequence: 0, streamID: st.id,
+        let writer = HTTPReplyWriter(connection: connection, sequence: 0, streamID: st.id,
                                       isHEAD: st.method == "HEAD")
         connection.core.handler(req, writer)
     }
@@ -350,12 +350,12 @@ final class H2Session {
 
     /// A handler's answer (from its writer): it stops counting in `handlersWorking` even
     /// when its stream is gone, then goes out if the stream is still open.
-    func handlerAnswered(streamID: Int32, response: HTTPResponse, isHEAD: Bool, action: ConnectionAction) {
+    func handlerAnswered(streamID: Int32, response: HTTPReply, isHEAD: Bool, action: ConnectionAction) {
         handlersWorking -= 1
         respond(streamID: streamID, response: response, isHEAD: isHEAD, action: action)
     }
 
-    func respond(streamID: Int32, response: HTTPResponse, isHEAD: Bool, action: ConnectionAction) {
+    func respond(streamID: Int32, response: HTTPReply, isHEAD: Bool, action: ConnectionAction) {
         guard let st = stream(streamID), !st.responded else { return }
         st.responded = true
         let r = connection.core.safeResponse(response)

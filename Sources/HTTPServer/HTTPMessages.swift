@@ -67,7 +67,7 @@ func absoluteFormParts(_ target: String) -> (authority: Substring, pathAndQuery:
     return (rest[..<end], rest[end...])
 }
 
-public struct HTTPResponse: Sendable {
+public struct HTTPReply: Sendable {
     public var status: Int
     public var headers: HTTPHeaders
     public var body: [UInt8]
@@ -79,10 +79,10 @@ public struct HTTPResponse: Sendable {
     }
 
     /// A response with `content-type: application/json` and the given body text.
-    public static func json(_ status: Int, _ body: String, headers: HTTPHeaders = .init()) -> HTTPResponse {
+    public static func json(_ status: Int, _ body: String, headers: HTTPHeaders = .init()) -> HTTPReply {
         var h = headers
         h.replaceOrAdd("content-type", "application/json")
-        return HTTPResponse(status: status, headers: h, body: Array(body.utf8))
+        return HTTPReply(status: status, headers: h, body: Array(body.utf8))
     }
 }
 
@@ -99,7 +99,7 @@ public enum ConnectionAction: Sendable {
 /// Called on a loop thread: must not block. Blocking work goes to the caller's own thread and
 /// answers later through the writer. A handler that never responds stalls its request; the
 /// server's shutdown still completes (after its grace period).
-public typealias HTTPHandler = @Sendable (HTTPRequest, HTTPResponseWriter) -> Void
+public typealias HTTPHandler = @Sendable (HTTPRequest, HTTPReplyWriter) -> Void
 
 /// HTTP/1.1 `Expect: 100-continue`: whether to invite the body. Called on a loop thread with
 /// the request head (`body` empty) as soon as it is complete; must not block. Answer through

@@ -33,7 +33,7 @@ final class ServerCore: Sendable {
     let maxHeaderCount: Int
     let cleartextHTTP2: Bool
     let serverHeaderLine: [UInt8]?
-    let errorResponse: @Sendable (Int, String) -> HTTPResponse
+    let errorResponse: @Sendable (Int, String) -> HTTPReply
     let continueCheck: HTTPContinueCheck?
     let admission: (@Sendable () -> HTTPAdmission)?
     private let connectionIDs = Atomic<UInt64>(0)
@@ -199,9 +199,9 @@ public final class HTTPContinueDecision: Sendable {
 
     /// Sends `response` as the request's final answer, without reading its body; the
     /// connection closes after it.
-    public func refuse(_ response: HTTPResponse) { decide(response) }
+    public func refuse(_ response: HTTPReply) { decide(response) }
 
-    private func decide(_ refusal: HTTPResponse?) {
+    private func decide(_ refusal: HTTPReply?) {
         guard !answered.exchange(true, ordering: .acquiringAndReleasing) else { return }
         let loop = connection.loop
         if loop.isCurrentThread {
@@ -217,7 +217,7 @@ public final class HTTPContinueDecision: Sendable {
 /// connection's loop, directly when called there, else through the loop's task queue (one
 /// wake-up for every reply queued before the loop runs: a batch of replies from the store's
 /// writer costs one).
-public final class HTTPResponseWriter: Sendable {
+public final class HTTPReplyWriter: Sendable {
     let connection: ServerConnection
     /// HTTP/1: the request's position on its connection; HTTP/2: the stream identifier.
     let sequence: UInt64
@@ -232,7 +232,7 @@ public final class HTTPResponseWriter: Sendable {
         self.isHEAD = isHEAD
     }
 
-    public func respond(_ response: HTTPResponse, then action: ConnectionAction = .keep) {
+    public func respond(_ response: HTTPReply, then action: ConnectionAction = .keep) {
         guard !answered.exchange(true, ordering: .acquiringAndReleasing) else { return }
         let loop = connection.loop
         if loop.isCurrentThread {

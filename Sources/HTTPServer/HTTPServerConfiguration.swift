@@ -130,7 +130,7 @@ public struct HTTPServerConfiguration: Sendable {
     /// 400/408/413/414/417/431/501/505, `kind` the parser's error kind (HTTPServerErrorKinds in
     /// docs/http.md). Lets an application answer these in its own error format. Framing
     /// headers are the server's; the connection closes after HTTP/1.1 errors regardless.
-    public var errorResponse: @Sendable (_ status: Int, _ kind: String) -> HTTPResponse
+    public var errorResponse: @Sendable (_ status: Int, _ kind: String) -> HTTPReply
     /// Decides `Expect: 100-continue` before `100 Continue` is sent (HTTPContinueCheck); nil
     /// sends it as soon as the head is complete.
     public var continueCheck: HTTPContinueCheck?
@@ -139,14 +139,14 @@ public struct HTTPServerConfiguration: Sendable {
     public var admission: (@Sendable () -> HTTPAdmission)?
 
     /// `{"error":"<kind>"}`, the default `errorResponse`.
-    public static let plainErrorResponse: @Sendable (Int, String) -> HTTPResponse = { status, kind in
+    public static let plainErrorResponse: @Sendable (Int, String) -> HTTPReply = { status, kind in
         .json(status, #"{"error":"\#(kind)"}"#)
     }
 
     public init(host: String = "127.0.0.1", port: Int = 0, tls: TLSConfiguration? = nil,
                 cleartextHTTP2: Bool = true, http2: HTTP2Settings = HTTP2Settings(),
                 limits: HTTPLimits = HTTPLimits(), loopThreads: Int = 1, serverName: String? = nil,
-                errorResponse: @escaping @Sendable (_ status: Int, _ kind: String) -> HTTPResponse = plainErrorResponse) {
+                errorResponse: @escaping @Sendable (_ status: Int, _ kind: String) -> HTTPReply = plainErrorResponse) {
         self.errorResponse = errorResponse
         self.host = host
         self.port = port

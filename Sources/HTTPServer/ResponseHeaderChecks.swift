@@ -114,8 +114,8 @@ func classifyResponseHeader(_ name: String) -> ReservedHeader {
     }
 }
 
-func responseIsSafe(_ r: HTTPResponse) -> Bool {
+func responseIsSafe(_ r: HTTPReply) -> Bool {
     r.status >= 100 && r.status <= 599 && !r.headers.hasUnsafeField
 }
 
-let invalidResponse = HTTPResponse.json(500, #"{"error":"invalid_response"}"#)
+let invalidResponse = HTTPReply.json(500, #"{"error":"invalid_response"}"#)

@@ -5,7 +5,7 @@
 
 /// One request awaiting (or holding) its response, in pipeline order.
 struct H1Slot {
-    var response: HTTPResponse?
+    var response: HTTPReply?
     var action: ConnectionAction = .keep
     var keepAlive: Bool
     var isHEAD: Bool
@@ -85,7 +85,7 @@ extension ServerCore {
     /// The response to send for a handler's `response`: itself, or when it could split the
     /// response, a 500 in the application's error format (so it carries what that format
     /// adds, e.g. the relay's x-request-id).
-    func safeResponse(_ response: HTTPResponse) -> HTTPResponse {
+    func safeResponse(_ response: HTTPReply) -> HTTPReply {
         if responseIsSafe(response) { return response }
         let replacement = errorResponse(500, "invalid_response")
         return responseIsSafe(replacement) ? replacement : invalidResponse
@@ -157,7 +157,7 @@ extension ServerConnection {
                 let sequence = nextSequence
                 nextSequence += 1
                 slots.append(H1Slot(response: nil, keepAlive: keepAlive, isHEAD: isHEAD, version: head.version))
-                let writer = HTTPResponseWriter(connection: self, sequence: sequence, streamID: 0, isHEAD: isHEAD)
+                let writer = HTTPReplyWriter(connection: self, sequence: sequence, streamID: 0, isHEAD: isHEAD)
                 core.handler(h1Request(head, body: request.body), writer)
             case .failure(let error):
                 let kind = "\(error.kind.rawValue)"
@@ -199,7 +199,7 @@ extension ServerConnection {
     /// The continue check's answer for the request that will have `sequence`: `100 Continue`,
     /// or `refusal` as that request's answer in pipeline order, nothing more parsed or read.
     /// Ignored once the request arrived whole (the handler answers it) or the connection ended.
-    func continueDecided(sequence: UInt64, refusal: HTTPResponse?) {
+    func continueDecided(sequence: UInt64, refusal: HTTPReply?) {
         guard !closed, case .checking(sequence) = expectContinue else { return }
         expectContinue = .none
         if let refusal {
@@ -217,7 +217,7 @@ extension ServerConnection {
         updateTimer()
     }
 
-    func h1Complete(_ writer: HTTPResponseWriter, _ response: HTTPResponse, _ action: ConnectionAction) {
+    func h1Complete(_ writer: HTTPReplyWriter, _ response: HTTPReply, _ action: ConnectionAction) {
         guard writer.sequence >= baseSequence else { return }
         let index = Int(writer.sequence - baseSequence)
         guard index >= slotsHead && index < slots.count else { return }
@@ -273,7 +273,7 @@ extension ServerConnection {
         h1Serialize(core.errorResponse(status, kind), keepAlive: false, isHEAD: false, version: .http1_1)
     }
 
-    func h1Serialize(_ response: HTTPResponse, keepAlive: Bool, isHEAD: Bool, version: HTTPVersion) {
+    func h1Serialize(_ response: HTTPReply, keepAlive: Bool, isHEAD: Bool, version: HTTPVersion) {
         let r = core.safeResponse(response)
         core.recordStatus(r.status)
         let bodyless = r.status < 200 || r.status == 204 || r.status == 304

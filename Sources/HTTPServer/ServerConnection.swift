@@ -6,7 +6,7 @@
 let http2Preface: [UInt8] = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
 
 // @unchecked Sendable: every mutable field is touched only on the connection's loop thread.
-// Other threads only hold the reference (inside an HTTPResponseWriter) and pass it back to that loop
+// Other threads only hold the reference (inside an HTTPReplyWriter) and pass it back to that loop
 // through `EventLoop.enqueue`.
 final class ServerConnection: @unchecked Sendable {
     /// Strong: response writers keep their connection alive after the server stopped, and must
@@ -361,7 +361,7 @@ final class ServerConnection: @unchecked Sendable {
 
     // MARK: Responses from handlers
 
-    func complete(_ writer: HTTPResponseWriter, _ response: HTTPResponse, _ action: ConnectionAction) {
+    func complete(_ writer: HTTPReplyWriter, _ response: HTTPReply, _ action: ConnectionAction) {
         guard !closed else { return }
         if state.connectionProtocol == .http2 {
             h2?.handlerAnswered(streamID: writer.streamID, response: response, isHEAD: writer.isHEAD, action: action)

@@ -13,11 +13,11 @@ struct ControlAPI: Sendable {
     let core: MockCore
     let metrics: @Sendable () -> HTTPServerMetrics
 
-    func handle(_ request: HTTPRequest, _ writer: HTTPResponseWriter) {
+    func handle(_ request: HTTPRequest, _ writer: HTTPReplyWriter) {
         writer.respond(route(request))
     }
 
-    func route(_ request: HTTPRequest) -> HTTPResponse {
+    func route(_ request: HTTPRequest) -> HTTPReply {
         switch (request.method, request.path) {
         case ("GET", "/deliveries"):
             var deliveries = core.recorder.deliveries
@@ -97,15 +97,15 @@ struct ControlAPI: Sendable {
         return FaultPlan(rules: rules)
     }
 
-    private func encodedPlan(_ plan: FaultPlan) -> HTTPResponse {
+    private func encodedPlan(_ plan: FaultPlan) -> HTTPReply {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         let data = (try? encoder.encode(plan)) ?? Data("{}".utf8)
-        return HTTPResponse.json(200, String(decoding: data, as: UTF8.self))
+        return HTTPReply.json(200, String(decoding: data, as: UTF8.self))
     }
 
-    private func json(_ status: Int, _ object: Any) -> HTTPResponse {
-        HTTPResponse.json(status, String(decoding: jsonData(object), as: UTF8.self))
+    private func json(_ status: Int, _ object: Any) -> HTTPReply {
+        HTTPReply.json(status, String(decoding: jsonData(object), as: UTF8.self))
     }
 
     private func query(_ target: String, _ name: String) -> String? {

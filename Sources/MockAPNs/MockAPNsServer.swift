@@ -79,7 +79,7 @@ final class MockCore: Sendable {
 
     // MARK: The APNs request path
 
-    func handle(_ request: HTTPRequest, _ writer: HTTPResponseWriter) {
+    func handle(_ request: HTTPRequest, _ writer: HTTPReplyWriter) {
         guard request.version == .http2 else {
             refuseHTTP1(writer)
             return
@@ -98,10 +98,10 @@ final class MockCore: Sendable {
     }
 
     /// APNs is HTTP/2 only; a client that works here over HTTP/1.1 would fail there.
-    private func refuseHTTP1(_ writer: HTTPResponseWriter) {
+    private func refuseHTTP1(_ writer: HTTPReplyWriter) {
         let rejection = Rejection(status: 505, reason: "HTTPVersionNotSupported", detail: "APNs speaks HTTP/2 only")
         stats.withLock { $0.requests += 1; $0.byStatusReason["505 HTTPVersionNotSupported", default: 0] += 1 }
-        writer.respond(HTTPResponse(status: 505, headers: HTTPHeaders([("content-type", "application/json")]),
+        writer.respond(HTTPReply(status: 505, headers: HTTPHeaders([("content-type", "application/json")]),
                                        body: rejection.body()), then: .goAway)
     }
 
@@ -145,7 +145,7 @@ final class MockCore: Sendable {
 
     /// The response APNs would give, after the fault plan had its say; the push when accepted.
     private func answer(to result: ValidationResult, plan: FaultPlan, now: Date)
-        -> (HTTPResponse, FaultDecision, AcceptedPush?) {
+        -> (HTTPReply, FaultDecision, AcceptedPush?) {
         switch result {
         case .rejected(let rejection, let apnsID):
             return (errorResponse(rejection, apnsID: apnsID), .none, nil)
@@ -156,11 +156,11 @@ final class MockCore: Sendable {
                 return (errorResponse(rejection, apnsID: push.apnsID), decision, nil)
             }
             if decision.stall || decision.abort {
-                return (HTTPResponse(status: 0), decision, nil)  // never sent; such a push is not recorded either
+                return (HTTPReply(status: 0), decision, nil)  // never sent; such a push is not recorded either
             }
             var headers = HTTPHeaders([("apns-id", push.apnsID)])
             if configuration.sandbox { headers.add("apns-unique-id", lowercaseString(randomUUID())) }
-            return (HTTPResponse(status: 200, headers: headers), decision, push)
+            return (HTTPReply(status: 200, headers: headers), decision, push)
         }
     }
 
@@ -177,7 +177,7 @@ final class MockCore: Sendable {
     }
 
     /// Counts the request and decides the connection-level fault that follows it.
-    private func account(_ request: HTTPRequest, _ response: HTTPResponse, _ decision: FaultDecision, plan: FaultPlan,
+    private func account(_ request: HTTPRequest, _ response: HTTPReply, _ decision: FaultDecision, plan: FaultPlan,
                          seen: Validated) -> ConnectionFault {
         var errorNumber = 0
         if plan.countsErrors, !decision.stall, !decision.abort, response.status >= 400, response.status != 410 {
@@ -211,8 +211,8 @@ final class MockCore: Sendable {
 
     /// Answers now or after the injected latency; a stalled stream is never answered, and
     /// GOAWAY/close faults still apply to later streams.
-    private func send(_ response: HTTPResponse, _ decision: FaultDecision, _ connectionFault: ConnectionFault,
-                      grantStreams: Bool, _ writer: HTTPResponseWriter) {
+    private func send(_ response: HTTPReply, _ decision: FaultDecision, _ connectionFault: ConnectionFault,
+                      grantStreams: Bool, _ writer: HTTPReplyWriter) {
         if decision.stall { return }
         if decision.abort {
             writer.abortConnection()
@@ -248,13 +248,13 @@ final class MockCore: Sendable {
         return result
     }
 
-    private func errorResponse(_ rejection: Rejection, apnsID: String) -> HTTPResponse {
-        HTTPResponse(status: rejection.status,
+    private func errorResponse(_ rejection: Rejection, apnsID: String) -> HTTPReply {
+        HTTPReply(status: rejection.status,
                      headers: HTTPHeaders([("apns-id", apnsID), ("content-type", "application/json")]),
                      body: rejection.body())
     }
 
-    private func reasonOf(_ response: HTTPResponse) -> String {
+    private func reasonOf(_ response: HTTPReply) -> String {
         guard response.status != 200,
               let object = try? JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Any],
               let reason = object["reason"] as? String else { return "" }

@@ -33,7 +33,7 @@ while let a = args.popFirst() {
 
 let hello: [UInt8] = Array("Hello, world!".utf8)
 let plain = HTTPHeaders([("content-type", "text/plain")])
-let helloResponse = HTTPResponse(status: 200, headers: plain, body: hello)
+let helloResponse = HTTPReply(status: 200, headers: plain, body: hello)
 
 // Block the signals before any thread starts so sigwait below receives them.
 var signals = sigset_t()
@@ -46,7 +46,7 @@ let server: HTTPServer
 do {
     server = try HTTPServer(configuration: configuration) { req, res in
         if req.path == "/echo" {
-            res.respond(HTTPResponse(status: 200, headers: plain, body: req.body))
+            res.respond(HTTPReply(status: 200, headers: plain, body: req.body))
         } else {
             res.respond(helloResponse)
         }

@@ -122,7 +122,7 @@ let malformedProxyHeaders: [(String, [UInt8])] = {
     }
 
     let addressHandler: HTTPHandler = { req, res in
-        res.respond(HTTPResponse(status: 200, body: Array("\(req.remoteAddress) \(req.clientKey)".utf8)))
+        res.respond(HTTPReply(status: 200, body: Array("\(req.remoteAddress) \(req.clientKey)".utf8)))
     }
 
     /// The header's source is the request's address and per-address key, for every request of

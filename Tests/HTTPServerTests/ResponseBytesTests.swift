@@ -11,7 +11,7 @@ import Testing
                           401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests", 503: "Service Unavailable"]
 
     /// What the handler answers, by request path `/<index>`.
-    static let responses: [HTTPResponse] = {
+    static let responses: [HTTPReply] = {
         var std = HTTPHeaders()
         std.add("x-request-id", "0123456789abcdef")
         std.add("content-type", "application/json")
@@ -33,17 +33,17 @@ import Testing
         big.add("content-type", "text/plain")
         let queued = Array(#"{"id":"0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b","state":"queued"}"#.utf8)
         return [
-            HTTPResponse(status: 202, headers: std, body: queued),
-            HTTPResponse(status: 200, headers: std, body: Array(#"{"id":"x","state":"delivered"}"#.utf8)),
-            HTTPResponse(status: 401, headers: mixed, body: Array(#"{"error":"unauthorized"}"#.utf8)),
-            HTTPResponse(status: 503, headers: mixed, body: []),
-            HTTPResponse(status: 404, headers: framing, body: Array(repeating: 0x61, count: 1500)),
-            HTTPResponse(status: 204, headers: std, body: Array("ignored".utf8)),
-            HTTPResponse(status: 304, headers: own, body: []),
-            HTTPResponse(status: 429, headers: own, body: Array(repeating: 0x62, count: 1023)),
-            HTTPResponse(status: 200, headers: HTTPHeaders(), body: Array(repeating: 0x63, count: 1024)),
-            HTTPResponse(status: 200, headers: big, body: Array(repeating: 0x64, count: 123_456)),
-            HTTPResponse(status: 404, headers: big, body: []),
+            HTTPReply(status: 202, headers: std, body: queued),
+            HTTPReply(status: 200, headers: std, body: Array(#"{"id":"x","state":"delivered"}"#.utf8)),
+            HTTPReply(status: 401, headers: mixed, body: Array(#"{"error":"unauthorized"}"#.utf8)),
+            HTTPReply(status: 503, headers: mixed, body: []),
+            HTTPReply(status: 404, headers: framing, body: Array(repeating: 0x61, count: 1500)),
+            HTTPReply(status: 204, headers: std, body: Array("ignored".utf8)),
+            HTTPReply(status: 304, headers: own, body: []),
+            HTTPReply(status: 429, headers: own, body: Array(repeating: 0x62, count: 1023)),
+            HTTPReply(status: 200, headers: HTTPHeaders(), body: Array(repeating: 0x63, count: 1024)),
+            HTTPReply(status: 200, headers: big, body: Array(repeating: 0x64, count: 123_456)),
+            HTTPReply(status: 404, headers: big, body: []),
         ]
     }()
 
@@ -53,7 +53,7 @@ import Testing
     }
 
     /// The reference: what a response must look like on the wire.
-    static func expected(_ r: HTTPResponse, date: String, server: String?, keepAlive: Bool, http10: Bool, head: Bool) -> [UInt8] {
+    static func expected(_ r: HTTPReply, date: String, server: String?, keepAlive: Bool, http10: Bool, head: Bool) -> [UInt8] {
         var s = "HTTP/1.1 \(r.status) \(reasons[r.status]!)\r\n"
         let framing: Set = ["connection", "keep-alive", "content-length", "transfer-encoding", "upgrade", "proxy-connection"]
         for (name, value) in r.headers where !framing.contains(name.lowercased()) {

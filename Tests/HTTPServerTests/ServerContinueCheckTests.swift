@@ -18,7 +18,7 @@ import Testing
         let checked = Mutex<[String]>([])
         let cfg = config { req, decision in
             checked.withLock { $0.append(req.headers["authorization"] ?? "-") }
-            decision.refuse(HTTPResponse.json(401, #"{"error":"unauthorized"}"#))
+            decision.refuse(HTTPReply.json(401, #"{"error":"unauthorized"}"#))
         }
         try withServer(cfg, handler: { req, res in handled.add(1, ordering: .relaxed); echoHandler(req, res) }) { server in
             let c = try RawClient(port: server.localPort)
@@ -60,7 +60,7 @@ import Testing
             try c.send("POST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello")
             let r = c.readResponse()
             #expect(r?.status == 200 && r?.text == "hello")
-            pending.withLock { $0 }?.refuse(HTTPResponse(status: 401))
+            pending.withLock { $0 }?.refuse(HTTPReply(status: 401))
             try c.send("GET /after HTTP/1.1\r\nHost: t\r\n\r\n")
             let after = c.readResponse()
             #expect(after?.status == 200 && after?.text == "GET /after 0", "\(after?.status ?? 0) \(after?.text ?? "")")
@@ -69,8 +69,8 @@ import Testing
 
     /// Pipelined: the refusal waits for the answer to the request before it, in order.
     @Test func refusalKeepsPipelineOrder() throws {
-        let held = Mutex<HTTPResponseWriter?>(nil)
-        let cfg = config { _, decision in decision.refuse(HTTPResponse(status: 403)) }
+        let held = Mutex<HTTPReplyWriter?>(nil)
+        let cfg = config { _, decision in decision.refuse(HTTPReply(status: 403)) }
         try withServer(cfg, handler: { req, res in
             if req.path == "/hold" { held.withLock { $0 = res } } else { echoHandler(req, res) }
         }) { server in
@@ -79,10 +79,10 @@ import Testing
             c.setReceiveTimeout(milliseconds: 300)
             #expect(c.readResponse(headOnly: true) == nil)
             c.setReceiveTimeout(milliseconds: 5000)
-            var writer: HTTPResponseWriter?
+            var writer: HTTPReplyWriter?
             for _ in 0..<100 where writer == nil { writer = held.withLock { $0 }; if writer == nil { usleep(10_000) } }
             try #require(writer != nil)
-            writer?.respond(HTTPResponse(status: 204))
+            writer?.respond(HTTPReply(status: 204))
             #expect(c.readResponse()?.status == 204)
             #expect(c.readResponse()?.status == 403)
             #expect(c.waitForClose())
@@ -92,7 +92,7 @@ import Testing
     /// Pipelined: a check that proceeds while the request before it waits owes the 100, sent
     /// right after that request's answer.
     @Test func proceedingKeepsPipelineOrder() throws {
-        let held = Mutex<HTTPResponseWriter?>(nil)
+        let held = Mutex<HTTPReplyWriter?>(nil)
         let cfg = config { _, decision in decision.proceed() }
         try withServer(cfg, handler: { req, res in
             if req.path == "/hold" { held.withLock { $0 = res } } else { echoHandler(req, res) }
@@ -102,10 +102,10 @@ import Testing
             c.setReceiveTimeout(milliseconds: 300)
             #expect(c.readResponse(headOnly: true) == nil, "the 100 came before the answer it follows")
             c.setReceiveTimeout(milliseconds: 5000)
-            var writer: HTTPResponseWriter?
+            var writer: HTTPReplyWriter?
             for _ in 0..<100 where writer == nil { writer = held.withLock { $0 }; if writer == nil { usleep(10_000) } }
             try #require(writer != nil)
-            writer?.respond(HTTPResponse(status: 204))
+            writer?.respond(HTTPReply(status: 204))
             #expect(c.readResponse()?.status == 204)
             #expect(c.readResponse(headOnly: true)?.status == 100)
             try c.send("hey")

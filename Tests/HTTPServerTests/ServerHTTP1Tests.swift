@@ -10,20 +10,20 @@ import Testing
     /// 128 requests at a handler that holds them stop the reading; once they are answered the
     /// connection reads again and answers what the client sent meanwhile.
     @Test func readingResumesOnceAFullPipelineIsAnswered() throws {
-        let held = Mutex<[HTTPResponseWriter]>([])
+        let held = Mutex<[HTTPReplyWriter]>([])
         try withServer(handler: { req, res in
             if req.path == "/hold" { held.withLock { $0.append(res) } } else { echoHandler(req, res) }
         }) { server in
             let c = try RawClient(port: server.localPort)
             try c.send(String(repeating: "GET /hold HTTP/1.1\r\nHost: t\r\n\r\n", count: 128))
-            var writers: [HTTPResponseWriter] = []
+            var writers: [HTTPReplyWriter] = []
             for _ in 0..<500 where writers.count < 128 {
                 usleep(10_000)
                 writers = held.withLock { $0 }
             }
             try #require(writers.count == 128)
             try c.send("GET /after HTTP/1.1\r\nHost: t\r\n\r\n")   // sent while the server does not read
-            for r in writers { r.respond(HTTPResponse(status: 204)) }
+            for r in writers { r.respond(HTTPReply(status: 204)) }
             for i in 0..<128 { #expect(c.readResponse()?.status == 204, "held \(i)") }
             let after = c.readResponse()
             #expect(after?.status == 200 && after?.text == "GET /after 0", "\(after?.status ?? 0)")
@@ -52,7 +52,7 @@ import Testing
         let handler: HTTPHandler = { req, res in
             let n = Int(req.path.split(separator: "/").last ?? "0") ?? 0
             DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(n * 30)) {
-                res.respond(HTTPResponse(status: 200, body: Array(req.path.utf8)))
+                res.respond(HTTPReply(status: 200, body: Array(req.path.utf8)))
             }
         }
         try withServer(handler: handler) { server in
@@ -107,7 +107,7 @@ import Testing
     @Test func connectionCloseWithMoreBytesInFlightStillDeliversTheWholeResponse() throws {
         let size = 16 << 20
         let handler: HTTPHandler = { _, res in
-            res.respond(HTTPResponse(status: 200, body: [UInt8](repeating: 0x61, count: size)))
+            res.respond(HTTPReply(status: 200, body: [UInt8](repeating: 0x61, count: size)))
         }
         try withServer(handler: handler) { server in
             let c = try RawClient(port: server.localPort)
@@ -257,7 +257,7 @@ import Testing
     }
 
     @Test func requestsCarryTheirConnectionsClientKey() throws {
-        let handler: HTTPHandler = { req, res in res.respond(HTTPResponse(status: 200, body: Array(req.clientKey.utf8))) }
+        let handler: HTTPHandler = { req, res in res.respond(HTTPReply(status: 200, body: Array(req.clientKey.utf8))) }
         try withServer(handler: handler) { server in
             let c = try RawClient(port: server.localPort, from: "127.0.0.2")
             try c.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
@@ -345,12 +345,12 @@ import Testing
     @Test func responderActionsCloseAndAbort() throws {
         let handler: HTTPHandler = { req, res in
             switch req.path {
-            case "/close": res.respond(HTTPResponse(status: 200, body: Array("bye".utf8)), then: .close)
-            case "/goaway": res.respond(HTTPResponse(status: 200), then: .goAway)
+            case "/close": res.respond(HTTPReply(status: 200, body: Array("bye".utf8)), then: .close)
+            case "/goaway": res.respond(HTTPReply(status: 200), then: .goAway)
             case "/abort": res.abortConnection()
             default:
-                res.respond(HTTPResponse(status: 200))
-                res.respond(HTTPResponse(status: 500))   // ignored: first answer wins
+                res.respond(HTTPReply(status: 200))
+                res.respond(HTTPReply(status: 500))   // ignored: first answer wins
             }
         }
         try withServer(handler: handler) { server in
@@ -380,7 +380,7 @@ import Testing
         let handler: HTTPHandler = { _, res in
             var h = HTTPHeaders()
             h.add("x-evil", "a\r\nset-cookie: x")
-            res.respond(HTTPResponse(status: 200, headers: h))
+            res.respond(HTTPReply(status: 200, headers: h))
         }
         try withServer(handler: handler) { server in
             let c = try RawClient(port: server.localPort)
@@ -393,7 +393,7 @@ import Testing
 
     @Test func metricsCountConnectionsAndStatusClasses() throws {
         let handler: HTTPHandler = { req, res in
-            res.respond(HTTPResponse(status: req.path == "/missing" ? 404 : 204))
+            res.respond(HTTPReply(status: req.path == "/missing" ? 404 : 204))
         }
         try withServer(handler: handler) { server in
             let c = try RawClient(port: server.localPort)
@@ -416,7 +416,7 @@ import Testing
             if req.path == "/stall" { return }   // never answers
             DispatchQueue.global().async {
                 gate.wait()
-                res.respond(HTTPResponse(status: 200, body: Array("late".utf8)))
+                res.respond(HTTPReply(status: 200, body: Array("late".utf8)))
             }
         }
         let server = try HTTPServer(configuration: HTTPServerConfiguration(), handler: handler)
@@ -448,7 +448,7 @@ import Testing
 
 @Suite struct ServerLifecycleTests {
     @Test func respondingAfterShutdownIsHarmless() throws {
-        let parked = Mutex<[HTTPResponseWriter]>([])
+        let parked = Mutex<[HTTPReplyWriter]>([])
         let server = try HTTPServer(configuration: HTTPServerConfiguration()) { _, res in
             parked.withLock { $0.append(res) }
         }
@@ -462,7 +462,7 @@ import Testing
         // From another thread, after the loop is gone: dropped, no crash.
         let done = DispatchSemaphore(value: 0)
         DispatchQueue.global().async {
-            writers.forEach { $0.respond(HTTPResponse(status: 200)); $0.setMaxConcurrentStreams(1); $0.abortConnection() }
+            writers.forEach { $0.respond(HTTPReply(status: 200)); $0.setMaxConcurrentStreams(1); $0.abortConnection() }
             done.signal()
         }
         #expect(done.wait(timeout: .now() + 5) == .success)
@@ -515,7 +515,7 @@ import Testing
         var config = HTTPServerConfiguration()
         config.limits.writeTimeout = .milliseconds(300)
         let big = [UInt8](repeating: 0x61, count: 1 << 20)
-        try withServer(config, handler: { _, res in res.respond(HTTPResponse(status: 200, body: big)) }) { server in
+        try withServer(config, handler: { _, res in res.respond(HTTPReply(status: 200, body: big)) }) { server in
             let c = try RawClient(port: server.localPort)
             // 40 MiB of responses requested; the client reads none of them.
             try c.send(String(repeating: "GET / HTTP/1.1\r\nHost: t\r\n\r\n", count: 40))

@@ -114,20 +114,20 @@ private func checkHTTP1State(_ name: String, config: HTTPServerConfiguration = b
         let prefix = Array(String(repeating: "GET /nope HTTP/1.1\r\nHost: t\r\n\r\n", count: 520).utf8)
             + Array("GET /last HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".utf8)
         try checkHTTP1State("Connection: close", config: config, handler: { req, res in
-            res.respond(req.path == "/last" ? HTTPResponse(status: 200, body: big) : HTTPResponse(status: 404))
+            res.respond(req.path == "/last" ? HTTPReply(status: 200, body: big) : HTTPReply(status: 404))
         }, prefix: prefix)
         // The same with a parse error as the last thing parsed.
         try checkHTTP1State("refusal after queued output", config: config, handler: { req, res in
-            res.respond(HTTPResponse(status: 200, body: big))
+            res.respond(HTTPReply(status: 200, body: big))
         }, prefix: Array("GET /a HTTP/1.1\r\nHost: t\r\n\r\nGET / HTTP/1.1\r\nHost: t\r\n folded\r\n\r\n".utf8))
     }
 
     /// The closing request's handler has not answered yet while the peer streams.
     @Test func whileAClosingRequestIsAtTheHandler() throws {
-        let held = Mutex<[HTTPResponseWriter]>([])
+        let held = Mutex<[HTTPReplyWriter]>([])
         try checkHTTP1State("closing request held", handler: { _, res in held.withLock { $0.append(res) } },
                             prefix: Array("GET /hold HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".utf8))
-        for r in held.withLock({ $0 }) { r.respond(HTTPResponse(status: 204)) }
+        for r in held.withLock({ $0 }) { r.respond(HTTPReply(status: 204)) }
     }
 
     @Test func afterAParseError() throws {
@@ -161,19 +161,19 @@ private func checkHTTP1State(_ name: String, config: HTTPServerConfiguration = b
     /// Paused states that were already bounded stay so: 128 requests at a handler that holds
     /// them, and a peer that never reads its answers.
     @Test func whilePausedForPipeliningOrOutput() throws {
-        let held = Mutex<[HTTPResponseWriter]>([])
+        let held = Mutex<[HTTPReplyWriter]>([])
         try checkHTTP1State("pipeline full", handler: { _, res in held.withLock { $0.append(res) } }, prefix: pipelinedGets,
                             tail: pipelinedGets)
-        for r in held.withLock({ $0 }) { r.respond(HTTPResponse(status: 204)) }
+        for r in held.withLock({ $0 }) { r.respond(HTTPReply(status: 204)) }
         let big = [UInt8](repeating: 0x61, count: 4000)
-        try checkHTTP1State("output backed up", handler: { _, res in res.respond(HTTPResponse(status: 200, body: big)) },
+        try checkHTTP1State("output backed up", handler: { _, res in res.respond(HTTPReply(status: 200, body: big)) },
                             prefix: pipelinedGets, tail: pipelinedGets)
     }
 
     /// Shutdown begins while a request is at the handler: the connection answers it and
     /// parses nothing more, so it must not read either.
     @Test func duringShutdown() throws {
-        let held = Mutex<[HTTPResponseWriter]>([])
+        let held = Mutex<[HTTPReplyWriter]>([])
         let entered = DispatchSemaphore(value: 0)
         let stopped = DispatchSemaphore(value: 0)
         try checkHTTP1State("shutdown", handler: { _, res in held.withLock { $0.append(res) }; entered.signal() },
@@ -183,7 +183,7 @@ private func checkHTTP1State(_ name: String, config: HTTPServerConfiguration = b
                                 DispatchQueue.global().async { server.stop(grace: .seconds(4)); stopped.signal() }
                                 usleep(200_000)
                             })
-        for r in held.withLock({ $0 }) { r.respond(HTTPResponse(status: 204)) }
+        for r in held.withLock({ $0 }) { r.respond(HTTPReply(status: 204)) }
         _ = stopped.wait(timeout: .now() + 6)
     }
 
@@ -203,8 +203,8 @@ private func checkHTTP1State(_ name: String, config: HTTPServerConfiguration = b
         var config = tlsConfiguration(certs)
         config.limits.maxHeaderBytes = maxHeaderBytes
         config.limits.maxBodyBytes = maxBodyBytes
-        let held = Mutex<[HTTPResponseWriter]>([])
-        defer { for r in held.withLock({ $0 }) { r.respond(HTTPResponse(status: 204)) } }
+        let held = Mutex<[HTTPReplyWriter]>([])
+        defer { for r in held.withLock({ $0 }) { r.respond(HTTPReply(status: 204)) } }
         try withServer(config, handler: { _, res in held.withLock { $0.append(res) } }) { server in
             let p = Process()
             p.executableURL = URL(fileURLWithPath: findTool("openssl")!)
@@ -244,7 +244,7 @@ private func checkHTTP1State(_ name: String, config: HTTPServerConfiguration = b
     @Test func afterGoAway() throws {
         var config = boundedConfig()
         config.limits.maxBodyBytes = 32 * 1024
-        try withServer(config, handler: { _, res in res.respond(HTTPResponse(status: 200), then: .goAway) }) { server in
+        try withServer(config, handler: { _, res in res.respond(HTTPReply(status: 200), then: .goAway) }) { server in
             let c = try RawH2Client(port: server.localPort)
             try c.get("/goaway", stream: 1)
             _ = c.read { $0.type == 7 }

@@ -66,19 +66,19 @@ private func fragments(_ rng: inout SeededRandom) -> [UInt8] {
         config.limits.socketSendBufferBytes = 4096
         config.limits.maxRequestsPerConnection = 50
         config.limits.maxQueuedOutputBytes = 1 << 20
-        let held = Mutex<[HTTPResponseWriter]>([])
+        let held = Mutex<[HTTPReplyWriter]>([])
         let big = [UInt8](repeating: 0x61, count: 300_000)
         let handlerSeed = Atomic<UInt64>(seed)
         let handler: HTTPHandler = { req, res in
-            if req.path == "/fresh" { res.respond(HTTPResponse(status: 200)); return }
+            if req.path == "/fresh" { res.respond(HTTPReply(status: 200)); return }
             let pick = handlerSeed.wrappingAdd(0x9E37_79B9_7F4A_7C15, ordering: .relaxed).newValue >> 58   // 0...63
             switch pick % 8 {
             case 0: held.withLock { $0.append(res) }                      // answered at the end of the round
-            case 1: res.respond(HTTPResponse(status: 200, body: big))
-            case 2: res.respond(HTTPResponse(status: 200), then: .goAway)
-            case 3: res.respond(HTTPResponse(status: 200), then: .close)
-            case 4: DispatchQueue.global().asyncAfter(deadline: .now() + 0.05) { res.respond(HTTPResponse(status: 204)) }
-            default: res.respond(HTTPResponse(status: 200, body: Array("ok".utf8)))
+            case 1: res.respond(HTTPReply(status: 200, body: big))
+            case 2: res.respond(HTTPReply(status: 200), then: .goAway)
+            case 3: res.respond(HTTPReply(status: 200), then: .close)
+            case 4: DispatchQueue.global().asyncAfter(deadline: .now() + 0.05) { res.respond(HTTPReply(status: 204)) }
+            default: res.respond(HTTPReply(status: 200, body: Array("ok".utf8)))
             }
         }
         // h2's cap is max(2 x body, 64 KiB); HTTP/1's head + body. Plus one read either way.
@@ -106,7 +106,7 @@ private func fragments(_ rng: inout SeededRandom) -> [UInt8] {
                 let m = server.metrics
                 #expect(m.largestConnectionInputBytes <= bound,
                         "round \(round) (HTTP_SOAK_SEED=\(seed)): a connection held \(m.largestConnectionInputBytes) bytes")
-                for r in held.withLock({ list in defer { list = [] }; return list }) { r.respond(HTTPResponse(status: 204)) }
+                for r in held.withLock({ list in defer { list = [] }; return list }) { r.respond(HTTPReply(status: 204)) }
                 clients = []
             }
             let fresh = try RawClient(port: server.localPort)
@@ -117,6 +117,6 @@ private func fragments(_ rng: inout SeededRandom) -> [UInt8] {
             // Every connection of the walk is gone: what was counted in must have been counted out.
             #expect(server.metrics.bufferedInputBytes == 0, "HTTP_SOAK_SEED=\(seed): \(server.metrics.bufferedInputBytes) bytes still counted")
         }
-        for r in held.withLock({ $0 }) { r.respond(HTTPResponse(status: 204)) }
+        for r in held.withLock({ $0 }) { r.respond(HTTPReply(status: 204)) }
     }
 }

@@ -42,7 +42,7 @@ private func smallBufferClient(port: Int) throws -> RawClient {
         let body = [UInt8](repeating: 0x61, count: 1000)
         try withServer(config, handler: { _, res in
             answered.add(1, ordering: .relaxed)
-            res.respond(HTTPResponse(status: 200, body: body))
+            res.respond(HTTPReply(status: 200, body: body))
         }) { server in
             let c = try smallBufferClient(port: server.localPort)
             try c.send(String(repeating: "GET / HTTP/1.1\r\nHost: t\r\n\r\n", count: 2000))
@@ -63,7 +63,7 @@ private func smallBufferClient(port: Int) throws -> RawClient {
         config.limits.socketSendBufferBytes = 4096
         config.limits.maxQueuedOutputBytesTotal = 100 * 1024
         let body = [UInt8](repeating: 0x61, count: 1000)
-        try withServer(config, handler: { _, res in res.respond(HTTPResponse(status: 200, body: body)) }) { server in
+        try withServer(config, handler: { _, res in res.respond(HTTPReply(status: 200, body: body)) }) { server in
             var clients: [RawClient] = []
             for _ in 0..<4 {
                 let c = try smallBufferClient(port: server.localPort)
@@ -89,7 +89,7 @@ private func smallBufferClient(port: Int) throws -> RawClient {
         config.limits.socketSendBufferBytes = 4096
         config.limits.writeTimeout = .milliseconds(4000)
         let body = [UInt8](repeating: 0x61, count: 1000)
-        try withServer(config, handler: { _, res in res.respond(HTTPResponse(status: 200, body: body)) }) { server in
+        try withServer(config, handler: { _, res in res.respond(HTTPReply(status: 200, body: body)) }) { server in
             let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
             defer { close(fd) }
             var mss: Int32 = 1000
@@ -128,7 +128,7 @@ private func smallBufferClient(port: Int) throws -> RawClient {
     /// handler got as many requests as the client cared to send; now requests at the handler
     /// count until answered and the 101st is refused (REFUSED_STREAM).
     @Test func resetStreamsKeepCountingUntilTheirHandlerAnswers() throws {
-        let held = Mutex<[HTTPResponseWriter]>([])
+        let held = Mutex<[HTTPReplyWriter]>([])
         try withServer(handler: { req, res in
             if req.path == "/hold" { held.withLock { $0.append(res) } } else { echoHandler(req, res) }
         }) { server in
@@ -148,7 +148,7 @@ private func smallBufferClient(port: Int) throws -> RawClient {
             #expect(held.withLock { $0.count } == 100)
             #expect(server.metrics.parseErrorsByKind["h2_unanswered_limit"] == 1)
             // Once the handler answers, new requests are taken again.
-            for r in held.withLock({ $0 }) { r.respond(HTTPResponse(status: 200)) }
+            for r in held.withLock({ $0 }) { r.respond(HTTPReply(status: 200)) }
             try c.get("/after", stream: 203)
             let after = c.read { $0.type == 0 && $0.stream == 203 }
             #expect(after.map { String(decoding: $0.payload, as: UTF8.self) } == "GET /after 0")
@@ -181,7 +181,7 @@ private func smallBufferClient(port: Int) throws -> RawClient {
     @Test func trailerFieldsAreNotMergedIntoTheHeaders() throws {
         try withServer(handler: { req, res in
             let seen = req.headers["authorization"] ?? "none"
-            res.respond(HTTPResponse(status: 200, body: Array("\(seen) \(req.body.count)".utf8)))
+            res.respond(HTTPReply(status: 200, body: Array("\(seen) \(req.body.count)".utf8)))
         }) { server in
             let c = try RawH2Client(port: server.localPort)
             let head: [UInt8] = [0x83, 0x86, 0x04, 5] + Array("/echo".utf8) + [0x01, 0x01, UInt8(ascii: "t")]
@@ -203,7 +203,7 @@ private func smallBufferClient(port: Int) throws -> RawClient {
     /// "http://...", which the relay answered 404.
     @Test func absoluteFormTargetHasItsPathAndAuthority() throws {
         try withServer(handler: { req, res in
-            res.respond(HTTPResponse(status: 200, body: Array("\(req.path) \(req.target) \(req.headers["host"] ?? "-")".utf8)))
+            res.respond(HTTPReply(status: 200, body: Array("\(req.path) \(req.target) \(req.headers["host"] ?? "-")".utf8)))
         }) { server in
             let c = try RawClient(port: server.localPort)
             try c.send("POST http://relay.example:8080/v1/responses?x=1 HTTP/1.1\r\nHost: other\r\nContent-Length: 0\r\n\r\n")

@@ -51,12 +51,12 @@ let detailsHandler: HTTPHandler = { req, res in
     h.add("x-stream-id", String(req.streamID))
     h.add("x-host", req.headers["host"] ?? "-")
     if req.path == "/echo" {
-        res.respond(HTTPResponse(status: 200, headers: h, body: req.body))
+        res.respond(HTTPReply(status: 200, headers: h, body: req.body))
     } else if req.path.hasPrefix("/big/") {
         let n = Int(req.path.dropFirst(5)) ?? 0
-        res.respond(HTTPResponse(status: 200, headers: h, body: (0..<n).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) }))
+        res.respond(HTTPReply(status: 200, headers: h, body: (0..<n).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) }))
     } else {
-        res.respond(HTTPResponse(status: 200, headers: h, body: Array("ok \(req.method) \(req.target)".utf8)))
+        res.respond(HTTPReply(status: 200, headers: h, body: Array("ok \(req.method) \(req.target)".utf8)))
     }
 }
 
@@ -142,7 +142,7 @@ func tlsConfiguration(_ certs: TestCertificates, clientCA: Bool = false) -> HTTP
             peak.withLock { $0.current += 1; $0.max = max($0.max, $0.current) }
             DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(5)) {
                 peak.withLock { $0.current -= 1 }
-                res.respond(HTTPResponse(status: 200, body: Array("x".utf8)))
+                res.respond(HTTPReply(status: 200, body: Array("x".utf8)))
             }
         }
         try withServer(handler: handler) { server in
@@ -261,7 +261,7 @@ extension RawClient {
             entered.signal()
             DispatchQueue.global().async {
                 gate.wait()
-                res.respond(HTTPResponse(status: 200))
+                res.respond(HTTPReply(status: 200))
             }
         }
         let server = try HTTPServer(configuration: HTTPServerConfiguration(), handler: handler)
@@ -290,9 +290,9 @@ extension RawClient {
             switch req.path {
             case "/settings":
                 res.setMaxConcurrentStreams(7)
-                res.respond(HTTPResponse(status: 200))
-            case "/goaway": res.respond(HTTPResponse(status: 200), then: .goAway)
-            default: res.respond(HTTPResponse(status: 204))
+                res.respond(HTTPReply(status: 200))
+            case "/goaway": res.respond(HTTPReply(status: 200), then: .goAway)
+            default: res.respond(HTTPReply(status: 204))
             }
         }
         try withServer(handler: handler) { server in
@@ -362,7 +362,7 @@ extension RawClient {
             entered.signal()
             DispatchQueue.global().async {
                 gate.wait()
-                res.respond(HTTPResponse(status: 200))
+                res.respond(HTTPReply(status: 200))
             }
         }
         try withServer(config, handler: handler) { server in
@@ -479,7 +479,7 @@ extension RawClient {
         var config = HTTPServerConfiguration()
         config.host = "::1"
         let server = try HTTPServer(configuration: config) { req, res in
-            res.respond(HTTPResponse(status: 200, body: Array(req.remoteAddress.utf8)))
+            res.respond(HTTPReply(status: 200, body: Array(req.remoteAddress.utf8)))
         }
         do {
             try server.start()

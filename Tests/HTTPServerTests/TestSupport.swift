@@ -27,9 +27,9 @@ let echoHandler: HTTPHandler = { req, res in
     h.add("x-connection-id", String(req.connectionID))
     h.add("x-stream-id", String(req.streamID))
     if req.path == "/echo" {
-        res.respond(HTTPResponse(status: 200, headers: h, body: req.body))
+        res.respond(HTTPReply(status: 200, headers: h, body: req.body))
     } else {
-        res.respond(HTTPResponse(status: 200, headers: h, body: Array("\(req.method) \(req.target) \(req.body.count)".utf8)))
+        res.respond(HTTPReply(status: 200, headers: h, body: Array("\(req.method) \(req.target) \(req.body.count)".utf8)))
     }
 }
 

@@ -189,8 +189,8 @@ import Testing
         let settings = IngestSettings()
         store.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.app"])
         let service = IngestService(store: store, settings: settings, metrics: metrics, logger: RelayLogger(capture: true), workers: workers)
-        func call(_ svc: @escaping (APIRequest, @escaping @Sendable (APIResponse) -> Void) -> Void, _ method: String, _ path: String, body: String = "") -> APIResponse {
-            let slot = ResultBox<APIResponse>()
+        func call(_ svc: @escaping (APIRequest, @escaping @Sendable (APIReply) -> Void) -> Void, _ method: String, _ path: String, body: String = "") -> APIReply {
+            let slot = ResultBox<APIReply>()
             let done = DispatchSemaphore(value: 0)
             svc(APIRequest(method: method, path: path, headers: ["authorization": "Bearer \(secret)", "content-type": "application/json"],
                            body: Array(body.utf8), requestID: "r1", remoteAddress: "192.0.2.1:40000")) {

@@ -13,7 +13,7 @@ import Testing
         let body = IngestServiceTests.body(index: 41, app: "com.example.app")
         let first = h.call(secret: h.otherSecret, body: body)
         #expect(first.status == 202)
-        let json = { (r: APIResponse) in (try? JSONSerialization.jsonObject(with: Data(r.body.utf8)) as? [String: Any]) ?? [:] }
+        let json = { (r: APIReply) in (try? JSONSerialization.jsonObject(with: Data(r.body.utf8)) as? [String: Any]) ?? [:] }
         let idB = try #require(json(first)["id"] as? String)
         let before = try #require(try h.store.response(id: idB))
         let conflict = h.call(secret: h.secret, body: body)

@@ -12,8 +12,8 @@ import Testing
     typealias Harness = IngestServiceTests.Harness
 
     /// Starts the request; the answer arrives later (the service never blocks the caller).
-    func start(_ h: Harness, _ query: String, secret: String?) -> (DispatchSemaphore, ResultBox<APIResponse>) {
-        let slot = ResultBox<APIResponse>()
+    func start(_ h: Harness, _ query: String, secret: String?) -> (DispatchSemaphore, ResultBox<APIReply>) {
+        let slot = ResultBox<APIReply>()
         let done = DispatchSemaphore(value: 0)
         h.service.handle(APIRequest(method: "GET", path: "/v1/events", authorization: secret.map { "Bearer \($0)" }, contentType: nil, body: [],
                                     requestID: "r1", remoteAddress: "192.0.2.1:40000", query: query)) {
@@ -23,17 +23,17 @@ import Testing
         return (done, slot)
     }
 
-    func get(_ h: Harness, _ query: String = "", secret: String?) -> APIResponse {
+    func get(_ h: Harness, _ query: String = "", secret: String?) -> APIReply {
         let (done, slot) = start(h, query, secret: secret)
         done.wait()
         return slot.value!
     }
 
-    func json(_ r: APIResponse) -> [String: Any] {
+    func json(_ r: APIReply) -> [String: Any] {
         (try? JSONSerialization.jsonObject(with: Data(r.body.utf8)) as? [String: Any]) ?? [:]
     }
 
-    func events(_ r: APIResponse) -> [[String: Any]] { json(r)["events"] as? [[String: Any]] ?? [] }
+    func events(_ r: APIReply) -> [[String: Any]] { json(r)["events"] as? [[String: Any]] ?? [] }
 
     /// Accepts `n` responses for `secret` and delivers them.
     func deliver(_ h: Harness, _ n: Int, from: Int = 1, secret: String) throws -> [String] {

@@ -33,11 +33,11 @@ import TestSupport
             store.close()
         }
         func call(_ method: String = "POST", _ path: String = "/v1/responses", secret: String? = nil, contentType: String? = "application/json", body: String = "",
-                  from remoteAddress: String = "192.0.2.1:40000") -> APIResponse {
+                  from remoteAddress: String = "192.0.2.1:40000") -> APIReply {
             var headers: [String: String] = [:]
             if let secret { headers["authorization"] = "Bearer \(secret)" }
             if let contentType { headers["content-type"] = contentType }
-            let slot = ResultBox<APIResponse>()
+            let slot = ResultBox<APIReply>()
             let done = DispatchSemaphore(value: 0)
             service.handle(APIRequest(method: method, path: path, headers: headers, body: Array(body.utf8), requestID: "r1",
                                       remoteAddress: remoteAddress)) {
@@ -54,7 +54,7 @@ import TestSupport
         return #"{"pushToken":"\#(token)","sessionIdentifier":"6F9619FF-8B86-D011-B42D-00C04FC964FF","keyID":"AQIDBA==","messageIndex":\#(index),"encryptedData":"\#(sealed.base64EncodedString())"\#(appField)}"#
     }
 
-    func json(_ r: APIResponse) -> [String: Any] {
+    func json(_ r: APIReply) -> [String: Any] {
         (try? JSONSerialization.jsonObject(with: Data(r.body.utf8)) as? [String: Any]) ?? [:]
     }
 
@@ -805,8 +805,8 @@ import TestSupport
         let a = try store.createCredential(name: "a", apps: [Self.app])
         let service = IngestService(store: store, settings: IngestSettings(), metrics: RelayMetrics(), logger: RelayLogger(capture: true),
                                     workers: workers)
-        func call(_ method: String, _ path: String, body: String = "") -> APIResponse {
-            let slot = ResultBox<APIResponse>()
+        func call(_ method: String, _ path: String, body: String = "") -> APIReply {
+            let slot = ResultBox<APIReply>()
             let done = DispatchSemaphore(value: 0)
             var headers = ["authorization": "Bearer \(a.secret)"]
             if method == "POST" { headers["content-type"] = "application/json" }
@@ -850,8 +850,8 @@ import TestSupport
     let dir = TempDir()
     let clock = TestClock()
 
-    func call(_ admin: AdminService, _ path: String) -> APIResponse {
-        let slot = ResultBox<APIResponse>()
+    func call(_ admin: AdminService, _ path: String) -> APIReply {
+        let slot = ResultBox<APIReply>()
         let done = DispatchSemaphore(value: 0)
         admin.handle(APIRequest(method: "GET", path: path, authorization: nil, contentType: nil, body: [], requestID: "a")) {
             slot.value = $0
@@ -873,7 +873,7 @@ import TestSupport
         let admin = AdminService(store: store, metrics: RelayMetrics(), workers: workers, clock: clock,
                                  readiness: { [:] }, extraMetrics: { _ in })
         let missing = call(admin, "/nope")
-        let slot = ResultBox<APIResponse>()
+        let slot = ResultBox<APIReply>()
         let done = DispatchSemaphore(value: 0)
         admin.handle(APIRequest(method: "POST", path: "/healthz", authorization: nil, contentType: nil, body: [], requestID: "a")) {
             slot.value = $0

@@ -37,7 +37,7 @@ import Testing
         }
 
         func post(_ secret: String, index: Int, app: String? = nil, sealed: Data = Data(count: 40)) -> (status: Int, json: [String: Any], body: String) {
-            let slot = ResultBox<APIResponse>()
+            let slot = ResultBox<APIReply>()
             let done = DispatchSemaphore(value: 0)
             let body = IngestServiceTests.body(index: index, token: TenantIsolationTests.token, app: app, sealed: sealed)
             service.handle(APIRequest(method: "POST", path: "/v1/responses",

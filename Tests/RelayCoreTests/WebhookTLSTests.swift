@@ -48,7 +48,7 @@ import Testing
                                            signatures: req.headers["webhook-signature"] ?? "", body: req.body, secret: secret,
                                            nowSeconds: Int64(Date().timeIntervalSince1970))
             seen.withLock { $0.append(Seen(version: req.version, connection: req.connectionID, id: req.headers["webhook-id"] ?? "", verified: ok)) }
-            res.respond(HTTPResponse(status: ok ? 204 : 400))
+            res.respond(HTTPReply(status: ok ? 204 : 400))
         }
         try server.start()
         defer { server.stop(grace: .milliseconds(500)) }

@@ -33,7 +33,7 @@ public struct APIRequest: Sendable {
     }
 }
 
-public struct APIResponse: Sendable, Equatable {
+public struct APIReply: Sendable, Equatable {
     public var status: Int
     public var headers: [(String, String)]
     /// The body as it goes on the wire. Bytes, not a String: the 202 is written straight into
@@ -57,12 +57,12 @@ public struct APIResponse: Sendable, Equatable {
         self.bodyBytes = bodyBytes
     }
 
-    public static func == (a: APIResponse, b: APIResponse) -> Bool {
+    public static func == (a: APIReply, b: APIReply) -> Bool {
         a.status == b.status && a.bodyBytes == b.bodyBytes && a.headers.map { "\($0.0):\($0.1)" } == b.headers.map { "\($0.0):\($0.1)" }
     }
 
-    static func error(_ e: ClientError, headers: [(String, String)] = []) -> APIResponse {
-        APIResponse(status: e.status, headers: headers, body: e.jsonBody)
+    static func error(_ e: ClientError, headers: [(String, String)] = []) -> APIReply {
+        APIReply(status: e.status, headers: headers, body: e.jsonBody)
     }
 
     public func header(_ name: String) -> String? { headers.first { $0.0.lowercased() == name.lowercased() }?.1 }

@@ -44,23 +44,23 @@ enum HTTPGlue {
 
     /// The full body even for HEAD: HTTPServer sends a HEAD answer's headers only, with the
     /// Content-Length the GET would have had (RFC 9110 9.3.2).
-    static func httpResponse(_ r: APIResponse) -> HTTPResponse {
+    static func httpResponse(_ r: APIReply) -> HTTPReply {
         var h = HTTPHeaders()
         h.reserveCapacity(r.headers.count)
         for (n, v) in r.headers { h.add(n, v) }
-        return HTTPResponse(status: r.status, headers: h, body: r.bodyBytes)
+        return HTTPReply(status: r.status, headers: h, body: r.bodyBytes)
     }
 
     /// `service` gets the request and completes with the response, on any thread: the writer
     /// hands it to the loop that owns the connection.
-    static func handler(_ service: @escaping @Sendable (APIRequest, @escaping @Sendable (APIResponse) -> Void) -> Void) -> HTTPHandler {
+    static func handler(_ service: @escaping @Sendable (APIRequest, @escaping @Sendable (APIReply) -> Void) -> Void) -> HTTPHandler {
         { request, writer in
             service(apiRequest(request)) { writer.respond(httpResponse($0)) }
         }
     }
 
     /// `Expect: 100-continue` decided by a service: nil invites the body, a response refuses it.
-    static func continueCheck(_ service: @escaping @Sendable (APIRequest, @escaping @Sendable (APIResponse?) -> Void) -> Void) -> HTTPContinueCheck {
+    static func continueCheck(_ service: @escaping @Sendable (APIRequest, @escaping @Sendable (APIReply?) -> Void) -> Void) -> HTTPContinueCheck {
         { request, decision in
             service(apiRequest(request)) { answer in
                 if let answer { decision.refuse(httpResponse(answer)) } else { decision.proceed() }
@@ -72,10 +72,10 @@ enum HTTPGlue {
     /// the API's error format too, so a client's error handling sees one shape everywhere,
     /// and an x-request-id like every other response (the request's own id is not trusted:
     /// the request was refused before its fields were).
-    static func errorResponse(maxBodyBytes: Int) -> @Sendable (Int, String) -> HTTPResponse {
+    static func errorResponse(maxBodyBytes: Int) -> @Sendable (Int, String) -> HTTPReply {
         { status, kind in
             let e = serverError(status: status, kind: kind, maxBodyBytes: maxBodyBytes)
-            return HTTPResponse(status: status, headers: HTTPHeaders([("content-type", "application/json"),
+            return HTTPReply(status: status, headers: HTTPHeaders([("content-type", "application/json"),
                                                                       ("x-request-id", RelayCrypto.requestID())]),
                                 body: Array(e.jsonBody.utf8))
         }

@@ -97,9 +97,9 @@ public final class IngestService: Sendable {
         let path: String
         let clientKey: String
         let start: Int64
-        let respond: @Sendable (APIResponse) -> Void
+        let respond: @Sendable (APIReply) -> Void
 
-        init(service: IngestService, request: APIRequest, start: Int64, respond: @escaping @Sendable (APIResponse) -> Void) {
+        init(service: IngestService, request: APIRequest, start: Int64, respond: @escaping @Sendable (APIReply) -> Void) {
             self.service = service
             requestID = request.requestID
             method = request.method
@@ -109,7 +109,7 @@ public final class IngestService: Sendable {
             self.respond = respond
         }
 
-        func callAsFunction(_ response: APIResponse, _ note: String?) {
+        func callAsFunction(_ response: APIReply, _ note: String?) {
             var r = response
             r.headers.reserveCapacity(r.headers.count + 2)
             r.headers.append(("x-request-id", requestID))
@@ -138,21 +138,21 @@ public final class IngestService: Sendable {
 
     /// A request in, a response out. Never blocks: `respond` runs once, on the caller's thread
     /// or, after storage work, on the store's writer or a worker thread.
-    public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIResponse) -> Void) {
+    public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIReply) -> Void) {
         let finish = Exchange(service: self, request: request, start: monotonicMicros(), respond: respond)
         if request.path == "/v1/responses" {
             guard request.method == "POST" else {
-                return finish(APIResponse(status: 405, headers: [("allow", "POST")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use POST").jsonBody), nil)
+                return finish(APIReply(status: 405, headers: [("allow", "POST")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use POST").jsonBody), nil)
             }
             post(request, finish)
         } else if request.path.hasPrefix("/v1/responses/") {
             guard request.method == "GET" || request.method == "HEAD" else {
-                return finish(APIResponse(status: 405, headers: [("allow", "GET, HEAD")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody), nil)
+                return finish(APIReply(status: 405, headers: [("allow", "GET, HEAD")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody), nil)
             }
             get(request, id: String(request.path.dropFirst("/v1/responses/".count)), finish)
         } else if request.path == "/v1/events" {
             guard request.method == "GET" || request.method == "HEAD" else {
-                return finish(APIResponse(status: 405, headers: [("allow", "GET, HEAD")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody), nil)
+                return finish(APIReply(status: 405, headers: [("allow", "GET, HEAD")], body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody), nil)
             }
             events(request, finish)
         } else {
@@ -168,7 +168,7 @@ public final class IngestService: Sendable {
     }
 
     /// Where authentication left a request.
-    private enum Admission {
+    private enum AuthenticationVerdict {
         case admitted(credentialID: String, apps: [String])
         /// Answered (401 or 429).
         case refused
@@ -178,7 +178,7 @@ public final class IngestService: Sendable {
     }
 
     /// Authentication, before any other check or bucket: from memory in the usual case.
-    private func admit(_ hash: [UInt8]?, _ finish: Exchange) -> Admission {
+    private func admit(_ hash: [UInt8]?, _ finish: Exchange) -> AuthenticationVerdict {
         guard let hash else {
             refuseAuthentication(finish, "no bearer")
             return .refused
@@ -297,7 +297,7 @@ public final class IngestService: Sendable {
     /// welcome (the credential is valid and its bucket has room), else with the final answer
     /// the request would get (401, 429 or 503), so a client learns it before sending the body.
     /// The bucket is looked at, not charged: the request itself takes its token.
-    public func continueCheck(_ request: APIRequest, _ done: @escaping @Sendable (APIResponse?) -> Void) {
+    public func continueCheck(_ request: APIRequest, _ done: @escaping @Sendable (APIReply?) -> Void) {
         guard request.method == "POST", request.path == "/v1/responses" else { return done(nil) }
         let finish = Exchange(service: self, request: request, start: monotonicMicros(), respond: done)
         let hash = Self.bearerHash(request.authorization)
@@ -312,7 +312,7 @@ public final class IngestService: Sendable {
         }
     }
 
-    private func credentialBucketVerdict(_ hash: [UInt8], _ finish: Exchange, _ done: @Sendable (APIResponse?) -> Void) {
+    private func credentialBucketVerdict(_ hash: [UInt8], _ finish: Exchange, _ done: @Sendable (APIReply?) -> Void) {
         guard credentialLimiter.limit.perSecond > 0 else { return done(nil) }
         let c = credentialLimiter.peek(Hex.encode(hash.prefix(16)))
         guard !c.allowed else { return done(nil) }
@@ -371,9 +371,9 @@ public final class IngestService: Sendable {
         case .success(let outcome):
             switch outcome {
             case .accepted(let id):
-                finish(APIResponse(status: 202, bodyBytes: Self.queuedBody(id: id)), id)
+                finish(APIReply(status: 202, bodyBytes: Self.queuedBody(id: id)), id)
             case .duplicate(let id, let state):
-                finish(APIResponse(status: 200, body: "{\"id\":\"\(id)\",\"state\":\"\(state.rawValue)\"}"), "duplicate \(id)")
+                finish(APIReply(status: 200, body: "{\"id\":\"\(id)\",\"state\":\"\(state.rawValue)\"}"), "duplicate \(id)")
             case .conflict:
                 metrics.storeRefusal("conflict")
                 finish(.error(ClientError(status: 409, code: "conflict", field: "messageIndex", message: "another credential already sent this messageIndex for this push token, session and key")), "conflict")
@@ -430,7 +430,7 @@ public final class IngestService: Sendable {
                 // Another credential's row is reported as absent, not forbidden: ids do not leak.
                 guard let row = try store.response(id: id), row.credentialID == credentialID else { return finish(.error(notFound), nil) }
                 let attempts = try store.attempts(responseID: row.id)
-                finish(APIResponse(status: 200, body: Self.render(row, attempts)), nil)
+                finish(APIReply(status: 200, body: Self.render(row, attempts)), nil)
             } catch {
                 logger.limited(.error, "storage error on read", ["request_id": finish.requestID, "error": "\(error)"])
                 finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "retry later"), headers: [("retry-after", "1")]), "storage")
@@ -468,7 +468,7 @@ public final class IngestService: Sendable {
         feed.serve(credentialID: credentialID, query: q, deadlineMicros: deadline) { [logger] result in
             switch result {
             case .success(let page)?:
-                finish(APIResponse(status: 200, bodyBytes: EventFeed.render(page, next: cursor.seal(page.next, credentialID: credentialID))), nil)
+                finish(APIReply(status: 200, bodyBytes: EventFeed.render(page, next: cursor.seal(page.next, credentialID: credentialID))), nil)
             case .failure(let error)?:
                 logger.error("storage error on events read", ["request_id": finish.requestID, "error": "\(error)"])
                 finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "retry later"), headers: [("retry-after", "1")]), "storage")

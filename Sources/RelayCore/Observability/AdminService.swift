@@ -36,14 +36,14 @@ public final class AdminService: Sendable {
         self.extraMetrics = extraMetrics
     }
 
-    public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIResponse) -> Void) {
+    public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIReply) -> Void) {
         guard request.method == "GET" || request.method == "HEAD" else {
-            return respond(APIResponse(status: 405, headers: [("allow", "GET, HEAD"), ("content-type", "application/json")],
+            return respond(APIReply(status: 405, headers: [("allow", "GET, HEAD"), ("content-type", "application/json")],
                                        body: ClientError(status: 405, code: "method_not_allowed", field: nil, message: "use GET").jsonBody))
         }
         switch request.path {
         case "/healthz":
-            respond(APIResponse(status: 200, headers: [("content-type", "application/json")], body: "{\"status\":\"ok\"}"))
+            respond(APIReply(status: 200, headers: [("content-type", "application/json")], body: "{\"status\":\"ok\"}"))
         case "/readyz":
             workers.submit { [self] in
                 var checks = readiness()
@@ -57,7 +57,7 @@ public final class AdminService: Sendable {
                     body += ",\"paused\":{" + pausedApps.sorted { $0.key < $1.key }.map { JSONString.quote($0.key) + ":" + JSONString.quote($0.value) }.joined(separator: ",") + "}"
                 }
                 body += "}"
-                respond(APIResponse(status: ok ? 200 : 503, headers: [("content-type", "application/json")], body: body))
+                respond(APIReply(status: ok ? 200 : 503, headers: [("content-type", "application/json")], body: body))
             }
         case "/metrics":
             workers.submit { [self] in
@@ -73,10 +73,10 @@ public final class AdminService: Sendable {
                     r.gauge("relay_store_up", help: "1 when the outbox could be read.", 0)
                 }
                 extraMetrics(&r)
-                respond(APIResponse(status: 200, headers: [("content-type", "text/plain; version=0.0.4")], body: r.render()))
+                respond(APIReply(status: 200, headers: [("content-type", "text/plain; version=0.0.4")], body: r.render()))
             }
         default:
-            respond(APIResponse(status: 404, headers: [("content-type", "application/json")],
+            respond(APIReply(status: 404, headers: [("content-type", "application/json")],
                                 body: ClientError(status: 404, code: "not_found", field: nil, message: "no such endpoint").jsonBody))
         }
     }
