@@ -228,7 +228,7 @@ EOF
   # with a webhook: until every event was delivered to it, so sending them is inside it too
   for _ in $(seq 1 600); do
     [ -z "$EVENTS" ] && break
-    [ "$(sqlite3 "file:$db?mode=ro" "SELECT count(*) FROM webhook_deliveries WHERE state='delivered'" 2>/dev/null || echo 0)" -ge "$n" ] && break
+    [ "$(webhook_delivered_count "$db")" -ge "$n" ] && break
     sleep 0.2
   done
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true

@@ -2,7 +2,7 @@
 # A/B under load: relay (SQLite, FULL) + mock-apns; wrk -t2 -c64 -d${D}s with post.lua; runs
 # alternate without / with one webhook (python ThreadingHTTPServer answering 204), ROUNDS each.
 # Usage: scripts/bench-webhook-load.sh BIN_DIR [ROUNDS] (release relay-server, relayctl, mock-apns in BIN_DIR;
-# D=seconds per wrk run, default 8). One line per run: ingest 202/s, and what the database holds
+# D=seconds per wrk run, default 8; WEBHOOK_RECEIVER=fast: http-bench-server as the receiver). One line per run: ingest 202/s, and what the database holds
 # when wrk ends (responses pushed, events, deliveries the webhook answered 2xx). docs/events.md, "Cost of a webhook".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,8 +15,9 @@ trap cleanup EXIT
 start_bench_mock
 write_post_lua "$WORK/post.lua"
 start_webhook_receiver
-# MAX_CONCURRENT: the webhook's maxConcurrent (default: the relay's, 8).
-HOOK='"events":{"webhooks":[{"name":"bench","url":"http://127.0.0.1:'$HOOK_PORT'/hook","secretFile":"'$WORK'/webhook-secret"'${MAX_CONCURRENT:+,\"maxConcurrent\":$MAX_CONCURRENT}'}]},'
+# MAX_CONCURRENT: the webhook's maxConcurrent (default: the relay's, 8); SENDER_NICENESS:
+# events.senderNiceness (default: the relay's, 10; a relay before that key refuses it: leave unset there).
+HOOK='"events":{"webhooks":[{"name":"bench","url":"http://127.0.0.1:'$HOOK_PORT'/hook","secretFile":"'$WORK'/webhook-secret"'${MAX_CONCURRENT:+,\"maxConcurrent\":$MAX_CONCURRENT}'}]'${SENDER_NICENESS:+,\"senderNiceness\":$SENDER_NICENESS}'},'
 RELAY_PORT=$(free_port); ADMIN_PORT=$(free_port)
 run() {  # label events-member
   local db="$WORK/$1.db"
@@ -37,7 +38,7 @@ JSON
   RELAY_CRED="$cred" wrk -t2 -c64 -d${D}s -s "$WORK/post.lua" "http://127.0.0.1:$RELAY_PORT" > "$WORK/wrk.txt"
   local rps=$(awk '/Requests\/sec/{print $2}' "$WORK/wrk.txt")
   local ev=$(sqlite3 "file:$db?mode=ro" "SELECT count(*) FROM events" 2>/dev/null || echo 0)
-  local del=$(sqlite3 "file:$db?mode=ro" "SELECT count(*) FROM webhook_deliveries WHERE state='delivered'" 2>/dev/null || echo 0)
+  local del=$(webhook_delivered_count "$db")
   local pushed=$(sqlite3 "file:$db?mode=ro" "SELECT count(*) FROM responses WHERE state='delivered'" 2>/dev/null || echo 0)
   kill -TERM $pid; wait $pid 2>/dev/null || true
   echo "$1 rps=$rps pushed_by_end=$pushed events=$ev webhook_delivered_by_end=$del"

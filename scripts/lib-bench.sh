@@ -234,9 +234,18 @@ us_per_req() { awk -v t="$1" -v n="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN{printf 
 
 # A loopback webhook receiver answering 204 to everything (python3 http.server): sets HOOK_PORT,
 # writes a fresh secret to $WORK/webhook-secret, adds its pid to PIDS, waits until it answers.
+# WEBHOOK_RECEIVER=fast: http-bench-server from $BIN (libuv, one thread, 200 to everything)
+# instead of python3's http.server, whose CPU per request on the same cores is several times
+# the relay's cost of sending it (docs/events.md, "Cost of a webhook").
 start_webhook_receiver() {
   HOOK_PORT=$(free_port)
   echo "whsec_$(openssl rand -base64 32)" > "$WORK/webhook-secret"
+  if [ "${WEBHOOK_RECEIVER:-}" = fast ]; then
+    "${BIN:-$BENCH_BIN}/http-bench-server" --port "$HOOK_PORT" --threads 1 > /dev/null &
+    PIDS+=($!)
+    wait_url "http://127.0.0.1:$HOOK_PORT/"
+    return
+  fi
   python3 - "$HOOK_PORT" <<'EOF' &
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -251,4 +260,14 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 EOF
   PIDS+=($!)
   wait_url "http://127.0.0.1:$HOOK_PORT/"
+}
+
+# Events of DB the webhook "bench" was sent with a 2xx: its delivered rows and, from schema v13
+# (a cursor per webhook), the events its cursor passed without a row (each delivered at its
+# first attempt). Falls back to the rows alone on an older schema.
+webhook_delivered_count() {
+  sqlite3 "file:$1?mode=ro" "SELECT (SELECT count(*) FROM webhook_deliveries WHERE webhook='bench' AND state='delivered')
+    + (SELECT count(*) FROM events e, webhook_cursors c WHERE c.webhook='bench' AND e.seq > c.start_seq AND e.seq <= c.seq
+       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.seq = e.seq AND d.webhook = 'bench'))" 2>/dev/null \
+  || sqlite3 "file:$1?mode=ro" "SELECT count(*) FROM webhook_deliveries WHERE state='delivered'" 2>/dev/null || echo 0
 }

@@ -171,9 +171,14 @@ struct SeededDatabase {
             }
         }
         try store.apply(updates)
-        let deliveries = try store.claimWebhookDeliveries(webhook: "backend", now: clock.nowMillis(), leaseUntil: clock.nowMillis() + 1000, limit: 100)
+        let first = try store.recordAndClaimWebhookDeliveries(webhook: "backend", results: [], cursor: nil, now: clock.nowMillis(),
+                                                              leaseUntil: clock.nowMillis() + 1000, limit: 100)
+        let deliveries = first.claimed
         seeded.eventIDs = deliveries.map(\.event.id)
-        try store.recordWebhookResults(webhook: "backend", [WebhookAttemptRecord(deliveries[0], .dead(attemptedAt: clock.nowMillis(), error: "status 500"))])
+        // The first dead (its retry row), the cursor just past it: the others stay pending.
+        _ = try store.recordAndClaimWebhookDeliveries(webhook: "backend", results: [WebhookAttemptRecord(deliveries[0], .dead(attemptedAt: clock.nowMillis(), error: "status 500"))],
+                                                      cursor: first.cursor.map { WebhookCursorPosition(epoch: $0.epoch, through: deliveries[0].sequence) },
+                                                      now: clock.nowMillis(), leaseUntil: clock.nowMillis() + 1000, limit: 0, releaseCursor: true)
         return seeded
     }
 

@@ -219,8 +219,10 @@ import Testing
         #expect(page.events.isEmpty && page.next == 0)
     }
 
+    /// New events come from the webhook's cursor (no row per event); a failed attempt writes
+    /// the event's retry row and the cursor moves past it; the listing and counts join both.
     @Test(arguments: StoreBackend.available)
-    func webhookDeliveriesAreClaimedLeasedRecordedAndReplayed(_ backend: StoreBackend) throws {
+    func newEventsComeFromTheCursorAndFailuresBecomeRetryRows(_ backend: StoreBackend) throws {
         let f = try StoreFixture(backend)
         let s = try f.open()
         defer { s.close() }
@@ -231,55 +233,72 @@ import Testing
         ])
         let (_, _, rows) = try claimed(s, 3)
         try s.apply(rows.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: $0 == rows[1] ? .failed(reason: "BadDeviceToken") : .delivered, attempt: nil) })
+        // The outcome commit wrote no delivery rows.
+        #expect(try f.sql("SELECT count(*) FROM webhook_deliveries") == [["0"]])
         let now = f.clock.nowMillis()
-        #expect(try s.claimWebhookDeliveries(webhook: "elsewhere", now: now, leaseUntil: now + 1000, limit: 10).isEmpty)
-        let failures = try s.claimWebhookDeliveries(webhook: "failures", now: now, leaseUntil: now + 1000, limit: 10)
-        #expect(failures.map(\.event.type) == [.responseFailed])
-        // Oldest event first, each leased: not claimed again until the lease ends.
-        let first = try s.claimWebhookDeliveries(webhook: "all", now: now, leaseUntil: now + 1000, limit: 2)
-        #expect(first.map(\.event.type) == [.responseDelivered, .responseFailed])
-        #expect(first.allSatisfy { $0.attempts == 0 && $0.firstAttemptAt == nil })
-        let rest = try s.claimWebhookDeliveries(webhook: "all", now: now, leaseUntil: now + 1000, limit: 10)
-        #expect(rest.count == 1 && rest[0].event.sequence > first[1].event.sequence)
-        #expect(try s.claimWebhookDeliveries(webhook: "all", now: now + 999, leaseUntil: now + 2000, limit: 10).isEmpty)
-        let again = try s.claimWebhookDeliveries(webhook: "all", now: now + 1000, leaseUntil: now + 2000, limit: 10)
-        #expect(again.map(\.event.id) == (first + rest).map(\.event.id))
-        #expect(again.map(\.event.body) == (first + rest).map(\.event.body))
+        #expect(try s.exchange("elsewhere", now: now).claimed.isEmpty)
+        let failures = try s.exchange("failures", now: now)
+        #expect(failures.claimed.map(\.event.type) == [.responseFailed])
+        // Commit order, from the cursor: attempts 0, the cursor's epoch as the generation.
+        let first = try s.exchange("all", now: now, limit: 2)
+        let hold = try #require(first.cursor)
+        #expect(first.claimed.map(\.event.type) == [.responseDelivered, .responseFailed])
+        #expect(first.claimed.allSatisfy { $0.attempts == 0 && $0.firstAttemptAt == nil && $0.fromCursor && $0.claim == hold.epoch })
+        #expect(hold.claimedThrough == first.claimed[1].sequence)
+        // The holder goes on after them; its cursor stays before what is in flight.
+        let rest = try s.exchange("all", cursor: WebhookCursorPosition(epoch: hold.epoch, through: first.claimed[0].sequence - 1), now: now)
+        #expect(rest.claimed.count == 1 && rest.claimed[0].sequence > first.claimed[1].sequence && rest.cursor?.epoch == hold.epoch)
+        // Another sender (an older epoch) gets nothing new while the holder's lease runs.
+        let other = try s.exchange("all", cursor: WebhookCursorPosition(epoch: hold.epoch - 1, through: 0), now: now + 999)
+        #expect(other.claimed.isEmpty && other.cursor == nil)
 
         let t = now + 1000
-        // Results of the first claim are stale: `again` claimed the same deliveries since.
-        #expect(try s.recordWebhookResults(webhook: "all", [WebhookAttemptRecord(first[0], .delivered(at: t))]) == 1)
-        #expect(try s.recordWebhookResults(webhook: "all", [
-            WebhookAttemptRecord(again[0], .delivered(at: t)),
-            WebhookAttemptRecord(again[1], .retry(attemptedAt: t, at: t + 5000, error: "status 500")),
-            WebhookAttemptRecord(again[2], .dead(attemptedAt: t, error: "timeout")),
-        ]) == 0)
-        #expect(try s.claimWebhookDeliveries(webhook: "all", now: t + 4999, leaseUntil: t + 6000, limit: 10).isEmpty)
-        let retried = try s.claimWebhookDeliveries(webhook: "all", now: t + 5000, leaseUntil: t + 60_000, limit: 10)
-        #expect(retried.map(\.event.id) == [first[1].event.id])
-        #expect(retried[0].attempts == 1 && retried[0].firstAttemptAt == t)
+        let all = first.claimed + rest.claimed
+        // Results: delivered (nothing written), a retry and a dead (their rows); the cursor
+        // passes all three. A result under an older epoch is stale.
+        let done = try s.exchange("all", results: [
+            WebhookAttemptRecord(all[0], .delivered(at: t)),
+            WebhookAttemptRecord(all[1], .retry(attemptedAt: t, at: t + 5000, error: "status 500")),
+            WebhookAttemptRecord(all[2], .dead(attemptedAt: t, error: "timeout")),
+            WebhookAttemptRecord(eventID: all[0].eventID, claim: hold.epoch - 1, result: .dead(attemptedAt: t, error: "late"), fromCursor: true),
+        ], cursor: WebhookCursorPosition(epoch: hold.epoch, through: rest.cursor!.claimedThrough), now: t)
+        #expect(done.stale == 1 && done.claimed.isEmpty)
+        #expect(try f.sql("SELECT count(*) FROM webhook_deliveries WHERE webhook = 'all'") == [["2"]])
+        #expect(try s.exchange("all", cursor: WebhookCursorPosition(epoch: hold.epoch, through: 0), now: t + 4999).claimed.isEmpty)
+        let retried = try s.exchange("all", cursor: WebhookCursorPosition(epoch: hold.epoch, through: 0), now: t + 5000).claimed
+        #expect(retried.map(\.eventID) == [all[1].eventID])
+        #expect(retried[0].attempts == 1 && retried[0].firstAttemptAt == t && !retried[0].fromCursor)
         // Not sent (a local failure): no attempt, due again at its time, the error kept.
-        #expect(try s.recordWebhookResults(webhook: "all", [WebhookAttemptRecord(retried[0], .notSent(failedAt: t + 5000, at: t + 5500, error: "out of memory"))]) == 0)
-        #expect(try s.claimWebhookDeliveries(webhook: "all", now: t + 5499, leaseUntil: t + 6000, limit: 10).isEmpty)
+        #expect(try s.exchange("all", results: [WebhookAttemptRecord(retried[0], .notSent(failedAt: t + 5000, at: t + 5500, error: "out of memory"))],
+                               now: t + 5000, limit: 0).stale == 0)
+        #expect(try s.exchange("all", cursor: WebhookCursorPosition(epoch: hold.epoch, through: 0), now: t + 5499).claimed.isEmpty)
         let notSent = try s.webhookDeliveries(WebhookDeliveryFilter(webhook: "all", eventID: retried[0].eventID))
         #expect(notSent.first?.attempts == 1 && notSent.first?.lastError == "out of memory" && notSent.first?.firstAttemptAt == t)
-        let resent = try s.claimWebhookDeliveries(webhook: "all", now: t + 5500, leaseUntil: t + 60_000, limit: 10)
+        let resent = try s.exchange("all", cursor: WebhookCursorPosition(epoch: hold.epoch, through: 0), now: t + 5500).claimed
         #expect(resent.map(\.eventID) == [retried[0].eventID] && resent[0].attempts == 1 && resent[0].firstAttemptAt == t)
 
+        // "failures" has its event in flight (after its cursor): pending, without a row.
         #expect(try s.webhookDeliveryCounts()["all"] == [.pending: 1, .dead: 1])
         #expect(try s.webhookDeliveryCounts()["failures"] == [.pending: 1])
+        #expect(try s.webhookDeliveryCounts()["elsewhere"] == nil)
         let dead = try s.webhookDeliveries(WebhookDeliveryFilter(webhook: "all", state: .dead))
-        #expect(dead.map(\.event.id) == [rest[0].event.id] && dead[0].lastError == "timeout" && dead[0].attempts == 1)
+        #expect(dead.map(\.event.id) == [all[2].event.id] && dead[0].lastError == "timeout" && dead[0].attempts == 1)
+        let delivered = try s.webhookDeliveries(WebhookDeliveryFilter(webhook: "all", state: .delivered))
+        #expect(delivered.map(\.event.id) == [all[0].event.id] && delivered[0].attempts == 1)
+        #expect(try s.webhookDeliveries(WebhookDeliveryFilter(webhook: "all", state: .pending)).map(\.event.id) == [all[1].event.id])
+        #expect(try s.webhookDeliveries(WebhookDeliveryFilter(webhook: "failures", state: .pending)).map(\.event.id) == [all[1].event.id])
         #expect(try s.webhookDeliveries(WebhookDeliveryFilter(type: .responseFailed)).map(\.webhook).sorted() == ["all", "failures"])
+        #expect(try s.webhookDeliveries(WebhookDeliveryFilter()).count == 4)
 
-        // Replay: pending again, due now, same id and body, attempts kept.
+        // Replay: pending again, due now, same id and body, attempts kept; a delivered event
+        // without a row gets one.
         #expect(try s.replayDeadWebhookDeliveries(webhook: "all") == 1)
-        #expect(try s.replayWebhookDelivery(eventID: first[0].event.id, webhook: "all") == 1)
+        #expect(try s.replayWebhookDelivery(eventID: all[0].event.id, webhook: "all") == 1)
         #expect(try s.replayWebhookDelivery(eventID: UUID().uuidString, webhook: nil) == 0)
-        let replayed = try s.claimWebhookDeliveries(webhook: "all", now: t + 6000, leaseUntil: t + 7000, limit: 10)
-        #expect(Set(replayed.map(\.event.id)) == [first[0].event.id, rest[0].event.id])
-        #expect(replayed.first { $0.event.id == rest[0].event.id }?.attempts == 1)
-        #expect(replayed.first { $0.event.id == rest[0].event.id }?.event.body == rest[0].event.body)
+        let replayed = try s.exchange("all", cursor: WebhookCursorPosition(epoch: hold.epoch, through: 0), now: t + 6000).claimed
+        #expect(Set(replayed.map(\.event.id)) == [all[0].event.id, all[2].event.id])
+        #expect(replayed.first { $0.event.id == all[2].event.id }?.attempts == 1)
+        #expect(replayed.first { $0.event.id == all[2].event.id }?.event.body == all[2].event.body)
     }
 
     @Test("A late result of an earlier claim (lease ended, replay) never overwrites what a later claim wrote", arguments: StoreBackend.available)
@@ -294,38 +313,43 @@ import Testing
         func row(_ id: String) throws -> WebhookDeliveryRecord {
             try #require(try s.webhookDeliveries(WebhookDeliveryFilter(webhook: "w", eventID: id)).first)
         }
+        // Both new events fail to be sent: their retry rows, due now.
+        let new = try s.exchange("w", now: now, lease: 100)
+        let cursor = try #require(new.cursor)
+        #expect(try s.exchange("w", results: new.claimed.map { WebhookAttemptRecord($0, .notSent(failedAt: now, at: now, error: "not sent")) },
+                               cursor: WebhookCursorPosition(epoch: cursor.epoch, through: cursor.claimedThrough), now: now, limit: 0).stale == 0)
         // The first claim's lease ends (its sender is slow); both are claimed again.
-        let first = try s.claimWebhookDeliveries(webhook: "w", now: now, leaseUntil: now + 100, limit: 10)
-        let second = try s.claimWebhookDeliveries(webhook: "w", now: now + 100, leaseUntil: now + 100_000, limit: 10)
+        let first = try s.exchange("w", cursor: WebhookCursorPosition(epoch: cursor.epoch, through: 0), now: now, lease: 100).claimed
+        let second = try s.exchange("w", cursor: WebhookCursorPosition(epoch: cursor.epoch, through: 0), now: now + 100, lease: 99_900).claimed
         #expect(first.count == 2 && second.map(\.eventID) == first.map(\.eventID))
         #expect(zip(first, second).allSatisfy { $0.claim < $1.claim })
         // The second claim's answer comes first: [0] to be retried later.
-        #expect(try s.recordWebhookResults(webhook: "w", [WebhookAttemptRecord(second[0], .retry(attemptedAt: now + 200, at: now + 60_000, error: "HTTP 500"))]) == 0)
+        #expect(try s.exchange("w", results: [WebhookAttemptRecord(second[0], .retry(attemptedAt: now + 200, at: now + 60_000, error: "HTTP 500"))], now: now + 200, limit: 0).stale == 0)
         // Then the first claim's late answers: neither is recorded.
-        #expect(try s.recordWebhookResults(webhook: "w", [
+        #expect(try s.exchange("w", results: [
             WebhookAttemptRecord(first[0], .delivered(at: now + 300)),
             WebhookAttemptRecord(first[1], .dead(attemptedAt: now + 300, error: "timeout")),
-        ]) == 2)
+        ], now: now + 300, limit: 0).stale == 2)
         let zero = try row(first[0].eventID), one = try row(first[1].eventID)
         #expect(zero.state == .pending && zero.attempts == 1 && zero.lastError == "HTTP 500" && zero.nextAttemptAt == now + 60_000)
-        #expect(one.state == .pending && one.attempts == 0 && one.lastError == nil)
+        #expect(one.state == .pending && one.attempts == 0 && one.lastError == "not sent")
         // [1] is still leased by the second claim.
-        #expect(try s.claimWebhookDeliveries(webhook: "w", now: now + 300, leaseUntil: now + 100_000, limit: 10).isEmpty)
+        #expect(try s.exchange("w", cursor: WebhookCursorPosition(epoch: cursor.epoch, through: 0), now: now + 300, lease: 99_700).claimed.isEmpty)
 
         // A replay bumps the generation too: the second claim's late answer for [1] is dropped,
         // and the replayed delivery is claimed (at once) under a newer one.
         #expect(try s.replayWebhookDelivery(eventID: second[1].eventID, webhook: "w") == 1)
-        #expect(try s.recordWebhookResults(webhook: "w", [WebhookAttemptRecord(second[1], .dead(attemptedAt: now + 400, error: "timeout"))]) == 1)
+        #expect(try s.exchange("w", results: [WebhookAttemptRecord(second[1], .dead(attemptedAt: now + 400, error: "timeout"))], now: now + 400, limit: 0).stale == 1)
         #expect(try row(second[1].eventID).state == .pending)
         // One transaction: the stale result dropped, the replayed delivery claimed.
-        let third = try s.recordAndClaimWebhookDeliveries(webhook: "w", results: [WebhookAttemptRecord(second[1], .delivered(at: now + 500))],
-                                                          now: now + 500, leaseUntil: now + 100_000, limit: 10)
+        let third = try s.exchange("w", results: [WebhookAttemptRecord(second[1], .delivered(at: now + 500))],
+                                   cursor: WebhookCursorPosition(epoch: cursor.epoch, through: 0), now: now + 500, lease: 99_500)
         #expect(third.stale == 1 && third.claimed.map(\.eventID) == [second[1].eventID])
         let replayed = try #require(third.claimed.first)
         #expect(replayed.claim > second[1].claim + 1)
-        let fourth = try s.recordAndClaimWebhookDeliveries(webhook: "w", results: [WebhookAttemptRecord(replayed, .delivered(at: now + 600))],
-                                                           now: now + 600, leaseUntil: now + 100_000, limit: 10)
-        #expect(fourth == WebhookExchange(stale: 0, claimed: []))
+        let fourth = try s.exchange("w", results: [WebhookAttemptRecord(replayed, .delivered(at: now + 600))],
+                                    cursor: WebhookCursorPosition(epoch: cursor.epoch, through: 0), now: now + 600, lease: 99_400)
+        #expect(fourth.stale == 0 && fourth.claimed.isEmpty)
         #expect(try row(second[1].eventID).state == .delivered)
     }
 
@@ -352,7 +376,7 @@ import Testing
         #expect(try s.trimWebhookBacklogs(max: 5).isEmpty)
         #expect(try s.trimWebhookBacklogs(max: 1) == ["all": 1])
         let now = f.clock.nowMillis()
-        #expect(try s.claimWebhookDeliveries(webhook: "all", now: now, leaseUntil: now + 1, limit: 10).map(\.event.id) == [all[3].id])
+        #expect(try s.exchange("all", now: now, lease: 1).claimed.map(\.event.id) == [all[3].id])
         // The events themselves stay (the feed still lists them).
         #expect(try s.events(credentialID: cred, after: 0, limit: 10).count == 2)
     }
@@ -396,7 +420,7 @@ import Testing
         // Three pending for "w" over a bound of two: the oldest dropped.
         #expect(try s.webhookDeliveryCounts()["w"] == [.pending: 2])
         let now = f.clock.nowMillis()
-        #expect(try s.claimWebhookDeliveries(webhook: "w", now: now, leaseUntil: now + 1, limit: 10).map(\.event.id) == Array(left[1...]).map(\.id))
+        #expect(try s.exchange("w", now: now, lease: 1).claimed.map(\.event.id) == Array(left[1...]).map(\.id))
         var r = PrometheusRegistry()
         sweeper.collectMetrics(into: &r)
         let text = r.render()
@@ -503,5 +527,14 @@ import Testing
             #expect(limit < scan && plan[limit...scan].allSatisfy { !$0.contains("Sort") && !$0.contains("Bitmap") }, "\(plan.joined(separator: "\n"))")
             #expect(plan[scan + 1].contains("Index Cond: ((webhook = 'w'::text) AND (next_attempt_at <= '0'::bigint))"), "\(plan.joined(separator: "\n"))")
         }
+    }
+}
+
+extension WebhookOutbox {
+    /// One exchange as the sender makes it (tests): `lease` from `now`.
+    func exchange(_ webhook: String, results: [WebhookAttemptRecord] = [], cursor: WebhookCursorPosition? = nil, now: Int64, lease: Int64 = 1000,
+                  limit: Int = 10, release: Bool = false) throws -> WebhookExchange {
+        try recordAndClaimWebhookDeliveries(webhook: webhook, results: results, cursor: cursor, now: now, leaseUntil: now + lease, limit: limit,
+                                            releaseCursor: release)
     }
 }

@@ -20,7 +20,7 @@ import Testing
         // keeps a UNIQUE constraint).
         #expect(try f.schemaVersion == (backend == .sqlite ? SQLiteOutboxStore.schemaVersion : PostgresOutboxStore.schemaVersion))
         let tables = try f.tables.filter { $0 != "relay_schema_version" && $0 != "outbox_stats" && $0 != "response_keys" }
-        #expect(tables == ["attempts", "credential_generation", "credentials", "events", "feed_cursor_key", "responses", "token_pacing", "unregistered_tokens", "webhook_deliveries"])
+        #expect(tables == ["attempts", "credential_generation", "credentials", "events", "feed_cursor_key", "responses", "token_pacing", "unregistered_tokens", "webhook_cursors", "webhook_deliveries"])
     }
 
     @Test(arguments: StoreBackend.available)

@@ -96,6 +96,13 @@ final class InMemoryWebhookOutbox: WebhookOutbox, @unchecked Sendable {
         return stale
     }
 
+    /// Every event has a row here (no cursor): the sender's cursor logic is the stores' to test.
+    func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], cursor: WebhookCursorPosition?, now: Int64,
+                                         leaseUntil: Int64, limit: Int, releaseCursor: Bool) throws -> WebhookExchange {
+        let stale = results.isEmpty ? 0 : try recordWebhookResults(webhook: webhook, results)
+        return WebhookExchange(stale: stale, claimed: limit > 0 ? try claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit) : [])
+    }
+
     func pendingWebhookDeliveries(webhook: String) throws -> Int? {
         lock.lock(); defer { lock.unlock() }
         return rows[webhook]?.count { $0.state == .pending }

@@ -102,6 +102,42 @@ import TestSupport
                                            WebhookSubscription(name: "local")])
         // No events key: no webhooks.
         #expect(try RelayConfig.parse(Array(#"{"apps":[\#(Self.app)]}"#.utf8)).events.webhooks.isEmpty)
+        // The webhooks thread's nice value: 10 by default, 0-19.
+        #expect(c.events.senderNiceness == 10)
+        let nice = #"{"apps":[\#(Self.app)],"events":{"webhooks":[],"senderNiceness":@@}}"#
+        #expect(try RelayConfig.parse(Array(nice.replacing("@@", with: "19").utf8)).events.senderNiceness == 19)
+        #expect(try RelayConfig.parse(Array(nice.replacing("@@", with: "0").utf8)).events.senderNiceness == 0)
+        for bad in ["20", "-1", "\"10\""] {
+            #expect { _ = try RelayConfig.parse(Array(nice.replacing("@@", with: bad).utf8)) } throws: { "\($0)".contains("events.senderNiceness") }
+        }
+    }
+
+    /// The sender's thread runs at `niceness` (setpriority on itself): the process's other
+    /// threads keep theirs.
+    @Test func theSenderThreadRunsAtItsNiceValue() throws {
+        let outbox = InMemoryWebhookOutbox(webhooks: ["hook"])
+        let sender = WebhookSender(endpoints: [.init(name: "hook", url: "http://127.0.0.1:1/", secrets: WebhookSenderTests.secrets)],
+                                   outbox: outbox, metrics: WebhookMetrics(), logger: RelayLogger(minimum: .error, capture: true), niceness: 7)
+        try sender.start()
+        defer { sender.stop(grace: .zero) }
+        /// Each thread of this process named `name`: its nice value (field 19 of /proc/self/task/<tid>/stat).
+        func nice(of name: String) throws -> [Int] {
+            try FileManager.default.contentsOfDirectory(atPath: "/proc/self/task").compactMap { tid in
+                guard (try? String(contentsOfFile: "/proc/self/task/\(tid)/comm", encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) == name,
+                      let stat = try? String(contentsOfFile: "/proc/self/task/\(tid)/stat", encoding: .utf8),
+                      let close = stat.lastIndex(of: ")") else { return nil }
+                let fields = stat[stat.index(after: close)...].split(separator: " ")
+                return Int(fields[16])   // after "pid (comm)": state is fields[0], nice is stat's 19th
+            }
+        }
+        var seen: [Int] = []
+        for _ in 0..<200 {   // the thread sets it as it starts
+            seen = try nice(of: "webhooks")
+            if seen == [7] { break }
+            usleep(10_000)
+        }
+        #expect(seen == [7])
+        #expect(getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0) == 0)   // this thread's unchanged
     }
 
     @Test func invalidWebhooksNameTheKey() {

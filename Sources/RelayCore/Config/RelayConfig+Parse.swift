@@ -281,11 +281,12 @@ extension RelayConfig {
     }
 
     private static func parseEvents(_ e: inout ConfigReader, into c: inout RelayConfig) throws {
-            try e.object(allowed: ["webhooks", "maxBacklogPerWebhook"])
+            try e.object(allowed: ["webhooks", "maxBacklogPerWebhook", "senderNiceness"])
             c.events.webhooks = try Self.parseWebhooks(try e.array("webhooks") ?? [], apps: Set(c.apps.map(\.bundleID)))
             if let n = try e.nonNegative("maxBacklogPerWebhook", max: 1_000_000_000) {
                 guard n > 0 else { throw ConfigError(key: "events.maxBacklogPerWebhook", message: "must be at least 1") }
                 c.events.maxBacklogPerWebhook = Int(n)
             }
+            if let n = try e.nonNegative("senderNiceness", max: 19) { c.events.senderNiceness = Int(n) }
     }
 }

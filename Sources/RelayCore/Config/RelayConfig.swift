@@ -128,13 +128,17 @@ public struct RelayConfig: Sendable, Equatable {
         public var subscription: WebhookSubscription { WebhookSubscription(name: name, types: types, apps: apps) }
     }
     /// `events`: delivery events (docs/events.md). The webhooks (`events.webhooks`) are the
-    /// sender's configuration and the store's fan-out; the store reads the backlog bound.
+    /// sender's configuration and the store's subscriptions (each webhook's cursor reads the events
+    /// they receive); the store reads the backlog bound.
     public struct Events: Sendable, Equatable {
         public var webhooks: [Webhook] = []
         public var subscriptions: [WebhookSubscription] { webhooks.map(\.subscription) }
         /// `events.maxBacklogPerWebhook`: pending deliveries a webhook may have before the oldest
         /// are dropped (counted in relay_webhook_backlog_dropped_total, logged as an error).
         public var maxBacklogPerWebhook = EventStoreSettings.defaultMaxBacklogPerWebhook
+        /// `events.senderNiceness`: the webhooks thread's nice value (0-19), below ingest and
+        /// dispatch so a saturating load delays events instead of ingest.
+        public var senderNiceness = Int(WebhookSender.defaultNiceness)
     }
     public struct Log: Sendable, Equatable {
         public var format = RelayLogger.Format.json

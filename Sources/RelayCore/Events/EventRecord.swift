@@ -8,8 +8,8 @@ import Synchronization
 
 /// `events.*` the store reads (given at start, like IngestStoreSettings; a restart changes it).
 public struct EventStoreSettings: Sendable, Equatable {
-    /// `events.webhooks[]` as the store sees them: each gets a pending delivery of every event
-    /// it receives, written with the event.
+    /// `events.webhooks[]` as the store sees them: each has a cursor over the events it
+    /// receives (WebhookCursor.swift), made before this process's first event.
     public var webhooks: [WebhookSubscription]
     /// `events.maxBacklogPerWebhook`: pending deliveries per webhook above which the oldest
     /// are dropped (counted, logged).
@@ -20,11 +20,6 @@ public struct EventStoreSettings: Sendable, Equatable {
     public init(webhooks: [WebhookSubscription] = [], maxBacklogPerWebhook: Int = defaultMaxBacklogPerWebhook) {
         self.webhooks = webhooks
         self.maxBacklogPerWebhook = maxBacklogPerWebhook
-    }
-
-    /// The webhooks that receive an event of `type` for `app`.
-    func receivers(type: EventType, app: String) -> [String] {
-        webhooks.filter { $0.receives(type: type, app: app) }.map(\.name)
     }
 }
 

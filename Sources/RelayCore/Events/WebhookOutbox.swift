@@ -57,7 +57,9 @@ public enum WebhookDeliveryState: String, Sendable, CaseIterable, Codable {
     case pending, delivered, dead
 }
 
-/// An event claimed for one webhook, with what is known of its earlier attempts.
+/// An event handed to the sender for one webhook, with what is known of its earlier attempts:
+/// either a retry row (`webhook_deliveries`, an event whose earlier attempt failed, or one
+/// replayed) or a new event read after the webhook's cursor (no row: attempts 0).
 public struct WebhookDelivery: Sendable, Equatable {
     /// What the store handed over: the stores give the event's columns, rendered by `event` on
     /// the caller's thread (the sender's), not on the store's writer.
@@ -70,20 +72,24 @@ public struct WebhookDelivery: Sendable, Equatable {
     public var attempts: Int
     /// When the first attempt was made (nil before it): `retryForSeconds` counts from here.
     public var firstAttemptAt: Int64?
-    /// The claim generation this delivery was handed out under: every claim and every replay
-    /// bumps the row's, and a result is recorded only under the generation it was claimed with,
-    /// so a late answer to an earlier claim never overwrites what a later one wrote.
+    /// The generation this delivery was handed out under: a retry row's claim generation
+    /// (every claim and every replay bumps it), or the cursor's epoch for a new event; a result
+    /// is recorded only under it, so a late answer to an earlier claim (or to a cursor another
+    /// sender took over) never overwrites what a later one wrote.
     public var claim: Int64
+    /// A new event read after the cursor (no row yet): a failed attempt writes its retry row.
+    public var fromCursor: Bool
 
-    public init(event: StoredEvent, attempts: Int, firstAttemptAt: Int64?, claim: Int64 = 0) {
-        self.init(source: .stored(event), attempts: attempts, firstAttemptAt: firstAttemptAt, claim: claim)
+    public init(event: StoredEvent, attempts: Int, firstAttemptAt: Int64?, claim: Int64 = 0, fromCursor: Bool = false) {
+        self.init(source: .stored(event), attempts: attempts, firstAttemptAt: firstAttemptAt, claim: claim, fromCursor: fromCursor)
     }
 
-    init(source: Source, attempts: Int, firstAttemptAt: Int64?, claim: Int64) {
+    init(source: Source, attempts: Int, firstAttemptAt: Int64?, claim: Int64, fromCursor: Bool = false) {
         self.source = source
         self.attempts = attempts
         self.firstAttemptAt = firstAttemptAt
         self.claim = claim
+        self.fromCursor = fromCursor
     }
 
     /// The event with its body, rendered on each read: read it once.
@@ -98,6 +104,13 @@ public struct WebhookDelivery: Sendable, Equatable {
         switch source {
         case .stored(let e): e.id
         case .record(let r): r.id
+        }
+    }
+
+    public var sequence: Int64 {
+        switch source {
+        case .stored(let e): e.sequence
+        case .record(let r): r.sequence
         }
     }
 
@@ -128,15 +141,49 @@ public struct WebhookAttemptRecord: Sendable, Equatable {
     public var eventID: String
     public var claim: Int64
     public var result: WebhookAttemptResult
+    /// The delivery came from the cursor: a failure inserts its row (under the cursor's epoch),
+    /// a success writes nothing (the cursor's advance covers it).
+    public var fromCursor: Bool
 
-    public init(eventID: String, claim: Int64, result: WebhookAttemptResult) {
+    public init(eventID: String, claim: Int64, result: WebhookAttemptResult, fromCursor: Bool = false) {
         self.eventID = eventID
         self.claim = claim
         self.result = result
+        self.fromCursor = fromCursor
     }
 
     public init(_ delivery: WebhookDelivery, _ result: WebhookAttemptResult) {
-        self.init(eventID: delivery.eventID, claim: delivery.claim, result: result)
+        self.init(eventID: delivery.eventID, claim: delivery.claim, result: result, fromCursor: delivery.fromCursor)
+    }
+}
+
+/// The sender's hold on a webhook's cursor: the epoch it was granted, how far every new event
+/// it was handed is finished (delivered, or its failure in the same call's results), and how
+/// far it was handed events (the last grant's `claimedThrough`). A holder that keeps its
+/// hand-out point spares the store a write per claim: the store then writes the cursor row only
+/// when `seq`, the epoch or the lease change (nil: the store keeps it in the row).
+public struct WebhookCursorPosition: Sendable, Equatable {
+    public var epoch: Int64
+    public var through: Int64
+    public var claimedThrough: Int64?
+
+    public init(epoch: Int64, through: Int64, claimedThrough: Int64? = nil) {
+        self.epoch = epoch
+        self.through = through
+        self.claimedThrough = claimedThrough
+    }
+}
+
+/// The cursor as granted by one exchange: the epoch the caller now holds it under, and the
+/// last sequence handed out (every event up to it that the webhook receives was returned by
+/// this or an earlier exchange under this epoch).
+public struct WebhookCursorGrant: Sendable, Equatable {
+    public var epoch: Int64
+    public var claimedThrough: Int64
+
+    public init(epoch: Int64, claimedThrough: Int64) {
+        self.epoch = epoch
+        self.claimedThrough = claimedThrough
     }
 }
 
@@ -145,43 +192,50 @@ public struct WebhookExchange: Sendable, Equatable {
     /// Results not recorded because their delivery was claimed again (a lease that ended, a
     /// replay) or left the pending state meanwhile.
     public var stale: Int
+    /// Due retry rows first, then new events after the cursor in commit order.
     public var claimed: [WebhookDelivery]
+    /// The cursor the caller holds after this exchange (nil: another sender holds it, or the
+    /// caller released it).
+    public var cursor: WebhookCursorGrant?
 
-    public init(stale: Int, claimed: [WebhookDelivery]) {
+    public init(stale: Int, claimed: [WebhookDelivery], cursor: WebhookCursorGrant? = nil) {
         self.stale = stale
         self.claimed = claimed
+        self.cursor = cursor
     }
 }
 
 /// The store side of webhook delivery. Both backends implement it; the sender calls it from its
 /// own thread (the calls may block on the store).
+///
+/// A store keeps, per webhook, a cursor (the sequence through which every event it receives was
+/// delivered or handed to a retry row) and a retry row only for an event whose attempt failed
+/// (or that was replayed): an outcome commit writes its event and nothing per webhook.
 public protocol WebhookOutbox: AnyObject, Sendable {
-    /// Up to `limit` pending deliveries of `webhook` whose next attempt is due at `now`, due
-    /// first, then oldest event first; each is leased (not returned again) until `leaseUntil`, so a crashed or slow
-    /// sender's deliveries come back after the lease. Each claim bumps the row's claim generation
-    /// (returned in `WebhookDelivery.claim`).
-    func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int) throws -> [WebhookDelivery]
-    /// Records attempts made on claimed deliveries (one transaction). A result whose claim is
-    /// not the row's current one, or whose row is no longer pending, is dropped; returns how
-    /// many were.
-    @discardableResult
-    func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord]) throws -> Int
-    /// `recordWebhookResults` then `claimWebhookDeliveries` (`limit` may be 0) in one transaction:
-    /// the sender's one write per turn.
-    func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], now: Int64, leaseUntil: Int64,
-                                         limit: Int) throws -> WebhookExchange
-    /// How many deliveries of `webhook` are pending (due or not, leased or not), for the
-    /// `relay_webhook_backlog` gauge; nil when the store does not count them (the default).
+    /// The sender's one call per turn, one transaction: records `results` (a retry row's under
+    /// its claim generation; a new event's failure inserts its retry row under the cursor's
+    /// epoch; results under an older generation or epoch are dropped and counted in `stale`),
+    /// advances the cursor to `cursor.through` when the caller holds it under that epoch, then
+    /// hands out up to `limit` deliveries: due retry rows (due first, then commit order), each
+    /// leased until `leaseUntil` with its generation bumped, then the events after the
+    /// cursor's hand-out point that the webhook receives, in commit order. The cursor is
+    /// granted to a caller that holds it, or takes it when its lease ended (a new epoch, handed
+    /// out again from the cursor: at least once); the grant's lease is renewed to
+    /// `leaseUntil`. `releaseCursor` ends the caller's lease (a clean stop).
+    func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], cursor: WebhookCursorPosition?, now: Int64,
+                                         leaseUntil: Int64, limit: Int, releaseCursor: Bool) throws -> WebhookExchange
+    /// How many deliveries of `webhook` are pending (retry rows, and events after its cursor
+    /// that it receives), counted up to a cap, for the `relay_webhook_backlog` gauge; nil when
+    /// the store does not count them (the default).
     func pendingWebhookDeliveries(webhook: String) throws -> Int?
 }
 
 extension WebhookOutbox {
     public func pendingWebhookDeliveries(webhook: String) throws -> Int? { nil }
 
-    /// Two calls (two transactions); the stores do both in one.
-    public func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], now: Int64, leaseUntil: Int64,
-                                                limit: Int) throws -> WebhookExchange {
-        let stale = results.isEmpty ? 0 : try recordWebhookResults(webhook: webhook, results)
-        return WebhookExchange(stale: stale, claimed: limit > 0 ? try claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit) : [])
+    public func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], cursor: WebhookCursorPosition?, now: Int64,
+                                                leaseUntil: Int64, limit: Int) throws -> WebhookExchange {
+        try recordAndClaimWebhookDeliveries(webhook: webhook, results: results, cursor: cursor, now: now, leaseUntil: leaseUntil, limit: limit,
+                                            releaseCursor: false)
     }
 }

@@ -3,9 +3,12 @@
 // loop or the dispatcher's threads, and the only shared resource is the store (WebhookOutbox).
 //
 // Per webhook, each turn of the loop: collect finished transfers; in one store transaction,
-// record their results and (when its next claim is due and it has room) claim due deliveries
-// (due first, then oldest, leased for longer than an attempt can take) up to `maxConcurrent` in
-// flight; render, sign and start them here, off the store's writer.
+// record their results (a failed new event gets its retry row), advance the webhook's cursor
+// over the finished prefix of the new events it holds, and (when its next claim is due and it
+// has room) take due retry rows, then the next new events after the cursor, up to
+// `maxConcurrent` in flight; render, sign and start them here, off the store's writer.
+// The thread runs at a lower scheduling priority (`niceness`): under a load that saturates
+// the CPUs, ingest and dispatch go first and events trail, to catch up when the load eases.
 // 2xx is delivered; anything else, or no answer within the timeout, is retried after
 // WebhookRetryPolicy's back-off until `retryFor` from the first attempt, then dead.
 // A failing receiver is probed one delivery at a time, after a pause that doubles up to
@@ -52,6 +55,10 @@ public final class WebhookSender: Lifecycle, Sendable {
     public let backlogRefreshMillis: Int64
     /// When a delivery that could not be set up here (libcurl out of memory...) is tried again.
     static let localRetryMillis: Int64 = 1000
+    /// The webhooks thread's nice value (setpriority on its thread id; 0 keeps the process's).
+    /// Chosen by measurement (docs/events.md "Cost of a webhook").
+    public static let defaultNiceness: Int32 = 10
+    private let niceness: Int32
     /// Tests: makes the transport's request setup fail as out of memory would.
     private let setupFault: (@Sendable () -> String?)?
 
@@ -66,15 +73,16 @@ public final class WebhookSender: Lifecycle, Sendable {
 
     public convenience init(endpoints: [Endpoint], outbox: any WebhookOutbox, metrics: WebhookMetrics, logger: RelayLogger,
                 clock: any RelayClock = SystemRelayClock(), random: any RandomSource = SystemRandom(),
-                idlePollMillis: Int = 500, backlogRefreshMillis: Int64 = 10_000) {
+                idlePollMillis: Int = 500, backlogRefreshMillis: Int64 = 10_000, niceness: Int32 = WebhookSender.defaultNiceness) {
         self.init(endpoints: endpoints, outbox: outbox, metrics: metrics, logger: logger, clock: clock, random: random,
-                  idlePollMillis: idlePollMillis, backlogRefreshMillis: backlogRefreshMillis, setupFault: nil)
+                  idlePollMillis: idlePollMillis, backlogRefreshMillis: backlogRefreshMillis, niceness: niceness, setupFault: nil)
     }
 
     init(endpoints: [Endpoint], outbox: any WebhookOutbox, metrics: WebhookMetrics, logger: RelayLogger, clock: any RelayClock = SystemRelayClock(),
          random: any RandomSource = SystemRandom(), idlePollMillis: Int = 500, backlogRefreshMillis: Int64 = 10_000,
-         setupFault: (@Sendable () -> String?)?) {
+         niceness: Int32 = WebhookSender.defaultNiceness, setupFault: (@Sendable () -> String?)?) {
         self.setupFault = setupFault
+        self.niceness = niceness
         self.endpoints = endpoints
         self.outbox = outbox
         self.metrics = metrics
@@ -93,7 +101,7 @@ public final class WebhookSender: Lifecycle, Sendable {
                                       timeoutMillis: w.timeoutMillis, maxConcurrent: w.maxConcurrent,
                                       retry: WebhookRetryPolicy(retryForMillis: Int64(w.retryForSeconds) * 1000)))
         }
-        self.init(endpoints: endpoints, outbox: outbox, metrics: metrics, logger: logger)
+        self.init(endpoints: endpoints, outbox: outbox, metrics: metrics, logger: logger, niceness: Int32(configuration.events.senderNiceness))
     }
 
     /// Loads libcurl and starts the thread (no thread without endpoints).
@@ -110,7 +118,8 @@ public final class WebhookSender: Lifecycle, Sendable {
     }
 
     /// Claims nothing new; attempts in flight get up to `grace` to finish and be recorded, the
-    /// rest are aborted (their leases expire and they are sent again: at least once).
+    /// rest are aborted (sent again: a retry row after its lease, a new event from the cursor,
+    /// which this stop releases: at least once).
     public func stop(grace: Duration) {
         guard let r = running.withLock({ r -> Running? in defer { r = nil }; return r }) else { return }
         let (seconds, attoseconds) = grace.components
@@ -137,9 +146,12 @@ public final class WebhookSender: Lifecycle, Sendable {
         var consecutiveFailures = 0
         var localFailures = 0
         var nextBacklogAt: Int64 = 0
+        /// The cursor this sender holds for the webhook (nil: not yet, or another node does).
+        var cursor: WebhookCursorGrant?
     }
 
     private func run(_ transport: WebhookTransport) {
+        lowerPriority()
         var states = Array(repeating: WebhookState(), count: endpoints.count)
         var nextKey = 0
         var stopDeadline: Int64?
@@ -174,7 +186,17 @@ public final class WebhookSender: Lifecycle, Sendable {
             }
             if wait > 0 || transport.inFlight > 0 { transport.poll(timeoutMillis: Int(wait)) }
         }
-        for i in endpoints.indices { exchange(i, &states[i], transport, now: clock.nowMillis(), claiming: false, nextKey: &nextKey) }
+        for i in endpoints.indices { exchange(i, &states[i], transport, now: clock.nowMillis(), claiming: false, release: true, nextKey: &nextKey) }
+    }
+
+    /// This thread only: on Linux a nice value belongs to a thread, and `who` 0 is the calling
+    /// one (setpriority(2), NOTES). A failure is logged, not fatal: the sender then competes
+    /// with ingest at the process's priority.
+    private func lowerPriority() {
+        guard niceness != 0 else { return }
+        if setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, niceness) != 0 {
+            logger.warning("webhooks thread priority not lowered", ["niceness": Int(niceness), "error": String(cString: strerror(errno))])
+        }
     }
 
     /// The longest a claim is ever put off: the idle poll or the receiver pause's cap.
@@ -187,26 +209,36 @@ public final class WebhookSender: Lifecycle, Sendable {
         s.consecutiveFailures > 0 ? 1 : endpoints[i].maxConcurrent
     }
 
-    /// The turn's one store call per webhook: records its results and, when a claim is due and
-    /// there is room, claims the next deliveries in the same transaction (on SQLite one writer
-    /// job instead of two), then signs and starts them. If the store refuses, the results are
-    /// dropped: their deliveries stay leased, come back when the lease ends and are sent again
-    /// (at least once).
-    private func exchange(_ i: Int, _ s: inout WebhookState, _ transport: WebhookTransport, now: Int64, claiming: Bool, nextKey: inout Int) {
+    /// The turn's one store call per webhook: records its results, advances the cursor over
+    /// the finished new events and, when a claim is due and there is room, claims the next
+    /// deliveries in the same transaction (on SQLite one writer job), then signs and starts
+    /// them. If the store refuses, the results are kept for the next turn (at most the
+    /// deliveries that were in flight: nothing new is claimed meanwhile).
+    private func exchange(_ i: Int, _ s: inout WebhookState, _ transport: WebhookTransport, now: Int64, claiming: Bool, release: Bool = false,
+                          nextKey: inout Int) {
         let endpoint = endpoints[i]
         let room = claiming && now >= s.nextClaimAt ? max(0, limit(i, s) - s.inFlight.count) : 0
-        guard room > 0 || !s.results.isEmpty else { return }
+        guard room > 0 || !s.results.isEmpty || release else { return }
         // Longer than any attempt can take (connect + transfer are each bounded by the timeout),
         // so a delivery comes back to a later claim only if this sender died holding it.
-        let leaseUntil = now + 2 * Int64(endpoint.timeoutMillis) + 30_000
+        // The cursor's lease is renewed once a quarter is used (WebhookCursorRules.renewedLease):
+        // at least 45 s left, past the receiver pause's cap, between two turns of a live sender.
+        let leaseUntil = now + 2 * Int64(endpoint.timeoutMillis) + 60_000
         let results = s.results
         s.results.removeAll(keepingCapacity: true)
+        let position = s.cursor.map { g in
+            WebhookCursorPosition(epoch: g.epoch, through: WebhookCursorRules.through(
+                claimedThrough: g.claimedThrough, inFlight: s.inFlight.values.lazy.filter { $0.fromCursor && $0.claim == g.epoch }.map(\.sequence)),
+                claimedThrough: g.claimedThrough)
+        }
         let exchanged: WebhookExchange
         do {
-            exchanged = try outbox.recordAndClaimWebhookDeliveries(webhook: endpoint.name, results: results, now: now, leaseUntil: leaseUntil, limit: room)
+            exchanged = try outbox.recordAndClaimWebhookDeliveries(webhook: endpoint.name, results: results, cursor: position, now: now,
+                                                                   leaseUntil: leaseUntil, limit: room, releaseCursor: release)
         } catch {
             if !results.isEmpty {
-                logger.error("webhook results not recorded; they are sent again after their lease", ["webhook": endpoint.name, "count": results.count, "error": "\(error)"])
+                s.results = results + s.results
+                logger.error("webhook results not recorded yet; tried again next turn", ["webhook": endpoint.name, "count": results.count, "error": "\(error)"])
             }
             if room > 0 {
                 logger.error("webhook claim failed", ["webhook": endpoint.name, "error": "\(error)"])
@@ -214,6 +246,7 @@ public final class WebhookSender: Lifecycle, Sendable {
             }
             return
         }
+        s.cursor = exchanged.cursor
         noteStale(i, exchanged.stale)
         // Fewer than asked: nothing more is due now; look again after the idle poll.
         if room > 0, exchanged.claimed.count < room { s.nextClaimAt = now + Int64(idlePollMillis) }

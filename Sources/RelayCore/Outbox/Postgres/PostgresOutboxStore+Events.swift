@@ -1,6 +1,7 @@
 // PostgresOutboxStore: delivery events (docs/events.md). Events are inserted by the
 // transaction that commits their outcome (apply, claim), copied from the response rows by one
-// INSERT ... SELECT that also writes each matching webhook's delivery. Nodes insert under a
+// INSERT ... SELECT; nothing per webhook (each reads the events after its cursor,
+// WebhookCursor.swift). Nodes insert under a
 // transaction-level advisory lock, so seq order is commit order on every node (the feed's
 // cursor and the sender's order never skip a late commit).
 import FoundationEssentials
@@ -22,20 +23,13 @@ extension PostgresOutboxStore {
 
     static let eventColumns = EventRecord.columnNames.map { "e.\($0)" }.joined(separator: ", ")
 
-    /// The webhooks as three parallel arrays for the fan-out's unnest: name, types and apps
-    /// (comma-joined; nil = every app). Bundle IDs hold no commas (StoreRules.checkNewCredential).
-    private func webhookParams() -> [PGValue] {
+    /// Under the events lock, once per process and settings: the configured webhooks' cursors.
+    private func ensureCursorsOnce(_ c: PostgresConnection) throws {
         let hooks = eventSettings.webhooks
-        return [.textArray(hooks.map(\.name)), .textArray(hooks.map { $0.types.map(\.rawValue).sorted().joined(separator: ",") }),
-                .textArray(hooks.map { $0.apps.map { $0.sorted().joined(separator: ",") } })]
+        guard cursorsReadyFor.withLock({ $0 != hooks }) else { return }
+        try Self.ensureCursors(hooks, c)
+        cursorsReadyFor.withLock { $0 = hooks }
     }
-
-    private static let fanOutSQL = """
-        INSERT INTO webhook_deliveries (webhook, seq, state, next_attempt_at, updated_at)
-        SELECT w.name, ev.seq, 'pending', $1, $1 FROM ev
-        JOIN unnest($2::text[], $3::text[], $4::text[]) AS w(name, types, apps)
-          ON ev.type = ANY(string_to_array(w.types, ',')) AND (w.apps IS NULL OR ev.app = ANY(string_to_array(w.apps, ',')))
-        """
 
     /// In the outcome's transaction: one event per response id (now terminal), in order.
     /// Returns each written event's credential.
@@ -44,6 +38,7 @@ extension PostgresOutboxStore {
         guard !responseIDs.isEmpty else { return [] }
         let eventIDs = ids.withLock { g in responseIDs.map { _ in g.mint(nowMillis: now).id } }
         try c.query("SELECT pg_advisory_xact_lock($1)", [.int(Self.eventLockKey)])
+        try ensureCursorsOnce(c)
         let rows = try c.query("""
             WITH ev AS (
                 INSERT INTO events (id, type, created_at, credential_id, app, push_token, response_id, session_id, key_id, message_index,
@@ -51,13 +46,13 @@ extension PostgresOutboxStore {
                 SELECT x.eid, CASE r.state WHEN 'delivered' THEN 'response.delivered' ELSE 'response.failed' END, $1, r.credential_id, r.app,
                        r.push_token, r.id, r.session_id, r.key_id, r.message_index, r.state, r.last_status, r.last_reason, r.attempts,
                        r.created_at, r.updated_at
-                FROM unnest($5::text[], $6::text[]) WITH ORDINALITY AS x(rid, eid, n) JOIN responses r ON r.id = x.rid
+                FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS x(rid, eid, n) JOIN responses r ON r.id = x.rid
                 WHERE r.state IN ('delivered','failed')
                 ORDER BY x.n
-                RETURNING seq, type, app, credential_id
-            ), fan AS (\(Self.fanOutSQL))
+                RETURNING credential_id
+            )
             SELECT credential_id FROM ev
-            """, [.int(now)] + webhookParams() + [.textArray(responseIDs), .textArray(eventIDs)])
+            """, [.int(now), .textArray(responseIDs), .textArray(eventIDs)])
         return rows.map { $0.first?.string }
     }
 
@@ -67,15 +62,12 @@ extension PostgresOutboxStore {
         guard !owners.isEmpty else { return }
         let eventIDs = ids.withLock { g in owners.map { _ in g.mint(nowMillis: now).id } }
         try c.query("SELECT pg_advisory_xact_lock($1)", [.int(Self.eventLockKey)])
+        try ensureCursorsOnce(c)
         try c.query("""
-            WITH ev AS (
-                INSERT INTO events (id, type, created_at, credential_id, app, push_token, unregistered_at)
-                SELECT x.eid, 'token.unregistered', $1, x.cred, x.app, $8, $9
-                FROM unnest($5::text[], $6::text[], $7::text[]) WITH ORDINALITY AS x(eid, cred, app, n) ORDER BY x.n
-                RETURNING seq, type, app
-            ), fan AS (\(Self.fanOutSQL))
-            SELECT count(*) FROM ev
-            """, [.int(now)] + webhookParams() + [.textArray(eventIDs), .textArray(owners.map(\.credentialID)), .textArray(owners.map(\.app)),
+            INSERT INTO events (id, type, created_at, credential_id, app, push_token, unregistered_at)
+            SELECT x.eid, 'token.unregistered', $1, x.cred, x.app, $5, $6
+            FROM unnest($2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS x(eid, cred, app, n) ORDER BY x.n
+            """, [.int(now), .textArray(eventIDs), .textArray(owners.map(\.credentialID)), .textArray(owners.map(\.app)),
                   .text(token), .int(unregisteredAt)])
     }
 
@@ -135,37 +127,71 @@ extension PostgresOutboxStore {
     }
 
     static let deliveryColumns = "d.webhook, d.state, d.attempts, d.first_attempt_at, d.next_attempt_at, d.last_error, d.updated_at"
+    static let cursorColumns = "webhook, seq, claimed_through, start_seq, epoch, lease_until, types, apps"
 
+    static func cursors(_ c: PostgresConnection, webhook: String? = nil) throws -> [WebhookCursorRow] {
+        try c.query("SELECT \(cursorColumns) FROM webhook_cursors WHERE $1::text IS NULL OR webhook = $1 ORDER BY webhook",
+                    [webhook.map { .text($0) } ?? .null]).map(WebhookCursorRow.init(columns:))
+    }
+
+    /// Retry rows as they are, and the events without a row as the cursor places them (as
+    /// SQLiteOutboxStore.webhookDeliveries).
     public func webhookDeliveries(_ filter: WebhookDeliveryFilter) throws -> [WebhookDeliveryRecord] {
-        var clauses: [String] = []
-        var binds: [PGValue] = []
-        func bind(_ v: PGValue) -> String {
-            binds.append(v)
-            return "$\(binds.count)"
-        }
-        if let w = filter.webhook { clauses.append("d.webhook = " + bind(.text(w))) }
-        if let s = filter.state { clauses.append("d.state = " + bind(.text(s.rawValue))) }
-        if let t = filter.type { clauses.append("e.type = " + bind(.text(t.rawValue))) }
-        if let id = filter.eventID { clauses.append("e.id = " + bind(.text(id))) }
-        let whereSQL = clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND ")
-        let limit = bind(.int(Int64(max(0, filter.limit))))
-        return try read { [binds] c in
-            try c.query("SELECT \(Self.deliveryColumns), \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq \(whereSQL) ORDER BY d.seq, d.webhook LIMIT \(limit)", binds)
-                .map { try WebhookDeliveryRecord(columns: $0) }
+        let limit = Int64(max(0, filter.limit))
+        return try read { c in
+            var out: [WebhookDeliveryRecord] = []
+            for cur in try Self.cursors(c, webhook: filter.webhook) {
+                var binds: [PGValue] = [.text(cur.webhook)]
+                func bind(_ v: PGValue) -> String {
+                    binds.append(v)
+                    return "$\(binds.count)"
+                }
+                var eventSQL = ""
+                if let t = filter.type { eventSQL += " AND e.type = " + bind(.text(t.rawValue)) }
+                if let id = filter.eventID { eventSQL += " AND e.id = " + bind(.text(id)) }
+                var parts: [String] = []
+                let stateSQL = filter.state.map { " AND d.state = '\($0.rawValue)'" } ?? ""
+                parts.append("SELECT \(Self.deliveryColumns), \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq WHERE d.webhook = $1\(stateSQL)\(eventSQL)")
+                let range: String? = switch filter.state {
+                case nil: "e.seq > \(cur.startSeq)"
+                case .pending: "e.seq > \(max(cur.seq, cur.startSeq))"
+                case .delivered: "e.seq > \(cur.startSeq) AND e.seq <= \(cur.seq)"
+                case .dead: nil
+                }
+                if let range {
+                    parts.append("""
+                        SELECT $1::text, CASE WHEN e.seq <= \(cur.seq) THEN 'delivered' ELSE 'pending' END, CASE WHEN e.seq <= \(cur.seq) THEN 1 ELSE 0 END::bigint,
+                               NULL::bigint, e.created_at, NULL::text, e.created_at, \(Self.eventColumns)
+                        FROM events e WHERE \(range) AND \(WebhookCursorRules.sqlFilter(cur.subscription))\(eventSQL)
+                          AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.seq = e.seq AND d.webhook = $1)
+                        """)
+                }
+                let l = bind(.int(limit))
+                out += try c.query("SELECT * FROM (" + parts.joined(separator: " UNION ALL ") + ") x ORDER BY 8 LIMIT \(l)", binds)
+                    .map { try WebhookDeliveryRecord(columns: $0) }
+            }
+            return Array(out.sorted { ($0.event.sequence, $0.webhook) < ($1.event.sequence, $1.webhook) }.prefix(Int(limit)))
         }
     }
 
-    /// The sender's backlog gauge (every 10 s): counted over the pending rows' partial index,
-    /// at most `webhookBacklogCountCap` entries (StoreRules).
+    /// The sender's backlog gauge (every 10 s): pending retry rows and events after the cursor
+    /// that the webhook receives, at most `webhookBacklogCountCap` of each (StoreRules).
     public func pendingWebhookDeliveries(webhook: String) throws -> Int? {
         try pendingWebhookDeliveries(webhook: webhook, cap: StoreRules.webhookBacklogCountCap)
     }
 
     func pendingWebhookDeliveries(webhook: String, cap: Int) throws -> Int {
         try read { c in
-            Int(try c.query("SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' LIMIT $2) x",
-                            [.text(webhook), .int(Int64(max(0, cap)))]).first?.first?.int ?? 0)
+            let after = try Self.cursors(c, webhook: webhook).first.map { cur in try Self.countAfterCursor(cur, cap: cap, c) } ?? 0
+            let rows = try c.query("SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' LIMIT $2) x",
+                                   [.text(webhook), .int(Int64(max(0, cap)))]).first?.first?.int ?? 0
+            return Int(rows) + after
         }
+    }
+
+    static func countAfterCursor(_ cur: WebhookCursorRow, cap: Int, _ c: PostgresConnection) throws -> Int {
+        Int(try c.query("SELECT count(*) FROM (SELECT 1 FROM events e WHERE e.seq > $1 AND \(WebhookCursorRules.sqlFilter(cur.subscription)) LIMIT $2) x",
+                        [.int(cur.seq), .int(Int64(max(0, cap)))]).first?.first?.int ?? 0)
     }
 
     public func webhookDeliveryCounts() throws -> [String: [WebhookDeliveryState: Int]] {
@@ -173,6 +199,10 @@ extension PostgresOutboxStore {
             var out: [String: [WebhookDeliveryState: Int]] = [:]
             for r in try c.query("SELECT webhook, state, count(*) FROM webhook_deliveries WHERE state IN ('pending','dead') GROUP BY webhook, state") {
                 if let w = r[0].string, let s = r[1].string.flatMap(WebhookDeliveryState.init(rawValue:)) { out[w, default: [:]][s] = Int(r[2].int ?? 0) }
+            }
+            for cur in try Self.cursors(c) {
+                let n = try Self.countAfterCursor(cur, cap: Int(Int64.max), c)
+                if n > 0 { out[cur.webhook, default: [:]][.pending, default: 0] += n }
             }
             return out
         }
@@ -182,11 +212,20 @@ extension PostgresOutboxStore {
 
     public func replayWebhookDelivery(eventID: String, webhook: String?) throws -> Int {
         let now = clock.nowMillis()
-        return try write { c in
-            try c.run("""
+        return try writeTransaction { c in
+            guard let e = try c.query("SELECT seq, type, app FROM events WHERE id = $1", [.text(eventID.lowercased())]).first, let seq = e[0].int,
+                  let type = e[1].string.flatMap(EventType.init(rawValue:)) else { return 0 }
+            var n = try c.run("""
                 UPDATE webhook_deliveries d SET state = 'pending', next_attempt_at = $1, lease_until = 0, claim = d.claim + 1, first_attempt_at = NULL, updated_at = $1
-                FROM events e WHERE e.id = $2 AND d.seq = e.seq AND ($3::text IS NULL OR d.webhook = $3)
-                """, [.int(now), .text(eventID.lowercased()), webhook.map { .text($0) } ?? .null]).affected
+                WHERE d.seq = $2 AND ($3::text IS NULL OR d.webhook = $3)
+                """, [.int(now), .int(seq), webhook.map { .text($0) } ?? .null]).affected
+            for cur in try Self.cursors(c, webhook: webhook) where cur.startSeq < seq && seq <= cur.seq && cur.subscription.receives(type: type, app: e[2].string ?? "") {
+                n += try c.run("""
+                    INSERT INTO webhook_deliveries (webhook, seq, state, attempts, next_attempt_at, updated_at) VALUES ($1, $2, 'pending', 1, $3, $3)
+                    ON CONFLICT (seq, webhook) DO NOTHING
+                    """, [.text(cur.webhook), .int(seq), .int(now)]).affected
+            }
+            return n
         }
     }
 
@@ -204,18 +243,31 @@ extension PostgresOutboxStore {
         guard !types.isEmpty, limit > 0 else { return PurgedEvents() }
         let olderThan = clock.toDatabase(olderThan)
         return try writeTransaction { c in
-            let seqs = try c.query("SELECT seq FROM events WHERE created_at < $1 AND type = ANY($2::text[]) ORDER BY seq LIMIT $3",
-                                   [.int(olderThan), .textArray(types.map(\.rawValue)), .int(Int64(limit))]).compactMap { $0[0].int }
+            let doomed = try c.query("SELECT seq, type, app FROM events WHERE created_at < $1 AND type = ANY($2::text[]) ORDER BY seq LIMIT $3",
+                                     [.int(olderThan), .textArray(types.map(\.rawValue)), .int(Int64(limit))])
+            let seqs = doomed.compactMap { $0[0].int }
             guard !seqs.isEmpty else { return PurgedEvents() }
             var pending: [String: Int] = [:]
-            for r in try c.query("DELETE FROM webhook_deliveries WHERE seq = ANY($1::bigint[]) RETURNING webhook, state", [.intArray(seqs)])
-            where r[1].string == WebhookDeliveryState.pending.rawValue {
-                if let w = r[0].string { pending[w, default: 0] += 1 }
+            var withRow: Set<String> = []
+            for r in try c.query("DELETE FROM webhook_deliveries WHERE seq = ANY($1::bigint[]) RETURNING webhook, state, seq", [.intArray(seqs)]) {
+                guard let w = r[0].string else { continue }
+                withRow.insert("\(r[2].int ?? 0) \(w)")
+                if r[1].string == WebhookDeliveryState.pending.rawValue { pending[w, default: 0] += 1 }
+            }
+            let cursors = try Self.cursors(c)
+            for r in doomed {
+                guard let seq = r[0].int else { continue }
+                let type = r[1].string.flatMap(EventType.init(rawValue:)) ?? .responseDelivered
+                for cur in cursors where seq > cur.seq && !withRow.contains("\(seq) \(cur.webhook)") && cur.subscription.receives(type: type, app: r[2].string ?? "") {
+                    pending[cur.webhook, default: 0] += 1
+                }
             }
             return PurgedEvents(events: try c.run("DELETE FROM events WHERE seq = ANY($1::bigint[])", [.intArray(seqs)]).affected, pendingDeliveries: pending)
         }
     }
 
+    /// Over the bound, the cursor skips the oldest events after it, then the retry rows due
+    /// first are dropped (as SQLiteOutboxStore.trimWebhookBacklogs).
     public func trimWebhookBacklogs(max: Int) throws -> [String: Int] {
         // Counted on the query connection first (bounded); the write counts only a backlog that is over.
         let names = try eventSettings.webhooks.map(\.name).filter { try pendingWebhookDeliveries(webhook: $0, cap: max + 1) > max }
@@ -223,12 +275,26 @@ extension PostgresOutboxStore {
         return try writeTransaction { c in
             var dropped: [String: Int] = [:]
             for name in names {
-                let n = Int(try c.query("SELECT count(*) FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending'", [.text(name)]).first?.first?.int ?? 0)
-                guard n > max else { continue }
-                dropped[name] = try c.run("""
-                    DELETE FROM webhook_deliveries WHERE webhook = $1 AND seq IN
-                        (SELECT seq FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' ORDER BY next_attempt_at, seq LIMIT $2)
-                    """, [.text(name), .int(Int64(n - max))]).affected
+                guard let cur = try c.query("SELECT \(Self.cursorColumns) FROM webhook_cursors WHERE webhook = $1 FOR UPDATE", [.text(name)])
+                    .first.map(WebhookCursorRow.init(columns:)) else { continue }
+                let rows = Int(try c.query("SELECT count(*) FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending'", [.text(name)]).first?.first?.int ?? 0)
+                let after = try Self.countAfterCursor(cur, cap: Int(Int64.max), c)
+                var over = rows + after - max
+                guard over > 0 else { continue }
+                if after > 0 {
+                    let skip = Swift.min(over, after)
+                    let to = try c.query("SELECT max(seq) FROM (SELECT e.seq FROM events e WHERE e.seq > $1 AND \(WebhookCursorRules.sqlFilter(cur.subscription)) ORDER BY e.seq LIMIT $2) x",
+                                         [.int(cur.seq), .int(Int64(skip))]).first?.first?.int ?? cur.seq
+                    try c.run("UPDATE webhook_cursors SET seq = $1, claimed_through = greatest(claimed_through, $1) WHERE webhook = $2", [.int(to), .text(name)])
+                    dropped[name] = skip
+                    over -= skip
+                }
+                if over > 0 {
+                    dropped[name, default: 0] += try c.run("""
+                        DELETE FROM webhook_deliveries WHERE webhook = $1 AND seq IN
+                            (SELECT seq FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' ORDER BY next_attempt_at, seq LIMIT $2)
+                        """, [.text(name), .int(Int64(over))]).affected
+                }
             }
             return dropped
         }
@@ -236,25 +302,101 @@ extension PostgresOutboxStore {
 
     // MARK: WebhookOutbox
 
-    /// The sender's times are the node's clock: compared and stored in the database's (One clock).
-    public func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int) throws -> [WebhookDelivery] {
-        guard limit > 0 else { return [] }
-        return try write { [clock] c in try Self.claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, clock, c) }
-    }
-
-    @discardableResult
-    public func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord]) throws -> Int {
-        guard !results.isEmpty else { return 0 }
-        return try writeTransaction { [clock] c in try Self.recordWebhookResults(webhook: webhook, results, clock, c) }
-    }
-
-    public func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], now: Int64, leaseUntil: Int64,
-                                                limit: Int) throws -> WebhookExchange {
-        guard !results.isEmpty || limit > 0 else { return WebhookExchange(stale: 0, claimed: []) }
+    /// One transaction: the cursor row locked first (FOR UPDATE), so two nodes' exchanges for
+    /// one webhook take turns: only the holder of the cursor's epoch (or the first after its
+    /// lease ended) is handed new events; retry rows are shared out by SKIP LOCKED. The
+    /// sender's times are the node's clock: compared and stored in the database's (One clock).
+    public func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], cursor: WebhookCursorPosition?, now: Int64,
+                                                leaseUntil: Int64, limit: Int, releaseCursor: Bool) throws -> WebhookExchange {
+        let subscription = eventSettings.webhooks.first { $0.name == webhook } ?? WebhookSubscription(name: webhook)
         return try writeTransaction { [clock] c in
-            let stale = try Self.recordWebhookResults(webhook: webhook, results, clock, c)
-            return WebhookExchange(stale: stale, claimed: try Self.claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, clock, c))
+            let now = clock.toDatabase(now), leaseUntil = clock.toDatabase(leaseUntil)
+            var row = try Self.lockedCursor(subscription, c)
+            let fromRows = results.filter { !$0.fromCursor }
+            var stale = try Self.recordRowResults(webhook: webhook, fromRows, clock, c)
+            let current = results.filter { $0.fromCursor && $0.claim == row.epoch }
+            stale += results.count - fromRows.count - current.count
+            try Self.insertRetryRows(webhook: webhook, current.filter { if case .delivered = $0.result { false } else { true } }, clock, c)
+            let before = row
+            var handOutKept = false
+            if let cursor, cursor.epoch == row.epoch {
+                if let handedOut = cursor.claimedThrough {
+                    row.claimedThrough = max(row.seq, handedOut)
+                    handOutKept = true
+                }
+                row.seq = WebhookCursorRules.advanced(seq: row.seq, claimedThrough: row.claimedThrough, through: cursor.through)
+            }
+            var claimed = try Self.claimRows(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, clock, c)
+            var grant: WebhookCursorGrant?
+            switch WebhookCursorRules.grant(storedEpoch: row.epoch, leaseUntil: row.leaseUntil, caller: cursor?.epoch, now: now, takeUnleased: false) {
+            case .none: break
+            case .take(let epoch):
+                row.epoch = epoch
+                row.claimedThrough = row.seq
+                row.leaseUntil = 0
+                handOutKept = false
+                fallthrough
+            case .hold:
+                if releaseCursor {
+                    row.leaseUntil = 0
+                } else {
+                    row.leaseUntil = WebhookCursorRules.renewedLease(current: row.leaseUntil, now: now, wanted: leaseUntil)
+                    if claimed.count < limit {
+                        let (events, through) = try Self.newEvents(after: row.claimedThrough, room: limit - claimed.count, subscription, c)
+                        row.claimedThrough = through
+                        claimed += events.map { e in
+                            var e = e
+                            e.createdAt = clock.toLocal(e.createdAt)
+                            return WebhookDelivery(source: .record(e), attempts: 0, firstAttemptAt: nil, claim: row.epoch, fromCursor: true)
+                        }
+                    }
+                    grant = WebhookCursorGrant(epoch: row.epoch, claimedThrough: row.claimedThrough)
+                }
+            }
+            if row.changed(from: before, handOutKeptByCaller: handOutKept) {
+                try c.run("UPDATE webhook_cursors SET seq = $1, claimed_through = $2, epoch = $3, lease_until = $4 WHERE webhook = $5",
+                          [.int(row.seq), .int(row.claimedThrough), .int(row.epoch), .int(row.leaseUntil), .text(webhook)])
+            }
+            return WebhookExchange(stale: stale, claimed: claimed, cursor: grant)
         }
+    }
+
+    /// The webhook's cursor row, locked; made (under the events lock, so it starts exactly
+    /// after the newest committed event) when missing.
+    private static func lockedCursor(_ w: WebhookSubscription, _ c: PostgresConnection) throws -> WebhookCursorRow {
+        let select = "SELECT \(cursorColumns) FROM webhook_cursors WHERE webhook = $1 FOR UPDATE"
+        if let r = try c.query(select, [.text(w.name)]).first { return try WebhookCursorRow(columns: r) }
+        try c.query("SELECT pg_advisory_xact_lock($1)", [.int(eventLockKey)])
+        try ensureCursors([w], c)
+        guard let r = try c.query(select, [.text(w.name)]).first else { throw StoreError.invalid("webhook_cursors has no row for \(w.name)") }
+        return try WebhookCursorRow(columns: r)
+    }
+
+    /// Under the events lock (the caller's): each webhook has a cursor, a new one after the
+    /// newest event, and names its subscription.
+    static func ensureCursors(_ hooks: [WebhookSubscription], _ c: PostgresConnection) throws {
+        guard !hooks.isEmpty else { return }
+        let encoded = hooks.map(WebhookCursorRules.encode)
+        try c.run("""
+            INSERT INTO webhook_cursors (webhook, seq, claimed_through, start_seq, types, apps)
+            SELECT w.name, m.m, m.m, m.m, w.types, w.apps
+            FROM unnest($1::text[], $2::text[], $3::text[]) AS w(name, types, apps), (SELECT coalesce(max(seq), 0) AS m FROM events) m
+            ON CONFLICT (webhook) DO UPDATE SET types = excluded.types, apps = excluded.apps
+            WHERE webhook_cursors.types IS DISTINCT FROM excluded.types OR webhook_cursors.apps IS DISTINCT FROM excluded.apps
+            """, [.textArray(hooks.map(\.name)), .textArray(encoded.map(\.types)), .textArray(encoded.map(\.apps))])
+    }
+
+    /// The events after `after` that the subscription receives, at most `room`, examining at
+    /// most WebhookCursorRules.scanRows (seq order is commit order: nothing later can appear
+    /// below what is visible).
+    private static func newEvents(after: Int64, room: Int, _ subscription: WebhookSubscription,
+                                  _ c: PostgresConnection) throws -> (events: [EventRecord], through: Int64) {
+        guard let end = try c.query("SELECT max(seq) FROM (SELECT seq FROM events WHERE seq > $1 ORDER BY seq LIMIT $2) x",
+                                    [.int(after), .int(Int64(WebhookCursorRules.scanRows))]).first?.first?.int else { return ([], after) }
+        let events = try c.query("""
+            SELECT \(eventColumns) FROM events e WHERE e.seq > $1 AND e.seq <= $2 AND \(WebhookCursorRules.sqlFilter(subscription)) ORDER BY e.seq LIMIT $3
+            """, [.int(after), .int(end), .int(Int64(room))]).map { try EventRecord(columns: $0) }
+        return (events, events.count == room ? events[events.count - 1].sequence : end)
     }
 
     /// Due first, then commit order, over the index `webhook_deliveries_due` (EventClaimPlanTests
@@ -271,27 +413,32 @@ extension PostgresOutboxStore {
             """
 
     /// SKIP LOCKED: two nodes' senders claiming the same webhook take different rows. The
-    /// event's columns, not its body: the sender renders it on its own thread.
-    private static func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int, _ clock: DatabaseClock,
-                                               _ c: PostgresConnection) throws -> [WebhookDelivery] {
+    /// event's columns, not its body: the sender renders it on its own thread. `now` and
+    /// `leaseUntil` in the database's clock.
+    private static func claimRows(webhook: String, now: Int64, leaseUntil: Int64, limit: Int, _ clock: DatabaseClock,
+                                  _ c: PostgresConnection) throws -> [WebhookDelivery] {
         guard limit > 0 else { return [] }
-        let rows = try c.query(claimSQL, [.text(webhook), .int(clock.toDatabase(now)), .int(Int64(limit)), .int(clock.toDatabase(leaseUntil))])
+        let rows = try c.query(claimSQL, [.text(webhook), .int(now), .int(Int64(limit)), .int(leaseUntil)])
         return try rows.map { r in
             WebhookDelivery(source: .record(try EventRecord(columns: r, offset: 3)), attempts: Int(r[0].int ?? 0), firstAttemptAt: r[1].int.map(clock.toLocal),
                             claim: r[2].int ?? 0)
         }
     }
 
-    /// Returns how many results were dropped (claimed again since, or no longer pending).
-    private static func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord], _ clock: DatabaseClock,
-                                             _ c: PostgresConnection) throws -> Int {
-        guard !results.isEmpty else { return 0 }
-        let changes = results.map { r in
+    private static func changes(_ results: [WebhookAttemptRecord], _ clock: DatabaseClock) -> [(id: String, claim: Int64, change: WebhookResultChange)] {
+        results.map { r in
             var change = WebhookResultChange(r.result)
             change.attemptedAt = clock.toDatabase(change.attemptedAt)
             change.nextAttemptAt = change.nextAttemptAt.map(clock.toDatabase)
             return (id: r.eventID.lowercased(), claim: r.claim, change: change)
         }
+    }
+
+    /// Retry rows' results; returns how many were dropped (claimed again since, or no longer pending).
+    private static func recordRowResults(webhook: String, _ results: [WebhookAttemptRecord], _ clock: DatabaseClock,
+                                         _ c: PostgresConnection) throws -> Int {
+        guard !results.isEmpty else { return 0 }
+        let changes = changes(results, clock)
         let applied = try c.run("""
             UPDATE webhook_deliveries d SET state = x.state, attempts = d.attempts + x.attempted,
                 first_attempt_at = CASE WHEN x.attempted = 1 THEN coalesce(d.first_attempt_at, x.at) ELSE d.first_attempt_at END,
@@ -303,5 +450,20 @@ extension PostgresOutboxStore {
                   .intArray(changes.map(\.change.attemptedAt)), .intArray(changes.map(\.change.nextAttemptAt)),
                   .textArray(changes.map(\.change.error)), .intArray(changes.map(\.claim)), .intArray(changes.map { $0.change.attempted ? 1 : 0 })]).affected
         return results.count - applied
+    }
+
+    /// New events' failed attempts (or local failures): their retry rows.
+    private static func insertRetryRows(webhook: String, _ results: [WebhookAttemptRecord], _ clock: DatabaseClock, _ c: PostgresConnection) throws {
+        guard !results.isEmpty else { return }
+        let changes = changes(results, clock)
+        _ = try c.run("""
+            INSERT INTO webhook_deliveries (webhook, seq, state, attempts, first_attempt_at, next_attempt_at, last_error, updated_at)
+            SELECT $1, e.seq, x.state, x.attempted, CASE WHEN x.attempted = 1 THEN x.at END, coalesce(x.next, x.at), x.error, x.at
+            FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::bigint[]) AS x(id, state, at, next, error, attempted)
+            JOIN events e ON e.id = x.id
+            ON CONFLICT (seq, webhook) DO NOTHING
+            """, [.text(webhook), .textArray(changes.map(\.id)), .textArray(changes.map(\.change.state.rawValue)),
+                  .intArray(changes.map(\.change.attemptedAt)), .intArray(changes.map(\.change.nextAttemptAt)),
+                  .textArray(changes.map(\.change.error)), .intArray(changes.map { $0.change.attempted ? 1 : 0 })])
     }
 }

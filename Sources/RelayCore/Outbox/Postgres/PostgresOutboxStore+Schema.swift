@@ -202,6 +202,25 @@ extension PostgresOutboxStore {
             key bytea NOT NULL
         );
         """,
+        // v10 (SQLite's v13): a cursor per webhook instead of a delivery row per event: rows
+        // stay as they are (the pending ones are retry rows now), each webhook with rows gets a
+        // cursor at the newest event, taken under the events lock so no event commits between.
+        """
+        SELECT pg_advisory_xact_lock(5928228328057427540);
+        CREATE TABLE IF NOT EXISTS webhook_cursors (
+            webhook text PRIMARY KEY,
+            seq bigint NOT NULL,
+            claimed_through bigint NOT NULL,
+            start_seq bigint NOT NULL,
+            epoch bigint NOT NULL DEFAULT 0,
+            lease_until bigint NOT NULL DEFAULT 0,
+            types text,
+            apps text
+        );
+        INSERT INTO webhook_cursors (webhook, seq, claimed_through, start_seq)
+            SELECT w.webhook, m.m, m.m, m.m FROM (SELECT DISTINCT webhook FROM webhook_deliveries) w, (SELECT coalesce(max(seq), 0) AS m FROM events) m
+            ON CONFLICT (webhook) DO NOTHING;
+        """,
     ]
 
     static func schemaVersion(_ c: PostgresConnection) throws -> Int {

@@ -20,7 +20,7 @@ import Synchronization
 public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     // @unchecked Sendable: every connection is confined to the worker thread holding it; shared
     // state (counters, `touchedAt`, `ids`) lives in Mutexes.
-    public static let schemaVersion = 9
+    public static let schemaVersion = 10
     /// pg_advisory_lock key serialising migrations between nodes starting at once.
     static let migrationLockKey: Int64 = 0x5245_4C41_594D_4947  // "RELAYMIG"
     /// Transaction advisory lock over the credentials: every ingest write holds it shared, and
@@ -78,6 +78,8 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     /// Told after each COMMIT (OutboxCommit.swift). No room is taken: rows are always
     /// inserted `queued` here, and a claim takes the lease.
     let observers = CommitObservers()
+    /// The webhooks whose cursors this process made sure of (PostgresOutboxStore+Events).
+    let cursorsReadyFor = Mutex<[WebhookSubscription]>([])
     /// Events this node committed, by type (relay_events_created_total).
     public let eventsCreated = EventTally()
     /// When this node last wrote each credential's last_used_at.

@@ -18,6 +18,7 @@ extension SQLiteOutboxStore {
     /// The event of the outcome just written to the row at `rowid` (terminal), with its
     /// webhooks' deliveries; nothing when there is no such row.
     static func recordResponseEvent(rowid: Int64, delivered: Bool, now: Int64, db: SQLiteDatabase, state: WriterState) throws {
+        if state.cursorsReadyFor != state.events.webhooks { try ensureCursors(db: db, state: state) }
         let (id, seq) = state.eventIDs.mint(nowMillis: now)
         let type: EventType = delivered ? .responseDelivered : .responseFailed
         let st = try db.held(&state.insertResponseEvent, """
@@ -34,16 +35,13 @@ extension SQLiteOutboxStore {
         try st.stepOnce()
         guard db.changes > 0 else { return }
         state.batch.eventWritten(seq: seq, type)
-        guard !state.events.webhooks.isEmpty else { return }
-        // (Not RETURNING app: SQLite builds an ephemeral table for it each time.)
-        let app = try db.scalar("SELECT app FROM events WHERE seq = ?", [.integer(seq)]).string ?? ""
-        try fanOut(seq: seq, type: type, app: app, now: now, db: db, state: state)
     }
 
     /// token.unregistered for the token's recorded 410, once per owner
     /// (StoreRules.tokenUnregisteredEvents).
     static func recordTokenEvents(token: String, owners: [(credentialID: String, app: String)], unregisteredAt: Int64, now: Int64,
                                   db: SQLiteDatabase, state: WriterState) throws {
+        if state.cursorsReadyFor != state.events.webhooks { try ensureCursors(db: db, state: state) }
         for (credential, app) in owners {
             let (id, seq) = state.eventIDs.mint(nowMillis: now)
             try db.run("""
@@ -51,21 +49,26 @@ extension SQLiteOutboxStore {
                 """, [.integer(seq), .text(id), .text(EventType.tokenUnregistered.rawValue), .integer(now), .text(credential), .text(app),
                       .text(token), .integer(unregisteredAt)])
             state.batch.eventWritten(seq: seq, .tokenUnregistered)
-            try fanOut(seq: seq, type: .tokenUnregistered, app: app, now: now, db: db, state: state)
         }
     }
 
-    private static func fanOut(seq: Int64, type: EventType, app: String, now: Int64, db: SQLiteDatabase, state: WriterState) throws {
-        guard !state.events.webhooks.isEmpty else { return }
-        for name in state.events.receivers(type: type, app: app) {
-            let st = try db.held(&state.insertDelivery,
-                "INSERT INTO webhook_deliveries (webhook, seq, state, next_attempt_at, updated_at) VALUES (?, ?, 'pending', ?, ?)")
-            try st.bind(1, name)
-            try st.bind(2, seq)
-            try st.bind(3, now)
-            try st.bind(4, now)
-            try st.stepOnce()
-        }
+    /// Before this process's first event, and again after `eventSettings` changed: every
+    /// configured webhook has a cursor (a new one starts after the newest event: it receives
+    /// the events committed from now on) and the row names its subscription (relayctl reads
+    /// it). Rolled back with its transaction: the exchange makes a missing cursor too.
+    static func ensureCursors(db: SQLiteDatabase, state: WriterState) throws {
+        for w in state.events.webhooks { try ensureCursor(w, db: db) }
+        state.cursorsReadyFor = state.events.webhooks
+    }
+
+    static func ensureCursor(_ w: WebhookSubscription, db: SQLiteDatabase) throws {
+        let (types, apps) = WebhookCursorRules.encode(w)
+        try db.run("""
+            INSERT INTO webhook_cursors (webhook, seq, claimed_through, start_seq, types, apps)
+            SELECT ?1, m, m, m, ?2, ?3 FROM (SELECT coalesce(max(seq), 0) AS m FROM events) WHERE 1
+            ON CONFLICT (webhook) DO UPDATE SET types = excluded.types, apps = excluded.apps
+            WHERE types IS NOT excluded.types OR apps IS NOT excluded.apps
+            """, [.text(w.name), .text(types), apps.map { .text($0) } ?? .null])
     }
 
     // MARK: the feed and relayctl (reader)
@@ -148,33 +151,72 @@ extension SQLiteOutboxStore {
     }
 
     static let deliveryColumns = "d.webhook, d.state, d.attempts, d.first_attempt_at, d.next_attempt_at, d.last_error, d.updated_at"
+    static let cursorColumns = "webhook, seq, claimed_through, start_seq, epoch, lease_until, types, apps"
 
+    /// Every webhook's cursor (those this database ever had), by name.
+    static func cursors(_ db: SQLiteDatabase, webhook: String? = nil) throws -> [WebhookCursorRow] {
+        try db.query("SELECT \(cursorColumns) FROM webhook_cursors WHERE ?1 IS NULL OR webhook = ?1 ORDER BY webhook",
+                     [webhook.map { .text($0) } ?? .null]).map(WebhookCursorRow.init(columns:))
+    }
+
+    /// Retry rows as they are, and the events without a row as the cursor places them:
+    /// after it pending (never attempted), through it delivered (at its first attempt: a failed
+    /// one has a row), before the cursor's start none (the webhook did not exist yet).
     public func webhookDeliveries(_ filter: WebhookDeliveryFilter) throws -> [WebhookDeliveryRecord] {
-        var clauses: [String] = []
-        var binds: [SQLValue] = []
-        if let w = filter.webhook { clauses.append("d.webhook = ?"); binds.append(.text(w)) }
-        if let s = filter.state { clauses.append("d.state = '\(s.rawValue)'") }
-        if let t = filter.type { clauses.append("e.type = ?"); binds.append(.text(t.rawValue)) }
-        if let id = filter.eventID { clauses.append("d.seq = ? AND e.id = ?"); binds += [.integer(UUIDText.high64(id) ?? 0), .text(id)] }
-        let whereSQL = clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND ")
-        binds.append(.integer(Int64(max(0, filter.limit))))
+        let limit = Int64(max(0, filter.limit))
         return try read { db in
-            try db.query("SELECT \(Self.deliveryColumns), \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq \(whereSQL) ORDER BY d.seq, d.webhook LIMIT ?", binds)
-                .map { try WebhookDeliveryRecord(columns: $0) }
+            var out: [WebhookDeliveryRecord] = []
+            for c in try Self.cursors(db, webhook: filter.webhook) {
+                var parts: [String] = []
+                var binds: [SQLValue] = [.text(c.webhook)]
+                var eventClauses: [String] = []
+                if let t = filter.type { eventClauses.append("e.type = ?\(binds.count + 1)"); binds.append(.text(t.rawValue)) }
+                if let id = filter.eventID { eventClauses.append("e.seq = ?\(binds.count + 1) AND e.id = ?\(binds.count + 2)"); binds += [.integer(UUIDText.high64(id) ?? 0), .text(id)] }
+                let eventSQL = eventClauses.map { " AND " + $0 }.joined()
+                let stateSQL = filter.state.map { " AND d.state = '\($0.rawValue)'" } ?? ""
+                parts.append("SELECT \(Self.deliveryColumns), \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq WHERE d.webhook = ?1\(stateSQL)\(eventSQL)")
+                let range: String? = switch filter.state {
+                case nil: "e.seq > \(c.startSeq)"
+                case .pending: "e.seq > \(max(c.seq, c.startSeq))"
+                case .delivered: "e.seq > \(c.startSeq) AND e.seq <= \(c.seq)"
+                case .dead: nil
+                }
+                if let range {
+                    parts.append("""
+                        SELECT ?1, CASE WHEN e.seq <= \(c.seq) THEN 'delivered' ELSE 'pending' END, CASE WHEN e.seq <= \(c.seq) THEN 1 ELSE 0 END,
+                               NULL, e.created_at, NULL, e.created_at, \(Self.eventColumns)
+                        FROM events e WHERE \(range) AND \(WebhookCursorRules.sqlFilter(c.subscription))\(eventSQL)
+                          AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.seq = e.seq AND d.webhook = ?1)
+                        """)
+                }
+                binds.append(.integer(limit))
+                let sql = "SELECT * FROM (" + parts.joined(separator: " UNION ALL ") + ") ORDER BY 8 LIMIT ?\(binds.count)"
+                out += try db.query(sql, binds).map { try WebhookDeliveryRecord(columns: $0) }
+            }
+            return Array(out.sorted { ($0.event.sequence, $0.webhook) < ($1.event.sequence, $1.webhook) }.prefix(Int(limit)))
         }
     }
 
-    /// The sender's backlog gauge (every 10 s): counted over the pending rows' partial index,
-    /// at most `webhookBacklogCountCap` entries (StoreRules).
+    /// The sender's backlog gauge (every 10 s): the pending retry rows (their partial index)
+    /// and the events after the cursor that the webhook receives, at most
+    /// `webhookBacklogCountCap` of each (StoreRules).
     public func pendingWebhookDeliveries(webhook: String) throws -> Int? {
         try pendingWebhookDeliveries(webhook: webhook, cap: StoreRules.webhookBacklogCountCap)
     }
 
     func pendingWebhookDeliveries(webhook: String, cap: Int) throws -> Int {
         try read { db in
-            Int(try db.query("SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' LIMIT ?)",
-                             [.text(webhook), .integer(Int64(max(0, cap)))]).first?[0].int ?? 0)
+            let after = try Self.cursors(db, webhook: webhook).first.map { c in try Self.countAfterCursor(c, cap: cap, db) } ?? 0
+            let rows = try db.query("SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' LIMIT ?)",
+                                    [.text(webhook), .integer(Int64(max(0, cap)))]).first?[0].int ?? 0
+            return Int(rows) + after
         }
+    }
+
+    /// Events after the cursor that it receives, counted up to `cap` (over the seq range).
+    static func countAfterCursor(_ c: WebhookCursorRow, cap: Int, _ db: SQLiteDatabase) throws -> Int {
+        Int(try db.query("SELECT count(*) FROM (SELECT 1 FROM events e WHERE e.seq > ? AND \(WebhookCursorRules.sqlFilter(c.subscription)) LIMIT ?)",
+                         [.integer(c.seq), .integer(Int64(max(0, cap)))]).first?[0].int ?? 0)
     }
 
     public func webhookDeliveryCounts() throws -> [String: [WebhookDeliveryState: Int]] {
@@ -185,24 +227,37 @@ extension SQLiteOutboxStore {
                     if let w = r[0].string { out[w, default: [:]][s] = Int(r[1].int ?? 0) }
                 }
             }
+            for c in try Self.cursors(db) {
+                let n = try Self.countAfterCursor(c, cap: .max, db)
+                if n > 0 { out[c.webhook, default: [:]][.pending, default: 0] += n }
+            }
             return out
         }
     }
 
     // MARK: operator actions and retention (writer)
 
+    /// A retry row, pending and due now: the existing one's generation bumped, or a new one
+    /// for a webhook whose cursor passed the event without a row (it was delivered).
     public func replayWebhookDelivery(eventID: String, webhook: String?) throws -> Int {
         let id = eventID.lowercased()
         guard let seq = UUIDText.high64(id) else { return 0 }
         let now = clock.nowMillis()
         return try write { db in
-            guard try db.scalar("SELECT count(*) FROM events WHERE seq = ? AND id = ?", [.integer(seq), .text(id)]).int == 1 else { return 0 }
+            guard let e = try db.query("SELECT type, app FROM events WHERE seq = ? AND id = ?", [.integer(seq), .text(id)]).first,
+                  let type = e[0].string.flatMap(EventType.init(rawValue:)) else { return 0 }
             var binds: [SQLValue] = [.integer(now), .integer(now), .integer(seq)]
             if let webhook { binds.append(.text(webhook)) }
-            return try db.run("""
+            var n = try db.run("""
                 UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = ?, lease_until = 0, claim = claim + 1, first_attempt_at = NULL, updated_at = ?
                 WHERE seq = ?\(webhook == nil ? "" : " AND webhook = ?")
                 """, binds)
+            for c in try Self.cursors(db, webhook: webhook) where c.startSeq < seq && seq <= c.seq && c.subscription.receives(type: type, app: e[1].string ?? "") {
+                n += try db.run("""
+                    INSERT OR IGNORE INTO webhook_deliveries (webhook, seq, state, attempts, next_attempt_at, updated_at) VALUES (?, ?, 'pending', 1, ?, ?)
+                    """, [.text(c.webhook), .integer(seq), .integer(now), .integer(now)])
+            }
+            return n
         }
     }
 
@@ -216,25 +271,38 @@ extension SQLiteOutboxStore {
         }
     }
 
+    /// An event deleted while still pending for a webhook (a pending retry row, or after the
+    /// cursor and received by it) is counted for that webhook: it never reaches it.
     public func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> PurgedEvents {
         guard !types.isEmpty, limit > 0 else { return PurgedEvents() }
         let typeList = "(" + types.map { "'\($0.rawValue)'" }.joined(separator: ",") + ")"
         return try write { db in
             // seq is time-ordered: the oldest events are the lowest rowids.
-            let seqs = try db.query("SELECT seq FROM events WHERE created_at < ? AND type IN \(typeList) ORDER BY seq LIMIT ?",
-                                    [.integer(olderThan), .integer(Int64(limit))]).compactMap { $0[0].int }
+            let doomed = try db.query("SELECT seq, type, app FROM events WHERE created_at < ? AND type IN \(typeList) ORDER BY seq LIMIT ?",
+                                      [.integer(olderThan), .integer(Int64(limit))])
+            let cursors = try Self.cursors(db)
             var pending: [String: Int] = [:]
-            for seq in seqs {
-                for r in try db.query("SELECT webhook FROM webhook_deliveries WHERE seq = ? AND state = 'pending'", [.integer(seq)]) {
-                    if let w = r[0].string { pending[w, default: 0] += 1 }
+            for r in doomed {
+                guard let seq = r[0].int else { continue }
+                var withRow: Set<String> = []
+                for d in try db.query("SELECT webhook, state FROM webhook_deliveries WHERE seq = ?", [.integer(seq)]) {
+                    guard let w = d[0].string else { continue }
+                    withRow.insert(w)
+                    if d[1].string == WebhookDeliveryState.pending.rawValue { pending[w, default: 0] += 1 }
+                }
+                let type = r[1].string.flatMap(EventType.init(rawValue:)) ?? .responseDelivered
+                for c in cursors where seq > c.seq && !withRow.contains(c.webhook) && c.subscription.receives(type: type, app: r[2].string ?? "") {
+                    pending[c.webhook, default: 0] += 1
                 }
                 try db.run("DELETE FROM webhook_deliveries WHERE seq = ?", [.integer(seq)])
                 try db.run("DELETE FROM events WHERE seq = ?", [.integer(seq)])
             }
-            return PurgedEvents(events: seqs.count, pendingDeliveries: pending)
+            return PurgedEvents(events: doomed.count, pendingDeliveries: pending)
         }
     }
 
+    /// Over the bound, the cursor skips the oldest events after it (they stay; the feed lists
+    /// them), then, if the retry rows alone are over, those due first are dropped.
     public func trimWebhookBacklogs(max: Int) throws -> [String: Int] {
         // Counted on the reader first (bounded): the writer, which ingest waits for, counts only
         // a backlog that is over.
@@ -243,12 +311,25 @@ extension SQLiteOutboxStore {
         return try write { db in
             var dropped: [String: Int] = [:]
             for name in names {
-                let n = Int(try db.scalar("SELECT count(*) FROM webhook_deliveries WHERE webhook = ? AND state = 'pending'", [.text(name)]).int ?? 0)
-                guard n > max else { continue }
-                dropped[name] = try db.run("""
-                    DELETE FROM webhook_deliveries WHERE webhook = ? AND seq IN
-                        (SELECT seq FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' ORDER BY next_attempt_at, seq LIMIT ?)
-                    """, [.text(name), .text(name), .integer(Int64(n - max))])
+                guard let c = try Self.cursors(db, webhook: name).first else { continue }
+                let rows = Int(try db.scalar("SELECT count(*) FROM webhook_deliveries WHERE webhook = ? AND state = 'pending'", [.text(name)]).int ?? 0)
+                let after = try Self.countAfterCursor(c, cap: .max, db)
+                var over = rows + after - max
+                guard over > 0 else { continue }
+                if after > 0 {
+                    let skip = Swift.min(over, after)
+                    let to = try db.scalar("SELECT max(seq) FROM (SELECT e.seq FROM events e WHERE e.seq > ? AND \(WebhookCursorRules.sqlFilter(c.subscription)) ORDER BY e.seq LIMIT ?)",
+                                           [.integer(c.seq), .integer(Int64(skip))]).int ?? c.seq
+                    try db.run("UPDATE webhook_cursors SET seq = ?1, claimed_through = max(claimed_through, ?1) WHERE webhook = ?2", [.integer(to), .text(name)])
+                    dropped[name] = skip
+                    over -= skip
+                }
+                if over > 0 {
+                    dropped[name, default: 0] += try db.run("""
+                        DELETE FROM webhook_deliveries WHERE webhook = ? AND seq IN
+                            (SELECT seq FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' ORDER BY next_attempt_at, seq LIMIT ?)
+                        """, [.text(name), .text(name), .integer(Int64(over))])
+                }
             }
             return dropped
         }
@@ -256,28 +337,108 @@ extension SQLiteOutboxStore {
 
     // MARK: WebhookOutbox (the sender's thread)
 
-    public func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int) throws -> [WebhookDelivery] {
-        guard limit > 0 else { return [] }
-        let state = writerState
-        return try write { db in try Self.claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, db: db, state: state) }
-    }
-
-    @discardableResult
-    public func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord]) throws -> Int {
-        guard !results.isEmpty else { return 0 }
-        let state = writerState
-        return try write { db in try Self.recordWebhookResults(webhook: webhook, results, db: db, state: state) }
-    }
-
-    public func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], now: Int64, leaseUntil: Int64,
-                                                limit: Int) throws -> WebhookExchange {
-        guard !results.isEmpty || limit > 0 else { return WebhookExchange(stale: 0, claimed: []) }
+    public func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], cursor: WebhookCursorPosition?, now: Int64,
+                                                leaseUntil: Int64, limit: Int, releaseCursor: Bool) throws -> WebhookExchange {
         let state = writerState
         return try write { db in
-            let stale = try Self.recordWebhookResults(webhook: webhook, results, db: db, state: state)
-            return WebhookExchange(stale: stale, claimed: try Self.claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit,
-                                                                                         db: db, state: state))
+            try Self.exchange(webhook: webhook, results: results, cursor: cursor, now: now, leaseUntil: leaseUntil, limit: limit,
+                              release: releaseCursor, db: db, state: state)
         }
+    }
+
+    /// One writer job: results, the cursor's advance, due retry rows, then new events.
+    private static func exchange(webhook: String, results: [WebhookAttemptRecord], cursor: WebhookCursorPosition?, now: Int64,
+                                 leaseUntil: Int64, limit: Int, release: Bool, db: SQLiteDatabase, state: WriterState) throws -> WebhookExchange {
+        var row = try heldCursor(webhook, db: db, state: state)
+        var stale = 0
+        for r in results {
+            guard let seq = UUIDText.high64(r.eventID.lowercased()) else { stale += 1; continue }
+            if r.fromCursor {
+                guard r.claim == row.epoch else { stale += 1; continue }
+                if case .delivered = r.result { continue }
+                try insertRetryRow(webhook: webhook, seq: seq, WebhookResultChange(r.result), db: db, state: state)
+            } else if try !recordRowResult(webhook: webhook, seq: seq, claim: r.claim, WebhookResultChange(r.result), db: db, state: state) {
+                stale += 1
+            }
+        }
+        let before = row
+        var handOutKept = false
+        if let cursor, cursor.epoch == row.epoch {
+            if let handedOut = cursor.claimedThrough {
+                row.claimedThrough = max(row.seq, handedOut)
+                handOutKept = true
+            }
+            row.seq = WebhookCursorRules.advanced(seq: row.seq, claimedThrough: row.claimedThrough, through: cursor.through)
+        }
+        var claimed = try claimRows(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, db: db, state: state)
+        var grant: WebhookCursorGrant?
+        switch WebhookCursorRules.grant(storedEpoch: row.epoch, leaseUntil: row.leaseUntil, caller: cursor?.epoch, now: now, takeUnleased: true) {
+        case .none: break
+        case .take(let epoch):
+            row.epoch = epoch
+            row.claimedThrough = row.seq
+            row.leaseUntil = 0
+            handOutKept = false
+            fallthrough
+        case .hold:
+            if release {
+                row.leaseUntil = 0
+            } else {
+                row.leaseUntil = WebhookCursorRules.renewedLease(current: row.leaseUntil, now: now, wanted: leaseUntil)
+                if claimed.count < limit {
+                    // The configured subscription (the row's is the same, written at start).
+                    let subscription = state.events.webhooks.first { $0.name == webhook } ?? row.subscription
+                    let (events, through) = try newEvents(after: row.claimedThrough, room: limit - claimed.count, subscription, db: db, state: state)
+                    row.claimedThrough = through
+                    claimed += events.map { WebhookDelivery(source: .record($0), attempts: 0, firstAttemptAt: nil, claim: row.epoch, fromCursor: true) }
+                }
+                grant = WebhookCursorGrant(epoch: row.epoch, claimedThrough: row.claimedThrough)
+            }
+        }
+        if row.changed(from: before, handOutKeptByCaller: handOutKept) {
+            let st = try db.held(&state.writeWebhookCursor, "UPDATE webhook_cursors SET seq = ?, claimed_through = ?, epoch = ?, lease_until = ? WHERE webhook = ?")
+            try st.bind(1, row.seq)
+            try st.bind(2, row.claimedThrough)
+            try st.bind(3, row.epoch)
+            try st.bind(4, row.leaseUntil)
+            try st.bind(5, webhook)
+            try st.stepOnce()
+        }
+        return WebhookExchange(stale: stale, claimed: claimed, cursor: grant)
+    }
+
+    /// The webhook's cursor, made when missing (a webhook configured since this process wrote
+    /// its first event).
+    private static func heldCursor(_ webhook: String, db: SQLiteDatabase, state: WriterState) throws -> WebhookCursorRow {
+        for attempt in 0..<2 {
+            let st = try db.held(&state.readWebhookCursor, "SELECT \(cursorColumns) FROM webhook_cursors WHERE webhook = ?")
+            try st.bind(1, webhook)
+            defer { st.reset() }
+            if try st.next() { return try WebhookCursorRow(columns: st) }
+            guard attempt == 0 else { break }
+            st.reset()
+            try ensureCursor(state.events.webhooks.first { $0.name == webhook } ?? WebhookSubscription(name: webhook), db: db)
+        }
+        throw StoreError.invalid("webhook_cursors has no row for \(webhook)")
+    }
+
+    /// The events after `after` that the subscription receives, at most `room`, examining at
+    /// most WebhookCursorRules.scanRows; `through` is the last one returned, or the last
+    /// examined when fewer than `room` were found.
+    private static func newEvents(after: Int64, room: Int, _ subscription: WebhookSubscription, db: SQLiteDatabase,
+                                  state: WriterState) throws -> (events: [EventRecord], through: Int64) {
+        let st = try db.held(&state.scanNewEvents, "SELECT \(eventColumns) FROM events e WHERE e.seq > ? ORDER BY e.seq LIMIT ?")
+        try st.bind(1, after)
+        try st.bind(2, Int64(WebhookCursorRules.scanRows))
+        defer { st.reset() }
+        var out: [EventRecord] = []
+        var through = after
+        while out.count < room, try st.next() {
+            through = st.int(0) ?? through
+            guard let type = st.string(2).flatMap(EventType.init(rawValue:)), subscription.receives(type: type, app: st.string(5) ?? "") else { continue }
+            out.append(try EventRecord(columns: st, offset: 0))
+        }
+        return (out, through)
     }
 
     /// Due first, then commit order, over the index `webhook_deliveries_due`: it reads the due
@@ -291,8 +452,8 @@ extension SQLiteOutboxStore {
 
     /// The event's columns, not its body: the sender renders it on its own thread.
     /// Held statements (WriterState): the statement cache hashes the SQL text on every lookup.
-    private static func claimWebhookDeliveries(webhook: String, now: Int64, leaseUntil: Int64, limit: Int, db: SQLiteDatabase,
-                                               state: WriterState) throws -> [WebhookDelivery] {
+    private static func claimRows(webhook: String, now: Int64, leaseUntil: Int64, limit: Int, db: SQLiteDatabase,
+                                  state: WriterState) throws -> [WebhookDelivery] {
         guard limit > 0 else { return [] }
         let select = try db.held(&state.claimWebhookDeliveries, claimSQL)
         try select.bind(1, webhook)
@@ -323,25 +484,37 @@ extension SQLiteOutboxStore {
         return out
     }
 
-    /// Returns how many results were dropped (claimed again since, or no longer pending).
-    private static func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord], db: SQLiteDatabase, state: WriterState) throws -> Int {
-        var stale = 0
-        for r in results {
-            guard let seq = UUIDText.high64(r.eventID.lowercased()) else { stale += 1; continue }
-            let c = WebhookResultChange(r.result)
-            let st = try db.held(&state.recordWebhookResult, WebhookResultChange.sqliteUpdate)
-            try st.bind(1, c.state.rawValue)
-            try st.bind(2, Int64(c.attempted ? 1 : 0))
-            try st.bind(3, c.attemptedAt)
-            try st.bind(4, c.nextAttemptAt ?? 0)
-            try st.bind(5, c.error)
-            try st.bind(6, webhook)
-            try st.bind(7, seq)
-            try st.bind(8, r.claim)
-            try st.stepOnce()
-            if db.changes == 0 { stale += 1 }
-        }
-        return stale
+    /// A retry row's result; false when dropped (claimed again since, or no longer pending).
+    private static func recordRowResult(webhook: String, seq: Int64, claim: Int64, _ c: WebhookResultChange, db: SQLiteDatabase,
+                                        state: WriterState) throws -> Bool {
+        let st = try db.held(&state.recordWebhookResult, WebhookResultChange.sqliteUpdate)
+        try st.bind(1, c.state.rawValue)
+        try st.bind(2, Int64(c.attempted ? 1 : 0))
+        try st.bind(3, c.attemptedAt)
+        try st.bind(4, c.nextAttemptAt ?? 0)
+        try st.bind(5, c.error)
+        try st.bind(6, webhook)
+        try st.bind(7, seq)
+        try st.bind(8, claim)
+        try st.stepOnce()
+        return db.changes > 0
+    }
+
+    /// A new event's failed attempt (or local failure): its retry row, as the same result on
+    /// an existing row would leave it.
+    private static func insertRetryRow(webhook: String, seq: Int64, _ c: WebhookResultChange, db: SQLiteDatabase, state: WriterState) throws {
+        let st = try db.held(&state.insertDelivery, """
+            INSERT OR IGNORE INTO webhook_deliveries (webhook, seq, state, attempts, first_attempt_at, next_attempt_at, last_error, updated_at)
+            VALUES (?1, ?2, ?3, ?4, CASE WHEN ?4 = 1 THEN ?5 END, ?6, ?7, ?5)
+            """)
+        try st.bind(1, webhook)
+        try st.bind(2, seq)
+        try st.bind(3, c.state.rawValue)
+        try st.bind(4, Int64(c.attempted ? 1 : 0))
+        try st.bind(5, c.attemptedAt)
+        try st.bind(6, c.nextAttemptAt ?? c.attemptedAt)
+        try st.bind(7, c.error)
+        try st.stepOnce()
     }
 }
 

@@ -298,6 +298,26 @@ extension SQLiteOutboxStore {
             key BLOB NOT NULL
         );
         """,
+        // v13: a cursor per webhook instead of a delivery row per event (docs/events.md "The
+        // store's side"): an outcome commit writes only its event; the sender reads the events
+        // after its webhook's cursor and writes a row only for an event whose attempt failed.
+        // The rows there stay as they are (the pending ones are retry rows now); each webhook
+        // with rows gets a cursor at the newest event (its rows cover everything before), and
+        // the cursor row names the subscription (relayctl reads it; the relay writes it at start).
+        """
+        CREATE TABLE IF NOT EXISTS webhook_cursors (
+            webhook TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            claimed_through INTEGER NOT NULL,
+            start_seq INTEGER NOT NULL,
+            epoch INTEGER NOT NULL DEFAULT 0,
+            lease_until INTEGER NOT NULL DEFAULT 0,
+            types TEXT,
+            apps TEXT
+        ) WITHOUT ROWID;
+        INSERT OR IGNORE INTO webhook_cursors (webhook, seq, claimed_through, start_seq)
+            SELECT w.webhook, m.m, m.m, m.m FROM (SELECT DISTINCT webhook FROM webhook_deliveries) w, (SELECT coalesce(max(seq), 0) AS m FROM events) m;
+        """,
     ]
 
     /// Schema v5's key of a stored id (its first 64 bits), for the migration's copy.

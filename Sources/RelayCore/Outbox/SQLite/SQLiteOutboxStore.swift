@@ -11,7 +11,7 @@ public final class SQLiteOutboxStore: OutboxStore, @unchecked Sendable {
     // @unchecked Sendable: `writer` serialises every write on its own thread; `reader` is only
     // used under `readerLock`; `writerState` is only touched inside writer jobs (writer thread),
     // except its `sharedSettings`, a Mutex.
-    public static let schemaVersion = 12
+    public static let schemaVersion = 13
 
     let writer: GroupCommitWriter?
     let reader: SQLiteDatabase

@@ -158,6 +158,11 @@ extension SQLiteOutboxStore {
         var claimWebhookDeliveries: SQLiteStatement?
         var leaseWebhookDelivery: SQLiteStatement?
         var recordWebhookResult: SQLiteStatement?
+        var readWebhookCursor: SQLiteStatement?
+        var writeWebhookCursor: SQLiteStatement?
+        var scanNewEvents: SQLiteStatement?
+        /// The webhooks whose cursors this process made sure of (ensureCursors).
+        var cursorsReadyFor: [WebhookSubscription] = []
         /// Response ids, minted on the writer thread in commit order.
         var ids = TimeOrderedIDs()
         /// When this store last wrote each credential's last_used_at.
@@ -192,9 +197,13 @@ extension SQLiteOutboxStore {
         }
 
         /// Nothing is announced: the rows inserted for the taker were never committed.
+        /// Cursors made in the batch went with it: the next event's batch makes them again, so
+        /// a new webhook's cursor starts before that event, not wherever the sender's first
+        /// exchange finds the newest.
         func batchDidRollback() {
             batch.rolledBack()
             dedupe.batchRolledBack()
+            cursorsReadyFor = []
         }
 
         /// The dedupe merge first, so the checkpoint that may follow copies its pages too.
