@@ -51,31 +51,11 @@ struct EventRecord: Sendable, Equatable {
         "seq", "id", "type", "created_at", "credential_id", "app", "push_token", "response_id", "session_id", "key_id",
         "message_index", "state", "status", "reason", "attempts", "accepted_at", "finished_at", "unregistered_at",
     ]
+}
 
-    init(id: String, sequence: Int64, type: EventType, createdAt: Int64, credentialID: String?, app: String, pushToken: String,
-         responseID: String? = nil, sessionIdentifier: String? = nil, keyID: [UInt8]? = nil, messageIndex: Int64? = nil,
-         state: String? = nil, status: Int64? = nil, reason: String? = nil, attempts: Int64? = nil, acceptedAt: Int64? = nil,
-         finishedAt: Int64? = nil, unregisteredAt: Int64? = nil) {
-        self.id = id
-        self.sequence = sequence
-        self.type = type
-        self.createdAt = createdAt
-        self.credentialID = credentialID
-        self.app = app
-        self.pushToken = pushToken
-        self.responseID = responseID
-        self.sessionIdentifier = sessionIdentifier
-        self.keyID = keyID
-        self.messageIndex = messageIndex
-        self.state = state
-        self.status = status
-        self.reason = reason
-        self.attempts = attempts
-        self.acceptedAt = acceptedAt
-        self.finishedAt = finishedAt
-        self.unregisteredAt = unregisteredAt
-    }
-
+/// The decoding, rendering and conversion live in an extension, so the struct keeps its
+/// memberwise initializer (every optional field defaults to nil).
+extension EventRecord {
     init(columns c: some StoreColumns, offset o: Int = 0) throws {
         guard c.columnCount >= o + 18, let seq = c.int(o), let id = c.string(o + 1),
               let type = c.string(o + 2).flatMap(EventType.init(rawValue:)) else {

@@ -114,3 +114,55 @@ struct WebhookCursorRow: Equatable {
         apps = c.string(7)
     }
 }
+
+extension WebhookCursorRules {
+    /// What one exchange did to the cursor: the grant handed to the sender (nil: it does not
+    /// hold the cursor), whether the caller keeps its hand-out point (so the row need not record
+    /// it), and the new events handed out.
+    struct Turn<Event> {
+        var grant: WebhookCursorGrant?
+        var handOutKept: Bool
+        var events: [Event]
+    }
+
+    /// The cursor's part of one exchange, for both stores: the caller's report moves `seq` over
+    /// its finished prefix (a holder of the current epoch keeps its hand-out point), then the
+    /// cursor is held, taken (a new epoch, handed out again from `seq`) or refused per `grant`;
+    /// the holder's lease is renewed or released, and with `room` left it is handed the events
+    /// after its hand-out point (`newEvents(after, room)`: the events and how far it looked).
+    static func turn<Event>(_ row: inout WebhookCursorRow, caller cursor: WebhookCursorPosition?, now: Int64, leaseUntil: Int64,
+                            release: Bool, room: Int, takeUnleased: Bool,
+                            newEvents: (_ after: Int64, _ room: Int) throws -> (events: [Event], through: Int64)) rethrows -> Turn<Event> {
+        var turn = Turn<Event>(grant: nil, handOutKept: false, events: [])
+        if let cursor, cursor.epoch == row.epoch {
+            if let handedOut = cursor.claimedThrough {
+                row.claimedThrough = max(row.seq, handedOut)
+                turn.handOutKept = true
+            }
+            row.seq = advanced(seq: row.seq, claimedThrough: row.claimedThrough, through: cursor.through)
+        }
+        switch grant(storedEpoch: row.epoch, leaseUntil: row.leaseUntil, caller: cursor?.epoch, now: now, takeUnleased: takeUnleased) {
+        case .none:
+            return turn
+        case .take(let epoch):
+            row.epoch = epoch
+            row.claimedThrough = row.seq
+            row.leaseUntil = 0
+            turn.handOutKept = false
+        case .hold:
+            break
+        }
+        if release {
+            row.leaseUntil = 0
+            return turn
+        }
+        row.leaseUntil = renewedLease(current: row.leaseUntil, now: now, wanted: leaseUntil)
+        if room > 0 {
+            let found = try newEvents(row.claimedThrough, room)
+            row.claimedThrough = found.through
+            turn.events = found.events
+        }
+        turn.grant = WebhookCursorGrant(epoch: row.epoch, claimedThrough: row.claimedThrough)
+        return turn
+    }
+}

@@ -126,11 +126,9 @@ extension PostgresOutboxStore {
         }
     }
 
-    static let deliveryColumns = "d.webhook, d.state, d.attempts, d.first_attempt_at, d.next_attempt_at, d.last_error, d.updated_at"
-    static let cursorColumns = "webhook, seq, claimed_through, start_seq, epoch, lease_until, types, apps"
 
     static func cursors(_ c: PostgresConnection, webhook: String? = nil) throws -> [WebhookCursorRow] {
-        try c.query("SELECT \(cursorColumns) FROM webhook_cursors WHERE $1::text IS NULL OR webhook = $1 ORDER BY webhook",
+        try c.query("SELECT \(WebhookColumns.cursors) FROM webhook_cursors WHERE $1::text IS NULL OR webhook = $1 ORDER BY webhook",
                     [webhook.map { .text($0) } ?? .null]).map(WebhookCursorRow.init(columns:))
     }
 
@@ -151,7 +149,7 @@ extension PostgresOutboxStore {
                 if let id = filter.eventID { eventSQL += " AND e.id = " + bind(.text(id)) }
                 var parts: [String] = []
                 let stateSQL = filter.state.map { " AND d.state = '\($0.rawValue)'" } ?? ""
-                parts.append("SELECT \(Self.deliveryColumns), \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq WHERE d.webhook = $1\(stateSQL)\(eventSQL)")
+                parts.append("SELECT \(WebhookColumns.deliveries), \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq WHERE d.webhook = $1\(stateSQL)\(eventSQL)")
                 let range: String? = switch filter.state {
                 case nil: "e.seq > \(cur.startSeq)"
                 case .pending: "e.seq > \(max(cur.seq, cur.startSeq))"
@@ -275,7 +273,7 @@ extension PostgresOutboxStore {
         return try writeTransaction { c in
             var dropped: [String: Int] = [:]
             for name in names {
-                guard let cur = try c.query("SELECT \(Self.cursorColumns) FROM webhook_cursors WHERE webhook = $1 FOR UPDATE", [.text(name)])
+                guard let cur = try c.query("SELECT \(WebhookColumns.cursors) FROM webhook_cursors WHERE webhook = $1 FOR UPDATE", [.text(name)])
                     .first.map(WebhookCursorRow.init(columns:)) else { continue }
                 let rows = Int(try c.query("SELECT count(*) FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending'", [.text(name)]).first?.first?.int ?? 0)
                 let after = try Self.countAfterCursor(cur, cap: Int(Int64.max), c)
@@ -317,43 +315,19 @@ extension PostgresOutboxStore {
             let current = results.filter { $0.fromCursor && $0.claim == row.epoch }
             stale += results.count - fromRows.count - current.count
             try Self.insertRetryRows(webhook: webhook, current.filter { if case .delivered = $0.result { false } else { true } }, clock, c)
-            let before = row
-            var handOutKept = false
-            if let cursor, cursor.epoch == row.epoch {
-                if let handedOut = cursor.claimedThrough {
-                    row.claimedThrough = max(row.seq, handedOut)
-                    handOutKept = true
-                }
-                row.seq = WebhookCursorRules.advanced(seq: row.seq, claimedThrough: row.claimedThrough, through: cursor.through)
-            }
             var claimed = try Self.claimRows(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, clock, c)
-            var grant: WebhookCursorGrant?
-            switch WebhookCursorRules.grant(storedEpoch: row.epoch, leaseUntil: row.leaseUntil, caller: cursor?.epoch, now: now, takeUnleased: false) {
-            case .none: break
-            case .take(let epoch):
-                row.epoch = epoch
-                row.claimedThrough = row.seq
-                row.leaseUntil = 0
-                handOutKept = false
-                fallthrough
-            case .hold:
-                if releaseCursor {
-                    row.leaseUntil = 0
-                } else {
-                    row.leaseUntil = WebhookCursorRules.renewedLease(current: row.leaseUntil, now: now, wanted: leaseUntil)
-                    if claimed.count < limit {
-                        let (events, through) = try Self.newEvents(after: row.claimedThrough, room: limit - claimed.count, subscription, c)
-                        row.claimedThrough = through
-                        claimed += events.map { e in
-                            var e = e
-                            e.createdAt = clock.toLocal(e.createdAt)
-                            return WebhookDelivery(source: .record(e), attempts: 0, firstAttemptAt: nil, claim: row.epoch, fromCursor: true)
-                        }
-                    }
-                    grant = WebhookCursorGrant(epoch: row.epoch, claimedThrough: row.claimedThrough)
-                }
+            let before = row
+            let turn = try WebhookCursorRules.turn(&row, caller: cursor, now: now, leaseUntil: leaseUntil, release: releaseCursor,
+                                                   room: limit - claimed.count, takeUnleased: false) { after, room in
+                try Self.newEvents(after: after, room: room, subscription, c)
             }
-            if row.changed(from: before, handOutKeptByCaller: handOutKept) {
+            claimed += turn.events.map { e in
+                var e = e
+                e.createdAt = clock.toLocal(e.createdAt)
+                return WebhookDelivery(source: .record(e), attempts: 0, firstAttemptAt: nil, claim: row.epoch, fromCursor: true)
+            }
+            let grant = turn.grant
+            if row.changed(from: before, handOutKeptByCaller: turn.handOutKept) {
                 try c.run("UPDATE webhook_cursors SET seq = $1, claimed_through = $2, epoch = $3, lease_until = $4 WHERE webhook = $5",
                           [.int(row.seq), .int(row.claimedThrough), .int(row.epoch), .int(row.leaseUntil), .text(webhook)])
             }
@@ -364,7 +338,7 @@ extension PostgresOutboxStore {
     /// The webhook's cursor row, locked; made (under the events lock, so it starts exactly
     /// after the newest committed event) when missing.
     private static func lockedCursor(_ w: WebhookSubscription, _ c: PostgresConnection) throws -> WebhookCursorRow {
-        let select = "SELECT \(cursorColumns) FROM webhook_cursors WHERE webhook = $1 FOR UPDATE"
+        let select = "SELECT \(WebhookColumns.cursors) FROM webhook_cursors WHERE webhook = $1 FOR UPDATE"
         if let r = try c.query(select, [.text(w.name)]).first { return try WebhookCursorRow(columns: r) }
         try c.query("SELECT pg_advisory_xact_lock($1)", [.int(eventLockKey)])
         try ensureCursors([w], c)
