@@ -67,23 +67,31 @@ import Testing
         }
     }
 
-    /// Pipelined: the refusal waits for the answer to the request before it, in order.
-    @Test func refusalKeepsPipelineOrder() throws {
+    /// Pipelined: GET /hold, which the handler holds, then a POST with `Expect: 100-continue`
+    /// whose check `check` decides. Nothing may arrive before the held request is answered (204,
+    /// sent here once the handler has it); `after` reads what follows that 204.
+    private func behindAHeldRequest(_ check: @escaping HTTPContinueCheck, _ after: (RawClient) throws -> Void) throws {
         let held = Mutex<HTTPReplyWriter?>(nil)
-        let cfg = config { _, decision in decision.refuse(HTTPReply(status: 403)) }
-        try withServer(cfg, handler: { req, res in
+        try withServer(config(check), handler: { req, res in
             if req.path == "/hold" { held.withLock { $0 = res } } else { echoHandler(req, res) }
         }) { server in
             let c = try RawClient(port: server.localPort)
             try c.send("GET /hold HTTP/1.1\r\nHost: t\r\n\r\nPOST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n")
             c.setReceiveTimeout(milliseconds: 300)
-            #expect(c.readResponse(headOnly: true) == nil)
+            #expect(c.readResponse(headOnly: true) == nil, "an answer came before the held request's")
             c.setReceiveTimeout(milliseconds: 5000)
             var writer: HTTPReplyWriter?
             for _ in 0..<100 where writer == nil { writer = held.withLock { $0 }; if writer == nil { usleep(10_000) } }
             try #require(writer != nil)
             writer?.respond(HTTPReply(status: 204))
             #expect(c.readResponse()?.status == 204)
+            try after(c)
+        }
+    }
+
+    /// Pipelined: the refusal waits for the answer to the request before it, in order.
+    @Test func refusalKeepsPipelineOrder() throws {
+        try behindAHeldRequest({ _, decision in decision.refuse(HTTPReply(status: 403)) }) { c in
             #expect(c.readResponse()?.status == 403)
             #expect(c.waitForClose())
         }
@@ -92,21 +100,7 @@ import Testing
     /// Pipelined: a check that proceeds while the request before it waits owes the 100, sent
     /// right after that request's answer.
     @Test func proceedingKeepsPipelineOrder() throws {
-        let held = Mutex<HTTPReplyWriter?>(nil)
-        let cfg = config { _, decision in decision.proceed() }
-        try withServer(cfg, handler: { req, res in
-            if req.path == "/hold" { held.withLock { $0 = res } } else { echoHandler(req, res) }
-        }) { server in
-            let c = try RawClient(port: server.localPort)
-            try c.send("GET /hold HTTP/1.1\r\nHost: t\r\n\r\nPOST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n")
-            c.setReceiveTimeout(milliseconds: 300)
-            #expect(c.readResponse(headOnly: true) == nil, "the 100 came before the answer it follows")
-            c.setReceiveTimeout(milliseconds: 5000)
-            var writer: HTTPReplyWriter?
-            for _ in 0..<100 where writer == nil { writer = held.withLock { $0 }; if writer == nil { usleep(10_000) } }
-            try #require(writer != nil)
-            writer?.respond(HTTPReply(status: 204))
-            #expect(c.readResponse()?.status == 204)
+        try behindAHeldRequest({ _, decision in decision.proceed() }) { c in
             #expect(c.readResponse(headOnly: true)?.status == 100)
             try c.send("hey")
             let r = c.readResponse()

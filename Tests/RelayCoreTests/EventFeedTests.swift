@@ -47,6 +47,18 @@ import Testing
         return ids
     }
 
+    /// A store of `backend` and a feed over it with its own worker pool, both closed after `body`.
+    func withFeed(_ backend: StoreBackend, threads: Int, pollMillis: Int64?, _ body: (any OutboxStore, EventFeed) throws -> Void) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        let workers = WorkerPool(name: "feed-test", threads: threads)
+        defer {
+            workers.close()
+            s.close()
+        }
+        try body(s, EventFeed(store: s, workers: workers, pollMillis: pollMillis))
+    }
+
     @Test func pagesInCommitOrderWithAnOpaqueCursor() throws {
         let h = try Harness(dir: dir, clock: clock)
         let ids = Set(try deliver(h, 3, secret: h.secret))
@@ -122,30 +134,24 @@ import Testing
     /// poll ten minutes away, only that wakes the waiting read.
     @Test(arguments: StoreBackend.available)
     func aCommitWakesAWaitingReadWithoutThePoll(_ backend: StoreBackend) throws {
-        let f = try StoreFixture(backend)
-        let s = try f.open()
-        let workers = WorkerPool(name: "feed-test", threads: 1)
-        defer {
-            workers.close()
-            s.close()
+        try withFeed(backend, threads: 1, pollMillis: 600_000) { s, feed in
+            s.addCommitObserver(feed)
+            let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+            _ = try s.ingestNow(sample(), secret: c.secret)
+            let row = try s.claimDue(limit: 1)[0]
+            let done = DispatchSemaphore(value: 0)
+            let slot = ResultBox<Result<EventPage, StoreError>?>()
+            feed.serve(credentialID: c.record.id, query: EventFeedQuery(after: 0, limit: 10, waitSeconds: 600),
+                       deadlineMicros: monotonicMicros() + 600_000_000) {
+                slot.value = $0
+                done.signal()
+            }
+            waitUntil("the read is waiting") { feed.waitingCount == 1 }
+            try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .delivered, attempt: nil)])
+            #expect(done.wait(timeout: .now() + 20) == .success)
+            guard case .success(let page)?? = slot.value else { Issue.record("no page: \(String(describing: slot.value))"); return }
+            #expect(page.events.count == 1 && page.events[0].type == .responseDelivered)
         }
-        let feed = EventFeed(store: s, workers: workers, pollMillis: 600_000)
-        s.addCommitObserver(feed)
-        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
-        _ = try s.ingestNow(sample(), secret: c.secret)
-        let row = try s.claimDue(limit: 1)[0]
-        let done = DispatchSemaphore(value: 0)
-        let slot = ResultBox<Result<EventPage, StoreError>?>()
-        feed.serve(credentialID: c.record.id, query: EventFeedQuery(after: 0, limit: 10, waitSeconds: 600),
-                   deadlineMicros: monotonicMicros() + 600_000_000) {
-            slot.value = $0
-            done.signal()
-        }
-        waitUntil("the read is waiting") { feed.waitingCount == 1 }
-        try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .delivered, attempt: nil)])
-        #expect(done.wait(timeout: .now() + 20) == .success)
-        guard case .success(let page)?? = slot.value else { Issue.record("no page: \(String(describing: slot.value))"); return }
-        #expect(page.events.count == 1 && page.events[0].type == .responseDelivered)
     }
 
     /// Polls of eight credentials wait; an event of one of them reads that one's poll only
@@ -154,95 +160,77 @@ import Testing
     /// deadline without another read.
     @Test(arguments: StoreBackend.available, [true, false])
     func aCommitReadsOnlyItsCredentialsPolls(_ backend: StoreBackend, notified: Bool) throws {
-        let f = try StoreFixture(backend)
-        let s = try f.open()
-        let workers = WorkerPool(name: "feed-test", threads: 2)
-        defer {
-            workers.close()
-            s.close()
-        }
-        let feed = EventFeed(store: s, workers: workers, pollMillis: notified ? 600_000 : 100)
-        if notified { s.addCommitObserver(feed) }
-        feed.prepare()
-        let credentials = try (0..<8).map { try s.createCredential(name: "c\($0)", apps: ["com.example.app"]) }
-        _ = try s.ingestNow(sample(), secret: credentials[0].secret)
-        let row = try s.claimDue(limit: 1)[0]
-        var waits: [(DispatchSemaphore, ResultBox<Result<EventPage, StoreError>?>)] = []
-        for (i, c) in credentials.enumerated() {
-            let done = DispatchSemaphore(value: 0)
-            let slot = ResultBox<Result<EventPage, StoreError>?>()
-            // The others' deadline: far enough for the commit below, near enough for the test.
-            let wait: Int64 = i == 0 ? 600_000_000 : 6_000_000
-            feed.serve(credentialID: c.record.id, query: EventFeedQuery(after: 0, limit: 10, waitSeconds: 600),
-                       deadlineMicros: monotonicMicros() + wait) {
-                slot.value = $0
-                done.signal()
+        try withFeed(backend, threads: 2, pollMillis: notified ? 600_000 : 100) { s, feed in
+            if notified { s.addCommitObserver(feed) }
+            feed.prepare()
+            let credentials = try (0..<8).map { try s.createCredential(name: "c\($0)", apps: ["com.example.app"]) }
+            _ = try s.ingestNow(sample(), secret: credentials[0].secret)
+            let row = try s.claimDue(limit: 1)[0]
+            var waits: [(DispatchSemaphore, ResultBox<Result<EventPage, StoreError>?>)] = []
+            for (i, c) in credentials.enumerated() {
+                let done = DispatchSemaphore(value: 0)
+                let slot = ResultBox<Result<EventPage, StoreError>?>()
+                // The others' deadline: far enough for the commit below, near enough for the test.
+                let wait: Int64 = i == 0 ? 600_000_000 : 6_000_000
+                feed.serve(credentialID: c.record.id, query: EventFeedQuery(after: 0, limit: 10, waitSeconds: 600),
+                           deadlineMicros: monotonicMicros() + wait) {
+                    slot.value = $0
+                    done.signal()
+                }
+                waits.append((done, slot))
             }
-            waits.append((done, slot))
+            waitUntil("every poll is waiting") { feed.parkedCount == 8 && feed.readsUnderWay == 0 }
+            let before = feed.storeReads.load(ordering: .relaxed)
+            try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .delivered, attempt: nil)])
+            #expect(waits[0].0.wait(timeout: .now() + 20) == .success)
+            guard case .success(let page)?? = waits[0].1.value else { Issue.record("no page: \(String(describing: waits[0].1.value))"); return }
+            #expect(page.events.count == 1 && page.events[0].type == .responseDelivered)
+            #expect(feed.storeReads.load(ordering: .relaxed) - before == 1)
+            for (done, slot) in waits.dropFirst() {
+                #expect(done.wait(timeout: .now() + 30) == .success)
+                guard case .success(let empty)?? = slot.value else { Issue.record("no page: \(String(describing: slot.value))"); continue }
+                #expect(empty.events.isEmpty)
+            }
+            #expect(feed.storeReads.load(ordering: .relaxed) - before == 1)
+            waitUntil("nothing waits") { feed.waitingCount == 0 }
         }
-        waitUntil("every poll is waiting") { feed.parkedCount == 8 && feed.readsUnderWay == 0 }
-        let before = feed.storeReads.load(ordering: .relaxed)
-        try s.apply([DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .delivered, attempt: nil)])
-        #expect(waits[0].0.wait(timeout: .now() + 20) == .success)
-        guard case .success(let page)?? = waits[0].1.value else { Issue.record("no page: \(String(describing: waits[0].1.value))"); return }
-        #expect(page.events.count == 1 && page.events[0].type == .responseDelivered)
-        #expect(feed.storeReads.load(ordering: .relaxed) - before == 1)
-        for (done, slot) in waits.dropFirst() {
-            #expect(done.wait(timeout: .now() + 30) == .success)
-            guard case .success(let empty)?? = slot.value else { Issue.record("no page: \(String(describing: slot.value))"); continue }
-            #expect(empty.events.isEmpty)
-        }
-        #expect(feed.storeReads.load(ordering: .relaxed) - before == 1)
-        waitUntil("nothing waits") { feed.waitingCount == 0 }
     }
 
     /// A wake of many credentials at once reads their polls at most EventFeed.maxRereads at a
     /// time, not all at once into the reader pool's queue.
     @Test func wokenPollsAreReadAFewAtATime() throws {
-        let f = try StoreFixture(.sqlite)
-        let s = try f.open()
-        let workers = WorkerPool(name: "feed-test", threads: 2)
-        defer {
-            workers.close()
-            s.close()
+        try withFeed(.sqlite, threads: 2, pollMillis: nil) { s, feed in
+            let ids = (0..<40).map { "cred_\($0)" }
+            let answered = Counter()
+            for id in ids {
+                feed.serve(credentialID: id, query: EventFeedQuery(after: 0, limit: 10, waitSeconds: 30),
+                           deadlineMicros: monotonicMicros() + 30_000_000) { _ in answered.add() }
+            }
+            waitUntil("every poll is waiting") { feed.parkedCount == 40 && feed.readsUnderWay == 0 }
+            let before = feed.storeReads.load(ordering: .relaxed)
+            feed.eventsCommitted(credentials: Set(ids))
+            waitUntil("every poll was read again") { feed.storeReads.load(ordering: .relaxed) - before == 40 && feed.parkedCount == 40 && feed.readsUnderWay == 0 }
+            #expect(feed.peakRereads >= 1 && feed.peakRereads <= EventFeed.maxRereads)
+            #expect(answered.value == 0)
         }
-        let feed = EventFeed(store: s, workers: workers, pollMillis: nil)
-        let ids = (0..<40).map { "cred_\($0)" }
-        let answered = Counter()
-        for id in ids {
-            feed.serve(credentialID: id, query: EventFeedQuery(after: 0, limit: 10, waitSeconds: 30),
-                       deadlineMicros: monotonicMicros() + 30_000_000) { _ in answered.add() }
-        }
-        waitUntil("every poll is waiting") { feed.parkedCount == 40 && feed.readsUnderWay == 0 }
-        let before = feed.storeReads.load(ordering: .relaxed)
-        feed.eventsCommitted(credentials: Set(ids))
-        waitUntil("every poll was read again") { feed.storeReads.load(ordering: .relaxed) - before == 40 && feed.parkedCount == 40 && feed.readsUnderWay == 0 }
-        #expect(feed.peakRereads >= 1 && feed.peakRereads <= EventFeed.maxRereads)
-        #expect(answered.value == 0)
     }
 
     /// One credential's polls take at most maxWaitingPerCredential places: its extra polls are
     /// answered at once, and another credential's poll still waits (the waiting room is shared).
     @Test func oneCredentialsPollsDoNotFillTheWaitingRoom() throws {
-        let f = try StoreFixture(.sqlite)
-        let s = try f.open()
-        let workers = WorkerPool(name: "feed-test", threads: 2)
-        defer {
-            workers.close()
-            s.close()
+        try withFeed(.sqlite, threads: 2, pollMillis: nil) { s, feed in
+            let answered = Counter()
+            let query = EventFeedQuery(after: 0, limit: 10, waitSeconds: 30)
+            for _ in 0..<(EventFeed.maxWaitingPerCredential + 10) {
+                feed.serve(credentialID: "cred_greedy", query: query, deadlineMicros: monotonicMicros() + 30_000_000) { _ in answered.add() }
+            }
+            waitUntil("the greedy credential's extra polls are answered") {
+                answered.value == 10 && feed.parkedCount == EventFeed.maxWaitingPerCredential && feed.readsUnderWay == 0
+            }
+            feed.serve(credentialID: "cred_other", query: query, deadlineMicros: monotonicMicros() + 30_000_000) { _ in answered.add() }
+            waitUntil("the other credential's poll waits") { feed.parkedCount == EventFeed.maxWaitingPerCredential + 1 && feed.readsUnderWay == 0 }
+            #expect(answered.value == 10)
         }
-        let feed = EventFeed(store: s, workers: workers, pollMillis: nil)
-        let answered = Counter()
-        let query = EventFeedQuery(after: 0, limit: 10, waitSeconds: 30)
-        for _ in 0..<(EventFeed.maxWaitingPerCredential + 10) {
-            feed.serve(credentialID: "cred_greedy", query: query, deadlineMicros: monotonicMicros() + 30_000_000) { _ in answered.add() }
-        }
-        waitUntil("the greedy credential's extra polls are answered") {
-            answered.value == 10 && feed.parkedCount == EventFeed.maxWaitingPerCredential && feed.readsUnderWay == 0
-        }
-        feed.serve(credentialID: "cred_other", query: query, deadlineMicros: monotonicMicros() + 30_000_000) { _ in answered.add() }
-        waitUntil("the other credential's poll waits") { feed.parkedCount == EventFeed.maxWaitingPerCredential + 1 && feed.readsUnderWay == 0 }
-        #expect(answered.value == 10)
     }
 
     @Test func aLongPollWithNothingToSayEndsEmptyAtItsDeadline() throws {
