@@ -16,21 +16,9 @@ mkdir -m 700 $D/standby; [ "$(id -u)" -eq 0 ] && chown postgres: $D/standby
 as_pg $BIN/pg_basebackup -h 127.0.0.1 -p $pport -U relay -D $D/standby -R -X stream -c fast >/dev/null
 as_pg $BIN/pg_ctl -D $D/standby -l $D/standby/standby.log -o "-p $sport -c unix_socket_directories=$D/standby" -w start >/dev/null
 echo "standby in recovery: $(as_pg $BIN/psql -h 127.0.0.1 -p $sport -U relay -d relay -Atc 'SELECT pg_is_in_recovery()')"
-openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt -out $D/apns.p8
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-admin=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 both="postgresql://relay@127.0.0.1:$sport,127.0.0.1:$pport/relay?target_session_attrs=read-write"
-cat > $D/relay.json <<J
-{"listen":{"host":"127.0.0.1","port":$port},"admin":{"host":"127.0.0.1","port":$admin},
- "store":{"kind":"postgres","url":"$both","nodeId":"failover-1"},
- "apps":[{"bundleID":"com.example.app","environment":"custom","url":"https://127.0.0.1:9","token":{"p8Path":"$D/apns.p8","keyID":"PROBE00001","teamID":"PROBETEAM1"}}],
- "watchdog":false,"log":{"level":"warning"}}
-J
-$B/relay-server --config $D/relay.json 2>$D/relay.log & relay=$!
-for i in $(seq 100); do curl -fs 127.0.0.1:$admin/readyz >/dev/null && break; sleep 0.1; done
-secret=$($B/relayctl credentials create --config $D/relay.json --name p --apps com.example.app --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["secret"])')
-post() { curl -s -o /dev/null -w '%{http_code}' -m 60 -X POST 127.0.0.1:$port/v1/responses -H "Authorization: Bearer $secret" -H 'Content-Type: application/json' \
-  -d "{\"pushToken\":\"$(printf '%064x' $1)\",\"sessionIdentifier\":\"6F9619FF-8B86-D011-B42D-00C04FC964FF\",\"keyID\":\"AQIDBA==\",\"messageIndex\":$1,\"encryptedData\":\"$(head -c 40 /dev/zero | base64 -w0)\"}"; }
+. $W/scripts/lib-pg-probe.sh
+probe_relay "$both" failover-1
 echo "standby listed first, target_session_attrs=read-write: ingest $(post 1) $(post 2)"
 echo "relay sessions on the primary: $(as_pg $BIN/psql -h 127.0.0.1 -p $pport -U relay -d relay -Atc "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'relay-pg-%'")"
 sleep 1  # let the standby replay the rows

@@ -7,20 +7,9 @@ set -uo pipefail
 W=$(cd "$(dirname "$0")/.." && pwd); B=${RELAY_BIN:-$W/.build/debug}; D=$(mktemp -d); chmod 755 $D
 url=$($W/scripts/pg-test.sh start $D/pg)
 trap 'kill $relay 2>/dev/null; $W/scripts/pg-test.sh stop $D/pg >/dev/null 2>&1; rm -rf $D' EXIT
-openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt -out $D/apns.p8
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-admin=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-cat > $D/relay.json <<J
-{"listen":{"host":"127.0.0.1","port":$port},"admin":{"host":"127.0.0.1","port":$admin},
- "store":{"kind":"postgres","url":"$url","nodeId":"probe-1"},
- "apps":[{"bundleID":"com.example.app","environment":"custom","url":"https://127.0.0.1:9","token":{"p8Path":"$D/apns.p8","keyID":"PROBE00001","teamID":"PROBETEAM1"}}],
- "watchdog":false,"log":{"level":"warning"}}
-J
-$B/relay-server --config $D/relay.json 2>$D/relay.log & relay=$!
-for i in $(seq 100); do curl -fs 127.0.0.1:$admin/readyz >/dev/null && break; sleep 0.1; done
-secret=$($B/relayctl credentials create --config $D/relay.json --name p --apps com.example.app --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["secret"])')
-post() { curl -s -o /dev/null -w '%{http_code} %{time_total}s' -m 60 -X POST 127.0.0.1:$port/v1/responses -H "Authorization: Bearer $secret" -H 'Content-Type: application/json' \
-  -d "{\"pushToken\":\"$(printf '%064x' $1)\",\"sessionIdentifier\":\"6F9619FF-8B86-D011-B42D-00C04FC964FF\",\"keyID\":\"AQIDBA==\",\"messageIndex\":$1,\"encryptedData\":\"$(head -c 40 /dev/zero | base64 -w0)\"}"; }
+POST_FORMAT="%{http_code} %{time_total}s"
+. $W/scripts/lib-pg-probe.sh
+probe_relay "$url" probe-1
 echo "before: $(post 1)"
 $B/relay-server --config $D/relay.json >$D/second.log 2>&1; echo "second relay-server, same nodeId: exit $?: $(tail -1 $D/second.log)"
 pm=$(head -1 $D/pg/data/postmaster.pid)
@@ -29,7 +18,7 @@ kill -STOP $pids
 echo "STOPPED postmaster and all backends"
 for i in 2 3 4; do echo "ingest during stall: $(post $i)"; done
 curl -s -i -m 60 -X POST 127.0.0.1:$port/v1/responses -H "Authorization: Bearer $secret" -H 'Content-Type: application/json' \
-  -d "{\"pushToken\":\"$(printf '%064x' 9)\",\"sessionIdentifier\":\"6F9619FF-8B86-D011-B42D-00C04FC964FF\",\"keyID\":\"AQIDBA==\",\"messageIndex\":9,\"encryptedData\":\"$(head -c 40 /dev/zero | base64 -w0)\"}" | grep -iE "^HTTP|retry-after|storage"
+  -d "$(post_body 9)" | grep -iE "^HTTP|retry-after|storage"
 echo "readyz during stall: $(curl -s -o /dev/null -w '%{http_code} %{time_total}s' -m 60 127.0.0.1:$admin/readyz)"
 kill -CONT $pids
 t0=$(date +%s.%N)
