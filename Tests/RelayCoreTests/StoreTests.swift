@@ -1228,7 +1228,62 @@ import Testing
 /// unregistered_tokens is pruned by the retention sweep once a mark changes nothing
 /// (StoreRules.markIsStale): its hold ended staleMarkMillis ago and the rows it covers are past
 /// their TTL. A mark still in reach, and a 410 mark while the quarantine is 0, stay.
+/// SQLite: an ingest batch that rolls back wrote no last_used_at, so the writer must not
+/// remember its credential as touched (it would skip the write for the next minute).
+@Suite struct CredentialTouchRollbackTests {
+    @Test func aRolledBackIngestDoesNotCountAsTouchingItsCredential() throws {
+        let f = try StoreFixture(.sqlite)
+        let s = try f.open()
+        defer { s.close() }
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let refused = String(repeating: "fe", count: 32)
+        _ = try f.sql("""
+            CREATE TRIGGER test_refuse BEFORE UPDATE ON outbox_stats
+            WHEN EXISTS (SELECT 1 FROM responses WHERE push_token = '\(refused)')
+            BEGIN SELECT RAISE(ABORT, 'refused by the test'); END
+            """)
+        #expect(throws: StoreError.self) { try s.ingestNow(sample(token: refused), secret: c.secret) }
+        #expect(try f.sql("SELECT last_used_at IS NULL FROM credentials") == [["1"]])
+        guard case .accepted = try s.ingestNow(sample(token: "ab", index: 2), secret: c.secret) else {
+            Issue.record("not accepted"); return
+        }
+        #expect(try f.sql("SELECT last_used_at IS NOT NULL FROM credentials") == [["1"]])
+    }
+}
+
 @Suite struct StaleMarkPruneTests {
+    /// SQLite: a prune whose batch rolls back leaves its tokens watched. The writer's watched
+    /// set mirrors the two token tables, and a token wrongly left out of it would skip its
+    /// mark's check at ingest (the mark's row is back after the rollback).
+    @Test func aRolledBackPruneKeepsItsTokensWatched() throws {
+        let f = try StoreFixture(.sqlite)
+        let s = try f.open()
+        defer { s.close() }
+        let sqlite = try #require(s as? SQLiteOutboxStore)
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let first = String(repeating: "f3", count: 32), second = String(repeating: "f4", count: 32)
+        for token in [first, second] {
+            _ = try s.ingestNow(sample(token: token, index: 1), secret: c.secret)
+            let r = try s.claimDue(limit: 1)[0]
+            try s.apply([DeliveryUpdate(id: r.id, pushToken: r.pushToken, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: f.clock.nowMillis()), attempt: nil)])
+        }
+        let hold: Int64 = 3_600_000, ttl: Int64 = 86_400_000
+        f.clock.advance(hold + StoreRules.staleMarkMillis + ttl + 1_000)
+        _ = try s.ingestNow(sample(token: "aa", index: 9), secret: c.secret, ttl: ttl, quarantine: hold)   // the settings
+        #expect(try sqlite.write { _ in sqlite.writerState.watchedTokens } == [first, second])
+        // The second token's DELETE fails after the first was deleted and unwatched: the batch rolls back.
+        _ = try f.sql("""
+            CREATE TRIGGER test_refuse_prune BEFORE DELETE ON unregistered_tokens WHEN OLD.token = '\(second)'
+            BEGIN SELECT RAISE(ABORT, 'refused by the test'); END
+            """)
+        #expect(throws: StoreError.self) { try sqlite.pruneStaleMarks(now: f.clock.nowMillis(), limit: 10) }
+        #expect(try f.sql("SELECT count(*) FROM unregistered_tokens") == [["2"]])
+        #expect(try sqlite.write { _ in sqlite.writerState.watchedTokens } == [first, second])
+        _ = try f.sql("DROP TRIGGER test_refuse_prune")
+        #expect(try sqlite.pruneStaleMarks(now: f.clock.nowMillis(), limit: 10) == 2)
+        #expect(try sqlite.write { _ in sqlite.writerState.watchedTokens }.isEmpty)
+    }
+
     @Test(arguments: StoreBackend.available)
     func theSweepDropsStaleMarksAndKeepsTheOthers(_ backend: StoreBackend) throws {
         let f = try StoreFixture(backend)

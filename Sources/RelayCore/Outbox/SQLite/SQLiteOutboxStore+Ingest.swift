@@ -153,6 +153,7 @@ extension SQLiteOutboxStore {
             if StoreRules.lastUsedIsStale(touchedAt: state.credentialTouched[credID], now: now) {
                 try db.run("UPDATE credentials SET last_used_at = ? WHERE id = ?", [.integer(now), .text(credID)])
                 state.credentialTouched[credID] = now
+                state.batch.touched(credID)
             }
             batch.lastCredential?.touchChecked = true
         }

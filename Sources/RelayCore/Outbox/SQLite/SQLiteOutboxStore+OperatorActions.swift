@@ -54,33 +54,30 @@ extension SQLiteOutboxStore {
     }
 
     public func pruneEndedPacing(before: Int64, limit: Int) throws -> Int {
-        let state = writerState
-        return try write { db in
-            let tokens = try db.query("SELECT token FROM token_pacing WHERE paced_until < ? LIMIT ?",
-                                      [.integer(before), .integer(Int64(max(0, limit)))]).compactMap { $0[0].string }
-            for token in tokens {
-                try db.run("DELETE FROM token_pacing WHERE token = ?", [.text(token)])
-                // Still watched while it holds a mark (watchedTokens mirrors both tables).
-                if try db.query("SELECT 1 FROM unregistered_tokens WHERE token = ?", [.text(token)]).isEmpty {
-                    state.watchedTokens.remove(token)
-                }
-            }
-            return tokens.count
-        }
+        try pruneTokens("SELECT token FROM token_pacing WHERE paced_until < ?1 LIMIT ?2", [.integer(before)], limit: limit,
+                        from: "token_pacing", stillWatchedBy: "unregistered_tokens")
     }
 
     public func pruneStaleMarks(now: Int64, limit: Int) throws -> Int {
         let b = StoreRules.staleMarkBounds(now: now, settings: ingestSettings)
+        let stale = StoreRules.staleMarkSQL(mark: "m", unregisteredBefore: "?1", badDeviceTokenBefore: "?2", cutoffBefore: "?3")
+        return try pruneTokens("SELECT token FROM unregistered_tokens m WHERE \(stale) LIMIT ?4",
+                               [.integer(b.unregisteredRecordedBefore), .integer(b.badDeviceTokenRecordedBefore), .integer(b.cutoffBefore)],
+                               limit: limit, from: "unregistered_tokens", stillWatchedBy: "token_pacing")
+    }
+
+    /// Deletes the tokens `select` finds (its last parameter is the limit) from `table`; a token
+    /// no longer in `other` either leaves the writer's watched set (it mirrors both tables), and
+    /// comes back if the batch rolls back (IngestBatch.unwatch).
+    private func pruneTokens(_ select: String, _ binds: [SQLValue], limit: Int, from table: String, stillWatchedBy other: String) throws -> Int {
         let state = writerState
         return try write { db in
-            let tokens = try db.query("SELECT token FROM unregistered_tokens m WHERE \(StoreRules.staleMarkSQL(mark: "m", unregisteredBefore: "?1", badDeviceTokenBefore: "?2", cutoffBefore: "?3")) LIMIT ?4",
-                                      [.integer(b.unregisteredRecordedBefore), .integer(b.badDeviceTokenRecordedBefore), .integer(b.cutoffBefore),
-                                       .integer(Int64(max(0, limit)))]).compactMap { $0[0].string }
+            let tokens = try db.query(select, binds + [.integer(Int64(max(0, limit)))]).compactMap { $0[0].string }
             for token in tokens {
-                try db.run("DELETE FROM unregistered_tokens WHERE token = ?", [.text(token)])
-                // Still watched while it is paced (watchedTokens mirrors both tables).
-                if try db.query("SELECT 1 FROM token_pacing WHERE token = ?", [.text(token)]).isEmpty {
+                try db.run("DELETE FROM \(table) WHERE token = ?", [.text(token)])
+                if try db.query("SELECT 1 FROM \(other) WHERE token = ?", [.text(token)]).isEmpty {
                     state.watchedTokens.remove(token)
+                    state.batch.unwatch(token)
                 }
             }
             return tokens.count

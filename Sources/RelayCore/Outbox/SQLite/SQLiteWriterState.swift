@@ -57,19 +57,22 @@ final class IngestBatch {
     /// they are).
     private var eventTypes = (delivered: 0, failed: 0, unregistered: 0)
     private var firstEvent: Int64?
+    /// What the batch changed in the writer's in-memory mirrors, undone if it rolls back:
+    /// tokens taken out of `watchedTokens` (a token wrongly left out would skip its mark's
+    /// check), credentials whose `credentialTouched` moved (their last_used_at was not written).
+    private(set) var unwatched: [String] = []
+    private(set) var touchedCredentials: [String] = []
+
+    func unwatch(_ token: String) { unwatched.append(token) }
+    func touched(_ credentialID: String) { touchedCredentials.append(credentialID) }
 
     /// Before BEGIN. The room is a number read now, outside the transaction, not a slot taken.
     func begin(settings: IngestStoreSettings, events: EventStoreSettings, taker: (observer: any OutboxCommitObserver, room: Int)?) {
+        reset()
         self.settings = settings
         self.events = events
-        credentials.removeAll(keepingCapacity: true)
-        lastCredential = nil
         self.taker = taker?.observer
         room = taker?.room ?? 0
-        handedOff.removeAll()
-        queuedDue = false
-        eventTypes = (0, 0, 0)
-        firstEvent = nil
     }
 
     /// One slot of the offered room for a row due now, if any is left.
@@ -94,7 +97,6 @@ final class IngestBatch {
     /// events counted into `tally`. The batch is empty afterwards.
     func commit(tally: EventTally) -> OutboxCommit {
         var commit = OutboxCommit(handedOff: handedOff, queuedDue: queuedDue)
-        handedOff = []
         let t = eventTypes
         let count = t.delivered + t.failed + t.unregistered
         if count > 0 {
@@ -103,18 +105,23 @@ final class IngestBatch {
             tally.add(.tokenUnregistered, t.unregistered)
             commit.events = EventsCommitted(credentials: nil, after: (firstEvent ?? 1) - 1, count: count)
         }
-        rolledBack()
+        reset()
         return commit
     }
 
-    /// After ROLLBACK: nothing is announced, nothing is owed.
-    func rolledBack() {
+    /// Empty: before each batch, after its COMMIT (announced) or its ROLLBACK (nothing is
+    /// announced, nothing is owed; WriterState undoes `unwatched` and `touchedCredentials` first).
+    func reset() {
+        credentials.removeAll(keepingCapacity: true)
+        lastCredential = nil
         taker = nil
         room = 0
         handedOff = []
         queuedDue = false
         eventTypes = (0, 0, 0)
         firstEvent = nil
+        unwatched.removeAll(keepingCapacity: true)
+        touchedCredentials.removeAll(keepingCapacity: true)
     }
 }
 
@@ -201,7 +208,9 @@ extension SQLiteOutboxStore {
         /// a new webhook's cursor starts before that event, not wherever the sender's first
         /// exchange finds the newest.
         func batchDidRollback() {
-            batch.rolledBack()
+            for token in batch.unwatched { watchedTokens.insert(token) }
+            for id in batch.touchedCredentials { credentialTouched[id] = nil }
+            batch.reset()
             dedupe.batchRolledBack()
             cursorsReadyFor = []
         }
