@@ -160,6 +160,45 @@ import Testing
         #expect(got.claimed.map(\.eventID) == [e[1].id, e[3].id, after[0].id])
         #expect(got.claimed.map(\.attempts) == [1, 0, 0] && got.claimed.map(\.fromCursor) == [false, false, true])
     }
+
+    /// A new webhook's cursor is made in the transaction of the first event after it was
+    /// configured. If that transaction rolls back, the next one makes it again, before its
+    /// event: the event reaches the webhook. (The store believed the cursor made although its
+    /// row had been rolled back; the sender then made it after the newest event, and the event
+    /// was never sent.)
+    @Test(arguments: StoreBackend.available)
+    func aCursorMadeInARolledBackTransactionIsMadeAgain(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        _ = try f.sql("CREATE TABLE test_gate (x INTEGER)")
+        _ = try f.sql("INSERT INTO test_gate VALUES (1)")
+        switch backend {
+        case .sqlite:
+            _ = try f.sql("""
+                CREATE TRIGGER test_refuse_event BEFORE INSERT ON events WHEN EXISTS (SELECT 1 FROM test_gate)
+                BEGIN SELECT RAISE(ABORT, 'refused by the test'); END
+                """)
+        case .postgres:
+            _ = try f.sql("""
+                CREATE FUNCTION test_refuse_event() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN IF EXISTS (SELECT 1 FROM test_gate) THEN RAISE EXCEPTION 'refused by the test'; END IF; RETURN NEW; END $$
+                """)
+            _ = try f.sql("CREATE TRIGGER test_refuse_event BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION test_refuse_event()")
+        }
+        s.eventSettings = EventStoreSettings(webhooks: [WebhookSubscription(name: "w")])
+        let c = try s.createCredential(name: "c", apps: [app])
+        _ = try s.ingestNow(sample(index: 1), secret: c.secret)
+        let row = try s.claimDue(limit: 1)[0]
+        let delivered = [DeliveryUpdate(id: row.id, pushToken: row.pushToken, outcome: .delivered, attempt: nil)]
+        #expect(throws: StoreError.self) { try s.apply(delivered) }
+        #expect(try f.sql("SELECT count(*) FROM webhook_cursors") == [["0"]])
+        _ = try f.sql("DELETE FROM test_gate")
+        try s.apply(delivered)
+        let e = try s.events(credentialID: c.record.id, after: 0, limit: 10)
+        #expect(e.count == 1)
+        #expect(try s.exchange("w", now: f.clock.nowMillis()).claimed.map(\.eventID) == e.map(\.id))
+    }
 }
 
 /// The cursor's pure rules (WebhookCursorRules), both stores' one copy.

@@ -93,6 +93,10 @@ final class PostgresConnection {
     /// Round trips (statements, or pipelines) since the owner last reset it (see
     /// PostgresLink.withConnection).
     var statementsSent = 0
+    /// Run after the current transaction's COMMIT, dropped at its ROLLBACK
+    /// (PostgresLink.transaction): for what a process may believe only once the
+    /// transaction's writes are durable (e.g. "this webhook's cursor row exists").
+    var afterCommit: [() -> Void] = []
 
     /// Set when a pipeline's answers stopped making sense: the connection's state is unknown.
     private var broken = false

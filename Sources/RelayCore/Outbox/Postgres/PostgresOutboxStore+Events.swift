@@ -24,11 +24,13 @@ extension PostgresOutboxStore {
     static let eventColumns = EventRecord.columnNames.map { "e.\($0)" }.joined(separator: ", ")
 
     /// Under the events lock, once per process and settings: the configured webhooks' cursors.
+    /// Believed made only once the transaction commits: a rolled-back (or retried) one makes
+    /// them again, so a new webhook's cursor starts before the events of that transaction.
     private func ensureCursorsOnce(_ c: PostgresConnection) throws {
         let hooks = eventSettings.webhooks
         guard cursorsReadyFor.withLock({ $0 != hooks }) else { return }
         try Self.ensureCursors(hooks, c)
-        cursorsReadyFor.withLock { $0 = hooks }
+        c.afterCommit.append { [weak self] in self?.cursorsReadyFor.withLock { $0 = hooks } }
     }
 
     /// In the outcome's transaction: one event per response id (now terminal), in order.

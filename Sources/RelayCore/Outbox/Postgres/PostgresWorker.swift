@@ -168,12 +168,17 @@ final class PostgresLink: @unchecked Sendable {
     }
 
     private func transactionOnce<T>(_ c: PostgresConnection, _ body: (PostgresConnection) throws -> T) throws -> T {
+        c.afterCommit = []
         do {
             try c.execute("BEGIN")
             let value = try body(c)
             try c.execute("COMMIT")
+            let committed = c.afterCommit
+            c.afterCommit = []
+            for action in committed { action() }
             return value
         } catch {
+            c.afterCommit = []
             if c.isOK && !c.isIdle { try? c.execute("ROLLBACK") }
             throw error
         }
