@@ -161,6 +161,27 @@ import Testing
         #expect(got.claimed.map(\.attempts) == [1, 0, 0] && got.claimed.map(\.fromCursor) == [false, false, true])
     }
 
+    /// An event retention deleted while its attempt was under way gets no retry row when the
+    /// attempt fails: a row without its event would never be claimed nor purged, and would
+    /// count as pending for ever.
+    @Test(arguments: StoreBackend.available)
+    func aFailedAttemptOfADeletedEventLeavesNoRow(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        s.eventSettings = EventStoreSettings(webhooks: [WebhookSubscription(name: "w")])
+        let e = try events(s, 1)
+        let now = f.clock.nowMillis()
+        let got = try s.exchange("w", now: now)
+        let hold = try #require(got.cursor)
+        #expect(got.claimed.map(\.eventID) == [e[0].id])
+        _ = try f.sql("DELETE FROM events WHERE seq = \(e[0].sequence)")
+        _ = try s.exchange("w", results: [WebhookAttemptRecord(got.claimed[0], .retry(attemptedAt: now, at: now + 1_000, error: "HTTP 500"))],
+                           cursor: WebhookCursorPosition(epoch: hold.epoch, through: hold.claimedThrough), now: now)
+        #expect(try f.sql("SELECT count(*) FROM webhook_deliveries") == [["0"]])
+        #expect(try s.webhookDeliveryCounts()["w"] == nil)
+    }
+
     /// A new webhook's cursor is made in the transaction of the first event after it was
     /// configured. If that transaction rolls back, the next one makes it again, before its
     /// event: the event reaches the webhook. (The store believed the cursor made although its

@@ -147,11 +147,12 @@ extension SQLiteOutboxStore {
     }
 
     /// A new event's failed attempt (or local failure): its retry row, as the same result on
-    /// an existing row would leave it.
+    /// an existing row would leave it. Nothing for an event retention deleted meanwhile (a row
+    /// without its event would never be claimed nor purged).
     private static func insertRetryRow(webhook: String, seq: Int64, _ c: WebhookResultChange, db: SQLiteDatabase, state: WriterState) throws {
         let st = try db.held(&state.insertDelivery, """
             INSERT OR IGNORE INTO webhook_deliveries (webhook, seq, state, attempts, first_attempt_at, next_attempt_at, last_error, updated_at)
-            VALUES (?1, ?2, ?3, ?4, CASE WHEN ?4 = 1 THEN ?5 END, ?6, ?7, ?5)
+            SELECT ?1, seq, ?3, ?4, CASE WHEN ?4 = 1 THEN ?5 END, ?6, ?7, ?5 FROM events WHERE seq = ?2
             """)
         try st.bind(1, webhook)
         try st.bind(2, seq)
