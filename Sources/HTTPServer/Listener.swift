@@ -72,6 +72,8 @@ final class Listener {
     /// Consecutive `.retry` failures tolerated in one wake-up before pausing: a retryable error
     /// that does not consume a connection must not spin either.
     static let maxRetriesInARow = 64
+    /// Connections accepted per readable event before the loop gets a turn.
+    static let maxAcceptsPerWake = 64
     private var stopped = false
     private var closing = false
     private var pendingCloses = 0
@@ -83,7 +85,11 @@ final class Listener {
         self.fd = fd
         self.address = address
         var st = stat()
-        fstat(fd, &st)
+        guard fstat(fd, &st) == 0 else {
+            let e = errno
+            Glibc.close(fd)
+            throw HTTPServerError.libuv(operation: "listen \(address)", message: "fstat: \(String(cString: strerror(e)))")
+        }
         device = UInt64(st.st_dev)
         inode = UInt64(st.st_ino)
         poll = .allocate(capacity: 1)
@@ -116,10 +122,16 @@ final class Listener {
         guard !stopped else { return }
         guard status == 0 else { return broken("poll: \(String(cString: uv_strerror(status)))") }
         var retries = 0
+        var accepted = 0
         while !stopped {
+            // Then back to the loop: the poll is level-triggered and fires again at its next
+            // turn, after the reads, writes, timers and close callbacks (which free the numbers
+            // of refused connections) that a steady stream of connections would otherwise hold up.
+            guard accepted < Self.maxAcceptsPerWake else { return }
             let c = cuv_accept(fd)
             if c >= 0 {
                 retries = 0
+                accepted += 1
                 if backoff.succeeded() { loop.core.tellAcceptError("\(address): accepting connections again") }
                 loop.accepted(c)
                 continue
