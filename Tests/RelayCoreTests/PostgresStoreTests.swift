@@ -620,3 +620,18 @@ func terminateStoreConnections(_ f: StoreFixture) throws -> Int {
     }
     throw StoreError.invalid("store connections did not go away")
 }
+
+/// Which clock-offset samples a PostgreSQL store takes (no database needed): a slow round trip
+/// (a stalled database) says too little about the offset to replace the one measured before.
+@Suite struct DatabaseClockSampleTests {
+    @Test func aSlowRoundTripKeepsThePreviousOffset() {
+        #expect(DatabaseClock.takesSample(roundTripMillis: 3, boundMillis: 10_000, measured: true))
+        #expect(DatabaseClock.takesSample(roundTripMillis: 250, boundMillis: 10_000, measured: true))
+        #expect(!DatabaseClock.takesSample(roundTripMillis: 251, boundMillis: 10_000, measured: true))
+        #expect(!DatabaseClock.takesSample(roundTripMillis: 30_000, boundMillis: 10_000, measured: true))
+        // A tight bound tightens it: at most a quarter of the bound.
+        #expect(!DatabaseClock.takesSample(roundTripMillis: 101, boundMillis: 400, measured: true))
+        // The first sample is always taken: there is no other offset yet.
+        #expect(DatabaseClock.takesSample(roundTripMillis: 30_000, boundMillis: 10_000, measured: false))
+    }
+}

@@ -27,6 +27,14 @@ final class DatabaseClock: RelayClock, Sendable {
         measuredAt.store(monotonicMicros() / 1000, ordering: .relaxed)
     }
 
+    /// Whether a sample is taken: its error is up to half its round trip, so one that took
+    /// longer than 250 ms (or a quarter of the bound) would move the offset by noise, and
+    /// after a stall of the database (a 30 s round trip) past the bound, refusing claims
+    /// although the clocks agree. The first sample is always taken.
+    static func takesSample(roundTripMillis: Int64, boundMillis: Int64, measured: Bool) -> Bool {
+        !measured || roundTripMillis <= min(250, max(1, boundMillis / 4))
+    }
+
     /// Node time to database time, and back.
     func toDatabase(_ t: Int64) -> Int64 { t + offsetMillis }
     func toLocal(_ t: Int64) -> Int64 { t - offsetMillis }
@@ -52,9 +60,13 @@ extension PostgresOutboxStore {
             databaseTime = db
         }
         let first = !clock.isMeasured, before = clock.offsetMillis
-        clock.set(offsetMillis: offset)
         let fields: KeyValuePairs<String, any Sendable> = ["offset_ms": offset, "round_trip_ms": roundTrip,
                                                            "bound_ms": options.maxClockOffsetMillis]
+        guard DatabaseClock.takesSample(roundTripMillis: roundTrip, boundMillis: options.maxClockOffsetMillis, measured: !first) else {
+            logger?.limited(.warning, "database clock sample skipped: its round trip was too slow to say the offset", fields)
+            return databaseTime
+        }
+        clock.set(offsetMillis: offset)
         if abs(offset) > options.maxClockOffsetMillis {
             logger?.limited(.error, "this node's clock is off the database's by more than store.maxClockOffsetSeconds: it claims no pushes until fixed (check NTP)", fields)
         } else if first || abs(offset - before) >= 1_000 {
