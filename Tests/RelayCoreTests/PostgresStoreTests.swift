@@ -569,6 +569,27 @@ struct PostgresStoreTests {
         #expect(try b.nextDueAt() == bt + 1_000, "the next due time in b's clock")
     }
 
+    /// A node 8 s fast (within the bound) prunes a token mark only once it is stale in the
+    /// database's time, not 8 s early by its own clock (marks' times are the database's).
+    @Test func aFastNodePrunesNoMarkEarly() throws {
+        let a = try f.openPostgres(nodeID: "a")
+        defer { a.close() }
+        let c = try a.createCredential(name: "c", apps: ["com.example.app"])
+        let token = String(repeating: "f5", count: 32)
+        _ = try a.ingestNow(sample(token: token, index: 1), secret: c.secret)
+        let r = try a.claimDue(limit: 1)[0]
+        try a.apply([DeliveryUpdate(id: r.id, pushToken: r.pushToken, outcome: .unregistered(reason: "Unregistered", apnsTimestamp: f.clock.nowMillis()),
+                                    attempt: nil, leaseEpoch: r.leaseEpoch)])
+        let hold: Int64 = 3_600_000, ttl: Int64 = 86_400_000
+        let b = try f.openPostgres(nodeID: "b", skewMillis: 8_000)
+        defer { b.close() }
+        _ = try b.ingestNow(sample(token: "aa", index: 9), secret: c.secret, ttl: ttl, quarantine: hold)   // b's settings
+        f.clock.advance(hold + StoreRules.staleMarkMillis - 3_000)   // stale in 3 s; by b's clock 5 s ago
+        #expect(try b.pruneStaleMarks(now: f.clock.nowMillis() + 8_000, limit: 10) == 0)
+        f.clock.advance(4_000)
+        #expect(try b.pruneStaleMarks(now: f.clock.nowMillis() + 8_000, limit: 10) == 1)
+    }
+
     /// Against the real clock_timestamp() on the same host the measured offset is about zero.
     @Test func theOffsetToTheRealDatabaseClockIsMeasuredAtConnect() throws {
         let s = try PostgresOutboxStore(options: PostgresStoreOptions(url: f.pgURL, nodeID: "real"))

@@ -90,8 +90,10 @@ extension PostgresOutboxStore {
         }
     }
 
+    /// As pruneEndedPacing: a fast node must not prune another node's marks early, so `now`
+    /// is read in the database's time (the marks' times are stored in it).
     public func pruneStaleMarks(now: Int64, limit: Int) throws -> Int {
-        let b = StoreRules.staleMarkBounds(now: now, settings: ingestSettings)
+        let b = StoreRules.staleMarkBounds(now: clock.toDatabase(now), settings: ingestSettings)
         let stale = StoreRules.staleMarkSQL(mark: "m", unregisteredBefore: "$1", badDeviceTokenBefore: "$2", cutoffBefore: "$3")
         return try write { c in
             // The condition again in the DELETE: another node may have re-armed a mark (a probe).
