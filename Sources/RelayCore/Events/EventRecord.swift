@@ -226,7 +226,7 @@ public protocol EventStore: WebhookOutbox {
     /// Deletes up to `limit` events of `types` created before `olderThan` (oldest first) with
     /// their deliveries, in one transaction.
     func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> PurgedEvents
-    /// Drops the pending deliveries due first (then oldest) of each webhook above `max`; returns the dropped count
+    /// Moves each webhook over `max` past its oldest events after the cursor, then drops its retry rows due first; returns the dropped count
     /// per webhook (only those that dropped some).
     func trimWebhookBacklogs(max: Int) throws -> [String: Int]
 }

@@ -128,7 +128,7 @@ public final class RetentionSweeper: Lifecycle {
         s == .delivered ? [.responseDelivered] : [.responseFailed, .tokenUnregistered]
     }
 
-    /// Events past retention, then each webhook's backlog bound (the oldest pending dropped).
+    /// Events past retention, then each webhook's backlog bound (the cursor skips the oldest events after it, then retry rows due first are dropped).
     private func sweepEvents() {
         var removed = 0
         var expired: [String: Int] = [:]
@@ -206,7 +206,7 @@ public final class RetentionSweeper: Lifecycle {
         for st in [ResponseState.delivered, .failed] { r.sample("relay_retention_removed_total", ["state": st.rawValue], s.removed[st] ?? 0) }
         r.counter("relay_retention_failures_total", help: "Retention sweeps that failed (logged).", s.failures)
         r.counter("relay_events_removed_total", help: "Delivery events (with their webhook deliveries) deleted by store.retention.", s.eventsRemoved)
-        r.declare("relay_webhook_backlog_dropped_total", .counter, help: "Pending webhook deliveries dropped over events.maxBacklogPerWebhook (the oldest first).")
+        r.declare("relay_webhook_backlog_dropped_total", .counter, help: "Pending webhook deliveries dropped over events.maxBacklogPerWebhook (the oldest events after the cursor first, then retry rows due first).")
         for w in store.eventSettings.webhooks.map(\.name) { r.sample("relay_webhook_backlog_dropped_total", ["webhook": w], s.backlogDropped[w] ?? 0) }
         r.declare("relay_webhook_deliveries_expired_total", .counter,
                   help: "Pending webhook deliveries (never delivered, or retrying) deleted by store.retention with their events: never sent.")

@@ -175,7 +175,7 @@ extension PostgresOutboxStore {
     }
 
     /// The sender's backlog gauge (every 10 s): pending retry rows and events after the cursor
-    /// that the webhook receives, at most `webhookBacklogCountCap` of each (StoreRules).
+    /// that the webhook receives, at most `webhookBacklogCountCap` in all (StoreRules).
     public func pendingWebhookDeliveries(webhook: String) throws -> Int? {
         try pendingWebhookDeliveries(webhook: webhook, cap: StoreRules.webhookBacklogCountCap)
     }
@@ -185,7 +185,7 @@ extension PostgresOutboxStore {
             let after = try Self.cursors(c, webhook: webhook).first.map { cur in try Self.countAfterCursor(cur, cap: cap, c) } ?? 0
             let rows = try c.query("SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' LIMIT $2) x",
                                    [.text(webhook), .int(Int64(max(0, cap)))]).first?.first?.int ?? 0
-            return Int(rows) + after
+            return min(Int(rows) + after, cap)
         }
     }
 

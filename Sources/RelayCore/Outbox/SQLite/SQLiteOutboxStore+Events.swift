@@ -197,7 +197,7 @@ extension SQLiteOutboxStore {
 
     /// The sender's backlog gauge (every 10 s): the pending retry rows (their partial index)
     /// and the events after the cursor that the webhook receives, at most
-    /// `webhookBacklogCountCap` of each (StoreRules).
+    /// `webhookBacklogCountCap` in all (StoreRules), as docs/operations.md says.
     public func pendingWebhookDeliveries(webhook: String) throws -> Int? {
         try pendingWebhookDeliveries(webhook: webhook, cap: StoreRules.webhookBacklogCountCap)
     }
@@ -207,7 +207,7 @@ extension SQLiteOutboxStore {
             let after = try Self.cursors(db, webhook: webhook).first.map { c in try Self.countAfterCursor(c, cap: cap, db) } ?? 0
             let rows = try db.query("SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' LIMIT ?)",
                                     [.text(webhook), .integer(Int64(max(0, cap)))]).first?[0].int ?? 0
-            return Int(rows) + after
+            return min(Int(rows) + after, cap)
         }
     }
 
