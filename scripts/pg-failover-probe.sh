@@ -11,7 +11,8 @@ as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; 
 url=$($W/scripts/pg-test.sh start $D/pg)
 pport=$(cat $D/pg/port)
 sport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-trap 'kill $relay 2>/dev/null; as_pg $BIN/pg_ctl -D $D/standby -m immediate stop >/dev/null 2>&1; $W/scripts/pg-test.sh stop $D/pg >/dev/null 2>&1; rm -rf $D' EXIT
+relay=""
+trap '[ -n "$relay" ] && kill $relay 2>/dev/null; as_pg $BIN/pg_ctl -D $D/standby -m immediate stop >/dev/null 2>&1; $W/scripts/pg-test.sh stop $D/pg >/dev/null 2>&1; rm -rf $D' EXIT
 mkdir -m 700 $D/standby; [ "$(id -u)" -eq 0 ] && chown postgres: $D/standby
 as_pg $BIN/pg_basebackup -h 127.0.0.1 -p $pport -U relay -D $D/standby -R -X stream -c fast >/dev/null
 as_pg $BIN/pg_ctl -D $D/standby -l $D/standby/standby.log -o "-p $sport -c unix_socket_directories=$D/standby" -w start >/dev/null

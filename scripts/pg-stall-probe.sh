@@ -6,7 +6,8 @@
 set -uo pipefail
 W=$(cd "$(dirname "$0")/.." && pwd); B=${RELAY_BIN:-$W/.build/debug}; D=$(mktemp -d); chmod 755 $D
 url=$($W/scripts/pg-test.sh start $D/pg)
-trap 'kill $relay 2>/dev/null; $W/scripts/pg-test.sh stop $D/pg >/dev/null 2>&1; rm -rf $D' EXIT
+relay=""
+trap '[ -n "$relay" ] && kill $relay 2>/dev/null; $W/scripts/pg-test.sh stop $D/pg >/dev/null 2>&1; rm -rf $D' EXIT
 POST_FORMAT="%{http_code} %{time_total}s"
 . $W/scripts/lib-pg-probe.sh
 probe_relay "$url" probe-1

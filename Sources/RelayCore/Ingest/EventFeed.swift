@@ -318,7 +318,7 @@ final class EventFeed: Sendable {
                 more = false   // the store is unreachable: asked again at the next poll
             }
             poll.nextAt = more ? now : now + pollMillis * 1000
-            let woke = state.withLock { s -> Bool in
+            _ = state.withLock { s -> Bool in
                 if everyone {
                     s.all &+= 1
                     s.due += s.waiting.values.joined()
@@ -328,7 +328,6 @@ final class EventFeed: Sendable {
                 }
                 return wakeLocked(&s, credentials)
             }
-            _ = woke
         }
         now = monotonicMicros()
         var expired: [Waiter] = []
