@@ -447,6 +447,26 @@ struct PostgresStoreTests {
         #expect(try s.response(id: first)?.attempts == 1)
     }
 
+    /// A node stopped while it still keeps an outcome (its write failed, the database came back,
+    /// no claim or outcome write came since) records it at close: its row is not left inflight
+    /// under the node, which the restart's recoverInflight would requeue and push again.
+    @Test func aKeptOutcomeIsRecordedAtClose() throws {
+        let s = try f.openPostgres(nodeID: "a")
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let id = try ingestMany(s, secret: c.secret, count: 1)[0]
+        let row = try #require(try s.claimDue(limit: 1).first)
+        let update = DeliveryUpdate(id: id, pushToken: row.pushToken, outcome: .delivered,
+                                    attempt: AttemptRecord(responseID: id, attemptedAt: f.clock.nowMillis(), status: 200, reason: nil),
+                                    leaseEpoch: row.leaseEpoch)
+        _ = s.retainedOutcomes.withLock { $0.keep([update], nowMonotonicMillis: 0) }
+        s.close()
+        let again = try f.openPostgres(nodeID: "a")
+        defer { again.close() }
+        #expect(try again.recoverInflight() == 0)
+        #expect(try again.response(id: id)?.state == .delivered)
+        #expect(try again.claimDue(limit: 1).isEmpty)
+    }
+
     /// A kept outcome whose first write committed unseen (its answer lost with the connection)
     /// is written again without effect: the lease guard skips the row, the attempt is not
     /// recorded twice, no second event.

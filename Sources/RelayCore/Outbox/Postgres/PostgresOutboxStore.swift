@@ -173,6 +173,15 @@ public final class PostgresOutboxStore: OutboxStore, @unchecked Sendable {
     deinit { close() }
 
     public func close() {
+        // Outcomes kept after a failed write are recorded now: left unwritten, their rows stay
+        // inflight under this node and are pushed again after the restart (recoverInflight).
+        if !options.readOnly && !retainedOutcomes.withLock({ $0.isEmpty }) {
+            _ = try? dispatchWorker.perform(.millis(max(1_000, options.timeouts.requestMillis))) { [self] w in try writeRetainedOutcomes(w) }
+            let left = retainedOutcomes.withLock { $0.take().count }
+            if left > 0 {
+                logger?.error("kept push outcomes not recorded at shutdown: their rows are sent again after the restart", ["count": left])
+            }
+        }
         if let nodeWorker {
             // Frees the node id before this process's sessions end (a restart's successor may
             // already be starting); ending the session would free it too, a moment later.
