@@ -303,6 +303,31 @@ import TestSupport
         #expect(metrics.localFailures("hook") == 5)
     }
 
+    /// A local failure that persists (every setup fails) costs one delivery a second, however
+    /// often commits wake the sender: a wake no longer cuts the local wait, and one delivery at
+    /// a time is tried while they fail. (Before, each wake started maxConcurrent deliveries
+    /// again: hundreds of failed turns, each a store transaction, in two seconds.)
+    @Test func aPersistentLocalFailureIsNotRetriedAtEveryWake() throws {
+        let receiver = try WebhookTestReceiver(secrets: Self.secrets)
+        defer { receiver.close() }
+        let outbox = InMemoryWebhookOutbox(webhooks: ["hook"])
+        for _ in 0..<50 { _ = outbox.add() }
+        let sender = WebhookSender(
+            endpoints: [.init(name: "hook", url: receiver.url, secrets: Self.secrets, maxConcurrent: 4,
+                              retry: WebhookRetryPolicy(baseMillis: 20, capMillis: 200, retryForMillis: 60_000, pauseCapMillis: 2_000))],
+            outbox: outbox, metrics: WebhookMetrics(webhooks: ["hook"]), logger: RelayLogger(minimum: .error, capture: true), idlePollMillis: 50,
+            setupFault: { "curl built without a needed feature (test)" })
+        try sender.start()
+        defer { sender.stop(grace: .seconds(1)) }
+        for _ in 0..<200 {   // commits waking it, for about two seconds
+            sender.wake()
+            Thread.sleep(forTimeInterval: 0.01)
+        }
+        // The first turn's four, then at most one a second (a loaded machine only makes fewer).
+        #expect(outbox.notSent.count >= 1 && outbox.notSent.count <= 10, "\(outbox.notSent.count) deliveries not sent")
+        #expect(receiver.requests.isEmpty)
+    }
+
     @Test func deadAfterRetryFor() throws {
         let receiver = try WebhookTestReceiver(secrets: Self.secrets) { _ in .status(503) }
         defer { receiver.close() }

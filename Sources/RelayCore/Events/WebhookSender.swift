@@ -145,6 +145,10 @@ public final class WebhookSender: Lifecycle, Sendable {
         var nextClaimAt: Int64 = 0
         var consecutiveFailures = 0
         var localFailures = 0
+        /// Local failures since a request last reached the receiver: while any, one delivery at a
+        /// time and no wake cuts the `localRetryMillis` wait (a failure that persists, e.g. a
+        /// libcurl without a needed feature, must not turn every commit into a failed turn).
+        var localFailuresInARow = 0
         var nextBacklogAt: Int64 = 0
         /// The cursor this sender holds for the webhook (nil: not yet, or another node does).
         var cursor: WebhookCursorGrant?
@@ -162,7 +166,7 @@ public final class WebhookSender: Lifecycle, Sendable {
             }
             if let deadline = stopDeadline, transport.inFlight == 0 || now >= deadline { break }
             if woken.exchange(false, ordering: .sequentiallyConsistent) {
-                for i in states.indices where states[i].consecutiveFailures == 0 { states[i].nextClaimAt = 0 }
+                for i in states.indices where states[i].consecutiveFailures == 0 && states[i].localFailuresInARow == 0 { states[i].nextClaimAt = 0 }
             }
             for (key, outcome) in transport.perform() {
                 now = clock.nowMillis()
@@ -206,7 +210,7 @@ public final class WebhookSender: Lifecycle, Sendable {
 
     /// A failing receiver gets one probe at a time.
     private func limit(_ i: Int, _ s: WebhookState) -> Int {
-        s.consecutiveFailures > 0 ? 1 : endpoints[i].maxConcurrent
+        s.consecutiveFailures > 0 || s.localFailuresInARow > 0 ? 1 : endpoints[i].maxConcurrent
     }
 
     /// The turn's one store call per webhook: records its results, advances the cursor over
@@ -269,6 +273,7 @@ public final class WebhookSender: Lifecycle, Sendable {
     private func finish(_ i: Int, _ s: inout WebhookState, _ delivery: WebhookDelivery, _ outcome: WebhookTransferOutcome, now: Int64) {
         let endpoint = endpoints[i]
         let error: String
+        if case .local = outcome {} else { s.localFailuresInARow = 0 }
         switch outcome {
         case .status(let status) where (200..<300).contains(status):
             s.results.append(WebhookAttemptRecord(delivery, .delivered(at: now)))
@@ -308,6 +313,7 @@ public final class WebhookSender: Lifecycle, Sendable {
         s.results.append(WebhookAttemptRecord(delivery, .notSent(failedAt: now, at: now + Self.localRetryMillis, error: error)))
         s.nextClaimAt = max(s.nextClaimAt, now + Self.localRetryMillis)
         s.localFailures += 1
+        s.localFailuresInARow += 1
         metrics.localFailure(endpoint.name)
         if s.localFailures == 1 || s.localFailures % 100 == 0 {
             logger.error("webhook request not sent: local failure, not the receiver's; tried again", ["webhook": endpoint.name, "event": delivery.eventID,
