@@ -447,17 +447,22 @@ struct PostgresStoreTests {
         #expect(try s.response(id: first)?.attempts == 1)
     }
 
+    /// One response stored and claimed by `s`, and the update recording its delivery (APNs 200).
+    func claimedWithItsDelivery(_ s: PostgresOutboxStore) throws -> (id: String, update: DeliveryUpdate) {
+        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
+        let id = try ingestMany(s, secret: c.secret, count: 1)[0]
+        let row = try #require(try s.claimDue(limit: 1).first)
+        return (id, DeliveryUpdate(id: id, pushToken: row.pushToken, outcome: .delivered,
+                                   attempt: AttemptRecord(responseID: id, attemptedAt: f.clock.nowMillis(), status: 200, reason: nil),
+                                   leaseEpoch: row.leaseEpoch))
+    }
+
     /// A node stopped while it still keeps an outcome (its write failed, the database came back,
     /// no claim or outcome write came since) records it at close: its row is not left inflight
     /// under the node, which the restart's recoverInflight would requeue and push again.
     @Test func aKeptOutcomeIsRecordedAtClose() throws {
         let s = try f.openPostgres(nodeID: "a")
-        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
-        let id = try ingestMany(s, secret: c.secret, count: 1)[0]
-        let row = try #require(try s.claimDue(limit: 1).first)
-        let update = DeliveryUpdate(id: id, pushToken: row.pushToken, outcome: .delivered,
-                                    attempt: AttemptRecord(responseID: id, attemptedAt: f.clock.nowMillis(), status: 200, reason: nil),
-                                    leaseEpoch: row.leaseEpoch)
+        let (id, update) = try claimedWithItsDelivery(s)
         _ = s.retainedOutcomes.withLock { $0.keep([update], nowMonotonicMillis: 0) }
         s.close()
         let again = try f.openPostgres(nodeID: "a")
@@ -473,12 +478,7 @@ struct PostgresStoreTests {
     @Test func writingAKeptOutcomeAgainChangesNothing() throws {
         let s = try f.openPostgres(nodeID: "a")
         defer { s.close() }
-        let c = try s.createCredential(name: "c", apps: ["com.example.app"])
-        let id = try ingestMany(s, secret: c.secret, count: 1)[0]
-        let row = try #require(try s.claimDue(limit: 1).first)
-        let update = DeliveryUpdate(id: id, pushToken: row.pushToken, outcome: .delivered,
-                                    attempt: AttemptRecord(responseID: id, attemptedAt: f.clock.nowMillis(), status: 200, reason: nil),
-                                    leaseEpoch: row.leaseEpoch)
+        let (id, update) = try claimedWithItsDelivery(s)
         try s.apply([update])
         let events = try f.sql("SELECT count(*) FROM events")
         _ = s.retainedOutcomes.withLock { $0.keep([update], nowMonotonicMillis: 0) }
