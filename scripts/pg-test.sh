@@ -58,6 +58,18 @@ private_dir() {
   printf %s "$dir"
 }
 
+# Records DIR's port and URL and starts the cluster in DIR/data on it (its log in DIR/server.log,
+# shown if it does not come up).
+serve() {
+  local dir=$1 port=$2
+  echo "$port" >"$dir/port"
+  echo "postgresql://relay@127.0.0.1:$port/relay" >"$dir/url"
+  as_pg "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null || {
+    cat "$dir/server.log" >&2
+    exit 1
+  }
+}
+
 start() {
   local dir
   dir=$(private_dir "$1")
@@ -79,13 +91,8 @@ max_wal_size = 256MB
 log_min_messages = warning
 log_line_prefix = '%m [%p] '
 EOF
-  echo "$port" >"$dir/port"
-  local url="postgresql://relay@127.0.0.1:$port/relay"
-  echo "$url" >"$dir/url"
-  as_pg "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null || {
-    cat "$dir/server.log" >&2
-    exit 1
-  }
+  serve "$dir" "$port"
+  local url; url=$(cat "$dir/url")
   as_pg "$BIN/createdb" -h 127.0.0.1 -p "$port" -U relay relay
   echo "$url"
 }
@@ -125,13 +132,8 @@ standby() {
   }
   # The copied postgresql.conf names the primary's port and socket directory: later lines win.
   printf "port = %s\nunix_socket_directories = '%s'\n" "$port" "$dir" >>"$dir/data/postgresql.conf"
-  echo "$port" >"$dir/port"
-  local url="postgresql://relay@127.0.0.1:$port/relay"
-  echo "$url" >"$dir/url"
-  as_pg "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null || {
-    cat "$dir/server.log" >&2
-    exit 1
-  }
+  serve "$dir" "$port"
+  local url; url=$(cat "$dir/url")
   echo "$url"
 }
 
