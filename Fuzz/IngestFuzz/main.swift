@@ -57,7 +57,7 @@ private final class Fixture: Sendable {
         let box = ResponseBox()
         service.handle(APIRequest(method: "POST", path: "/v1/responses", authorization: headers["authorization"],
                                   contentType: headers["content-type"], body: body, requestID: "fuzz")) {
-            box.set($0)
+            box.set($0.reply)
             done.signal()
         }
         if done.wait(timeout: .now() + 10) == .timedOut { fatalError("no answer within 10 s") }

@@ -12,6 +12,8 @@ import Glibc
 /// Work handed to a loop from another thread.
 enum LoopTask {
     case respond(ServerConnection, HTTPReplyWriter, HTTPReply, ConnectionAction)
+    /// A reply built here, on the loop (`HTTPReplyWriter.respond(building:)`).
+    case build(ServerConnection, HTTPReplyWriter, any HTTPReplySource, ConnectionAction)
     case abort(ServerConnection)
     case setMaxConcurrentStreams(ServerConnection, UInt32)
     case continueDecided(ServerConnection, UInt64, HTTPReply?)
@@ -178,15 +180,23 @@ final class EventLoop: @unchecked Sendable {
     // MARK: Cross-thread tasks
 
     /// Returns false once the loop stopped (the task is dropped).
+    /// Only the task that finds the queue empty wakes the loop: until the loop takes the queue,
+    /// that wake-up is on its way. Sent from within a `WakeCoalescing` scope (a store's writer
+    /// finishing a batch), it is sent once at the scope's end, for every task queued in it.
     @discardableResult
     func enqueue(_ task: LoopTask) -> Bool {
-        tasks.withLock { q in
-            if q.stopped { return false }
+        let (queued, first) = tasks.withLock { q -> (Bool, Bool) in
+            if q.stopped { return (false, false) }
             q.items.append(task)
-            // Inside the lock: the handle cannot be closed between the check and the send.
-            uv_async_send(async)
-            return true
+            return (true, q.items.count == 1)
         }
+        if first { WakeCoalescing.wake(self) { [self] in wake() } }
+        return queued
+    }
+
+    private func wake() {
+        // Inside the lock: the handle cannot be closed between the check and the send.
+        tasks.withLock { q in if !q.stopped { uv_async_send(async) } }
     }
 
     private func runTasks() {
@@ -198,6 +208,7 @@ final class EventLoop: @unchecked Sendable {
         for t in items {
             switch t {
             case .respond(let c, let r, let resp, let action): c.complete(r, resp, action)
+            case .build(let c, let r, let source, let action): c.complete(r, source.makeReply(), action)
             case .abort(let c): c.close()
             case .setMaxConcurrentStreams(let c, let n): c.setMaxConcurrentStreams(n)
             case .continueDecided(let c, let sequence, let refusal): c.continueDecided(sequence: sequence, refusal: refusal)

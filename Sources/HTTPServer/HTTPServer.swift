@@ -215,6 +215,12 @@ public final class HTTPContinueDecision: Sendable {
     }
 }
 
+/// A reply built where it is written (`HTTPReplyWriter.respond(building:)`): `makeReply` runs
+/// once, on the connection's loop thread.
+public protocol HTTPReplySource: Sendable {
+    func makeReply() -> HTTPReply
+}
+
 /// Answers one request. Callable from any thread; the first `respond` or `abortConnection`
 /// wins and later calls are ignored. The server decides where the reply is written: on the
 /// connection's loop, directly when called there, else through the loop's task queue (one
@@ -242,6 +248,20 @@ public final class HTTPReplyWriter: Sendable {
             connection.complete(self, response, action)
         } else {
             loop.enqueue(.respond(connection, self, response, action))
+        }
+    }
+
+    /// Sends the reply `source` builds, building it on the connection's loop: at once when
+    /// called there, else when the loop runs its task queue. For an answer that becomes ready
+    /// on another thread (a store's writer after its COMMIT): that thread only queues it, and
+    /// the reply's memory is allocated and freed on the loop that writes it.
+    public func respond(building source: some HTTPReplySource, then action: ConnectionAction = .keep) {
+        guard !answered.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        let loop = connection.loop
+        if loop.isCurrentThread {
+            connection.complete(self, source.makeReply(), action)
+        } else {
+            loop.enqueue(.build(connection, self, source, action))
         }
     }
 

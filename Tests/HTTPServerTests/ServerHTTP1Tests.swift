@@ -30,6 +30,35 @@ import Testing
         }
     }
 
+    /// A reply handed over from another thread as a source is built on the connection's loop
+    /// (the thread that ran the handler), not on the thread that answered.
+    @Test func aReplySourceIsBuiltOnTheLoop() throws {
+        final class Source: HTTPReplySource {
+            let built = Mutex<[UInt]>([])
+            func makeReply() -> HTTPReply {
+                built.withLock { $0.append(UInt(pthread_self())) }
+                return HTTPReply(status: 202, body: Array("built".utf8))
+            }
+        }
+        let threads = Mutex<(loop: UInt, answerer: UInt)>((0, 0))
+        let source = Source()
+        try withServer(handler: { _, res in
+            threads.withLock { $0.loop = UInt(pthread_self()) }
+            Thread.detachNewThread {
+                threads.withLock { $0.answerer = UInt(pthread_self()) }
+                res.respond(building: source)
+            }
+        }) { server in
+            let c = try RawClient(port: server.localPort)
+            try c.send("GET /a HTTP/1.1\r\nHost: t\r\n\r\n")
+            let r = try #require(c.readResponse())
+            #expect(r.status == 202 && r.text == "built")
+        }
+        let t = threads.withLock { $0 }
+        #expect(t.loop != 0 && t.answerer != 0 && t.loop != t.answerer)
+        #expect(source.built.withLock { $0 } == [t.loop])
+    }
+
     @Test func keepAliveServesSeveralRequestsOnOneConnection() throws {
         try withServer { server in
             let c = try RawClient(port: server.localPort)

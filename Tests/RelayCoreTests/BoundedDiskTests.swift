@@ -200,7 +200,7 @@ import Testing
             done.wait()
             return slot.value!
         }
-        let r = call({ service.handle($0, respond: $1) }, "POST", "/v1/responses", body: IngestServiceTests.body())
+        let r = call({ request, respond in service.handle(request) { respond($0.reply) } }, "POST", "/v1/responses", body: IngestServiceTests.body())
         #expect(r.status == 503)
         #expect(r.body.contains("\"error\":\"storage_full\""))
         #expect(r.header("retry-after") != nil)

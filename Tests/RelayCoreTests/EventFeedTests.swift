@@ -17,7 +17,7 @@ import Testing
         let done = DispatchSemaphore(value: 0)
         h.service.handle(APIRequest(method: "GET", path: "/v1/events", authorization: secret.map { "Bearer \($0)" }, contentType: nil, body: [],
                                     requestID: "r1", remoteAddress: "192.0.2.1:40000", query: query)) {
-            slot.value = $0
+            slot.value = $0.reply
             done.signal()
         }
         return (done, slot)

@@ -41,7 +41,7 @@ import TestSupport
             let done = DispatchSemaphore(value: 0)
             service.handle(APIRequest(method: method, path: path, headers: headers, body: Array(body.utf8), requestID: "r1",
                                       remoteAddress: remoteAddress)) {
-                slot.value = $0
+                slot.value = $0.reply
                 done.signal()
             }
             done.wait()
@@ -76,6 +76,33 @@ import TestSupport
         #expect(h.call("GET", "/v1/responses/\(id)", secret: h.otherSecret, contentType: nil).status == 404)
         #expect(h.call("GET", "/v1/responses/\(id)", secret: "rk_unknown", contentType: nil).status == 401)
         #expect(h.call("GET", "/v1/responses/not-a-uuid", secret: h.secret, contentType: nil).status == 404)
+    }
+
+    /// A POST the store answered is handed on unbuilt (`later`: the HTTP loop builds it), and
+    /// counted when it is built, once; an answer known before the store (401) comes built.
+    @Test func aStoredAnswerIsLeftForItsWriterToBuild() throws {
+        let metrics = RelayMetrics()
+        let h = try Harness(dir: dir, clock: clock, metrics: metrics)
+        func answer(_ secret: String?) -> APIAnswer {
+            let slot = ResultBox<APIAnswer>()
+            let done = DispatchSemaphore(value: 0)
+            h.service.handle(APIRequest(method: "POST", path: "/v1/responses", authorization: secret.map { "Bearer \($0)" },
+                                        contentType: "application/json", body: Array(Self.body().utf8), requestID: "l1")) {
+                slot.value = $0
+                done.signal()
+            }
+            done.wait()
+            return slot.value!
+        }
+        func counted() -> Bool { metrics.render().contains("relay_ingest_requests_total{status=\"202\"} 1") }
+        let stored = answer(h.secret)
+        guard case .later = stored else { Issue.record("a stored POST answered \(stored)"); return }
+        #expect(!counted(), "counted before it was built")
+        let reply = stored.reply
+        #expect(reply.status == 202 && reply.header("x-request-id") == "l1" && json(reply)["state"] as? String == "queued")
+        #expect(counted())
+        guard case .now(let refused) = answer(nil) else { Issue.record("a 401 came unbuilt"); return }
+        #expect(refused.status == 401)
     }
 
     @Test func authErrors() throws {
@@ -215,7 +242,7 @@ import TestSupport
         @Sendable func send(_ authorization: String, index: Int) {
             service.handle(APIRequest(method: "POST", path: "/v1/responses", authorization: authorization, contentType: "application/json",
                                         body: Array(Self.body(index: index).utf8), requestID: "c\(index)", remoteAddress: "192.0.2.50:1")) { r in
-                statuses.withLock { $0.append(r.status) }
+                statuses.withLock { $0.append(r.reply.status) }
                 answered.signal()
             }
         }
@@ -812,7 +839,7 @@ import TestSupport
             if method == "POST" { headers["content-type"] = "application/json" }
             service.handle(APIRequest(method: method, path: path, headers: headers, body: Array(body.utf8), requestID: "g",
                                       remoteAddress: "192.0.2.1:40000")) {
-                slot.value = $0
+                slot.value = $0.reply
                 done.signal()
             }
             done.wait()

@@ -43,7 +43,7 @@ import Testing
             service.handle(APIRequest(method: "POST", path: "/v1/responses",
                                       headers: ["authorization": "Bearer \(secret)", "content-type": "application/json"],
                                       body: Array(body.utf8), requestID: "t", remoteAddress: "192.0.2.1:40000")) {
-                slot.value = $0
+                slot.value = $0.reply
                 done.signal()
             }
             done.wait()

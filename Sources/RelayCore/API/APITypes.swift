@@ -67,3 +67,27 @@ public struct APIReply: Sendable, Equatable {
 
     public func header(_ name: String) -> String? { headers.first { $0.0.lowercased() == name.lowercased() }?.1 }
 }
+
+/// A reply a service made ready on some thread and leaves for the one who writes it to build
+/// (`APIAnswer.later`): `makeReply` runs exactly once, on that writer's thread.
+public protocol APIReplySource: AnyObject, Sendable {
+    func makeReply() -> APIReply
+}
+
+/// What a service completes with: a reply, or its source. The ingest POST's answer is known on
+/// the store's thread after COMMIT; building the 202 there (and freeing there what the HTTP
+/// loop allocated) cost that thread ~14 % more CPU per row than letting the loop that writes
+/// the reply build it (docs/benchmarks-analysis.md, issue 26). HTTPGlue builds a `later` on the
+/// connection's loop; a caller without a loop reads `reply`.
+public enum APIAnswer: Sendable {
+    case now(APIReply)
+    case later(any APIReplySource)
+
+    /// The reply, built here for a `later` (call once: building it counts and logs the request).
+    public var reply: APIReply {
+        switch self {
+        case .now(let r): r
+        case .later(let source): source.makeReply()
+        }
+    }
+}

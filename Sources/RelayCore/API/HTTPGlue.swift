@@ -51,12 +51,24 @@ enum HTTPGlue {
         return HTTPReply(status: r.status, headers: h, body: r.bodyBytes)
     }
 
-    /// `service` gets the request and completes with the response, on any thread: the writer
-    /// hands it to the loop that owns the connection.
-    static func handler(_ service: @escaping @Sendable (APIRequest, @escaping @Sendable (APIReply) -> Void) -> Void) -> HTTPHandler {
+    /// `service` gets the request and completes with the answer, on any thread: the writer
+    /// hands it to the loop that owns the connection, which builds a `later` answer itself.
+    static func handler(_ service: @escaping @Sendable (APIRequest, @escaping @Sendable (APIAnswer) -> Void) -> Void) -> HTTPHandler {
         { request, writer in
-            service(apiRequest(request)) { writer.respond(httpResponse($0)) }
+            service(apiRequest(request)) { answer in
+                switch answer {
+                case .now(let reply): writer.respond(httpResponse(reply))
+                case .later(let source): writer.respond(building: LaterReply(source: source))
+                }
+            }
         }
+    }
+
+    /// A service's `later` answer as HTTPServer builds it on the loop (two words: it fits an
+    /// existential's inline buffer, so handing it over allocates nothing).
+    struct LaterReply: HTTPReplySource {
+        let source: any APIReplySource
+        func makeReply() -> HTTPReply { httpResponse(source.makeReply()) }
     }
 
     /// `Expect: 100-continue` decided by a service: nil invites the body, a response refuses it.

@@ -55,8 +55,8 @@ public final class IngestService: Sendable {
     private let authFailureLimiter: RateLimiter<String>
     private let slash48AuthFailureLimiter: RateLimiter<String>
     private let credentials: CredentialCache
-    private let metrics: RelayMetrics
-    private let logger: RelayLogger
+    let metrics: RelayMetrics
+    let logger: RelayLogger
     private let workers: WorkerPool
     let feed: EventFeed
 
@@ -83,62 +83,9 @@ public final class IngestService: Sendable {
         credentials.prime()
     }
 
-    /// One request's way back: what the answer and its log line need, and where it goes. A
-    /// class rather than a closure so that the store's completion captures this one reference
-    /// (a closure capturing a single object needs no context of its own): the closure contexts
-    /// of `finish` and of the store's completion would be built and freed per ingest. Called
-    /// as `finish(response, note)`.
-    final class Exchange: Sendable {
-        let service: IngestService
-        // The request's identity, not the request (body, credential): this lives until the
-        // store answered.
-        let requestID: String
-        let method: String
-        let path: String
-        let clientKey: String
-        let start: Int64
-        let respond: @Sendable (APIReply) -> Void
-
-        init(service: IngestService, request: APIRequest, start: Int64, respond: @escaping @Sendable (APIReply) -> Void) {
-            self.service = service
-            requestID = request.requestID
-            method = request.method
-            path = request.path
-            clientKey = request.clientKey
-            self.start = start
-            self.respond = respond
-        }
-
-        func callAsFunction(_ response: APIReply, _ note: String?) {
-            var r = response
-            r.headers.reserveCapacity(r.headers.count + 2)
-            r.headers.append(("x-request-id", requestID))
-            if !r.headers.contains(where: { $0.0 == "content-type" }) { r.headers.append(("content-type", "application/json")) }
-            let micros = monotonicMicros() - start
-            service.metrics.ingest(status: r.status, seconds: method == "POST" && path == "/v1/responses" ? Double(micros) / 1e6 : nil)
-            let level: RelayLogger.Level = r.status >= 500 ? .warning : .debug
-            // Checked here so the field list (and its Strings) is not built for a line that is
-            // dropped: at the default level every 2xx would pay for it.
-            let logger = service.logger
-            if level >= logger.minimum {
-                if level == .debug {
-                    logger.log(level, "request", ["request_id": requestID, "method": method, "path": path,
-                                                  "status": r.status, "duration_us": micros, "note": note ?? ""])
-                } else {
-                    // A 5xx is refused load or a storage failure: it comes in storms, one line
-                    // per 10 s per status and note (5xx notes are fixed strings).
-                    logger.limited(level, "request", key: "request \(r.status) \(note ?? "")",
-                                   ["request_id": requestID, "method": method, "path": path,
-                                    "status": r.status, "duration_us": micros, "note": note ?? ""])
-                }
-            }
-            respond(r)
-        }
-    }
-
     /// A request in, a response out. Never blocks: `respond` runs once, on the caller's thread
     /// or, after storage work, on the store's writer or a worker thread.
-    public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIReply) -> Void) {
+    public func handle(_ request: APIRequest, respond: @escaping @Sendable (APIAnswer) -> Void) {
         let finish = Exchange(service: self, request: request, start: monotonicMicros(), respond: respond)
         if request.path == "/v1/responses" {
             guard request.method == "POST" else {
@@ -299,7 +246,7 @@ public final class IngestService: Sendable {
     /// The bucket is looked at, not charged: the request itself takes its token.
     public func continueCheck(_ request: APIRequest, _ done: @escaping @Sendable (APIReply?) -> Void) {
         guard request.method == "POST", request.path == "/v1/responses" else { return done(nil) }
-        let finish = Exchange(service: self, request: request, start: monotonicMicros(), respond: done)
+        let finish = Exchange(service: self, request: request, start: monotonicMicros()) { done($0.reply) }
         let hash = Self.bearerHash(request.authorization)
         switch admit(hash, finish) {
         case .refused: return
@@ -358,50 +305,51 @@ public final class IngestService: Sendable {
             }
         }
         // Captures only the exchange (see Exchange).
-        store.submit(ingest) { [finish] result in finish.service.answer(result, finish) }
+        store.submit(ingest) { [finish] result in finish.stored(result) }
     }
 
-    /// The answer to a stored (or refused) ingest.
-    private func answer(_ result: Result<IngestOutcome, StoreError>, _ finish: Exchange) {
+    /// The answer to a stored (or refused) ingest, built by `Exchange.makeReply` where the
+    /// reply is written, and its log note.
+    func storedReply(_ result: Result<IngestOutcome, StoreError>, _ finish: Exchange) -> (APIReply, String?) {
         let retryAfterSeconds = settings.unavailableRetryAfterSeconds
         switch result {
         case .failure(let error):
             logger.limited(.error, "storage error on ingest", ["request_id": finish.requestID, "error": "\(error)"])
-            finish(.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "the response was not stored; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), "storage")
+            return (.error(ClientError(status: 503, code: "storage_unavailable", field: nil, message: "the response was not stored; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), "storage")
         case .success(let outcome):
             switch outcome {
             case .accepted(let id):
-                finish(APIReply(status: 202, bodyBytes: Self.queuedBody(id: id)), id)
+                return (APIReply(status: 202, bodyBytes: Self.queuedBody(id: id)), id)
             case .duplicate(let id, let state):
-                finish(APIReply(status: 200, body: "{\"id\":\"\(id)\",\"state\":\"\(state.rawValue)\"}"), "duplicate \(id)")
+                return (APIReply(status: 200, body: "{\"id\":\"\(id)\",\"state\":\"\(state.rawValue)\"}"), "duplicate \(id)")
             case .conflict:
                 metrics.storeRefusal("conflict")
-                finish(.error(ClientError(status: 409, code: "conflict", field: "messageIndex", message: "another credential already sent this messageIndex for this push token, session and key")), "conflict")
+                return (.error(ClientError(status: 409, code: "conflict", field: "messageIndex", message: "another credential already sent this messageIndex for this push token, session and key")), "conflict")
             case .indexReused(let id):
                 metrics.storeRefusal("index_reused")
-                finish(.error(ClientError(status: 409, code: "index_reused", field: "messageIndex",
+                return (.error(ClientError(status: 409, code: "index_reused", field: "messageIndex",
                                           message: "this messageIndex was already sent with other encryptedData (response \(id)); an index is used once: a second sealed box means a reused message key or an accessory state restored from a copy",
                                           responseID: id)), "index reused \(id)")
             case .unauthorized:
                 // Revoked between the cache's read and this transaction.
                 _ = chargeAuthFailure(finish.clientKey)
-                finish(.error(Self.unauthorized, headers: Self.authenticateHeaders), "revoked")
+                return (.error(Self.unauthorized, headers: Self.authenticateHeaders), "revoked")
             case .forbidden(let app):
-                finish(.error(ClientError(status: 403, code: "forbidden", field: "app", message: "this credential may not send for \(app)")), nil)
+                return (.error(ClientError(status: 403, code: "forbidden", field: "app", message: "this credential may not send for \(app)")), nil)
             case .appRequired:
-                finish(.error(ClientError(status: 400, code: "app_required", field: "app", message: "this credential may use several apps: name one in \"app\"")), nil)
+                return (.error(ClientError(status: 400, code: "app_required", field: "app", message: "this credential may use several apps: name one in \"app\"")), nil)
             case .unknownApp(let app):
-                finish(.error(ClientError(status: 400, code: "unknown_app", field: "app", message: "\(app) is not configured in this relay")), nil)
+                return (.error(ClientError(status: 400, code: "unknown_app", field: "app", message: "\(app) is not configured in this relay")), nil)
             case .unregistered:
-                finish(.error(ClientError(status: 410, code: "push_token_unregistered", field: "pushToken", message: "APNs reported this push token unregistered")), nil)
+                return (.error(ClientError(status: 410, code: "push_token_unregistered", field: "pushToken", message: "APNs reported this push token unregistered")), nil)
             case .badDeviceToken:
-                finish(.error(ClientError(status: 400, code: "bad_device_token", field: "pushToken",
+                return (.error(ClientError(status: 400, code: "bad_device_token", field: "pushToken",
                                           message: "APNs answered BadDeviceToken for this push token: it is not a token of this app's APNs environment (often a sandbox token sent to the production endpoint, or the reverse); refused for a while, then one response is tried again")), nil)
             case .overCapacity:
-                finish(.error(ClientError(status: 503, code: "outbox_full", field: nil, message: "the outbox is over its configured bound; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), "outbox full")
+                return (.error(ClientError(status: 503, code: "outbox_full", field: nil, message: "the outbox is over its configured bound; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), "outbox full")
             case .storageFull:
                 metrics.storeRefusal("storage_full")
-                finish(.error(ClientError(status: 503, code: "storage_full", field: nil, message: "the relay's disk is below its free-space floor; the response was not stored; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), "storage full")
+                return (.error(ClientError(status: 503, code: "storage_full", field: nil, message: "the relay's disk is below its free-space floor; the response was not stored; retry later"), headers: [("retry-after", String(retryAfterSeconds))]), "storage full")
             }
         }
     }

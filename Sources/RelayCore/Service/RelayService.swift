@@ -217,7 +217,7 @@ public final class RelayService: @unchecked Sendable {
         adminConfig.limits.maxConnections = OpenFileLimit.adminConnections
         adminConfig.errorResponse = HTTPGlue.errorResponse(maxBodyBytes: 1024)
         adminConfig.onAcceptError = { [logger] message in logger.error("admin listener: \(message)") }
-        let adminServer = try naming("admin") { try HTTPServer(configuration: adminConfig, handler: HTTPGlue.handler { admin.handle($0, respond: $1) }) }
+        let adminServer = try naming("admin") { try HTTPServer(configuration: adminConfig, handler: HTTPGlue.handler { request, respond in admin.handle(request) { respond(.now($0)) } }) }
         try naming("admin") { try running.start(adminServer, grace: .seconds(1)) }
         self.adminServer = adminServer
     }
