@@ -103,9 +103,7 @@ extension SQLiteOutboxStore {
     public func hastenQueued(app: String) throws -> Int {
         let now = clock.nowMillis()
         return try write { db in
-            // state = 'queued' as a literal: the partial claim index narrows it to those rows.
-            try db.run("UPDATE responses SET next_attempt_at = ? WHERE state = 'queued' AND next_attempt_at > ? AND app = ?",
-                       [.integer(now), .integer(now), .text(app)])
+            try db.run(StoreStatements.hastenQueued(app: app, now: now))
         }
     }
 
@@ -169,6 +167,7 @@ extension SQLiteOutboxStore {
     }
     /// The UPDATE for one shape of `StoreRules.outcomeColumns` (binds: 1 attempts added,
     /// 2 next_attempt_at, 3 and 4 last status and reason, 5 now, 6 and 7 the row's key and id).
+    /// Not shared: PostgreSQL writes a batch's outcomes in one UPDATE over unnest arrays, with leases.
     static func outcomeSQL(_ c: StoreRules.OutcomeColumns) -> String {
         "UPDATE responses SET state = '\(c.state.rawValue)', attempts = attempts + ?1"
             + (c.nextAttemptAt == nil ? "" : ", next_attempt_at = ?2")
@@ -200,7 +199,7 @@ extension SQLiteOutboxStore {
         if let a = u.attempt {
             // Typed binds on held statements: this and the delivered UPDATE run once per push.
             let st = try db.held(&state.statements.insertAttempt,
-                "INSERT INTO attempts (response_id, attempted_at, status, reason, apns_timestamp, latency_us) VALUES (?, ?, ?, ?, ?, ?)")
+                "INSERT INTO attempts (\(StoreStatements.attemptColumns)) VALUES (?, ?, ?, ?, ?, ?)")
             try st.bind(1, a.responseID)
             try st.bind(2, a.attemptedAt)
             try st.bind(3, a.status.map(Int64.init))
