@@ -17,6 +17,11 @@ extension SQLiteOutboxStore {
         next_attempt_at, created_at, expires_at, last_status, last_reason, updated_at
         """
 
+    /// A claim's SELECT of one claimable state's due rows (binds: now, limit), in the claim order.
+    static func claimSelectSQL(_ state: ResponseState) -> String {
+        "SELECT \(rowColumns), rowid FROM responses WHERE state = '\(state.rawValue)' AND next_attempt_at <= ? ORDER BY \(StoreRules.claimOrderSQL(tie: "id_high")) LIMIT ?"
+    }
+
     public func claimDue(limit: Int) throws -> [OutboxRow] {
         let now = clock.nowMillis()
         let state = writerState
@@ -31,12 +36,9 @@ extension SQLiteOutboxStore {
             var rowids: [Int64] = []
             rows.reserveCapacity(limit)
             rowids.reserveCapacity(limit)
-            let order = StoreRules.claimOrderSQL(tie: "id_high")
-            let queued = try db.held(&state.statements.claimSelect[.queued],
-                "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = 'queued' AND next_attempt_at <= ? ORDER BY \(order) LIMIT ?")
+            let queued = try db.held(&state.statements.claimQueued, Self.claimSelectSQL(.queued))
             defer { queued.reset() }
-            let retry = try db.held(&state.statements.claimSelect[.retry],
-                "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = 'retry' AND next_attempt_at <= ? ORDER BY \(order) LIMIT ?")
+            let retry = try db.held(&state.statements.claimRetry, Self.claimSelectSQL(.retry))
             defer { retry.reset() }
             for st in [queued, retry] {
                 try st.bind(1, now)
