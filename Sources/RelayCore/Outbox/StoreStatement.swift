@@ -69,13 +69,13 @@ struct StoreStatement: Sendable, Equatable {
 }
 
 extension SQLiteDatabase {
-    /// Every row of a shared statement.
+    /// Every row of a shared statement, run with its `?N` text.
     @discardableResult
     func query(_ s: StoreStatement) throws -> [[SQLValue]] {
         try query(s.sql.sqlite, s.values.map(SQLValue.init))
     }
 
-    /// Runs a shared write statement; returns the number of rows it changed.
+    /// Runs a shared write statement with its `?N` text; returns the number of rows it changed.
     @discardableResult
     func run(_ s: StoreStatement) throws -> Int {
         try run(s.sql.sqlite, s.values.map(SQLValue.init))
@@ -94,13 +94,13 @@ extension SQLValue {
 }
 
 extension PostgresConnection {
-    /// Every row of a shared statement.
+    /// Every row of a shared statement, run as written.
     @discardableResult
     func query(_ s: StoreStatement) throws -> [PGRow] {
         try query(s.sql.postgres, s.values.map(PGValue.init))
     }
 
-    /// Runs a shared statement; also returns the affected-row count.
+    /// Runs a shared statement as written; also returns the affected-row count.
     func run(_ s: StoreStatement) throws -> (rows: [PGRow], affected: Int) {
         try run(s.sql.postgres, s.values.map(PGValue.init))
     }

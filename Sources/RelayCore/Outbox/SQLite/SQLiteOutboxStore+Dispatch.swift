@@ -243,6 +243,7 @@ extension SQLiteOutboxStore {
         case .retry(_, let paceUntil):
             if let until = paceUntil {
                 state.watchedTokens.insert(u.pushToken)
+                // Not shared: SQLite's two-argument max() is PostgreSQL's GREATEST.
                 try db.run(
                     """
                     INSERT INTO token_pacing (token, paced_until, updated_at) VALUES (?, ?, ?)
