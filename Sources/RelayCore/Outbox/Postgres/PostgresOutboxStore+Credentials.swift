@@ -33,22 +33,21 @@ extension PostgresOutboxStore {
 
     public func credentials() throws -> [CredentialRecord] {
         try read { c in
-            try c.query("SELECT id, name, apps, created_at, last_used_at, revoked_at FROM credentials ORDER BY created_at, id").map(CredentialRecord.init(columns:))
+            try c.query(StoreStatements.credentials).map(CredentialRecord.init(columns:))
         }
     }
 
     public func revokeCredential(id: String) throws -> Bool {
         let now = clock.nowMillis()
         return try write { c in
-            try c.run("UPDATE credentials SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL", [.int(now), .text(id)]).affected > 0
+            try c.run(StoreStatements.revokeCredential(id: id, now: now)).affected > 0
         }
     }
 
     public func authenticate(secret: String) throws -> CredentialRecord? {
         let hash = Credentials.hash(secret: secret)
         return try read { c in
-            guard let r = try c.query("SELECT id, name, apps, created_at, last_used_at, revoked_at, hash FROM credentials WHERE hash = $1",
-                                      [.bytes(hash)]).first,
+            guard let r = try c.query(StoreStatements.authenticate(hash: hash)).first,
                   let stored = r[6].bytes, RelayCrypto.constantTimeEqual(stored, hash)
             else { return nil }
             let record = CredentialRecord(columns: r)
@@ -60,9 +59,9 @@ extension PostgresOutboxStore {
         try read { c in
             // The generation before the rows (two autocommit reads): a change between them is
             // seen as a newer generation at the next read, never hidden under an older one.
-            let generation = CredentialGeneration(try c.query("SELECT generation FROM credential_generation WHERE id = 1").first?.first?.int ?? 0)
+            let generation = CredentialGeneration(try c.query(StoreStatements.credentialGeneration).first?.first?.int ?? 0)
             guard generation != known else { return (generation, nil) }
-            let keys = try c.query("SELECT id, hash, revoked_at, apps FROM credentials").map(CredentialKey.init(columns:))
+            let keys = try c.query(StoreStatements.credentialKeys).map(CredentialKey.init(columns:))
             return (generation, keys)
         }
     }

@@ -23,8 +23,7 @@ extension PostgresOutboxStore {
     public func hastenQueued(app: String) throws -> Int {
         let now = clock.nowMillis()
         return try write { c in
-            try c.run("UPDATE responses SET next_attempt_at = $1 WHERE state = 'queued' AND next_attempt_at > $1 AND app = $2",
-                      [.int(now), .text(app)]).affected
+            try c.run(StoreStatements.hastenQueued(app: app, now: now)).affected
         }
     }
 
@@ -208,6 +207,8 @@ extension PostgresOutboxStore {
         }
     }
 
+    /// Not shared with SQLite (a held statement per row and outcome shape there): one statement
+    /// per batch over unnest arrays, under the lease.
     /// `again`: outcomes kept from a write that failed, which may have committed unseen: an
     /// attempt already recorded (same row, time and node) is not recorded twice.
     func applying(_ updates: [DeliveryUpdate], again: Bool = false) -> (PostgresConnection) throws -> Applied {
@@ -249,7 +250,7 @@ extension PostgresOutboxStore {
                 // The attempt happened even if our lease was lost meanwhile: always recorded.
                 try c.query(
                     """
-                    INSERT INTO attempts (response_id, attempted_at, status, reason, apns_timestamp, latency_us, node)
+                    INSERT INTO attempts (\(StoreStatements.attemptColumns), node)
                     SELECT a.rid, a.at, a.status, a.reason, a.ts, a.lat, $7
                     FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[]) AS a(rid, at, status, reason, ts, lat)
                     \(again ? "WHERE NOT EXISTS (SELECT 1 FROM attempts x WHERE x.response_id = a.rid AND x.attempted_at = a.at AND x.node = $7)" : "")

@@ -56,10 +56,8 @@ extension PostgresOutboxStore {
     public func purge(state s: ResponseState, olderThan: Int64, dryRun: Bool) throws -> Int {
         try StoreRules.checkPurgeable(s)
         if dryRun {
-            return try read { [clock] c in
-                Int(try c.query("SELECT count(*) FROM responses WHERE state = $1 AND updated_at < $2",
-                                [.text(s.rawValue), .int(clock.toDatabase(olderThan))]).first?.first?.int ?? 0)
-            }
+            let count = try StoreStatements.purgeCount(state: s, olderThan: clock.toDatabase(olderThan))
+            return try read { c in Int(try c.query(count).first?.first?.int ?? 0) }
         }
         return try PurgeBatches.run(self, state: s, olderThan: olderThan)
     }
@@ -105,6 +103,6 @@ extension PostgresOutboxStore {
     }
 
     public func forgetToken(_ token: String) throws -> Bool {
-        try write { c in try c.run("DELETE FROM unregistered_tokens WHERE token = $1", [.text(token.lowercased())]).affected > 0 }
+        try write { c in try c.run(StoreStatements.forgetToken(token)).affected > 0 }
     }
 }

@@ -12,10 +12,7 @@ extension PostgresOutboxStore {
 
     public func attempts(responseID: String) throws -> [AttemptRecord] {
         try read { c in
-            try c.query(
-                "SELECT response_id, attempted_at, status, reason, apns_timestamp, latency_us FROM attempts WHERE response_id = $1 ORDER BY id",
-                [.text(responseID.lowercased())]
-            ).map(AttemptRecord.init(columns:))
+            try c.query(StoreStatements.attempts(responseID: responseID)).map(AttemptRecord.init(columns:))
         }
     }
 
@@ -73,7 +70,7 @@ extension PostgresOutboxStore {
     }
     public func unregisteredTokens() throws -> [UnregisteredToken] {
         try read { c in
-            try c.query("SELECT token, apns_timestamp, recorded_at, reason FROM unregistered_tokens ORDER BY recorded_at DESC, token").map(UnregisteredToken.init(columns:))
+            try c.query(StoreStatements.unregisteredTokens).map(UnregisteredToken.init(columns:))
         }
     }
 }

@@ -4,6 +4,7 @@ import Glibc
 import POSIXThreads
 
 extension SQLiteOutboxStore {
+    // Not shared: PostgreSQL's INSERT adds ON CONFLICT DO NOTHING, to be run again after a lost answer.
     public func createCredential(name: String, apps: [String]) throws -> CreatedCredential {
         let (created, hash) = try Credentials.mint(name: name, apps: apps, now: clock.nowMillis())
         let r = created.record
@@ -17,21 +18,21 @@ extension SQLiteOutboxStore {
 
     public func credentials() throws -> [CredentialRecord] {
         try read { db in
-            try db.query("SELECT id, name, apps, created_at, last_used_at, revoked_at FROM credentials ORDER BY created_at, id").map(CredentialRecord.init(columns:))
+            try db.query(StoreStatements.credentials).map(CredentialRecord.init(columns:))
         }
     }
 
     public func revokeCredential(id: String) throws -> Bool {
         let now = clock.nowMillis()
         return try write { db in
-            try db.run("UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", [.integer(now), .text(id)]) > 0
+            try db.run(StoreStatements.revokeCredential(id: id, now: now)) > 0
         }
     }
 
     public func authenticate(secret: String) throws -> CredentialRecord? {
         let hash = Credentials.hash(secret: secret)
         return try read { db in
-            guard let c = try db.query("SELECT id, name, apps, created_at, last_used_at, revoked_at, hash FROM credentials WHERE hash = ?", [.blob(hash)]).first,
+            guard let c = try db.query(StoreStatements.authenticate(hash: hash)).first,
                   let stored = c[6].bytes, RelayCrypto.constantTimeEqual(stored, hash)
             else { return nil }
             let record = CredentialRecord(columns: c)
@@ -43,9 +44,9 @@ extension SQLiteOutboxStore {
         try read { db in
             // The generation before the rows (two autocommit reads): a change between them is
             // seen as a newer generation at the next read, never hidden under an older one.
-            let generation = CredentialGeneration(try db.scalar("SELECT generation FROM credential_generation WHERE id = 1").int ?? 0)
+            let generation = CredentialGeneration(try db.query(StoreStatements.credentialGeneration).first?.first?.int ?? 0)
             guard generation != known else { return (generation, nil) }
-            let keys = try db.query("SELECT id, hash, revoked_at, apps FROM credentials").map(CredentialKey.init(columns:))
+            let keys = try db.query(StoreStatements.credentialKeys).map(CredentialKey.init(columns:))
             return (generation, keys)
         }
     }

@@ -17,6 +17,11 @@ extension SQLiteOutboxStore {
         next_attempt_at, created_at, expires_at, last_status, last_reason, updated_at
         """
 
+    /// A claim's SELECT of one claimable state's due rows (binds: now, limit), in the claim order.
+    static func claimSelectSQL(_ state: ResponseState) -> String {
+        "SELECT \(rowColumns), rowid FROM responses WHERE state = '\(state.rawValue)' AND next_attempt_at <= ? ORDER BY \(StoreRules.claimOrderSQL(tie: "id_high")) LIMIT ?"
+    }
+
     public func claimDue(limit: Int) throws -> [OutboxRow] {
         let now = clock.nowMillis()
         let state = writerState
@@ -31,12 +36,9 @@ extension SQLiteOutboxStore {
             var rowids: [Int64] = []
             rows.reserveCapacity(limit)
             rowids.reserveCapacity(limit)
-            let order = StoreRules.claimOrderSQL(tie: "id_high")
-            let queued = try db.held(&state.statements.claimSelect[.queued],
-                "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = 'queued' AND next_attempt_at <= ? ORDER BY \(order) LIMIT ?")
+            let queued = try db.held(&state.statements.claimQueued, Self.claimSelectSQL(.queued))
             defer { queued.reset() }
-            let retry = try db.held(&state.statements.claimSelect[.retry],
-                "SELECT \(Self.rowColumns), rowid FROM responses WHERE state = 'retry' AND next_attempt_at <= ? ORDER BY \(order) LIMIT ?")
+            let retry = try db.held(&state.statements.claimRetry, Self.claimSelectSQL(.retry))
             defer { retry.reset() }
             for st in [queued, retry] {
                 try st.bind(1, now)
@@ -103,9 +105,7 @@ extension SQLiteOutboxStore {
     public func hastenQueued(app: String) throws -> Int {
         let now = clock.nowMillis()
         return try write { db in
-            // state = 'queued' as a literal: the partial claim index narrows it to those rows.
-            try db.run("UPDATE responses SET next_attempt_at = ? WHERE state = 'queued' AND next_attempt_at > ? AND app = ?",
-                       [.integer(now), .integer(now), .text(app)])
+            try db.run(StoreStatements.hastenQueued(app: app, now: now))
         }
     }
 
@@ -169,6 +169,7 @@ extension SQLiteOutboxStore {
     }
     /// The UPDATE for one shape of `StoreRules.outcomeColumns` (binds: 1 attempts added,
     /// 2 next_attempt_at, 3 and 4 last status and reason, 5 now, 6 and 7 the row's key and id).
+    /// Not shared: PostgreSQL writes a batch's outcomes in one UPDATE over unnest arrays, with leases.
     static func outcomeSQL(_ c: StoreRules.OutcomeColumns) -> String {
         "UPDATE responses SET state = '\(c.state.rawValue)', attempts = attempts + ?1"
             + (c.nextAttemptAt == nil ? "" : ", next_attempt_at = ?2")
@@ -200,7 +201,7 @@ extension SQLiteOutboxStore {
         if let a = u.attempt {
             // Typed binds on held statements: this and the delivered UPDATE run once per push.
             let st = try db.held(&state.statements.insertAttempt,
-                "INSERT INTO attempts (response_id, attempted_at, status, reason, apns_timestamp, latency_us) VALUES (?, ?, ?, ?, ?, ?)")
+                "INSERT INTO attempts (\(StoreStatements.attemptColumns)) VALUES (?, ?, ?, ?, ?, ?)")
             try st.bind(1, a.responseID)
             try st.bind(2, a.attemptedAt)
             try st.bind(3, a.status.map(Int64.init))
@@ -242,6 +243,7 @@ extension SQLiteOutboxStore {
         case .retry(_, let paceUntil):
             if let until = paceUntil {
                 state.watchedTokens.insert(u.pushToken)
+                // Not shared: SQLite's two-argument max() is PostgreSQL's GREATEST.
                 try db.run(
                     """
                     INSERT INTO token_pacing (token, paced_until, updated_at) VALUES (?, ?, ?)

@@ -4,6 +4,9 @@ import Glibc
 import POSIXThreads
 
 extension SQLiteOutboxStore {
+    // Not shared (requeue, requeueFailed, purgeBatch, the prunes): PostgreSQL locks with FOR UPDATE
+    // SKIP LOCKED, clears leases and works on id arrays; SQLite finds rows by id_high and keeps
+    // the writer's pending count and watched tokens.
     public func requeue(ids: [String]) throws -> Int {
         let now = clock.nowMillis()
         let state = writerState
@@ -46,9 +49,8 @@ extension SQLiteOutboxStore {
     public func purge(state s: ResponseState, olderThan: Int64, dryRun: Bool) throws -> Int {
         try StoreRules.checkPurgeable(s)
         if dryRun {
-            return try read { db in
-                Int(try db.scalar("SELECT count(*) FROM responses WHERE state = '\(s.rawValue)' AND updated_at < ?", [.integer(olderThan)]).int ?? 0)
-            }
+            let count = try StoreStatements.purgeCount(state: s, olderThan: olderThan)
+            return try read { db in Int(try db.query(count).first?.first?.int ?? 0) }
         }
         return try PurgeBatches.run(self, state: s, olderThan: olderThan)
     }
@@ -107,6 +109,6 @@ extension SQLiteOutboxStore {
         }
     }
     public func forgetToken(_ token: String) throws -> Bool {
-        try write { db in try db.run("DELETE FROM unregistered_tokens WHERE token = ?", [.text(token.lowercased())]) > 0 }
+        try write { db in try db.run(StoreStatements.forgetToken(token)) > 0 }
     }
 }

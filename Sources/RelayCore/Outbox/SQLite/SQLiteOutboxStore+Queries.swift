@@ -4,6 +4,7 @@ import Glibc
 import POSIXThreads
 
 extension SQLiteOutboxStore {
+    // Not shared: SQLite finds a row by its key id_high (schema v5), PostgreSQL by id.
     public func response(id: String) throws -> OutboxRow? {
         let id = id.lowercased()
         guard let high = UUIDText.high64(id) else { return nil }
@@ -14,13 +15,11 @@ extension SQLiteOutboxStore {
 
     public func attempts(responseID: String) throws -> [AttemptRecord] {
         try read { db in
-            try db.query(
-                "SELECT response_id, attempted_at, status, reason, apns_timestamp, latency_us FROM attempts WHERE response_id = ? ORDER BY id",
-                [.text(responseID.lowercased())]
-            ).map(AttemptRecord.init(columns:))
+            try db.query(StoreStatements.attempts(responseID: responseID)).map(AttemptRecord.init(columns:))
         }
     }
 
+    // Not shared: a token prefix is a range here, starts_with in PostgreSQL, whose order adds id.
     public func list(_ filter: OutboxFilter) throws -> [OutboxRow] {
         var clauses: [String] = []
         var binds: [SQLValue] = []
@@ -40,6 +39,7 @@ extension SQLiteOutboxStore {
         return try read { db in try db.query(sql, binds).map(OutboxRow.init(columns:)) }
     }
 
+    // Not shared: a count per literal state here (partial indexes), one GROUP BY in PostgreSQL.
     public func counts() throws -> OutboxCounts {
         try read { db in
             var by: [ResponseState: Int] = [:]
@@ -54,6 +54,8 @@ extension SQLiteOutboxStore {
         }
     }
 
+    // Not shared: the OR is responses_done's predicate (SQLite proves the partial index from it);
+    // PostgreSQL orders NULL reasons first explicitly.
     public func recentOutcomes(since: Int64) throws -> [(state: ResponseState, reason: String?, count: Int)] {
         try read { db in
             try db.query(
@@ -68,7 +70,7 @@ extension SQLiteOutboxStore {
 
     public func unregisteredTokens() throws -> [UnregisteredToken] {
         try read { db in
-            try db.query("SELECT token, apns_timestamp, recorded_at, reason FROM unregistered_tokens ORDER BY recorded_at DESC").map(UnregisteredToken.init(columns:))
+            try db.query(StoreStatements.unregisteredTokens).map(UnregisteredToken.init(columns:))
         }
     }
 }

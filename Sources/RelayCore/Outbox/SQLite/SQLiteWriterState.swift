@@ -135,7 +135,8 @@ final class HeldStatements {
     var insertAttempt: SQLiteStatement?
     var applyOutcome = [SQLiteStatement?](repeating: nil, count: SQLiteOutboxStore.outcomeShapes)
     /// The claim's (one SELECT per claimable state, the two row updates) and the credential lookup.
-    var claimSelect: [ResponseState: SQLiteStatement] = [:]
+    var claimQueued: SQLiteStatement?
+    var claimRetry: SQLiteStatement?
     var markInflight: SQLiteStatement?
     var markExpired: SQLiteStatement?
     var lookupCredential: SQLiteStatement?
