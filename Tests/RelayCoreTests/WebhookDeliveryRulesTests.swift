@@ -1,4 +1,4 @@
-// WebhookDeliveryRules without a database: what both stores list, count and replay
+// WebhookDeliveryRules without a database: what both stores list, count, replay and trim
 // (the contract tests in EventStoreTests run the same on each backend).
 import Testing
 @testable import RelayCore
@@ -52,6 +52,50 @@ import Testing
         #expect(!r.replayAddsRow(cursor, seq: 15, type: .tokenUnregistered, app: "a"))   // not received
         #expect(r.replaySetSQL(now: "?1") == "state = 'pending', next_attempt_at = ?1, lease_until = 0, claim = claim + 1, first_attempt_at = NULL, updated_at = ?1")
         #expect(r.replayedRowAttempts == 1)
+    }
+
+    @Test("The bound: events after the cursor first, then retry rows; at most `max` a pass, from counts capped at trimCountCap")
+    func theBacklogTrimsOldestEventsFirstAndBoundsEachPass() {
+        let r = WebhookDeliveryRules.self
+        #expect(r.trimCountCap(max: 1000) == 2000)
+        #expect(r.trimCountCap(max: 0) == 1)
+        func trim(_ rows: Int, _ after: Int, _ max: Int) -> WebhookBacklogTrim {
+            // The stores count each up to the cap: the decision must not need more.
+            r.trim(pendingRows: min(rows, r.trimCountCap(max: max)), rowlessPending: min(after, r.trimCountCap(max: max)), max: max)
+        }
+        #expect(trim(3, 4, 10) == WebhookBacklogTrim(skipEvents: 0, dropRows: 0))
+        #expect(trim(3, 7, 10) == WebhookBacklogTrim(skipEvents: 0, dropRows: 0))
+        #expect(trim(3, 8, 10) == WebhookBacklogTrim(skipEvents: 1, dropRows: 0))
+        #expect(trim(8, 5, 10) == WebhookBacklogTrim(skipEvents: 3, dropRows: 0))
+        #expect(trim(12, 5, 10) == WebhookBacklogTrim(skipEvents: 5, dropRows: 2))
+        #expect(trim(14, 0, 10) == WebhookBacklogTrim(skipEvents: 0, dropRows: 4))
+        // Far over: one pass drops `max`, events first, whatever the true counts.
+        #expect(trim(0, 1_000_000, 10) == WebhookBacklogTrim(skipEvents: 10, dropRows: 0))
+        #expect(trim(1_000_000, 3, 10) == WebhookBacklogTrim(skipEvents: 3, dropRows: 7))
+        #expect(trim(15, 0, 10) == WebhookBacklogTrim(skipEvents: 0, dropRows: 5))
+        #expect(r.trimPassWasFull(dropped: 10, max: 10) && !r.trimPassWasFull(dropped: 9, max: 10))
+        // Passes until one is not full leave exactly `max`, each dropped once.
+        var (rows, after, dropped) = (30, 45, 0)
+        while true {
+            let t = trim(rows, after, 10)
+            after -= t.skipEvents
+            rows -= t.dropRows
+            dropped += t.skipEvents + t.dropRows
+            if !r.trimPassWasFull(dropped: t.skipEvents + t.dropRows, max: 10) { break }
+        }
+        #expect(rows == 10 && after == 0 && dropped == 65)
+    }
+
+    @Test func aSkipStartsANewEpochFromTheNewSeq() {
+        var row = cursor
+        WebhookCursorRules.skipped(&row, to: 23)
+        #expect(row.seq == 23 && row.claimedThrough == 23 && row.epoch == 4 && row.leaseUntil == 0)
+        // The holder's results are now of an older epoch; anyone takes the cursor at once and is
+        // handed out from 23.
+        #expect(WebhookCursorRules.grant(storedEpoch: row.epoch, leaseUntil: row.leaseUntil, caller: 3, now: 1, takeUnleased: false) == .take(epoch: 5))
+        // Never back.
+        WebhookCursorRules.skipped(&row, to: 5)
+        #expect(row.seq == 23 && row.epoch == 5)
     }
 
     @Test func resultsGoToTheirRowsNewRetryRowsOrNowhere() {

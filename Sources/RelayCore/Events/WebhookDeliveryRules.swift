@@ -1,8 +1,9 @@
 // What a webhook's deliveries are, once for both stores (docs/events.md "The store's side"):
 // which events count as pending, delivered or dead given the cursor and the retry rows (the
-// listings, the counts, the backlog gauge, retention's tally), what a replay changes, and where
-// an exchange records each result. The stores only read and write what these decide. (Expiry,
-// an event given up on after `retryForSeconds`, is decided by the sender: WebhookRetryPolicy.)
+// listings, the counts, the backlog gauge, retention's tally), what a replay changes, where an
+// exchange records each result, and how the backlog bound trims. The stores only read and write
+// what these decide. (Expiry, an event given up on after `retryForSeconds`, is decided by the
+// sender: WebhookRetryPolicy.)
 
 /// The events without a retry row that a listing shows: `after < seq <= through`.
 struct WebhookSeqRange: Equatable {
@@ -12,6 +13,13 @@ struct WebhookSeqRange: Equatable {
 
     /// The range as an SQL condition on the events row `e`.
     var sql: String { "e.seq > \(after)" + (through.map { " AND e.seq <= \($0)" } ?? "") }
+}
+
+/// One pass of the backlog bound: how many of the oldest events after the cursor it skips, then
+/// how many retry rows (due first) it drops.
+struct WebhookBacklogTrim: Equatable {
+    var skipEvents: Int
+    var dropRows: Int
 }
 
 enum WebhookDeliveryRules {
@@ -83,14 +91,48 @@ enum WebhookDeliveryRules {
 
     /// A new replay row's attempts: the delivery that passed the cursor was one.
     static let replayedRowAttempts = 1
+
+    // MARK: the backlog bound
+
+    /// The most one pass drops (at least one): counting stays bounded by the bound, however far
+    /// over a backlog is; the retention sweep runs passes until one is not full.
+    static func trimPerPass(max: Int) -> Int { Swift.max(1, max) }
+
+    /// How far a pass counts the retry rows and the events after the cursor (each, with LIMIT):
+    /// enough to tell how much of `trimPerPass` is over.
+    static func trimCountCap(max: Int) -> Int { Swift.max(0, max) + trimPerPass(max: max) }
+
+    /// One pass, from the pending retry rows and the rowless pending events, each counted up to
+    /// `trimCountCap`: the oldest events after the cursor go first (they stay, the feed lists
+    /// them), then the retry rows due first, until `max` are left or the pass is full.
+    static func trim(pendingRows: Int, rowlessPending: Int, max: Int) -> WebhookBacklogTrim {
+        let over = min(pendingRows + rowlessPending - Swift.max(0, max), trimPerPass(max: max))
+        guard over > 0 else { return WebhookBacklogTrim(skipEvents: 0, dropRows: 0) }
+        let skip = min(over, rowlessPending)
+        return WebhookBacklogTrim(skipEvents: skip, dropRows: over - skip)
+    }
+
+    /// Whether a pass that dropped `dropped` may have left the backlog over: run another.
+    static func trimPassWasFull(dropped: Int, max: Int) -> Bool { dropped >= trimPerPass(max: max) }
 }
 
 extension WebhookCursorRules {
+    /// The backlog bound skipped the events after the cursor through `to`: `seq` moves there and
+    /// the cursor starts a new epoch with no lease. The holder's results of what it was handed
+    /// are then stale (a dropped event gets no retry row, so it is dropped and counted once),
+    /// and the next exchange takes the cursor and hands out again from the new `seq`.
+    static func skipped(_ row: inout WebhookCursorRow, to: Int64) {
+        row.seq = max(row.seq, to)
+        row.claimedThrough = row.seq
+        row.epoch += 1
+        row.leaseUntil = 0
+    }
+
     /// How one exchange records the sender's results: a retry row's result goes to its row
     /// (under its claim generation: the store drops it if claimed again since); a new event's
     /// result under the cursor's current epoch inserts its retry row unless it was delivered
     /// (the cursor's advance covers that); one under an older epoch is stale (the cursor was
-    /// taken since: whatever it reports is handed out again).
+    /// taken or skipped since: whatever it reports is handed out again, or was dropped).
     static func sortResults(_ results: [WebhookAttemptRecord], epoch: Int64)
         -> (rowResults: [WebhookAttemptRecord], newRows: [WebhookAttemptRecord], stale: Int) {
         var rowResults: [WebhookAttemptRecord] = [], newRows: [WebhookAttemptRecord] = [], stale = 0

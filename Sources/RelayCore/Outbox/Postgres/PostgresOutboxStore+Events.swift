@@ -259,34 +259,34 @@ extension PostgresOutboxStore {
         }
     }
 
-    /// Over the bound, the cursor skips the oldest events after it, then the retry rows due
-    /// first are dropped (as SQLiteOutboxStore.trimWebhookBacklogs).
+    /// One pass of the bound, as SQLiteOutboxStore.trimWebhookBacklogs (WebhookDeliveryRules.trim,
+    /// WebhookCursorRules.skipped), the cursor row locked against the sender's exchange.
     public func trimWebhookBacklogs(max: Int) throws -> [String: Int] {
         // Counted on the query connection first (bounded); the write counts only a backlog that is over.
         let names = try eventSettings.webhooks.map(\.name).filter { try pendingWebhookDeliveries(webhook: $0, cap: max + 1) > max }
         guard !names.isEmpty else { return [:] }
+        let cap = WebhookDeliveryRules.trimCountCap(max: max)
         return try writeTransaction { c in
             var dropped: [String: Int] = [:]
             for name in names {
-                guard let cur = try c.query("SELECT \(WebhookColumns.cursors) FROM webhook_cursors WHERE webhook = $1 FOR UPDATE", [.text(name)])
+                guard var cur = try c.query("SELECT \(WebhookColumns.cursors) FROM webhook_cursors WHERE webhook = $1 FOR UPDATE", [.text(name)])
                     .first.map(WebhookCursorRow.init(columns:)) else { continue }
-                let rows = try Self.countPendingRows(name, cap: Int(Int64.max), c)
-                let after = try Self.countAfterCursor(cur, cap: Int(Int64.max), c)
-                var over = rows + after - max
-                guard over > 0 else { continue }
-                if after > 0 {
-                    let skip = Swift.min(over, after)
-                    let to = try c.query("SELECT max(seq) FROM (SELECT e.seq FROM events e WHERE e.seq > $1 AND \(WebhookCursorRules.sqlFilter(cur.subscription)) ORDER BY e.seq LIMIT $2) x",
-                                         [.int(cur.seq), .int(Int64(skip))]).first?.first?.int ?? cur.seq
-                    try c.run("UPDATE webhook_cursors SET seq = $1, claimed_through = greatest(claimed_through, $1) WHERE webhook = $2", [.int(to), .text(name)])
-                    dropped[name] = skip
-                    over -= skip
+                let trim = WebhookDeliveryRules.trim(pendingRows: try Self.countPendingRows(name, cap: cap, c),
+                                                     rowlessPending: try Self.countAfterCursor(cur, cap: cap, c), max: max)
+                if trim.skipEvents > 0 {
+                    let skipped = try c.query("""
+                        SELECT max(seq), count(*) FROM (SELECT e.seq FROM events e WHERE e.seq > $1 AND \(WebhookCursorRules.sqlFilter(cur.subscription)) ORDER BY e.seq LIMIT $2) x
+                        """, [.int(WebhookDeliveryRules.pendingAfter(cur)), .int(Int64(trim.skipEvents))]).first
+                    WebhookCursorRules.skipped(&cur, to: skipped?[0].int ?? cur.seq)
+                    try c.run("UPDATE webhook_cursors SET seq = $1, claimed_through = $2, epoch = $3, lease_until = $4 WHERE webhook = $5",
+                              [.int(cur.seq), .int(cur.claimedThrough), .int(cur.epoch), .int(cur.leaseUntil), .text(name)])
+                    dropped[name] = Int(skipped?[1].int ?? 0)
                 }
-                if over > 0 {
+                if trim.dropRows > 0 {
                     dropped[name, default: 0] += try c.run("""
                         DELETE FROM webhook_deliveries WHERE webhook = $1 AND seq IN
                             (SELECT seq FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' ORDER BY next_attempt_at, seq LIMIT $2)
-                        """, [.text(name), .int(Int64(over))]).affected
+                        """, [.text(name), .int(Int64(trim.dropRows))]).affected
                 }
             }
             return dropped

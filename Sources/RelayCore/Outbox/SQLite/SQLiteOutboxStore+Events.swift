@@ -292,34 +292,35 @@ extension SQLiteOutboxStore {
         }
     }
 
-    /// Over the bound, the cursor skips the oldest events after it (they stay; the feed lists
-    /// them), then, if the retry rows alone are over, those due first are dropped.
+    /// One pass of the bound (WebhookDeliveryRules.trim): the cursor skips the oldest events
+    /// after it (they stay; the feed lists them) under a new epoch, then, if the retry rows alone
+    /// are over, those due first are dropped. Counts are bounded (trimCountCap).
     public func trimWebhookBacklogs(max: Int) throws -> [String: Int] {
         // Counted on the reader first (bounded): the writer, which ingest waits for, counts only
         // a backlog that is over.
         let names = try eventSettings.webhooks.map(\.name).filter { try pendingWebhookDeliveries(webhook: $0, cap: max + 1) > max }
         guard !names.isEmpty else { return [:] }
+        let cap = WebhookDeliveryRules.trimCountCap(max: max)
         return try write { db in
             var dropped: [String: Int] = [:]
             for name in names {
-                guard let c = try Self.cursors(db, webhook: name).first else { continue }
-                let rows = try Self.countPendingRows(name, cap: .max, db)
-                let after = try Self.countAfterCursor(c, cap: .max, db)
-                var over = rows + after - max
-                guard over > 0 else { continue }
-                if after > 0 {
-                    let skip = Swift.min(over, after)
-                    let to = try db.scalar("SELECT max(seq) FROM (SELECT e.seq FROM events e WHERE e.seq > ? AND \(WebhookCursorRules.sqlFilter(c.subscription)) ORDER BY e.seq LIMIT ?)",
-                                           [.integer(c.seq), .integer(Int64(skip))]).int ?? c.seq
-                    try db.run("UPDATE webhook_cursors SET seq = ?1, claimed_through = max(claimed_through, ?1) WHERE webhook = ?2", [.integer(to), .text(name)])
-                    dropped[name] = skip
-                    over -= skip
+                guard var c = try Self.cursors(db, webhook: name).first else { continue }
+                let trim = WebhookDeliveryRules.trim(pendingRows: try Self.countPendingRows(name, cap: cap, db),
+                                                     rowlessPending: try Self.countAfterCursor(c, cap: cap, db), max: max)
+                if trim.skipEvents > 0 {
+                    let skipped = try db.query("""
+                        SELECT max(seq), count(*) FROM (SELECT e.seq FROM events e WHERE e.seq > ? AND \(WebhookCursorRules.sqlFilter(c.subscription)) ORDER BY e.seq LIMIT ?)
+                        """, [.integer(WebhookDeliveryRules.pendingAfter(c)), .integer(Int64(trim.skipEvents))]).first
+                    WebhookCursorRules.skipped(&c, to: skipped?[0].int ?? c.seq)
+                    try db.run("UPDATE webhook_cursors SET seq = ?, claimed_through = ?, epoch = ?, lease_until = ? WHERE webhook = ?",
+                               [.integer(c.seq), .integer(c.claimedThrough), .integer(c.epoch), .integer(c.leaseUntil), .text(name)])
+                    dropped[name] = Int(skipped?[1].int ?? 0)
                 }
-                if over > 0 {
+                if trim.dropRows > 0 {
                     dropped[name, default: 0] += try db.run("""
                         DELETE FROM webhook_deliveries WHERE webhook = ? AND seq IN
                             (SELECT seq FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' ORDER BY next_attempt_at, seq LIMIT ?)
-                        """, [.text(name), .text(name), .integer(Int64(over))])
+                        """, [.text(name), .text(name), .integer(Int64(trim.dropRows))])
                 }
             }
             return dropped
