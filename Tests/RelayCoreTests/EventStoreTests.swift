@@ -381,6 +381,67 @@ import Testing
         #expect(try s.events(credentialID: cred, after: 0, limit: 10).count == 2)
     }
 
+    /// The bound skips events a sender holds in flight: under a new epoch, so the holder's
+    /// results for them are stale (no retry rows bring them back) and each is dropped and
+    /// counted once; the cursor is handed out again from where the skip left it.
+    @Test(arguments: StoreBackend.available)
+    func aBacklogSkipCountsEachDroppedEventOnceAndTakesTheCursorBack(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        s.eventSettings = EventStoreSettings(webhooks: [WebhookSubscription(name: "w")])
+        let (_, cred, rows) = try claimed(s, 5)
+        try s.apply(rows.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .delivered, attempt: nil) })
+        let events = try s.events(credentialID: cred, after: 0, limit: 10)
+        let now = f.clock.nowMillis()
+        // A sender holds the cursor with the first three in flight.
+        let held = try s.exchange("w", now: now, lease: 60_000, limit: 3)
+        let grant = try #require(held.cursor)
+        #expect(held.claimed.map(\.eventID) == events[0..<3].map(\.id))
+        #expect(try s.trimWebhookBacklogs(max: 3) == ["w": 2])
+        // Its attempts fail: results of the old epoch, recorded nowhere; it takes the cursor
+        // again at once and is handed out from the skip: the third event and the two after.
+        let late = try s.exchange("w", results: held.claimed.map { WebhookAttemptRecord($0, .retry(attemptedAt: now, at: now, error: "HTTP 500")) },
+                                  cursor: WebhookCursorPosition(epoch: grant.epoch, through: grant.claimedThrough, claimedThrough: grant.claimedThrough),
+                                  now: now + 1, lease: 60_000, limit: 10)
+        #expect(late.stale == 3)
+        #expect(late.claimed.map(\.eventID) == events[2...].map(\.id))
+        #expect(try #require(late.cursor).epoch > grant.epoch)
+        #expect(try f.sql("SELECT count(*) FROM webhook_deliveries") == [["0"]])
+        #expect(try s.webhookDeliveryCounts()["w"] == [.pending: 3])
+        #expect(try s.trimWebhookBacklogs(max: 3).isEmpty)
+    }
+
+    /// One pass of the bound drops at most the bound (its counts stop there); the sweeper runs
+    /// passes until the backlog is under it, each event counted once.
+    @Test(arguments: StoreBackend.available)
+    func aBacklogPassIsBoundedAndTheSweeperRepeatsIt(_ backend: StoreBackend) throws {
+        let f = try StoreFixture(backend)
+        let s = try f.open()
+        defer { s.close() }
+        s.eventSettings = EventStoreSettings(webhooks: [WebhookSubscription(name: "w")], maxBacklogPerWebhook: 2)
+        let (_, cred, rows) = try claimed(s, 9)
+        try s.apply(rows.map { DeliveryUpdate(id: $0.id, pushToken: $0.pushToken, outcome: .delivered, attempt: nil) })
+        // Two of them failed once: retry rows, the cursor past them.
+        let now = f.clock.nowMillis()
+        let first = try s.exchange("w", now: now, limit: 2)
+        let grant = try #require(first.cursor)
+        #expect(try s.exchange("w", results: first.claimed.map { WebhookAttemptRecord($0, .retry(attemptedAt: now, at: now + 60_000, error: "HTTP 500")) },
+                               cursor: WebhookCursorPosition(epoch: grant.epoch, through: grant.claimedThrough), now: now, limit: 0).stale == 0)
+        #expect(try s.webhookDeliveryCounts()["w"] == [.pending: 9])
+        #expect(try s.trimWebhookBacklogs(max: 2) == ["w": 2])
+        #expect(try s.webhookDeliveryCounts()["w"] == [.pending: 7])
+        let sweeper = RetentionSweeper(store: s, policy: RetentionPolicy(), clock: f.clock, logger: RelayLogger(capture: true))
+        sweeper.sweepOnce()
+        #expect(try s.webhookDeliveryCounts()["w"] == [.pending: 2])
+        var r = PrometheusRegistry()
+        sweeper.collectMetrics(into: &r)
+        #expect(r.render().contains("relay_webhook_backlog_dropped_total{webhook=\"w\"} 5"))
+        // The two retry rows are what is left; the events after the cursor all went.
+        #expect(try s.exchange("w", now: now + 60_000, limit: 10).claimed.map(\.eventID).sorted() == first.claimed.map(\.eventID).sorted())
+        #expect(try s.events(credentialID: cred, after: 0, limit: 10).count == 9)
+    }
+
     @Test(arguments: StoreBackend.available)
     func eventIDsStayAboveTheStoredOnesAcrossARestart(_ backend: StoreBackend) throws {
         let f = try StoreFixture(backend)

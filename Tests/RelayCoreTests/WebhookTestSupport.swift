@@ -96,9 +96,17 @@ final class InMemoryWebhookOutbox: WebhookOutbox, @unchecked Sendable {
         return stale
     }
 
+    private var failingCommits = false
+    /// While set, an exchange with results fails as a commit that did not happen: nothing recorded.
+    var commitsFail: Bool {
+        get { lock.lock(); defer { lock.unlock() }; return failingCommits }
+        set { lock.lock(); defer { lock.unlock() }; failingCommits = newValue }
+    }
+
     /// Every event has a row here (no cursor): the sender's cursor logic is the stores' to test.
     func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], cursor: WebhookCursorPosition?, now: Int64,
                                          leaseUntil: Int64, limit: Int, releaseCursor: Bool) throws -> WebhookExchange {
+        if !results.isEmpty && commitsFail { throw StoreError.unavailable("commit failed (test)") }
         let stale = results.isEmpty ? 0 : try recordWebhookResults(webhook: webhook, results)
         return WebhookExchange(stale: stale, claimed: limit > 0 ? try claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit) : [])
     }

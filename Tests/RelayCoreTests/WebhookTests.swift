@@ -328,6 +328,30 @@ import TestSupport
         #expect(receiver.requests.isEmpty)
     }
 
+    /// Sent and dead are counted once the store has recorded them: while the commit fails the
+    /// counters stay put, and each result counts once when a later commit takes it.
+    @Test func sentAndDeadAreCountedOnlyOnceTheirCommitSucceeded() throws {
+        for (answer, retryFor) in [(200, Int64(60_000)), (503, Int64(0))] {
+            let receiver = try WebhookTestReceiver(secrets: Self.secrets) { _ in .status(answer) }
+            defer { receiver.close() }
+            let outbox = InMemoryWebhookOutbox(webhooks: ["hook"])
+            for _ in 0..<3 { outbox.add() }
+            outbox.commitsFail = true
+            let metrics = WebhookMetrics(webhooks: ["hook"])
+            let sender = Self.sender(receiver.url, outbox, metrics: metrics,
+                                     retry: WebhookRetryPolicy(baseMillis: 20, capMillis: 200, retryForMillis: retryFor, pauseCapMillis: 100))
+            try sender.start()
+            defer { sender.stop(grace: .seconds(1)) }
+            #expect(eventually(30) { receiver.requests.count >= 3 })
+            Thread.sleep(forTimeInterval: 0.3)   // several failed commits of those results
+            #expect(metrics.counts("hook").sent == 0 && metrics.counts("hook").dead == 0, "HTTP \(answer): \(metrics.counts("hook"))")
+            outbox.commitsFail = false
+            #expect(eventually(30) { outbox.snapshot("hook").allSatisfy { $0.state != .pending } })
+            let counts = metrics.counts("hook")
+            #expect(answer == 200 ? counts.sent == 3 && counts.dead == 0 : counts.sent == 0 && counts.dead == 3, "HTTP \(answer): \(counts)")
+        }
+    }
+
     @Test func deadAfterRetryFor() throws {
         let receiver = try WebhookTestReceiver(secrets: Self.secrets) { _ in .status(503) }
         defer { receiver.close() }

@@ -226,8 +226,10 @@ public protocol EventStore: WebhookOutbox {
     /// Deletes up to `limit` events of `types` created before `olderThan` (oldest first) with
     /// their deliveries, in one transaction.
     func purgeEvents(types: [EventType], olderThan: Int64, limit: Int) throws -> PurgedEvents
-    /// Moves each webhook over `max` past its oldest events after the cursor, then drops its retry rows due first; returns the dropped count
-    /// per webhook (only those that dropped some).
+    /// One pass of the backlog bound (WebhookDeliveryRules.trim): moves each webhook over `max`
+    /// past its oldest events after the cursor (under a new epoch), then drops its retry rows
+    /// due first, at most `max` in all per webhook; returns the dropped count per webhook (only
+    /// those that dropped some). A full pass may leave it over: call again.
     func trimWebhookBacklogs(max: Int) throws -> [String: Int]
 }
 

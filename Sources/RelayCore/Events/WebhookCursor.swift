@@ -102,6 +102,19 @@ struct WebhookCursorRow: Equatable {
             || (!handOutKeptByCaller && claimedThrough != before.claimedThrough)
     }
 
+    init(webhook: String, seq: Int64, claimedThrough: Int64, startSeq: Int64, epoch: Int64 = 0, leaseUntil: Int64 = 0,
+         subscription: WebhookSubscription? = nil) {
+        self.webhook = webhook
+        self.seq = seq
+        self.claimedThrough = claimedThrough
+        self.startSeq = startSeq
+        self.epoch = epoch
+        self.leaseUntil = leaseUntil
+        let encoded = subscription.map(WebhookCursorRules.encode)
+        types = encoded?.types
+        apps = encoded?.apps
+    }
+
     init(columns c: some StoreColumns) throws {
         guard let w = c.string(0) else { throw StoreError.invalid("malformed webhook_cursors row") }
         webhook = w

@@ -138,10 +138,16 @@ public final class WebhookSender: Lifecycle, Sendable {
 
     // MARK: the thread
 
+    /// A result waiting for the store, with what its metrics need once it is recorded.
+    private struct Finished {
+        var record: WebhookAttemptRecord
+        var eventCreatedAt: Int64
+    }
+
     /// What the thread knows of one webhook. Bounded: at most `maxConcurrent` deliveries.
     private struct WebhookState {
         var inFlight: [Int: WebhookDelivery] = [:]
-        var results: [WebhookAttemptRecord] = []
+        var results: [Finished] = []
         var nextClaimAt: Int64 = 0
         var consecutiveFailures = 0
         var localFailures = 0
@@ -237,7 +243,7 @@ public final class WebhookSender: Lifecycle, Sendable {
         }
         let exchanged: WebhookExchange
         do {
-            exchanged = try outbox.recordAndClaimWebhookDeliveries(webhook: endpoint.name, results: results, cursor: position, now: now,
+            exchanged = try outbox.recordAndClaimWebhookDeliveries(webhook: endpoint.name, results: results.map(\.record), cursor: position, now: now,
                                                                    leaseUntil: leaseUntil, limit: room, releaseCursor: release)
         } catch {
             if !results.isEmpty {
@@ -250,6 +256,7 @@ public final class WebhookSender: Lifecycle, Sendable {
             }
             return
         }
+        countRecorded(i, results)
         s.cursor = exchanged.cursor
         noteStale(i, exchanged.stale)
         // Fewer than asked: nothing more is due now; look again after the idle poll.
@@ -276,10 +283,9 @@ public final class WebhookSender: Lifecycle, Sendable {
         if case .local = outcome {} else { s.localFailuresInARow = 0 }
         switch outcome {
         case .status(let status) where (200..<300).contains(status):
-            s.results.append(WebhookAttemptRecord(delivery, .delivered(at: now)))
+            s.results.append(Finished(record: WebhookAttemptRecord(delivery, .delivered(at: now)), eventCreatedAt: delivery.eventCreatedAt))
             s.consecutiveFailures = 0
             metrics.failing(endpoint.name, consecutiveFailures: 0)
-            metrics.sent(endpoint.name, latencySeconds: Double(max(0, now - delivery.eventCreatedAt)) / 1000)
             return
         case .status(let status): error = "HTTP \(status)"
         case .failed(let text): error = text
@@ -289,12 +295,11 @@ public final class WebhookSender: Lifecycle, Sendable {
         }
         let result = endpoint.retry.afterFailure(attemptsBefore: delivery.attempts, firstAttemptAt: delivery.firstAttemptAt, now: now,
                                                  error: error, random: random.unit())
-        s.results.append(WebhookAttemptRecord(delivery, result))
+        s.results.append(Finished(record: WebhookAttemptRecord(delivery, result), eventCreatedAt: delivery.eventCreatedAt))
         s.consecutiveFailures += 1
         s.nextClaimAt = max(s.nextClaimAt, now + endpoint.retry.receiverPause(failures: s.consecutiveFailures))
         metrics.failing(endpoint.name, consecutiveFailures: s.consecutiveFailures)
         if case .dead = result {
-            metrics.dead(endpoint.name)
             logger.error("webhook event dead", ["webhook": endpoint.name, "event": delivery.eventID, "attempts": delivery.attempts + 1, "error": error])
         } else {
             metrics.failedAttempt(endpoint.name)
@@ -310,7 +315,8 @@ public final class WebhookSender: Lifecycle, Sendable {
     /// next ones would most likely fail alike).
     private func notSent(_ i: Int, _ s: inout WebhookState, _ delivery: WebhookDelivery, _ error: String, now: Int64) {
         let endpoint = endpoints[i]
-        s.results.append(WebhookAttemptRecord(delivery, .notSent(failedAt: now, at: now + Self.localRetryMillis, error: error)))
+        s.results.append(Finished(record: WebhookAttemptRecord(delivery, .notSent(failedAt: now, at: now + Self.localRetryMillis, error: error)),
+                                  eventCreatedAt: delivery.eventCreatedAt))
         s.nextClaimAt = max(s.nextClaimAt, now + Self.localRetryMillis)
         s.localFailures += 1
         s.localFailuresInARow += 1
@@ -318,6 +324,18 @@ public final class WebhookSender: Lifecycle, Sendable {
         if s.localFailures == 1 || s.localFailures % 100 == 0 {
             logger.error("webhook request not sent: local failure, not the receiver's; tried again", ["webhook": endpoint.name, "event": delivery.eventID,
                                                                                                      "error": error, "localFailures": s.localFailures])
+        }
+    }
+
+    /// Sent and dead count results the store committed (a failed commit keeps them for the next
+    /// turn, counted once that one commits): the counters never run ahead of the store.
+    private func countRecorded(_ i: Int, _ recorded: [Finished]) {
+        for f in recorded {
+            switch f.record.result {
+            case .delivered(let at): metrics.sent(endpoints[i].name, latencySeconds: Double(max(0, at - f.eventCreatedAt)) / 1000)
+            case .dead: metrics.dead(endpoints[i].name)
+            case .retry, .notSent: break
+            }
         }
     }
 

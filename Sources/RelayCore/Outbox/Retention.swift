@@ -150,7 +150,15 @@ public final class RetentionSweeper: Lifecycle {
         }
         let bound = store.eventSettings.maxBacklogPerWebhook
         var dropped: [String: Int] = [:]
-        do { dropped = try store.trimWebhookBacklogs(max: bound) } catch {
+        // One pass drops at most `bound` per webhook (its counts stay bounded): another while
+        // one was full.
+        do {
+            var pass: [String: Int]
+            repeat {
+                pass = try store.trimWebhookBacklogs(max: bound)
+                for (w, n) in pass { dropped[w, default: 0] += n }
+            } while pass.values.contains(where: { WebhookDeliveryRules.trimPassWasFull(dropped: $0, max: bound) }) && !isStopping
+        } catch {
             state.withLock { $0.failures += 1 }
             logger?.error("webhook backlog bound failed", ["error": "\(error)"])
         }

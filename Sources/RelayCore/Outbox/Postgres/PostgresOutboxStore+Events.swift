@@ -152,17 +152,11 @@ extension PostgresOutboxStore {
                 var parts: [String] = []
                 let stateSQL = filter.state.map { " AND d.state = '\($0.rawValue)'" } ?? ""
                 parts.append("SELECT \(WebhookColumns.deliveries), \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq WHERE d.webhook = $1\(stateSQL)\(eventSQL)")
-                let range: String? = switch filter.state {
-                case nil: "e.seq > \(cur.startSeq)"
-                case .pending: "e.seq > \(max(cur.seq, cur.startSeq))"
-                case .delivered: "e.seq > \(cur.startSeq) AND e.seq <= \(cur.seq)"
-                case .dead: nil
-                }
-                if let range {
+                if let range = WebhookDeliveryRules.rowlessRange(cur, state: filter.state) {
+                    let rowless = WebhookDeliveryRules.rowlessStateSQL(cur)
                     parts.append("""
-                        SELECT $1::text, CASE WHEN e.seq <= \(cur.seq) THEN 'delivered' ELSE 'pending' END, CASE WHEN e.seq <= \(cur.seq) THEN 1 ELSE 0 END::bigint,
-                               NULL::bigint, e.created_at, NULL::text, e.created_at, \(Self.eventColumns)
-                        FROM events e WHERE \(range) AND \(WebhookCursorRules.sqlFilter(cur.subscription))\(eventSQL)
+                        SELECT $1::text, \(rowless.state), (\(rowless.attempts))::bigint, NULL::bigint, e.created_at, NULL::text, e.created_at, \(Self.eventColumns)
+                        FROM events e WHERE \(range.sql) AND \(WebhookCursorRules.sqlFilter(cur.subscription))\(eventSQL)
                           AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.seq = e.seq AND d.webhook = $1)
                         """)
                 }
@@ -183,28 +177,29 @@ extension PostgresOutboxStore {
     func pendingWebhookDeliveries(webhook: String, cap: Int) throws -> Int {
         try read { c in
             let after = try Self.cursors(c, webhook: webhook).first.map { cur in try Self.countAfterCursor(cur, cap: cap, c) } ?? 0
-            let rows = try c.query("SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' LIMIT $2) x",
-                                   [.text(webhook), .int(Int64(max(0, cap)))]).first?.first?.int ?? 0
-            return min(Int(rows) + after, cap)
+            return WebhookDeliveryRules.backlog(pendingRows: try Self.countPendingRows(webhook, cap: cap, c), rowlessPending: after, cap: cap)
         }
     }
 
+    static func countPendingRows(_ webhook: String, cap: Int, _ c: PostgresConnection) throws -> Int {
+        Int(try c.query("SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' LIMIT $2) x",
+                        [.text(webhook), .int(Int64(max(0, cap)))]).first?.first?.int ?? 0)
+    }
+
+    /// Events pending without a row (WebhookDeliveryRules.rowlessPending), counted up to `cap`.
     static func countAfterCursor(_ cur: WebhookCursorRow, cap: Int, _ c: PostgresConnection) throws -> Int {
         Int(try c.query("SELECT count(*) FROM (SELECT 1 FROM events e WHERE e.seq > $1 AND \(WebhookCursorRules.sqlFilter(cur.subscription)) LIMIT $2) x",
-                        [.int(cur.seq), .int(Int64(max(0, cap)))]).first?.first?.int ?? 0)
+                        [.int(WebhookDeliveryRules.pendingAfter(cur)), .int(Int64(max(0, cap)))]).first?.first?.int ?? 0)
     }
 
     public func webhookDeliveryCounts() throws -> [String: [WebhookDeliveryState: Int]] {
         try read { c in
-            var out: [String: [WebhookDeliveryState: Int]] = [:]
-            for r in try c.query("SELECT webhook, state, count(*) FROM webhook_deliveries WHERE state IN ('pending','dead') GROUP BY webhook, state") {
-                if let w = r[0].string, let s = r[1].string.flatMap(WebhookDeliveryState.init(rawValue:)) { out[w, default: [:]][s] = Int(r[2].int ?? 0) }
-            }
-            for cur in try Self.cursors(c) {
-                let n = try Self.countAfterCursor(cur, cap: Int(Int64.max), c)
-                if n > 0 { out[cur.webhook, default: [:]][.pending, default: 0] += n }
-            }
-            return out
+            let rows = try c.query("SELECT webhook, state, count(*) FROM webhook_deliveries WHERE state IN ('pending','dead') GROUP BY webhook, state")
+                .compactMap { r in
+                    r[0].string.flatMap { w in r[1].string.flatMap(WebhookDeliveryState.init(rawValue:)).map { (webhook: w, state: $0, count: Int(r[2].int ?? 0)) } }
+                }
+            let rowless = try Self.cursors(c).map { cur in (webhook: cur.webhook, count: try Self.countAfterCursor(cur, cap: Int(Int64.max), c)) }
+            return WebhookDeliveryRules.counts(rows: rows, rowlessPending: rowless)
         }
     }
 
@@ -216,14 +211,14 @@ extension PostgresOutboxStore {
             guard let e = try c.query("SELECT seq, type, app FROM events WHERE id = $1", [.text(eventID.lowercased())]).first, let seq = e[0].int,
                   let type = e[1].string.flatMap(EventType.init(rawValue:)) else { return 0 }
             var n = try c.run("""
-                UPDATE webhook_deliveries d SET state = 'pending', next_attempt_at = $1, lease_until = 0, claim = d.claim + 1, first_attempt_at = NULL, updated_at = $1
-                WHERE d.seq = $2 AND ($3::text IS NULL OR d.webhook = $3)
+                UPDATE webhook_deliveries SET \(WebhookDeliveryRules.replaySetSQL(now: "$1"))
+                WHERE seq = $2 AND ($3::text IS NULL OR webhook = $3)
                 """, [.int(now), .int(seq), webhook.map { .text($0) } ?? .null]).affected
-            for cur in try Self.cursors(c, webhook: webhook) where cur.startSeq < seq && seq <= cur.seq && cur.subscription.receives(type: type, app: e[2].string ?? "") {
+            for cur in try Self.cursors(c, webhook: webhook) where WebhookDeliveryRules.replayAddsRow(cur, seq: seq, type: type, app: e[2].string ?? "") {
                 n += try c.run("""
-                    INSERT INTO webhook_deliveries (webhook, seq, state, attempts, next_attempt_at, updated_at) VALUES ($1, $2, 'pending', 1, $3, $3)
+                    INSERT INTO webhook_deliveries (webhook, seq, state, attempts, next_attempt_at, updated_at) VALUES ($1, $2, 'pending', $4, $3, $3)
                     ON CONFLICT (seq, webhook) DO NOTHING
-                    """, [.text(cur.webhook), .int(seq), .int(now)]).affected
+                    """, [.text(cur.webhook), .int(seq), .int(now), .int(Int64(WebhookDeliveryRules.replayedRowAttempts))]).affected
             }
             return n
         }
@@ -232,10 +227,8 @@ extension PostgresOutboxStore {
     public func replayDeadWebhookDeliveries(webhook: String) throws -> Int {
         let now = clock.nowMillis()
         return try write { c in
-            try c.run("""
-                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = $1, lease_until = 0, claim = claim + 1, first_attempt_at = NULL, updated_at = $1
-                WHERE webhook = $2 AND state = 'dead'
-                """, [.int(now), .text(webhook)]).affected
+            try c.run("UPDATE webhook_deliveries SET \(WebhookDeliveryRules.replaySetSQL(now: "$1")) WHERE webhook = $2 AND state = 'dead'",
+                      [.int(now), .text(webhook)]).affected
         }
     }
 
@@ -258,7 +251,7 @@ extension PostgresOutboxStore {
             for r in doomed {
                 guard let seq = r[0].int else { continue }
                 let type = r[1].string.flatMap(EventType.init(rawValue:)) ?? .responseDelivered
-                for cur in cursors where seq > cur.seq && !withRow.contains("\(seq) \(cur.webhook)") && cur.subscription.receives(type: type, app: r[2].string ?? "") {
+                for cur in cursors where !withRow.contains("\(seq) \(cur.webhook)") && WebhookDeliveryRules.rowlessPending(cur, seq: seq, type: type, app: r[2].string ?? "") {
                     pending[cur.webhook, default: 0] += 1
                 }
             }
@@ -266,34 +259,34 @@ extension PostgresOutboxStore {
         }
     }
 
-    /// Over the bound, the cursor skips the oldest events after it, then the retry rows due
-    /// first are dropped (as SQLiteOutboxStore.trimWebhookBacklogs).
+    /// One pass of the bound, as SQLiteOutboxStore.trimWebhookBacklogs (WebhookDeliveryRules.trim,
+    /// WebhookCursorRules.skipped), the cursor row locked against the sender's exchange.
     public func trimWebhookBacklogs(max: Int) throws -> [String: Int] {
         // Counted on the query connection first (bounded); the write counts only a backlog that is over.
         let names = try eventSettings.webhooks.map(\.name).filter { try pendingWebhookDeliveries(webhook: $0, cap: max + 1) > max }
         guard !names.isEmpty else { return [:] }
+        let cap = WebhookDeliveryRules.trimCountCap(max: max)
         return try writeTransaction { c in
             var dropped: [String: Int] = [:]
             for name in names {
-                guard let cur = try c.query("SELECT \(WebhookColumns.cursors) FROM webhook_cursors WHERE webhook = $1 FOR UPDATE", [.text(name)])
+                guard var cur = try c.query("SELECT \(WebhookColumns.cursors) FROM webhook_cursors WHERE webhook = $1 FOR UPDATE", [.text(name)])
                     .first.map(WebhookCursorRow.init(columns:)) else { continue }
-                let rows = Int(try c.query("SELECT count(*) FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending'", [.text(name)]).first?.first?.int ?? 0)
-                let after = try Self.countAfterCursor(cur, cap: Int(Int64.max), c)
-                var over = rows + after - max
-                guard over > 0 else { continue }
-                if after > 0 {
-                    let skip = Swift.min(over, after)
-                    let to = try c.query("SELECT max(seq) FROM (SELECT e.seq FROM events e WHERE e.seq > $1 AND \(WebhookCursorRules.sqlFilter(cur.subscription)) ORDER BY e.seq LIMIT $2) x",
-                                         [.int(cur.seq), .int(Int64(skip))]).first?.first?.int ?? cur.seq
-                    try c.run("UPDATE webhook_cursors SET seq = $1, claimed_through = greatest(claimed_through, $1) WHERE webhook = $2", [.int(to), .text(name)])
-                    dropped[name] = skip
-                    over -= skip
+                let trim = WebhookDeliveryRules.trim(pendingRows: try Self.countPendingRows(name, cap: cap, c),
+                                                     rowlessPending: try Self.countAfterCursor(cur, cap: cap, c), max: max)
+                if trim.skipEvents > 0 {
+                    let skipped = try c.query("""
+                        SELECT max(seq), count(*) FROM (SELECT e.seq FROM events e WHERE e.seq > $1 AND \(WebhookCursorRules.sqlFilter(cur.subscription)) ORDER BY e.seq LIMIT $2) x
+                        """, [.int(WebhookDeliveryRules.pendingAfter(cur)), .int(Int64(trim.skipEvents))]).first
+                    WebhookCursorRules.skipped(&cur, to: skipped?[0].int ?? cur.seq)
+                    try c.run("UPDATE webhook_cursors SET seq = $1, claimed_through = $2, epoch = $3, lease_until = $4 WHERE webhook = $5",
+                              [.int(cur.seq), .int(cur.claimedThrough), .int(cur.epoch), .int(cur.leaseUntil), .text(name)])
+                    dropped[name] = Int(skipped?[1].int ?? 0)
                 }
-                if over > 0 {
+                if trim.dropRows > 0 {
                     dropped[name, default: 0] += try c.run("""
                         DELETE FROM webhook_deliveries WHERE webhook = $1 AND seq IN
                             (SELECT seq FROM webhook_deliveries WHERE webhook = $1 AND state = 'pending' ORDER BY next_attempt_at, seq LIMIT $2)
-                        """, [.text(name), .int(Int64(over))]).affected
+                        """, [.text(name), .int(Int64(trim.dropRows))]).affected
                 }
             }
             return dropped
@@ -312,11 +305,9 @@ extension PostgresOutboxStore {
         return try writeTransaction { [clock] c in
             let now = clock.toDatabase(now), leaseUntil = clock.toDatabase(leaseUntil)
             var row = try Self.lockedCursor(subscription, c)
-            let fromRows = results.filter { !$0.fromCursor }
-            var stale = try Self.recordRowResults(webhook: webhook, fromRows, clock, c)
-            let current = results.filter { $0.fromCursor && $0.claim == row.epoch }
-            stale += results.count - fromRows.count - current.count
-            try Self.insertRetryRows(webhook: webhook, current.filter { if case .delivered = $0.result { false } else { true } }, clock, c)
+            let sorted = WebhookCursorRules.sortResults(results, epoch: row.epoch)
+            let stale = try Self.recordRowResults(webhook: webhook, sorted.rowResults, clock, c) + sorted.stale
+            try Self.insertRetryRows(webhook: webhook, sorted.newRows, clock, c)
             var claimed = try Self.claimRows(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, clock, c)
             let before = row
             let turn = try WebhookCursorRules.turn(&row, caller: cursor, now: now, leaseUntil: leaseUntil, release: releaseCursor,

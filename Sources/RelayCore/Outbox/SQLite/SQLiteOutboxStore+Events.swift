@@ -157,9 +157,8 @@ extension SQLiteOutboxStore {
                      [webhook.map { .text($0) } ?? .null]).map(WebhookCursorRow.init(columns:))
     }
 
-    /// Retry rows as they are, and the events without a row as the cursor places them:
-    /// after it pending (never attempted), through it delivered (at its first attempt: a failed
-    /// one has a row), before the cursor's start none (the webhook did not exist yet).
+    /// Retry rows as they are, and the events without a row as the cursor places them
+    /// (WebhookDeliveryRules.rowlessRange and rowlessState).
     public func webhookDeliveries(_ filter: WebhookDeliveryFilter) throws -> [WebhookDeliveryRecord] {
         let limit = Int64(max(0, filter.limit))
         return try read { db in
@@ -173,17 +172,11 @@ extension SQLiteOutboxStore {
                 let eventSQL = eventClauses.map { " AND " + $0 }.joined()
                 let stateSQL = filter.state.map { " AND d.state = '\($0.rawValue)'" } ?? ""
                 parts.append("SELECT \(WebhookColumns.deliveries), \(Self.eventColumns) FROM webhook_deliveries d JOIN events e ON e.seq = d.seq WHERE d.webhook = ?1\(stateSQL)\(eventSQL)")
-                let range: String? = switch filter.state {
-                case nil: "e.seq > \(c.startSeq)"
-                case .pending: "e.seq > \(max(c.seq, c.startSeq))"
-                case .delivered: "e.seq > \(c.startSeq) AND e.seq <= \(c.seq)"
-                case .dead: nil
-                }
-                if let range {
+                if let range = WebhookDeliveryRules.rowlessRange(c, state: filter.state) {
+                    let rowless = WebhookDeliveryRules.rowlessStateSQL(c)
                     parts.append("""
-                        SELECT ?1, CASE WHEN e.seq <= \(c.seq) THEN 'delivered' ELSE 'pending' END, CASE WHEN e.seq <= \(c.seq) THEN 1 ELSE 0 END,
-                               NULL, e.created_at, NULL, e.created_at, \(Self.eventColumns)
-                        FROM events e WHERE \(range) AND \(WebhookCursorRules.sqlFilter(c.subscription))\(eventSQL)
+                        SELECT ?1, \(rowless.state), \(rowless.attempts), NULL, e.created_at, NULL, e.created_at, \(Self.eventColumns)
+                        FROM events e WHERE \(range.sql) AND \(WebhookCursorRules.sqlFilter(c.subscription))\(eventSQL)
                           AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.seq = e.seq AND d.webhook = ?1)
                         """)
                 }
@@ -205,38 +198,40 @@ extension SQLiteOutboxStore {
     func pendingWebhookDeliveries(webhook: String, cap: Int) throws -> Int {
         try read { db in
             let after = try Self.cursors(db, webhook: webhook).first.map { c in try Self.countAfterCursor(c, cap: cap, db) } ?? 0
-            let rows = try db.query("SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' LIMIT ?)",
-                                    [.text(webhook), .integer(Int64(max(0, cap)))]).first?[0].int ?? 0
-            return min(Int(rows) + after, cap)
+            return WebhookDeliveryRules.backlog(pendingRows: try Self.countPendingRows(webhook, cap: cap, db), rowlessPending: after, cap: cap)
         }
     }
 
-    /// Events after the cursor that it receives, counted up to `cap` (over the seq range).
+    /// The webhook's pending retry rows, counted up to `cap` (their partial index).
+    static func countPendingRows(_ webhook: String, cap: Int, _ db: SQLiteDatabase) throws -> Int {
+        Int(try db.query("SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' LIMIT ?)",
+                         [.text(webhook), .integer(Int64(max(0, cap)))]).first?[0].int ?? 0)
+    }
+
+    /// Events pending without a row (WebhookDeliveryRules.rowlessPending), counted up to `cap`
+    /// (over the seq range).
     static func countAfterCursor(_ c: WebhookCursorRow, cap: Int, _ db: SQLiteDatabase) throws -> Int {
         Int(try db.query("SELECT count(*) FROM (SELECT 1 FROM events e WHERE e.seq > ? AND \(WebhookCursorRules.sqlFilter(c.subscription)) LIMIT ?)",
-                         [.integer(c.seq), .integer(Int64(max(0, cap)))]).first?[0].int ?? 0)
+                         [.integer(WebhookDeliveryRules.pendingAfter(c)), .integer(Int64(max(0, cap)))]).first?[0].int ?? 0)
     }
 
     public func webhookDeliveryCounts() throws -> [String: [WebhookDeliveryState: Int]] {
         try read { db in
-            var out: [String: [WebhookDeliveryState: Int]] = [:]
+            var rows: [(webhook: String, state: WebhookDeliveryState, count: Int)] = []
             for s in [WebhookDeliveryState.pending, .dead] {
                 for r in try db.query("SELECT webhook, count(*) FROM webhook_deliveries WHERE state = '\(s.rawValue)' GROUP BY webhook") {
-                    if let w = r[0].string { out[w, default: [:]][s] = Int(r[1].int ?? 0) }
+                    if let w = r[0].string { rows.append((w, s, Int(r[1].int ?? 0))) }
                 }
             }
-            for c in try Self.cursors(db) {
-                let n = try Self.countAfterCursor(c, cap: .max, db)
-                if n > 0 { out[c.webhook, default: [:]][.pending, default: 0] += n }
-            }
-            return out
+            let rowless = try Self.cursors(db).map { c in (webhook: c.webhook, count: try Self.countAfterCursor(c, cap: .max, db)) }
+            return WebhookDeliveryRules.counts(rows: rows, rowlessPending: rowless)
         }
     }
 
     // MARK: operator actions and retention (writer)
 
-    /// A retry row, pending and due now: the existing one's generation bumped, or a new one
-    /// for a webhook whose cursor passed the event without a row (it was delivered).
+    /// A retry row, pending and due now: the existing one replayed, or a new one where the
+    /// cursor passed the event without a row (WebhookDeliveryRules.replaySetSQL, replayAddsRow).
     public func replayWebhookDelivery(eventID: String, webhook: String?) throws -> Int {
         let id = eventID.lowercased()
         guard let seq = UUIDText.high64(id) else { return 0 }
@@ -244,16 +239,16 @@ extension SQLiteOutboxStore {
         return try write { db in
             guard let e = try db.query("SELECT type, app FROM events WHERE seq = ? AND id = ?", [.integer(seq), .text(id)]).first,
                   let type = e[0].string.flatMap(EventType.init(rawValue:)) else { return 0 }
-            var binds: [SQLValue] = [.integer(now), .integer(now), .integer(seq)]
+            var binds: [SQLValue] = [.integer(now), .integer(seq)]
             if let webhook { binds.append(.text(webhook)) }
             var n = try db.run("""
-                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = ?, lease_until = 0, claim = claim + 1, first_attempt_at = NULL, updated_at = ?
-                WHERE seq = ?\(webhook == nil ? "" : " AND webhook = ?")
+                UPDATE webhook_deliveries SET \(WebhookDeliveryRules.replaySetSQL(now: "?1"))
+                WHERE seq = ?2\(webhook == nil ? "" : " AND webhook = ?3")
                 """, binds)
-            for c in try Self.cursors(db, webhook: webhook) where c.startSeq < seq && seq <= c.seq && c.subscription.receives(type: type, app: e[1].string ?? "") {
+            for c in try Self.cursors(db, webhook: webhook) where WebhookDeliveryRules.replayAddsRow(c, seq: seq, type: type, app: e[1].string ?? "") {
                 n += try db.run("""
-                    INSERT OR IGNORE INTO webhook_deliveries (webhook, seq, state, attempts, next_attempt_at, updated_at) VALUES (?, ?, 'pending', 1, ?, ?)
-                    """, [.text(c.webhook), .integer(seq), .integer(now), .integer(now)])
+                    INSERT OR IGNORE INTO webhook_deliveries (webhook, seq, state, attempts, next_attempt_at, updated_at) VALUES (?, ?, 'pending', ?, ?, ?)
+                    """, [.text(c.webhook), .integer(seq), .integer(Int64(WebhookDeliveryRules.replayedRowAttempts)), .integer(now), .integer(now)])
             }
             return n
         }
@@ -262,10 +257,8 @@ extension SQLiteOutboxStore {
     public func replayDeadWebhookDeliveries(webhook: String) throws -> Int {
         let now = clock.nowMillis()
         return try write { db in
-            try db.run("""
-                UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = ?, lease_until = 0, claim = claim + 1, first_attempt_at = NULL, updated_at = ?
-                WHERE webhook = ? AND state = 'dead'
-                """, [.integer(now), .integer(now), .text(webhook)])
+            try db.run("UPDATE webhook_deliveries SET \(WebhookDeliveryRules.replaySetSQL(now: "?1")) WHERE webhook = ?2 AND state = 'dead'",
+                       [.integer(now), .text(webhook)])
         }
     }
 
@@ -289,7 +282,7 @@ extension SQLiteOutboxStore {
                     if d[1].string == WebhookDeliveryState.pending.rawValue { pending[w, default: 0] += 1 }
                 }
                 let type = r[1].string.flatMap(EventType.init(rawValue:)) ?? .responseDelivered
-                for c in cursors where seq > c.seq && !withRow.contains(c.webhook) && c.subscription.receives(type: type, app: r[2].string ?? "") {
+                for c in cursors where !withRow.contains(c.webhook) && WebhookDeliveryRules.rowlessPending(c, seq: seq, type: type, app: r[2].string ?? "") {
                     pending[c.webhook, default: 0] += 1
                 }
                 try db.run("DELETE FROM webhook_deliveries WHERE seq = ?", [.integer(seq)])
@@ -299,34 +292,35 @@ extension SQLiteOutboxStore {
         }
     }
 
-    /// Over the bound, the cursor skips the oldest events after it (they stay; the feed lists
-    /// them), then, if the retry rows alone are over, those due first are dropped.
+    /// One pass of the bound (WebhookDeliveryRules.trim): the cursor skips the oldest events
+    /// after it (they stay; the feed lists them) under a new epoch, then, if the retry rows alone
+    /// are over, those due first are dropped. Counts are bounded (trimCountCap).
     public func trimWebhookBacklogs(max: Int) throws -> [String: Int] {
         // Counted on the reader first (bounded): the writer, which ingest waits for, counts only
         // a backlog that is over.
         let names = try eventSettings.webhooks.map(\.name).filter { try pendingWebhookDeliveries(webhook: $0, cap: max + 1) > max }
         guard !names.isEmpty else { return [:] }
+        let cap = WebhookDeliveryRules.trimCountCap(max: max)
         return try write { db in
             var dropped: [String: Int] = [:]
             for name in names {
-                guard let c = try Self.cursors(db, webhook: name).first else { continue }
-                let rows = Int(try db.scalar("SELECT count(*) FROM webhook_deliveries WHERE webhook = ? AND state = 'pending'", [.text(name)]).int ?? 0)
-                let after = try Self.countAfterCursor(c, cap: .max, db)
-                var over = rows + after - max
-                guard over > 0 else { continue }
-                if after > 0 {
-                    let skip = Swift.min(over, after)
-                    let to = try db.scalar("SELECT max(seq) FROM (SELECT e.seq FROM events e WHERE e.seq > ? AND \(WebhookCursorRules.sqlFilter(c.subscription)) ORDER BY e.seq LIMIT ?)",
-                                           [.integer(c.seq), .integer(Int64(skip))]).int ?? c.seq
-                    try db.run("UPDATE webhook_cursors SET seq = ?1, claimed_through = max(claimed_through, ?1) WHERE webhook = ?2", [.integer(to), .text(name)])
-                    dropped[name] = skip
-                    over -= skip
+                guard var c = try Self.cursors(db, webhook: name).first else { continue }
+                let trim = WebhookDeliveryRules.trim(pendingRows: try Self.countPendingRows(name, cap: cap, db),
+                                                     rowlessPending: try Self.countAfterCursor(c, cap: cap, db), max: max)
+                if trim.skipEvents > 0 {
+                    let skipped = try db.query("""
+                        SELECT max(seq), count(*) FROM (SELECT e.seq FROM events e WHERE e.seq > ? AND \(WebhookCursorRules.sqlFilter(c.subscription)) ORDER BY e.seq LIMIT ?)
+                        """, [.integer(WebhookDeliveryRules.pendingAfter(c)), .integer(Int64(trim.skipEvents))]).first
+                    WebhookCursorRules.skipped(&c, to: skipped?[0].int ?? c.seq)
+                    try db.run("UPDATE webhook_cursors SET seq = ?, claimed_through = ?, epoch = ?, lease_until = ? WHERE webhook = ?",
+                               [.integer(c.seq), .integer(c.claimedThrough), .integer(c.epoch), .integer(c.leaseUntil), .text(name)])
+                    dropped[name] = Int(skipped?[1].int ?? 0)
                 }
-                if over > 0 {
+                if trim.dropRows > 0 {
                     dropped[name, default: 0] += try db.run("""
                         DELETE FROM webhook_deliveries WHERE webhook = ? AND seq IN
                             (SELECT seq FROM webhook_deliveries WHERE webhook = ? AND state = 'pending' ORDER BY next_attempt_at, seq LIMIT ?)
-                        """, [.text(name), .text(name), .integer(Int64(over))])
+                        """, [.text(name), .text(name), .integer(Int64(trim.dropRows))])
                 }
             }
             return dropped

@@ -20,16 +20,18 @@ extension SQLiteOutboxStore {
     private static func exchange(webhook: String, results: [WebhookAttemptRecord], cursor: WebhookCursorPosition?, now: Int64,
                                  leaseUntil: Int64, limit: Int, release: Bool, db: SQLiteDatabase, state: WriterState) throws -> WebhookExchange {
         var row = try heldCursor(webhook, db: db, state: state)
-        var stale = 0
-        for r in results {
-            guard let seq = UUIDText.high64(r.eventID.lowercased()) else { stale += 1; continue }
-            if r.fromCursor {
-                guard r.claim == row.epoch else { stale += 1; continue }
-                if case .delivered = r.result { continue }
-                try insertRetryRow(webhook: webhook, seq: seq, WebhookResultChange(r.result), db: db, state: state)
-            } else if try !recordRowResult(webhook: webhook, seq: seq, claim: r.claim, WebhookResultChange(r.result), db: db, state: state) {
+        let sorted = WebhookCursorRules.sortResults(results, epoch: row.epoch)
+        var stale = sorted.stale
+        for r in sorted.rowResults {
+            guard let seq = UUIDText.high64(r.eventID.lowercased()),
+                  try recordRowResult(webhook: webhook, seq: seq, claim: r.claim, WebhookResultChange(r.result), db: db, state: state) else {
                 stale += 1
+                continue
             }
+        }
+        for r in sorted.newRows {
+            guard let seq = UUIDText.high64(r.eventID.lowercased()) else { stale += 1; continue }
+            try insertRetryRow(webhook: webhook, seq: seq, WebhookResultChange(r.result), db: db, state: state)
         }
         var claimed = try claimRows(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, db: db, state: state)
         let before = row
