@@ -230,12 +230,13 @@ wrk_seconds() {
 # ingest_result BEFORE AFTER WRK_OUTPUT -> "ACCEPTED_PER_S OTHERS": BEFORE and AFTER are
 # ingest_counts around one wrk run; ACCEPTED_PER_S is the 202s the relay counted in between
 # divided by wrk's measured seconds; OTHERS is every other status in between
-# ("503:12,429:3", or 0), then wrk's own view when it saw anything but 2xx/3xx or a socket
-# error ("wrk-non2xx:15", "wrk-timeout:2": a cross-check of the relay's count). The relay may
-# answer up to one request per connection after wrk stopped counting: noise of -c in the 202s.
+# ("503:12,429:3", or 0), then wrk's own view when it saw a status >= 400, a socket error or
+# (write_post_lua FILE count) a non-202 ("wrk-non2xx:15", "wrk-timeout:2", "wrk-non202:15": a
+# cross-check of the relay's count). The relay may answer up to one request per connection after
+# wrk stopped counting: noise of -c in the 202s.
 ingest_result() {
   awk -v a="$1" -v b="$2" -v secs="$(wrk_seconds "$3")" \
-      -v wnon="$(awk '/Non-2xx or 3xx responses:/{print $NF}' "$3")" \
+      -v wnon="$(awk '/Non-2xx or 3xx responses:/{print $NF}' "$3")" -v wnon202="$(awk '/^NON202 /{print $2}' "$3")" \
       -v werr="$(sed -n 's/^ *Socket errors: //p' "$3")" 'BEGIN {
     n = split(a, x, " "); for (i = 1; i <= n; i++) { split(x[i], kv, ":"); c0[kv[1]] = kv[2] }
     n = split(b, y, " ")
@@ -244,6 +245,7 @@ ingest_result() {
       if (kv[1] == "202") acc = d; else if (d > 0) other = other (other == "" ? "" : ",") kv[1] ":" d
     }
     if (wnon + 0 > 0) other = other (other == "" ? "" : ",") "wrk-non2xx:" wnon
+    if (wnon202 + 0 > 0) other = other (other == "" ? "" : ",") "wrk-non202:" wnon202
     n = split(werr, e, ", ")   # "connect 0, read 0, write 0, timeout 12"
     for (i = 1; i <= n; i++) { split(e[i], kv, " "); if (kv[2] + 0 > 0) other = other (other == "" ? "" : ",") "wrk-" kv[1] ":" kv[2] }
     printf "%.0f %s\n", (secs > 0 ? acc / secs : 0), (other == "" ? "0" : other)
