@@ -318,7 +318,8 @@ answers: ${NORMAL_OTHERS}). One 4 KiB write + fsync on this machine's disk (wher
 \`scripts/bench-webhook-load.sh\` at 64 connections, ${HOOK_SECONDS} s per run, rounds alternating
 without / with one webhook (receiver: \`http-bench-server\` on the same cores, answering 200);
 each run its own relay, mock-apns (no deliveries log, unlike the table above) and fresh database.
-The ratio is the median of the per-round ratios (with / without).
+The ratio is the median of the per-round ratios (with / without). bench-ingest.sh runs with APNs
+stalled: no outcome, so no event, and a webhook would have nothing to send there.
 
 ${HOOK_TABLE}
 
