@@ -1,5 +1,6 @@
 # Shared by the benchmark scripts that run relay-server beside mock-apns and an nginx anchor
-# (bench-relay.sh, bench-ingest.sh, bench-pipeline.sh, bench-postgres.sh, relay-callgrind.sh).
+# (bench-relay.sh, bench-ingest.sh, bench-pipeline.sh, bench-postgres.sh, bench-log.sh,
+# bench-token-walk.sh, bench-webhook-load.sh, relay-callgrind.sh).
 # Source it, then call bench_prologue, or set WORK (a temp dir the caller removes), BIN (release
 # binaries) and PIDS=() (killed by the caller's EXIT trap) yourself.
 
