@@ -169,7 +169,6 @@ pgbench_run() {  # ROUND
 
 if wanted nginx; then
   start_nginx_anchor
-  NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | tr '\n' ' ')
 fi
 nginx_run() {  # ROUND
   local round=$1 t0 t1 n

@@ -117,7 +117,6 @@ curl -fsS -X DELETE "http://127.0.0.1:$CONTROL_PORT/faults" >/dev/null
 stop_relay
 
 start_nginx_anchor
-NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | tr '\n' ' ')
 echo "== wrk nginx static" >&2
 X0=$(proc_ticks $NGINX_WORKERS); XK0=$(proc_sys_ticks $NGINX_WORKERS); XI0=$(cpu_ticks)
 /usr/bin/time -f "%U %S" -o "$WORK/time-nginx.txt" wrk -t2 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:$NGINX_PORT/" > "$WORK/wrk-nginx.txt"

@@ -49,7 +49,8 @@ wait_url() {
 }
 
 # The anchor: nginx answering a tiny JSON body with `return 200`, two workers (one per core),
-# on a free port. Sets NGINX_PORT and NGINX_PID.
+# on a free port. Sets NGINX_PORT, NGINX_PID and NGINX_WORKERS (the worker pids, whose CPU is
+# nginx's per request; the master's own pid when it has none, as a single-process stand-in).
 start_nginx_anchor() {
   NGINX_PORT=$(free_port)
   mkdir -p "$WORK/nginx"
@@ -70,6 +71,8 @@ CONF
   NGINX_PID=$!
   PIDS+=("$NGINX_PID")
   wait_url "http://127.0.0.1:$NGINX_PORT/"
+  NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | tr '\n' ' ' || true)
+  [ -n "${NGINX_WORKERS// /}" ] || NGINX_WORKERS=$NGINX_PID
 }
 
 stop_nginx_anchor() { kill -TERM "$NGINX_PID" 2>/dev/null || true; wait "$NGINX_PID" 2>/dev/null || true; }
