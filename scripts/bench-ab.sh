@@ -15,7 +15,8 @@
 #            for 8 s under callgrind: scripts/relay-callgrind.sh OUT 1 8 1000 (OUT/icg-old-rN.cg.1
 #            and OUT/icg-new-rN.cg.1 kept: callgrind_annotate --inclusive=yes for the threads);
 #   conns    pipeline stage 2, durable 202/s with wrk at BENCH_AB_CONNS (64) connections, mock-apns
-#            answering: BENCH_CONNS_ONLY=1 scripts/bench-pipeline.sh (it runs its nginx anchor too);
+#            answering: BENCH_CONNS_ONLY=1 scripts/bench-pipeline.sh (it runs its nginx anchor too;
+#            its webhook rounds only with BENCH_HOOK_ROUNDS=N, their table left in the log);
 #   cg       pipeline stage 5, instructions per response end to end (callgrind):
 #            BENCH_CG_ONLY=1 scripts/bench-pipeline.sh, the callgrind outputs kept for
 #            scripts/cg-diff.py in OUT/cg-old-rN and OUT/cg-new-rN;
@@ -79,7 +80,7 @@ measure() {  # round build(old|new) measurement
       record "$r" "$b" "ingest rows under callgrind (8 s)" "$rows"
       ;;
     conns)
-      BENCH_BIN=$bin BENCH_CONNS_ONLY=1 BENCH_CONNS="${BENCH_AB_CONNS:-64}" scripts/bench-pipeline.sh > "$log.md" 2> "$log.err"
+      BENCH_BIN=$bin BENCH_CONNS_ONLY=1 BENCH_CONNS="${BENCH_AB_CONNS:-64}" BENCH_HOOK_ROUNDS=${BENCH_HOOK_ROUNDS:-0} scripts/bench-pipeline.sh > "$log.md" 2> "$log.err"
       awk -F'|' '$2 ~ /^ *[0-9]+ *$/ {gsub(/ /, "", $2); gsub(/ /, "", $3); print $2 "\t" $3}' "$log.md" |
         while IFS=$'\t' read -r c rps; do record "$r" "$b" "pipeline 202/s at $c connections" "$rps"; done
       record "$r" "$b" "pipeline 202/s at 64 connections, synchronous=NORMAL" "$(sed -n 's/^synchronous=NORMAL at 64 connections: \([0-9.]*\) .*/\1/p' "$log.md")"

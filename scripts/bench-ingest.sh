@@ -65,16 +65,12 @@ write_tokens_lua "$WORK/tokens.lua"
 RESULTS="$WORK/results.txt"   # system round records/s cpu_us_per_record bytes_written_per_record extra
 : > "$RESULTS"
 
-metric() {  # admin-port name -> value (0 if absent)
-  curl -fsS "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m {v = $2} END {print v + 0}'
-}
 # Bytes a process caused to be written to storage (/proc/PID/io write_bytes: WAL, AOF, checkpoints).
 io_written() { awk '/^write_bytes/{print $2}' "/proc/$1/io"; }
 # PostgreSQL's WAL position in bytes: the difference of two readings is the WAL written between.
 wal_bytes() { psql -Atq "$PG_URL" -c "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"; }
 # Connections mock-apns has accepted so far (the stalled mock answers no push: PushClient's reconnects).
 mock_connections() { curl -fsS "http://127.0.0.1:$CONTROL_PORT/stats" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("connectionsTotal", 0))'; }
-wrk_seconds() { awk '/requests in/{sub(/s,$/, "", $4); print $4}' "$1"; }
 
 # relay SYSTEM ROUND KIND(sqlite|postgres) LUA TOKENS
 relay() {
@@ -173,7 +169,6 @@ pgbench_run() {  # ROUND
 
 if wanted nginx; then
   start_nginx_anchor
-  NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | tr '\n' ' ')
 fi
 nginx_run() {  # ROUND
   local round=$1 t0 t1 n

@@ -18,10 +18,6 @@ CONNECTIONS=${BENCH_CONNECTIONS:-64}
 CASES=${BENCH_LOG_CASES:-debug-pipe info-null}
 . scripts/lib-bench.sh
 bench_prologue bench-log wrk openssl sqlite3 curl python3
-proc_ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}'))); done; echo "$t"; }
-metric() {  # admin-port name -> value (0 if absent)
-  curl -fsS -m 5 "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m {v = $2} END {print v + 0}'
-}
 
 start_bench_mock
 curl -fsS -X POST "http://127.0.0.1:$CONTROL_PORT/faults" -H 'Content-Type: application/json' -d '{"stall":true}' >/dev/null

@@ -7,7 +7,8 @@
 #   vs 1, 2 and 3 relay-server nodes sharing one PostgreSQL (fsync on, synchronous_commit on,
 #   shared_buffers 64MB: scripts/pg-test.sh).
 #  1. Durable ingest: 202/s with 64 keep-alive connections in total, split evenly over the nodes
-#     (one wrk per node, unique bodies), while the nodes also deliver to mock-apns.
+#     (one wrk per node, unique bodies), while the nodes also deliver to mock-apns; 202/s is the
+#     202s the nodes counted (relay_ingest_requests_total) over wrk's seconds, other answers apart.
 #  2. Drain: BENCH_PG_DRAIN_ROWS rows inserted queued while the nodes are down, then the nodes
 #     start; rows delivered to mock-apns per second until the queue is empty.
 # CPU seconds used by relay-server, PostgreSQL and wrk during the ingest window show where the
@@ -82,12 +83,15 @@ commits_of() {
 
 write_post_lua "$WORK/post.lua" count
 
-# ingest LABEL names... : one wrk per node, CONNECTIONS split evenly; prints "rps non202 relay_cpu pg_cpu wrk_cpu"
+# ingest LABEL names... : one wrk per node, CONNECTIONS split evenly; prints "rps non202 relay_cpu pg_cpu":
+# rps the 202s the nodes counted (relay_ingest_requests_total) over wrk's seconds, summed over the
+# nodes; non202 their other answers ("node:status:count,...", or 0).
 ingest() {
   local label=$1; shift
-  local k=$# per=$((CONNECTIONS / $#)) i=0 wpids=() pgp relay0 pg0 wrk_cpu=0
+  local k=$# per=$((CONNECTIONS / $#)) i=0 wpids=() pgp relay0 pg0 wrk_cpu=0 c0=() rps=0 non="" r o
   pgp=$(pg_pids)
   relay0=$(cpu_of "${NODE_PIDS[@]}"); pg0=$(cpu_of $pgp)
+  for n in "$@"; do c0+=("$(ingest_counts "$(cut -d' ' -f2 "$WORK/$n.ports")")"); done
   for n in "$@"; do
     i=$((i + 1))
     WRK_SEED=$i RELAY_CRED="$SECRET" wrk -t1 -c"$per" -d"${DURATION}s" -s "$WORK/post.lua" \
@@ -99,16 +103,13 @@ ingest() {
   local relay1 pg1
   relay1=$(cpu_of "${NODE_PIDS[@]}"); pg1=$(cpu_of $pgp)
   for p in "${wpids[@]}"; do wait "$p"; done
-  python3 - "$relay0" "$relay1" "$pg0" "$pg1" "$WORK" "$label" "$@" <<'EOF'
-import sys, re
-r0, r1, p0, p1, work, label = sys.argv[1:7]
-rps = non = 0.0
-for n in sys.argv[7:]:
-    t = open(f"{work}/wrk-{label}-{n}.txt").read()
-    rps += float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
-    non += int(re.search(r"NON202 (\d+)", t).group(1))
-print(f"{rps:.0f} {non:.0f} {float(r1)-float(r0):.1f} {float(p1)-float(p0):.1f}")
-EOF
+  i=0
+  for n in "$@"; do
+    read -r r o < <(ingest_result "${c0[$i]}" "$(ingest_counts "$(cut -d' ' -f2 "$WORK/$n.ports")")" "$WORK/wrk-$label-$n.txt")
+    rps=$((rps + r)); i=$((i + 1))
+    [ "$o" = 0 ] || non+="${non:+,}$n:$o"
+  done
+  echo "$rps ${non:-0} $(python3 -c "import sys; print(f'{float(sys.argv[2])-float(sys.argv[1]):.1f} {float(sys.argv[4])-float(sys.argv[3]):.1f}')" "$relay0" "$relay1" "$pg0" "$pg1")"
 }
 
 # drain LABEL COUNT_CMD names... : times delivery of DRAIN_ROWS pre-queued rows; prints rows/s
@@ -184,7 +185,9 @@ cat <<EOF
 ## PostgreSQL store: 1, 2, 3 nodes vs one SQLite node (scripts/bench-postgres.sh)
 
 Durable ingest: \`wrk\` with $CONNECTIONS keep-alive connections in total, split evenly over the
-nodes (one wrk per node), ${DURATION} s, unique bodies; every 202 is committed (SQLite
+nodes (one wrk per node), ${DURATION} s, unique bodies; 202/s is the 202s the nodes counted
+(\`relay_ingest_requests_total\`) over wrk's seconds, "non-202" their other answers (node:status:count);
+every 202 is committed (SQLite
 \`synchronous=FULL\`; PostgreSQL \`fsync=on\`, \`synchronous_commit=on\`, \`shared_buffers=64MB\`
 from scripts/pg-test.sh) while the nodes also deliver to mock-apns. Drain: $DRAIN_ROWS rows
 inserted \`queued\` while the nodes are down; rows delivered to mock-apns per second from node

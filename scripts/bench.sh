@@ -34,6 +34,9 @@ for s in scripts/bench-*.sh; do
   if [ -n "${BENCH_ONLY:-}" ] && [[ " $BENCH_ONLY " != *" $name "* ]]; then continue; fi
   # KeyExchange vs Python needs a venv with cryptography: `make bench-kex` (or BENCH_ONLY=kex).
   if [ "$name" = kex ] && [[ " ${BENCH_ONLY:-} " != *" kex "* ]]; then continue; fi
+  # Tools that take release directories as arguments, not sections: bench-ab.sh (an A/B of two
+  # builds) and bench-webhook-load.sh (bench-pipeline.sh runs it and shows its table).
+  if [ "$name" = ab ] || [ "$name" = webhook-load ]; then continue; fi
   echo "== $s" | tee -a "$log" >&2
   start=$(date +%s)
   if ! "$s" >> "$sections" 2> >(tee -a "$log" >&2); then

@@ -1,5 +1,6 @@
 # Shared by the benchmark scripts that run relay-server beside mock-apns and an nginx anchor
-# (bench-relay.sh, bench-ingest.sh, bench-pipeline.sh, bench-postgres.sh, relay-callgrind.sh).
+# (bench-relay.sh, bench-ingest.sh, bench-pipeline.sh, bench-postgres.sh, bench-log.sh,
+# bench-token-walk.sh, bench-webhook-load.sh, relay-callgrind.sh).
 # Source it, then call bench_prologue, or set WORK (a temp dir the caller removes), BIN (release
 # binaries) and PIDS=() (killed by the caller's EXIT trap) yourself.
 
@@ -48,7 +49,8 @@ wait_url() {
 }
 
 # The anchor: nginx answering a tiny JSON body with `return 200`, two workers (one per core),
-# on a free port. Sets NGINX_PORT and NGINX_PID.
+# on a free port. Sets NGINX_PORT, NGINX_PID and NGINX_WORKERS (the worker pids, whose CPU is
+# nginx's per request; the master's own pid when it has none, as a single-process stand-in).
 start_nginx_anchor() {
   NGINX_PORT=$(free_port)
   mkdir -p "$WORK/nginx"
@@ -69,6 +71,8 @@ CONF
   NGINX_PID=$!
   PIDS+=("$NGINX_PID")
   wait_url "http://127.0.0.1:$NGINX_PORT/"
+  NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | tr '\n' ' ' || true)
+  [ -n "${NGINX_WORKERS// /}" ] || NGINX_WORKERS=$NGINX_PID
 }
 
 stop_nginx_anchor() { kill -TERM "$NGINX_PID" 2>/dev/null || true; wait "$NGINX_PID" 2>/dev/null || true; }
@@ -206,6 +210,50 @@ function request()
   return base .. #body .. "\r\n\r\n" .. body
 end
 LUA
+}
+
+# One sample of the relay's admin /metrics (0 if absent), e.g.
+# metric ADMIN_PORT 'relay_ingest_requests_total{status="202"}'.
+metric() { curl -fsS -m 5 "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m {v = $2} END {print v + 0}'; }
+
+# What the relay answered ingest requests so far (relay_ingest_requests_total on the admin
+# /metrics), one "STATUS:COUNT" word per status. Take one before and one after a wrk run and
+# give both to ingest_result: wrk's Requests/sec counts every answer, 503s and 429s too.
+ingest_counts() {
+  curl -fsS -m 5 "http://127.0.0.1:$1/metrics" |
+    sed -n 's/^relay_ingest_requests_total{status="\([0-9]*\)"} \([0-9]*\).*/\1:\2/p' | tr '\n' ' '
+}
+
+# wrk's measured run time in seconds, from its "N requests in 8.00s, ..." line (wrk prints the
+# time with a unit: us, ms, s, m or h).
+wrk_seconds() {
+  awk '/ requests in /{t = $4; sub(/,$/, "", t); v = t + 0; u = t; sub(/^[0-9.]+/, "", u)
+    print v * (u == "us" ? 1e-6 : u == "ms" ? 1e-3 : u == "m" ? 60 : u == "h" ? 3600 : 1)}' "$1"
+}
+
+# ingest_result BEFORE AFTER WRK_OUTPUT -> "ACCEPTED_PER_S OTHERS": BEFORE and AFTER are
+# ingest_counts around one wrk run; ACCEPTED_PER_S is the 202s the relay counted in between
+# divided by wrk's measured seconds; OTHERS is every other status in between
+# ("503:12,429:3", or 0), then wrk's own view when it saw a status >= 400, a socket error or
+# (write_post_lua FILE count) a non-202 ("wrk-non2xx:15", "wrk-timeout:2", "wrk-non202:15": a
+# cross-check of the relay's count). The relay may answer up to one request per connection after
+# wrk stopped counting: noise of -c in the 202s.
+ingest_result() {
+  awk -v a="$1" -v b="$2" -v secs="$(wrk_seconds "$3")" \
+      -v wnon="$(awk '/Non-2xx or 3xx responses:/{print $NF}' "$3")" -v wnon202="$(awk '/^NON202 /{print $2}' "$3")" \
+      -v werr="$(sed -n 's/^ *Socket errors: //p' "$3")" 'BEGIN {
+    n = split(a, x, " "); for (i = 1; i <= n; i++) { split(x[i], kv, ":"); c0[kv[1]] = kv[2] }
+    n = split(b, y, " ")
+    for (i = 1; i <= n; i++) {
+      split(y[i], kv, ":"); d = kv[2] - c0[kv[1]]
+      if (kv[1] == "202") acc = d; else if (d > 0) other = other (other == "" ? "" : ",") kv[1] ":" d
+    }
+    if (wnon + 0 > 0) other = other (other == "" ? "" : ",") "wrk-non2xx:" wnon
+    if (wnon202 + 0 > 0) other = other (other == "" ? "" : ",") "wrk-non202:" wnon202
+    n = split(werr, e, ", ")   # "connect 0, read 0, write 0, timeout 12"
+    for (i = 1; i <= n; i++) { split(e[i], kv, " "); if (kv[2] + 0 > 0) other = other (other == "" ? "" : ",") "wrk-" kv[1] ":" kv[2] }
+    printf "%.0f %s\n", (secs > 0 ? acc / secs : 0), (other == "" ? "0" : other)
+  }'
 }
 
 # CPU ticks (utime + stime, /proc/PID/stat after the command name) of the given pids, summed;

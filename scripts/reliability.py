@@ -50,7 +50,7 @@ import threading
 import time
 import traceback
 import uuid
-from reliability_common import JsonlTail, WorkerThreads
+from reliability_common import DeliveryLog, WorkerThreads
 
 BUNDLE = "com.example.reliability"
 KEY_ID = "RELKEY0001"
@@ -294,35 +294,25 @@ def metric_sum(m, name, pred=lambda k: True):
     return sum(v for k, v in m.items() if (k == name or k.startswith(name + "{")) and pred(k))
 
 
-class Deliveries:
-    """Reads mock-apns' --deliveries-log incrementally (it survives mock restarts)."""
+class Deliveries(DeliveryLog):
+    """mock-apns' deliveries log (reliability_common.DeliveryLog), plus per push token counts and
+    when each apns-id was first seen (this process's monotonic clock, and mock-apns' receivedAt)."""
 
     def __init__(self, path):
-        self.tail = JsonlTail(path)
-        self.count = collections.Counter()
+        super().__init__(path)
         self.first_at = {}
         self.by_token = collections.Counter()
         self.received_wall = {}  # apns-id -> mock-apns' receivedAt of the first delivery (UNIX s)
 
     def poll(self):
-        lines = self.tail.new_lines()
-        now = time.monotonic()
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except ValueError:
-                continue  # a torn last line of a killed mock
-            a = d.get("apnsId", "").lower()
-            self.count[a] += 1
-            self.by_token[d.get("deviceToken", "")] += 1
-            self.first_at.setdefault(a, now)
-            try:
-                ra = datetime.datetime.fromisoformat(d["receivedAt"].replace("Z", "+00:00")).timestamp()
-                self.received_wall.setdefault(a, ra)
-            except (KeyError, ValueError):
-                pass
+        self._now = time.monotonic()   # one reading per poll: the lines of one poll arrived together
+        super().poll()
+
+    def _seen(self, a, d, received_at):
+        self.by_token[d.get("deviceToken", "")] += 1
+        self.first_at.setdefault(a, self._now)
+        if received_at is not None:
+            self.received_wall.setdefault(a, received_at)
 
 
 # --------------------------------------------------------------------------------------------

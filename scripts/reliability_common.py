@@ -1,7 +1,10 @@
 """Pieces both reliability harnesses use (scripts/reliability.py and reliability_pg.py): worker
-threads and the tail of a JSON-lines file another process appends to. Python 3 standard
-library only."""
+threads, the tail of a JSON-lines file another process appends to, and mock-apns' deliveries
+log read through it. Python 3 standard library only."""
 
+import collections
+import datetime
+import json
 import os
 import threading
 
@@ -46,3 +49,37 @@ class JsonlTail:
         lines = (self.partial + chunk).split(b"\n")
         self.partial = lines.pop()
         return lines
+
+
+def received_at(delivery):
+    """mock-apns' `receivedAt` of one deliveries-log record in UNIX seconds; None when absent or
+    not an ISO 8601 time."""
+    try:
+        return datetime.datetime.fromisoformat(delivery["receivedAt"].replace("Z", "+00:00")).timestamp()
+    except (KeyError, AttributeError, ValueError):
+        return None
+
+
+class DeliveryLog:
+    """mock-apns' --deliveries-log read incrementally with `poll` (the file survives mock
+    restarts): `count` of deliveries per apns-id (lowercase). A subclass keeps what else it needs
+    of each delivery in `_seen(apns_id, record, received_at)`."""
+
+    def __init__(self, path):
+        self.tail = JsonlTail(path)
+        self.count = collections.Counter()
+
+    def poll(self):
+        for line in self.tail.new_lines():
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue  # a torn last line of a killed mock
+            a = d.get("apnsId", "").lower()
+            self.count[a] += 1
+            self._seen(a, d, received_at(d))
+
+    def _seen(self, apns_id, record, received_at):
+        pass

@@ -35,7 +35,6 @@ lost and fail): a check that the audit can fail.
 """
 import base64
 import collections
-import datetime
 import glob
 import http.client
 import json
@@ -47,7 +46,7 @@ import subprocess
 import threading
 import time
 import uuid
-from reliability_common import JsonlTail, WorkerThreads
+from reliability_common import DeliveryLog, WorkerThreads
 
 LEASE_SECONDS = 12          # --lease; must exceed maxQueueWaitMs + maxAnswerWaitMs + 1 s (set to 1 s and lease - 3 s)
 GRACE_MS = 5000             # an inflight row whose lease is this far past counts as stuck
@@ -457,35 +456,23 @@ def payload_fields(line):
             str(aps.get("messageIndex")), aps.get("encryptedData"))
 
 
-class MockLog:
-    """mock-apns' deliveries log: count per apns-id and the encryptedData of each delivery."""
+class MockLog(DeliveryLog):
+    """mock-apns' deliveries log (reliability_common.DeliveryLog), plus what each delivery carried
+    and every receivedAt per apns-id."""
 
     def __init__(self, path):
-        self.tail = JsonlTail(path)
-        self.count = collections.Counter()
+        super().__init__(path)
         self.data = {}
         self.data_mismatch = set()
         self.received = collections.defaultdict(list)  # apns-id -> mock-apns' receivedAt of each delivery (UNIX s)
 
-    def poll(self):
-        lines = self.tail.new_lines()
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except ValueError:
-                continue
-            a = d.get("apnsId", "").lower()
-            self.count[a] += 1
-            try:
-                self.received[a].append(datetime.datetime.fromisoformat(d["receivedAt"].replace("Z", "+00:00")).timestamp())
-            except (KeyError, ValueError):
-                pass
-            pd = payload_fields(d)
-            if a in self.data and pd != self.data[a]:
-                self.data_mismatch.add(a)
-            self.data.setdefault(a, pd)
+    def _seen(self, a, d, received_at):
+        if received_at is not None:
+            self.received[a].append(received_at)
+        pd = payload_fields(d)
+        if a in self.data and pd != self.data[a]:
+            self.data_mismatch.add(a)
+        self.data.setdefault(a, pd)
 
 
 def rows_by_id(cluster):
