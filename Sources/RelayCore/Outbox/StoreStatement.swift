@@ -1,7 +1,7 @@
 // The write side of the seam between the two stores (StoreRows.swift is the read side): a
 // statement whose SQL is the same in both dialects is written once, with PostgreSQL's `$N`
 // placeholders, and its values once, as StoreValues; each backend runs it with its own binding
-// (SQLite as `?N` and SQLValue, PostgreSQL as written and PGValue). The shared statements
+// (SQLite as `?N` and SQLValue here, PostgreSQL as written and PGValue in PostgresValues.swift). The shared statements
 // themselves are in StoreStatements.swift.
 
 /// A value bound to a shared statement: what both backends bind alike.
@@ -89,30 +89,6 @@ extension SQLValue {
         case .int(let i): self = .integer(i)
         case .text(let s): self = .text(s)
         case .bytes(let b): self = .blob(b)
-        }
-    }
-}
-
-extension PostgresConnection {
-    /// Every row of a shared statement, run as written.
-    @discardableResult
-    func query(_ s: StoreStatement) throws -> [PGRow] {
-        try query(s.sql.postgres, s.values.map(PGValue.init))
-    }
-
-    /// Runs a shared statement as written; also returns the affected-row count.
-    func run(_ s: StoreStatement) throws -> (rows: [PGRow], affected: Int) {
-        try run(s.sql.postgres, s.values.map(PGValue.init))
-    }
-}
-
-extension PGValue {
-    init(_ v: StoreValue) {
-        switch v {
-        case .null: self = .null
-        case .int(let i): self = .int(i)
-        case .text(let s): self = .text(s)
-        case .bytes(let b): self = .bytes(b)
         }
     }
 }

@@ -52,3 +52,28 @@ enum PGState {
 }
 
 extension PGValue: StoreColumnValue {}
+
+// The shared statements (StoreStatement.swift), run on PostgreSQL as written.
+extension PostgresConnection {
+    /// Every row of a shared statement, run as written.
+    @discardableResult
+    func query(_ s: StoreStatement) throws -> [PGRow] {
+        try query(s.sql.postgres, s.values.map(PGValue.init))
+    }
+
+    /// Runs a shared statement as written; also returns the affected-row count.
+    func run(_ s: StoreStatement) throws -> (rows: [PGRow], affected: Int) {
+        try run(s.sql.postgres, s.values.map(PGValue.init))
+    }
+}
+
+extension PGValue {
+    init(_ v: StoreValue) {
+        switch v {
+        case .null: self = .null
+        case .int(let i): self = .int(i)
+        case .text(let s): self = .text(s)
+        case .bytes(let b): self = .bytes(b)
+        }
+    }
+}
