@@ -8,7 +8,8 @@ extension IngestService {
     /// (a closure capturing a single object needs no context of its own): the closure contexts
     /// of `finish` and of the store's completion would be built and freed per ingest. Called as
     /// `finish(response, note)` for an answer known on the caller's thread.
-    // @unchecked Sendable: `storeResult` is set by the store's completion before `respond(.later(self))`;
+    // @unchecked Sendable: `ingest` is set on the request's thread before the store gets the
+    // request, `storeResult` by the store's completion before `respond(.later(self))`;
     // `makeReply` reads them after that hand-over, on the thread the answer was handed to (the
     // HTTP loop, through its task queue's lock). Nothing else touches them.
     final class Exchange: APIReplySource, @unchecked Sendable {
@@ -21,6 +22,10 @@ extension IngestService {
         let clientKey: String
         let start: Int64
         let respond: @Sendable (APIAnswer) -> Void
+        /// The stored request, kept so that it is freed where it was allocated (the HTTP loop,
+        /// in `makeReply`), not on the store's thread: the store's job lets go of it before its
+        /// completion runs (SQLiteOutboxStore.IngestJob).
+        var ingest: IngestRequest?
         private var storeResult: Result<IngestOutcome, StoreError>?
 
         init(service: IngestService, request: APIRequest, start: Int64, respond: @escaping @Sendable (APIAnswer) -> Void) {
@@ -49,6 +54,7 @@ extension IngestService {
             }
             storeResult = nil
             let (reply, note) = service.storedReply(result, self)
+            ingest = nil
             return finished(reply, note)
         }
 

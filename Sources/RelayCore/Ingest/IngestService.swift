@@ -304,6 +304,7 @@ public final class IngestService: Sendable {
                                      headers: [("retry-after", String(t.retryAfterSeconds))]), "token rate")
             }
         }
+        finish.ingest = ingest
         // Captures only the exchange (see Exchange).
         store.submit(ingest) { [finish] result in finish.stored(result) }
     }

@@ -35,10 +35,14 @@ public struct NewResponse: Sendable, Equatable {
 /// One ingest: the response and the bearer it came with. The store checks it in the same
 /// transaction as the insert (credential, app scope, unregistered token, outbox bound) against
 /// its `IngestStoreSettings`.
-public struct IngestRequest: Sendable {
-    public var response: NewResponse
+///
+/// A class: the submitter and the store share one reference, and whoever lets go last frees
+/// the request's buffers (IngestService keeps it so that this happens on the HTTP loop that
+/// allocated them, not on the store's thread: SQLiteOutboxStore.IngestJob lets go first).
+public final class IngestRequest: Sendable {
+    public let response: NewResponse
     /// SHA-256 of the presented bearer secret.
-    public var credentialHash: [UInt8]
+    public let credentialHash: [UInt8]
 
     public init(response: NewResponse, credentialHash: [UInt8]) {
         self.response = response

@@ -23,7 +23,10 @@ extension SQLiteOutboxStore {
     // @unchecked Sendable: a job is touched by one thread at a time: the writer thread runs and
     // finishes it (or the submitting thread refuses it when the queue is full or closed).
     final class IngestJob: GroupCommitWriter.Job, @unchecked Sendable {
-        let request: IngestRequest
+        /// Let go before the completion runs (`complete`), so the submitter's reference is the
+        /// last and the request is freed where the submitter drops it.
+        private var held: IngestRequest?
+        var request: IngestRequest { held.unsafelyUnwrapped }
         let now: Int64
         let state: WriterState
         let completion: @Sendable (Result<IngestOutcome, StoreError>) -> Void
@@ -33,7 +36,7 @@ extension SQLiteOutboxStore {
 
         init(_ request: IngestRequest, now: Int64, state: WriterState,
              completion: @escaping @Sendable (Result<IngestOutcome, StoreError>) -> Void) {
-            self.request = request
+            held = request
             self.now = now
             self.state = state
             self.completion = completion
@@ -63,6 +66,7 @@ extension SQLiteOutboxStore {
         }
 
         func complete() {
+            held = nil
             if let error { return completion(.failure(error)) }
             if let outcome { completion(.success(outcome)) } else { completion(.failure(.invalid("ingest produced no outcome"))) }
         }
