@@ -16,11 +16,7 @@ import Testing
         }) { server in
             let c = try RawClient(port: server.localPort)
             try c.send(String(repeating: "GET /hold HTTP/1.1\r\nHost: t\r\n\r\n", count: 128))
-            var writers: [HTTPReplyWriter] = []
-            for _ in 0..<500 where writers.count < 128 {
-                usleep(10_000)
-                writers = held.withLock { $0 }
-            }
+            let writers = heldWriters(held, count: 128)
             try #require(writers.count == 128)
             try c.send("GET /after HTTP/1.1\r\nHost: t\r\n\r\n")   // sent while the server does not read
             for r in writers { r.respond(HTTPReply(status: 204)) }

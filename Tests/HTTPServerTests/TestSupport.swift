@@ -2,6 +2,7 @@
 // bytes and tell a closed connection from a silent one, and a scoped server starter.
 import Foundation
 import HTTPServer
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -199,4 +200,15 @@ func findTool(_ name: String) -> String? {
 
 func missingToolMessage(_ name: String) -> String {
     "\(name) is not installed (run `make deps`): skipping"
+}
+
+/// The writers a holding handler collected, once there are `count` of them (or what there is
+/// after 5 s).
+func heldWriters(_ held: borrowing Mutex<[HTTPReplyWriter]>, count: Int) -> [HTTPReplyWriter] {
+    var writers: [HTTPReplyWriter] = []
+    for _ in 0..<500 where writers.count < count {
+        usleep(10_000)
+        writers = held.withLock { $0 }
+    }
+    return writers
 }

@@ -39,11 +39,7 @@ import Testing
         try withServer(handler: { _, res in held.withLock { $0.append(res) } }) { server in
             let c = try RawClient(port: server.localPort)
             try c.send(String(repeating: "GET /h HTTP/1.1\r\nHost: t\r\n\r\n", count: 3))
-            var writers: [HTTPReplyWriter] = []
-            for _ in 0..<500 where writers.count < 3 {
-                usleep(10_000)
-                writers = held.withLock { $0 }
-            }
+            let writers = heldWriters(held, count: 3)
             try #require(writers.count == 3)
             let early = Mutex(false)
             let done = DispatchSemaphore(value: 0)
