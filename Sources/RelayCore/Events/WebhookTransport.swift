@@ -46,23 +46,41 @@ final class WebhookTransport: @unchecked Sendable {
     /// Tests: a text here makes `add` fail as a local setup error would.
     private let setupFault: (@Sendable () -> String?)?
 
-    /// What one easy handle needs kept alive while it runs; freed with it.
+    /// An easy handle with what it needs kept alive while it runs. Between transfers it waits in
+    /// `idle` with its per-webhook options set (URL, CA file, timeouts, limits, the body
+    /// counter): the next transfer to the same webhook sets only its body and headers, instead
+    /// of a new handle and every option per event (libcurl keeps a handle's options across
+    /// transfers).
     private final class Transfer {
-        let key: Int
+        var key: Int
         let easy: UnsafeMutableRawPointer
+        let target: Target
         var headers: UnsafeMutablePointer<curl_slist>?
         var bodyBytes = 0
         /// CURLOPT_ERRORBUFFER: libcurl keeps the pointer, so it is allocated, not an array.
         let errorBuffer: UnsafeMutablePointer<CChar>
-        init(key: Int, easy: UnsafeMutableRawPointer) {
+        init(key: Int, easy: UnsafeMutableRawPointer, target: Target) {
             self.key = key
             self.easy = easy
+            self.target = target
             errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
             errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
         }
         deinit { errorBuffer.deallocate() }
         var errorText: String { String(cString: errorBuffer) }
     }
+
+    /// The options a handle keeps between transfers: one reused only for the same.
+    private struct Target: Equatable {
+        var url: String
+        var timeoutMillis: Int
+        var caFile: String?
+    }
+
+    /// Handles between transfers, at most `maxIdle` (the senders' concurrency is bounded well
+    /// below it; past it a finished handle is freed).
+    private var idle: [Transfer] = []
+    static let maxIdle = 64
 
     init(setupFault: (@Sendable () -> String?)? = nil) throws(WebhookTransportError) {
         self.setupFault = setupFault
@@ -84,16 +102,48 @@ final class WebhookTransport: @unchecked Sendable {
     /// handle or an option could not be set up): nothing was sent.
     func add(_ request: WebhookRequest) throws(WebhookTransportError) {
         if let fault = setupFault?() { throw WebhookTransportError(description: fault) }
-        guard let easy = ccurld_easy_init() else { throw WebhookTransportError(description: "curl_easy_init failed") }
-        let transfer = Transfer(key: request.key, easy: easy)
-        for line in request.headers + ["Content-Type: application/json", "User-Agent: accessory-relay/\(BuildInfo.version)", "Expect:"] {
+        let target = Target(url: request.url, timeoutMillis: request.timeoutMillis, caFile: request.caFile)
+        let transfer: Transfer
+        if let i = idle.lastIndex(where: { $0.target == target }) {
+            transfer = idle.remove(at: i)
+            transfer.key = request.key
+            transfer.bodyBytes = 0
+            transfer.errorBuffer[0] = 0
+        } else {
+            transfer = try configured(key: request.key, target)
+        }
+        var rc = CURLE_OK
+        func set(_ r: CURLcode) { if rc == CURLE_OK { rc = r } }
+        for line in request.headers + Self.fixedHeaders {
             guard let appended = ccurld_slist_append(transfer.headers, line) else {
-                ccurld_slist_free_all(transfer.headers)
-                ccurld_easy_cleanup(easy)
-                throw WebhookTransportError(description: "out of memory building the request headers")
+                set(CURLE_OUT_OF_MEMORY)
+                break
             }
             transfer.headers = appended
         }
+        // COPYPOSTFIELDS copies the body (the array may move); its size must be set first.
+        set(ccurld_setopt_offset(transfer.easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(request.body.count)))
+        let body = request.body.isEmpty ? [0] : request.body   // a valid pointer; the size says 0
+        set(body.withUnsafeBytes { ccurld_setopt_pointer(transfer.easy, CURLOPT_COPYPOSTFIELDS, UnsafeMutableRawPointer(mutating: $0.baseAddress!)) })
+        set(ccurld_setopt_pointer(transfer.easy, CURLOPT_HTTPHEADER, UnsafeMutableRawPointer(transfer.headers)))
+        guard rc == CURLE_OK else {
+            discard(transfer)
+            throw WebhookTransportError(description: "\(request.url): \(String(cString: ccurld_easy_strerror(rc)))")
+        }
+        let added = ccurld_multi_add_handle(multi, transfer.easy)
+        guard added == CURLM_OK else {
+            discard(transfer)
+            throw WebhookTransportError(description: "curl_multi_add_handle: \(String(cString: ccurld_multi_strerror(added)))")
+        }
+        transfers[Int(bitPattern: transfer.easy)] = transfer
+    }
+
+    private static let fixedHeaders = ["Content-Type: application/json", "User-Agent: accessory-relay/\(BuildInfo.version)", "Expect:"]
+
+    /// A new handle with the options every transfer to `target` shares.
+    private func configured(key: Int, _ target: Target) throws(WebhookTransportError) -> Transfer {
+        guard let easy = ccurld_easy_init() else { throw WebhookTransportError(description: "curl_easy_init failed") }
+        let transfer = Transfer(key: key, easy: easy, target: target)
         let context = Unmanaged.passUnretained(transfer).toOpaque()
         var rc = ccurld_setopt_pointer(easy, CURLOPT_ERRORBUFFER, transfer.errorBuffer)
         func set(_ r: CURLcode) { if rc == CURLE_OK { rc = r } }
@@ -104,22 +154,17 @@ final class WebhookTransport: @unchecked Sendable {
         // No proxy from the environment (http_proxy, ALL_PROXY...): a loopback-only http:// URL
         // must not leave the host in clear through one.
         set(ccurld_setopt_string(easy, CURLOPT_NOPROXY, "*"))
-        set(ccurld_setopt_string(easy, CURLOPT_URL, request.url))
+        set(ccurld_setopt_string(easy, CURLOPT_URL, target.url))
         set(ccurld_setopt_long(easy, CURLOPT_POST, 1))
-        // COPYPOSTFIELDS copies the body (the array may move); its size must be set first.
-        set(ccurld_setopt_offset(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(request.body.count)))
-        let body = request.body.isEmpty ? [0] : request.body   // a valid pointer; the size says 0
-        set(body.withUnsafeBytes { ccurld_setopt_pointer(easy, CURLOPT_COPYPOSTFIELDS, UnsafeMutableRawPointer(mutating: $0.baseAddress!)) })
-        set(ccurld_setopt_pointer(easy, CURLOPT_HTTPHEADER, UnsafeMutableRawPointer(transfer.headers)))
-        set(ccurld_setopt_long(easy, CURLOPT_TIMEOUT_MS, request.timeoutMillis))
-        set(ccurld_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, request.timeoutMillis))
+        set(ccurld_setopt_long(easy, CURLOPT_TIMEOUT_MS, target.timeoutMillis))
+        set(ccurld_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, target.timeoutMillis))
         set(ccurld_setopt_long(easy, CURLOPT_NOSIGNAL, 1))
         set(ccurld_setopt_long(easy, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_2TLS)))
         // Over TLS, wait for the first connection's ALPN: if it says h2, every transfer shares it.
         // Cleartext is HTTP/1.1 (2TLS), where waiting would serialise transfers behind one
         // connection until its first answer.
-        if request.url.hasPrefix("https://") { set(ccurld_setopt_long(easy, CURLOPT_PIPEWAIT, 1)) }
-        if let ca = request.caFile { set(ccurld_setopt_string(easy, CURLOPT_CAINFO, ca)) }
+        if target.url.hasPrefix("https://") { set(ccurld_setopt_long(easy, CURLOPT_PIPEWAIT, 1)) }
+        if let ca = target.caFile { set(ccurld_setopt_string(easy, CURLOPT_CAINFO, ca)) }
         set(ccurld_setopt_callback(easy, CURLOPT_WRITEFUNCTION) { _, size, count, context in
             // Counted and dropped; past the bound, returning 0 ends the transfer (the status
             // line has been read by then, so the answer still counts).
@@ -129,18 +174,10 @@ final class WebhookTransport: @unchecked Sendable {
         })
         set(ccurld_setopt_pointer(easy, CURLOPT_WRITEDATA, context))
         guard rc == CURLE_OK else {
-            let text = String(cString: ccurld_easy_strerror(rc))
-            ccurld_slist_free_all(transfer.headers)
-            ccurld_easy_cleanup(easy)
-            throw WebhookTransportError(description: "\(request.url): \(text)")
+            discard(transfer)
+            throw WebhookTransportError(description: "\(target.url): \(String(cString: ccurld_easy_strerror(rc)))")
         }
-        let added = ccurld_multi_add_handle(multi, easy)
-        guard added == CURLM_OK else {
-            ccurld_slist_free_all(transfer.headers)
-            ccurld_easy_cleanup(easy)
-            throw WebhookTransportError(description: "curl_multi_add_handle: \(String(cString: ccurld_multi_strerror(added)))")
-        }
-        transfers[Int(bitPattern: easy)] = transfer
+        return transfer
     }
 
     /// Moves every transfer on as far as it can without blocking; returns those that finished.
@@ -162,7 +199,7 @@ final class WebhookTransport: @unchecked Sendable {
                 let detail = transfer.errorText
                 outcome = .failed(detail.isEmpty ? String(cString: ccurld_easy_strerror(result)) : detail)
             }
-            release(transfer)
+            finished(transfer)
             done.append((transfer.key, outcome))
         }
         return done
@@ -187,15 +224,27 @@ final class WebhookTransport: @unchecked Sendable {
     func close() {
         open.withLock { isOpen in
             guard isOpen else { return }
-            for transfer in transfers.values { release(transfer) }
+            for transfer in transfers.values {
+                _ = ccurld_multi_remove_handle(multi, transfer.easy)
+                discard(transfer)
+            }
             transfers = [:]
+            for transfer in idle { discard(transfer) }
+            idle = []
             _ = ccurld_multi_cleanup(multi)
             isOpen = false
         }
     }
 
-    private func release(_ transfer: Transfer) {
+    /// A transfer that ended: its handle waits for the next one to the same webhook.
+    private func finished(_ transfer: Transfer) {
         _ = ccurld_multi_remove_handle(multi, transfer.easy)
+        ccurld_slist_free_all(transfer.headers)
+        transfer.headers = nil
+        if idle.count < Self.maxIdle { idle.append(transfer) } else { discard(transfer) }
+    }
+
+    private func discard(_ transfer: Transfer) {
         ccurld_easy_cleanup(transfer.easy)
         ccurld_slist_free_all(transfer.headers)
         transfer.headers = nil
