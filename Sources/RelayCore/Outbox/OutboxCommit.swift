@@ -66,10 +66,11 @@ final class CommitObservers: Sendable {
     /// The live observers, in registration order.
     var current: [any OutboxCommitObserver] { entries.withLock { $0.compactMap(\.observer) } }
 
-    /// Before a write transaction: the first observer offering room for due rows, and how much
-    /// (nil: none offers any). One taker per transaction, so no row is handed to two observers.
-    func taker() -> (observer: any OutboxCommitObserver, room: Int)? {
-        for o in current {
+    /// Before a write transaction: the first of `observers` (`current`, read once per
+    /// transaction) offering room for due rows, and how much (nil: none offers any). One taker
+    /// per transaction, so no row is handed to two observers.
+    static func taker(among observers: [any OutboxCommitObserver]) -> (observer: any OutboxCommitObserver, room: Int)? {
+        for o in observers {
             let room = o.roomForDueRows
             if room > 0 { return (o, room) }
         }
@@ -78,13 +79,15 @@ final class CommitObservers: Sendable {
 
     /// After COMMIT (never after a rollback): the handed-off rows to `taker` (held by the
     /// store since the transaction began, so it is still there), the rest to every other
-    /// observer. Nothing is announced for a commit that changed nothing they act on.
-    func committed(_ commit: OutboxCommit, taker: (any OutboxCommitObserver)? = nil) {
+    /// observer: of `observers` when the store read them before the transaction (an observer
+    /// added meanwhile hears from the next commit), else of `current`. Nothing is announced
+    /// for a commit that changed nothing they act on.
+    func committed(_ commit: OutboxCommit, taker: (any OutboxCommitObserver)? = nil, to observers: [any OutboxCommitObserver]? = nil) {
         precondition(commit.handedOff.isEmpty || taker != nil, "rows handed off without a taker")
         var others = commit
         others.handedOff = []
         if !others.isEmpty {
-            for o in current where o !== taker { o.committed(others) }
+            for o in observers ?? current where o !== taker { o.committed(others) }
         }
         if let taker, !commit.isEmpty { taker.committed(commit) }
     }

@@ -49,6 +49,9 @@ final class IngestBatch {
     /// channel), the room left, and the rows the batch inserted `inflight` for it: given to it
     /// after COMMIT; on ROLLBACK they never existed and nothing is owed.
     private(set) var taker: (any OutboxCommitObserver)?
+    /// The store's commit observers, read once before BEGIN: the taker is one of them, and
+    /// COMMIT is announced to them (CommitObservers reads its list under a lock).
+    private(set) var observers: [any OutboxCommitObserver] = []
     private var room = 0
     private var handedOff: [OutboxRow] = []
     /// The batch stored rows that wait for a claim (queued), or made held rows due again.
@@ -67,10 +70,12 @@ final class IngestBatch {
     func touched(_ credentialID: String) { touchedCredentials.append(credentialID) }
 
     /// Before BEGIN. The room is a number read now, outside the transaction, not a slot taken.
-    func begin(settings: IngestStoreSettings, events: EventStoreSettings, taker: (observer: any OutboxCommitObserver, room: Int)?) {
+    func begin(settings: IngestStoreSettings, events: EventStoreSettings, observers: [any OutboxCommitObserver]) {
         reset()
         self.settings = settings
         self.events = events
+        self.observers = observers
+        let taker = CommitObservers.taker(among: observers)
         self.taker = taker?.observer
         room = taker?.room ?? 0
     }
@@ -115,6 +120,7 @@ final class IngestBatch {
         credentials.removeAll(keepingCapacity: true)
         lastCredential = nil
         taker = nil
+        observers = []
         room = 0
         handedOff = []
         queuedDue = false
@@ -191,7 +197,7 @@ extension SQLiteOutboxStore {
         // MARK: GroupCommitObserver (the writer thread, in this order per batch)
 
         func batchWillBegin() {
-            batch.begin(settings: sharedSettings.withLock { $0 }, events: sharedEventSettings.withLock { $0 }, taker: observers.taker())
+            batch.begin(settings: sharedSettings.withLock { $0 }, events: sharedEventSettings.withLock { $0 }, observers: observers.current)
         }
 
         func batchDidBegin(_ db: SQLiteDatabase) throws { try pending.load(db) }
@@ -200,8 +206,8 @@ extension SQLiteOutboxStore {
 
         func batchDidCommit() {
             dedupe.batchCommitted()
-            let taker = batch.taker
-            observers.committed(batch.commit(tally: tally), taker: taker)
+            let (taker, told) = (batch.taker, batch.observers)   // before `commit` resets the batch
+            observers.committed(batch.commit(tally: tally), taker: taker, to: told)
         }
 
         /// Nothing is announced: the rows inserted for the taker were never committed.
