@@ -180,23 +180,15 @@ final class EventLoop: @unchecked Sendable {
     // MARK: Cross-thread tasks
 
     /// Returns false once the loop stopped (the task is dropped).
-    /// Only the task that finds the queue empty wakes the loop: until the loop takes the queue,
-    /// that wake-up is on its way. Sent from within a `WakeCoalescing` scope (a store's writer
-    /// finishing a batch), it is sent once at the scope's end, for every task queued in it.
     @discardableResult
     func enqueue(_ task: LoopTask) -> Bool {
-        let (queued, first) = tasks.withLock { q -> (Bool, Bool) in
-            if q.stopped { return (false, false) }
+        tasks.withLock { q in
+            if q.stopped { return false }
             q.items.append(task)
-            return (true, q.items.count == 1)
+            // Inside the lock: the handle cannot be closed between the check and the send.
+            uv_async_send(async)
+            return true
         }
-        if first { WakeCoalescing.wake(self) { [self] in wake() } }
-        return queued
-    }
-
-    private func wake() {
-        // Inside the lock: the handle cannot be closed between the check and the send.
-        tasks.withLock { q in if !q.stopped { uv_async_send(async) } }
     }
 
     private func runTasks() {

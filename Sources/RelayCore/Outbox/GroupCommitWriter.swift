@@ -142,8 +142,7 @@ final class GroupCommitWriter: @unchecked Sendable {
             // completions send their 202s, and whoever sees a completion also sees the hand-off.
             observer?.batchDidCommit()
         }
-        // One wake-up per HTTP loop for the batch's answers, not one per answer.
-        WakeCoalescing.coalescing { for job in batch { job.finish(failure) } }
+        for job in batch { job.finish(failure) }
         observer?.betweenBatches(db)
     }
 }

@@ -69,7 +69,7 @@ extension PostgresOutboxStore {
         if result.contains(where: { if case .success(.accepted) = $0 { true } else { false } }) {
             observers.committed(OutboxCommit(queuedDue: true))
         }
-        WakeCoalescing.coalescing { for (i, r) in zip(items, result) { i.completion(r) } }
+        for (i, r) in zip(items, result) { i.completion(r) }
         refreshPendingIfStale()
     }
 

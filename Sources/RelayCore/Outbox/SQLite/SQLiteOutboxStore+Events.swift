@@ -21,7 +21,7 @@ extension SQLiteOutboxStore {
         if state.cursorsReadyFor != state.events.webhooks { try ensureCursors(db: db, state: state) }
         let (id, seq) = state.eventIDs.mint(nowMillis: now)
         let type: EventType = delivered ? .responseDelivered : .responseFailed
-        let st = try db.held(&state.insertResponseEvent, """
+        let st = try db.held(&state.statements.insertResponseEvent, """
             INSERT INTO events (seq, id, type, created_at, credential_id, app, push_token, response_id, session_id, key_id, message_index,
                                 state, status, reason, attempts, accepted_at, finished_at)
             SELECT ?, ?, ?, ?, credential_id, app, push_token, id, session_id, key_id, message_index,

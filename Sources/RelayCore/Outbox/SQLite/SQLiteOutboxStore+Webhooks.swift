@@ -44,7 +44,7 @@ extension SQLiteOutboxStore {
         claimed += turn.events.map { WebhookDelivery(source: .record($0), attempts: 0, firstAttemptAt: nil, claim: row.epoch, fromCursor: true) }
         let grant = turn.grant
         if row.changed(from: before, handOutKeptByCaller: turn.handOutKept) {
-            let st = try db.held(&state.writeWebhookCursor, "UPDATE webhook_cursors SET seq = ?, claimed_through = ?, epoch = ?, lease_until = ? WHERE webhook = ?")
+            let st = try db.held(&state.statements.writeWebhookCursor, "UPDATE webhook_cursors SET seq = ?, claimed_through = ?, epoch = ?, lease_until = ? WHERE webhook = ?")
             try st.bind(1, row.seq)
             try st.bind(2, row.claimedThrough)
             try st.bind(3, row.epoch)
@@ -59,7 +59,7 @@ extension SQLiteOutboxStore {
     /// its first event).
     private static func heldCursor(_ webhook: String, db: SQLiteDatabase, state: WriterState) throws -> WebhookCursorRow {
         for attempt in 0..<2 {
-            let st = try db.held(&state.readWebhookCursor, "SELECT \(WebhookColumns.cursors) FROM webhook_cursors WHERE webhook = ?")
+            let st = try db.held(&state.statements.readWebhookCursor, "SELECT \(WebhookColumns.cursors) FROM webhook_cursors WHERE webhook = ?")
             try st.bind(1, webhook)
             defer { st.reset() }
             if try st.next() { return try WebhookCursorRow(columns: st) }
@@ -75,7 +75,7 @@ extension SQLiteOutboxStore {
     /// examined when fewer than `room` were found.
     private static func newEvents(after: Int64, room: Int, _ subscription: WebhookSubscription, db: SQLiteDatabase,
                                   state: WriterState) throws -> (events: [EventRecord], through: Int64) {
-        let st = try db.held(&state.scanNewEvents, "SELECT \(eventColumns) FROM events e WHERE e.seq > ? ORDER BY e.seq LIMIT ?")
+        let st = try db.held(&state.statements.scanNewEvents, "SELECT \(eventColumns) FROM events e WHERE e.seq > ? ORDER BY e.seq LIMIT ?")
         try st.bind(1, after)
         try st.bind(2, Int64(WebhookCursorRules.scanRows))
         defer { st.reset() }
@@ -103,7 +103,7 @@ extension SQLiteOutboxStore {
     private static func claimRows(webhook: String, now: Int64, leaseUntil: Int64, limit: Int, db: SQLiteDatabase,
                                   state: WriterState) throws -> [WebhookDelivery] {
         guard limit > 0 else { return [] }
-        let select = try db.held(&state.claimWebhookDeliveries, claimSQL)
+        let select = try db.held(&state.statements.claimWebhookDeliveries, claimSQL)
         try select.bind(1, webhook)
         try select.bind(2, now)
         try select.bind(3, Int64(limit))
@@ -121,7 +121,7 @@ extension SQLiteOutboxStore {
         for r in found {
             let e = r.event
             let claim = r.claim + 1
-            let lease = try db.held(&state.leaseWebhookDelivery, "UPDATE webhook_deliveries SET lease_until = ?, claim = ? WHERE webhook = ? AND seq = ?")
+            let lease = try db.held(&state.statements.leaseWebhookDelivery, "UPDATE webhook_deliveries SET lease_until = ?, claim = ? WHERE webhook = ? AND seq = ?")
             try lease.bind(1, leaseUntil)
             try lease.bind(2, claim)
             try lease.bind(3, webhook)
@@ -135,7 +135,7 @@ extension SQLiteOutboxStore {
     /// A retry row's result; false when dropped (claimed again since, or no longer pending).
     private static func recordRowResult(webhook: String, seq: Int64, claim: Int64, _ c: WebhookResultChange, db: SQLiteDatabase,
                                         state: WriterState) throws -> Bool {
-        let st = try db.held(&state.recordWebhookResult, WebhookResultChange.sqliteUpdate)
+        let st = try db.held(&state.statements.recordWebhookResult, WebhookResultChange.sqliteUpdate)
         try st.bind(1, c.state.rawValue)
         try st.bind(2, Int64(c.attempted ? 1 : 0))
         try st.bind(3, c.attemptedAt)
@@ -152,7 +152,7 @@ extension SQLiteOutboxStore {
     /// an existing row would leave it. Nothing for an event retention deleted meanwhile (a row
     /// without its event would never be claimed nor purged).
     private static func insertRetryRow(webhook: String, seq: Int64, _ c: WebhookResultChange, db: SQLiteDatabase, state: WriterState) throws {
-        let st = try db.held(&state.insertDelivery, """
+        let st = try db.held(&state.statements.insertDelivery, """
             INSERT OR IGNORE INTO webhook_deliveries (webhook, seq, state, attempts, first_attempt_at, next_attempt_at, last_error, updated_at)
             SELECT ?1, seq, ?3, ?4, CASE WHEN ?4 = 1 THEN ?5 END, ?6, ?7, ?5 FROM events WHERE seq = ?2
             """)

@@ -146,6 +146,15 @@ final class HeldStatements {
     var markInflight: SQLiteStatement?
     var markExpired: SQLiteStatement?
     var lookupCredential: SQLiteStatement?
+    /// The outcome's event, and the webhook sender's exchange (SQLiteOutboxStore+Webhooks).
+    var insertResponseEvent: SQLiteStatement?
+    var insertDelivery: SQLiteStatement?
+    var claimWebhookDeliveries: SQLiteStatement?
+    var leaseWebhookDelivery: SQLiteStatement?
+    var recordWebhookResult: SQLiteStatement?
+    var readWebhookCursor: SQLiteStatement?
+    var writeWebhookCursor: SQLiteStatement?
+    var scanNewEvents: SQLiteStatement?
 }
 
 extension SQLiteOutboxStore {
@@ -167,14 +176,6 @@ extension SQLiteOutboxStore {
         let tally = EventTally()
         /// Event ids (their first 64 bits are `events.seq`), minted in commit order.
         var eventIDs = TimeOrderedIDs()
-        var insertResponseEvent: SQLiteStatement?
-        var insertDelivery: SQLiteStatement?
-        var claimWebhookDeliveries: SQLiteStatement?
-        var leaseWebhookDelivery: SQLiteStatement?
-        var recordWebhookResult: SQLiteStatement?
-        var readWebhookCursor: SQLiteStatement?
-        var writeWebhookCursor: SQLiteStatement?
-        var scanNewEvents: SQLiteStatement?
         /// The webhooks whose cursors this process made sure of (ensureCursors).
         var cursorsReadyFor: [WebhookSubscription] = []
         /// Response ids, minted on the writer thread in commit order.
