@@ -66,6 +66,9 @@ import Testing
         #expect(CredentialRecord(columns: c) == CredentialRecord(id: "cred_1", name: "ops", apps: ["a", "b", "c"], createdAt: 5, lastUsedAt: nil, revokedAt: 9))
         #expect(CredentialKey(columns: [PGValue.text("cred_2"), .bytes([1]), .null, .text("x.y,z")]) == CredentialKey(id: "cred_2", hash: [1], revoked: false, apps: ["x.y", "z"]))
         #expect(Credentials.splitApps(Credentials.joinApps(["x.y", "z"])) == ["x.y", "z"])
+        #expect(Credentials.splitApps(",a,,b.\u{e9},") == ["a", "b.\u{e9}"])
+        #expect(Credentials.splitApps("") == [])
+        #expect(Credentials.splitApps(",,") == [])
     }
 
     @Test func aNewCredentialNeedsANameAndCommaFreeApps() throws {
