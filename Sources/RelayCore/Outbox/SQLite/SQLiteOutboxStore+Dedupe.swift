@@ -21,7 +21,6 @@ public typealias DedupeHashFunction = @Sendable (_ app: String, _ pushToken: Str
 final class DedupeHasher {
     private let mac: KeyedHash
     private let override: DedupeHashFunction?
-    private var scratch: [UInt8] = []
 
     init(key: [UInt8], override: DedupeHashFunction?) throws {
         guard let mac = KeyedHash(key: key) else {
@@ -31,28 +30,54 @@ final class DedupeHasher {
         self.override = override
     }
 
-    /// Length-prefixed fields, so no two keys encode alike.
-    private func append(_ bytes: some Collection<UInt8>) {
-        let n = UInt32(truncatingIfNeeded: bytes.count)
-        for shift in stride(from: 24, through: 0, by: -8) { scratch.append(UInt8(truncatingIfNeeded: n >> UInt32(shift))) }
-        scratch.append(contentsOf: bytes)
+    /// The key's encoding: each field length-prefixed (so no two keys encode alike), the
+    /// token first, the index and the prefixes big-endian. Written into one stack buffer: the
+    /// writer hashes every row, and appends to a stored array paid exclusivity checks per field.
+    private struct Encoder {
+        var out: UnsafeMutableRawBufferPointer
+        var at = 0
+
+        mutating func word(_ n: UInt32) {
+            out.storeBytes(of: n.bigEndian, toByteOffset: at, as: UInt32.self)
+            at += 4
+        }
+
+        mutating func field(_ bytes: UnsafeBufferPointer<UInt8>) {
+            word(UInt32(truncatingIfNeeded: bytes.count))
+            if let base = bytes.baseAddress { (out.baseAddress! + at).copyMemory(from: base, byteCount: bytes.count) }
+            at += bytes.count
+        }
+
+        mutating func field(_ text: String) {
+            var text = text
+            text.withUTF8 { field($0) }
+        }
+
+        var written: UnsafeRawBufferPointer { UnsafeRawBufferPointer(rebasing: out[..<at]) }
     }
 
     private func tokenWord(_ token: String) -> UInt64 {
-        scratch.removeAll(keepingCapacity: true)
-        append(token.utf8)
-        return mac.hash(scratch) & 0xffff_ffff_0000_0000
+        withUnsafeTemporaryAllocation(byteCount: 4 + token.utf8.count, alignment: 1) { buffer in
+            var e = Encoder(out: buffer)
+            e.field(token)
+            return mac.hash(e.written) & 0xffff_ffff_0000_0000
+        }
     }
 
     /// The low half covers the whole key, the app last (schema v7; v6 hashed the other four).
     func hash(_ app: String, _ token: String, _ session: String, _ keyID: [UInt8], _ index: UInt32) -> Int64 {
         if let override { return override(app, token, session, keyID, index) }
-        let high = tokenWord(token)   // leaves the token's encoding in scratch
-        append(session.utf8)
-        append(keyID)
-        for shift in stride(from: 24, through: 0, by: -8) { scratch.append(UInt8(truncatingIfNeeded: index >> UInt32(shift))) }
-        append(app.utf8)
-        return Int64(bitPattern: high | mac.hash(scratch) >> 32)
+        let size = 20 + token.utf8.count + session.utf8.count + keyID.count + app.utf8.count   // five prefixes or words
+        return withUnsafeTemporaryAllocation(byteCount: size, alignment: 1) { buffer in
+            var e = Encoder(out: buffer)
+            e.field(token)
+            let high = mac.hash(e.written) & 0xffff_ffff_0000_0000
+            e.field(session)
+            keyID.withUnsafeBufferPointer { e.field($0) }
+            e.word(index)
+            e.field(app)
+            return Int64(bitPattern: high | mac.hash(e.written) >> 32)
+        }
     }
 
     /// `app`: the one the request was admitted for (StoreRules.admit), not the body's field.
