@@ -1182,6 +1182,44 @@ import Testing
         #expect(try s.counts().pending == 0)
     }
 
+    /// The writer keeps StoreRules.admit's last verdict per credential within a batch: a
+    /// request for another app, or from another credential in between, is decided afresh.
+    @Test func oneBatchDecidesEachAppAndCredentialOnItsOwn() throws {
+        let s = try SQLiteOutboxStore(path: dir.db)
+        defer { s.close() }
+        let both = try s.createCredential(name: "both", apps: ["com.example.a", "com.example.b"])
+        let one = try s.createCredential(name: "one", apps: ["com.example.a"])
+        let revoked = try s.createCredential(name: "gone", apps: ["com.example.a"])
+        _ = try s.revokeCredential(id: revoked.record.id)
+        s.ingestSettings = IngestStoreSettings(configuredApps: ["com.example.a", "com.example.b"], ttlMillis: 60_000, maxPending: 1000)
+        let asked: [(secret: String, app: String?)] = [
+            (both.secret, "com.example.a"), (both.secret, "com.example.a"), (both.secret, "com.example.c"), (both.secret, "com.example.b"),
+            (both.secret, nil), (one.secret, nil), (one.secret, "com.example.b"), (revoked.secret, nil), (both.secret, "com.example.a"),
+            (one.secret, nil),
+        ]
+        let results = Log()
+        let gate = try holdWriter(s)
+        for (i, q) in asked.enumerated() {
+            s.submit(IngestRequest(response: sample(index: UInt32(i), app: q.app), credentialHash: Credentials.hash(secret: q.secret))) { r in
+                results.withLock { $0.append((UInt32(i), r, false)) }
+            }
+        }
+        gate.signal()
+        waitUntil("every completion ran") { results.withLock { $0.count == asked.count } }
+        let outcomes = results.withLock { $0 }.sorted { $0.0 < $1.0 }.map { entry -> String in
+            switch entry.1 {
+            case .success(.accepted): return "accepted"
+            case .success(let o): return "\(o)"
+            case .failure(let e): return "failed \(e)"
+            }
+        }
+        #expect(outcomes == ["accepted", "accepted", "\(IngestOutcome.unknownApp("com.example.c"))", "accepted",
+                             "\(IngestOutcome.appRequired)", "accepted", "\(IngestOutcome.forbidden(app: "com.example.b"))",
+                             "\(IngestOutcome.unauthorized)", "accepted", "accepted"])
+        let apps = try s.list(OutboxFilter()).reduce(into: [String: Int]()) { $0[$1.app, default: 0] += 1 }
+        #expect(apps == ["com.example.a": 5, "com.example.b": 1])
+    }
+
     @Test func aClosedStoreRefusesAtOnceOnTheCallersThread() throws {
         let s = try SQLiteOutboxStore(path: dir.db)
         let c = try s.createCredential(name: "c", apps: ["com.example.app"])

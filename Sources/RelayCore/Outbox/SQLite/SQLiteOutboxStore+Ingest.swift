@@ -131,14 +131,16 @@ extension SQLiteOutboxStore {
     /// kept to the minute (checked once per credential and batch, not per row).
     private static func admit(_ request: IngestJob, now: Int64, db: SQLiteDatabase, state: WriterState) throws -> StoreRules.Admission {
         let batch = state.batch
+        let requestedApp = request.response.app
         let cred: CredentialFacts?
-        var touchChecked = false
         if let last = batch.lastCredential, last.hash == request.credentialHash {
-            cred = last.credential   // the common case: a batch from one credential, no hashing
-            touchChecked = last.touchChecked
+            // The common case: a batch from one credential, no lookup; the same question again
+            // has the answer it had (and a credential admitted then had its touch checked).
+            if let memo = last.verdict, memo.requestedApp == requestedApp { return memo.admission }
+            cred = last.credential
         } else if let cached = batch.credentials[request.credentialHash] {
             cred = cached
-            batch.lastCredential = (request.credentialHash, cached, false)
+            batch.lastCredential = IngestBatch.LastCredential(hash: request.credentialHash, credential: cached)
         } else {
             let lookup = try db.held(&state.statements.lookupCredential, "SELECT id, hash, apps, revoked_at FROM credentials WHERE hash = ?")
             defer { lookup.reset() }
@@ -149,11 +151,11 @@ extension SQLiteOutboxStore {
                 cred = nil
             }
             batch.credentials[request.credentialHash] = .some(cred)
-            batch.lastCredential = (request.credentialHash, cred, false)
+            batch.lastCredential = IngestBatch.LastCredential(hash: request.credentialHash, credential: cred)
         }
-        let verdict = StoreRules.admit(credential: cred, presentedHash: request.credentialHash, requestedApp: request.response.app,
+        let verdict = StoreRules.admit(credential: cred, presentedHash: request.credentialHash, requestedApp: requestedApp,
                                        configuredApps: request.configuredApps)
-        if !touchChecked, case .admitted(let credID, _) = verdict {
+        if batch.lastCredential?.touchChecked == false, case .admitted(let credID, _) = verdict {
             if StoreRules.lastUsedIsStale(touchedAt: state.credentialTouched[credID], now: now) {
                 try db.run("UPDATE credentials SET last_used_at = ? WHERE id = ?", [.integer(now), .text(credID)])
                 state.credentialTouched[credID] = now
@@ -161,6 +163,7 @@ extension SQLiteOutboxStore {
             }
             batch.lastCredential?.touchChecked = true
         }
+        batch.lastCredential?.verdict = (requestedApp, verdict)
         return verdict
     }
 

@@ -42,9 +42,17 @@ final class IngestBatch {
     /// Credential lookups within the current transaction (a revocation by another process
     /// cannot commit while we hold the write lock, so this is exact).
     var credentials: [[UInt8]: CredentialFacts?] = [:]
-    /// The credential looked up last in this batch (same lifetime as `credentials`), and
-    /// whether its last_used_at was already checked in this batch.
-    var lastCredential: (hash: [UInt8], credential: CredentialFacts?, touchChecked: Bool)?
+    /// The credential looked up last in this batch (same lifetime as `credentials`), whether
+    /// its last_used_at was already checked in this batch, and StoreRules.admit's last verdict
+    /// for it (a pure function of the credential, the requested app and `settings`, all fixed
+    /// for the batch).
+    struct LastCredential {
+        var hash: [UInt8]
+        var credential: CredentialFacts?
+        var touchChecked = false
+        var verdict: (requestedApp: String?, admission: StoreRules.Admission)?
+    }
+    var lastCredential: LastCredential?
     /// The observer that offered room for due rows before this batch (the dispatcher's
     /// channel), the room left, and the rows the batch inserted `inflight` for it: given to it
     /// after COMMIT; on ROLLBACK they never existed and nothing is owed.
