@@ -191,11 +191,19 @@ final class EventLoop: @unchecked Sendable {
         }
     }
 
+    /// The queue's other buffer (loop thread only): swapped in under the lock, so the queue keeps
+    /// a buffer with room and a thread handing a reply over does not grow one per wake-up.
+    private var spareTasks: [LoopTask] = []
+    /// A burst's buffer is not kept past this many tasks.
+    private static let spareTasksKept = 1024
+
     private func runTasks() {
-        let items = tasks.withLock { q -> [LoopTask] in
-            let items = q.items
-            q.items.removeAll()
-            return items
+        var items: [LoopTask] = []
+        swap(&items, &spareTasks)
+        tasks.withLock { q in swap(&q.items, &items) }
+        defer {
+            items.removeAll(keepingCapacity: items.capacity <= Self.spareTasksKept)
+            swap(&items, &spareTasks)
         }
         for t in items {
             switch t {
