@@ -11,9 +11,11 @@ import Glibc
 
 /// Work handed to a loop from another thread.
 enum LoopTask {
-    case respond(ServerConnection, HTTPReplyWriter, HTTPReply, ConnectionAction)
+    /// A reply for the writer's connection (the task does not hold the connection itself: the
+    /// thread queueing it then never touches that object).
+    case respond(HTTPReplyWriter, HTTPReply, ConnectionAction)
     /// A reply built here, on the loop (`HTTPReplyWriter.respond(building:)`).
-    case build(ServerConnection, HTTPReplyWriter, any HTTPReplySource, ConnectionAction)
+    case build(HTTPReplyWriter, any HTTPReplySource, ConnectionAction)
     case abort(ServerConnection)
     case setMaxConcurrentStreams(ServerConnection, UInt32)
     case continueDecided(ServerConnection, UInt64, HTTPReply?)
@@ -207,8 +209,8 @@ final class EventLoop: @unchecked Sendable {
         }
         for t in items {
             switch t {
-            case .respond(let c, let r, let resp, let action): c.complete(r, resp, action)
-            case .build(let c, let r, let source, let action): c.complete(r, source.makeReply(), action)
+            case .respond(let r, let resp, let action): r.connection.complete(r, resp, action)
+            case .build(let r, let source, let action): r.connection.complete(r, source.makeReply(), action)
             case .abort(let c): c.close()
             case .setMaxConcurrentStreams(let c, let n): c.setMaxConcurrentStreams(n)
             case .continueDecided(let c, let sequence, let refusal): c.continueDecided(sequence: sequence, refusal: refusal)
@@ -228,11 +230,16 @@ final class EventLoop: @unchecked Sendable {
         shuttingDown = true
         closeListener()
         for c in Array(connections.values) { c.close() }
-        tasks.withLock { q in
+        let dropped = tasks.withLock { q -> [LoopTask] in
             q.stopped = true
+            let items = q.items
             q.items.removeAll()
             uv_close(UnsafeMutableRawPointer(async).assumingMemoryBound(to: uv_handle_t.self), nil)
+            return items
         }
+        // Their connections are closed: nothing is sent, but a reply source is still built (and
+        // dropped), so what building it records is not lost (HTTPReplyWriter.respond(building:)).
+        for case .build(_, let source, _) in dropped { _ = source.makeReply() }
     }
 
     // MARK: Accepting

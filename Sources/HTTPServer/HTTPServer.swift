@@ -216,7 +216,8 @@ public final class HTTPContinueDecision: Sendable {
 }
 
 /// A reply built where it is written (`HTTPReplyWriter.respond(building:)`): `makeReply` runs
-/// once, on the connection's loop thread.
+/// once, on the connection's loop thread (or, if the server stopped first, where the reply was
+/// handed over or on the stopping loop, and the reply is dropped).
 public protocol HTTPReplySource: Sendable {
     func makeReply() -> HTTPReply
 }
@@ -228,6 +229,10 @@ public protocol HTTPReplySource: Sendable {
 /// writer costs one).
 public final class HTTPReplyWriter: Sendable {
     let connection: ServerConnection
+    /// The connection's loop, kept here: a thread answering from elsewhere (the store's writer)
+    /// touches only this object, not the connection the loop is busy with (its reference count
+    /// and fields share cache lines the loop writes all the time).
+    let loop: EventLoop
     /// HTTP/1: the request's position on its connection; HTTP/2: the stream identifier.
     let sequence: UInt64
     let streamID: Int32
@@ -236,6 +241,7 @@ public final class HTTPReplyWriter: Sendable {
 
     init(connection: ServerConnection, sequence: UInt64, streamID: Int32, isHEAD: Bool) {
         self.connection = connection
+        loop = connection.loop
         self.sequence = sequence
         self.streamID = streamID
         self.isHEAD = isHEAD
@@ -243,11 +249,10 @@ public final class HTTPReplyWriter: Sendable {
 
     public func respond(_ response: HTTPReply, then action: ConnectionAction = .keep) {
         guard !answered.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        let loop = connection.loop
         if loop.isCurrentThread {
             connection.complete(self, response, action)
         } else {
-            loop.enqueue(.respond(connection, self, response, action))
+            loop.enqueue(.respond(self, response, action))
         }
     }
 
@@ -255,27 +260,27 @@ public final class HTTPReplyWriter: Sendable {
     /// called there, else when the loop runs its task queue. For an answer that becomes ready
     /// on another thread (a store's writer after its COMMIT): that thread only queues it, and
     /// the reply's memory is allocated and freed on the loop that writes it.
+    /// Once the loop has stopped (the server's `stop`), nothing is sent, but the reply is still
+    /// built, here, and dropped: what building it records (a request counted, a log line) is
+    /// not lost with the connection.
     public func respond(building source: some HTTPReplySource, then action: ConnectionAction = .keep) {
         guard !answered.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        let loop = connection.loop
         if loop.isCurrentThread {
             connection.complete(self, source.makeReply(), action)
-        } else {
-            loop.enqueue(.build(connection, self, source, action))
+        } else if !loop.enqueue(.build(self, source, action)) {
+            _ = source.makeReply()
         }
     }
 
     /// Closes the socket now: no response, no GOAWAY.
     public func abortConnection() {
         guard !answered.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        let loop = connection.loop
         if loop.isCurrentThread { connection.close() } else { loop.enqueue(.abort(connection)) }
     }
 
     /// HTTP/2: sends a new SETTINGS frame with this SETTINGS_MAX_CONCURRENT_STREAMS on this
     /// connection. No-op on HTTP/1. Does not count as the response.
     public func setMaxConcurrentStreams(_ n: UInt32) {
-        let loop = connection.loop
         if loop.isCurrentThread {
             connection.setMaxConcurrentStreams(n)
         } else {

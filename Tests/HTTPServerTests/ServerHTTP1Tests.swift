@@ -55,6 +55,30 @@ import Testing
         #expect(source.built.withLock { $0 } == [t.loop])
     }
 
+    /// A reply source handed over after the server stopped is still built once (where it was
+    /// handed over), so what building it records is not lost; nothing is sent.
+    @Test func aReplySourceHandedOverAfterStopIsStillBuilt() throws {
+        final class Source: HTTPReplySource {
+            let built = Mutex<[UInt]>([])
+            func makeReply() -> HTTPReply {
+                built.withLock { $0.append(UInt(pthread_self())) }
+                return HTTPReply(status: 202)
+            }
+        }
+        let parked = Mutex<HTTPReplyWriter?>(nil)
+        let server = try HTTPServer(configuration: HTTPServerConfiguration(), handler: { _, res in parked.withLock { $0 = res } })
+        try server.start()
+        let c = try RawClient(port: server.localPort)
+        try c.send("GET /a HTTP/1.1\r\nHost: t\r\n\r\n")
+        for _ in 0..<1000 where parked.withLock({ $0 == nil }) { usleep(10_000) }
+        let writer = try #require(parked.withLock { $0 }, "the handler ran")
+        server.stop(grace: .milliseconds(100))
+        let source = Source()
+        writer.respond(building: source)
+        #expect(source.built.withLock { $0 } == [UInt(pthread_self())])
+        #expect(c.readResponse() == nil)
+    }
+
     @Test func keepAliveServesSeveralRequestsOnOneConnection() throws {
         try withServer { server in
             let c = try RawClient(port: server.localPort)
