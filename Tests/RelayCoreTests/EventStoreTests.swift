@@ -323,13 +323,17 @@ import Testing
         let second = try s.exchange("w", cursor: WebhookCursorPosition(epoch: cursor.epoch, through: 0), now: now + 100, lease: 99_900).claimed
         #expect(first.count == 2 && second.map(\.eventID) == first.map(\.eventID))
         #expect(zip(first, second).allSatisfy { $0.claim < $1.claim })
-        // The second claim's answer comes first: [0] to be retried later.
-        #expect(try s.exchange("w", results: [WebhookAttemptRecord(second[0], .retry(attemptedAt: now + 200, at: now + 60_000, error: "HTTP 500"))], now: now + 200, limit: 0).stale == 0)
+        // The second claim's answer comes first: [0] to be retried later. With it, a late answer
+        // of the first claim for [1]: not recorded, and named by its position.
+        #expect(try s.exchange("w", results: [
+            WebhookAttemptRecord(first[1], .delivered(at: now + 150)),
+            WebhookAttemptRecord(second[0], .retry(attemptedAt: now + 200, at: now + 60_000, error: "HTTP 500")),
+        ], now: now + 200, limit: 0).staleResults == [0])
         // Then the first claim's late answers: neither is recorded.
         #expect(try s.exchange("w", results: [
             WebhookAttemptRecord(first[0], .delivered(at: now + 300)),
             WebhookAttemptRecord(first[1], .dead(attemptedAt: now + 300, error: "timeout")),
-        ], now: now + 300, limit: 0).stale == 2)
+        ], now: now + 300, limit: 0).staleResults == [0, 1])
         let zero = try row(first[0].eventID), one = try row(first[1].eventID)
         #expect(zero.state == .pending && zero.attempts == 1 && zero.lastError == "HTTP 500" && zero.nextAttemptAt == now + 60_000)
         #expect(one.state == .pending && one.attempts == 0 && one.lastError == "not sent")

@@ -60,12 +60,13 @@ final class InMemoryWebhookOutbox: WebhookOutbox, @unchecked Sendable {
     /// The errors of `notSent` results recorded (requests never sent), in order.
     var notSent: [String] { lock.lock(); defer { lock.unlock() }; return notSentErrors }
 
-    func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord]) throws -> Int {
+    /// Returns the positions of the results not recorded (stale).
+    func recordWebhookResults(webhook: String, _ results: [WebhookAttemptRecord]) throws -> [Int] {
         lock.lock(); defer { lock.unlock() }
-        var stale = 0
-        for record in results {
+        var stale: [Int] = []
+        for (at, record) in results.enumerated() {
             guard let i = rows[webhook]?.firstIndex(where: { $0.event.id == record.eventID }),
-                  rows[webhook]![i].state == .pending, rows[webhook]![i].claim == record.claim else { stale += 1; continue }
+                  rows[webhook]![i].state == .pending, rows[webhook]![i].claim == record.claim else { stale.append(at); continue }
             var r = rows[webhook]![i]
             r.leaseUntil = 0
             if case .notSent(_, let at, let error) = record.result {
@@ -96,6 +97,16 @@ final class InMemoryWebhookOutbox: WebhookOutbox, @unchecked Sendable {
         return stale
     }
 
+    /// As a replay does: every pending delivery's claim bumped and its lease ended, so a result
+    /// of the claim in flight is stale and the delivery is handed out again.
+    func replayPending(webhook: String) {
+        lock.lock(); defer { lock.unlock() }
+        for i in rows[webhook, default: []].indices where rows[webhook]![i].state == .pending {
+            rows[webhook]![i].claim += 1
+            rows[webhook]![i].leaseUntil = 0
+        }
+    }
+
     private var failingCommits = false
     /// While set, an exchange with results fails as a commit that did not happen: nothing recorded.
     var commitsFail: Bool {
@@ -107,8 +118,8 @@ final class InMemoryWebhookOutbox: WebhookOutbox, @unchecked Sendable {
     func recordAndClaimWebhookDeliveries(webhook: String, results: [WebhookAttemptRecord], cursor: WebhookCursorPosition?, now: Int64,
                                          leaseUntil: Int64, limit: Int, releaseCursor: Bool) throws -> WebhookExchange {
         if !results.isEmpty && commitsFail { throw StoreError.unavailable("commit failed (test)") }
-        let stale = results.isEmpty ? 0 : try recordWebhookResults(webhook: webhook, results)
-        return WebhookExchange(stale: stale, claimed: limit > 0 ? try claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit) : [])
+        let stale = results.isEmpty ? [] : try recordWebhookResults(webhook: webhook, results)
+        return WebhookExchange(staleResults: stale, claimed: limit > 0 ? try claimWebhookDeliveries(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit) : [])
     }
 
     func pendingWebhookDeliveries(webhook: String) throws -> Int? {

@@ -352,6 +352,28 @@ import TestSupport
         }
     }
 
+    /// A result the store drops as stale (its delivery was replayed while the request was on its
+    /// way) is not counted as sent: the replayed delivery's own answer is, once.
+    @Test func aStaleResultIsNotCountedAsSent() throws {
+        let outbox = InMemoryWebhookOutbox(webhooks: ["hook"])
+        let receiver = try WebhookTestReceiver(secrets: Self.secrets) { n in
+            // The first three requests (one in flight at a time): replayed before the answer, so
+            // each answer is stale and its delivery handed out again.
+            if n < 3 { outbox.replayPending(webhook: "hook") }
+            return .status(200)
+        }
+        defer { receiver.close() }
+        let events = (0..<3).map { _ in outbox.add() }
+        let metrics = WebhookMetrics(webhooks: ["hook"])
+        let sender = Self.sender(receiver.url, outbox, metrics: metrics, maxConcurrent: 1)
+        try sender.start()
+        defer { sender.stop(grace: .seconds(1)) }
+        #expect(eventually(30) { outbox.snapshot("hook").allSatisfy { $0.state == .delivered } })
+        #expect(receiver.requests.count == 6 && Set(receiver.requests.map(\.id)) == Set(events.map(\.id)))
+        #expect(metrics.counts("hook").sent == 3)
+        #expect(metrics.staleResults("hook") == 3)
+    }
+
     @Test func deadAfterRetryFor() throws {
         let receiver = try WebhookTestReceiver(secrets: Self.secrets) { _ in .status(503) }
         defer { receiver.close() }

@@ -128,23 +128,24 @@ extension WebhookCursorRules {
         row.leaseUntil = 0
     }
 
-    /// How one exchange records the sender's results: a retry row's result goes to its row
-    /// (under its claim generation: the store drops it if claimed again since); a new event's
-    /// result under the cursor's current epoch inserts its retry row unless it was delivered
-    /// (the cursor's advance covers that); one under an older epoch is stale (the cursor was
-    /// taken or skipped since: whatever it reports is handed out again, or was dropped).
+    /// How one exchange records the sender's results, by position in `results`: a retry row's
+    /// result goes to its row (under its claim generation: the store drops it if claimed again
+    /// since); a new event's result under the cursor's current epoch inserts its retry row unless
+    /// it was delivered (the cursor's advance covers that: recorded, nothing written); one under
+    /// an older epoch is stale (the cursor was taken or skipped since: whatever it reports is
+    /// handed out again, or was dropped).
     static func sortResults(_ results: [WebhookAttemptRecord], epoch: Int64)
-        -> (rowResults: [WebhookAttemptRecord], newRows: [WebhookAttemptRecord], stale: Int) {
-        var rowResults: [WebhookAttemptRecord] = [], newRows: [WebhookAttemptRecord] = [], stale = 0
-        for r in results {
+        -> (rowResults: [Int], newRows: [Int], stale: [Int]) {
+        var rowResults: [Int] = [], newRows: [Int] = [], stale: [Int] = []
+        for (i, r) in results.enumerated() {
             if !r.fromCursor {
-                rowResults.append(r)
+                rowResults.append(i)
             } else if r.claim != epoch {
-                stale += 1
+                stale.append(i)
             } else if case .delivered = r.result {
                 continue
             } else {
-                newRows.append(r)
+                newRows.append(i)
             }
         }
         return (rowResults, newRows, stale)

@@ -189,17 +189,20 @@ public struct WebhookCursorGrant: Sendable, Equatable {
 
 /// What one `recordAndClaimWebhookDeliveries` did.
 public struct WebhookExchange: Sendable, Equatable {
-    /// Results not recorded because their delivery was claimed again (a lease that ended, a
-    /// replay) or left the pending state meanwhile.
-    public var stale: Int
+    /// The positions in the exchange's `results` of those not recorded, ascending: their
+    /// delivery was claimed again (a lease that ended, a replay), left the pending state
+    /// meanwhile, or was handed out under a cursor epoch that has passed. The sender counts
+    /// sent and dead only for the others.
+    public var staleResults: [Int]
+    public var stale: Int { staleResults.count }
     /// Due retry rows first, then new events after the cursor in commit order.
     public var claimed: [WebhookDelivery]
     /// The cursor the caller holds after this exchange (nil: another sender holds it, or the
     /// caller released it).
     public var cursor: WebhookCursorGrant?
 
-    public init(stale: Int, claimed: [WebhookDelivery], cursor: WebhookCursorGrant? = nil) {
-        self.stale = stale
+    public init(staleResults: [Int], claimed: [WebhookDelivery], cursor: WebhookCursorGrant? = nil) {
+        self.staleResults = staleResults
         self.claimed = claimed
         self.cursor = cursor
     }

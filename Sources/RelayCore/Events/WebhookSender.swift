@@ -256,7 +256,7 @@ public final class WebhookSender: Lifecycle, Sendable {
             }
             return
         }
-        countRecorded(i, results)
+        countRecorded(i, results, stale: exchanged.staleResults)
         s.cursor = exchanged.cursor
         noteStale(i, exchanged.stale)
         // Fewer than asked: nothing more is due now; look again after the idle poll.
@@ -328,9 +328,12 @@ public final class WebhookSender: Lifecycle, Sendable {
     }
 
     /// Sent and dead count results the store committed (a failed commit keeps them for the next
-    /// turn, counted once that one commits): the counters never run ahead of the store.
-    private func countRecorded(_ i: Int, _ recorded: [Finished]) {
-        for f in recorded {
+    /// turn, counted once that one commits), not those it dropped as stale (the newer claim's
+    /// result is counted instead): the counters never run ahead of the store.
+    private func countRecorded(_ i: Int, _ results: [Finished], stale: [Int]) {
+        var stale = stale.makeIterator(), nextStale = stale.next()
+        for (at, f) in results.enumerated() {
+            if at == nextStale { nextStale = stale.next(); continue }
             switch f.record.result {
             case .delivered(let at): metrics.sent(endpoints[i].name, latencySeconds: Double(max(0, at - f.eventCreatedAt)) / 1000)
             case .dead: metrics.dead(endpoints[i].name)

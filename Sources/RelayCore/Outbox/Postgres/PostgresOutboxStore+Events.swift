@@ -306,8 +306,9 @@ extension PostgresOutboxStore {
             let now = clock.toDatabase(now), leaseUntil = clock.toDatabase(leaseUntil)
             var row = try Self.lockedCursor(subscription, c)
             let sorted = WebhookCursorRules.sortResults(results, epoch: row.epoch)
-            let stale = try Self.recordRowResults(webhook: webhook, sorted.rowResults, clock, c) + sorted.stale
-            try Self.insertRetryRows(webhook: webhook, sorted.newRows, clock, c)
+            let dropped = try Self.recordRowResults(webhook: webhook, sorted.rowResults.map { results[$0] }, clock, c)
+            let stale = (dropped.map { sorted.rowResults[$0] } + sorted.stale).sorted()
+            try Self.insertRetryRows(webhook: webhook, sorted.newRows.map { results[$0] }, clock, c)
             var claimed = try Self.claimRows(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, clock, c)
             let before = row
             let turn = try WebhookCursorRules.turn(&row, caller: cursor, now: now, leaseUntil: leaseUntil, release: releaseCursor,
@@ -324,7 +325,7 @@ extension PostgresOutboxStore {
                 try c.run("UPDATE webhook_cursors SET seq = $1, claimed_through = $2, epoch = $3, lease_until = $4 WHERE webhook = $5",
                           [.int(row.seq), .int(row.claimedThrough), .int(row.epoch), .int(row.leaseUntil), .text(webhook)])
             }
-            return WebhookExchange(stale: stale, claimed: claimed, cursor: grant)
+            return WebhookExchange(staleResults: stale, claimed: claimed, cursor: grant)
         }
     }
 
@@ -401,22 +402,26 @@ extension PostgresOutboxStore {
         }
     }
 
-    /// Retry rows' results; returns how many were dropped (claimed again since, or no longer pending).
+    /// Retry rows' results; returns the positions in `results` of those dropped (claimed again
+    /// since, or no longer pending).
     private static func recordRowResults(webhook: String, _ results: [WebhookAttemptRecord], _ clock: DatabaseClock,
-                                         _ c: PostgresConnection) throws -> Int {
-        guard !results.isEmpty else { return 0 }
+                                         _ c: PostgresConnection) throws -> [Int] {
+        guard !results.isEmpty else { return [] }
         let changes = changes(results, clock)
         let applied = try c.run("""
             UPDATE webhook_deliveries d SET state = x.state, attempts = d.attempts + x.attempted,
                 first_attempt_at = CASE WHEN x.attempted = 1 THEN coalesce(d.first_attempt_at, x.at) ELSE d.first_attempt_at END,
                 next_attempt_at = coalesce(x.next, d.next_attempt_at), lease_until = 0, last_error = x.error, updated_at = x.at
-            FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::bigint[], $8::bigint[]) AS x(id, state, at, next, error, claim, attempted)
+            FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::bigint[], $8::bigint[])
+                WITH ORDINALITY AS x(id, state, at, next, error, claim, attempted, ord)
             JOIN events e ON e.id = x.id
             WHERE d.webhook = $1 AND d.seq = e.seq AND d.state = 'pending' AND d.claim = x.claim
+            RETURNING x.ord
             """, [.text(webhook), .textArray(changes.map(\.id)), .textArray(changes.map(\.change.state.rawValue)),
                   .intArray(changes.map(\.change.attemptedAt)), .intArray(changes.map(\.change.nextAttemptAt)),
-                  .textArray(changes.map(\.change.error)), .intArray(changes.map(\.claim)), .intArray(changes.map { $0.change.attempted ? 1 : 0 })]).affected
-        return results.count - applied
+                  .textArray(changes.map(\.change.error)), .intArray(changes.map(\.claim)), .intArray(changes.map { $0.change.attempted ? 1 : 0 })]).rows
+        let recorded = Set(applied.compactMap { $0[0].int.map { Int($0) - 1 } })   // ORDINALITY counts from 1
+        return results.indices.filter { !recorded.contains($0) }
     }
 
     /// New events' failed attempts (or local failures): their retry rows.

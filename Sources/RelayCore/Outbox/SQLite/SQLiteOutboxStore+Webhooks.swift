@@ -22,15 +22,17 @@ extension SQLiteOutboxStore {
         var row = try heldCursor(webhook, db: db, state: state)
         let sorted = WebhookCursorRules.sortResults(results, epoch: row.epoch)
         var stale = sorted.stale
-        for r in sorted.rowResults {
+        for i in sorted.rowResults {
+            let r = results[i]
             guard let seq = UUIDText.high64(r.eventID.lowercased()),
                   try recordRowResult(webhook: webhook, seq: seq, claim: r.claim, WebhookResultChange(r.result), db: db, state: state) else {
-                stale += 1
+                stale.append(i)
                 continue
             }
         }
-        for r in sorted.newRows {
-            guard let seq = UUIDText.high64(r.eventID.lowercased()) else { stale += 1; continue }
+        for i in sorted.newRows {
+            let r = results[i]
+            guard let seq = UUIDText.high64(r.eventID.lowercased()) else { stale.append(i); continue }
             try insertRetryRow(webhook: webhook, seq: seq, WebhookResultChange(r.result), db: db, state: state)
         }
         var claimed = try claimRows(webhook: webhook, now: now, leaseUntil: leaseUntil, limit: limit, db: db, state: state)
@@ -52,7 +54,7 @@ extension SQLiteOutboxStore {
             try st.bind(5, webhook)
             try st.stepOnce()
         }
-        return WebhookExchange(stale: stale, claimed: claimed, cursor: grant)
+        return WebhookExchange(staleResults: stale.sorted(), claimed: claimed, cursor: grant)
     }
 
     /// The webhook's cursor, made when missing (a webhook configured since this process wrote
