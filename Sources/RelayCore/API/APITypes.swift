@@ -75,9 +75,8 @@ public protocol APIReplySource: AnyObject, Sendable {
 }
 
 /// What a service completes with: a reply, or its source. The ingest POST's answer is known on
-/// the store's thread after COMMIT; building the 202 there (and freeing there what the HTTP
-/// loop allocated) cost that thread ~14 % more CPU per row than letting the loop that writes
-/// the reply build it (docs/benchmarks-analysis.md, issue 26). HTTPGlue builds a `later` on the
+/// the store's thread after COMMIT; it is built by the loop that writes it, not on the store's
+/// busy thread (docs/benchmarks-analysis.md, issue 26). HTTPGlue builds a `later` on the
 /// connection's loop; a caller without a loop reads `reply`.
 public enum APIAnswer: Sendable {
     case now(APIReply)
